@@ -1,0 +1,26 @@
+# carbonsched developer entry points. `make demo` and `make test` are the README quick start.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: venv demo test test-pg bench clean
+
+$(BIN)/carbonsched: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/carbonsched
+
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python bench/api_bench.py
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info

@@ -1,0 +1,20 @@
+"""Scheduling policies: pure functions from a Snapshot of the world to a Plan.
+
+Nothing in this package does I/O or imports `scheduler` or `telemetry`, so the daemon and
+the simulator run exactly the same policy code.
+"""
+
+from policies.base import Policy, get_policy, policy_names
+from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+
+__all__ = [
+    "Assignment",
+    "Estimate",
+    "GpuSlot",
+    "Plan",
+    "Policy",
+    "QueuedJob",
+    "Snapshot",
+    "get_policy",
+    "policy_names",
+]

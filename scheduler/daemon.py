@@ -1,0 +1,264 @@
+"""`carbonsched daemon`: wiring of store, planner, local agent and API; signals; sd_notify."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.engine import make_url
+
+from policies import get_policy
+from policies.catalog import parse_fleet
+from scheduler.agent import Agent, AgentConfig, default_node_name
+from scheduler.api import ApiServer
+from scheduler.planner import Planner
+from scheduler.service import Caller, JobService, ServiceConfig, admin_gids
+from scheduler.store import SchemaError, Store
+from scheduler.timeparse import iso
+from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend, detect_backend
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EMULATED_FLEET = "2xMI300X,2xH100"
+
+
+@dataclass
+class DaemonConfig:
+    db_url: str
+    socket_path: Path
+    state_dir: Path
+    emulate: str | None = None
+    zone: str = "local"
+    policy: str = "fifo"
+    plan_interval_s: float = 15.0
+    dispatch_interval_s: float = 1.0
+    node: str = field(default_factory=default_node_name)
+    admin_groups: list[str] = field(default_factory=list)
+    time_limit_factor: float = 2.0
+    grace_s: float = 10.0
+    local_agent: bool | None = None  # None: on for SQLite, or when --emulate is given
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+class CoalescedJob:
+    """Runs `fn` from APScheduler on its interval and on demand; wake-ups while it runs are
+    folded into one more run, and bursts of wake-ups within `min_gap_s` into one run."""
+
+    def __init__(self, scheduler: BackgroundScheduler, job_id: str, fn, *, min_gap_s: float) -> None:
+        self._scheduler = scheduler
+        self._id = job_id
+        self._fn = fn
+        self._min_gap_s = min_gap_s
+        self._lock = threading.Lock()
+        self._dirty = False
+        self._running = False
+        self._wake_pending = False
+
+    def run(self) -> None:
+        with self._lock:
+            self._running = True
+            self._wake_pending = False
+        try:
+            while True:
+                with self._lock:
+                    self._dirty = False
+                try:
+                    self._fn()
+                except Exception:
+                    log.exception("%s tick failed; will retry on the next tick", self._id)
+                with self._lock:
+                    if not self._dirty:
+                        return
+                time.sleep(self._min_gap_s)  # a wake-up came in while running: coalesce
+        finally:
+            with self._lock:
+                self._running = False
+
+    def wake(self) -> None:
+        with self._lock:
+            self._dirty = True
+            if self._running or self._wake_pending:
+                return
+            self._wake_pending = True
+        when = datetime.now(timezone.utc) + timedelta(seconds=self._min_gap_s)
+        try:
+            self._scheduler.modify_job(self._id, next_run_time=when)
+        except Exception as e:  # scheduler shutting down
+            log.debug("could not wake %s: %s", self._id, e)
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd about our state (Type=notify); a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(addr)
+            s.sendall(message.encode())
+        except OSError as e:
+            log.warning("sd_notify failed: %s", e)
+
+
+def make_backend(emulate: str | None, node: str) -> GpuBackend:
+    """The GPU backend for the local agent: --emulate, else real GPUs, else a loud emulation."""
+    if emulate:
+        spec = emulate
+    else:
+        backend = detect_backend()
+        if backend is not None:
+            return backend
+        spec = DEFAULT_EMULATED_FLEET
+        log.warning("no GPU found (no NVML or amdsmi device): EMULATING a fleet of %s. "
+                    "Power and energy figures are modelled, not measured.", spec)
+    models = [EmulatedModel(model=m.name, vendor=m.vendor, memory_gib=m.memory_gib,
+                            idle_w=m.idle_w, tdp_w=m.tdp_w) for m in parse_fleet(spec)]
+    log.warning("EMULATED GPUs on node %s: %s (no real hardware is measured)", node, spec)
+    return EmulatedBackend(models, node=node)
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.stop_event = threading.Event()
+        self._lock_fd: int | None = None
+
+    def run(self) -> None:
+        cfg = self.config
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self._take_instance_lock()
+        store = Store(cfg.db_url)
+        self._prepare_schema(store)
+        policy = get_policy(cfg.policy)
+
+        scheduler = BackgroundScheduler(timezone=timezone.utc,
+                                        job_defaults={"coalesce": True, "max_instances": 1,
+                                                      "misfire_grace_time": None})
+        planner = Planner(store, policy)
+        plan_job = CoalescedJob(scheduler, "planner", planner.tick, min_gap_s=0.2)
+
+        agent = None
+        local = cfg.local_agent
+        if local is None:
+            local = store.dialect == "sqlite" or cfg.emulate is not None
+        if local:
+            backend = make_backend(cfg.emulate, cfg.node)
+            agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone,
+                                                      state_dir=cfg.state_dir, grace_s=cfg.grace_s),
+                          on_change=plan_job.wake)
+            agent.register()
+            agent.startup_reconcile()
+        dispatch_job = CoalescedJob(scheduler, "dispatch", agent.tick if agent else (lambda: None),
+                                    min_gap_s=0.05)
+
+        def after_plan() -> None:
+            planner.tick()
+            dispatch_job.wake()
+
+        plan_job._fn = after_plan
+        service = JobService(
+            store,
+            ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
+                          time_limit_factor=cfg.time_limit_factor),
+            log_dir=cfg.state_dir / "logs",
+            on_submit=plan_job.wake, on_cancel=dispatch_job.wake,
+        )
+        api = ApiServer(cfg.socket_path, service,
+                        extra_routes={("GET", "plan"): lambda caller, q: plan_preview(planner, service, caller)})
+
+        now = datetime.now(timezone.utc)
+        scheduler.add_job(plan_job.run, "interval", seconds=cfg.plan_interval_s, id="planner",
+                          next_run_time=now)
+        if agent is not None:
+            scheduler.add_job(dispatch_job.run, "interval", seconds=cfg.dispatch_interval_s,
+                              id="dispatch", next_run_time=now)
+        else:
+            scheduler.add_job(lambda: None, "interval", hours=24, id="dispatch")
+
+        self._install_signals()
+        scheduler.start()
+        api.start()
+        sd_notify("READY=1\nSTATUS=serving")
+        log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s", store.url,
+                 cfg.socket_path, policy.name, cfg.node if agent else "(no local agent)")
+        try:
+            while not self.stop_event.wait(1.0):
+                pass
+        finally:
+            sd_notify("STOPPING=1")
+            log.info("stopping: running jobs keep running and are adopted on restart")
+            api.stop()
+            scheduler.shutdown(wait=True)
+            if agent is not None:
+                agent.backend.close()
+            store.dispose()
+            self._release_instance_lock()
+            log.info("stopped")
+
+    def _prepare_schema(self, store: Store) -> None:
+        if store.is_empty():
+            log.info("empty database: creating the schema")
+            store.upgrade()
+            return
+        try:
+            store.require_current(f"carbonsched db upgrade --db {store.url}")
+        except SchemaError as e:
+            raise DaemonError(str(e)) from None
+
+    def _install_signals(self) -> None:
+        def stop(signum, frame):
+            log.info("received %s", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def _take_instance_lock(self) -> None:
+        path = self.config.state_dir / "daemon.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DaemonError(f"another carbonsched daemon is using {self.config.state_dir}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _release_instance_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def plan_preview(planner: Planner, service: JobService, caller: Caller) -> list[dict]:
+    """What the policy would do now, for the caller's jobs (all jobs for an admin)."""
+    snapshot, plan = planner.preview()
+    visible = {j["id"] for j in service.list_jobs(caller, states=["PENDING", "PLANNED"])}
+    index_of = {g.id: g.index for g in snapshot.gpus}
+    out = [{"job": a.job_id, "node": a.node, "gpus": [index_of[g] for g in a.gpu_ids],
+            "start": iso(a.start_at), "gco2": a.estimate.gco2, "gco2_if_now": a.estimate.gco2_if_now,
+            "reason": a.explanation}
+           for a in plan.assignments if a.job_id in visible]
+    out += [{"job": job_id, "node": None, "gpus": None, "start": None, "gco2": None,
+             "gco2_if_now": None, "reason": why}
+            for job_id, why in plan.unplaced.items() if job_id in visible]
+    return sorted(out, key=lambda p: p["job"])
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"

@@ -1,0 +1,421 @@
+"""What the API does, independent of HTTP: validate requests, read and change the store.
+
+Every method takes the caller's identity as the kernel reported it (SO_PEERCRED); nothing
+in a request body can change who the caller is. A rejected request changes nothing.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from sqlalchemy import Connection, func, insert, select, update
+
+from policies.catalog import catalog
+from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition, utcnow
+from scheduler.store import Store
+from scheduler.store.models import gpus, job_events, jobs, nodes
+from scheduler.timeparse import iso
+
+log = logging.getLogger(__name__)
+
+MAX_ARGV = 4096
+MAX_ARGV_BYTES = 256 * 1024
+MAX_ENV = 256
+MAX_RUNTIME_S = 30 * 86400
+MAX_LOG_BYTES = 4 * 1024 * 1024
+WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}$")
+# Set by carbonsched itself; a user may not override them.
+RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "HOME", "USER",
+                "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH"}
+
+
+class RequestError(Exception):
+    """A request carbonsched refuses; `status` follows HTTP (400, 403, 404, 409, 413, 422)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking, from the kernel: SO_PEERCRED on the socket."""
+
+    uid: int
+    gid: int
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    daemon_uid: int
+    admin_gids: frozenset[int] = frozenset()
+    time_limit_factor: float = 2.0
+    node_timeout_s: float = 60.0
+
+
+class JobService:
+    def __init__(self, store: Store, config: ServiceConfig, *, log_dir: Path,
+                 on_submit: Callable[[], None] | None = None,
+                 on_cancel: Callable[[], None] | None = None, clock=utcnow) -> None:
+        self.store = store
+        self.config = config
+        self.log_dir = Path(log_dir)
+        self._on_submit = on_submit or (lambda: None)
+        self._on_cancel = on_cancel or (lambda: None)
+        self._clock = clock
+
+    # -- identity -----------------------------------------------------------------------
+
+    def is_admin(self, caller: Caller) -> bool:
+        if caller.uid in (0, self.config.daemon_uid):
+            return True
+        if not self.config.admin_gids:
+            return False
+        return bool(self.config.admin_gids & set(_groups_of(caller.uid, caller.gid)))
+
+    # -- submit -------------------------------------------------------------------------
+
+    def submit(self, caller: Caller, body: object) -> dict:
+        if caller.uid != self.config.daemon_uid and self.config.daemon_uid != 0:
+            raise RequestError(403, f"this daemon runs as uid {self.config.daemon_uid} and can "
+                                    "only run jobs as that user; run it as root to serve others")
+        now = self._clock()
+        row = self._validate_submit(body, caller, now)
+
+        def tx(conn: Connection) -> int:
+            job_id = conn.execute(insert(jobs).values(**row).returning(jobs.c.id)).scalar_one()
+            record_submit(conn, job_id, caller.uid, now)
+            return job_id
+
+        job_id = self.store.transact(tx)
+        log.info("job %s submitted by uid %s: %s", job_id, caller.uid, row["name"])
+        self._on_submit()
+        return {"id": job_id, "state": State.PENDING.value}
+
+    def _validate_submit(self, body: object, caller: Caller, now: datetime) -> dict:
+        if not isinstance(body, dict):
+            raise RequestError(400, "request body must be a JSON object")
+        known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "workload",
+                 "prompts", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries"}
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise RequestError(400, f"unknown field(s) in submit request: {', '.join(unknown)}")
+
+        argv = body.get("argv")
+        if not isinstance(argv, list) or not argv:
+            raise RequestError(400, "empty command: give the command after --, e.g. "
+                                    "`carbonsched submit -- python infer.py`")
+        if not all(isinstance(a, str) for a in argv) or not argv[0].strip():
+            raise RequestError(400, "command must be a list of strings with a non-empty program")
+        if len(argv) > MAX_ARGV or sum(len(a) for a in argv) > MAX_ARGV_BYTES:
+            raise RequestError(413, f"command too long (at most {MAX_ARGV} arguments, "
+                                    f"{MAX_ARGV_BYTES // 1024} KiB)")
+        if any("\x00" in a for a in argv):
+            raise RequestError(400, "command arguments may not contain NUL bytes")
+
+        name = body.get("name") or os.path.basename(argv[0])[:255]
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise RequestError(400, "job name must be 1-255 letters, digits, spaces or . , : @ + = / - _")
+
+        n_gpus = _int(body.get("gpus", 1), "gpus")
+        mem = _number(body.get("gpu_mem_gib", 0), "gpu_mem_gib")
+        if mem < 0:
+            raise RequestError(400, f"--gpu-mem must not be negative (got {mem:g})")
+        self._check_fits(n_gpus, mem)
+
+        est = _optional_number(body.get("est_runtime_s"), "est_runtime_s")
+        if est is not None and not 0 < est <= MAX_RUNTIME_S:
+            raise RequestError(400, f"--est-runtime must be between 1s and 30d (got {est:g}s)")
+        limit = _optional_number(body.get("time_limit_s"), "time_limit_s")
+        if limit is not None and not 0 < limit <= MAX_RUNTIME_S:
+            raise RequestError(400, f"--time-limit must be between 1s and 30d (got {limit:g}s)")
+        if limit is None and est is not None:
+            limit = est * self.config.time_limit_factor
+
+        deadline = None
+        if body.get("deadline") is not None:
+            deadline = _parse_iso(body["deadline"], "deadline")
+            if deadline <= now:
+                raise RequestError(400, f"deadline {iso(deadline)} is in the past")
+            if est is not None and deadline < now + timedelta(seconds=est):
+                raise RequestError(400, f"deadline {iso(deadline)} is sooner than the estimated "
+                                        f"runtime ({est:g}s) from now: it cannot be met")
+
+        slo = _optional_number(body.get("latency_slo_ms"), "latency_slo_ms")
+        if slo is not None and not 0 < slo <= 3_600_000:
+            raise RequestError(400, f"--latency-slo must be between 0 and 3600000 ms (got {slo:g})")
+        workload = body.get("workload")
+        if workload is not None and (not isinstance(workload, str) or not WORKLOAD_RE.match(workload)):
+            raise RequestError(400, f"bad workload class {workload!r}: use lower-case letters, digits "
+                                    "and . _ - (e.g. llm-inference, finetune, eval)")
+        prompts = body.get("prompts")
+        if prompts is not None:
+            prompts = _int(prompts, "prompts")
+            if not 1 <= prompts <= 10**12:
+                raise RequestError(400, f"--prompts must be between 1 and 10^12 (got {prompts})")
+        retries = _int(body.get("max_retries", 0), "max_retries")
+        if not 0 <= retries <= 10:
+            raise RequestError(400, "--retries must be between 0 and 10")
+
+        cwd = body.get("cwd") or "/"
+        if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd:
+            raise RequestError(400, "working directory must be an absolute path")
+        env = body.get("env") or {}
+        if not isinstance(env, dict) or len(env) > MAX_ENV:
+            raise RequestError(400, f"env must be an object of at most {MAX_ENV} variables")
+        for k, v in env.items():
+            if not ENV_NAME_RE.match(k) or not isinstance(v, str) or "\x00" in v:
+                raise RequestError(400, f"bad environment variable {k!r}")
+            if k in RESERVED_ENV:
+                raise RequestError(400, f"environment variable {k} is set by carbonsched and "
+                                        "cannot be overridden")
+
+        owner = _user_name(caller.uid)
+        return dict(
+            name=name, state=State.PENDING.value, reason="waiting for the planner",
+            owner_uid=caller.uid, owner_gid=caller.gid,
+            owner_groups=_groups_of(caller.uid, caller.gid), owner_name=owner,
+            argv=argv, cwd=cwd, env=env, gpus=n_gpus, gpu_mem_gib=mem, deadline=deadline,
+            latency_slo_ms=slo, workload=workload, prompts=prompts, est_runtime_s=est,
+            time_limit_s=limit, max_retries=retries, attempts=0, submitted_at=now, plan_rev=0,
+        )
+
+    def _check_fits(self, n_gpus: int, mem: float) -> None:
+        """Reject what no GPU set could ever satisfy (known nodes, else the catalog)."""
+        with self.store.read() as conn:
+            rows = list(conn.execute(select(gpus.c.node_name, gpus.c.model, gpus.c.memory_gib)
+                                     .where(gpus.c.healthy.is_(True))))
+        if rows:
+            groups: dict[tuple[str, str], list[float]] = {}
+            for r in rows:
+                groups.setdefault((r.node_name, r.model), []).append(r.memory_gib)
+            max_count = max(len(v) for v in groups.values())
+            max_mem = max(r.memory_gib for r in rows)
+            where = "any registered GPU"
+        else:
+            max_count, max_mem, where = 1024, max(m.memory_gib for m in catalog().values()), "any known GPU model"
+        if not 1 <= n_gpus <= 1024:
+            raise RequestError(400, f"--gpus must be between 1 and 1024 (got {n_gpus})")
+        if n_gpus > max_count:
+            raise RequestError(422, f"--gpus {n_gpus}: no node has that many GPUs of one model "
+                                    f"(the most is {max_count})")
+        if mem > max_mem:
+            raise RequestError(422, f"--gpu-mem {mem:g} GiB is more than {where} has "
+                                    f"({max_mem:g} GiB)")
+        if rows and n_gpus > 1:
+            fitting = max((len([m for m in v if m >= mem]) for v in groups.values()), default=0)
+            if fitting < n_gpus:
+                raise RequestError(422, f"no node has {n_gpus} GPUs of one model with >= {mem:g} GiB")
+
+    # -- reading ------------------------------------------------------------------------
+
+    def list_jobs(self, caller: Caller, *, include_done: bool = False,
+                  states: list[str] | None = None, limit: int | None = None) -> list[dict]:
+        """The caller's jobs (everyone's for an admin), active ones unless asked otherwise."""
+        q = select(jobs).order_by(jobs.c.id)
+        if states:
+            bad = [s for s in states if s not in State.__members__]
+            if bad:
+                raise RequestError(400, f"unknown state(s) {', '.join(bad)}; known: "
+                                        f"{', '.join(State.__members__)}")
+            q = q.where(jobs.c.state.in_(states))
+        elif not include_done:
+            q = q.where(jobs.c.state.in_([s.value for s in ACTIVE]))
+        if not self.is_admin(caller):
+            q = q.where(jobs.c.owner_uid == caller.uid)
+        if limit is not None:
+            q = q.limit(limit)
+        with self.store.read() as conn:
+            index_of = _gpu_index_map(conn)
+            return [job_json(r, index_of) for r in conn.execute(q)]
+
+    def get_job(self, caller: Caller, job_id: int) -> dict:
+        with self.store.read() as conn:
+            row = self._visible_job(conn, caller, job_id)
+            out = job_json(row, _gpu_index_map(conn))
+            out["events"] = [
+                {"at": iso(e.at), "from": e.from_state, "to": e.to_state,
+                 "actor_uid": e.actor_uid, "reason": e.reason}
+                for e in conn.execute(select(job_events).where(job_events.c.job_id == job_id)
+                                      .order_by(job_events.c.id))]
+        return out
+
+    def _visible_job(self, conn: Connection, caller: Caller, job_id: int):
+        row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        if row is None:
+            raise RequestError(404, f"no job {job_id}")
+        if row.owner_uid != caller.uid and not self.is_admin(caller):
+            raise RequestError(403, f"job {job_id} belongs to another user")
+        return row
+
+    def logs(self, caller: Caller, job_id: int, *, stream: str = "stdout",
+             tail_bytes: int | None = None) -> dict:
+        if stream not in ("stdout", "stderr"):
+            raise RequestError(400, "stream must be stdout or stderr")
+        with self.store.read() as conn:
+            row = self._visible_job(conn, caller, job_id)
+        path = self.log_dir / f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
+        limit = min(tail_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - limit))
+                data = f.read()
+        except FileNotFoundError:
+            if row.state in (State.PENDING.value, State.PLANNED.value):
+                raise RequestError(409, f"job {job_id} has not started yet ({row.state})") from None
+            raise RequestError(404, f"no {stream} log for job {job_id} on this host "
+                                    f"(it ran on node {row.node or '?'})") from None
+        return {"job": job_id, "stream": stream, "size": size, "truncated": size > len(data),
+                "text": data.decode("utf-8", errors="replace")}
+
+    def nodes(self, caller: Caller) -> list[dict]:
+        now = self._clock()
+        admin = self.is_admin(caller)
+        with self.store.read() as conn:
+            node_rows = list(conn.execute(select(nodes).order_by(nodes.c.name)))
+            gpu_rows = list(conn.execute(select(gpus).where(gpus.c.index >= 0)
+                                         .order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)))
+            holders = {r.id: r.owner_uid for r in conn.execute(
+                select(jobs.c.id, jobs.c.owner_uid).where(jobs.c.state == State.RUNNING.value))}
+        out = []
+        for n in node_rows:
+            up = n.last_heartbeat is not None and (now - n.last_heartbeat).total_seconds() <= self.config.node_timeout_s
+            out.append({
+                "name": n.name, "zone": n.zone, "backend": n.backend, "emulated": n.emulated,
+                "up": up, "last_heartbeat": iso(n.last_heartbeat),
+                "gpus": [
+                    {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
+                     "vendor": g.vendor, "memory_gib": g.memory_gib, "power_w": g.power_w,
+                     "energy_j": g.energy_j, "healthy": bool(g.healthy) and up,
+                     "busy": g.job_id is not None,
+                     "job": g.job_id if g.job_id is not None and (admin or holders.get(g.job_id) == caller.uid) else None}
+                    for g in gpu_rows if g.node_name == n.name],
+            })
+        return out
+
+    # -- cancel -------------------------------------------------------------------------
+
+    def cancel(self, caller: Caller, job_ids: list[int]) -> list[dict]:
+        if not job_ids:
+            raise RequestError(400, "give at least one job id to cancel")
+        with self.store.read() as conn:
+            rows = [self._visible_job(conn, caller, j) for j in job_ids]
+        done = [r for r in rows if r.state in TERMINAL]
+        if done:
+            raise RequestError(409, "; ".join(f"job {r.id} already ended ({r.state})" for r in done))
+        now = self._clock()
+        results = []
+        for r in rows:
+            def tx(conn: Connection, r=r) -> str:
+                if transition(conn, r.id, State.CANCELLED, actor_uid=caller.uid,
+                              expect=(State.PENDING, State.PLANNED),
+                              reason=f"cancelled by uid {caller.uid} before it started",
+                              values=dict(ended_at=now)):
+                    return State.CANCELLED.value
+                n = conn.execute(update(jobs).where(jobs.c.id == r.id,
+                                                    jobs.c.state == State.RUNNING.value)
+                                 .values(cancel_requested_at=now, cancel_requested_by=caller.uid,
+                                         reason=f"cancel requested by uid {caller.uid}")).rowcount
+                if n:
+                    return "CANCELLING"
+                return conn.execute(select(jobs.c.state).where(jobs.c.id == r.id)).scalar_one()
+            results.append({"id": r.id, "state": self.store.transact(tx)})
+        self._on_cancel()
+        return results
+
+    def health(self) -> dict:
+        with self.store.read() as conn:
+            counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
+        return {"ok": True, "jobs": counts, "time": iso(self._clock())}
+
+
+def job_json(r, index_of: dict[int, int]) -> dict:
+    """The stable JSON shape of a job (see DESIGN.md: add keys freely, never rename)."""
+    assigned = r.gpu_ids if r.gpu_ids else r.planned_gpu_ids
+    return {
+        "id": r.id, "name": r.name, "state": r.state, "reason": r.reason,
+        "owner": r.owner_name, "owner_uid": r.owner_uid,
+        "gpus": [index_of.get(g, g) for g in assigned] if assigned else None,
+        "gpus_requested": r.gpus, "gpu_mem_gib": r.gpu_mem_gib,
+        "node": r.node or r.planned_node,
+        "submitted_at": iso(r.submitted_at), "planned_start": iso(r.planned_start),
+        "started_at": iso(r.started_at), "ended_at": iso(r.ended_at),
+        "deadline": iso(r.deadline), "est_runtime_s": r.est_runtime_s,
+        "time_limit_s": r.time_limit_s, "latency_slo_ms": r.latency_slo_ms,
+        "workload": r.workload, "prompts": r.prompts,
+        "exit_code": r.exit_code, "energy_j": r.energy_j, "energy_method": r.energy_method,
+        "gco2": r.gco2, "est_energy_j": r.est_energy_j, "est_gco2": r.est_gco2,
+        "explanation": r.explanation, "attempts": r.attempts, "argv": r.argv, "cwd": r.cwd,
+        "cancel_requested": r.cancel_requested_at is not None,
+    }
+
+
+def _gpu_index_map(conn: Connection) -> dict[int, int]:
+    return {r.id: r.index for r in conn.execute(select(gpus.c.id, gpus.c.index))}
+
+
+def _int(v: object, field: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RequestError(400, f"{field} must be an integer (got {v!r})")
+    return v
+
+
+def _number(v: object, field: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        raise RequestError(400, f"{field} must be a finite number (got {v!r})")
+    return float(v)
+
+
+def _optional_number(v: object, field: str) -> float | None:
+    return None if v is None else _number(v, field)
+
+
+def _parse_iso(v: object, field: str) -> datetime:
+    if not isinstance(v, str):
+        raise RequestError(400, f"{field} must be an ISO 8601 time")
+    try:
+        t = datetime.fromisoformat(v)
+    except ValueError:
+        raise RequestError(400, f"{field} {v!r} is not an ISO 8601 time") from None
+    if t.tzinfo is None:
+        raise RequestError(400, f"{field} {v!r} has no time zone; send UTC, e.g. 2026-12-01T02:00:00Z")
+    return t.astimezone(timezone.utc)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _groups_of(uid: int, gid: int) -> list[int]:
+    try:
+        return sorted(set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)))
+    except KeyError:
+        return [gid]
+
+
+def admin_gids(names: list[str]) -> frozenset[int]:
+    """Resolve admin group names from the config; unknown names are a configuration error."""
+    out = set()
+    for name in names:
+        try:
+            out.add(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            raise ValueError(f"admin group {name!r} does not exist") from None
+    return frozenset(out)

@@ -1,0 +1,208 @@
+"""Engine construction, transactions with retry of transient errors, and schema checks.
+
+Nothing is created at import time: a Store takes a URL or an engine. SQLite runs in WAL
+mode with a busy timeout, and write transactions start with BEGIN IMMEDIATE so a writer
+waits for the lock up front instead of failing when it upgrades a read lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+class SchemaError(RuntimeError):
+    """The database schema is not the one this version of carbonsched expects."""
+
+
+def default_db_url(state_dir: Path) -> str:
+    """The embedded default: a SQLite file under the state directory."""
+    return f"sqlite:///{Path(state_dir) / 'carbonsched.db'}"
+
+
+def normalize_url(url: str) -> str:
+    """Accept plain postgresql:// URLs and route them to psycopg 3."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:":
+            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                                                  "check_same_thread": False})
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        immediate = conn.get_execution_options().get("carbonsched_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a database error is worth retrying: lock contention, serialization, dropped link."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    orig = getattr(exc, "orig", None)
+    if orig is None:
+        return False
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate in {"40001", "40P01", "55P03", "57P01", "08000", "08003", "08006"}:
+        return True
+    if isinstance(exc, OperationalError):
+        text = str(orig).lower()
+        return "database is locked" in text or "database is busy" in text
+    return False
+
+
+class Store:
+    """A handle on the database: read and write transactions, retried when transient."""
+
+    def __init__(self, url_or_engine: str | Engine) -> None:
+        self.engine = (
+            url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine)
+        )
+        self._write_engine = self.engine.execution_options(carbonsched_write=True)
+        self.dialect = self.engine.dialect.name
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction (a consistent snapshot on both databases)."""
+        with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction; commits on success, rolls back on any exception."""
+        with self._write_engine.connect() as conn, conn.begin():
+            yield conn
+
+    def transact(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
+        """Run fn in a write transaction, retrying transient database errors with backoff."""
+        delay = 0.01
+        for attempt in range(1, attempts + 1):
+            try:
+                with self.write() as conn:
+                    return fn(conn)
+            except DBAPIError as e:
+                if attempt == attempts or not is_transient(e):
+                    raise
+                log.debug("transient database error (attempt %d): %s", attempt, e.orig)
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # -- schema -------------------------------------------------------------------------
+
+    def schema_revision(self) -> str | None:
+        """The Alembic revision stamped in the database, None for an empty database."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def is_empty(self) -> bool:
+        with self.engine.connect() as conn:
+            return not inspect(conn).get_table_names()
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply migrations up to `revision` (the `carbonsched db upgrade` command)."""
+        from alembic import command
+
+        with self.engine.begin() as conn:
+            cfg = alembic_config(conn)
+            command.upgrade(cfg, revision)
+
+    def check(self) -> list[str]:
+        """Problems with the schema; empty when the database is at head and matches the models."""
+        from alembic.autogenerate import compare_metadata
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        from scheduler.store.models import Base
+
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        current = self.schema_revision()
+        if current != head:
+            return [f"database is at revision {current or 'none (empty)'}, this carbonsched needs {head}"]
+        with self.engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        return [f"schema differs from the models: {d!r}" for d in diffs]
+
+    def require_current(self, fix_hint: str) -> None:
+        """Refuse to run on a database whose revision is not this version's head."""
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        current = self.schema_revision()
+        if current != head:
+            raise SchemaError(
+                f"database schema is at revision {current or 'none'} but this carbonsched needs "
+                f"{head}; run `{fix_hint}` to upgrade it"
+            )
+
+
+def migrations_dir() -> Path:
+    import migrations
+
+    return Path(migrations.__file__).parent
+
+
+def alembic_config(connection: Connection | None = None):
+    """An Alembic Config pointing at the packaged migrations; bound to `connection` if given."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option(
+        "file_template", "%%(year)d%%(month).2d%%(day).2d_%%(rev)s_%%(slug)s"
+    )
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def env_db_url() -> str | None:
+    return os.environ.get("CARBONSCHED_DB")

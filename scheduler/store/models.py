@@ -1,0 +1,166 @@
+"""SQLAlchemy models of the store: nodes, GPUs, jobs and the job event audit trail.
+
+Every datetime column is timezone-aware UTC on the Python side, whatever the database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator):
+    """A datetime stored as UTC and always returned timezone-aware (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r} given to the store; use UTC-aware times")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    zone: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str] = mapped_column(String(32))
+    emulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_heartbeat: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_name", "vendor", "index", name="uq_gpus_node_vendor_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node_name: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(128), unique=True)
+    model: Mapped[str] = mapped_column(String(64))
+    vendor: Mapped[str] = mapped_column(String(16))
+    memory_gib: Mapped[float] = mapped_column(Float)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The job holding this GPU. Claims set it with a conditional UPDATE, so two jobs can
+    # never hold one GPU; deliberately no foreign key (jobs and gpus reference each other).
+    job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_state_planned_node", "state", "planned_node"),
+        Index("ix_jobs_owner_uid_state", "owner_uid", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    owner_uid: Mapped[int] = mapped_column(Integer)
+    owner_gid: Mapped[int] = mapped_column(Integer)
+    owner_groups: Mapped[list] = mapped_column(JSON)
+    owner_name: Mapped[str] = mapped_column(String(255))
+    argv: Mapped[list] = mapped_column(JSON)
+    cwd: Mapped[str] = mapped_column(Text)
+    env: Mapped[dict] = mapped_column(JSON)
+
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpu_mem_gib: Mapped[float] = mapped_column(Float, default=0.0)
+    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    latency_slo_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    workload: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    prompts: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    est_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    time_limit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_retries: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    # The plan (PLANNED): where and when, and what the policy expects it to cost.
+    planned_node: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    planned_gpu_ids: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    planned_start: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    plan_rev: Mapped[int] = mapped_column(Integer, default=0)
+    est_energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    est_gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
+    explanation: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    # The run (RUNNING and after).
+    node: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    gpu_ids: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    gpu_indices: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    energy_method: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancel_requested_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class JobEvent(Base):
+    """One state change of one job: the audit trail (who, when, from, to, why)."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_state: Mapped[str] = mapped_column(String(16))
+    actor_uid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+jobs = Job.__table__
+gpus = Gpu.__table__
+nodes = Node.__table__
+job_events = JobEvent.__table__

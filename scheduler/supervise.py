@@ -1,0 +1,149 @@
+"""The per-job supervisor: `python -m scheduler.supervise RUN_DIR LOCK_FD`.
+
+The agent starts one supervisor per job in a new session. The supervisor outlives the
+daemon: it starts the command as its owner in its own process group, enforces the time
+limit, turns SIGTERM into a graceful cancel of the whole group, and writes `result.json`
+when the command ends. It holds an exclusive flock on RUN_DIR/lock for its whole life
+(the agent locked it before spawning and passed the descriptor down), so a restarted
+agent can tell "still running" (lock held) from "gone" (lock free) without guessing from
+PIDs, which the kernel reuses.
+
+Files in RUN_DIR: spec.json (input), launched.json (written just before the command is
+started: from then on the job may have run), result.json (the outcome, atomically).
+Only the standard library is imported here so it starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _open_log(path: str, uid: int, gid: int) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    if os.geteuid() == 0:
+        os.fchown(fd, uid, gid)
+    return fd
+
+
+class _Stop:
+    requested = False
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def supervise(run_dir: Path) -> int:
+    spec = json.loads((run_dir / "spec.json").read_text("utf-8"))
+    stop = _Stop()
+
+    def on_term(signum, frame):
+        stop.requested = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    uid, gid = spec["uid"], spec["gid"]
+    out_fd = _open_log(spec["stdout"], uid, gid)
+    err_fd = _open_log(spec["stderr"], uid, gid)
+    as_other = os.geteuid() == 0 and uid != 0  # a non-root daemon only runs its own jobs
+    result: dict = {"exit_code": None, "signal": None, "timed_out": False, "cancelled": False,
+                    "error": None}
+
+    write_json_atomic(run_dir / "launched.json", {"supervisor_pid": os.getpid(), "at": _now()})
+    started = time.monotonic()
+    result["started_at"] = _now()
+    try:
+        proc = subprocess.Popen(
+            spec["argv"],
+            cwd=spec["cwd"],
+            env=spec["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=err_fd,
+            start_new_session=True,
+            close_fds=True,
+            **({"user": uid, "group": gid, "extra_groups": spec["groups"]} if as_other else {}),
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        msg = f"carbonsched: could not start {spec['argv'][0]!r}: {e}\n"
+        os.write(err_fd, msg.encode())
+        result.update(exit_code=127 if isinstance(e, FileNotFoundError) else 126, error=msg.strip(),
+                      ended_at=_now())
+        write_json_atomic(run_dir / "result.json", result)
+        return 0
+    finally:
+        os.close(out_fd)
+        os.close(err_fd)
+
+    write_json_atomic(run_dir / "pid.json", {"pid": proc.pid, "pgid": proc.pid, "at": _now()})
+    limit_s = spec.get("time_limit_s")
+    grace_s = float(spec.get("grace_s", 10.0))
+    term_sent_at: float | None = None
+    while True:
+        try:
+            rc = proc.wait(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if term_sent_at is None:
+            if stop.requested:
+                result["cancelled"] = True
+            elif limit_s is not None and now - started >= limit_s:
+                result["timed_out"] = True
+            if result["cancelled"] or result["timed_out"]:
+                _kill_group(proc.pid, signal.SIGTERM)
+                term_sent_at = now
+        elif now - term_sent_at >= grace_s:
+            _kill_group(proc.pid, signal.SIGKILL)
+            term_sent_at = float("inf")  # sent both; just wait now
+    _kill_group(proc.pid, signal.SIGKILL)  # stragglers left in the job's group
+    result["ended_at"] = _now()
+    if rc < 0:
+        result["signal"] = -rc
+    result["exit_code"] = rc
+    write_json_atomic(run_dir / "result.json", result)
+    return 0
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        print("usage: python -m scheduler.supervise RUN_DIR LOCK_FD", file=sys.stderr)
+        raise SystemExit(2)
+    lock_fd = int(sys.argv[2])  # held (flocked) for as long as this process lives
+    os.set_inheritable(lock_fd, False)
+    raise SystemExit(supervise(Path(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Durations like `90m`, `6h`, `1h30m` and times as durations from now or ISO 8601."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as `45s`, `90m`, `6h`, `1h30m`, `2d` or a bare `120` (s).
+
+    ValueError for anything else, negative values included.
+    """
+    t = str(text).strip().lower()
+    if not t:
+        raise ValueError("empty duration")
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    pos, total = 0, 0.0
+    for m in _PART.finditer(t):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(t) or pos == 0:
+        raise ValueError(f"malformed duration {text!r}; use e.g. 45s, 90m, 6h, 1h30m, 2d")
+    return total
+
+
+def parse_time(text: str, now: datetime) -> datetime:
+    """A moment given as a duration from `now` (`6h`) or an ISO 8601 time (local if no zone)."""
+    try:
+        return now + timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(str(text).strip())
+    except ValueError:
+        raise ValueError(
+            f"malformed time {text!r}; use a duration from now (6h) or ISO 8601 (2026-12-01T02:00Z)"
+        ) from None
+    if t.tzinfo is None:
+        t = t.astimezone()  # interpret as the caller's local time
+    return t.astimezone(timezone.utc)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s" if s % 60 else f"{s // 60}m"
+    h, rem = divmod(s, 3600)
+    return f"{h}h{rem // 60:02d}m" if rem else f"{h}h"
+
+
+def iso(t: datetime | None) -> str | None:
+    """ISO 8601 UTC with a Z, or None."""
+    if t is None:
+        return None
+    return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
