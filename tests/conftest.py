@@ -1,0 +1,94 @@
+"""Shared fixtures: database URLs for SQLite and PostgreSQL, and a migrated Store.
+
+PostgreSQL tests use the server named by CARBONSCHED_TEST_PG_URL (default: the local
+server at 127.0.0.1:5432, user postgres, database test). Each test gets a fresh database
+of its own, dropped afterwards. Without a server they skip with the reason, unless
+CARBONSCHED_REQUIRE_PG=1 (as in CI), where a missing server is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("CARBONSCHED_TEST_PG_URL",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REQUIRE_PG = os.environ.get("CARBONSCHED_REQUIRE_PG") == "1"
+DATA_DIR = Path(__file__).parent / "data"
+
+_pg_problem: str | None = None
+_pg_checked = False
+
+
+def _pg_available() -> str | None:
+    """None when PostgreSQL answers, else why not."""
+    global _pg_checked, _pg_problem
+    if not _pg_checked:
+        _pg_checked = True
+        from sqlalchemy import create_engine, text
+
+        try:
+            engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+            with engine.connect() as conn:
+                conn.execute(text("select 1"))
+            engine.dispose()
+        except Exception as e:  # any failure to connect means "no server here"
+            _pg_problem = f"PostgreSQL not reachable at {PG_ADMIN_URL}: {type(e).__name__}: {e}"
+    return _pg_problem
+
+
+def make_pg_database() -> tuple[str, callable]:
+    """Create a fresh, empty PostgreSQL database; return its URL and a function that drops it."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"cs_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return url, drop
+
+
+def require_pg() -> None:
+    problem = _pg_available()
+    if problem:
+        if REQUIRE_PG:
+            pytest.fail(f"CARBONSCHED_REQUIRE_PG=1 but {problem}")
+        pytest.skip(problem)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path):
+    """An empty database of each kind: SQLite file and a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'carbonsched.db'}"
+        return
+    require_pg()
+    url, drop = make_pg_database()
+    try:
+        yield url
+    finally:
+        drop()
+
+
+@pytest.fixture
+def store(db_url):
+    """A Store on an empty database migrated to head."""
+    from scheduler.store import Store
+
+    s = Store(db_url)
+    s.upgrade()
+    try:
+        yield s
+    finally:
+        s.dispose()

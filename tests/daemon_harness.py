@@ -1,0 +1,131 @@
+"""Run the real `carbonsched daemon` as a subprocess for end-to-end tests.
+
+The state directory lives in a world-traversable temporary directory so that throwaway
+non-root users can reach the socket and their jobs' working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scheduler.client import ApiError, Client, DaemonUnreachable
+
+REPO = Path(__file__).resolve().parent.parent
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"}
+
+
+def world_dir(prefix: str) -> Path:
+    """A temporary directory everyone can traverse and write into (like /tmp itself)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    d.chmod(0o1777)
+    return d
+
+
+class DaemonProcess:
+    def __init__(self, root: Path, db_url: str, *, emulate: str = "4xH100",
+                 extra: list[str] | None = None, grace: str = "1s") -> None:
+        self.root = root
+        self.state_dir = root / "state"
+        self.socket = root / "carbonsched.sock"
+        self.db_url = db_url
+        self.emulate = emulate
+        self.extra = extra or []
+        self.config = root / "carbonsched.toml"
+        self.config.write_text(f'grace = "{grace}"\n')
+        self.proc: subprocess.Popen | None = None
+        self.log_path = root / "daemon.log"
+        self.starts = 0
+
+    def start(self, *, wait: bool = True, timeout_s: float = 30.0) -> None:
+        cmd = [sys.executable, "-m", "scheduler", "--config", str(self.config), "daemon",
+               "--state-dir", str(self.state_dir), "--socket", str(self.socket),
+               "--db", self.db_url, "--emulate", self.emulate, "--local-agent",
+               "--plan-interval", "1s", "--dispatch-interval", "0.2s", *self.extra]
+        log = open(self.log_path, "a")
+        log.write(f"\n==== start {self.starts} ====\n")
+        log.flush()
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        self.starts += 1
+        if wait:
+            self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc and self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                Client(self.socket, timeout=2).request("GET", "/health")
+                return
+            except (DaemonUnreachable, ApiError, OSError):
+                time.sleep(0.05)
+        raise TimeoutError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-8000:]
+        except FileNotFoundError:
+            return ""
+
+    def client(self) -> Client:
+        return Client(self.socket)
+
+    def cli(self, *args: str, user: str | None = None, check: bool = False,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """Run `carbonsched ARGS` as a user would, optionally as another (throwaway) user."""
+        python = sys.executable
+        if user is not None:
+            # The user-facing CLI needs only the standard library; another user may not be
+            # able to execute this virtualenv's interpreter (it can live under /root).
+            python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or python
+        cmd = [python, "-m", "scheduler", "--socket", str(self.socket), *args]
+        if user is not None:
+            cmd = ["runuser", "-u", user, "--", *cmd]
+        env = {k: v for k, v in os.environ.items() if k not in ("CARBONSCHED_SOCKET",)}
+        env["PYTHONPATH"] = str(REPO)
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or self.root,
+                              env=env, check=check, timeout=60)
+
+    def wait_states(self, job_ids, states=TERMINAL, timeout_s: float = 60.0) -> dict[int, dict]:
+        """Wait until every job is in one of `states`; return the jobs by id."""
+        deadline = time.monotonic() + timeout_s
+        client = self.client()
+        jobs: dict[int, dict] = {}
+        while time.monotonic() < deadline:
+            jobs = {j["id"]: j for j in client.jobs(include_done=True)}
+            if all(i in jobs and jobs[i]["state"] in states for i in job_ids):
+                return jobs
+            time.sleep(0.1)
+        pending = {i: jobs.get(i, {}).get("state") for i in job_ids
+                   if jobs.get(i, {}).get("state") not in states}
+        raise TimeoutError(f"jobs not in {sorted(states)} after {timeout_s}s: {pending}\n{self.log()}")
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

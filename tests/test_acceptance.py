@@ -1,0 +1,204 @@
+"""End to end: the real daemon process, its real socket and real job processes, on SQLite and
+PostgreSQL, with an emulated 4-GPU fleet."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from daemon_harness import DaemonProcess, world_dir
+from conftest import make_pg_database, require_pg
+
+pytestmark = pytest.mark.slow
+
+# Each job holds a lock directory per GPU it was given: a second job on the same GPU at the
+# same time would find the lock taken and record an overlap.
+JOB_SCRIPT = r"""
+set -u
+work="$1"; code="$2"; secs="$3"
+for g in $(echo "$CUDA_VISIBLE_DEVICES" | tr ',' ' '); do
+  mkdir "$work/gpu$g.lock" 2>/dev/null || echo "overlap gpu$g job $CARBONSCHED_JOB_ID" >> "$work/overlaps"
+done
+echo "job $CARBONSCHED_JOB_ID uid $(id -u) gpus $CUDA_VISIBLE_DEVICES"
+echo "to stderr" >&2
+sleep "$secs"
+for g in $(echo "$CUDA_VISIBLE_DEVICES" | tr ',' ' '); do rmdir "$work/gpu$g.lock"; done
+exit "$code"
+"""
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def daemon(request):
+    root = world_dir("cs-accept-")
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{root / 'state' / 'carbonsched.db'}"
+    else:
+        require_pg()
+        url, drop = make_pg_database()
+    d = DaemonProcess(root, url)
+    (root / "job.sh").write_text(JOB_SCRIPT)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.cleanup()
+        if drop:
+            drop()
+
+
+def submit(d: DaemonProcess, *args: str, user: str | None = None) -> int:
+    r = d.cli("submit", "--json", *args, user=user)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["id"]
+
+
+def test_twenty_jobs_complete_with_exit_codes_logs_and_no_gpu_shared(daemon):
+    work = daemon.root
+    ids = []
+    for i in range(20):
+        gpus = 2 if i % 5 == 0 else 1
+        ids.append(submit(daemon, "--gpus", str(gpus), "--est-runtime", "2s", "--name", f"batch-{i}",
+                          "--", "sh", str(work / "job.sh"), str(work), "0", "0.3"))
+    failing = submit(daemon, "--est-runtime", "2s", "--", "sh", str(work / "job.sh"), str(work), "3", "0.1")
+    jobs = daemon.wait_states(ids + [failing], timeout_s=90)
+
+    for i in ids:
+        j = jobs[i]
+        assert j["state"] == "COMPLETED", j
+        assert j["exit_code"] == 0
+        assert len(j["gpus"]) == j["gpus_requested"]
+        out = daemon.cli("logs", str(i))
+        assert out.returncode == 0
+        assert f"job {i} uid {os.getuid()} gpus {','.join(map(str, j['gpus']))}" in out.stdout
+        err = daemon.cli("logs", str(i), "--stderr")
+        assert err.stdout.strip() == "to stderr"
+    assert jobs[failing]["state"] == "FAILED" and jobs[failing]["exit_code"] == 3
+    assert not (work / "overlaps").exists(), (work / "overlaps").read_text()
+
+    # The store agrees: per GPU, run intervals never overlap.
+    by_gpu: dict[int, list] = {}
+    for i in ids:
+        j = jobs[i]
+        for g in j["gpus"]:
+            by_gpu.setdefault(g, []).append((j["started_at"], j["ended_at"]))
+    for spans in by_gpu.values():
+        spans.sort()
+        for (s1, e1), (s2, _) in zip(spans, spans[1:]):
+            assert e1 <= s2 or e1[:19] == s2[:19], (spans)
+
+    show = json.loads(daemon.cli("show", str(ids[0]), "--json").stdout)
+    for key in ("id", "name", "state", "owner", "gpus", "node", "submitted_at", "planned_start",
+                "started_at", "ended_at", "exit_code", "energy_j", "gco2", "explanation"):
+        assert key in show
+    assert [e["to"] for e in show["events"]] == ["PENDING", "PLANNED", "RUNNING", "COMPLETED"]
+    assert show["energy_j"] > 0
+
+
+def test_cancel_running_and_pending_jobs(daemon):
+    work = daemon.root
+    running = submit(daemon, "--gpus", "4", "--", "sh", "-c", f"echo started; sleep 60; echo never")
+    daemon.wait_states([running], states={"RUNNING"}, timeout_s=30)
+    waiting = submit(daemon, "--gpus", "4", "--", "true")  # cannot start: all 4 GPUs are busy
+    r = daemon.cli("cancel", str(waiting))
+    assert r.returncode == 0, r.stderr
+    assert "cancelled" in r.stdout
+    started = time.monotonic()
+    r = daemon.cli("cancel", str(running))
+    assert r.returncode == 0 and "cancelling" in r.stdout
+    jobs = daemon.wait_states([running, waiting], timeout_s=30)
+    assert time.monotonic() - started < 10
+    assert jobs[running]["state"] == "CANCELLED"
+    assert jobs[waiting]["state"] == "CANCELLED" and jobs[waiting]["started_at"] is None
+    assert "never" not in daemon.cli("logs", str(running)).stdout
+    again = daemon.cli("cancel", str(running))
+    assert again.returncode == 6 and "already ended" in again.stderr
+    missing = daemon.cli("cancel", "999999")
+    assert missing.returncode == 4 and "no job 999999" in missing.stderr
+
+
+def test_time_limit_gives_timeout(daemon):
+    job = submit(daemon, "--time-limit", "1s", "--", "sleep", "30")
+    jobs = daemon.wait_states([job], timeout_s=30)
+    assert jobs[job]["state"] == "TIMEOUT"
+    est = submit(daemon, "--est-runtime", "1s", "--", "sleep", "30")  # limit = 2 x estimate
+    jobs = daemon.wait_states([est], timeout_s=30)
+    assert jobs[est]["state"] == "TIMEOUT"
+    assert jobs[est]["time_limit_s"] == 2.0
+
+
+def test_bad_requests_get_clear_errors_and_change_nothing(daemon):
+    before = daemon.client().jobs(include_done=True)
+    cases = [
+        (["--gpus", "-1", "--", "true"], "--gpus"),
+        (["--gpus", "100000", "--", "true"], "--gpus"),
+        (["--gpu-mem", "4096", "--", "true"], "more than"),
+        (["--deadline", "2001-01-01T00:00:00Z", "--", "true"], "in the past"),
+        (["--deadline", "1h", "--est-runtime", "2h", "--", "true"], "cannot be met"),
+        (["--workload", "Bad Class!", "--", "true"], "workload"),
+        (["--est-runtime", "ten minutes", "--", "true"], "malformed duration"),
+        (["--"], "empty command"),
+    ]
+    for args, needle in cases:
+        r = daemon.cli("submit", *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert daemon.client().jobs(include_done=True) == before
+
+    # Raw socket abuse: not JSON, oversized.
+    import socket as s
+
+    def raw(req: bytes) -> bytes:
+        with s.socket(s.AF_UNIX) as c:
+            c.connect(str(daemon.socket))
+            c.sendall(req)
+            return c.recv(65536)
+
+    bad_json = b"not json"
+    reply = raw(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(bad_json) + bad_json)
+    assert b" 400 " in reply.split(b"\r\n")[0] and b"not valid JSON" in reply
+    reply = raw(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n")
+    assert b" 413 " in reply.split(b"\r\n")[0]
+    assert daemon.client().jobs(include_done=True) == before
+
+
+def _throwaway_user() -> str:
+    name = f"cs{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    return name
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating users and running jobs as them needs root")
+def test_jobs_run_as_their_owner_and_other_users_cannot_touch_them(daemon):
+    alice, bob = _throwaway_user(), _throwaway_user()
+    try:
+        work = daemon.root
+        job = submit(daemon, "--", "sh", "-c", "id -u; id -g; sleep 3", user=alice)
+        jobs = daemon.wait_states([job], states={"RUNNING", "COMPLETED"}, timeout_s=30)
+        assert jobs[job]["owner"] == alice
+        r = daemon.cli("cancel", str(job), user=bob)
+        assert r.returncode == 5 and "another user" in r.stderr
+        r = daemon.cli("logs", str(job), user=bob)
+        assert r.returncode == 5 and "another user" in r.stderr
+        r = daemon.cli("queue", "--json", user=bob)
+        assert r.returncode == 0 and json.loads(r.stdout) == []
+        jobs = daemon.wait_states([job], timeout_s=30)
+        assert jobs[job]["state"] == "COMPLETED"
+        out = daemon.cli("logs", str(job), user=alice)
+        uid, gid = out.stdout.split()
+        pw = pwd.getpwnam(alice)
+        assert (int(uid), int(gid)) == (pw.pw_uid, pw.pw_gid)
+        log_file = daemon.state_dir / "logs" / f"{job}.out"
+        assert log_file.stat().st_uid == pw.pw_uid
+        assert oct(log_file.stat().st_mode & 0o777) == "0o600"
+        del work
+    finally:
+        for u in (alice, bob):
+            subprocess.run(["userdel", u], check=False)
