@@ -89,7 +89,7 @@ class Agent:
         with self.store.read() as conn:
             self._uuid_of = {r.id: r.uuid for r in conn.execute(
                 select(gpus.c.id, gpus.c.uuid).where(gpus.c.node_name == self.config.node))}
-        self._last_heartbeat = now
+        self._last_heartbeat = None  # the first tick reports power readings right away
         log.info("node %s registered in zone %s with %d GPUs (%s backend)",
                  self.config.node, self.config.zone, len(devices), self.backend.name)
 

@@ -39,7 +39,8 @@ def _energy(j: float | None) -> str:
 def _gpus(job: dict) -> str:
     if not job.get("gpus"):
         return str(job.get("gpus_requested", "-"))
-    return f"{job.get('node') or '?'}:{','.join(str(g) for g in job['gpus'])}"
+    model = job.get("gpu_model") or "gpu"
+    return f"{job.get('node') or '?'}:{model}:{','.join(str(g) for g in job['gpus'])}"
 
 
 def jobs_table(jobs: list[dict]) -> str:
@@ -47,7 +48,7 @@ def jobs_table(jobs: list[dict]) -> str:
         return "no jobs"
     rows = []
     for j in jobs:
-        when = j["started_at"] or j["planned_start"]
+        when = j["started_at"] or (j["planned_start"] if j["state"] == "PLANNED" else None)
         rows.append([str(j["id"]), j["name"][:24], j["owner"], j["state"], _gpus(j),
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
                      "-" if j["exit_code"] is None else str(j["exit_code"]), _energy(j["energy_j"])])

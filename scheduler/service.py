@@ -343,13 +343,18 @@ class JobService:
         return {"ok": True, "jobs": counts, "time": iso(self._clock())}
 
 
-def job_json(r, index_of: dict[int, int]) -> dict:
-    """The stable JSON shape of a job (see DESIGN.md: add keys freely, never rename)."""
+def job_json(r, gpu_map: dict[int, tuple[int, str]]) -> dict:
+    """The stable JSON shape of a job (see DESIGN.md: add keys freely, never rename).
+
+    `gpus` lists the node-local device indices (as CUDA/ROCm number them) of the GPUs the
+    job runs on, or is planned on; `gpu_model` says which model they are.
+    """
     assigned = r.gpu_ids if r.gpu_ids else r.planned_gpu_ids
     return {
         "id": r.id, "name": r.name, "state": r.state, "reason": r.reason,
         "owner": r.owner_name, "owner_uid": r.owner_uid,
-        "gpus": [index_of.get(g, g) for g in assigned] if assigned else None,
+        "gpus": [gpu_map[g][0] if g in gpu_map else g for g in assigned] if assigned else None,
+        "gpu_model": gpu_map[assigned[0]][1] if assigned and assigned[0] in gpu_map else None,
         "gpus_requested": r.gpus, "gpu_mem_gib": r.gpu_mem_gib,
         "node": r.node or r.planned_node,
         "submitted_at": iso(r.submitted_at), "planned_start": iso(r.planned_start),
@@ -364,8 +369,8 @@ def job_json(r, index_of: dict[int, int]) -> dict:
     }
 
 
-def _gpu_index_map(conn: Connection) -> dict[int, int]:
-    return {r.id: r.index for r in conn.execute(select(gpus.c.id, gpus.c.index))}
+def _gpu_index_map(conn: Connection) -> dict[int, tuple[int, str]]:
+    return {r.id: (r.index, r.model) for r in conn.execute(select(gpus.c.id, gpus.c.index, gpus.c.model))}
 
 
 def _int(v: object, field: str) -> int:
