@@ -6,22 +6,25 @@ through the executor, and records outcomes. The daemon runs one in-process on SQ
 from __future__ import annotations
 
 import logging
-import os
 import pwd
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, and_, func, insert, select, update
+from sqlalchemy import Connection, case, insert, select, update
 
 from scheduler.executor import Executor, LaunchSpec, RunState, RunStatus
 from scheduler.lifecycle import State, transition, utcnow
+from scheduler.samples import SampleStore, StoredSample
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
+from telemetry.energy import Sample
 from telemetry.gpu import GpuBackend, GpuError
+from telemetry.sampler import Reading, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,11 @@ class AgentConfig:
     zone: str
     state_dir: Path
     grace_s: float = 10.0
-    heartbeat_s: float = 5.0
+    heartbeat_s: float = 2.0
+    sample_hz: float = 1.0
+    # Node power that is not the GPUs' (CPUs, fans, NICs), shared among jobs by GPU count.
+    # 0 leaves it out of job energy.
+    node_static_w: float = 0.0
 
 
 class Agent:
@@ -50,6 +57,14 @@ class Agent:
         self._last_heartbeat: datetime | None = None
         self._tick_lock = threading.Lock()
         self._uuid_of: dict[int, str] = {}
+        self._gpu_of: dict[str, int] = {}
+        self.samples = SampleStore(store)
+        self.sampler = Sampler(backend, hz=config.sample_hz, on_lost=self._on_gpu_lost)
+        self._lost_pending: dict[str, str] = {}
+        self._lost_lock = threading.Lock()
+        self._stopped_by_agent: dict[int, str] = {}
+        self._prev_reading: dict[str, Reading] = {}
+        self._day_j: dict[int, float] = {}
 
     # -- registration -------------------------------------------------------------------
 
@@ -88,7 +103,9 @@ class Agent:
         self.store.transact(tx)
         with self.store.read() as conn:
             self._uuid_of = {r.id: r.uuid for r in conn.execute(
-                select(gpus.c.id, gpus.c.uuid).where(gpus.c.node_name == self.config.node))}
+                select(gpus.c.id, gpus.c.uuid).where(gpus.c.node_name == self.config.node,
+                                                     gpus.c.uuid.in_([d.uuid for d in devices])))}
+        self._gpu_of = {u: i for i, u in self._uuid_of.items()}
         self._last_heartbeat = None  # the first tick reports power readings right away
         log.info("node %s registered in zone %s with %d GPUs (%s backend)",
                  self.config.node, self.config.zone, len(devices), self.backend.name)
@@ -101,7 +118,9 @@ class Agent:
             return
         try:
             self.executor.reap()
-            changed = self._reconcile_running()
+            self.flush_samples()
+            changed = self._mark_lost_gpus()
+            changed |= self._reconcile_running()
             changed |= self._claim_due()
             self._heartbeat()
             if changed:
@@ -109,16 +128,69 @@ class Agent:
         finally:
             self._tick_lock.release()
 
+    def start_sampling(self) -> None:
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.flush_samples()
+
+    def flush_samples(self) -> int:
+        """Write the sampler's buffered readings to the store in one batch."""
+        readings = self.sampler.drain()
+        rows = []
+        for r in readings:
+            gid = self._gpu_of.get(r.uuid)
+            if gid is None:
+                continue
+            rows.append(StoredSample(gid, r.t_s, r.power_w, r.energy_j, r.utilization_pct))
+            prev = self._prev_reading.get(r.uuid)
+            if prev is not None and r.power_w is not None and prev.power_w is not None and r.t_s > prev.t_s:
+                self._day_j[gid] = self._day_j.get(gid, 0.0) + (r.t_s - prev.t_s) * (r.power_w + prev.power_w) / 2
+            self._prev_reading[r.uuid] = r
+        return self.samples.write(rows)
+
+    def _on_gpu_lost(self, uuid: str, why: str) -> None:
+        # Called on the sampler thread: only note it; the next tick acts on it.
+        with self._lost_lock:
+            self._lost_pending[uuid] = why
+
+    def _mark_lost_gpus(self) -> bool:
+        """Take lost GPUs out of service and stop the jobs running on them."""
+        with self._lost_lock:
+            pending, self._lost_pending = self._lost_pending, {}
+        changed = False
+        for uuid, why in pending.items():
+            gid = self._gpu_of.get(uuid)
+            if gid is None:
+                continue
+
+            def tx(conn: Connection, gid=gid, why=why):
+                conn.execute(update(gpus).where(gpus.c.id == gid)
+                             .values(healthy=False, unhealthy_reason=f"lost: {why}"))
+                return conn.execute(select(gpus.c.job_id).where(gpus.c.id == gid)).scalar_one_or_none()
+
+            job_id = self.store.transact(tx)
+            changed = True
+            log.error("GPU %s (id %s) marked unhealthy: %s", uuid, gid, why)
+            if job_id is not None:
+                self._stopped_by_agent[job_id] = f"GPU {uuid} was lost during the run: {why}"
+                if self.executor.signal_cancel(job_id):
+                    log.error("job %s: stopping it, its GPU %s is lost", job_id, uuid)
+        return changed
+
     def _running_jobs(self) -> list:
         with self.store.read() as conn:
             return list(conn.execute(
                 select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.max_retries, jobs.c.attempts,
-                       jobs.c.gpu_ids)
+                       jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _reconcile_running(self) -> bool:
         changed = False
-        for job in self._running_jobs():
+        running = self._running_jobs()
+        self._stop_orphans({j.id for j in running})
+        for job in running:
             status = self.executor.status(job.id)
             if status.state is RunState.RUNNING:
                 if job.cancel_requested_at is not None and job.id not in self._signalled:
@@ -138,7 +210,13 @@ class Agent:
     def _finish(self, job, status: RunStatus) -> None:
         result = status.result or {}
         code = result.get("exit_code")
-        if result.get("cancelled") or (job.cancel_requested_at is not None and code != 0):
+        stopped_why = self._stopped_by_agent.pop(job.id, None)
+        if stopped_why and code != 0:
+            self._lose(job, stopped_why, status)
+            return
+        if result.get("cancelled") and job.cancel_requested_at is None:
+            to, why = State.FAILED, "stopped by its node agent (GPU lost or node shutting down)"
+        elif result.get("cancelled") or (job.cancel_requested_at is not None and code != 0):
             to, why = State.CANCELLED, "cancelled by user while running"
         elif result.get("timed_out"):
             limit = (status.spec or {}).get("time_limit_s")
@@ -151,8 +229,8 @@ class Agent:
             to, why = State.FAILED, f"killed by signal {result['signal']}"
         else:
             to, why = State.FAILED, f"exit code {code}"
-        energy_j, method = self._job_energy(status)
         ended = _parse_time(result.get("ended_at")) or self._clock()
+        energy_j, method = self._job_energy(job, status, ended)
 
         def tx(conn: Connection) -> None:
             ok = transition(conn, job.id, to, actor_uid=None, reason=why, expect=State.RUNNING,
@@ -181,7 +259,7 @@ class Agent:
         self.executor.forget(job.id)
         log.warning("job %s was claimed but never launched; re-queued", job.id)
 
-    def _lose(self, job, why: str) -> None:
+    def _lose(self, job, why: str, status: RunStatus | None = None) -> None:
         retry = job.attempts <= job.max_retries
 
         def tx(conn: Connection) -> None:
@@ -192,6 +270,11 @@ class Agent:
                                 values=dict(node=None, gpu_ids=None, gpu_indices=None,
                                             planned_node=None, planned_gpu_ids=None,
                                             planned_start=None))
+            elif status is not None and status.result is not None:
+                ok = transition(conn, job.id, State.FAILED, actor_uid=None, reason=why,
+                                expect=State.RUNNING, values=dict(
+                                    ended_at=_parse_time(status.result.get("ended_at")) or self._clock(),
+                                    exit_code=status.result.get("exit_code")))
             else:
                 ok = transition(conn, job.id, State.LOST, actor_uid=None, reason=why,
                                 expect=State.RUNNING, values=dict(ended_at=self._clock()))
@@ -248,7 +331,7 @@ class Agent:
 
         if not self.store.transact(tx):
             return False
-        energy_start = self._energy_counters(gpu_ids)
+        energy_start = self._read_now(gpu_ids)
         try:
             self.executor.launch(self._launch_spec(job, vendor, indices, energy_start))
         except OSError as e:
@@ -271,33 +354,48 @@ class Agent:
                           uid=job.owner_uid, gid=job.owner_gid, groups=list(job.owner_groups or []),
                           time_limit_s=job.time_limit_s, grace_s=self.config.grace_s,
                           stdout=str(out), stderr=str(err),
-                          extra={"energy_start_j": energy_start})
+                          extra={"start_readings": energy_start})
 
     # -- energy and GPU state -----------------------------------------------------------
 
-    def _energy_counters(self, gpu_ids: list[int]) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
+    def _read_now(self, gpu_ids: list[int]) -> dict[str, list]:
+        """[t_s, power_w, energy_j] of each GPU now, for exact job start and end points."""
+        out: dict[str, list] = {}
         for gid in gpu_ids:
             uuid = self._uuid_of.get(gid)
+            if uuid is None:
+                continue
             try:
-                out[str(gid)] = self.backend.read(uuid).energy_j if uuid else None
+                r = self.backend.read(uuid)
             except GpuError as e:
-                log.warning("energy counter of GPU %s unreadable: %s", gid, e)
-                out[str(gid)] = None
+                log.warning("GPU %s unreadable: %s", gid, e)
+                continue
+            out[str(gid)] = [time.time(), r.power_w, r.energy_j]
         return out
 
-    def _job_energy(self, status: RunStatus) -> tuple[float | None, str | None]:
-        start = ((status.spec or {}).get("extra") or {}).get("energy_start_j") or {}
-        if not start:
+    def _job_energy(self, job, status: RunStatus, ended: datetime) -> tuple[float | None, str | None]:
+        """Energy of the job's GPUs over its run from samples and the start/end readings,
+        plus its share of the node's static power when configured."""
+        gpu_ids = [int(g) for g in (job.gpu_ids or [])]
+        if not gpu_ids or job.started_at is None:
             return None, None
-        end = self._energy_counters([int(k) for k in start])
-        total = 0.0
-        for k, before in start.items():
-            after = end.get(k)
-            if before is None or after is None or after < before:
-                return None, None  # counter missing or reset (e.g. emulator restarted)
-            total += after - before
-        return total, "counter"
+        self.flush_samples()
+        start_s, end_s = job.started_at.timestamp(), ended.timestamp()
+        extra: dict[int, list[Sample]] = {}
+        start = ((status.spec or {}).get("extra") or {}).get("start_readings") or {}
+        for gid, (t, p, e) in start.items():
+            extra.setdefault(int(gid), []).append(Sample(t, p, e))
+        for gid, (t, p, e) in self._read_now(gpu_ids).items():
+            extra.setdefault(int(gid), []).append(Sample(min(t, end_s + 1.0), p, e))
+        measured = self.samples.job_energy(gpu_ids, start_s, end_s + 1.0, extra)
+        if measured.energy_j is None:
+            return None, None
+        energy, method = measured.energy_j, measured.method
+        if self.config.node_static_w > 0 and self._uuid_of:
+            share = len(gpu_ids) / len(self._uuid_of)
+            energy += self.config.node_static_w * share * max(0.0, end_s - start_s)
+            method += "+static"
+        return energy, method
 
     def _set_busy(self, gpu_id: int, busy: bool) -> None:
         uuid = self._uuid_of.get(gpu_id)
@@ -312,22 +410,43 @@ class Agent:
         now = self._clock()
         if self._last_heartbeat and (now - self._last_heartbeat).total_seconds() < self.config.heartbeat_s:
             return
-        readings = {}
-        for gid, uuid in self._uuid_of.items():
-            try:
-                readings[gid] = self.backend.read(uuid)
-            except GpuError as e:
-                log.warning("GPU %s unreadable: %s", gid, e)
+        latest = self.sampler.latest()
+        if not latest:
+            latest = {r.uuid: r for r in self.sampler.sample_once()}
+        day = now.astimezone().date().isoformat()
+        increments, self._day_j = self._day_j, {}
 
         def tx(conn: Connection) -> None:
             conn.execute(update(nodes).where(nodes.c.name == self.config.node)
                          .values(last_heartbeat=now))
-            for gid, r in readings.items():
-                conn.execute(update(gpus).where(gpus.c.id == gid)
-                             .values(power_w=r.power_w, energy_j=r.energy_j))
+            for uuid, r in latest.items():
+                gid = self._gpu_of.get(uuid)
+                if gid is None:
+                    continue
+                inc = increments.get(gid, 0.0)
+                conn.execute(update(gpus).where(gpus.c.id == gid).values(
+                    power_w=r.power_w, energy_j=r.energy_j, utilization_pct=r.utilization_pct,
+                    energy_day=day,
+                    energy_day_j=case((gpus.c.energy_day == day, gpus.c.energy_day_j + inc), else_=inc)))
 
         self.store.transact(tx)
         self._last_heartbeat = now
+
+    def _stop_orphans(self, running_here: set[int]) -> None:
+        """Stop processes of jobs this node no longer owns (declared LOST while it was away),
+        and clear run directories whose outcome is recorded: a job must never run twice."""
+        for job_id in self.executor.known_runs():
+            if job_id in running_here:
+                continue
+            status = self.executor.status(job_id)
+            if status.state is RunState.RUNNING:
+                if job_id not in self._signalled and self.executor.signal_cancel(job_id):
+                    self._signalled.add(job_id)
+                    log.error("job %s is not RUNNING here any more (declared lost while this node "
+                              "was away?); stopping its leftover process", job_id)
+            else:
+                self.executor.forget(job_id)
+                self._signalled.discard(job_id)
 
     def startup_reconcile(self) -> None:
         """After a restart: free GPUs held by jobs that are no longer running, adopt the rest."""
@@ -343,12 +462,7 @@ class Agent:
             if self.executor.status(job.id).state is RunState.RUNNING:  # adopted as it is
                 for gid in job.gpu_ids or []:
                     self._set_busy(gid, True)
-        with self.store.read() as conn:
-            ours = {r.id for r in conn.execute(select(jobs.c.id).where(
-                jobs.c.node == self.config.node, jobs.c.state == State.RUNNING.value))}
-        for job_id in self.executor.known_runs():
-            if job_id not in ours and self.executor.status(job_id).state is not RunState.RUNNING:
-                self.executor.forget(job_id)  # outcome already recorded before the crash
+        self._stop_orphans({j.id for j in running})
         log.info("reconciled %d running job(s) on %s", len(running), self.config.node)
 
 

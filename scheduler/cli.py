@@ -81,10 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help=_env_help("planner period (default 15s; a submit also wakes it)", "CARBONSCHED_PLAN_INTERVAL"))
     d.add_argument("--dispatch-interval", metavar="DUR",
                    help=_env_help("agent period (default 1s)", "CARBONSCHED_DISPATCH_INTERVAL"))
-    d.add_argument("--metrics-port", type=int, help=_env_help("Prometheus port (not yet served)", "CARBONSCHED_METRICS_PORT"))
+    d.add_argument("--metrics-port", type=int, help=_env_help("serve Prometheus metrics on this port",
+                                                              "CARBONSCHED_METRICS_PORT"))
+    d.add_argument("--sample-hz", type=float, help=_env_help("GPU power sampling rate of the local agent "
+                                                             "(default 1)", "CARBONSCHED_SAMPLE_HZ"))
     d.add_argument("--local-agent", action=argparse.BooleanOptionalAction, default=None,
                    help="run an agent in the daemon (default: on for SQLite or with --emulate)")
     d.add_argument("--log-level", default=os.environ.get("CARBONSCHED_LOG_LEVEL", "INFO"),
+                   help=_env_help("log level", "CARBONSCHED_LOG_LEVEL"))
+
+    a = sub.add_parser("agent", help="run the node agent of a GPU node (multi-node clusters)")
+    a.add_argument("--db", help=_env_help("database URL shared with the daemon", "CARBONSCHED_DB"))
+    a.add_argument("--node", help=_env_help("node name (default: host name)", "CARBONSCHED_NODE"))
+    a.add_argument("--zone", help=_env_help("carbon zone of this node", "CARBONSCHED_ZONE"))
+    a.add_argument("--state-dir", help=_env_help("state directory", "CARBONSCHED_STATE_DIR"))
+    a.add_argument("--emulate", metavar="SPEC", help=_env_help("emulate a GPU fleet, e.g. 8xMI300X",
+                                                             "CARBONSCHED_EMULATE"))
+    a.add_argument("--sample-hz", type=float, help=_env_help("GPU power sampling rate (default 1)",
+                                                             "CARBONSCHED_SAMPLE_HZ"))
+    a.add_argument("--dispatch-interval", metavar="DUR",
+                   help=_env_help("how often to look for due jobs (default 1s)", "CARBONSCHED_DISPATCH_INTERVAL"))
+    a.add_argument("--metrics-port", type=int, help=_env_help("serve Prometheus metrics on this port",
+                                                              "CARBONSCHED_METRICS_PORT"))
+    a.add_argument("--log-level", default=os.environ.get("CARBONSCHED_LOG_LEVEL", "INFO"),
                    help=_env_help("log level", "CARBONSCHED_LOG_LEVEL"))
 
     s = sub.add_parser("submit", help="queue a job: carbonsched submit [options] -- CMD [ARG...]")
@@ -157,16 +176,69 @@ def _db_url(args, config) -> str:
     return setting(args, config, "db", "CARBONSCHED_DB") or default_db_url(_state_dir(args, config))
 
 
-def cmd_daemon(args, config) -> int:
+def _setup_logging(level: str) -> None:
     import logging
 
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _number_setting(args, config, name: str, env: str, default: float) -> float:
+    value = setting(args, config, name, env, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise CliError(f"{name.replace('_', '-')} must be a number (got {value!r})", EXIT_USAGE) from None
+
+
+def _port_setting(args, config) -> int | None:
+    value = setting(args, config, "metrics_port", "CARBONSCHED_METRICS_PORT")
+    if value is None:
+        return None
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise CliError(f"metrics port must be a number (got {value!r})", EXIT_USAGE) from None
+    if not 0 <= port <= 65535:
+        raise CliError(f"metrics port {port} is out of range", EXIT_USAGE)
+    return port
+
+
+def cmd_agent(args, config) -> int:
+    from scheduler.agent import default_node_name
+    from scheduler.daemon import AgentRunConfig, AgentRunner, DaemonError
+    from scheduler.timeparse import parse_duration
+
+    _setup_logging(args.log_level)
+    db = setting(args, config, "db", "CARBONSCHED_DB")
+    if not db:
+        raise CliError("the agent needs the cluster database: --db postgresql+psycopg://... "
+                       "(or CARBONSCHED_DB)", EXIT_USAGE)
+    try:
+        cfg = AgentRunConfig(
+            db_url=db, state_dir=_state_dir(args, config),
+            node=setting(args, config, "node", "CARBONSCHED_NODE") or default_node_name(),
+            zone=setting(args, config, "zone", "CARBONSCHED_ZONE", "local"),
+            emulate=setting(args, config, "emulate", "CARBONSCHED_EMULATE"),
+            sample_hz=_number_setting(args, config, "sample_hz", "CARBONSCHED_SAMPLE_HZ", 1.0),
+            dispatch_interval_s=parse_duration(
+                setting(args, config, "dispatch_interval", "CARBONSCHED_DISPATCH_INTERVAL", "1s")),
+            metrics_port=_port_setting(args, config),
+            grace_s=parse_duration(str(config.get("grace", "10s"))),
+            node_static_w=float(config.get("node_static_w", 0.0)),
+        )
+        AgentRunner(cfg).run()
+    except (DaemonError, ValueError) as e:
+        raise CliError(str(e)) from None
+    return EXIT_OK
+
+
+def cmd_daemon(args, config) -> int:
     from scheduler.daemon import Daemon, DaemonConfig, DaemonError
     from scheduler.timeparse import parse_duration
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    _setup_logging(args.log_level)
     state_dir = _state_dir(args, config)
     if args.socket_sub:
         args.socket = args.socket_sub
@@ -188,6 +260,11 @@ def cmd_daemon(args, config) -> int:
             time_limit_factor=float(config.get("time_limit_factor", 2.0)),
             grace_s=parse_duration(str(config.get("grace", "10s"))),
             local_agent=args.local_agent,
+            sample_hz=_number_setting(args, config, "sample_hz", "CARBONSCHED_SAMPLE_HZ", 1.0),
+            metrics_port=_port_setting(args, config),
+            node_lost_after_s=parse_duration(str(config.get("node_lost_after", "5m"))),
+            sample_retention_s=parse_duration(str(config.get("sample_retention", "1h"))),
+            node_static_w=float(config.get("node_static_w", 0.0)),
         )
         node = setting(args, config, "node", "CARBONSCHED_NODE")
         if node:
@@ -332,7 +409,7 @@ def cmd_db(args, config) -> int:
         store.dispose()
 
 
-VERBS = {"daemon": cmd_daemon, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show,
+VERBS = {"daemon": cmd_daemon, "agent": cmd_agent, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show,
          "cancel": cmd_cancel, "logs": cmd_logs, "nodes": cmd_nodes, "plan": cmd_plan, "db": cmd_db}
 
 

@@ -20,10 +20,13 @@ from policies import get_policy
 from policies.catalog import parse_fleet
 from scheduler.agent import Agent, AgentConfig, default_node_name
 from scheduler.api import ApiServer
+from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.planner import Planner
+from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.store import SchemaError, Store
 from scheduler.timeparse import iso
+from scheduler.watchdog import DEFAULT_NODE_LOST_AFTER_S, reap_dead_nodes
 from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend, detect_backend
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,11 @@ class DaemonConfig:
     time_limit_factor: float = 2.0
     grace_s: float = 10.0
     local_agent: bool | None = None  # None: on for SQLite, or when --emulate is given
+    sample_hz: float = 1.0
+    metrics_port: int | None = None
+    node_lost_after_s: float = DEFAULT_NODE_LOST_AFTER_S
+    sample_retention_s: float = DEFAULT_RETENTION_S
+    node_static_w: float = 0.0
 
 
 class DaemonError(RuntimeError):
@@ -131,11 +139,50 @@ def make_backend(emulate: str | None, node: str) -> GpuBackend:
     return EmulatedBackend(models, node=node)
 
 
-class Daemon:
-    def __init__(self, config: DaemonConfig) -> None:
-        self.config = config
+class _Service:
+    """What the daemon and the standalone agent share: one instance per state directory,
+    SIGTERM/SIGINT stop cleanly."""
+
+    lock_name = "service.lock"
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
         self.stop_event = threading.Event()
         self._lock_fd: int | None = None
+
+    def _install_signals(self) -> None:
+        def stop(signum, frame):
+            log.info("received %s", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def _take_instance_lock(self) -> None:
+        path = self.state_dir / self.lock_name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DaemonError(f"another carbonsched {self.lock_name.split('.')[0]} is using "
+                              f"{self.state_dir}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _release_instance_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+class Daemon(_Service):
+    lock_name = "daemon.lock"
+
+    def __init__(self, config: DaemonConfig) -> None:
+        super().__init__(config.state_dir)
+        self.config = config
 
     def run(self) -> None:
         cfg = self.config
@@ -149,6 +196,8 @@ class Daemon:
                                         job_defaults={"coalesce": True, "max_instances": 1,
                                                       "misfire_grace_time": None})
         planner = Planner(store, policy)
+        metrics = Metrics()
+        metrics.add(StoreCollector(store))
         plan_job = CoalescedJob(scheduler, "planner", planner.tick, min_gap_s=0.2)
 
         agent = None
@@ -158,15 +207,20 @@ class Daemon:
         if local:
             backend = make_backend(cfg.emulate, cfg.node)
             agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone,
-                                                      state_dir=cfg.state_dir, grace_s=cfg.grace_s),
+                                                      state_dir=cfg.state_dir, grace_s=cfg.grace_s,
+                                                      sample_hz=cfg.sample_hz,
+                                                      node_static_w=cfg.node_static_w),
                           on_change=plan_job.wake)
             agent.register()
             agent.startup_reconcile()
+            metrics.add(GpuCollector(agent))
         dispatch_job = CoalescedJob(scheduler, "dispatch", agent.tick if agent else (lambda: None),
                                     min_gap_s=0.05)
 
+        timed_tick = metrics.timed(policy.name, planner.tick)
+
         def after_plan() -> None:
-            planner.tick()
+            timed_tick()
             dispatch_job.wake()
 
         plan_job._fn = after_plan
@@ -188,10 +242,20 @@ class Daemon:
                               id="dispatch", next_run_time=now)
         else:
             scheduler.add_job(lambda: None, "interval", hours=24, id="dispatch")
+        samples = SampleStore(store)
+        scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
+                          seconds=60, id="rollup")
+        scheduler.add_job(lambda: plan_job.wake() if reap_dead_nodes(
+            store, lost_after_s=cfg.node_lost_after_s) else None,
+            "interval", seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog")
 
         self._install_signals()
+        if agent is not None:
+            agent.start_sampling()
         scheduler.start()
         api.start()
+        if cfg.metrics_port is not None:
+            metrics.serve(cfg.metrics_port)
         sd_notify("READY=1\nSTATUS=serving")
         log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s", store.url,
                  cfg.socket_path, policy.name, cfg.node if agent else "(no local agent)")
@@ -202,8 +266,10 @@ class Daemon:
             sd_notify("STOPPING=1")
             log.info("stopping: running jobs keep running and are adopted on restart")
             api.stop()
+            metrics.stop()
             scheduler.shutdown(wait=True)
             if agent is not None:
+                agent.stop()
                 agent.backend.close()
             store.dispose()
             self._release_instance_lock()
@@ -219,30 +285,74 @@ class Daemon:
         except SchemaError as e:
             raise DaemonError(str(e)) from None
 
-    def _install_signals(self) -> None:
-        def stop(signum, frame):
-            log.info("received %s", signal.Signals(signum).name)
-            self.stop_event.set()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
 
-    def _take_instance_lock(self) -> None:
-        path = self.config.state_dir / "daemon.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+@dataclass
+class AgentRunConfig:
+    db_url: str
+    state_dir: Path
+    node: str
+    zone: str
+    emulate: str | None = None
+    sample_hz: float = 1.0
+    dispatch_interval_s: float = 1.0
+    metrics_port: int | None = None
+    grace_s: float = 10.0
+    node_static_w: float = 0.0
+
+
+class AgentRunner(_Service):
+    """`carbonsched agent`: one GPU node of a multi-node cluster, sharing only the store."""
+
+    lock_name = "agent.lock"
+
+    def __init__(self, config: AgentRunConfig) -> None:
+        super().__init__(config.state_dir)
+        self.config = config
+
+    def run(self) -> None:
+        cfg = self.config
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self._take_instance_lock()
+        store = Store(cfg.db_url)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DaemonError(f"another carbonsched daemon is using {self.config.state_dir}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
-
-    def _release_instance_lock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            store.require_current(f"carbonsched db upgrade --db {store.url}")
+        except SchemaError as e:
+            raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
+        backend = make_backend(cfg.emulate, cfg.node)
+        agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone, state_dir=cfg.state_dir,
+                                                  grace_s=cfg.grace_s, sample_hz=cfg.sample_hz,
+                                                  node_static_w=cfg.node_static_w))
+        agent.register()
+        agent.startup_reconcile()
+        metrics = Metrics()
+        metrics.add(GpuCollector(agent))
+        scheduler = BackgroundScheduler(timezone=timezone.utc,
+                                        job_defaults={"coalesce": True, "max_instances": 1,
+                                                      "misfire_grace_time": None})
+        tick = CoalescedJob(scheduler, "dispatch", agent.tick, min_gap_s=0.05)
+        scheduler.add_job(tick.run, "interval", seconds=cfg.dispatch_interval_s, id="dispatch",
+                          next_run_time=datetime.now(timezone.utc))
+        self._install_signals()
+        agent.start_sampling()
+        scheduler.start()
+        if cfg.metrics_port is not None:
+            metrics.serve(cfg.metrics_port)
+        sd_notify("READY=1\nSTATUS=agent serving")
+        log.info("carbonsched agent ready: node=%s zone=%s db=%s sampling at %g Hz", cfg.node,
+                 cfg.zone, store.url, cfg.sample_hz)
+        try:
+            while not self.stop_event.wait(1.0):
+                pass
+        finally:
+            sd_notify("STOPPING=1")
+            log.info("stopping agent: running jobs keep running and are adopted on restart")
+            metrics.stop()
+            scheduler.shutdown(wait=True)
+            agent.stop()
+            backend.close()
+            store.dispose()
+            self._release_instance_lock()
 
 
 def plan_preview(planner: Planner, service: JobService, caller: Caller) -> list[dict]:

@@ -102,10 +102,13 @@ def nodes_table(nodes: list[dict]) -> str:
         tag = " (emulated)" if n.get("emulated") else ""
         for g in n["gpus"]:
             job = str(g["job"]) if g["job"] is not None else ("busy" if g.get("busy") else "-")
+            util = g.get("utilization_pct")
             rows.append([n["name"] + tag, n["zone"], status, f"{g['vendor']}:{g['index']}", g["model"],
                          f"{g['memory_gib']:g}", "-" if g["power_w"] is None else f"{g['power_w']:.0f}",
+                         "-" if util is None else f"{util:.0f}%", _energy(g.get("energy_today_j")),
                          "yes" if g["healthy"] else "NO", job])
-    return table(["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "HEALTHY", "JOB"], rows)
+    return table(["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "UTIL", "TODAY",
+                  "HEALTHY", "JOB"], rows)
 
 
 def plan_table(plan: list[dict]) -> str:

@@ -31,9 +31,9 @@ MAX_ARGV_BYTES = 256 * 1024
 MAX_ENV = 256
 MAX_RUNTIME_S = 30 * 86400
 MAX_LOG_BYTES = 4 * 1024 * 1024
-WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}$")
+WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}\Z")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
 # Set by carbonsched itself; a user may not override them.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                 "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "HOME", "USER",
@@ -284,6 +284,7 @@ class JobService:
 
     def nodes(self, caller: Caller) -> list[dict]:
         now = self._clock()
+        today = now.astimezone().date().isoformat()
         admin = self.is_admin(caller)
         with self.store.read() as conn:
             node_rows = list(conn.execute(select(nodes).order_by(nodes.c.name)))
@@ -300,7 +301,9 @@ class JobService:
                 "gpus": [
                     {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
                      "vendor": g.vendor, "memory_gib": g.memory_gib, "power_w": g.power_w,
-                     "energy_j": g.energy_j, "healthy": bool(g.healthy) and up,
+                     "energy_j": g.energy_j, "utilization_pct": g.utilization_pct,
+                     "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
+                     "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
                      "busy": g.job_id is not None,
                      "job": g.job_id if g.job_id is not None and (admin or holders.get(g.job_id) == caller.uid) else None}
                     for g in gpu_rows if g.node_name == n.name],

@@ -84,6 +84,11 @@ class Gpu(Base):
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    utilization_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Energy drawn since local midnight of `energy_day` (the node's calendar day), in J.
+    energy_day: Mapped[str | None] = mapped_column(String(10), nullable=True)
+    energy_day_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    unhealthy_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The job holding this GPU. Claims set it with a conditional UPDATE, so two jobs can
     # never hold one GPU; deliberately no foreign key (jobs and gpus reference each other).
     job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
@@ -164,3 +169,5 @@ jobs = Job.__table__
 gpus = Gpu.__table__
 nodes = Node.__table__
 job_events = JobEvent.__table__
+
+from scheduler.store import telemetry_models  # noqa: E402,F401  (register tables)

@@ -1,0 +1,124 @@
+"""Prometheus metrics for the daemon and the node agent (`--metrics-port`).
+
+Names follow the exporter conventions: a `carbonsched_` prefix, base units in the name
+(`_watts`, `_joules`, `_grams`, `_seconds`, `_ratio`), `_total` on counters.
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| carbonsched_gpu_power_watts | gauge | node, gpu, uuid, model | latest power reading |
+| carbonsched_gpu_energy_joules_total | counter | node, gpu, uuid, model | the device's energy counter |
+| carbonsched_gpu_utilization_ratio | gauge | node, gpu, uuid, model | busy fraction, 0-1 |
+| carbonsched_gpu_healthy | gauge | node, gpu, uuid, model | 1 healthy, 0 lost |
+| carbonsched_gpu_sampler_reads_total | counter | node | device reads by the sampler |
+| carbonsched_gpu_sampler_errors_total | counter | node | failed device reads |
+| carbonsched_gpu_sampler_cpu_seconds_total | counter | node | CPU time of the sampling thread |
+| carbonsched_jobs | gauge | state | jobs in the store by state (daemon) |
+| carbonsched_job_energy_joules_total | counter | | measured energy of finished jobs (daemon) |
+| carbonsched_job_gco2_grams_total | counter | | gCO2 of finished jobs (daemon) |
+| carbonsched_planner_duration_seconds | histogram | policy | planner tick wall time (daemon) |
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from sqlalchemy import func, select
+
+from scheduler.lifecycle import State
+from scheduler.store import Store
+from scheduler.store.models import jobs
+
+log = logging.getLogger(__name__)
+
+
+class GpuCollector:
+    """GPU readings of one agent, taken from its sampler at scrape time."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+
+    def collect(self):
+        labels = ["node", "gpu", "uuid", "model"]
+        power = GaugeMetricFamily("carbonsched_gpu_power_watts", "Latest GPU power reading", labels=labels)
+        energy = CounterMetricFamily("carbonsched_gpu_energy_joules", "GPU energy counter", labels=labels)
+        util = GaugeMetricFamily("carbonsched_gpu_utilization_ratio", "GPU busy fraction", labels=labels)
+        healthy = GaugeMetricFamily("carbonsched_gpu_healthy", "1 if the GPU is usable", labels=labels)
+        node = self.agent.config.node
+        latest = self.agent.sampler.latest()
+        lost = self.agent.sampler.lost()
+        for d in self.agent.backend.devices():
+            lv = [node, f"{d.vendor}:{d.index}", d.uuid, d.model]
+            healthy.add_metric(lv, 0.0 if d.uuid in lost else 1.0)
+            r = latest.get(d.uuid)
+            if r is None:
+                continue
+            if r.power_w is not None:
+                power.add_metric(lv, r.power_w)
+            if r.energy_j is not None:
+                energy.add_metric(lv, r.energy_j)
+            if r.utilization_pct is not None:
+                util.add_metric(lv, r.utilization_pct / 100.0)
+        stats = self.agent.sampler.stats
+        reads = CounterMetricFamily("carbonsched_gpu_sampler_reads", "Device reads", labels=["node"])
+        reads.add_metric([node], stats.reads)
+        errors = CounterMetricFamily("carbonsched_gpu_sampler_errors", "Failed device reads", labels=["node"])
+        errors.add_metric([node], stats.errors)
+        cpu = CounterMetricFamily("carbonsched_gpu_sampler_cpu_seconds", "Sampler thread CPU time",
+                                  labels=["node"])
+        cpu.add_metric([node], stats.cpu_s)
+        yield from (power, energy, util, healthy, reads, errors, cpu)
+
+
+class StoreCollector:
+    """Queue depth and job totals, read from the store at scrape time."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self):
+        depth = GaugeMetricFamily("carbonsched_jobs", "Jobs by state", labels=["state"])
+        with self.store.read() as conn:
+            counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
+            energy, gco2 = conn.execute(select(func.coalesce(func.sum(jobs.c.energy_j), 0.0),
+                                               func.coalesce(func.sum(jobs.c.gco2), 0.0))).one()
+        for state in State:
+            depth.add_metric([state.value], counts.get(state.value, 0))
+        e = CounterMetricFamily("carbonsched_job_energy_joules", "Measured energy of finished jobs")
+        e.add_metric([], float(energy))
+        g = CounterMetricFamily("carbonsched_job_gco2_grams", "gCO2 of finished jobs")
+        g.add_metric([], float(gco2))
+        yield from (depth, e, g)
+
+
+class Metrics:
+    """A registry of our own (no global state) and the HTTP endpoint serving it."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.planner_duration = Histogram(
+            "carbonsched_planner_duration_seconds", "Planner tick wall time", ["policy"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry)
+        self._server = None
+
+    def add(self, collector) -> None:
+        self.registry.register(collector)
+
+    def timed(self, policy: str, fn: Callable[[], object]) -> Callable[[], object]:
+        def run():
+            with self.planner_duration.labels(policy).time():
+                return fn()
+        return run
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        result = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = result[0] if isinstance(result, tuple) else None
+        log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
