@@ -386,8 +386,8 @@ class Agent:
         for gid, (t, p, e) in start.items():
             extra.setdefault(int(gid), []).append(Sample(t, p, e))
         for gid, (t, p, e) in self._read_now(gpu_ids).items():
-            extra.setdefault(int(gid), []).append(Sample(min(t, end_s + 1.0), p, e))
-        measured = self.samples.job_energy(gpu_ids, start_s, end_s + 1.0, extra)
+            extra.setdefault(int(gid), []).append(Sample(t, p, e))
+        measured = self.samples.job_energy(gpu_ids, start_s, end_s, extra)
         if measured.energy_j is None:
             return None, None
         energy, method = measured.energy_j, measured.method

@@ -17,11 +17,13 @@ from sqlalchemy import Connection, insert, select, text
 
 from scheduler.store import Store
 from scheduler.store.telemetry_models import gpu_samples
-from telemetry.energy import EnergyEstimate, Sample, combine_methods, window_energy
+from telemetry.energy import EnergyEstimate, Sample, clip_window, combine_methods, window_energy
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_S = 3600.0
+# Readings this far outside a job's window are fetched to interpolate its exact edges.
+EDGE_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,13 @@ class SampleStore:
         """Energy of the job's GPUs over [start, end], per GPU by the best trustworthy method.
 
         `extra` adds readings not (yet) in the store, e.g. the counters read at claim and end.
+        The window's edges are interpolated from the readings around them.
         """
         per_gpu: dict[int, EnergyEstimate] = {}
         for gid in gpu_ids:
-            pts = self.samples(gid, start_s, end_s) + list((extra or {}).get(gid, []))
-            per_gpu[gid] = window_energy(sorted(pts, key=lambda s: s.t_s))
+            pts = (self.samples(gid, start_s - EDGE_MARGIN_S, end_s + EDGE_MARGIN_S)
+                   + list((extra or {}).get(gid, [])))
+            per_gpu[gid] = window_energy(clip_window(pts, start_s, end_s))
         if not per_gpu or any(e.energy_j is None for e in per_gpu.values()):
             return JobEnergy(None, "none", per_gpu)
         return JobEnergy(sum(e.energy_j for e in per_gpu.values()),

@@ -36,6 +36,32 @@ class EnergyEstimate:
     note: str = ""
 
 
+def clip_window(samples: Sequence[Sample], start_s: float, end_s: float) -> list[Sample]:
+    """The samples inside [start, end], with readings at both ends interpolated linearly
+    from the neighbours outside, so a window is measured exactly, not from the nearest sample."""
+    pts = sorted(samples, key=lambda s: s.t_s)
+    inside = [s for s in pts if start_s <= s.t_s <= end_s]
+    before = [s for s in pts if s.t_s < start_s]
+    after = [s for s in pts if s.t_s > end_s]
+    if before and (inside or after):
+        nxt = inside[0] if inside else after[0]
+        inside.insert(0, _interpolate(before[-1], nxt, start_s))
+    if after and inside:
+        inside.append(_interpolate(inside[-1], after[0], end_s))
+    return inside
+
+
+def _interpolate(a: Sample, b: Sample, t_s: float) -> Sample:
+    if b.t_s == a.t_s:
+        return Sample(t_s, a.power_w, a.energy_j)
+    f = (t_s - a.t_s) / (b.t_s - a.t_s)
+
+    def lerp(x: float | None, y: float | None) -> float | None:
+        return None if x is None or y is None else x + (y - x) * f
+
+    return Sample(t_s, lerp(a.power_w, b.power_w), lerp(a.energy_j, b.energy_j))
+
+
 def integrate_power(samples: Sequence[Sample]) -> float | None:
     """Trapezoid integral of power over the samples' span, in joules (None: < 2 readings)."""
     pts = [(s.t_s, s.power_w) for s in samples if s.power_w is not None]

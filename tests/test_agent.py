@@ -1,0 +1,130 @@
+"""The node agent in-process with the emulated backend: energy it measures, nodes that
+disappear, and leftover processes of jobs it no longer owns."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select, update
+
+from policies import get_policy
+from policies.catalog import parse_fleet
+from scheduler.agent import Agent, AgentConfig
+from scheduler.lifecycle import utcnow
+from scheduler.planner import Planner
+from scheduler.service import Caller, JobService, ServiceConfig
+from scheduler.store.models import job_events, jobs, nodes
+from scheduler.watchdog import reap_dead_nodes
+from telemetry.energy import Sample, integrate_power
+from telemetry.gpu import EmulatedBackend, EmulatedModel
+
+ROOT = Caller(uid=0, gid=0)
+
+
+def emulated(spec: str) -> EmulatedBackend:
+    return EmulatedBackend([EmulatedModel(m.name, m.vendor, m.memory_gib, m.idle_w, m.tdp_w)
+                            for m in parse_fleet(spec)], node="n1", seed=7)
+
+
+@pytest.fixture
+def cluster(store, tmp_path):
+    backend = emulated("2xH100")
+    agent = Agent(store, backend, AgentConfig(node="n1", zone="DE", state_dir=tmp_path / "state",
+                                              grace_s=1.0, sample_hz=2.0, heartbeat_s=0.2))
+    agent.register()
+    agent.startup_reconcile()
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
+    planner = Planner(store, get_policy("fifo"))
+    yield agent, service, planner
+    agent.stop()
+
+
+def run_until(agent, planner, store, job_id, states, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        planner.tick()
+        agent.tick()
+        with store.read() as conn:
+            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+        if state in states:
+            return state
+        time.sleep(0.05)
+    raise TimeoutError(f"job {job_id} still {state}")
+
+
+def job_row(store, job_id):
+    with store.read() as conn:
+        return conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+
+
+def test_measured_job_energy_matches_the_power_model_integral_within_2_percent(cluster, store):
+    agent, service, planner = cluster
+    agent.start_sampling()
+    uuid = agent.backend.devices()[0].uuid
+    trace: list[Sample] = []
+    stop = threading.Event()
+
+    def watch():  # an independent 100 Hz reading of the emulated power model
+        while not stop.is_set():
+            r = agent.backend.read(uuid)
+            trace.append(Sample(time.time(), r.power_w, None))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        job = service.submit(ROOT, {"argv": ["sleep", "3"], "gpus": 1, "est_runtime_s": 5})["id"]
+        assert run_until(agent, planner, store, job, {"COMPLETED"}) == "COMPLETED"
+    finally:
+        stop.set()
+        watcher.join()
+    row = job_row(store, job)
+    assert row.gpu_indices == [0]
+    start, end = row.started_at.timestamp(), row.ended_at.timestamp()
+    model_j = integrate_power([s for s in trace if start <= s.t_s <= end])
+    assert row.energy_method == "counter"
+    assert row.energy_j == pytest.approx(model_j, rel=0.02)
+    # And it is a busy H100's draw (70-95% of TDP above idle), not idle power.
+    assert 400 * (end - start) < row.energy_j < 700 * (end - start)
+
+
+def test_a_silent_node_has_its_running_jobs_declared_lost_and_retries_requeued(cluster, store):
+    agent, service, planner = cluster
+    once = service.submit(ROOT, {"argv": ["sleep", "30"], "gpus": 1})["id"]
+    retry = service.submit(ROOT, {"argv": ["sleep", "30"], "gpus": 1, "max_retries": 1})["id"]
+    run_until(agent, planner, store, once, {"RUNNING"})
+    run_until(agent, planner, store, retry, {"RUNNING"})
+    stale = utcnow() - timedelta(minutes=10)
+    store.transact(lambda c: c.execute(update(nodes).values(last_heartbeat=stale)))
+
+    assert sorted(reap_dead_nodes(store, lost_after_s=300)) == sorted([once, retry])
+    assert job_row(store, once).state == "LOST"
+    assert job_row(store, retry).state == "PENDING"
+    assert reap_dead_nodes(store, lost_after_s=300) == []  # idempotent
+
+
+def test_an_agent_that_comes_back_stops_processes_of_jobs_it_no_longer_owns(cluster, store, tmp_path):
+    agent, service, planner = cluster
+    marker = tmp_path / "still-running"
+    job = service.submit(ROOT, {"argv": ["sh", "-c", f"while true; do touch {marker}; sleep 0.1; done"],
+                                "gpus": 1})["id"]
+    run_until(agent, planner, store, job, {"RUNNING"})
+    stale = utcnow() - timedelta(minutes=10)
+    store.transact(lambda c: c.execute(update(nodes).values(last_heartbeat=stale)))
+    assert reap_dead_nodes(store, lost_after_s=300) == [job]
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and agent.executor.known_runs():
+        agent.tick()
+        time.sleep(0.1)
+    assert agent.executor.known_runs() == []
+    marker.unlink(missing_ok=True)
+    time.sleep(0.5)
+    assert not marker.exists(), "the job's process kept running after it was declared LOST"
+    with store.read() as conn:
+        to_states = [r.to_state for r in conn.execute(
+            select(job_events.c.to_state).where(job_events.c.job_id == job))]
+    assert to_states[-1] == "LOST" and to_states.count("LOST") == 1
