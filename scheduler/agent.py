@@ -182,8 +182,8 @@ class Agent:
     def _running_jobs(self) -> list:
         with self.store.read() as conn:
             return list(conn.execute(
-                select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.max_retries, jobs.c.attempts,
-                       jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus)
+                select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
+                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _reconcile_running(self) -> bool:
@@ -233,7 +233,8 @@ class Agent:
         energy_j, method = self._job_energy(job, status, ended)
 
         def tx(conn: Connection) -> None:
-            ok = transition(conn, job.id, to, actor_uid=None, reason=why, expect=State.RUNNING,
+            actor = job.cancel_requested_by if to is State.CANCELLED else None
+            ok = transition(conn, job.id, to, actor_uid=actor, reason=why, expect=State.RUNNING,
                             values=dict(ended_at=ended, exit_code=code, energy_j=energy_j,
                                         energy_method=method))
             if ok:

@@ -414,7 +414,7 @@ VERBS = {"daemon": cmd_daemon, "agent": cmd_agent, "submit": cmd_submit, "queue"
 
 
 def _print_json(data) -> None:
-    json.dump(data, sys.stdout, indent=None if isinstance(data, list) and len(data) > 50 else 2)
+    sys.stdout.write(json.dumps(data, indent=None if isinstance(data, list) and len(data) > 50 else 2))
     sys.stdout.write("\n")
 
 

@@ -33,7 +33,7 @@ def parse_duration(text: str) -> float:
 def parse_time(text: str, now: datetime) -> datetime:
     """A moment given as a duration from `now` (`6h`) or an ISO 8601 time (local if no zone)."""
     try:
-        return now + timedelta(seconds=parse_duration(text))
+        return (now + timedelta(seconds=parse_duration(text))).astimezone(timezone.utc)
     except ValueError:
         pass
     try:

@@ -95,6 +95,11 @@ class Sampler:
             self._buffer.clear()
         return out
 
+    def pending(self) -> int:
+        """Readings waiting to be drained (a growing number means the writer falls behind)."""
+        with self._lock:
+            return len(self._buffer)
+
     def latest(self) -> dict[str, Reading]:
         with self._lock:
             return dict(self._latest)

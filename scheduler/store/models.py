@@ -171,3 +171,4 @@ nodes = Node.__table__
 job_events = JobEvent.__table__
 
 from scheduler.store import telemetry_models  # noqa: E402,F401  (register tables)
+from scheduler.store import carbon_models  # noqa: E402,F401  (register tables)

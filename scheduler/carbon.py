@@ -1,0 +1,917 @@
+"""The carbon-signal store: what a kWh costs in gCO2eq per zone, now and ahead, as of a time.
+
+Readings from `telemetry.grid` (trace files, Electricity Maps, WattTime, the UK Carbon
+Intensity API) are stored in `carbon_intensity`; this module answers two questions:
+
+- `intensity(zone, t)`: the recorded (actual) value at t. A row holds from its timestamp
+  until the next one, but never past the end of its own period (Electricity Maps' hourly
+  rows are averages over the hour starting at the timestamp): beyond that is a gap, and a
+  gap is `None`, never a zero.
+- `forecast(zone, start, end, as_of)`: the best values for [start, end) known at `as_of`,
+  per slot in this order, with each point's kind and source:
+    1. actuals known by `as_of` (imported traces count as known at the end of their period);
+    2. the newest provider ("live") forecast issued at or before `as_of` and not older than
+       `forecast_max_age_s`;
+    3. after the end of the record only: the own forecast from history
+       (`telemetry.grid.forecast`, using only hours known at `as_of`);
+    4. after the end of the record only: the static yearly average (clearly flagged);
+    5. otherwise a gap, reported in `gaps`. Holes inside the record are always gaps.
+  Nothing issued after `as_of` is ever used, so a simulator replaying history with
+  `as_of=t` cannot see the future. (The static table is a constant without an issue time.)
+  The result carries the fallback `level` reached (actual, live, own, static, none), its
+  `source`, an expected error and the reason for a downgrade. Each change of level of a
+  zone is logged once and recorded in `carbon_zone_status` (for queries about "now").
+
+Average and marginal signals are never mixed: a query uses one signal, by default the
+zone's configured one, else the one its data has (average when it has both).
+
+Live providers are called by `refresh(zone)`, at most once per `min_interval_s` per
+endpoint across all processes (the `carbon_fetches` table is the shared gate), with a
+back-off after failures and the provider's Retry-After after a 429.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, insert, select, update
+
+from scheduler.store import Store
+from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status
+from telemetry.grid.csv_import import ParsedTrace, read_trace
+from telemetry.grid.forecast import (
+    EXTRA_SEARCH_DAYS,
+    MAX_HORIZON_H,
+    METHOD,
+    PROFILE_DAYS,
+    baseline_forecast,
+    epoch_hour,
+    expected_mape_pct,
+    hour_start,
+    hourly_means,
+)
+from telemetry.grid.readings import (
+    KIND_ACTUAL,
+    KIND_FORECAST,
+    SIGNAL_AVERAGE,
+    SIGNALS,
+    GridAuthError,
+    GridConfigError,
+    GridError,
+    GridRateLimited,
+    IntensityReading,
+)
+from telemetry.grid.static import STATIC_EXPECTED_MAPE_PCT, static_intensity
+
+log = logging.getLogger(__name__)
+
+KIND_STATIC = "static"
+SOURCE_OWN = "own-forecast"
+SOURCE_STATIC = "static"
+LEVELS = ("actual", "live", "own", "static", "none")  # best to worst
+PROVIDERS = ("electricitymaps", "watttime", "ukgrid")
+MAX_PERIOD_S = 86400          # the longest row period intensity() looks back over
+CURRENT_WINDOW_S = 900        # queries with as_of this close to now update the zone status
+SIGNAL_CACHE_S = 60.0
+INSERT_CHUNK_ROWS = 5000
+
+#: Default minimum seconds between calls per (provider, endpoint): the API call budget.
+DEFAULT_MIN_INTERVAL_S = {
+    ("electricitymaps", "latest"): 900, ("electricitymaps", "history"): 3600,
+    ("electricitymaps", "forecast"): 3600, ("watttime", "forecast"): 300,
+    ("ukgrid", "fw48h"): 1800,
+}
+FAILURE_BACKOFF_S = (60, 120, 300, 600, 1800, 3600)
+AUTH_FAILURE_BACKOFF_S = 3600
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _aware(t: datetime, name: str) -> datetime:
+    if t.tzinfo is None:
+        raise ValueError(f"{name} must be timezone-aware (UTC), got naive {t!r}")
+    return t.astimezone(timezone.utc)
+
+
+# -- results --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IntensityValue:
+    """A recorded value at one moment, with the period it holds for and where it came from."""
+
+    zone: str
+    at: datetime
+    gco2_per_kwh: float
+    kind: str
+    signal: str
+    source: str
+    valid_from: datetime
+    valid_until: datetime
+    issued_at: datetime | None
+    estimated: bool | None = None
+
+
+@dataclass(frozen=True)
+class ForecastPoint:
+    """One constant piece of a forecast: [at, until) at gco2_per_kwh.
+
+    kind is "actual", "forecast" or "static"; source names the provider, "own-forecast" or
+    "static"; issued_at is when the value was known (None for static).
+    """
+
+    at: datetime
+    until: datetime
+    gco2_per_kwh: float
+    kind: str
+    source: str
+    issued_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CarbonForecast:
+    """Values for [start, end) as known at `as_of`, with gaps, source and quality."""
+
+    zone: str
+    signal: str
+    start: datetime
+    end: datetime
+    as_of: datetime
+    points: tuple[ForecastPoint, ...]
+    gaps: tuple[tuple[datetime, datetime], ...]
+    level: str
+    source: str
+    expected_mape_pct: float | None
+    reason: str | None = None
+    method: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return not self.gaps
+
+    def value_at(self, t: datetime) -> float | None:
+        """The value holding at t, or None in a gap or outside the window."""
+        for p in self.points:
+            if p.at <= t < p.until:
+                return p.gco2_per_kwh
+        return None
+
+    def mean_gco2_per_kwh(self, start: datetime | None = None, end: datetime | None = None) -> float | None:
+        """Time-weighted mean over [start, end) (default the window); None if a gap is inside."""
+        start = start or self.start
+        end = end or self.end
+        if any(a < end and b > start for a, b in self.gaps):
+            return None
+        total = weight = 0.0
+        for p in self.points:
+            a, b = max(p.at, start), min(p.until, end)
+            if b > a:
+                s = (b - a).total_seconds()
+                total += p.gco2_per_kwh * s
+                weight += s
+        if weight + 1e-6 < (end - start).total_seconds():
+            return None
+        return total / weight if weight else None
+
+
+@dataclass
+class ImportResult:
+    path: str
+    fmt: str
+    zones: list[str]
+    signals: list[str]
+    rows_read: int
+    rows_stored: int
+    duplicates: int
+    conflicting_duplicates: int
+    out_of_order: int
+    missing: int
+    first: datetime | None
+    last: datetime | None
+    elapsed_s: float
+
+
+@dataclass
+class RefreshReport:
+    zone: str
+    provider: str | None
+    fetched: dict[str, int] = field(default_factory=dict)   # endpoint -> rows stored
+    skipped: dict[str, str] = field(default_factory=dict)   # endpoint -> why (cached, backing off)
+    errors: dict[str, str] = field(default_factory=dict)    # endpoint -> error
+
+
+# -- configuration --------------------------------------------------------------------------
+
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    from scheduler.timeparse import parse_duration
+
+    try:
+        return parse_duration(str(value))
+    except ValueError as e:
+        raise ValueError(f"carbon config {name}: {e}") from None
+
+
+@dataclass
+class ZoneConfig:
+    """How one zone gets its signal: which live provider (if any) and which signal."""
+
+    zone: str
+    provider: str | None = None
+    region: str | None = None          # the provider's own id for the zone (default: zone)
+    signal: str | None = None          # average | marginal; None: whatever the data has
+    horizon_hours: int = 72
+
+
+@dataclass
+class CarbonConfig:
+    """The `[carbon]` section of the config file, with credentials from the environment.
+
+    ```toml
+    [carbon]
+    electricitymaps_token = "..."      # or CARBONSCHED_ELECTRICITYMAPS_TOKEN
+    watttime_username = "..."          # or CARBONSCHED_WATTTIME_USERNAME
+    watttime_password = "..."          # or CARBONSCHED_WATTTIME_PASSWORD
+    timeout = "10s"
+    forecast_max_age = "6h"
+    [carbon.zones.DE]
+    provider = "electricitymaps"
+    [carbon.zones.CAISO_NORTH]
+    provider = "watttime"
+    [carbon.zones.GB]
+    provider = "ukgrid"
+    [carbon.static]                    # own yearly averages, gCO2eq/kWh
+    FR = 56
+    ```
+    Secrets never appear in repr() or logs.
+    """
+
+    zones: dict[str, ZoneConfig] = field(default_factory=dict)
+    electricitymaps_token: str | None = field(default=None, repr=False)
+    watttime_username: str | None = None
+    watttime_password: str | None = field(default=None, repr=False)
+    electricitymaps_url: str | None = None
+    watttime_url: str | None = None
+    ukgrid_url: str | None = None
+    emission_factor: str = "direct"
+    timeout_s: float = 10.0
+    retries: int = 2
+    forecast_max_age_s: float = 6 * 3600.0
+    min_interval_s: dict[tuple[str, str], float] = field(default_factory=lambda: dict(DEFAULT_MIN_INTERVAL_S))
+    static: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None,
+                    env: Mapping[str, str] | None = None) -> CarbonConfig:
+        """Build from the parsed config file (its `carbon` table) and the environment.
+
+        The environment wins over the file, as for every other setting. ValueError on a bad
+        value.
+        """
+        env = os.environ if env is None else env
+        section = dict((config or {}).get("carbon", {}) or {})
+        cfg = cls()
+        cfg.electricitymaps_token = (env.get("CARBONSCHED_ELECTRICITYMAPS_TOKEN")
+                                     or section.get("electricitymaps_token"))
+        cfg.watttime_username = env.get("CARBONSCHED_WATTTIME_USERNAME") or section.get("watttime_username")
+        cfg.watttime_password = env.get("CARBONSCHED_WATTTIME_PASSWORD") or section.get("watttime_password")
+        cfg.electricitymaps_url = section.get("electricitymaps_url")
+        cfg.watttime_url = section.get("watttime_url")
+        cfg.ukgrid_url = section.get("ukgrid_url")
+        cfg.emission_factor = str(section.get("emission_factor", "direct"))
+        if cfg.emission_factor not in ("direct", "lifecycle"):
+            raise ValueError("carbon config emission_factor: use direct or lifecycle")
+        if "timeout" in section:
+            cfg.timeout_s = _seconds(section["timeout"], "timeout")
+        if "retries" in section:
+            cfg.retries = int(section["retries"])
+        if "forecast_max_age" in section:
+            cfg.forecast_max_age_s = _seconds(section["forecast_max_age"], "forecast_max_age")
+        for key, value in (section.get("min_interval") or {}).items():
+            provider, _, endpoint = str(key).partition(".")
+            cfg.min_interval_s[(provider, endpoint)] = _seconds(value, f"min_interval.{key}")
+        for zone, value in (section.get("static") or {}).items():
+            v = float(value)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"carbon config static.{zone}: {value!r} is not a valid intensity")
+            cfg.static[str(zone)] = v
+        for zone, zc in (section.get("zones") or {}).items():
+            if not isinstance(zc, Mapping):
+                raise ValueError(f"carbon config zones.{zone}: expected a table")
+            provider = zc.get("provider")
+            if provider in ("", "none"):
+                provider = None
+            if provider is not None and provider not in PROVIDERS:
+                raise ValueError(f"carbon config zones.{zone}.provider: {provider!r}; "
+                                 f"use one of {', '.join(PROVIDERS)} or none")
+            signal = zc.get("signal")
+            if signal is not None and signal not in SIGNALS:
+                raise ValueError(f"carbon config zones.{zone}.signal: use average or marginal")
+            cfg.zones[str(zone)] = ZoneConfig(zone=str(zone), provider=provider, region=zc.get("region"),
+                                              signal=signal, horizon_hours=int(zc.get("horizon_hours", 72)))
+        return cfg
+
+
+# -- the signal store -----------------------------------------------------------------------
+
+_ORDER = {level: i for i, level in enumerate(LEVELS)}
+
+
+@dataclass(slots=True)
+class _Item:
+    at: datetime
+    until: datetime
+    value: float
+    kind: str
+    source: str
+    issued_at: datetime | None
+
+
+def _cover(uncovered: list[tuple[datetime, datetime]], items: list[_Item]
+           ) -> tuple[list[ForecastPoint], list[tuple[datetime, datetime]]]:
+    """Fill the uncovered intervals from time-sorted items; return points and what is left."""
+    points: list[ForecastPoint] = []
+    rest: list[tuple[datetime, datetime]] = []
+    j = 0
+    for a, b in uncovered:
+        while j < len(items) and items[j].until <= a:
+            j += 1
+        cur = a
+        k = j
+        while cur < b and k < len(items) and items[k].at < b:
+            it = items[k]
+            k += 1
+            if it.until <= cur:
+                continue
+            if it.at > cur:
+                rest.append((cur, it.at))
+                cur = it.at
+            stop = min(it.until, b)
+            points.append(ForecastPoint(cur, stop, it.value, it.kind, it.source, it.issued_at))
+            cur = stop
+        if cur < b:
+            rest.append((cur, b))
+    return points, rest
+
+
+def _split(segments: list[tuple[datetime, datetime]], at: datetime | None
+           ) -> tuple[list[tuple[datetime, datetime]], list[tuple[datetime, datetime]]]:
+    """Segments before `at` and from `at` on (everything is "after" when at is None)."""
+    if at is None:
+        return [], list(segments)
+    before, after = [], []
+    for a, b in segments:
+        if b <= at:
+            before.append((a, b))
+        elif a >= at:
+            after.append((a, b))
+        else:
+            before.append((a, at))
+            after.append((at, b))
+    return before, after
+
+
+class CarbonSignals:
+    """Intensity and forecast queries over the store, imports, and live-provider refreshes.
+
+    `clock` is injectable (the simulator's clock); `clients` maps provider names to client
+    objects (tests pass fakes), otherwise they are built from `config` on first use.
+    Thread-safe for queries; one instance per process is enough.
+    """
+
+    def __init__(self, store: Store, config: CarbonConfig | None = None, *,
+                 clock: Callable[[], datetime] = utcnow,
+                 clients: Mapping[str, Any] | None = None,
+                 record_status: bool = True) -> None:
+        self.store = store
+        self.config = config or CarbonConfig()
+        self._clock = clock
+        self._clients: dict[str, Any] = dict(clients or {})
+        self._record_status = record_status
+        self._signal_cache: dict[str, tuple[float, str | None]] = {}
+        self._levels: dict[tuple[str, str], str] = {}
+
+    # -- signal resolution ------------------------------------------------------------------
+
+    def signal_of(self, zone: str) -> str | None:
+        """The signal a zone's queries use: configured, else its data's (average first)."""
+        zc = self.config.zones.get(zone)
+        if zc is not None and zc.signal:
+            return zc.signal
+        now = time.monotonic()
+        hit = self._signal_cache.get(zone)
+        if hit is not None and now - hit[0] < SIGNAL_CACHE_S:
+            return hit[1]
+        with self.store.read() as conn:
+            signals = set(conn.execute(select(carbon_intensity.c.signal).where(
+                carbon_intensity.c.zone == zone).distinct()).scalars())
+        signal = SIGNAL_AVERAGE if SIGNAL_AVERAGE in signals else (min(signals) if signals else None)
+        self._signal_cache[zone] = (now, signal)
+        return signal
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def intensity(self, zone: str, t: datetime, *, signal: str | None = None,
+                  as_of: datetime | None = None) -> IntensityValue | None:
+        """The recorded value at `t`, or None in a gap (never a zero).
+
+        With `as_of`, only values known at that time count (the simulator's view).
+        """
+        t = _aware(t, "t")
+        sig = signal or self.signal_of(zone)
+        if sig is None:
+            return None
+        ci = carbon_intensity.c
+        q = (select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at, ci.estimated)
+             .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_ACTUAL, ci.at <= t,
+                    ci.at > t - timedelta(seconds=MAX_PERIOD_S)))
+        if as_of is not None:
+            q = q.where(ci.issued_at <= _aware(as_of, "as_of"))
+        q = q.order_by(ci.at.desc(), ci.issued_at.desc()).limit(1)
+        with self.store.read() as conn:
+            row = conn.execute(q).first()
+        if row is None:
+            return None
+        until = row.at + timedelta(seconds=row.duration_s)
+        if t >= until:
+            return None
+        return IntensityValue(zone=zone, at=t, gco2_per_kwh=row.gco2_per_kwh, kind=KIND_ACTUAL,
+                              signal=sig, source=row.source, valid_from=row.at, valid_until=until,
+                              issued_at=row.issued_at, estimated=row.estimated)
+
+    def forecast(self, zone: str, start: datetime, end: datetime, as_of: datetime | None = None,
+                 *, signal: str | None = None) -> CarbonForecast:
+        """Values for [start, end) as known at `as_of` (default now): see the module docstring."""
+        start, end = _aware(start, "start"), _aware(end, "end")
+        as_of = _aware(as_of, "as_of") if as_of is not None else self._clock()
+        if end <= start:
+            raise ValueError(f"forecast window is empty: start {start} is not before end {end}")
+        sig = signal or self.signal_of(zone) or SIGNAL_AVERAGE
+        ci = carbon_intensity.c
+        ahead_h = max(0.0, (end - as_of).total_seconds() / 3600)
+        lookback_days = math.ceil(ahead_h / 24) + 1 + PROFILE_DAYS + EXTRA_SEARCH_DAYS
+        hist_from = min(start, as_of) - timedelta(days=lookback_days)
+        actual_q = (select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at)
+                    .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_ACTUAL,
+                           ci.at >= hist_from, ci.at < end, ci.issued_at <= as_of)
+                    .order_by(ci.at, ci.issued_at))
+        max_age = timedelta(seconds=self.config.forecast_max_age_s)
+        latest_issue = (select(func.max(ci.issued_at))
+                        .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_FORECAST,
+                               ci.issued_at <= as_of, ci.issued_at >= as_of - max_age)
+                        .scalar_subquery())
+        live_q = (select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at)
+                  .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_FORECAST,
+                         ci.issued_at == latest_issue, ci.at < end,
+                         ci.at >= start - timedelta(seconds=MAX_PERIOD_S))
+                  .order_by(ci.at))
+        with self.store.read() as conn:
+            actual_rows = conn.execute(actual_q).all()
+            live_rows = conn.execute(live_q).all()
+
+        # 1. actuals (the newest version of each period)
+        latest: dict[datetime, Any] = {}
+        for r in actual_rows:
+            latest[r.at] = r
+        record_end = None
+        actual_items: list[_Item] = []
+        history: list[tuple[datetime, int, float]] = []
+        for at, r in latest.items():
+            until = at + timedelta(seconds=r.duration_s)
+            record_end = until if record_end is None or until > record_end else record_end
+            history.append((at, r.duration_s, r.gco2_per_kwh))
+            if until > start:
+                actual_items.append(_Item(at, until, r.gco2_per_kwh, KIND_ACTUAL, r.source, r.issued_at))
+        points, uncovered = _cover([(start, end)], actual_items)
+
+        # 2. the newest live forecast run
+        notes: list[str] = []
+        live_items = [_Item(r.at, r.at + timedelta(seconds=r.duration_s), r.gco2_per_kwh, KIND_FORECAST,
+                            r.source, r.issued_at) for r in live_rows]
+        if uncovered:
+            got, uncovered = _cover(uncovered, live_items)
+            points += got
+            if not live_items:
+                zc = self.config.zones.get(zone)
+                if zc is not None and zc.provider:
+                    notes.append(f"no {zc.provider} forecast issued in the "
+                                 f"{_hours(self.config.forecast_max_age_s)} before {_iso(as_of)}")
+                else:
+                    notes.append(f"no live forecast provider for {zone}")
+            elif uncovered:
+                notes.append(f"live forecast issued {_iso(live_items[0].issued_at)} ends "
+                             f"{_iso(max(i.until for i in live_items))}")
+
+        # 3. own forecast, 4. static: only after the end of the record
+        past_gaps, ahead = _split(uncovered, record_end)
+        own_points: list[ForecastPoint] = []
+        own_h: list[int] = []
+        if ahead:
+            hourly = hourly_means(history)
+            if hourly:
+                last_known = max(hourly)
+                targets = sorted({h for a, b in ahead
+                                  for h in range(epoch_hour(a), epoch_hour(b - timedelta(microseconds=1)) + 1)})
+                values = baseline_forecast(hourly, last_known, targets)
+                own_items = [_Item(hour_start(h), hour_start(h + 1), v, KIND_FORECAST, SOURCE_OWN, as_of)
+                             for h, v in zip(targets, values) if v is not None]
+                own_points, ahead = _cover(ahead, own_items)
+                if ahead:
+                    notes.append(f"own forecast needs history within {MAX_HORIZON_H // 24} d: newest known "
+                                 f"hour starts {_iso(hour_start(last_known))}")
+                own_h = [(epoch_hour(p.at) - last_known) for p in own_points]
+            else:
+                notes.append(f"no history of {zone} ({sig}) known at {_iso(as_of)} for an own forecast")
+            points += own_points
+        static_points: list[ForecastPoint] = []
+        if ahead:
+            static = static_intensity(zone, self.config.static) if sig == SIGNAL_AVERAGE else None
+            if static is not None:
+                static_points = [ForecastPoint(a, b, static.gco2_per_kwh, KIND_STATIC, SOURCE_STATIC, None)
+                                 for a, b in ahead]
+                ahead = []
+            else:
+                notes.append(f"no static value for {zone} ({sig})")
+            points += static_points
+        gaps = sorted(past_gaps + ahead)
+        points.sort(key=lambda p: p.at)
+
+        # level, source, quality: judged on the part of the window at or after as_of
+        horizon_from = as_of if end > as_of else start
+        relevant = [p for p in points if p.until > horizon_from] or points
+        level = "none"
+        source = "none"
+        mape: float | None = None
+        if relevant:
+            worst = max(relevant, key=lambda p: _ORDER[_level_of(p)])
+            level = _level_of(worst)
+            source = worst.source
+            if level == "actual":
+                mape = 0.0
+            elif level == "own":
+                mape = expected_mape_pct(max(own_h) if own_h else 1)
+            elif level == "static":
+                mape = STATIC_EXPECTED_MAPE_PCT
+        reason = "; ".join(notes) if notes and level in ("own", "static", "none") else None
+        result = CarbonForecast(zone=zone, signal=sig, start=start, end=end, as_of=as_of,
+                                points=tuple(points), gaps=tuple(gaps), level=level, source=source,
+                                expected_mape_pct=mape, reason=reason,
+                                method=METHOD if level == "own" else None)
+        if abs((as_of - self._clock()).total_seconds()) <= CURRENT_WINDOW_S:
+            self._note_level(zone, sig, level, source, reason)
+        return result
+
+    def _note_level(self, zone: str, signal: str, level: str, source: str, reason: str | None) -> None:
+        """Log a change of a zone's fallback level once, and record it in carbon_zone_status."""
+        key = (zone, signal)
+        previous = self._levels.get(key)
+        if previous == level:
+            return
+        self._levels[key] = level
+        zc = self.config.zones.get(zone)
+        configured = zc is not None and zc.provider is not None
+        if level in ("own", "static", "none"):
+            log_fn = log.warning if (configured or level != "own") else log.info
+            log_fn("carbon %s: forecasts now from %s (%s level)%s", zone, source, level,
+                   f": {reason}" if reason else "")
+        elif previous in ("own", "static", "none"):
+            log.info("carbon %s: forecasts back to %s (%s level)", zone, source, level)
+        if not self._record_status:
+            return
+        now = self._clock()
+
+        def write(conn: Connection) -> None:
+            row = conn.execute(select(carbon_zone_status.c.level).where(
+                carbon_zone_status.c.zone == zone)).first()
+            if row is None:
+                conn.execute(insert(carbon_zone_status).values(zone=zone, level=level, source=source,
+                                                               reason=reason, since=now))
+            elif row.level != level:
+                conn.execute(update(carbon_zone_status).where(carbon_zone_status.c.zone == zone)
+                             .values(level=level, source=source, reason=reason, since=now))
+
+        self.store.transact(write)
+
+    def zone_status(self, zone: str) -> dict | None:
+        """The recorded fallback level of a zone ({level, source, reason, since}) or None."""
+        with self.store.read() as conn:
+            row = conn.execute(select(carbon_zone_status).where(carbon_zone_status.c.zone == zone)).first()
+        return None if row is None else {"level": row.level, "source": row.source, "reason": row.reason,
+                                         "since": row.since}
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def store_readings(self, readings: Iterable[IntensityReading],
+                       progress: Callable[[int, int], None] | None = None) -> int:
+        """Upsert readings (same zone/signal/kind/source/period/issue replaces); return the count."""
+        rows = [{"zone": r.zone, "signal": r.signal, "kind": r.kind, "source": r.source, "at": r.at,
+                 "issued_at": r.issued_at, "duration_s": int(r.duration_s),
+                 "gco2_per_kwh": float(r.gco2_per_kwh), "estimated": r.estimated} for r in readings]
+        if not rows:
+            return 0
+        for row in rows:
+            if row["signal"] not in SIGNALS or row["kind"] not in (KIND_ACTUAL, KIND_FORECAST):
+                raise ValueError(f"bad reading: signal {row['signal']!r}, kind {row['kind']!r}")
+        stmt = self._upsert_statement()
+
+        def write(conn: Connection) -> int:
+            for i in range(0, len(rows), INSERT_CHUNK_ROWS):
+                conn.execute(stmt, rows[i:i + INSERT_CHUNK_ROWS])
+                if progress is not None:
+                    progress(min(i + INSERT_CHUNK_ROWS, len(rows)), len(rows))
+            return len(rows)
+
+        n = self.store.transact(write)
+        for zone in {r["zone"] for r in rows}:
+            self._signal_cache.pop(zone, None)
+        return n
+
+    def _upsert_statement(self):
+        if self.store.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        stmt = dialect_insert(carbon_intensity)
+        key = [c.name for c in carbon_intensity.primary_key.columns]
+        return stmt.on_conflict_do_update(index_elements=key, set_={
+            "duration_s": stmt.excluded.duration_s, "gco2_per_kwh": stmt.excluded.gco2_per_kwh,
+            "estimated": stmt.excluded.estimated})
+
+    def import_file(self, path: str | Path, *, fmt: str | None = None, zone: str | None = None,
+                    tz: str = "UTC", progress: Callable[[str, int, int], None] | None = None
+                    ) -> ImportResult:
+        """Read a trace file (CsvFormatError if malformed) and store it; see telemetry.grid.csv_import."""
+        t0 = time.perf_counter()
+        parse_progress = (lambda done, total: progress("read", done, total)) if progress else None
+        trace: ParsedTrace = read_trace(path, fmt=fmt, zone=zone, tz=tz, progress=parse_progress)
+        store_progress = (lambda done, total: progress("store", done, total)) if progress else None
+        stored = self.store_readings(trace.readings, store_progress)
+        return ImportResult(path=trace.path, fmt=trace.fmt, zones=trace.zones, signals=trace.signals,
+                            rows_read=trace.rows, rows_stored=stored, duplicates=trace.duplicates,
+                            conflicting_duplicates=trace.conflicting_duplicates,
+                            out_of_order=trace.out_of_order, missing=trace.missing, first=trace.first,
+                            last=trace.last, elapsed_s=time.perf_counter() - t0)
+
+    # -- live providers ---------------------------------------------------------------------
+
+    def _client(self, provider: str):
+        client = self._clients.get(provider)
+        if client is not None:
+            return client
+        cfg = self.config
+        common = {"timeout_s": cfg.timeout_s, "retries": cfg.retries, "clock": self._clock}
+        if provider == "electricitymaps":
+            from telemetry.grid.electricitymaps import DEFAULT_BASE_URL, ElectricityMapsClient
+
+            client = ElectricityMapsClient(cfg.electricitymaps_token or "",
+                                           base_url=cfg.electricitymaps_url or DEFAULT_BASE_URL,
+                                           emission_factor=cfg.emission_factor, **common)
+        elif provider == "watttime":
+            from telemetry.grid.watttime import DEFAULT_BASE_URL, WattTimeClient
+
+            client = WattTimeClient(cfg.watttime_username or "", cfg.watttime_password or "",
+                                    base_url=cfg.watttime_url or DEFAULT_BASE_URL, **common)
+        elif provider == "ukgrid":
+            from telemetry.grid.ukgrid import DEFAULT_BASE_URL, UkCarbonIntensityClient
+
+            client = UkCarbonIntensityClient(base_url=cfg.ukgrid_url or DEFAULT_BASE_URL, **common)
+        else:
+            raise GridConfigError(f"unknown carbon provider {provider!r}")
+        self._clients[provider] = client
+        return client
+
+    def _calls(self, provider: str, zone: str, region: str, horizon_hours: int
+               ) -> list[tuple[str, Callable[[], list[IntensityReading]]]]:
+        def client():
+            return self._client(provider)
+
+        def relabel(readings: Iterable[IntensityReading | None]) -> list[IntensityReading]:
+            from dataclasses import replace
+
+            return [r if r.zone == zone else replace(r, zone=zone) for r in readings if r is not None]
+
+        if provider == "electricitymaps":
+            return [("history", lambda: relabel(client().history(region))),
+                    ("latest", lambda: relabel([client().latest(region)])),
+                    ("forecast", lambda: relabel(client().forecast(region, horizon_hours)))]
+        if provider == "watttime":
+            return [("forecast", lambda: relabel(client().forecast(region, min(horizon_hours, 72))))]
+        if provider == "ukgrid":
+            return [("fw48h", lambda: relabel(client().forecast_48h(zone)))]
+        raise GridConfigError(f"unknown carbon provider {provider!r}")
+
+    def refresh(self, zone: str, *, force: bool = False) -> RefreshReport:
+        """Fetch the zone's live values into the store, within the call budget.
+
+        Each endpoint is called only when its `min_interval_s` has passed since the last
+        call by any process (`force` skips that wait but never a back-off after errors or
+        a 429). Errors are recorded and reported, never raised: the forecast chain falls
+        back by itself.
+        """
+        zc = self.config.zones.get(zone)
+        report = RefreshReport(zone=zone, provider=zc.provider if zc else None)
+        if zc is None or zc.provider is None:
+            report.skipped["*"] = "no live provider configured"
+            return report
+        provider = zc.provider
+        for endpoint, call in self._calls(provider, zone, zc.region or zone, zc.horizon_hours):
+            interval = self.config.min_interval_s.get((provider, endpoint), 3600)
+            why_not = self._claim(provider, zone, endpoint, interval, force)
+            if why_not:
+                report.skipped[endpoint] = why_not
+                continue
+            try:
+                readings = call()
+            except GridError as e:
+                report.errors[endpoint] = str(e)
+                self._record_failure(provider, zone, endpoint, e)
+                if isinstance(e, (GridAuthError, GridConfigError, GridRateLimited)):
+                    break  # the other endpoints would fail the same way
+                continue
+            n = self.store_readings(readings)
+            report.fetched[endpoint] = n
+            self._record_success(provider, zone, endpoint, interval, n)
+        return report
+
+    def refresh_all(self, *, force: bool = False) -> list[RefreshReport]:
+        """Refresh every zone that has a live provider configured."""
+        return [self.refresh(z, force=force) for z, zc in sorted(self.config.zones.items()) if zc.provider]
+
+    def _claim(self, provider: str, zone: str, endpoint: str, interval_s: float, force: bool) -> str | None:
+        """Reserve the right to call an endpoint now; None if granted, else why not."""
+        fc = carbon_fetches.c
+        key = and_(fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint)
+
+        def claim(conn: Connection) -> str | None:
+            now = self._clock()
+            row = conn.execute(select(carbon_fetches).where(key).with_for_update()).first()
+            if row is None:
+                if self.store.dialect == "postgresql":
+                    from sqlalchemy.dialects.postgresql import insert as dialect_insert
+                else:
+                    from sqlalchemy.dialects.sqlite import insert as dialect_insert
+                conn.execute(dialect_insert(carbon_fetches).values(
+                    provider=provider, zone=zone, endpoint=endpoint, failures=0, calls=0
+                ).on_conflict_do_nothing())
+                row = conn.execute(select(carbon_fetches).where(key).with_for_update()).first()
+            if row.next_allowed_at is not None and now < row.next_allowed_at:
+                if row.failures:
+                    return f"backing off after {row.failures} failure(s) until {_iso(row.next_allowed_at)}"
+                if not force:
+                    return f"cached: last call {_iso(row.last_attempt_at)}, next after {_iso(row.next_allowed_at)}"
+            conn.execute(update(carbon_fetches).where(key).values(
+                last_attempt_at=now, next_allowed_at=now + timedelta(seconds=interval_s),
+                calls=row.calls + 1))
+            return None
+
+        return self.store.transact(claim)
+
+    def _record_success(self, provider: str, zone: str, endpoint: str, interval_s: float, rows: int) -> None:
+        fc = carbon_fetches.c
+        now = self._clock()
+
+        def write(conn: Connection) -> int:
+            old = conn.execute(select(fc.failures).where(
+                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint)).scalar()
+            conn.execute(update(carbon_fetches).where(
+                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint).values(
+                last_success_at=now, next_allowed_at=now + timedelta(seconds=interval_s), failures=0,
+                rows=rows, last_error=None))
+            return old or 0
+
+        if self.store.transact(write):
+            log.info("carbon %s: %s %s works again (%d values)", zone, provider, endpoint, rows)
+
+    def _record_failure(self, provider: str, zone: str, endpoint: str, error: GridError) -> None:
+        fc = carbon_fetches.c
+        now = self._clock()
+
+        def write(conn: Connection) -> tuple[int, datetime]:
+            failures = (conn.execute(select(fc.failures).where(
+                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint)).scalar() or 0) + 1
+            if isinstance(error, GridRateLimited) and error.retry_after_s is not None:
+                wait_s = max(error.retry_after_s, FAILURE_BACKOFF_S[0])
+            elif isinstance(error, (GridAuthError, GridConfigError)):
+                wait_s = AUTH_FAILURE_BACKOFF_S
+            else:
+                wait_s = FAILURE_BACKOFF_S[min(failures, len(FAILURE_BACKOFF_S)) - 1]
+            until = now + timedelta(seconds=wait_s)
+            conn.execute(update(carbon_fetches).where(
+                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint).values(
+                failures=failures, next_allowed_at=until, last_error=str(error)[:500]))
+            return failures, until
+
+        failures, until = self.store.transact(write)
+        if failures == 1:
+            log.warning("carbon %s: %s %s failed, not calling again before %s: %s",
+                        zone, provider, endpoint, _iso(until), error)
+        else:
+            log.debug("carbon %s: %s %s failed again (%d): %s", zone, provider, endpoint, failures, error)
+
+    # -- overview ---------------------------------------------------------------------------
+
+    def freshness(self, zone: str, signal: str | None = None, now: datetime | None = None) -> dict:
+        """How current the zone's data is: newest actual, newest forecast issue, provider calls."""
+        now = _aware(now, "now") if now is not None else self._clock()
+        sig = signal or self.signal_of(zone) or SIGNAL_AVERAGE
+        ci, fc = carbon_intensity.c, carbon_fetches.c
+        with self.store.read() as conn:
+            actual = conn.execute(
+                select(ci.at, ci.duration_s, ci.issued_at, ci.source)
+                .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_ACTUAL, ci.issued_at <= now)
+                .order_by(ci.at.desc()).limit(1)).first()
+            issued = conn.execute(
+                select(func.max(ci.issued_at)).where(ci.zone == zone, ci.signal == sig,
+                                                     ci.kind == KIND_FORECAST, ci.issued_at <= now)).scalar()
+            fetches = conn.execute(select(carbon_fetches).where(fc.zone == zone)
+                                   .order_by(fc.provider, fc.endpoint)).all()
+        out: dict[str, Any] = {"now": now, "latest_actual_at": None, "latest_actual_until": None,
+                               "latest_actual_age_s": None, "latest_actual_source": None,
+                               "latest_forecast_issued_at": issued,
+                               "forecast_age_s": (now - issued).total_seconds() if issued else None,
+                               "fetches": []}
+        if actual is not None:
+            until = actual.at + timedelta(seconds=actual.duration_s)
+            out.update(latest_actual_at=actual.at, latest_actual_until=until,
+                       latest_actual_age_s=max(0.0, (now - until).total_seconds()),
+                       latest_actual_source=actual.source)
+        for f in fetches:
+            out["fetches"].append({"provider": f.provider, "endpoint": f.endpoint,
+                                   "last_attempt_at": f.last_attempt_at, "last_success_at": f.last_success_at,
+                                   "next_allowed_at": f.next_allowed_at, "failures": f.failures,
+                                   "calls": f.calls, "last_error": f.last_error})
+        return out
+
+    def zones(self) -> list[dict]:
+        """Every zone with data, a configured provider or a recorded status, with a summary."""
+        ci = carbon_intensity.c
+        with self.store.read() as conn:
+            groups = conn.execute(
+                select(ci.zone, ci.signal, ci.kind, ci.source, func.count(), func.min(ci.at),
+                       func.max(ci.at), func.max(ci.issued_at))
+                .group_by(ci.zone, ci.signal, ci.kind, ci.source)).all()
+            statuses = {r.zone: r for r in conn.execute(select(carbon_zone_status)).all()}
+        by_zone: dict[str, dict] = {}
+
+        def entry(zone: str) -> dict:
+            if zone not in by_zone:
+                zc = self.config.zones.get(zone)
+                static = static_intensity(zone, self.config.static)
+                by_zone[zone] = {"zone": zone, "signals": [], "sources": [], "actual_rows": 0,
+                                 "forecast_rows": 0, "first_actual_at": None, "last_actual_at": None,
+                                 "last_forecast_issued_at": None,
+                                 "provider": zc.provider if zc else None,
+                                 "static_gco2_per_kwh": static.gco2_per_kwh if static else None,
+                                 "status": None}
+            return by_zone[zone]
+
+        for zone, sig, kind, source, count, first, last, issued in groups:
+            e = entry(zone)
+            if sig not in e["signals"]:
+                e["signals"].append(sig)
+            if source not in e["sources"]:
+                e["sources"].append(source)
+            if kind == KIND_ACTUAL:
+                e["actual_rows"] += count
+                e["first_actual_at"] = min(filter(None, [e["first_actual_at"], first]))
+                e["last_actual_at"] = max(filter(None, [e["last_actual_at"], last]))
+            else:
+                e["forecast_rows"] += count
+                e["last_forecast_issued_at"] = max(filter(None, [e["last_forecast_issued_at"], issued]))
+        for zone in self.config.zones:
+            entry(zone)
+        for zone, st in statuses.items():
+            entry(zone)["status"] = {"level": st.level, "source": st.source, "reason": st.reason,
+                                     "since": st.since}
+        for e in by_zone.values():
+            e["signals"].sort()
+            e["sources"].sort()
+        return [by_zone[z] for z in sorted(by_zone)]
+
+
+def _level_of(p: ForecastPoint) -> str:
+    if p.kind == KIND_ACTUAL:
+        return "actual"
+    if p.kind == KIND_STATIC:
+        return "static"
+    return "own" if p.source == SOURCE_OWN else "live"
+
+
+def _iso(t: datetime | None) -> str:
+    if t is None:
+        return "never"
+    return t.astimezone(timezone.utc).isoformat(timespec="minutes").replace("+00:00", "Z")
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g} h"

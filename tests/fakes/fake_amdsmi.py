@@ -1,0 +1,244 @@
+"""A fake `amdsmi` (AMD SMI Python package, ROCm 6.x) over scripted GPUs, for tests.
+
+Only the vendor module is faked: carbonsched's own amdsmi backend runs unchanged on top of
+it. It follows the real package's behaviour where it varies: power fields by chip generation
+("N/A" where unsupported), watts or microwatts, the energy counter's key by version
+('power' before ROCm 6.2.1, 'energy_accumulator' after) in ticks of `counter_resolution`
+microjoules, caps in microwatts, AmdSmiLibraryException carrying `err_code`, handles checked
+by type as the real interface does.
+
+    fake = FakeAmdSmi([FakeAmdGpu(...), ...])
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+from dataclasses import dataclass, field
+
+NA = "N/A"
+
+STATUS = {
+    "AMDSMI_STATUS_SUCCESS": 0, "AMDSMI_STATUS_INVAL": 1, "AMDSMI_STATUS_NOT_SUPPORTED": 2,
+    "AMDSMI_STATUS_NOT_YET_IMPLEMENTED": 3, "AMDSMI_STATUS_FAIL_LOAD_MODULE": 4,
+    "AMDSMI_STATUS_FAIL_LOAD_SYMBOL": 5, "AMDSMI_STATUS_DRM_ERROR": 6, "AMDSMI_STATUS_TIMEOUT": 8,
+    "AMDSMI_STATUS_NO_PERM": 10, "AMDSMI_STATUS_IO": 12, "AMDSMI_STATUS_FILE_ERROR": 14,
+    "AMDSMI_STATUS_INIT_ERROR": 18, "AMDSMI_STATUS_BUSY": 30, "AMDSMI_STATUS_NOT_FOUND": 31,
+    "AMDSMI_STATUS_NOT_INIT": 32, "AMDSMI_STATUS_DRIVER_NOT_LOADED": 34,
+    "AMDSMI_STATUS_NO_DATA": 40, "AMDSMI_STATUS_AMDGPU_RESTART_ERR": 54,
+    "AMDSMI_STATUS_UNKNOWN_ERROR": 0xFFFFFFFF,
+}
+
+
+class AmdSmiInitFlags(enum.IntFlag):
+    INIT_ALL_PROCESSORS = 0xFFFFFFFF
+    INIT_AMD_CPUS = 1 << 0
+    INIT_AMD_GPUS = 1 << 1
+
+
+class AmdSmiMemoryType(enum.IntEnum):
+    VRAM = 0
+    VIS_VRAM = 1
+    GTT = 2
+
+
+class AmdSmiException(Exception):
+    """Base of the package's exceptions."""
+
+
+class AmdSmiLibraryException(AmdSmiException):
+    def __init__(self, err_code: int) -> None:
+        err_code = abs(err_code)
+        super().__init__(err_code)
+        self.err_code = err_code
+        names = {v: k for k, v in STATUS.items()}
+        self.err_info = names.get(err_code, "AMDSMI_STATUS_UNKNOWN_ERROR")
+
+    def get_error_code(self) -> int:
+        return self.err_code
+
+    def __str__(self) -> str:
+        return f"An error occured with code: {self.err_code}({self.err_info})"
+
+
+class AmdSmiParameterException(AmdSmiException):
+    def __init__(self, received: object, expected: type) -> None:
+        super().__init__(f"Invalid parameter: {type(received)} (expected {expected})")
+
+
+class ProcessorHandle:
+    """Stands in for amdsmi_wrapper.amdsmi_processor_handle."""
+
+    def __init__(self, gpu: FakeAmdGpu) -> None:
+        self.gpu = gpu
+
+
+@dataclass
+class FakeAmdGpu:
+    """One scripted GPU.
+
+    `generation`: "mi300" (current_socket_power; average is N/A), "mi200" (average only) or
+    "rocm7" (socket_power only). `power_unit`: "W" or "uW". `energy_key`: "energy_accumulator"
+    or "power". Lower `energy_uj` to make the counter go backwards; set `lost` to make calls
+    fail with `lost_status` (`lost_failures` times, then work again; None: forever).
+    """
+
+    market_name: str = "AMD Instinct MI300X"
+    uuid: str = "7eff74a1-0000-1000-8000-000000000000"
+    hip_id: int | None = 0
+    kfd_node_id: int | None = None
+    bdf: str = "0000:0c:00.0"
+    vram_b: int = 192 * 2**30
+    generation: str = "mi300"
+    power_w: float = 140.0
+    power_unit: str = "W"
+    cap_w: float = 750.0
+    energy_key: str = "energy_accumulator"
+    counter_resolution_uj: float = 15.259
+    energy_uj: float = 9e9
+    gfx_activity: int = 0
+    unsupported: set[str] = field(default_factory=set)
+    lost: bool = False
+    lost_status: str = "AMDSMI_STATUS_FILE_ERROR"
+    lost_failures: int | None = None
+    calls: int = 0
+
+
+class FakeAmdSmi:
+    """The fake library state and the module object that exposes it."""
+
+    def __init__(self, gpus: list[FakeAmdGpu], *, init_error: str | None = None,
+                 enumeration_info: bool = True, kfd_info: bool = True) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.enumeration_info = enumeration_info
+        self.kfd_info = kfd_info
+        self.init_flags: list[object] = []
+        self.initialized = False
+        self.shutdowns = 0
+        self.module = self._build_module()
+
+    def advance(self, seconds: float) -> None:
+        """Let time pass: every GPU's accumulator grows by its power over `seconds`."""
+        for g in self.gpus:
+            g.energy_uj += g.power_w * seconds * 1e6
+
+    # -- the module -----------------------------------------------------------------------
+
+    def _gpu(self, handle: object, fn: str) -> FakeAmdGpu:
+        if not isinstance(handle, ProcessorHandle):
+            raise AmdSmiParameterException(handle, ProcessorHandle)
+        if not self.initialized:
+            raise AmdSmiLibraryException(STATUS["AMDSMI_STATUS_NOT_INIT"])
+        g = handle.gpu
+        g.calls += 1
+        if g.lost:
+            if g.lost_failures is not None:
+                g.lost_failures -= 1
+                if g.lost_failures <= 0:
+                    g.lost = False
+            raise AmdSmiLibraryException(STATUS[g.lost_status])
+        if fn in g.unsupported:
+            raise AmdSmiLibraryException(STATUS["AMDSMI_STATUS_NOT_SUPPORTED"])
+        return g
+
+    @staticmethod
+    def _power(g: FakeAmdGpu, watts: float) -> float | int:
+        return int(watts * 1e6) if g.power_unit == "uW" else int(round(watts))
+
+    def _build_module(self) -> types.ModuleType:
+        fake = self
+        m = types.ModuleType("amdsmi")
+        m.amdsmi_wrapper = types.SimpleNamespace(**STATUS, amdsmi_processor_handle=ProcessorHandle)
+        m.AmdSmiInitFlags = AmdSmiInitFlags
+        m.AmdSmiMemoryType = AmdSmiMemoryType
+        m.AmdSmiException = AmdSmiException
+        m.AmdSmiLibraryException = AmdSmiLibraryException
+        m.AmdSmiParameterException = AmdSmiParameterException
+
+        def amdsmi_init(flag=AmdSmiInitFlags.INIT_AMD_GPUS):
+            if not isinstance(flag, AmdSmiInitFlags):
+                raise AmdSmiParameterException(flag, AmdSmiInitFlags)
+            fake.init_flags.append(flag)
+            if fake.init_error is not None:
+                raise AmdSmiLibraryException(STATUS[fake.init_error])
+            fake.initialized = True
+
+        def amdsmi_shut_down():
+            fake.initialized = False
+            fake.shutdowns += 1
+
+        def amdsmi_get_processor_handles():
+            if not fake.initialized:
+                raise AmdSmiLibraryException(STATUS["AMDSMI_STATUS_NOT_INIT"])
+            return [ProcessorHandle(g) for g in fake.gpus]
+
+        def amdsmi_get_gpu_device_uuid(processor_handle):
+            return fake._gpu(processor_handle, "amdsmi_get_gpu_device_uuid").uuid
+
+        def amdsmi_get_gpu_enumeration_info(processor_handle):
+            g = fake._gpu(processor_handle, "amdsmi_get_gpu_enumeration_info")
+            return {"drm_render": 128, "drm_card": 0, "hsa_id": NA,
+                    "hip_id": NA if g.hip_id is None else g.hip_id,
+                    "hip_uuid": "GPU-" + g.uuid.replace("-", "")[:16]}
+
+        def amdsmi_get_gpu_kfd_info(processor_handle):
+            g = fake._gpu(processor_handle, "amdsmi_get_gpu_kfd_info")
+            return {"kfd_id": 1, "node_id": NA if g.kfd_node_id is None else g.kfd_node_id,
+                    "current_partition_id": 0}
+
+        def amdsmi_get_gpu_device_bdf(processor_handle):
+            return fake._gpu(processor_handle, "amdsmi_get_gpu_device_bdf").bdf
+
+        def amdsmi_get_gpu_asic_info(processor_handle):
+            g = fake._gpu(processor_handle, "amdsmi_get_gpu_asic_info")
+            return {"market_name": g.market_name, "vendor_id": "0x1002", "vendor_name": "AMD",
+                    "device_id": "0x74a1", "rev_id": "0x00", "asic_serial": "N/A", "oam_id": 0}
+
+        def amdsmi_get_gpu_memory_total(processor_handle, mem_type):
+            g = fake._gpu(processor_handle, "amdsmi_get_gpu_memory_total")
+            if not isinstance(mem_type, AmdSmiMemoryType):
+                raise AmdSmiParameterException(mem_type, AmdSmiMemoryType)
+            return g.vram_b
+
+        def amdsmi_get_gpu_vram_info(processor_handle):
+            g = fake._gpu(processor_handle, "amdsmi_get_gpu_vram_info")
+            return {"vram_type": 0, "vram_vendor": 0, "vram_size": g.vram_b // 2**20}
+
+        def amdsmi_get_power_info(processor_handle, sensor_ind=0):
+            g = fake._gpu(processor_handle, "amdsmi_get_power_info")
+            value = fake._power(g, g.power_w)
+            info = {"current_socket_power": NA, "average_socket_power": NA,
+                    "gfx_voltage": 800, "soc_voltage": 900, "mem_voltage": 1100,
+                    "power_limit": fake._power(g, g.cap_w)}
+            if g.generation == "mi300":
+                info["current_socket_power"] = value
+            elif g.generation == "mi200":
+                info["average_socket_power"] = value
+            else:
+                info["socket_power"] = value
+            return info
+
+        def amdsmi_get_energy_count(processor_handle):
+            g = fake._gpu(processor_handle, "amdsmi_get_energy_count")
+            return {g.energy_key: int(g.energy_uj / g.counter_resolution_uj),
+                    "counter_resolution": g.counter_resolution_uj, "timestamp": 1}
+
+        def amdsmi_get_gpu_activity(processor_handle):
+            g = fake._gpu(processor_handle, "amdsmi_get_gpu_activity")
+            return {"gfx_activity": g.gfx_activity, "umc_activity": 0, "mm_activity": NA}
+
+        def amdsmi_get_power_cap_info(processor_handle):
+            g = fake._gpu(processor_handle, "amdsmi_get_power_cap_info")
+            uw = int(g.cap_w * 1e6)
+            return {"power_cap": uw, "default_power_cap": uw, "dpm_cap": 0,
+                    "min_power_cap": int(0.3 * uw), "max_power_cap": uw}
+
+        optional = {"amdsmi_get_gpu_enumeration_info": fake.enumeration_info,
+                    "amdsmi_get_gpu_kfd_info": fake.kfd_info}
+        for fn in list(locals().values()):
+            name = getattr(fn, "__name__", "")
+            if callable(fn) and name.startswith("amdsmi_") and optional.get(name, True):
+                setattr(m, name, fn)
+        return m

@@ -1,0 +1,219 @@
+"""A fake `pynvml` (nvidia-ml-py) over scripted GPUs, for tests on machines without NVIDIA.
+
+Only the vendor module is faked: carbonsched's own NVML backend runs unchanged on top of it.
+The names, constants and signatures mirror nvidia-ml-py (checked against the installed one
+by tests/test_gpu_backends.py), and the fake behaves like the driver where it matters:
+milliwatts and millijoules, an energy counter that advances with `advance()`, per-field
+return codes from nvmlDeviceGetFieldValues, NVMLError carrying `.value`.
+
+    fake = FakeNvml([FakeNvmlGpu(...), ...])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_UNKNOWN = 999
+
+NVML_FI_DEV_POWER_INSTANT = 186
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
+NVML_VALUE_TYPE_SIGNED_INT = 5
+NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
+
+NVML_DEVICE_ARCH_VOLTA = 5
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_ARCH_HOPPER = 9
+NVML_DEVICE_ARCH_BLACKWELL = 10
+NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+
+CONSTANTS = {k: v for k, v in dict(globals()).items() if k.startswith("NVML_")}
+
+
+class NVMLError(Exception):
+    """Like pynvml.NVMLError: the return code is `.value`."""
+
+    _names = {v: k for k, v in CONSTANTS.items() if k.startswith("NVML_ERROR_")}
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self._names.get(self.value, f"NVML Error with code {self.value}")
+
+
+@dataclass
+class FakeNvmlGpu:
+    """One scripted GPU. Set `lost` to make it fall off the bus; lower `energy_mj` to make
+    the counter go backwards; list function names (or "instant") in `unsupported`."""
+
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    pci: tuple[int, int, int] = (0, 0x1B, 0)
+    arch: int = NVML_DEVICE_ARCH_HOPPER
+    memory_total_b: int = 80 * 2**30
+    power_w: float = 70.0
+    instant_w: float | None = None  # None: equal to power_w
+    energy_mj: float = 5_000_000.0
+    util_pct: int = 0
+    limit_mw: int = 700_000
+    min_limit_mw: int = 200_000
+    max_limit_mw: int = 700_000
+    default_limit_mw: int = 700_000
+    unsupported: set[str] = field(default_factory=set)
+    lost: bool = False
+    calls: int = 0
+
+
+class FakeNvml:
+    """The fake driver state and the module object that exposes it."""
+
+    def __init__(self, gpus: list[FakeNvmlGpu], *, init_error: int | None = None,
+                 bytes_strings: bool = False) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.bytes_strings = bytes_strings
+        self.initialized = 0
+        self.shutdowns = 0
+        self.module = self._build_module()
+
+    def advance(self, seconds: float) -> None:
+        """Let time pass: every GPU's counter grows by its power over `seconds`."""
+        for g in self.gpus:
+            g.energy_mj += g.power_w * seconds * 1000.0
+
+    # -- the module -----------------------------------------------------------------------
+
+    def _text(self, s: str) -> str | bytes:
+        return s.encode() if self.bytes_strings else s
+
+    def _gpu(self, handle: SimpleNamespace, fn: str) -> FakeNvmlGpu:
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        g = handle.gpu
+        g.calls += 1
+        if g.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if fn in g.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return g
+
+    def _build_module(self) -> types.ModuleType:
+        fake = self
+        m = types.ModuleType("pynvml")
+        m.__dict__.update(CONSTANTS)
+        m.NVMLError = NVMLError
+
+        def nvmlInit():
+            if fake.init_error is not None:
+                raise NVMLError(fake.init_error)
+            fake.initialized += 1
+
+        def nvmlShutdown():
+            if not fake.initialized:
+                raise NVMLError(NVML_ERROR_UNINITIALIZED)
+            fake.initialized -= 1
+            fake.shutdowns += 1
+
+        def nvmlDeviceGetCount():
+            if not fake.initialized:
+                raise NVMLError(NVML_ERROR_UNINITIALIZED)
+            return len(fake.gpus)
+
+        def nvmlDeviceGetHandleByIndex(index):
+            if not fake.initialized:
+                raise NVMLError(NVML_ERROR_UNINITIALIZED)
+            if not 0 <= index < len(fake.gpus):
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            return SimpleNamespace(gpu=fake.gpus[index])
+
+        def nvmlDeviceGetHandleByUUID(uuid):
+            for g in fake.gpus:
+                if g.uuid == (uuid.decode() if isinstance(uuid, bytes) else uuid):
+                    return SimpleNamespace(gpu=g)
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+        def nvmlDeviceGetName(handle):
+            return fake._text(fake._gpu(handle, "nvmlDeviceGetName").name)
+
+        def nvmlDeviceGetUUID(handle):
+            return fake._text(fake._gpu(handle, "nvmlDeviceGetUUID").uuid)
+
+        def nvmlDeviceGetMemoryInfo(handle, version=None):
+            g = fake._gpu(handle, "nvmlDeviceGetMemoryInfo")
+            return SimpleNamespace(total=g.memory_total_b, free=g.memory_total_b, used=0)
+
+        def nvmlDeviceGetPciInfo(handle):
+            g = fake._gpu(handle, "nvmlDeviceGetPciInfo")
+            domain, bus, device = g.pci
+            return SimpleNamespace(domain=domain, bus=bus, device=device,
+                                   busId=f"{domain:08X}:{bus:02X}:{device:02X}.0".encode())
+
+        def nvmlDeviceGetArchitecture(device):
+            return fake._gpu(device, "nvmlDeviceGetArchitecture").arch
+
+        def nvmlDeviceGetPowerUsage(handle):
+            return int(round(fake._gpu(handle, "nvmlDeviceGetPowerUsage").power_w * 1000))
+
+        def nvmlDeviceGetFieldValues(handle, fieldIds):
+            g = fake._gpu(handle, "nvmlDeviceGetFieldValues")
+            out = []
+            for fid in fieldIds:
+                if fid == NVML_FI_DEV_POWER_INSTANT and "instant" not in g.unsupported:
+                    watts = g.power_w if g.instant_w is None else g.instant_w
+                    out.append(SimpleNamespace(fieldId=fid, nvmlReturn=NVML_SUCCESS,
+                                               valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                                               value=SimpleNamespace(uiVal=int(round(watts * 1000)))))
+                else:
+                    out.append(SimpleNamespace(fieldId=fid, nvmlReturn=NVML_ERROR_NOT_SUPPORTED,
+                                               valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                                               value=SimpleNamespace(uiVal=0)))
+            return out
+
+        def nvmlDeviceGetTotalEnergyConsumption(handle):
+            return int(fake._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj)
+
+        def nvmlDeviceGetUtilizationRates(handle):
+            g = fake._gpu(handle, "nvmlDeviceGetUtilizationRates")
+            return SimpleNamespace(gpu=g.util_pct, memory=0)
+
+        def nvmlDeviceGetEnforcedPowerLimit(handle):
+            return fake._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").limit_mw
+
+        def nvmlDeviceGetPowerManagementLimit(handle):
+            return fake._gpu(handle, "nvmlDeviceGetPowerManagementLimit").limit_mw
+
+        def nvmlDeviceGetPowerManagementLimitConstraints(handle):
+            g = fake._gpu(handle, "nvmlDeviceGetPowerManagementLimitConstraints")
+            return [g.min_limit_mw, g.max_limit_mw]
+
+        def nvmlDeviceGetPowerManagementDefaultLimit(handle):
+            return fake._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit").default_limit_mw
+
+        for fn in list(locals().values()):
+            if callable(fn) and getattr(fn, "__name__", "").startswith("nvml"):
+                setattr(m, fn.__name__, fn)
+        return m
+
+
+FUNCTIONS = [name for name in vars(FakeNvml([]).module) if name.startswith("nvml")]

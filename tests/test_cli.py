@@ -1,0 +1,191 @@
+"""The `carbonsched` command line, run as a real subprocess, for everything that needs no daemon.
+
+Contract (see scheduler/cli.py): usage mistakes exit 2, an unreachable daemon exits 3, and a
+user always gets one clear line on stderr, never a Python traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli_env(tmp_path) -> dict[str, str]:
+    """The caller's environment without any CARBONSCHED_* settings, state under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARBONSCHED_")}
+    env.update(XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="80", PYTHONPATH=str(ROOT))
+    return env
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scheduler", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """Assert stderr is exactly one `carbonsched: ...` line with no traceback; return it."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("carbonsched: "), lines[0]
+    return lines[0]
+
+
+def options_text(help_text: str) -> str:
+    """The options section of a --help, with line wrapping undone."""
+    return " ".join(help_text.split("options:", 1)[1].split())
+
+
+# -- help -----------------------------------------------------------------------------------
+
+def test_top_level_help_names_the_environment_variable_of_each_global_flag(cli_env):
+    proc = run(cli_env, "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = options_text(proc.stdout)
+    for flag, var in (("--socket", "CARBONSCHED_SOCKET"), ("--config", "CARBONSCHED_CONFIG")):
+        assert re.search(rf"{flag} [^\[]*\[env: {var}\]", text), (flag, var, proc.stdout)
+
+
+def test_top_level_help_lists_the_verbs(cli_env):
+    out = run(cli_env, "--help").stdout
+    for verb in ("daemon", "submit", "queue", "show", "cancel", "logs", "nodes", "plan", "db"):
+        assert re.search(rf"^\s+{verb}\s", out, re.M), verb
+
+
+DAEMON_FLAGS = [
+    ("--db", "CARBONSCHED_DB"),
+    ("--socket", "CARBONSCHED_SOCKET"),
+    ("--state-dir", "CARBONSCHED_STATE_DIR"),
+    ("--emulate", "CARBONSCHED_EMULATE"),
+    ("--zone", "CARBONSCHED_ZONE"),
+    ("--policy", "CARBONSCHED_POLICY"),
+    ("--plan-interval", "CARBONSCHED_PLAN_INTERVAL"),
+    ("--metrics-port", "CARBONSCHED_METRICS_PORT"),
+]
+
+
+def test_daemon_help_names_the_environment_variable_of_each_flag(cli_env):
+    proc = run(cli_env, "daemon", "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = options_text(proc.stdout)
+    for flag, var in DAEMON_FLAGS:
+        assert re.search(rf"{flag} [^\[]*\[env: {var}\]", text), (flag, var, proc.stdout)
+
+
+def test_daemon_help_gives_the_default_plan_interval(cli_env):
+    assert "default 15s" in options_text(run(cli_env, "daemon", "--help").stdout)
+
+
+def test_db_help_names_the_database_environment_variable(cli_env):
+    text = options_text(run(cli_env, "db", "--help").stdout)
+    assert "[env: CARBONSCHED_DB]" in text
+
+
+def test_no_verb_is_a_usage_error(cli_env):
+    proc = run(cli_env)
+    assert proc.returncode == 2
+    assert "usage: carbonsched" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# -- submit: mistakes caught before talking to the daemon ----------------------------------
+
+@pytest.mark.parametrize("args", [["submit"], ["submit", "--gpus", "2"], ["submit", "--"],
+                                  ["submit", "--gpus", "2", "--"]])
+def test_submit_without_a_command_exits_2_with_one_clear_line(cli_env, args):
+    proc = run(cli_env, *args)
+    assert proc.returncode == 2
+    line = one_line_error(proc)
+    assert "empty command" in line and "-- " in line
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(("flag", "value", "fragment"), [
+    ("--est-runtime", "90 minutes", "malformed duration"),
+    ("--time-limit", "-1h", "malformed duration"),
+    ("--deadline", "tomorrow", "malformed time"),
+])
+def test_submit_with_a_malformed_time_exits_2_with_one_clear_line(cli_env, flag, value, fragment):
+    cli_env["CARBONSCHED_SOCKET"] = "/nonexistent/carbonsched.sock"  # never reached
+    proc = run(cli_env, "submit", f"{flag}={value}", "--", "true")
+    assert proc.returncode == 2, proc.stderr
+    line = one_line_error(proc)
+    assert fragment in line and repr(value) in line
+
+
+def test_submit_env_of_an_unset_variable_exits_2(cli_env):
+    cli_env.pop("CS_TEST_UNSET", None)
+    proc = run(cli_env, "submit", "--env", "CS_TEST_UNSET", "--", "true")
+    assert proc.returncode == 2
+    assert "CS_TEST_UNSET" in one_line_error(proc)
+
+
+# -- no daemon ------------------------------------------------------------------------------
+
+CLIENT_VERBS = [["queue"], ["queue", "--json"], ["show", "1"], ["cancel", "1", "2"],
+                ["logs", "1"], ["nodes"], ["plan"], ["submit", "--", "python", "run.py"]]
+
+
+@pytest.mark.parametrize("args", CLIENT_VERBS, ids=lambda a: " ".join(a))
+def test_client_verbs_with_a_missing_socket_exit_3_naming_the_socket(cli_env, tmp_path, args):
+    sock = tmp_path / "run" / "carbonsched.sock"
+    cli_env["CARBONSCHED_SOCKET"] = str(sock)
+    proc = run(cli_env, *args)
+    assert proc.returncode == 3, proc.stderr
+    line = one_line_error(proc)
+    assert str(sock) in line
+    assert "carbonsched daemon" in line  # says what to start
+    assert proc.stdout == ""
+
+
+def test_the_socket_flag_overrides_the_environment(cli_env, tmp_path):
+    cli_env["CARBONSCHED_SOCKET"] = str(tmp_path / "from-env.sock")
+    flag_sock = tmp_path / "from-flag.sock"
+    proc = run(cli_env, "--socket", str(flag_sock), "queue")
+    assert proc.returncode == 3
+    assert str(flag_sock) in one_line_error(proc)
+
+
+def test_a_stale_socket_with_no_daemon_behind_it_exits_3(cli_env, tmp_path):
+    """A socket file left behind by a daemon that died: connection refused."""
+    path = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()
+    assert path.exists()
+    cli_env["CARBONSCHED_SOCKET"] = str(path)
+    proc = run(cli_env, "queue")
+    assert proc.returncode == 3
+    assert str(path) in one_line_error(proc)
+
+
+# -- db (no daemon: it talks to the database directly) --------------------------------------
+
+def test_db_check_on_an_empty_database_fails_and_says_to_run_db_upgrade(cli_env, tmp_path):
+    url = f"sqlite:///{tmp_path / 'cs.db'}"
+    proc = run(cli_env, "db", "check", "--db", url)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "carbonsched db upgrade" in proc.stderr
+
+    proc = run(cli_env, "db", "upgrade", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    proc = run(cli_env, "db", "check", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    assert "matches the models" in proc.stdout
+
+
+def test_db_url_comes_from_the_environment(cli_env, tmp_path):
+    cli_env["CARBONSCHED_DB"] = f"sqlite:///{tmp_path / 'env.db'}"
+    proc = run(cli_env, "db", "upgrade")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "env.db").exists()
