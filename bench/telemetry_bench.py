@@ -66,10 +66,10 @@ def ingest(kind: str, seconds: float, hz: float, gpus: int) -> dict:
                                                    r.utilization_pct) for r in batch])
             flush_s.append(time.perf_counter() - t0)
             backlog.append(sampler.pending())
-            print(f"\r  {kind}: {len(flush_s):3d}s  {written:7d} rows  last flush "
-                  f"{flush_s[-1] * 1000:5.1f} ms", end="", flush=True)
+            if len(flush_s) % 10 == 0:
+                print(f"  {kind}: {len(flush_s):3d}s  {written:7d} rows  last flush "
+                      f"{flush_s[-1] * 1000:5.1f} ms", flush=True)
         sampler.stop()
-        print()
         stats = sampler.stats
         expected = seconds * hz * gpus
         return {
@@ -101,11 +101,11 @@ def day_rollup(kind: str, gpus: int) -> dict:
             raw = store.engine.raw_connection()
             try:
                 with raw.cursor() as cur, cur.copy(
-                        "COPY gpu_samples (gpu_id, t_s, power_w, energy_j) FROM STDIN") as copy:
+                        "COPY gpu_samples (minute_s, gpu_id, t_s, power_w, energy_j) FROM STDIN") as copy:
                     for g in range(1, gpus + 1):
                         buf = io.StringIO()
                         for i in range(day_s):
-                            buf.write(f"{g}\t{t0 + i}\t{300 + (i % 400)}\t{i * 300.0}\n")
+                            buf.write(f"{int((t0 + i) // 60) * 60}\t{g}\t{t0 + i}\t{300 + (i % 400)}\t{i * 300.0}\n")
                         copy.write(buf.getvalue())
                 raw.commit()
             finally:
@@ -116,8 +116,10 @@ def day_rollup(kind: str, gpus: int) -> dict:
                 cur = raw.cursor()
                 cur.execute("BEGIN")
                 for g in range(1, gpus + 1):
-                    cur.executemany("INSERT INTO gpu_samples (gpu_id, t_s, power_w, energy_j) VALUES (?,?,?,?)",
-                                    ((g, t0 + i, 300.0 + (i % 400), i * 300.0) for i in range(day_s)))
+                    cur.executemany("INSERT INTO gpu_samples (minute_s, gpu_id, t_s, power_w, energy_j) "
+                                    "VALUES (?,?,?,?,?)",
+                                    ((int((t0 + i) // 60) * 60, g, t0 + i, 300.0 + (i % 400), i * 300.0)
+                                     for i in range(day_s)))
                 cur.execute("COMMIT")
             finally:
                 raw.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, case, insert, select, update
 
+from policies.catalog import match_device_name
 from scheduler.executor import Executor, LaunchSpec, RunState, RunStatus
 from scheduler.lifecycle import State, transition, utcnow
 from scheduler.samples import SampleStore, StoredSample
@@ -86,7 +87,9 @@ class Agent:
             seen = set()
             for d in devices:
                 seen.add(d.uuid)
-                fields = dict(node_name=self.config.node, index=d.index, model=d.model,
+                known_model = match_device_name(d.model) or match_device_name(d.name)
+                fields = dict(node_name=self.config.node, index=d.index,
+                              model=known_model.name if known_model else d.model,
                               vendor=d.vendor, memory_gib=d.memory_gib, healthy=True)
                 if d.uuid in known:
                     conn.execute(update(gpus).where(gpus.c.uuid == d.uuid).values(**fields))

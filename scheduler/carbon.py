@@ -23,7 +23,8 @@ Intensity API) are stored in `carbon_intensity`; this module answers two questio
   zone is logged once and recorded in `carbon_zone_status` (for queries about "now").
 
 Average and marginal signals are never mixed: a query uses one signal, by default the
-zone's configured one, else the one its data has (average when it has both).
+zone's configured one, else its live provider's (WattTime: marginal), else the one its data
+has (average when it has both). The static table is average-only.
 
 Live providers are called by `refresh(zone)`, at most once per `min_interval_s` per
 endpoint across all processes (the `carbon_fetches` table is the shared gate), with a
@@ -42,7 +43,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, insert, select, update
+from sqlalchemy import Connection, Float, Integer, and_, bindparam, cast, extract, func, insert, select, update
 
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status
@@ -62,6 +63,7 @@ from telemetry.grid.readings import (
     KIND_ACTUAL,
     KIND_FORECAST,
     SIGNAL_AVERAGE,
+    SIGNAL_MARGINAL,
     SIGNALS,
     GridAuthError,
     GridConfigError,
@@ -78,6 +80,7 @@ SOURCE_OWN = "own-forecast"
 SOURCE_STATIC = "static"
 LEVELS = ("actual", "live", "own", "static", "none")  # best to worst
 PROVIDERS = ("electricitymaps", "watttime", "ukgrid")
+PROVIDER_SIGNAL = {"electricitymaps": SIGNAL_AVERAGE, "watttime": SIGNAL_MARGINAL, "ukgrid": SIGNAL_AVERAGE}
 MAX_PERIOD_S = 86400          # the longest row period intensity() looks back over
 CURRENT_WINDOW_S = 900        # queries with as_of this close to now update the zone status
 SIGNAL_CACHE_S = 60.0
@@ -91,6 +94,7 @@ DEFAULT_MIN_INTERVAL_S = {
 }
 FAILURE_BACKOFF_S = (60, 120, 300, 600, 1800, 3600)
 AUTH_FAILURE_BACKOFF_S = 3600
+PROVIDER_WIDE = "*"           # the carbon_fetches zone/endpoint of account-wide back-offs
 
 
 def utcnow() -> datetime:
@@ -381,33 +385,91 @@ def _split(segments: list[tuple[datetime, datetime]], at: datetime | None
     return before, after
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _from_epoch(seconds: float) -> datetime:
+    return _EPOCH + timedelta(seconds=seconds)
+
+
+class _Queries:
+    """The hot-path statements, built once per dialect with bind parameters.
+
+    Prebuilt statements skip SQLAlchemy's per-call construction and cache-key work, and the
+    history query returns period starts as epoch seconds computed by the database, so the
+    few hundred rows an own forecast reads need no datetime conversion in Python.
+    """
+
+    def __init__(self, dialect: str) -> None:
+        ci = carbon_intensity.c
+        if dialect == "sqlite":
+            at_epoch = cast(func.strftime("%s", ci.at), Integer)
+        else:
+            at_epoch = cast(extract("epoch", ci.at), Float)
+        series = (ci.zone == bindparam("zone"), ci.signal == bindparam("signal"))
+        self.intensity = (
+            select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at, ci.estimated)
+            .where(*series, ci.kind == KIND_ACTUAL, ci.at <= bindparam("t"), ci.at > bindparam("since"))
+            .order_by(ci.at.desc(), ci.issued_at.desc()).limit(1))
+        self.intensity_as_of = (
+            select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at, ci.estimated)
+            .where(*series, ci.kind == KIND_ACTUAL, ci.at <= bindparam("t"), ci.at > bindparam("since"),
+                   ci.issued_at <= bindparam("as_of"))
+            .order_by(ci.at.desc(), ci.issued_at.desc()).limit(1))
+        self.history = (
+            select(at_epoch, ci.duration_s, ci.gco2_per_kwh)
+            .where(*series, ci.kind == KIND_ACTUAL, ci.at >= bindparam("since"), ci.at < bindparam("end"),
+                   ci.issued_at <= bindparam("as_of"))
+            .order_by(ci.at, ci.issued_at))
+        self.actuals = (
+            select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at)
+            .where(*series, ci.kind == KIND_ACTUAL, ci.at >= bindparam("since"), ci.at < bindparam("end"),
+                   ci.issued_at <= bindparam("as_of"))
+            .order_by(ci.at, ci.issued_at))
+        latest_issue = (select(func.max(ci.issued_at))
+                        .where(*series, ci.kind == KIND_FORECAST, ci.issued_at <= bindparam("as_of"),
+                               ci.issued_at >= bindparam("oldest"))
+                        .scalar_subquery())
+        self.live = (
+            select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at)
+            .where(*series, ci.kind == KIND_FORECAST, ci.issued_at == latest_issue,
+                   ci.at < bindparam("end"), ci.at >= bindparam("since"))
+            .order_by(ci.at))
+
+
 class CarbonSignals:
     """Intensity and forecast queries over the store, imports, and live-provider refreshes.
 
     `clock` is injectable (the simulator's clock); `clients` maps provider names to client
     objects (tests pass fakes), otherwise they are built from `config` on first use.
+    `track_status`: log each change of a zone's fallback level once and record it in the
+    store (the daemon); the CLI turns it off and prints the level instead.
     Thread-safe for queries; one instance per process is enough.
     """
 
     def __init__(self, store: Store, config: CarbonConfig | None = None, *,
                  clock: Callable[[], datetime] = utcnow,
                  clients: Mapping[str, Any] | None = None,
-                 record_status: bool = True) -> None:
+                 track_status: bool = True) -> None:
         self.store = store
         self.config = config or CarbonConfig()
         self._clock = clock
         self._clients: dict[str, Any] = dict(clients or {})
-        self._record_status = record_status
+        self._track_status = track_status
         self._signal_cache: dict[str, tuple[float, str | None]] = {}
         self._levels: dict[tuple[str, str], str] = {}
+        self._q = _Queries(store.dialect)
 
     # -- signal resolution ------------------------------------------------------------------
 
     def signal_of(self, zone: str) -> str | None:
-        """The signal a zone's queries use: configured, else its data's (average first)."""
+        """The signal a zone's queries use: the configured one, else its live provider's
+        (WattTime: marginal; the others: average), else its data's (average first), else None."""
         zc = self.config.zones.get(zone)
         if zc is not None and zc.signal:
             return zc.signal
+        if zc is not None and zc.provider:
+            return PROVIDER_SIGNAL[zc.provider]
         now = time.monotonic()
         hit = self._signal_cache.get(zone)
         if hit is not None and now - hit[0] < SIGNAL_CACHE_S:
@@ -431,15 +493,14 @@ class CarbonSignals:
         sig = signal or self.signal_of(zone)
         if sig is None:
             return None
-        ci = carbon_intensity.c
-        q = (select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at, ci.estimated)
-             .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_ACTUAL, ci.at <= t,
-                    ci.at > t - timedelta(seconds=MAX_PERIOD_S)))
-        if as_of is not None:
-            q = q.where(ci.issued_at <= _aware(as_of, "as_of"))
-        q = q.order_by(ci.at.desc(), ci.issued_at.desc()).limit(1)
+        params = {"zone": zone, "signal": sig, "t": t, "since": t - timedelta(seconds=MAX_PERIOD_S)}
+        if as_of is None:
+            stmt = self._q.intensity
+        else:
+            stmt = self._q.intensity_as_of
+            params["as_of"] = _aware(as_of, "as_of")
         with self.store.read() as conn:
-            row = conn.execute(q).first()
+            row = conn.execute(stmt, params).first()
         if row is None:
             return None
         until = row.at + timedelta(seconds=row.duration_s)
@@ -457,41 +518,36 @@ class CarbonSignals:
         if end <= start:
             raise ValueError(f"forecast window is empty: start {start} is not before end {end}")
         sig = signal or self.signal_of(zone) or SIGNAL_AVERAGE
-        ci = carbon_intensity.c
-        ahead_h = max(0.0, (end - as_of).total_seconds() / 3600)
-        lookback_days = math.ceil(ahead_h / 24) + 1 + PROFILE_DAYS + EXTRA_SEARCH_DAYS
-        hist_from = min(start, as_of) - timedelta(days=lookback_days)
-        actual_q = (select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at)
-                    .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_ACTUAL,
-                           ci.at >= hist_from, ci.at < end, ci.issued_at <= as_of)
-                    .order_by(ci.at, ci.issued_at))
-        max_age = timedelta(seconds=self.config.forecast_max_age_s)
-        latest_issue = (select(func.max(ci.issued_at))
-                        .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_FORECAST,
-                               ci.issued_at <= as_of, ci.issued_at >= as_of - max_age)
-                        .scalar_subquery())
-        live_q = (select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at)
-                  .where(ci.zone == zone, ci.signal == sig, ci.kind == KIND_FORECAST,
-                         ci.issued_at == latest_issue, ci.at < end,
-                         ci.at >= start - timedelta(seconds=MAX_PERIOD_S))
-                  .order_by(ci.at))
+        # History the own forecast may read: the profile days and their spare days before the
+        # newest known hour, plus a day of slack (see telemetry.grid.forecast).
+        lookback_h = 24 * (PROFILE_DAYS + EXTRA_SEARCH_DAYS + 1) + 1
+        params = {"zone": zone, "signal": sig, "as_of": as_of, "end": end,
+                  "since": min(start, as_of) - timedelta(hours=lookback_h)}
+        live_params = {"zone": zone, "signal": sig, "as_of": as_of, "end": end,
+                       "oldest": as_of - timedelta(seconds=self.config.forecast_max_age_s),
+                       "since": start - timedelta(seconds=MAX_PERIOD_S)}
         with self.store.read() as conn:
-            actual_rows = conn.execute(actual_q).all()
-            live_rows = conn.execute(live_q).all()
-
-        # 1. actuals (the newest version of each period)
-        latest: dict[datetime, Any] = {}
+            history_rows = conn.execute(self._q.history, params).all()
+            live_rows = conn.execute(self._q.live, live_params).all()
+            # 1. actuals: the newest version of each period; details only for those in the window
+            start_s = (start - _EPOCH).total_seconds()
+            latest: dict[float, tuple[int, float]] = {}
+            record_end_s: float | None = None
+            for at_s, duration_s, value in history_rows:
+                latest[at_s] = (duration_s, value)
+                until_s = at_s + duration_s
+                if record_end_s is None or until_s > record_end_s:
+                    record_end_s = until_s
+            in_window = record_end_s is not None and record_end_s > start_s
+            actual_rows = (conn.execute(self._q.actuals, {**params, "since": start - timedelta(
+                seconds=MAX_PERIOD_S)}).all() if in_window else [])
+        record_end = _from_epoch(record_end_s) if record_end_s is not None else None
+        newest: dict[datetime, Any] = {}
         for r in actual_rows:
-            latest[r.at] = r
-        record_end = None
-        actual_items: list[_Item] = []
-        history: list[tuple[datetime, int, float]] = []
-        for at, r in latest.items():
-            until = at + timedelta(seconds=r.duration_s)
-            record_end = until if record_end is None or until > record_end else record_end
-            history.append((at, r.duration_s, r.gco2_per_kwh))
-            if until > start:
-                actual_items.append(_Item(at, until, r.gco2_per_kwh, KIND_ACTUAL, r.source, r.issued_at))
+            newest[r.at] = r
+        actual_items = [_Item(at, at + timedelta(seconds=r.duration_s), r.gco2_per_kwh, KIND_ACTUAL,
+                              r.source, r.issued_at) for at, r in newest.items()]
+        actual_items = [i for i in actual_items if i.until > start]
         points, uncovered = _cover([(start, end)], actual_items)
 
         # 2. the newest live forecast run
@@ -517,21 +573,26 @@ class CarbonSignals:
         own_points: list[ForecastPoint] = []
         own_h: list[int] = []
         if ahead:
-            hourly = hourly_means(history)
+            hourly = hourly_means((at_s, d, v) for at_s, (d, v) in latest.items())
             if hourly:
                 last_known = max(hourly)
                 targets = sorted({h for a, b in ahead
                                   for h in range(epoch_hour(a), epoch_hour(b - timedelta(microseconds=1)) + 1)})
                 values = baseline_forecast(hourly, last_known, targets)
-                own_items = [_Item(hour_start(h), hour_start(h + 1), v, KIND_FORECAST, SOURCE_OWN, as_of)
-                             for h, v in zip(targets, values) if v is not None]
+                own_items = []
+                one_hour = timedelta(hours=1)
+                for h, v in zip(targets, values):
+                    if v is not None:
+                        at = hour_start(h)
+                        own_items.append(_Item(at, at + one_hour, v, KIND_FORECAST, SOURCE_OWN, as_of))
                 own_points, ahead = _cover(ahead, own_items)
                 if ahead:
                     notes.append(f"own forecast needs history within {MAX_HORIZON_H // 24} d: newest known "
                                  f"hour starts {_iso(hour_start(last_known))}")
                 own_h = [(epoch_hour(p.at) - last_known) for p in own_points]
             else:
-                notes.append(f"no history of {zone} ({sig}) known at {_iso(as_of)} for an own forecast")
+                notes.append(f"no {zone} ({sig}) history in the {lookback_h // 24} d before {_iso(as_of)} "
+                             "for an own forecast")
             points += own_points
         static_points: list[ForecastPoint] = []
         if ahead:
@@ -567,7 +628,7 @@ class CarbonSignals:
                                 points=tuple(points), gaps=tuple(gaps), level=level, source=source,
                                 expected_mape_pct=mape, reason=reason,
                                 method=METHOD if level == "own" else None)
-        if abs((as_of - self._clock()).total_seconds()) <= CURRENT_WINDOW_S:
+        if self._track_status and abs((as_of - self._clock()).total_seconds()) <= CURRENT_WINDOW_S:
             self._note_level(zone, sig, level, source, reason)
         return result
 
@@ -586,8 +647,6 @@ class CarbonSignals:
                    f": {reason}" if reason else "")
         elif previous in ("own", "static", "none"):
             log.info("carbon %s: forecasts back to %s (%s level)", zone, source, level)
-        if not self._record_status:
-            return
         now = self._clock()
 
         def write(conn: Connection) -> None:
@@ -747,74 +806,89 @@ class CarbonSignals:
         """Refresh every zone that has a live provider configured."""
         return [self.refresh(z, force=force) for z, zc in sorted(self.config.zones.items()) if zc.provider]
 
-    def _claim(self, provider: str, zone: str, endpoint: str, interval_s: float, force: bool) -> str | None:
-        """Reserve the right to call an endpoint now; None if granted, else why not."""
+    def _fetch_row(self, conn: Connection, provider: str, zone: str, endpoint: str):
+        """The carbon_fetches row of one endpoint, created if missing, locked on PostgreSQL."""
         fc = carbon_fetches.c
         key = and_(fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint)
+        row = conn.execute(select(carbon_fetches).where(key).with_for_update()).first()
+        if row is None:
+            if self.store.dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert as dialect_insert
+            else:
+                from sqlalchemy.dialects.sqlite import insert as dialect_insert
+            conn.execute(dialect_insert(carbon_fetches).values(
+                provider=provider, zone=zone, endpoint=endpoint, failures=0, calls=0).on_conflict_do_nothing())
+            row = conn.execute(select(carbon_fetches).where(key).with_for_update()).first()
+        return row, key
 
+    def _claim(self, provider: str, zone: str, endpoint: str, interval_s: float, force: bool) -> str | None:
+        """Reserve the right to call an endpoint now; None if granted, else why not.
+
+        A provider-wide row (zone and endpoint "*") holds back-offs that concern the whole
+        account: a 429 or refused credentials stop every endpoint of every zone.
+        """
         def claim(conn: Connection) -> str | None:
             now = self._clock()
-            row = conn.execute(select(carbon_fetches).where(key).with_for_update()).first()
-            if row is None:
-                if self.store.dialect == "postgresql":
-                    from sqlalchemy.dialects.postgresql import insert as dialect_insert
-                else:
-                    from sqlalchemy.dialects.sqlite import insert as dialect_insert
-                conn.execute(dialect_insert(carbon_fetches).values(
-                    provider=provider, zone=zone, endpoint=endpoint, failures=0, calls=0
-                ).on_conflict_do_nothing())
-                row = conn.execute(select(carbon_fetches).where(key).with_for_update()).first()
+            account, _ = self._fetch_row(conn, provider, PROVIDER_WIDE, PROVIDER_WIDE)
+            if account.failures and account.next_allowed_at is not None and now < account.next_allowed_at:
+                return (f"backing off {provider} until {_iso(account.next_allowed_at)} after: "
+                        f"{account.last_error}")
+            row, key = self._fetch_row(conn, provider, zone, endpoint)
             if row.next_allowed_at is not None and now < row.next_allowed_at:
                 if row.failures:
                     return f"backing off after {row.failures} failure(s) until {_iso(row.next_allowed_at)}"
                 if not force:
                     return f"cached: last call {_iso(row.last_attempt_at)}, next after {_iso(row.next_allowed_at)}"
             conn.execute(update(carbon_fetches).where(key).values(
-                last_attempt_at=now, next_allowed_at=now + timedelta(seconds=interval_s),
-                calls=row.calls + 1))
+                last_attempt_at=now, next_allowed_at=now + timedelta(seconds=interval_s), calls=row.calls + 1))
             return None
 
         return self.store.transact(claim)
 
     def _record_success(self, provider: str, zone: str, endpoint: str, interval_s: float, rows: int) -> None:
-        fc = carbon_fetches.c
         now = self._clock()
 
         def write(conn: Connection) -> int:
-            old = conn.execute(select(fc.failures).where(
-                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint)).scalar()
-            conn.execute(update(carbon_fetches).where(
-                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint).values(
+            row, key = self._fetch_row(conn, provider, zone, endpoint)
+            conn.execute(update(carbon_fetches).where(key).values(
                 last_success_at=now, next_allowed_at=now + timedelta(seconds=interval_s), failures=0,
                 rows=rows, last_error=None))
-            return old or 0
+            account, account_key = self._fetch_row(conn, provider, PROVIDER_WIDE, PROVIDER_WIDE)
+            if account.failures:
+                conn.execute(update(carbon_fetches).where(account_key).values(failures=0, last_error=None))
+            return row.failures
 
         if self.store.transact(write):
             log.info("carbon %s: %s %s works again (%d values)", zone, provider, endpoint, rows)
 
     def _record_failure(self, provider: str, zone: str, endpoint: str, error: GridError) -> None:
-        fc = carbon_fetches.c
         now = self._clock()
+        account_wide = isinstance(error, (GridRateLimited, GridAuthError, GridConfigError))
 
         def write(conn: Connection) -> tuple[int, datetime]:
-            failures = (conn.execute(select(fc.failures).where(
-                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint)).scalar() or 0) + 1
-            if isinstance(error, GridRateLimited) and error.retry_after_s is not None:
-                wait_s = max(error.retry_after_s, FAILURE_BACKOFF_S[0])
+            row, key = self._fetch_row(conn, provider, zone, endpoint)
+            failures = row.failures + 1
+            if isinstance(error, GridRateLimited):
+                wait_s = max(error.retry_after_s or 0.0, FAILURE_BACKOFF_S[min(failures, len(FAILURE_BACKOFF_S)) - 1])
             elif isinstance(error, (GridAuthError, GridConfigError)):
                 wait_s = AUTH_FAILURE_BACKOFF_S
             else:
                 wait_s = FAILURE_BACKOFF_S[min(failures, len(FAILURE_BACKOFF_S)) - 1]
             until = now + timedelta(seconds=wait_s)
-            conn.execute(update(carbon_fetches).where(
-                fc.provider == provider, fc.zone == zone, fc.endpoint == endpoint).values(
-                failures=failures, next_allowed_at=until, last_error=str(error)[:500]))
+            message = str(error)[:500]
+            conn.execute(update(carbon_fetches).where(key).values(
+                failures=failures, next_allowed_at=until, last_error=message))
+            if account_wide:
+                account, account_key = self._fetch_row(conn, provider, PROVIDER_WIDE, PROVIDER_WIDE)
+                conn.execute(update(carbon_fetches).where(account_key).values(
+                    failures=account.failures + 1, next_allowed_at=until, last_error=message,
+                    last_attempt_at=now))
             return failures, until
 
         failures, until = self.store.transact(write)
         if failures == 1:
-            log.warning("carbon %s: %s %s failed, not calling again before %s: %s",
-                        zone, provider, endpoint, _iso(until), error)
+            log.warning("carbon %s: %s %s failed, not calling %s before %s: %s", zone, provider, endpoint,
+                        provider if account_wide else "it", _iso(until), error)
         else:
             log.debug("carbon %s: %s %s failed again (%d): %s", zone, provider, endpoint, failures, error)
 
@@ -833,7 +907,11 @@ class CarbonSignals:
             issued = conn.execute(
                 select(func.max(ci.issued_at)).where(ci.zone == zone, ci.signal == sig,
                                                      ci.kind == KIND_FORECAST, ci.issued_at <= now)).scalar()
-            fetches = conn.execute(select(carbon_fetches).where(fc.zone == zone)
+            zc = self.config.zones.get(zone)
+            wanted = fc.zone == zone
+            if zc is not None and zc.provider:
+                wanted = wanted | ((fc.provider == zc.provider) & (fc.zone == PROVIDER_WIDE) & (fc.failures > 0))
+            fetches = conn.execute(select(carbon_fetches).where(wanted)
                                    .order_by(fc.provider, fc.endpoint)).all()
         out: dict[str, Any] = {"now": now, "latest_actual_at": None, "latest_actual_until": None,
                                "latest_actual_age_s": None, "latest_actual_source": None,

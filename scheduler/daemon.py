@@ -27,7 +27,8 @@ from scheduler.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.store import SchemaError, Store
 from scheduler.timeparse import iso
 from scheduler.watchdog import DEFAULT_NODE_LOST_AFTER_S, reap_dead_nodes
-from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend, detect_backend
+from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
+from telemetry.gpu.detect import probe_backends
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +128,13 @@ def make_backend(emulate: str | None, node: str) -> GpuBackend:
     if emulate:
         spec = emulate
     else:
-        backend = detect_backend()
+        backend, broken = probe_backends()
         if backend is not None:
             return backend
+        if broken:
+            names = ", ".join(f"{name} ({err})" for name, err in broken)
+            raise DaemonError(f"GPU backend installed but broken: {names}. Fix the driver, or pass "
+                              "--emulate SPEC to run an emulated fleet deliberately")
         spec = DEFAULT_EMULATED_FLEET
         log.warning("no GPU found (no NVML or amdsmi device): EMULATING a fleet of %s. "
                     "Power and energy figures are modelled, not measured.", spec)

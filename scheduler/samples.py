@@ -57,7 +57,8 @@ class SampleStore:
             if key in seen:
                 continue
             seen.add(key)
-            rows.append({"gpu_id": s.gpu_id, "t_s": s.t_s, "power_w": s.power_w,
+            rows.append({"minute_s": int(s.t_s // 60) * 60, "gpu_id": s.gpu_id, "t_s": s.t_s,
+                         "power_w": s.power_w,
                          "energy_j": s.energy_j, "utilization_pct": s.utilization_pct})
         stmt = insert(gpu_samples)
         if self.store.dialect == "postgresql":
@@ -73,7 +74,9 @@ class SampleStore:
         with self.store.read() as conn:
             return [Sample(r.t_s, r.power_w, r.energy_j) for r in conn.execute(
                 select(gpu_samples.c.t_s, gpu_samples.c.power_w, gpu_samples.c.energy_j)
-                .where(gpu_samples.c.gpu_id == gpu_id, gpu_samples.c.t_s >= start_s,
+                .where(gpu_samples.c.minute_s >= int(start_s // 60) * 60,
+                       gpu_samples.c.minute_s <= int(end_s // 60) * 60,
+                       gpu_samples.c.gpu_id == gpu_id, gpu_samples.c.t_s >= start_s,
                        gpu_samples.c.t_s <= end_s).order_by(gpu_samples.c.t_s))]
 
     def job_energy(self, gpu_ids: Iterable[int], start_s: float, end_s: float,
@@ -102,11 +105,11 @@ class SampleStore:
             SELECT gpu_id, minute_s, n, min_w, mean_w, max_w,
                    CASE WHEN n > 1 THEN mean_w * span_s * n / (n - 1) END
             FROM (
-                SELECT gpu_id, CAST(FLOOR(t_s / 60) AS BIGINT) * 60 AS minute_s, COUNT(*) AS n,
+                SELECT gpu_id, minute_s, COUNT(*) AS n,
                        MIN(power_w) AS min_w, AVG(power_w) AS mean_w, MAX(power_w) AS max_w,
                        MAX(t_s) - MIN(t_s) AS span_s
-                FROM gpu_samples WHERE t_s < :cutoff
-                GROUP BY gpu_id, CAST(FLOOR(t_s / 60) AS BIGINT)
+                FROM gpu_samples WHERE minute_s < :cutoff
+                GROUP BY minute_s, gpu_id
             ) AS per_minute WHERE true
             ON CONFLICT (gpu_id, minute_s) DO UPDATE SET
                 mean_w = (gpu_power_minutes.mean_w * gpu_power_minutes.samples
@@ -124,11 +127,37 @@ class SampleStore:
                                    "GREATEST(gpu_power_minutes.max_w, excluded.max_w)"))
 
         def tx(conn: Connection) -> int:
-            conn.execute(upsert, {"cutoff": float(cutoff)})
-            return conn.execute(text("DELETE FROM gpu_samples WHERE t_s < :cutoff"),
-                                {"cutoff": float(cutoff)}).rowcount
+            if self.store.dialect == "postgresql":
+                return self._rollup_postgresql(conn, upsert, cutoff)
+            conn.execute(upsert, {"cutoff": cutoff})
+            return conn.execute(text("DELETE FROM gpu_samples WHERE minute_s < :cutoff"),
+                                {"cutoff": cutoff}).rowcount
 
         folded = self.store.transact(tx)
         if folded:
             log.info("rolled up %d GPU samples older than %ds into minute rows", folded, retention_s)
+        return folded
+
+    @staticmethod
+    def _rollup_postgresql(conn: Connection, upsert, cutoff: int) -> int:
+        """PostgreSQL: the steady state (a minute at a time) deletes; a big catch-up (most of
+        the table is old) sets the few recent rows aside and truncates, which is several
+        times faster than deleting millions of rows one by one. Writers wait on the table
+        lock for the seconds this takes; the agents' samplers buffer meanwhile."""
+        conn.execute(text("SET LOCAL work_mem = '256MB'"))
+        conn.execute(text("LOCK TABLE gpu_samples IN EXCLUSIVE MODE"))
+        folded = conn.execute(text(
+            "SELECT count(*) FROM gpu_samples WHERE minute_s < :cutoff"), {"cutoff": cutoff}).scalar_one()
+        if not folded:
+            return 0
+        keep = conn.execute(text("SELECT count(*) FROM gpu_samples WHERE minute_s >= :cutoff"),
+                            {"cutoff": cutoff}).scalar_one()
+        conn.execute(upsert, {"cutoff": cutoff})
+        if folded > 200_000 and keep < folded / 3:
+            conn.execute(text("CREATE TEMP TABLE gpu_samples_keep ON COMMIT DROP AS "
+                              "SELECT * FROM gpu_samples WHERE minute_s >= :cutoff"), {"cutoff": cutoff})
+            conn.execute(text("TRUNCATE gpu_samples"))
+            conn.execute(text("INSERT INTO gpu_samples SELECT * FROM gpu_samples_keep"))
+            return folded
+        conn.execute(text("DELETE FROM gpu_samples WHERE minute_s < :cutoff"), {"cutoff": cutoff})
         return folded

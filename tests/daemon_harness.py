@@ -29,14 +29,15 @@ def world_dir(prefix: str) -> Path:
 
 
 class DaemonProcess:
-    def __init__(self, root: Path, db_url: str, *, emulate: str = "4xH100",
-                 extra: list[str] | None = None, grace: str = "1s") -> None:
+    def __init__(self, root: Path, db_url: str, *, emulate: str | None = "4xH100",
+                 extra: list[str] | None = None, grace: str = "1s", local_agent: bool = True) -> None:
         self.root = root
         self.state_dir = root / "state"
         self.socket = root / "carbonsched.sock"
         self.db_url = db_url
         self.emulate = emulate
         self.extra = extra or []
+        self.local_agent = local_agent
         self.config = root / "carbonsched.toml"
         self.config.write_text(f'grace = "{grace}"\n')
         self.proc: subprocess.Popen | None = None
@@ -46,8 +47,9 @@ class DaemonProcess:
     def start(self, *, wait: bool = True, timeout_s: float = 30.0) -> None:
         cmd = [sys.executable, "-m", "scheduler", "--config", str(self.config), "daemon",
                "--state-dir", str(self.state_dir), "--socket", str(self.socket),
-               "--db", self.db_url, "--emulate", self.emulate, "--local-agent",
-               "--plan-interval", "1s", "--dispatch-interval", "0.2s", *self.extra]
+               "--db", self.db_url, "--plan-interval", "1s", "--dispatch-interval", "0.2s",
+               "--local-agent" if self.local_agent else "--no-local-agent",
+               *(["--emulate", self.emulate] if self.emulate else []), *self.extra]
         log = open(self.log_path, "a")
         log.write(f"\n==== start {self.starts} ====\n")
         log.flush()

@@ -156,10 +156,20 @@ def test_bad_requests_get_clear_errors_and_change_nothing(daemon):
     import socket as s
 
     def raw(req: bytes) -> bytes:
+        """Send raw bytes; return the whole reply (headers and Content-Length bytes of body)."""
         with s.socket(s.AF_UNIX) as c:
+            c.settimeout(10)
             c.connect(str(daemon.socket))
             c.sendall(req)
-            return c.recv(65536)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += c.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n")
+                              if ln.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += c.recv(65536)
+            return head + b"\r\n\r\n" + body
 
     bad_json = b"not json"
     reply = raw(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(bad_json) + bad_json)

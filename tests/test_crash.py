@@ -48,16 +48,21 @@ def test_kill_9_at_random_moments_loses_nothing_and_runs_nothing_twice(crash_dae
     rng = random.Random(20261129)
     ledger = d.root / "ledger"
     d.start()
+    client = d.client()  # submit quickly so that jobs are still flowing during every kill
     ids = []
     for i in range(JOBS):
-        secs = rng.choice(["0.1", "0.3", "0.6", "1.0"])
-        r = d.cli("submit", "--json", "--est-runtime", "1s", "--name", f"crash-{i}", "--",
-                  "sh", "-c", f'echo "$CARBONSCHED_JOB_ID" >> {ledger}; sleep {secs}')
-        assert r.returncode == 0, r.stderr
-        ids.append(json.loads(r.stdout)["id"])
+        secs = rng.choice(["0.5", "1.0", "1.5", "2.0"])
+        r = client.submit(argv=["sh", "-c", f'echo "$CARBONSCHED_JOB_ID" >> {ledger}; sleep {secs}'],
+                          est_runtime_s=2, name=f"crash-{i}", cwd=str(d.root), env={"PATH": "/usr/bin:/bin"})
+        ids.append(r["id"])
+    client.close()
 
     for kill in range(KILLS):
-        time.sleep(rng.uniform(0.05, 1.2))  # sometimes mid-startup, sometimes mid-flow
+        if kill % 2:
+            time.sleep(rng.uniform(0.05, 1.5))  # anywhere, often in the middle of startup
+        else:
+            d.wait_ready()
+            time.sleep(rng.uniform(0.0, 1.0))  # while serving: claims, launches, finishes
         d.kill9()
         d.start(wait=False)
     d.wait_ready()

@@ -88,3 +88,22 @@ def test_job_energy_includes_exact_start_and_end_readings(samples):
 def test_no_samples_means_no_figure(samples):
     e = samples.job_energy([42], 0.0, 10.0)
     assert e.energy_j is None and e.method == "none"
+
+
+def test_a_big_catch_up_rollup_keeps_recent_samples_and_loses_nothing(samples, store):
+    """Large rollups take a bulk path on PostgreSQL; either way the minute rows and the
+    recent samples must be exactly as after a row-by-row rollup."""
+    now = 1_800_000_000.0
+    old = [StoredSample(g, now - 7200 + i, 200.0, None) for g in range(1, 5) for i in range(3600)]
+    recent = [StoredSample(g, now - 600 + i, 400.0, None) for g in range(1, 5) for i in range(600)]
+    samples.write(old)
+    samples.write(recent)
+    if store.dialect == "postgresql":
+        with store.write() as conn:  # statistics as autovacuum would leave them
+            conn.exec_driver_sql("ANALYZE gpu_samples")
+    assert samples.rollup(retention_s=3600, now_s=now) == len(old)
+    assert count(store, gpu_samples) == len(recent)
+    with store.read() as conn:
+        minutes = conn.execute(select(func.count(), func.sum(gpu_power_minutes.c.samples))
+                               .select_from(gpu_power_minutes)).one()
+    assert tuple(minutes) == (4 * 60, len(old))

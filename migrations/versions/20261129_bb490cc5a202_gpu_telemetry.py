@@ -27,15 +27,15 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('gpu_id', 'minute_s', name=op.f('pk_gpu_power_minutes'))
     )
     op.create_table('gpu_samples',
+    sa.Column('minute_s', sa.BigInteger(), autoincrement=False, nullable=False),
     sa.Column('gpu_id', sa.Integer(), autoincrement=False, nullable=False),
     sa.Column('t_s', sa.Float(), nullable=False),
     sa.Column('power_w', sa.Float(), nullable=True),
     sa.Column('energy_j', sa.Float(), nullable=True),
     sa.Column('utilization_pct', sa.Float(), nullable=True),
-    sa.PrimaryKeyConstraint('gpu_id', 't_s', name=op.f('pk_gpu_samples'))
+    sa.PrimaryKeyConstraint('minute_s', 'gpu_id', 't_s', name=op.f('pk_gpu_samples')),
+    sqlite_with_rowid=False,
     )
-    with op.batch_alter_table('gpu_samples', schema=None) as batch_op:
-        batch_op.create_index('ix_gpu_samples_t_s', ['t_s'], unique=False)
 
     with op.batch_alter_table('gpus', schema=None) as batch_op:
         batch_op.add_column(sa.Column('utilization_pct', sa.Float(), nullable=True))
@@ -53,9 +53,6 @@ def downgrade() -> None:
         batch_op.drop_column('energy_day_j')
         batch_op.drop_column('energy_day')
         batch_op.drop_column('utilization_pct')
-
-    with op.batch_alter_table('gpu_samples', schema=None) as batch_op:
-        batch_op.drop_index('ix_gpu_samples_t_s')
 
     op.drop_table('gpu_samples')
     op.drop_table('gpu_power_minutes')

@@ -1,13 +1,22 @@
 """The GPU backend interface shared by the NVML, amdsmi and emulated backends.
 
 Backends return plain readings. Vendor exceptions never cross this boundary: each backend
-translates them into the exceptions below.
+translates them into the exceptions below with `translate_vendor_errors`, keeping the vendor
+exception as `__cause__` for the log.
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
 
 
 class GpuError(Exception):
@@ -26,8 +35,40 @@ class GpuNotSupported(GpuError):
     """The device does not support this query."""
 
 
+class GpuNotFound(GpuError):
+    """No GPU with that UUID is managed by this backend."""
+
+
 class GpuLost(GpuError):
     """The device fell off the bus or stopped responding; it must not be scheduled."""
+
+
+@dataclass(frozen=True)
+class GpuCapabilities:
+    """What a device answered when it was probed at start, so readers know what to expect.
+
+    `power_kind` says what `PowerReading.power_w` is on this device: "average_1s" (NVML on
+    Ampere and later except GA100), "instant", "average" (amdsmi average_socket_power, window
+    chosen by firmware) or "modelled" (emulated). `notes` explain anything missing or odd.
+    """
+
+    power: bool
+    instant_power: bool
+    energy_counter: bool
+    utilization: bool
+    power_limit: bool
+    power_kind: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PowerLimit:
+    """The board power limit and the range an operator may set it to, in watts."""
+
+    current_w: float | None
+    min_w: float | None = None
+    max_w: float | None = None
+    default_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +76,8 @@ class GpuDevice:
     """One GPU as a backend enumerates it.
 
     `index` is the vendor's own device number (CUDA's for NVIDIA in PCI bus order, ROCm's for
-    AMD): the number that goes into CUDA_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES.
+    AMD): the number that goes into CUDA_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES. It stays the
+    physical number even when the agent itself runs with a visible-devices restriction.
     """
 
     index: int
@@ -44,34 +86,130 @@ class GpuDevice:
     model: str
     vendor: str
     memory_gib: float
+    pci_bus_id: str | None = None
+    power_limit: PowerLimit | None = None
+    capabilities: GpuCapabilities | None = None
 
 
 @dataclass(frozen=True)
 class PowerReading:
-    """Instantaneous power and the energy counter of one GPU at one moment."""
+    """Power and the energy counter of one GPU at one moment.
+
+    `power_w` is the driver's headline power figure (see `GpuCapabilities.power_kind`);
+    `instant_power_w` is the instantaneous reading where the device has one. `energy_j` is
+    the hardware counter as the device reports it (not corrected); `energy_reset` is True
+    when it is lower than this backend's previous reading of the same GPU (driver reload,
+    wrap or a faulty counter), so consumers must not difference across it. `timestamp_s` is
+    the backend's monotonic clock at the read, for integrating power.
+    """
 
     uuid: str
     power_w: float | None
     energy_j: float | None
     utilization_pct: float | None = None
+    instant_power_w: float | None = None
+    timestamp_s: float = field(default_factory=time.monotonic)
+    energy_reset: bool = False
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def translate_vendor_errors(fn: F) -> F:
+    """Method decorator: vendor exceptions become GpuError subclasses (`raise ... from e`).
+
+    The instance provides `_vendor_errors` (a tuple of the vendor's exception classes) and
+    `_translate(e, call)` returning the GpuError to raise. Our own errors pass through.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except GpuError:
+            raise
+        except self._vendor_errors as e:
+            raise self._translate(e, fn.__name__) from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+class CounterWatch:
+    """Notices an energy counter that went backwards between two reads of the same GPU.
+
+    Counters are passed on as the hardware reports them (the energy code decides whether to
+    trust them); this only flags the reading and logs the first time per GPU, so a reset is
+    visible rather than silently producing a negative job energy.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self.resets: dict[str, int] = {}
+
+    def observe(self, uuid: str, energy_j: float | None) -> bool:
+        """Record a counter value; True when it is below the previous one."""
+        if energy_j is None:
+            return False
+        with self._lock:
+            last = self._last.get(uuid)
+            self._last[uuid] = energy_j
+            if last is None or energy_j >= last:
+                return False
+            self.resets[uuid] = self.resets.get(uuid, 0) + 1
+            first = uuid not in self._warned
+            self._warned.add(uuid)
+        if first:
+            log.warning("energy counter of GPU %s went backwards (%.1f J -> %.1f J): driver reload, "
+                        "wrap or a faulty counter; energy across this point is not measurable "
+                        "from the counter", uuid, last, energy_j)
+        return True
 
 
 class GpuBackend(abc.ABC):
-    """A source of GPU inventory and power readings for one node."""
+    """A source of GPU inventory and power readings for one node.
+
+    Backends are safe to call from several threads (the agent's tick and the sampler).
+    Once a GPU is found lost it stays lost for this backend instance: reads raise GpuLost
+    at once (a lost GPU can make vendor calls block for seconds) and `devices()` leaves it
+    out, so re-registering the node marks it unhealthy.
+    """
 
     name: str = "abstract"
     emulated: bool = False
 
     @abc.abstractmethod
     def devices(self) -> list[GpuDevice]:
-        """The GPUs on this node, in visible-devices index order."""
+        """The GPUs on this node that are not lost, in visible-devices index order."""
 
     @abc.abstractmethod
     def read(self, uuid: str) -> PowerReading:
         """Power and energy of one GPU (by UUID) now."""
 
+    def capabilities(self, uuid: str) -> GpuCapabilities:
+        """What the GPU answered when probed; GpuNotFound for an unknown UUID."""
+        for d in self.devices():
+            if d.uuid == uuid and d.capabilities is not None:
+                return d.capabilities
+        raise GpuNotFound(f"no GPU with UUID {uuid} on the {self.name} backend")
+
+    def power_limit(self, uuid: str) -> PowerLimit:
+        """The board power limit now (an operator may have changed it since start)."""
+        raise GpuNotSupported(f"the {self.name} backend does not report power limits")
+
+    def check(self, uuid: str) -> None:
+        """Raise GpuLost if the GPU stopped answering (or GpuError); return quietly if fine."""
+        self.read(uuid)
+
     def set_busy(self, uuid: str, busy: bool) -> None:
         """Tell an emulated backend a job started or stopped; real hardware ignores this."""
 
     def close(self) -> None:
-        """Release the vendor library."""
+        """Release the vendor library. Idempotent."""
+
+    def __enter__(self) -> GpuBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

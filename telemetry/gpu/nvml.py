@@ -1,103 +1,333 @@
 """NVIDIA GPUs through NVML (`nvidia-ml-py`, imported as `pynvml`).
 
-NVML enumerates devices in PCI bus order, which is also CUDA's order when
-CUDA_DEVICE_ORDER=PCI_BUS_ID; carbonsched sets that variable for every job it starts, so the
-NVML index is the CUDA_VISIBLE_DEVICES index.
+Indices: CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID (which carbonsched sets for every job)
+counts GPUs in PCI bus order (domain, bus, device). NVML usually enumerates in that order
+too, but does not promise it, so this backend sorts by PCI address itself and numbers the
+GPUs 0..n-1 in that order: `GpuDevice.index` is the CUDA_VISIBLE_DEVICES index of a job.
+If CUDA_VISIBLE_DEVICES is set in the agent's own environment, the agent manages only the
+GPUs it names (indices counted in PCI bus order, or GPU UUIDs); they keep their physical
+index (see `telemetry.gpu.visible`). MIG instances are not managed separately.
+
+Power: nvmlDeviceGetPowerUsage (mW) is a 1 s average on Ampere and later except GA100
+(A100/A30), and instantaneous before; where the driver supports the NVML_FI_DEV_POWER_INSTANT
+field the instantaneous value is also read. Energy: nvmlDeviceGetTotalEnergyConsumption,
+mJ since the driver was loaded (Volta and later).
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
 import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 from telemetry.gpu.common import (
+    CounterWatch,
     GpuBackend,
+    GpuCapabilities,
     GpuDevice,
     GpuDriverError,
+    GpuError,
     GpuLibraryMissing,
     GpuLost,
+    GpuNotFound,
     GpuNotSupported,
+    PowerLimit,
     PowerReading,
+    translate_vendor_errors,
 )
+from telemetry.gpu.visible import select_visible
 
 log = logging.getLogger(__name__)
 
+_GA100 = re.compile(r"\bA(100|30)\b")
+_VALUE_FIELDS = {"NVML_VALUE_TYPE_DOUBLE": "dVal", "NVML_VALUE_TYPE_UNSIGNED_INT": "uiVal",
+                 "NVML_VALUE_TYPE_UNSIGNED_LONG": "ulVal",
+                 "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG": "ullVal",
+                 "NVML_VALUE_TYPE_SIGNED_LONG_LONG": "sllVal",
+                 "NVML_VALUE_TYPE_SIGNED_INT": "siVal", "NVML_VALUE_TYPE_UNSIGNED_SHORT": "usVal"}
 
-def _translate(fn):
-    """Map pynvml.NVMLError into carbonsched's GPU exceptions."""
 
-    @functools.wraps(fn)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return fn(self, *args, **kwargs)
-        except self._nvml.NVMLError as e:
-            code = getattr(e, "value", None)
-            nv = self._nvml
-            if code == getattr(nv, "NVML_ERROR_NOT_SUPPORTED", object()):
-                raise GpuNotSupported(str(e)) from e
-            if code in (getattr(nv, "NVML_ERROR_GPU_IS_LOST", object()),
-                        getattr(nv, "NVML_ERROR_UNKNOWN", object())):
-                raise GpuLost(str(e)) from e
-            if code in (getattr(nv, "NVML_ERROR_LIBRARY_NOT_FOUND", object()),
-                        getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", object())):
-                raise GpuLibraryMissing(str(e)) from e
-            raise GpuDriverError(str(e)) from e
+def load_pynvml() -> ModuleType:
+    """Import the vendor module; GpuLibraryMissing when it is not installed."""
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as e:
+        raise GpuLibraryMissing(f"nvidia-ml-py (pynvml) is not importable: {e}") from e
 
-    return wrapper
+
+def _text(value: str | bytes) -> str:
+    """Old nvidia-ml-py versions return bytes, newer ones str."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass
+class _Device:
+    info: GpuDevice
+    handle: Any
 
 
 class NvmlBackend(GpuBackend):
+    """All NVIDIA GPUs this agent may manage, probed once at start."""
+
     name = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._nv = load_pynvml()
+        self._vendor_errors = (self._nv.NVMLError,)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lost: set[str] = set()
+        self._closed = False
+        self._watch = CounterWatch()
+        self._init()
         try:
-            import pynvml
-        except ImportError as e:
-            raise GpuLibraryMissing("nvidia-ml-py (pynvml) is not installed") from e
-        self._nvml = pynvml
+            self._devices = self._enumerate(os.environ if env is None else env)
+        except BaseException:
+            self.close()
+            raise
+        self._by_uuid = {d.info.uuid: d for d in self._devices}
+
+    # -- vendor error mapping ------------------------------------------------------------
+
+    def _code(self, name: str) -> object:
+        return getattr(self._nv, name, object())  # a sentinel never equals a real code
+
+    def _translate(self, e: Exception, call: str) -> GpuError:
+        """The GpuError for an NVMLError, by its return code."""
+        code = getattr(e, "value", None)
+        msg = f"NVML {call}: {e}"
+        if code in (self._code("NVML_ERROR_NOT_SUPPORTED"), self._code("NVML_ERROR_FUNCTION_NOT_FOUND")):
+            return GpuNotSupported(msg)
+        if code in (self._code("NVML_ERROR_GPU_IS_LOST"), self._code("NVML_ERROR_RESET_REQUIRED")):
+            return GpuLost(msg)
+        if code == self._code("NVML_ERROR_LIBRARY_NOT_FOUND"):
+            return GpuLibraryMissing(msg)
+        if code in (self._code("NVML_ERROR_DRIVER_NOT_LOADED"), self._code("NVML_ERROR_UNINITIALIZED"),
+                    self._code("NVML_ERROR_LIB_RM_VERSION_MISMATCH"),
+                    self._code("NVML_ERROR_NO_PERMISSION")):
+            return GpuDriverError(msg)
+        return GpuError(msg)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call one NVML function, translating its error (named after the function)."""
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            if getattr(e, "value", None) == getattr(pynvml, "NVML_ERROR_LIBRARY_NOT_FOUND", None):
-                raise GpuLibraryMissing(f"libnvidia-ml.so not found: {e}") from e
-            raise GpuDriverError(f"NVML init failed: {e}") from e
-        self._handles = self._enumerate()
+            return fn(*args)
+        except self._vendor_errors as e:
+            raise self._translate(e, getattr(fn, "__name__", "call")) from e
 
-    @_translate
-    def _enumerate(self) -> list:
-        nv = self._nvml
-        return [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-
-    @_translate
-    def devices(self) -> list[GpuDevice]:
-        nv = self._nvml
-        out = []
-        for i, h in enumerate(self._handles):
-            name = nv.nvmlDeviceGetName(h)
-            name = name.decode() if isinstance(name, bytes) else name
-            uuid = nv.nvmlDeviceGetUUID(h)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            out.append(GpuDevice(index=i, uuid=uuid, name=name, model=name, vendor="nvidia",
-                                 memory_gib=round(mem.total / 2**30, 1)))
-        return out
-
-    @_translate
-    def read(self, uuid: str) -> PowerReading:
-        nv = self._nvml
-        h = nv.nvmlDeviceGetHandleByUUID(uuid)
-        power_w = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+    def _optional(self, notes: list[str] | None, what: str, fn: Callable[..., Any], *args: Any,
+                  tolerate: type[GpuError] = GpuError) -> Any:
+        """A call whose failure (of type `tolerate`) only means "not available here": None,
+        with a note. A lost GPU always raises."""
         try:
-            energy_j = nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+            return self._call(fn, *args)
+        except GpuLost:
+            raise
+        except tolerate as e:
+            if notes is not None:
+                notes.append(f"{what}: {e}")
+            return None
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def _init(self) -> None:
+        nv = self._nv
+        try:
+            nv.nvmlInit()
         except nv.NVMLError as e:
-            if getattr(e, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
-                raise
-            energy_j = None
-        util = nv.nvmlDeviceGetUtilizationRates(h).gpu
-        return PowerReading(uuid=uuid, power_w=power_w, energy_j=energy_j, utilization_pct=float(util))
+            if getattr(e, "value", None) == self._code("NVML_ERROR_LIBRARY_NOT_FOUND"):
+                raise GpuLibraryMissing(f"libnvidia-ml.so not found: {e}") from e
+            raise GpuDriverError(f"NVML did not initialise ({e}); is the NVIDIA driver loaded "
+                                 f"and /dev/nvidia* accessible?") from e
+
+    @translate_vendor_errors
+    def _enumerate(self, env: Mapping[str, str]) -> list[_Device]:
+        nv = self._nv
+        found = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            try:
+                handle = self._call(nv.nvmlDeviceGetHandleByIndex, i)
+                uuid = _text(self._call(nv.nvmlDeviceGetUUID, handle))
+            except GpuError as e:
+                log.warning("NVML device %d skipped: %s (if CUDA still sees it, the indices "
+                            "of the GPUs after it are off by one)", i, e)
+                continue
+            pci = self._optional(None, "PCI info", nv.nvmlDeviceGetPciInfo, handle)
+            found.append((i, handle, uuid, pci))
+        if all(pci is not None for *_, pci in found):
+            found.sort(key=lambda f: (f[3].domain, f[3].bus, f[3].device))
+        else:
+            log.warning("NVML did not give every GPU's PCI address; assuming its own order is "
+                        "PCI bus order")
+        physical = [(index, handle, uuid, pci) for index, (_, handle, uuid, pci) in enumerate(found)]
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible and env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID":
+            log.warning("CUDA_VISIBLE_DEVICES=%s is read in PCI bus order (as carbonsched's jobs "
+                        "use it), not CUDA's default FASTEST_FIRST order", visible)
+        chosen = select_visible(physical, visible, var="CUDA_VISIBLE_DEVICES",
+                                ids_of=lambda p: [p[2]])
+        devices = []
+        for index, handle, uuid, pci in chosen:
+            try:
+                devices.append(_Device(self._describe(index, handle, uuid, pci), handle))
+            except GpuLost as e:
+                log.error("NVIDIA GPU %d (%s) is lost at start-up and is not managed: %s", index, uuid, e)
+            except GpuError as e:
+                log.error("NVIDIA GPU %d (%s) could not be probed and is not managed: %s",
+                          index, uuid, e)
+        return devices
+
+    def _describe(self, index: int, handle: Any, uuid: str, pci: Any) -> GpuDevice:
+        nv = self._nv
+        notes: list[str] = []
+        name = _text(self._call(nv.nvmlDeviceGetName, handle))
+        mem = self._optional(notes, "memory", nv.nvmlDeviceGetMemoryInfo, handle)
+        limit = self._limits(handle, notes)
+        caps = self._probe(handle, name, notes, has_limit=limit is not None)
+        return GpuDevice(index=index, uuid=uuid, name=name, model=name, vendor="nvidia",
+                         memory_gib=round(mem.total / 2**30, 1) if mem is not None else 0.0,
+                         pci_bus_id=_text(pci.busId) if pci is not None else None,
+                         power_limit=limit, capabilities=caps)
+
+    def _probe(self, handle: Any, name: str, notes: list[str], *, has_limit: bool) -> GpuCapabilities:
+        """Try each power/energy query once; what fails is recorded, not retried per read."""
+        nv = self._nv
+        power = self._optional(notes, "power", nv.nvmlDeviceGetPowerUsage, handle) is not None
+        try:
+            instant = self._instant_w(handle) is not None
+        except GpuLost:
+            raise
+        except GpuError as e:
+            notes.append(f"instant power: {e}")
+            instant = False
+        energy = self._optional(notes, "energy counter", nv.nvmlDeviceGetTotalEnergyConsumption,
+                                handle) is not None
+        util = self._optional(notes, "utilization", nv.nvmlDeviceGetUtilizationRates, handle) is not None
+        arch = self._optional(None, "architecture", nv.nvmlDeviceGetArchitecture, handle)
+        ampere = getattr(nv, "NVML_DEVICE_ARCH_AMPERE", 7)
+        if not power:
+            kind = None
+        elif arch is None or arch == getattr(nv, "NVML_DEVICE_ARCH_UNKNOWN", 0xFFFFFFFF):
+            kind = "unknown"
+        elif arch >= ampere and not _GA100.search(name):
+            kind = "average_1s"
+        else:
+            kind = "instant"
+        return GpuCapabilities(power=power, instant_power=instant, energy_counter=energy,
+                               utilization=util, power_limit=has_limit, power_kind=kind,
+                               notes=tuple(notes))
+
+    def _limits(self, handle: Any, notes: list[str] | None) -> PowerLimit | None:
+        nv = self._nv
+        current = self._optional(notes, "enforced power limit", nv.nvmlDeviceGetEnforcedPowerLimit, handle)
+        bounds = self._optional(None, "power limit range",
+                                nv.nvmlDeviceGetPowerManagementLimitConstraints, handle)
+        default = self._optional(None, "default power limit",
+                                 nv.nvmlDeviceGetPowerManagementDefaultLimit, handle)
+        if current is None and bounds is None and default is None:
+            return None
+        lo, hi = bounds if bounds is not None else (None, None)
+        return PowerLimit(*(None if v is None else v / 1000.0 for v in (current, lo, hi, default)))
+
+    def _instant_w(self, handle: Any) -> float | None:
+        """NVML_FI_DEV_POWER_INSTANT in watts; the call succeeds even when the field fails."""
+        nv = self._nv
+        field_id = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+        if field_id is None:
+            raise GpuNotSupported("this nvidia-ml-py has no NVML_FI_DEV_POWER_INSTANT")
+        fv = self._call(nv.nvmlDeviceGetFieldValues, handle, [field_id])[0]
+        if fv.nvmlReturn != nv.NVML_SUCCESS:
+            raise self._translate(nv.NVMLError(fv.nvmlReturn), "field POWER_INSTANT")
+        for type_name, attr in _VALUE_FIELDS.items():
+            if fv.valueType == getattr(nv, type_name, None):
+                return getattr(fv.value, attr) / 1000.0
+        raise GpuNotSupported(f"field POWER_INSTANT has unknown value type {fv.valueType}")
+
+    # -- the interface --------------------------------------------------------------------
+
+    def devices(self) -> list[GpuDevice]:
+        with self._lock:
+            return [d.info for d in self._devices if d.info.uuid not in self._lost]
+
+    def _device(self, uuid: str) -> _Device:
+        with self._lock:
+            if self._closed:
+                raise GpuError("the NVML backend is closed")
+            if uuid in self._lost:
+                raise GpuLost(f"NVIDIA GPU {uuid} was lost earlier")
+        try:
+            return self._by_uuid[uuid]
+        except KeyError:
+            raise GpuNotFound(f"no NVIDIA GPU with UUID {uuid} on this node") from None
+
+    def _mark_lost(self, uuid: str, e: GpuLost) -> None:
+        with self._lock:
+            new = uuid not in self._lost
+            self._lost.add(uuid)
+        if new:
+            log.error("NVIDIA GPU %s is lost (%s); it must not be scheduled until the node is "
+                      "repaired and the agent restarted", uuid, e)
+
+    def read(self, uuid: str) -> PowerReading:
+        dev = self._device(uuid)
+        try:
+            return self._read(dev)
+        except GpuLost as e:
+            self._mark_lost(uuid, e)
+            raise
+
+    @translate_vendor_errors
+    def _read(self, dev: _Device) -> PowerReading:
+        """One reading from the queries the probe found working. A query that stops being
+        supported gives None; any other failure raises."""
+        nv, h, caps = self._nv, dev.handle, dev.info.capabilities
+        assert caps is not None
+
+        def maybe(ok: bool, fn: Callable[..., Any]) -> Any:
+            return self._optional(None, "", fn, h, tolerate=GpuNotSupported) if ok else None
+
+        t = self._clock()
+        power_mw = maybe(caps.power, nv.nvmlDeviceGetPowerUsage)
+        instant_w = None
+        if caps.instant_power:
+            try:
+                instant_w = self._instant_w(h)
+            except GpuNotSupported:
+                instant_w = None
+        energy_mj = maybe(caps.energy_counter, nv.nvmlDeviceGetTotalEnergyConsumption)
+        util = maybe(caps.utilization, nv.nvmlDeviceGetUtilizationRates)
+        power_w = power_mw / 1000.0 if power_mw is not None else instant_w
+        energy_j = energy_mj / 1000.0 if energy_mj is not None else None
+        return PowerReading(uuid=dev.info.uuid, power_w=power_w, energy_j=energy_j,
+                            utilization_pct=float(util.gpu) if util is not None else None,
+                            instant_power_w=instant_w, timestamp_s=t,
+                            energy_reset=self._watch.observe(dev.info.uuid, energy_j))
+
+    def power_limit(self, uuid: str) -> PowerLimit:
+        dev = self._device(uuid)
+        try:
+            limit = self._limits(dev.handle, None)
+        except GpuLost as e:
+            self._mark_lost(uuid, e)
+            raise
+        if limit is None:
+            raise GpuNotSupported(f"NVIDIA GPU {uuid} does not report a power limit")
+        return limit
 
     def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
-            self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError as e:
+            self._nv.nvmlShutdown()
+        except self._vendor_errors as e:
             log.warning("NVML shutdown failed: %s", e)

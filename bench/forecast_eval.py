@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""How good is carbonsched's own carbon forecast? MAPE at 24 h ahead vs plain persistence.
+
+Forecasting method under test: `telemetry.grid.forecast.baseline_forecast`, the fallback the
+scheduler uses when no provider forecast exists ("7-day same-hour profile + anomaly
+decaying 0.97/h"):
+
+    F(T) = max(0, P(T) + A * 0.97^h)
+    P(T) = mean of the value at T - 24k h over the 7 most recent whole days k >= ceil(h/24)
+           that are known at issue time (missing days skipped)
+    A    = v(L) - mean of v(L - 24j), j = 1..7     (how unusual the newest known hour is)
+
+where L is the newest complete hour known when the forecast is issued and h = T - L the
+horizon in hours. See the module docstring of telemetry/grid/forecast.py.
+
+Definitions used here:
+
+- "h hours ahead": the target hour T starts h hours after the start of the newest hour known
+  at issue time (L = T - h). At 24 h this is the day-ahead setting of a planner.
+- Persistence: the newest known value carried forward, F(T) = v(L). At 24 h ahead that is
+  exactly the value 24 h before the target (the classic "same hour yesterday").
+- MAPE: mean over target hours of |F - v| / v, in %, over hours with v > 0 (CA-ON has hours
+  at 0 g/kWh, where a percentage error is undefined; they are counted in `zero_h` and left
+  out). MAE in gCO2/kWh is shown too because MAPE explodes for near-zero grids (CA-ON).
+- Data: Electricity Maps hourly direct average intensity from ../shared/data/carbon
+  (ODbL 1.0). Targets are all 8,760 hours of 2022; 2021 provides the history for early
+  January, and no value at or after T is ever used for T.
+
+Run: `.venv/bin/python bench/forecast_eval.py [--data DIR] [--zones Z,Z,...] [--json FILE]`.
+A script, not a test. The medians of the horizon table are `EXPECTED_MAPE_PCT` in
+telemetry/grid/forecast.py (the quality figure the scheduler reports with own forecasts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from telemetry.grid.csv_import import read_trace  # noqa: E402
+from telemetry.grid.forecast import baseline_forecast, epoch_hour, persistence_forecast  # noqa: E402
+
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "carbon" / "electricitymaps"
+YEAR = 2022
+HORIZONS_H = (1, 6, 24, 48, 72, 168)
+
+
+def load_zone(folder: Path) -> tuple[str, dict[int, float]]:
+    """The zone id and its hourly values (epoch hour -> gCO2/kWh) for YEAR-1 and YEAR."""
+    values: dict[int, float] = {}
+    zone = folder.name
+    for year in (YEAR - 1, YEAR):
+        path = folder / f"{folder.name}_{year}_hourly.csv"
+        if not path.exists():
+            continue
+        trace = read_trace(path, fmt="electricitymaps")
+        zone = trace.zones[0]
+        for r in trace.readings:
+            values[epoch_hour(r.at)] = r.gco2_per_kwh
+    return zone, values
+
+
+def evaluate(values: dict[int, float], horizon_h: int) -> dict:
+    """MAPE/MAE of the baseline and of persistence at one horizon over the year's hours."""
+    from datetime import datetime, timezone
+
+    first = epoch_hour(datetime(YEAR, 1, 1, tzinfo=timezone.utc))
+    last = epoch_hour(datetime(YEAR + 1, 1, 1, tzinfo=timezone.utc))
+    ape_b: list[float] = []
+    ape_p: list[float] = []
+    ae_b: list[float] = []
+    ae_p: list[float] = []
+    zero = skipped = 0
+    for target in range(first, last):
+        actual = values.get(target)
+        if actual is None:
+            continue
+        issue = target - horizon_h
+        # both forecasters read only hours <= issue (tested in tests/test_carbon_forecast.py)
+        b = baseline_forecast(values, issue, [target])[0]
+        p = persistence_forecast(values, issue, [target])[0]
+        if b is None or p is None:
+            skipped += 1
+            continue
+        ae_b.append(abs(b - actual))
+        ae_p.append(abs(p - actual))
+        if actual <= 0:
+            zero += 1
+            continue
+        ape_b.append(abs(b - actual) / actual)
+        ape_p.append(abs(p - actual) / actual)
+    return {
+        "hours": len(ae_b), "zero_h": zero, "skipped_h": skipped,
+        "mape_baseline_pct": 100 * statistics.fmean(ape_b), "mape_persistence_pct": 100 * statistics.fmean(ape_p),
+        "mae_baseline": statistics.fmean(ae_b), "mae_persistence": statistics.fmean(ae_p),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of <ZONE>/<ZONE>_<YEAR>_hourly.csv")
+    ap.add_argument("--zones", help="comma-separated folder names (default: all)")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+    if not args.data.is_dir():
+        print(f"no data at {args.data} (needs ../shared/data/carbon/electricitymaps)", file=sys.stderr)
+        return 2
+    folders = sorted(p for p in args.data.iterdir() if p.is_dir())
+    if args.zones:
+        wanted = set(args.zones.split(","))
+        folders = [f for f in folders if f.name in wanted]
+    t0 = time.perf_counter()
+    per_zone: dict[str, dict] = {}
+    by_horizon: dict[int, list[float]] = {h: [] for h in HORIZONS_H}
+    by_horizon_p: dict[int, list[float]] = {h: [] for h in HORIZONS_H}
+    for folder in folders:
+        zone, values = load_zone(folder)
+        if not values:
+            continue
+        for h in HORIZONS_H:
+            r = evaluate(values, h)
+            by_horizon[h].append(r["mape_baseline_pct"])
+            by_horizon_p[h].append(r["mape_persistence_pct"])
+            if h == 24:
+                per_zone[zone] = r
+    print(f"Own-forecast baseline vs persistence, {YEAR}, 24 h ahead (target hour starts 24 h after "
+          "the newest known hour)")
+    print(f"{'zone':<13} {'hours':>5} {'MAPE own %':>10} {'MAPE pers %':>11} {'better':>7} "
+          f"{'MAE own':>8} {'MAE pers':>8}")
+    wins = 0
+    for zone, r in per_zone.items():
+        gain = r["mape_persistence_pct"] - r["mape_baseline_pct"]
+        wins += gain > 0
+        note = f"  ({r['zero_h']} h at 0 left out)" if r["zero_h"] else ""
+        print(f"{zone:<13} {r['hours']:>5} {r['mape_baseline_pct']:>10.2f} {r['mape_persistence_pct']:>11.2f} "
+              f"{gain:>+7.2f} {r['mae_baseline']:>8.1f} {r['mae_persistence']:>8.1f}{note}")
+    mb = [r["mape_baseline_pct"] for r in per_zone.values()]
+    mp = [r["mape_persistence_pct"] for r in per_zone.values()]
+    if mb:
+        print(f"{'median':<13} {'':>5} {statistics.median(mb):>10.2f} {statistics.median(mp):>11.2f}")
+        print(f"{'mean':<13} {'':>5} {statistics.fmean(mb):>10.2f} {statistics.fmean(mp):>11.2f}")
+        print(f"own forecast better than persistence in {wins} of {len(per_zone)} zones")
+    print()
+    print("MAPE % by horizon, median over zones (own / persistence)")
+    for h in HORIZONS_H:
+        if by_horizon[h]:
+            print(f"  {h:>3} h: {statistics.median(by_horizon[h]):6.2f} / {statistics.median(by_horizon_p[h]):6.2f}")
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "year": YEAR, "per_zone_24h": per_zone,
+            "median_mape_by_horizon": {h: statistics.median(v) for h, v in by_horizon.items() if v},
+            "median_persistence_mape_by_horizon": {h: statistics.median(v) for h, v in by_horizon_p.items() if v},
+        }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""`carbonsched carbon ...`: import traces, show a zone's value and forecast, list zones.
+
+These verbs talk to the store directly (no daemon needed), resolving the database like the
+`db` verbs: --db, CARBONSCHED_DB, the config file, else the SQLite file under the state dir.
+
+    carbonsched carbon import FILE [--zone Z] [--format F] [--timezone TZ] [--json]
+    carbonsched carbon show --zone Z [--at T] [--hours N] [--as-of T] [--refresh] [--json]
+    carbonsched carbon zones [--json]
+
+Only the standard library is imported at module level (the CLI starts fast, and
+scheduler.cli can import this module up front); everything else is imported in `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+FORMATS = ("electricitymaps", "watttime", "plain")
+PROGRESS_MIN_BYTES = 256 * 1024
+
+
+def _env_help(text: str, var: str) -> str:
+    return f"{text} [env: {var}]"
+
+
+def _db_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", help=_env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
+    p.add_argument("--state-dir", help=_env_help("state directory (for the default SQLite URL)",
+                                                 "CARBONSCHED_STATE_DIR"))
+
+
+def add_parser(subparsers) -> None:
+    """Add the `carbon` verb and its actions to the top-level subparsers.
+
+    Also registers `run` as the handler of the `carbon` verb in scheduler.cli.VERBS, so
+    wiring it into the CLI takes just the import and this call.
+    """
+    c = subparsers.add_parser("carbon", help="grid carbon intensity: import traces, show values and forecasts",
+                              description="Grid carbon intensity per zone, from the store.")
+    sub = c.add_subparsers(dest="carbon_action", metavar="ACTION", required=True)
+
+    imp = sub.add_parser("import", help="import a carbon-intensity trace file into the store",
+                         description="Import an Electricity Maps hourly export, a WattTime MOER file "
+                                     "(lbs/MWh, stored as marginal gCO2/kWh) or a plain time,gco2_per_kwh CSV.")
+    imp.add_argument("file", help="the CSV file")
+    imp.add_argument("--zone", help="zone id to store under (default: the file's own zone column)")
+    imp.add_argument("--format", dest="fmt", choices=FORMATS, help="file format (default: from the header)")
+    imp.add_argument("--timezone", default="UTC", metavar="TZ",
+                     help="time zone of timestamps without an offset in plain files (default UTC)")
+    imp.add_argument("--json", action="store_true")
+    _db_flags(imp)
+
+    sh = sub.add_parser("show", help="a zone's value at a time, its forecast, source and freshness")
+    sh.add_argument("--zone", required=True, help="zone id, e.g. DE, GB, US-CAL-CISO")
+    sh.add_argument("--at", metavar="T", help="time: ISO 8601 (local if no offset) or a duration from now; "
+                                              "default now")
+    sh.add_argument("--hours", type=float, default=24.0, metavar="N", help="forecast hours from --at (default 24)")
+    sh.add_argument("--as-of", metavar="T", help="use only what was known at this time (default now)")
+    sh.add_argument("--signal", choices=("average", "marginal"), help="signal (default: the zone's)")
+    sh.add_argument("--refresh", action="store_true",
+                    help="first fetch from the zone's live provider (within its call budget)")
+    sh.add_argument("--json", action="store_true")
+    _db_flags(sh)
+
+    zs = sub.add_parser("zones", help="zones with carbon data, providers and fallback status")
+    zs.add_argument("--json", action="store_true")
+    _db_flags(zs)
+
+    import scheduler.cli as cli
+
+    cli.VERBS.setdefault("carbon", run)
+
+
+# -- run ----------------------------------------------------------------------------------
+
+def run(args, config: dict) -> int:
+    """Run one `carbon` action; raise scheduler.cli.CliError with one clear line on failure."""
+    import logging
+
+    from scheduler.cli import EXIT_USAGE, CliError
+
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    from scheduler.carbon import CarbonConfig
+
+    try:
+        carbon_config = CarbonConfig.from_config(config)
+    except (ValueError, TypeError) as e:
+        raise CliError(f"config: {e}", EXIT_USAGE) from None
+    action = {"import": _import, "show": _show, "zones": _zones}[args.carbon_action]
+    return action(args, config, carbon_config)
+
+
+def _open(args, config, *, create: bool):
+    """The store, or None when there is no carbon database yet and `create` is False.
+
+    An empty database is migrated when `create`; one at another revision is refused.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.cli import CliError, _db_url
+    from scheduler.store import SchemaError, Store
+
+    if not create and _is_missing_sqlite(args, config):
+        return None
+    try:
+        store = Store(_db_url(args, config))
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        raise CliError(f"cannot open the database: {type(e).__name__}: {e}") from None
+    try:
+        if store.is_empty():
+            if not create:
+                store.dispose()
+                return None
+            store.upgrade()
+        else:
+            store.require_current(f"carbonsched db upgrade --db {store.url}")
+    except SchemaError as e:
+        store.dispose()
+        raise CliError(str(e)) from None
+    except SQLAlchemyError as e:
+        store.dispose()
+        raise CliError(f"database {store.url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return store
+
+
+def _iso(t: datetime | None) -> str | None:
+    from scheduler.timeparse import iso
+
+    return iso(t)
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _local(t: datetime | None, with_date: bool = True) -> str:
+    from scheduler.output import local_time
+
+    return local_time(_iso(t), with_date)
+
+
+def _progress_printer(path: str):
+    """A progress bar on stderr for big files when stderr is a terminal, else None."""
+    import os
+
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    if size < PROGRESS_MIN_BYTES or not sys.stderr.isatty():
+        return None
+    name = os.path.basename(path)
+
+    def show(phase: str, done: int, total: int) -> None:
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(f"\r{name}: {phase:<5} [{bar:<30}] {frac:4.0%}")
+        if phase == "store" and done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+# -- import -------------------------------------------------------------------------------
+
+def _import(args, config, carbon_config) -> int:
+    from scheduler.carbon import CarbonSignals
+    from scheduler.cli import EXIT_OK, EXIT_USAGE, CliError
+    from telemetry.grid.readings import CsvFormatError
+
+    store = _open(args, config, create=True)
+    try:
+        signals = CarbonSignals(store, carbon_config, track_status=False)
+        try:
+            result = signals.import_file(args.file, fmt=args.fmt, zone=args.zone, tz=args.timezone,
+                                         progress=_progress_printer(args.file))
+        except CsvFormatError as e:
+            raise CliError(f"cannot import {e}", EXIT_USAGE) from None
+        except ValueError as e:
+            raise CliError(f"cannot import {args.file}: {e}", EXIT_USAGE) from None
+    finally:
+        store.dispose()
+    if args.json:
+        _print_json({"file": result.path, "format": result.fmt, "zones": result.zones,
+                     "signals": result.signals, "rows_read": result.rows_read,
+                     "rows_stored": result.rows_stored, "duplicates": result.duplicates,
+                     "conflicting_duplicates": result.conflicting_duplicates,
+                     "out_of_order": result.out_of_order, "empty_values": result.missing,
+                     "first": _iso(result.first), "last": _iso(result.last),
+                     "elapsed_s": round(result.elapsed_s, 3), "db": store.url})
+        return EXIT_OK
+    if not result.rows_stored:
+        print(f"{result.path}: no values to import ({result.missing} empty values)")
+        return EXIT_OK
+    notes = []
+    if result.duplicates:
+        notes.append(f"{result.duplicates} repeated timestamps kept the last row"
+                     + (f" ({result.conflicting_duplicates} with different values)"
+                        if result.conflicting_duplicates else ""))
+    if result.out_of_order:
+        notes.append(f"{result.out_of_order} rows out of order (sorted)")
+    if result.missing:
+        notes.append(f"{result.missing} empty values skipped as gaps")
+    print(f"imported {result.rows_stored:,} values for {', '.join(result.zones)} "
+          f"({', '.join(result.signals)} signal, {result.fmt} format) from {_iso(result.first)} "
+          f"to {_iso(result.last)} in {result.elapsed_s:.2f} s")
+    for note in notes:
+        print(f"  note: {note}")
+    return EXIT_OK
+
+
+# -- show ---------------------------------------------------------------------------------
+
+def _point_dict(p) -> dict:
+    return {"at": _iso(p.at), "until": _iso(p.until), "gco2_per_kwh": round(p.gco2_per_kwh, 2),
+            "kind": p.kind, "source": p.source, "issued_at": _iso(p.issued_at)}
+
+
+def _age(seconds: float | None) -> str:
+    from scheduler.timeparse import format_duration
+
+    if seconds is None:
+        return "-"
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.0f} d"
+    return format_duration(seconds)
+
+
+def _show(args, config, carbon_config) -> int:
+    from scheduler.carbon import CarbonSignals
+    from scheduler.cli import EXIT_OK, EXIT_USAGE, CliError
+    from scheduler.timeparse import parse_time
+    from telemetry.grid.static import static_intensity
+
+    now = datetime.now(timezone.utc)
+    try:
+        at = parse_time(args.at, now) if args.at else now
+        as_of = parse_time(args.as_of, now) if args.as_of else now
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    if not 0 < args.hours <= 24 * 14:
+        raise CliError("--hours must be more than 0 and at most 336", EXIT_USAGE)
+    store = _open(args, config, create=False)
+    if store is None:
+        raise CliError("no carbon data yet: the database is empty; import a trace first "
+                       "(carbonsched carbon import FILE)")
+    try:
+        signals = CarbonSignals(store, carbon_config, track_status=False)
+        refresh = None
+        if args.refresh:
+            refresh = signals.refresh(args.zone)
+            for endpoint, error in refresh.errors.items():
+                print(f"carbonsched: warning: {refresh.provider} {endpoint}: {error}", file=sys.stderr)
+        signal = args.signal or signals.signal_of(args.zone)
+        known = signals.zones()
+        if signal is None and static_intensity(args.zone, carbon_config.static) is None \
+                and not any(z["zone"] == args.zone for z in known):
+            names = ", ".join(z["zone"] for z in known) or "none yet"
+            raise CliError(f"no carbon data for zone {args.zone!r} (zones with data: {names})", EXIT_USAGE)
+        fc = signals.forecast(args.zone, at, at + timedelta(hours=args.hours), as_of=as_of, signal=signal)
+        current = signals.intensity(args.zone, at, signal=fc.signal, as_of=as_of)
+        fresh = signals.freshness(args.zone, fc.signal, now=as_of)
+        status = signals.zone_status(args.zone)
+    finally:
+        store.dispose()
+    if current is not None:
+        value = {"gco2_per_kwh": current.gco2_per_kwh, "kind": current.kind, "source": current.source,
+                 "valid_from": current.valid_from, "valid_until": current.valid_until,
+                 "issued_at": current.issued_at, "estimated": current.estimated}
+    else:
+        first = next((p for p in fc.points if p.at <= at < p.until), None)
+        value = {"gco2_per_kwh": first.gco2_per_kwh if first else None, "kind": first.kind if first else None,
+                 "source": first.source if first else None, "valid_from": first.at if first else None,
+                 "valid_until": first.until if first else None,
+                 "issued_at": first.issued_at if first else None, "estimated": None}
+    static = static_intensity(args.zone, carbon_config.static)
+    if args.json:
+        _print_json({
+            "zone": args.zone, "at": _iso(at), "gco2_per_kwh": value["gco2_per_kwh"], "kind": value["kind"],
+            "signal": fc.signal, "source": value["source"], "valid_from": _iso(value["valid_from"]),
+            "valid_until": _iso(value["valid_until"]), "issued_at": _iso(value["issued_at"]),
+            "estimated": value["estimated"], "as_of": _iso(as_of), "hours": args.hours,
+            "forecast": [_point_dict(p) for p in fc.points],
+            "forecast_level": fc.level, "forecast_source": fc.source,
+            "forecast_expected_mape_pct": fc.expected_mape_pct, "forecast_reason": fc.reason,
+            "forecast_method": fc.method,
+            "gaps": [{"start": _iso(a), "end": _iso(b)} for a, b in fc.gaps],
+            "freshness": {
+                "latest_actual_at": _iso(fresh["latest_actual_at"]),
+                "latest_actual_until": _iso(fresh["latest_actual_until"]),
+                "latest_actual_age_s": fresh["latest_actual_age_s"],
+                "latest_actual_source": fresh["latest_actual_source"],
+                "latest_forecast_issued_at": _iso(fresh["latest_forecast_issued_at"]),
+                "forecast_age_s": fresh["forecast_age_s"],
+                "fetches": [{**f, **{k: _iso(f[k]) for k in ("last_attempt_at", "last_success_at",
+                                                             "next_allowed_at")}} for f in fresh["fetches"]],
+            },
+            "status": None if status is None else {**status, "since": _iso(status["since"])},
+            "static": None if static is None else {"gco2_per_kwh": static.gco2_per_kwh, "basis": static.basis},
+            "refresh": None if refresh is None else {"fetched": refresh.fetched, "skipped": refresh.skipped,
+                                                     "errors": refresh.errors},
+        })
+        return EXIT_OK
+    print(_show_text(args, at, as_of, now, value, fc, fresh, status, static))
+    return EXIT_OK
+
+
+def _show_text(args, at, as_of, now, value, fc, fresh, status, static) -> str:
+    from scheduler.output import table
+
+    lines = [f"zone {args.zone} ({fc.signal} signal), at {_local(at)}"
+             + (f", as known at {_local(as_of)}" if abs((as_of - now).total_seconds()) > 60 else "")]
+    if value["gco2_per_kwh"] is None:
+        lines.append("value:    no data (a gap: nothing recorded, forecast or static for this time)")
+    else:
+        kind = value["kind"] + (" (STATIC yearly average, not live data)" if value["kind"] == "static" else "")
+        lines.append(f"value:    {value['gco2_per_kwh']:.1f} gCO2eq/kWh, {kind} from {value['source']}, "
+                     f"{_local(value['valid_from'])} to {_local(value['valid_until'])}"
+                     + (" (estimated by the provider)" if value["estimated"] else ""))
+    if fresh["latest_actual_at"]:
+        lines.append(f"record:   newest actual {_local(fresh['latest_actual_at'])} from "
+                     f"{fresh['latest_actual_source']}, {_age(fresh['latest_actual_age_s'])} old")
+    else:
+        lines.append("record:   no actual values")
+    lines.append("forecast: " + (f"newest provider forecast issued {_local(fresh['latest_forecast_issued_at'])}, "
+                                 f"{_age(fresh['forecast_age_s'])} old"
+                                 if fresh["latest_forecast_issued_at"] else "no provider forecast stored"))
+    for f in fresh["fetches"]:
+        state = (f"failing ({f['failures']}x): {f['last_error']}" if f["failures"]
+                 else f"ok, last success {_local(f['last_success_at'])}")
+        lines.append(f"provider: {f['provider']} {f['endpoint']}: {state}; {f['calls']} calls")
+    quality = f", expected error ~{fc.expected_mape_pct:g}% MAPE" if fc.expected_mape_pct else ""
+    lines.append(f"next {args.hours:g} h from {fc.source} ({fc.level} level{quality})")
+    if fc.level in ("own", "static", "none") and fc.reason:
+        lines.append(f"  downgraded: {fc.reason}")
+    if static is not None and fc.level == "static":
+        lines.append(f"  static value {static.gco2_per_kwh:g} gCO2eq/kWh: {static.basis}")
+    if status is not None:
+        lines.append(f"  daemon status: {status['level']} since {_local(status['since'])}"
+                     + (f" ({status['reason']})" if status["reason"] else ""))
+    rows = [[_local(p.at), f"{p.gco2_per_kwh:.1f}", p.kind, p.source] for p in fc.points]
+    if rows:
+        values = [p.gco2_per_kwh for p in fc.points]
+        lines.append(f"  min {min(values):.1f}, max {max(values):.1f} gCO2eq/kWh")
+        lines.append("")
+        lines.append(table(["FROM", "GCO2/KWH", "KIND", "SOURCE"], rows))
+    lines.append("gaps: " + ("none" if not fc.gaps else
+                             ", ".join(f"{_local(a)} to {_local(b)}" for a, b in fc.gaps)))
+    return "\n".join(lines)
+
+
+# -- zones --------------------------------------------------------------------------------
+
+def _zones(args, config, carbon_config) -> int:
+    from scheduler.carbon import CarbonSignals
+    from scheduler.cli import EXIT_OK
+    from scheduler.output import table
+
+    store = _open(args, config, create=False)
+    zones: list[dict] = []
+    if store is not None:
+        try:
+            zones = CarbonSignals(store, carbon_config, track_status=False).zones()
+        finally:
+            store.dispose()
+    if args.json:
+        out = []
+        for z in zones:
+            out.append({**z, **{k: _iso(z[k]) for k in ("first_actual_at", "last_actual_at",
+                                                          "last_forecast_issued_at")},
+                        "status": None if z["status"] is None else {**z["status"], "since": _iso(z["status"]["since"])}})
+        _print_json(out)
+        return EXIT_OK
+    if not zones:
+        print("no zones: import a trace (carbonsched carbon import FILE) or configure [carbon.zones]")
+        return EXIT_OK
+    rows = []
+    for z in zones:
+        st = z["status"]["level"] if z["status"] else "-"
+        rows.append([z["zone"], ",".join(z["signals"]) or "-", ",".join(z["sources"]) or "-",
+                     f"{z['actual_rows']:,}", _local(z["first_actual_at"]), _local(z["last_actual_at"]),
+                     f"{z['forecast_rows']:,}", z["provider"] or "-",
+                     "-" if z["static_gco2_per_kwh"] is None else f"{z['static_gco2_per_kwh']:g}", st])
+    print(table(["ZONE", "SIGNAL", "SOURCES", "ACTUALS", "FROM", "TO", "FORECASTS", "PROVIDER", "STATIC",
+                 "STATUS"], rows))
+    return EXIT_OK
+
+
+def _is_missing_sqlite(args, config) -> bool:
+    """Whether the database is a SQLite file that does not exist yet (nothing imported)."""
+    from pathlib import Path
+
+    from scheduler.cli import _db_url
+
+    url = _db_url(args, config)
+    if not url.startswith("sqlite:///"):
+        return False
+    path = url[len("sqlite:///"):]
+    return path not in ("", ":memory:") and not Path(path).exists()

@@ -1,0 +1,663 @@
+"""GPU backends: one contract for emulated, NVML and amdsmi, then what each vendor adds.
+
+The vendor backends run for real on fakes of the vendor modules (tests/fakes), installed in
+sys.modules: nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import inspect
+import io
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fakes import fake_pynvml
+from fakes.fake_amdsmi import FakeAmdGpu, FakeAmdSmi
+from fakes.fake_pynvml import FakeNvml, FakeNvmlGpu
+from telemetry.gpu import (
+    EmulatedBackend,
+    EmulatedModel,
+    GpuBackend,
+    GpuDriverError,
+    GpuError,
+    GpuLibraryMissing,
+    GpuLost,
+    GpuNotFound,
+    detect_backend,
+    probe_backends,
+)
+from telemetry.gpu.amd import AmdSmiBackend, cap_watts, power_watts
+from telemetry.gpu.common import translate_vendor_errors
+from telemetry.gpu.nvml import NvmlBackend
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    """A backend plus the hooks the contract needs to drive it like real hardware."""
+
+    backend: GpuBackend
+    clock: Clock
+    fake: object | None = None
+
+    def advance(self, seconds: float) -> None:
+        self.clock.now += seconds
+        if self.fake is not None:
+            self.fake.advance(seconds)
+
+    def load(self, uuid: str, busy: bool) -> None:
+        """A job starts or stops: the emulator hears it, fake hardware draws more power."""
+        self.backend.set_busy(uuid, busy)
+        if self.fake is not None:
+            self._gpu(uuid).power_w = 600.0 if busy else 70.0
+
+    def lose(self, uuid: str) -> None:
+        if self.fake is None:
+            self.backend.lose(uuid)
+        else:
+            self._gpu(uuid).lost = True
+
+    def counter_backwards(self, uuid: str) -> None:
+        if self.fake is None:
+            self.backend.counter_fault(uuid, "backwards")
+        elif isinstance(self.fake, FakeNvml):
+            self._gpu(uuid).energy_mj = 0.0
+        else:
+            self._gpu(uuid).energy_uj = 0.0
+
+    def _gpu(self, uuid: str):
+        return next(g for g in self.fake.gpus if g.uuid == uuid)
+
+
+def nvml_gpus() -> list[FakeNvmlGpu]:
+    return [FakeNvmlGpu(uuid="GPU-aaaa1111-0000-0000-0000-000000000000", pci=(0, 0x1B, 0)),
+            FakeNvmlGpu(uuid="GPU-bbbb2222-0000-0000-0000-000000000000", pci=(0, 0x3B, 0),
+                        name="NVIDIA H200", memory_total_b=141 * 2**30)]
+
+
+def amd_gpus() -> list[FakeAmdGpu]:
+    return [FakeAmdGpu(uuid="11111111-0000-1000-8000-000000000000", hip_id=0),
+            FakeAmdGpu(uuid="22222222-0000-1000-8000-000000000000", hip_id=1,
+                       market_name="AMD Instinct MI325X", vram_b=256 * 2**30, cap_w=1000.0)]
+
+
+@pytest.fixture
+def nvml(monkeypatch) -> FakeNvml:
+    fake = FakeNvml(nvml_gpus())
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    return fake
+
+
+@pytest.fixture
+def amd(monkeypatch) -> FakeAmdSmi:
+    fake = FakeAmdSmi(amd_gpus())
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    return fake
+
+
+@pytest.fixture(params=["emulated", "fake-nvml", "fake-amdsmi"])
+def harness(request, monkeypatch) -> Harness:
+    clock = Clock()
+    if request.param == "emulated":
+        models = [EmulatedModel("MI300X", "amd", 192, 140, 750),
+                  EmulatedModel("H100", "nvidia", 80, 70, 700)]
+        h = Harness(EmulatedBackend(models, node="n1", seed=7, clock=clock), clock)
+    elif request.param == "fake-nvml":
+        fake = FakeNvml(nvml_gpus())
+        monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+        h = Harness(NvmlBackend(env={}, clock=clock), clock, fake)
+    else:
+        fake = FakeAmdSmi(amd_gpus())
+        monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+        h = Harness(AmdSmiBackend(env={}, clock=clock), clock, fake)
+    yield h
+    h.backend.close()
+
+
+def trapezoid_j(readings) -> float:
+    return sum((b.timestamp_s - a.timestamp_s) * (a.power_w + b.power_w) / 2
+               for a, b in zip(readings, readings[1:]))
+
+
+# -- the contract every backend keeps ---------------------------------------------------
+
+
+def test_devices_enumerate_with_index_uuid_model_and_memory(harness):
+    devices = harness.backend.devices()
+    assert len(devices) == 2
+    assert len({d.uuid for d in devices}) == 2 and all(d.uuid for d in devices)
+    for vendor in {d.vendor for d in devices}:
+        assert vendor in ("nvidia", "amd")
+        indices = sorted(d.index for d in devices if d.vendor == vendor)
+        assert indices == list(range(len(indices)))
+    for d in devices:
+        assert d.model and d.name
+        assert d.memory_gib > 10
+        assert d.capabilities is not None and d.capabilities.power
+        assert harness.backend.capabilities(d.uuid) == d.capabilities
+
+
+def test_a_reading_has_sane_power_energy_and_time(harness):
+    for d in harness.backend.devices():
+        first = harness.backend.read(d.uuid)
+        harness.advance(1.0)
+        r = harness.backend.read(d.uuid)
+        assert r.uuid == d.uuid
+        assert 10 < r.power_w < 2 * harness.backend.power_limit(d.uuid).current_w
+        assert r.energy_j is not None and r.energy_j >= 0
+        assert r.timestamp_s == pytest.approx(first.timestamp_s + 1.0)
+        assert not r.energy_reset
+
+
+def test_energy_counter_is_monotonic_while_healthy(harness):
+    uuid = harness.backend.devices()[0].uuid
+    last = harness.backend.read(uuid).energy_j
+    for step in range(50):
+        if step in (10, 30):
+            harness.load(uuid, busy=step == 10)
+        harness.advance(0.1)
+        r = harness.backend.read(uuid)
+        assert r.energy_j >= last and not r.energy_reset
+        last = r.energy_j
+
+
+def test_energy_counter_matches_integrated_power_within_2_percent(harness):
+    """60 s at 10 Hz with a job in the middle: counter delta vs trapezoid of power_w."""
+    uuid = harness.backend.devices()[-1].uuid
+    readings = [harness.backend.read(uuid)]
+    for step in range(600):
+        if step in (100, 500):
+            harness.load(uuid, busy=step == 100)
+        harness.advance(0.1)
+        readings.append(harness.backend.read(uuid))
+    counter_j = readings[-1].energy_j - readings[0].energy_j
+    assert counter_j > 10_000  # the job really drew power
+    assert trapezoid_j(readings) == pytest.approx(counter_j, rel=0.02)
+
+
+def test_unknown_uuid_raises_our_not_found(harness):
+    with pytest.raises(GpuNotFound):
+        harness.backend.read("GPU-does-not-exist")
+    with pytest.raises(GpuNotFound):
+        harness.backend.capabilities("GPU-does-not-exist")
+
+
+def test_a_lost_gpu_raises_gpu_lost_and_leaves_the_inventory(harness):
+    lost, healthy = [d.uuid for d in harness.backend.devices()]
+    harness.backend.read(lost)
+    harness.lose(lost)
+    with pytest.raises(GpuLost):
+        harness.backend.read(lost)
+    with pytest.raises(GpuLost):
+        harness.backend.check(lost)
+    assert [d.uuid for d in harness.backend.devices()] == [healthy]
+    harness.advance(1.0)
+    assert harness.backend.read(healthy).power_w > 0
+
+
+def test_a_counter_that_goes_backwards_is_flagged_not_hidden(harness, caplog):
+    uuid = harness.backend.devices()[0].uuid
+    harness.advance(10.0)
+    before = harness.backend.read(uuid)
+    harness.counter_backwards(uuid)
+    harness.advance(1.0)
+    with caplog.at_level(logging.WARNING):
+        after = harness.backend.read(uuid)
+    assert after.energy_j < before.energy_j and after.energy_reset
+    assert "went backwards" in caplog.text
+    harness.advance(1.0)
+    assert not harness.backend.read(uuid).energy_reset
+
+
+def test_close_is_idempotent_and_reads_after_close_are_our_error(harness):
+    uuid = harness.backend.devices()[0].uuid
+    harness.backend.close()
+    harness.backend.close()
+    with pytest.raises(GpuError):
+        harness.backend.read(uuid)
+
+
+def test_vendor_errors_are_translated_by_the_decorator_with_the_cause_kept():
+    class VendorError(Exception):
+        pass
+
+    class Backend:
+        _vendor_errors = (VendorError,)
+
+        def _translate(self, e, call):
+            return GpuLost(f"{call}: {e}")
+
+        @translate_vendor_errors
+        def read(self, exc):
+            raise exc
+
+    with pytest.raises(GpuLost, match="read: fell off") as e:
+        Backend().read(VendorError("fell off"))
+    assert isinstance(e.value.__cause__, VendorError)
+    with pytest.raises(GpuNotFound):  # our own errors pass through untouched
+        Backend().read(GpuNotFound("x"))
+    with pytest.raises(KeyError):  # and so do programming errors
+        Backend().read(KeyError("bug"))
+
+
+def test_importing_the_package_touches_no_vendor_library():
+    code = "import sys, telemetry.gpu; print(sorted({'pynvml', 'amdsmi'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# -- NVML -------------------------------------------------------------------------------
+
+
+def test_nvml_missing_python_package_is_library_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(GpuLibraryMissing):
+        NvmlBackend(env={})
+
+
+def test_nvml_missing_shared_library_is_library_missing(monkeypatch):
+    fake = FakeNvml([], init_error=fake_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    with pytest.raises(GpuLibraryMissing):
+        NvmlBackend(env={})
+
+
+def test_nvml_driver_not_loaded_is_a_driver_error(monkeypatch):
+    fake = FakeNvml(nvml_gpus(), init_error=fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    with pytest.raises(GpuDriverError) as e:
+        NvmlBackend(env={})
+    assert isinstance(e.value.__cause__, fake_pynvml.NVMLError)
+
+
+def test_nvml_converts_milliwatts_and_millijoules(nvml):
+    nvml.gpus[0].power_w, nvml.gpus[0].instant_w, nvml.gpus[0].energy_mj = 312.5, 401.0, 7_654_321
+    b = NvmlBackend(env={})
+    r = b.read(nvml.gpus[0].uuid)
+    assert (r.power_w, r.instant_power_w, r.energy_j) == (312.5, 401.0, 7654.321)
+    limit = b.power_limit(nvml.gpus[0].uuid)
+    assert (limit.current_w, limit.min_w, limit.max_w, limit.default_w) == (700, 200, 700, 700)
+
+
+def test_nvml_numbers_gpus_in_pci_bus_order_whatever_nvml_order(monkeypatch):
+    gpus = [FakeNvmlGpu(uuid="GPU-c", pci=(0, 0xC1, 0)), FakeNvmlGpu(uuid="GPU-a", pci=(0, 0x1B, 0)),
+            FakeNvmlGpu(uuid="GPU-b", pci=(0, 0x3B, 0))]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus).module)
+    devices = NvmlBackend(env={}).devices()
+    assert [(d.index, d.uuid) for d in devices] == [(0, "GPU-a"), (1, "GPU-b"), (2, "GPU-c")]
+    assert devices[0].pci_bus_id == "00000000:1B:00.0"
+
+
+@pytest.mark.parametrize("visible, expected", [
+    ("2,0", [(2, "GPU-c"), (0, "GPU-a")]),           # indices count in PCI order, kept physical
+    ("GPU-b", [(1, "GPU-b")]),                        # a UUID (a unique prefix is enough)
+    ("1,7,0", [(1, "GPU-b")]),                        # like CUDA: stop at the first bad entry
+    ("", []),                                         # empty hides every GPU
+])
+def test_nvml_respects_cuda_visible_devices_in_the_agents_environment(monkeypatch, visible, expected):
+    gpus = [FakeNvmlGpu(uuid="GPU-a", pci=(0, 1, 0)), FakeNvmlGpu(uuid="GPU-b", pci=(0, 2, 0)),
+            FakeNvmlGpu(uuid="GPU-c", pci=(0, 3, 0))]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus).module)
+    env = {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert [(d.index, d.uuid) for d in NvmlBackend(env=env).devices()] == expected
+
+
+def test_nvml_power_kind_follows_the_architecture(monkeypatch):
+    gpus = [FakeNvmlGpu(uuid="GPU-h", name="NVIDIA H100 80GB HBM3", arch=9, pci=(0, 1, 0)),
+            FakeNvmlGpu(uuid="GPU-a", name="NVIDIA A100-SXM4-80GB", arch=7, pci=(0, 2, 0)),
+            FakeNvmlGpu(uuid="GPU-v", name="Tesla V100-SXM2-32GB", arch=5, pci=(0, 3, 0))]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus).module)
+    kinds = {d.uuid: d.capabilities.power_kind for d in NvmlBackend(env={}).devices()}
+    # nvmlDeviceGetPowerUsage: 1 s average on Ampere and later except GA100 (A100), else instant.
+    assert kinds == {"GPU-h": "average_1s", "GPU-a": "instant", "GPU-v": "instant"}
+
+
+def test_nvml_unsupported_queries_are_probed_once_and_recorded(monkeypatch):
+    old = FakeNvmlGpu(uuid="GPU-old", unsupported={"instant", "nvmlDeviceGetTotalEnergyConsumption",
+                                                   "nvmlDeviceGetUtilizationRates"})
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([old]).module)
+    b = NvmlBackend(env={})
+    caps = b.capabilities("GPU-old")
+    assert caps.power and not caps.instant_power and not caps.energy_counter and not caps.utilization
+    assert any("energy counter" in n for n in caps.notes)
+    probes = old.calls
+    r = b.read("GPU-old")
+    assert r.power_w == 70.0 and r.energy_j is None and r.instant_power_w is None
+    assert r.utilization_pct is None
+    assert old.calls - probes == 1  # only the power query is made per read
+
+
+def test_nvml_without_power_usage_falls_back_to_instant_power(monkeypatch):
+    g = FakeNvmlGpu(uuid="GPU-x", instant_w=250.0, unsupported={"nvmlDeviceGetPowerUsage"})
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([g]).module)
+    assert NvmlBackend(env={}).read("GPU-x").power_w == 250.0
+
+
+def test_nvml_gpu_lost_mid_run_stops_further_vendor_calls(nvml):
+    b = NvmlBackend(env={})
+    uuid = nvml.gpus[0].uuid
+    b.read(uuid)
+    nvml.gpus[0].lost = True
+    with pytest.raises(GpuLost) as e:
+        b.read(uuid)
+    assert isinstance(e.value.__cause__, fake_pynvml.NVMLError)
+    calls = nvml.gpus[0].calls
+    with pytest.raises(GpuLost):
+        b.read(uuid)
+    assert nvml.gpus[0].calls == calls
+
+
+def test_nvml_old_bindings_returning_bytes_are_decoded(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(nvml_gpus(), bytes_strings=True).module)
+    d = NvmlBackend(env={}).devices()[0]
+    assert d.uuid.startswith("GPU-") and d.name == "NVIDIA H100 80GB HBM3"
+
+
+def test_nvml_power_limit_is_read_fresh(nvml):
+    b = NvmlBackend(env={})
+    nvml.gpus[0].limit_mw = 450_000
+    assert b.power_limit(nvml.gpus[0].uuid).current_w == 450.0
+
+
+def test_nvml_close_shuts_nvml_down_once(nvml):
+    b = NvmlBackend(env={})
+    b.close()
+    b.close()
+    assert nvml.shutdowns == 1 and nvml.initialized == 0
+
+
+def test_fake_pynvml_matches_the_real_bindings():
+    """The fake only uses names that nvidia-ml-py has, with its constants and arities."""
+    real = pytest.importorskip("pynvml")
+    for name, value in fake_pynvml.CONSTANTS.items():
+        assert getattr(real, name) == value, name
+    for name in fake_pynvml.FUNCTIONS:
+        fake_params = inspect.signature(getattr(FakeNvml([]).module, name)).parameters
+        real_params = inspect.signature(getattr(real, name)).parameters
+        assert list(fake_params) == list(real_params), name
+
+
+# -- amdsmi ---------------------------------------------------------------------------
+
+
+def test_amdsmi_missing_python_package_is_library_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "amdsmi", None)
+    with pytest.raises(GpuLibraryMissing):
+        AmdSmiBackend(env={})
+
+
+def test_amdsmi_without_its_shared_library_is_library_missing_and_quiet(monkeypatch, tmp_path, capsys):
+    """The PyPI package raises KeyError and prints to stdout when libamd_smi.so is missing."""
+    pkg = tmp_path / "amdsmi"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "print('Unable to find amdsmi library try installing amd-smi-lib')\n"
+        "import os\nos.environ['CARBONSCHED_TEST_NO_SUCH_ROCM_PATH']\n")
+    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(GpuLibraryMissing) as e:
+        AmdSmiBackend(env={})
+    assert isinstance(e.value.__cause__, KeyError)
+    assert capsys.readouterr().out == ""
+
+
+def test_amdsmi_driver_not_loaded_is_a_driver_error(monkeypatch):
+    fake = FakeAmdSmi(amd_gpus(), init_error="AMDSMI_STATUS_DRIVER_NOT_LOADED")
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    with pytest.raises(GpuDriverError):
+        AmdSmiBackend(env={})
+
+
+def test_amdsmi_initialises_for_gpus_only(amd):
+    AmdSmiBackend(env={})
+    assert amd.init_flags == [amd.module.AmdSmiInitFlags.INIT_AMD_GPUS]
+
+
+@pytest.mark.parametrize("generation, kind, instant", [
+    ("mi300", "instant", True),    # current_socket_power; average_socket_power is N/A
+    ("mi200", "average", False),   # average_socket_power; current_socket_power is N/A
+    ("rocm7", "instant", True),    # socket_power only
+])
+def test_amdsmi_reads_whichever_power_field_the_chip_has(monkeypatch, generation, kind, instant):
+    g = FakeAmdGpu(generation=generation, power_w=512.0)
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    b = AmdSmiBackend(env={})
+    caps = b.capabilities(g.uuid)
+    assert (caps.power_kind, caps.instant_power) == (kind, instant)
+    r = b.read(g.uuid)
+    assert r.power_w == 512.0 and (r.instant_power_w == 512.0) == instant
+
+
+def test_amdsmi_microwatt_power_is_detected_by_magnitude(monkeypatch):
+    g = FakeAmdGpu(power_unit="uW", power_w=655.0, cap_w=750.0)
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    b = AmdSmiBackend(env={})
+    assert b.read(g.uuid).power_w == pytest.approx(655.0)
+    assert b.power_limit(g.uuid).current_w == pytest.approx(750.0)
+
+
+def test_power_unit_rule_separates_watts_from_microwatts():
+    assert power_watts(1400, cap_w=1400.0) == 1400  # an MI355X at its cap, in watts
+    assert power_watts(90_000_000, cap_w=750.0) == pytest.approx(90.0)  # idle, in microwatts
+    assert power_watts(5_000, cap_w=None) == 5_000
+    assert power_watts(250_000_000, cap_w=None) == pytest.approx(250.0)
+    assert power_watts("N/A", cap_w=750.0) is None
+    assert cap_watts(750_000_000) == pytest.approx(750.0) and cap_watts(750) == 750.0
+    assert cap_watts("N/A") is None and cap_watts(0) is None
+
+
+@pytest.mark.parametrize("key", ["energy_accumulator", "power"])
+def test_amdsmi_energy_is_ticks_times_resolution_under_either_key(monkeypatch, key):
+    g = FakeAmdGpu(energy_key=key, counter_resolution_uj=15.259, energy_uj=15.259 * 1_000_000)
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    assert AmdSmiBackend(env={}).read(g.uuid).energy_j == pytest.approx(15.259)
+
+
+def test_amdsmi_index_is_the_rocm_enumeration_order(monkeypatch):
+    gpus = [FakeAmdGpu(uuid="u-b", hip_id=1), FakeAmdGpu(uuid="u-a", hip_id=0)]
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(gpus).module)
+    assert [(d.index, d.uuid) for d in AmdSmiBackend(env={}).devices()] == [(0, "u-a"), (1, "u-b")]
+
+
+def test_amdsmi_without_enumeration_info_orders_by_kfd_node(monkeypatch):
+    gpus = [FakeAmdGpu(uuid="u-b", hip_id=None, kfd_node_id=9),
+            FakeAmdGpu(uuid="u-a", hip_id=None, kfd_node_id=2)]
+    fake = FakeAmdSmi(gpus, enumeration_info=False)
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    assert [(d.index, d.uuid) for d in AmdSmiBackend(env={}).devices()] == [(0, "u-a"), (1, "u-b")]
+
+
+def test_amdsmi_respects_rocr_then_hip_visible_devices(monkeypatch):
+    gpus = [FakeAmdGpu(uuid=f"u-{i}", hip_id=i) for i in range(4)]
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(gpus).module)
+    env = {"ROCR_VISIBLE_DEVICES": "1,2,3", "HIP_VISIBLE_DEVICES": "2,0"}
+    assert [(d.index, d.uuid) for d in AmdSmiBackend(env=env).devices()] == [(3, "u-3"), (1, "u-1")]
+
+
+def test_amdsmi_one_failed_read_is_retried_before_declaring_the_gpu_lost(amd):
+    b = AmdSmiBackend(env={})
+    g = amd.gpus[0]
+    g.lost, g.lost_failures = True, 1  # one sysfs hiccup
+    assert b.read(g.uuid).power_w == 140.0
+    assert g.uuid in {d.uuid for d in b.devices()}
+    g.lost, g.lost_failures = True, None  # the card is gone
+    with pytest.raises(GpuLost):
+        b.read(g.uuid)
+    assert g.uuid not in {d.uuid for d in b.devices()}
+
+
+def test_amdsmi_unsupported_energy_counter_is_recorded(monkeypatch):
+    g = FakeAmdGpu(unsupported={"amdsmi_get_energy_count"})
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    b = AmdSmiBackend(env={})
+    assert not b.capabilities(g.uuid).energy_counter
+    assert b.read(g.uuid).energy_j is None
+
+
+def test_amdsmi_unexpected_status_is_our_generic_error(amd):
+    b = AmdSmiBackend(env={})
+    amd.gpus[0].lost, amd.gpus[0].lost_status = True, "AMDSMI_STATUS_TIMEOUT"
+    with pytest.raises(GpuError) as e:
+        b.read(amd.gpus[0].uuid)
+    assert type(e.value) is GpuError
+    assert isinstance(e.value.__cause__, amd.module.AmdSmiLibraryException)
+
+
+def test_the_amd_module_is_not_named_like_the_vendor_package():
+    assert not (REPO / "telemetry" / "gpu" / "amdsmi.py").exists()
+
+
+# -- emulated ------------------------------------------------------------------------
+
+
+def emulated(clock: Clock, seed: int = 1) -> EmulatedBackend:
+    return EmulatedBackend([EmulatedModel("MI300X", "amd", 192, 140, 750)], seed=seed, clock=clock)
+
+
+def test_emulated_counter_equals_the_trapezoid_of_the_power_it_reports():
+    clock = Clock()
+    b = emulated(clock)
+    uuid = b.devices()[0].uuid
+    readings = [b.read(uuid)]
+    for i in range(200):
+        if i % 50 == 10:
+            b.set_busy(uuid, i % 100 == 10)
+        clock.now += 0.05 + (i % 7) * 0.03
+        readings.append(b.read(uuid))
+    counter = readings[-1].energy_j - readings[0].energy_j
+    assert counter == pytest.approx(trapezoid_j(readings), rel=1e-9)
+
+
+def test_emulated_busy_power_is_70_to_95_percent_of_tdp():
+    clock = Clock()
+    b = emulated(clock, seed=3)
+    uuid = b.devices()[0].uuid
+    assert 140 * 0.9 <= b.read(uuid).power_w <= 140 * 1.02
+    b.set_busy(uuid, True)
+    clock.now += 1
+    r = b.read(uuid)
+    assert 0.98 * (140 + 0.70 * 610) <= r.power_w <= 1.02 * (140 + 0.95 * 610)
+    assert 70 <= r.utilization_pct <= 95
+
+
+def test_emulated_stuck_counter_stops_while_power_flows_and_heals():
+    clock = Clock()
+    b = emulated(clock)
+    uuid = b.devices()[0].uuid
+    clock.now += 1
+    stuck_at = b.read(uuid).energy_j
+    b.counter_fault(uuid, "stuck")
+    for _ in range(3):
+        clock.now += 1
+        r = b.read(uuid)
+        assert r.energy_j == stuck_at and r.power_w > 100
+    assert b.true_energy_j(uuid) > stuck_at + 300
+    b.counter_fault(uuid, None)
+    clock.now += 1
+    assert b.read(uuid).energy_j > stuck_at
+
+
+def test_emulated_rejects_unknown_faults():
+    b = emulated(Clock())
+    with pytest.raises(ValueError):
+        b.counter_fault(b.devices()[0].uuid, "sideways")
+
+
+def test_emulated_numbers_each_vendor_from_zero():
+    models = [EmulatedModel("MI300X", "amd", 192, 140, 750), EmulatedModel("H100", "nvidia", 80, 70, 700),
+              EmulatedModel("MI300X", "amd", 192, 140, 750)]
+    devices = EmulatedBackend(models, seed=1).devices()
+    assert [(d.vendor, d.index) for d in devices] == [("amd", 0), ("nvidia", 0), ("amd", 1)]
+
+
+# -- detection ----------------------------------------------------------------------
+
+
+def test_detect_tries_nvml_then_amd(monkeypatch, amd, caplog):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with caplog.at_level(logging.INFO):
+        backend = detect_backend()
+    assert isinstance(backend, AmdSmiBackend)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_detect_prefers_nvml_when_it_sees_gpus(nvml, amd):
+    assert isinstance(detect_backend(), NvmlBackend)
+    assert not amd.init_flags  # amdsmi was never touched
+
+
+def test_detect_returns_none_quietly_when_no_library_is_installed(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setitem(sys.modules, "amdsmi", None)
+    with caplog.at_level(logging.INFO):
+        assert detect_backend() is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_detect_skips_a_library_that_sees_no_gpu(monkeypatch, amd):
+    empty = FakeNvml([])
+    monkeypatch.setitem(sys.modules, "pynvml", empty.module)
+    assert isinstance(detect_backend(), AmdSmiBackend)
+    assert empty.shutdowns == 1
+
+
+def test_detect_reports_a_broken_driver_loudly(monkeypatch, caplog):
+    broken = FakeNvml(nvml_gpus(), init_error=fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    monkeypatch.setitem(sys.modules, "pynvml", broken.module)
+    monkeypatch.setitem(sys.modules, "amdsmi", None)
+    with caplog.at_level(logging.INFO):
+        backend, problems = probe_backends()
+    assert backend is None
+    assert [(name, type(e)) for name, e in problems] == [("nvml", GpuDriverError)]
+    assert any(r.levelno == logging.ERROR and "broken" in r.getMessage() for r in caplog.records)
+
+
+# -- scripts/gpu-check --------------------------------------------------------------
+
+
+def load_gpu_check():
+    path = REPO / "scripts" / "gpu-check"
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(path))
+    spec = importlib.util.spec_from_loader("gpu_check", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_without_a_gpu_exits_2_with_one_line():
+    env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu-check")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "no" in done.stderr.lower()
+
+
+def test_gpu_check_reports_cost_overhead_and_agreement():
+    check = load_gpu_check()
+    backend = EmulatedBackend([EmulatedModel("H100", "nvidia", 80, 70, 700)], seed=5)
+    out = io.StringIO()
+    code = check.run_check(backend, seconds=0.4, hz=50, use_load=False, out=out)
+    text = out.getvalue()
+    assert code == 0
+    assert "median" in text and "p99" in text and "% of one core" in text
+    assert "counter vs integrated power" in text

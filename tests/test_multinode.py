@@ -1,0 +1,100 @@
+"""A head-node daemon and a separate `carbonsched agent` process sharing only the store:
+the agent registers its emulated GPUs, runs the jobs planned for them, and its live power
+shows in `carbonsched nodes` and on its Prometheus endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import make_pg_database, require_pg
+from daemon_harness import REPO, DaemonProcess, world_dir
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def head_and_agent(request):
+    root = world_dir("cs-multi-")
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{root / 'state' / 'carbonsched.db'}"
+    else:
+        require_pg()
+        url, drop = make_pg_database()
+    head = DaemonProcess(root, url, emulate=None, local_agent=False)
+    head.start()
+    port = free_port()
+    agent_log = open(root / "agent.log", "w")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "scheduler", "--config", str(head.config), "agent", "--db", url,
+         "--node", "gpu-node-1", "--zone", "DE", "--state-dir", str(root / "agent-state"),
+         "--emulate", "8xMI300X", "--sample-hz", "5", "--dispatch-interval", "0.2s",
+         "--metrics-port", str(port)],
+        stdout=agent_log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        yield head, agent, port, root
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        agent_log.close()
+        head.cleanup()
+        if drop:
+            drop()
+
+
+def test_agent_runs_jobs_and_reports_live_power(head_and_agent):
+    head, agent, port, root = head_and_agent
+    deadline = time.monotonic() + 30
+    nodes = []
+    while time.monotonic() < deadline:
+        nodes = json.loads(head.cli("nodes", "--json").stdout or "[]")
+        if nodes and all(g["power_w"] for g in nodes[0]["gpus"]):
+            break
+        time.sleep(0.2)
+    assert [n["name"] for n in nodes] == ["gpu-node-1"], (root / "agent.log").read_text()
+    node = nodes[0]
+    assert node["zone"] == "DE" and node["up"] and node["emulated"]
+    assert len(node["gpus"]) == 8
+    assert {g["model"] for g in node["gpus"]} == {"MI300X"}
+    idle = [g["power_w"] for g in node["gpus"]]
+    assert all(120 < p < 170 for p in idle), idle  # an idle MI300X draws ~140 W
+
+    r = head.cli("submit", "--json", "--gpus", "4", "--est-runtime", "10s", "--", "sh", "-c",
+                 'echo "$ROCR_VISIBLE_DEVICES"; sleep 4')
+    job = json.loads(r.stdout)["id"]
+    head.wait_states([job], states={"RUNNING"}, timeout_s=30)
+    time.sleep(2.5)  # a heartbeat or two
+    node = json.loads(head.cli("nodes", "--json").stdout)[0]
+    busy = [g for g in node["gpus"] if g["job"] == job]
+    assert len(busy) == 4
+    assert all(g["power_w"] > 500 for g in busy), busy  # 70-95% of a 750 W TDP
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    lines = [ln for ln in metrics.splitlines() if ln.startswith("carbonsched_gpu_power_watts{")]
+    assert len(lines) == 8
+    assert sum(float(ln.rsplit(" ", 1)[1]) > 500 for ln in lines) == 4
+
+    jobs = head.wait_states([job], timeout_s=30)
+    assert jobs[job]["state"] == "COMPLETED"
+    assert jobs[job]["node"] == "gpu-node-1"
+    assert jobs[job]["energy_j"] > 4 * 500 * 3.5
+    # The job's log lives on the agent's node, not the head node.
+    log = root / "agent-state" / "logs" / f"{job}.out"
+    assert log.read_text().strip() == ",".join(map(str, sorted(jobs[job]["gpus"])))
