@@ -59,6 +59,7 @@ class Agent:
         self._tick_lock = threading.Lock()
         self._uuid_of: dict[int, str] = {}
         self._gpu_of: dict[str, int] = {}
+        self.devices = []
         self.samples = SampleStore(store)
         self.sampler = Sampler(backend, hz=config.sample_hz, on_lost=self._on_gpu_lost)
         self._lost_pending: dict[str, str] = {}
@@ -72,6 +73,7 @@ class Agent:
     def register(self) -> None:
         """Upsert this node and its GPUs; GPUs that disappeared are marked unhealthy."""
         devices = self.backend.devices()
+        self.devices = devices
         now = self._clock()
 
         def tx(conn: Connection) -> None:

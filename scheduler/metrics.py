@@ -49,7 +49,7 @@ class GpuCollector:
         node = self.agent.config.node
         latest = self.agent.sampler.latest()
         lost = self.agent.sampler.lost()
-        for d in self.agent.backend.devices():
+        for d in self.agent.devices:  # as registered: a lost GPU stays visible, unhealthy
             lv = [node, f"{d.vendor}:{d.index}", d.uuid, d.model]
             healthy.add_metric(lv, 0.0 if d.uuid in lost else 1.0)
             r = latest.get(d.uuid)

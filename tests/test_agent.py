@@ -128,3 +128,36 @@ def test_an_agent_that_comes_back_stops_processes_of_jobs_it_no_longer_owns(clus
         to_states = [r.to_state for r in conn.execute(
             select(job_events.c.to_state).where(job_events.c.job_id == job))]
     assert to_states[-1] == "LOST" and to_states.count("LOST") == 1
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_gpu_lost_mid_run_is_taken_out_of_service_and_its_job_failed_or_requeued(cluster, store, retries):
+    agent, service, planner = cluster
+    agent.start_sampling()
+    job = service.submit(ROOT, {"argv": ["sleep", "30"], "gpus": 1, "max_retries": retries})["id"]
+    run_until(agent, planner, store, job, {"RUNNING"})
+    first = job_row(store, job)
+    lost_uuid = agent._uuid_of[first.gpu_ids[0]]
+    agent.backend.lose(lost_uuid)
+
+    if retries:
+        # Re-queued and started again on the GPU that is still healthy.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            run_until(agent, planner, store, job, {"RUNNING", "PENDING", "PLANNED"})
+            again = job_row(store, job)
+            if again.state == "RUNNING" and again.attempts == 2:
+                break
+            time.sleep(0.1)
+        assert again.state == "RUNNING" and again.gpu_ids != first.gpu_ids
+    else:
+        assert run_until(agent, planner, store, job, {"FAILED", "LOST"}) == "FAILED"
+        assert "lost" in job_row(store, job).reason
+    nodes_view = service.nodes(ROOT)[0]["gpus"]
+    lost = next(g for g in nodes_view if g["uuid"] == lost_uuid)
+    assert lost["healthy"] is False and "lost" in lost["unhealthy_reason"]
+    # The planner no longer offers the lost GPU to anyone.
+    other = service.submit(ROOT, {"argv": ["true"], "gpus": 1})["id"]
+    _, plan = planner.preview()
+    assigned = plan.by_job().get(other)
+    assert assigned is None or first.gpu_ids[0] not in assigned.gpu_ids
