@@ -1,3 +1,4 @@
 from scheduler.cli import main
 
-main()
+if __name__ == "__main__":  # guarded: the planner's spawned process re-imports this module
+    main()

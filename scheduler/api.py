@@ -19,6 +19,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import orjson
+
 from scheduler.service import Caller, JobService, RequestError
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         try:
+            if self.server.stopping:
+                self.close_connection = True
+                raise RequestError(503, "the daemon is shutting down; retry in a moment")
             caller = peer_credentials(self.connection)
             body = self._read_body() if method in ("POST", "DELETE") else None
             url = urlsplit(self.path)
@@ -61,7 +66,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:
             log.exception("API request %s %s failed", method, self.path)
             status, payload = 500, {"error": "internal error in the daemon; see its log"}
-        data = json.dumps(payload, separators=(",", ":")).encode()
+        data = orjson.dumps(payload)  # C-fast: a 10,000-job listing is ~7 MB of JSON
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -107,6 +112,7 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         # Anyone may connect; who they are comes from SO_PEERCRED, not from the file mode.
         os.chmod(self.path, 0o666)
         self._thread: threading.Thread | None = None
+        self.stopping = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},
@@ -115,6 +121,7 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         log.info("API listening on %s", self.path)
 
     def stop(self) -> None:
+        self.stopping = True  # kept-alive connections get 503 and are closed from now on
         self.shutdown()
         self.server_close()
         try:

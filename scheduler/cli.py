@@ -15,6 +15,8 @@ import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
+from scheduler import cli_carbon
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_FORBIDDEN, EXIT_CONFLICT = range(7)
 
 
@@ -151,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--db", help=_env_help("database URL", "CARBONSCHED_DB"))
     db.add_argument("--state-dir", help=_env_help("state directory (for the default SQLite URL)",
                                                   "CARBONSCHED_STATE_DIR"))
+    cli_carbon.add_parser(sub)
     return p
 
 
@@ -265,6 +268,7 @@ def cmd_daemon(args, config) -> int:
             node_lost_after_s=parse_duration(str(config.get("node_lost_after", "5m"))),
             sample_retention_s=parse_duration(str(config.get("sample_retention", "1h"))),
             node_static_w=float(config.get("node_static_w", 0.0)),
+            carbon=dict(config.get("carbon", {})),
         )
         node = setting(args, config, "node", "CARBONSCHED_NODE")
         if node:
@@ -321,10 +325,11 @@ def cmd_submit(args, config) -> int:
 
 def cmd_queue(args, config) -> int:
     states = [s.upper() for v in (args.state or []) for s in v.split(",")]
-    jobs = _client(args, config).jobs(include_done=args.all, states=states or None)
-    if args.json:
-        _print_json(jobs)
+    client = _client(args, config)
+    if args.json:  # the daemon's JSON as is: no decode and re-encode of thousands of jobs
+        sys.stdout.buffer.write(client.jobs_raw(include_done=args.all, states=states or None) + b"\n")
         return EXIT_OK
+    jobs = client.jobs(include_done=args.all, states=states or None)
     from scheduler import output
 
     print(output.jobs_table(jobs))
@@ -435,7 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     except ApiError as e:
         print(f"carbonsched: {e.message}", file=sys.stderr)
         code = {400: EXIT_USAGE, 403: EXIT_FORBIDDEN, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT,
-                411: EXIT_USAGE, 413: EXIT_USAGE, 422: EXIT_USAGE}.get(e.status, EXIT_ERROR)
+                411: EXIT_USAGE, 413: EXIT_USAGE, 422: EXIT_USAGE,
+                503: EXIT_UNREACHABLE}.get(e.status, EXIT_ERROR)
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:

@@ -372,9 +372,10 @@ def _zones(args, config, carbon_config) -> int:
     if args.json:
         out = []
         for z in zones:
+            status = z["status"]
             out.append({**z, **{k: _iso(z[k]) for k in ("first_actual_at", "last_actual_at",
                                                           "last_forecast_issued_at")},
-                        "status": None if z["status"] is None else {**z["status"], "since": _iso(z["status"]["since"])}})
+                        "status": None if status is None else {**status, "since": _iso(status["since"])}})
         _print_json(out)
         return EXIT_OK
     if not zones:

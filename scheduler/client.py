@@ -73,6 +73,29 @@ class Client:
             self._conn = None
 
     def request(self, method: str, path: str, body: object = None, query: dict | None = None):
+        """Call the API; the decoded JSON reply, or ApiError / DaemonUnreachable."""
+        status, raw = self._call(method, path, body, query)
+        try:
+            payload = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            raise ApiError(status, f"daemon sent a non-JSON reply (HTTP {status})") from None
+        if status >= 400:
+            msg = payload.get("error") if isinstance(payload, dict) else None
+            raise ApiError(status, msg or f"HTTP {status}")
+        return payload
+
+    def request_raw(self, method: str, path: str, query: dict | None = None) -> bytes:
+        """Call the API and return the reply's JSON bytes undecoded (for `--json` output)."""
+        status, raw = self._call(method, path, None, query)
+        if status >= 400:
+            try:
+                msg = json.loads(raw).get("error")
+            except (json.JSONDecodeError, AttributeError):
+                msg = None
+            raise ApiError(status, msg or f"HTTP {status}")
+        return raw
+
+    def _call(self, method: str, path: str, body: object, query: dict | None) -> tuple[int, bytes]:
         url = "/v1" + path + (("?" + urlencode(query, doseq=True)) if query else "")
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
@@ -96,14 +119,7 @@ class Client:
                 self.close()  # a kept-alive connection the daemon closed: retry once, fresh
                 if attempt == 2:
                     raise DaemonUnreachable(f"the daemon at {self.socket_path} closed the connection") from None
-        try:
-            payload = json.loads(raw) if raw else None
-        except json.JSONDecodeError:
-            raise ApiError(resp.status, f"daemon sent a non-JSON reply (HTTP {resp.status})") from None
-        if resp.status >= 400:
-            msg = payload.get("error") if isinstance(payload, dict) else None
-            raise ApiError(resp.status, msg or f"HTTP {resp.status}")
-        return payload
+        return resp.status, raw
 
     # Convenience wrappers used by the CLI and tests.
 
@@ -111,12 +127,10 @@ class Client:
         return self.request("POST", "/jobs", fields)
 
     def jobs(self, *, include_done: bool = False, states: list[str] | None = None) -> list[dict]:
-        q: dict = {}
-        if include_done:
-            q["all"] = "1"
-        if states:
-            q["state"] = ",".join(states)
-        return self.request("GET", "/jobs", query=q or None)
+        return self.request("GET", "/jobs", query=_jobs_query(include_done, states))
+
+    def jobs_raw(self, *, include_done: bool = False, states: list[str] | None = None) -> bytes:
+        return self.request_raw("GET", "/jobs", query=_jobs_query(include_done, states))
 
     def job(self, job_id: int) -> dict:
         return self.request("GET", f"/jobs/{job_id}")
@@ -135,3 +149,12 @@ class Client:
 
     def plan(self) -> list[dict]:
         return self.request("GET", "/plan")
+
+
+def _jobs_query(include_done: bool, states: list[str] | None) -> dict | None:
+    q: dict = {}
+    if include_done:
+        q["all"] = "1"
+    if states:
+        q["state"] = ",".join(states)
+    return q or None

@@ -20,8 +20,10 @@ from policies import get_policy
 from policies.catalog import parse_fleet
 from scheduler.agent import Agent, AgentConfig, default_node_name
 from scheduler.api import ApiServer
+from scheduler.carbon import CarbonConfig, CarbonSignals
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.planner import Planner
+from scheduler.planner_process import PlannerProcess, PlannerSpec
 from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.store import SchemaError, Store
@@ -55,6 +57,8 @@ class DaemonConfig:
     node_lost_after_s: float = DEFAULT_NODE_LOST_AFTER_S
     sample_retention_s: float = DEFAULT_RETENTION_S
     node_static_w: float = 0.0
+    carbon: dict = field(default_factory=dict)  # the config file's [carbon] table
+    carbon_refresh_s: float = 300.0
 
 
 class DaemonError(RuntimeError):
@@ -62,50 +66,69 @@ class DaemonError(RuntimeError):
 
 
 class CoalescedJob:
-    """Runs `fn` from APScheduler on its interval and on demand; wake-ups while it runs are
-    folded into one more run, and bursts of wake-ups within `min_gap_s` into one run."""
+    """Runs `fn` from APScheduler on its interval and on demand.
 
-    def __init__(self, scheduler: BackgroundScheduler, job_id: str, fn, *, min_gap_s: float) -> None:
+    Wake-ups that arrive while it runs are folded into one more run, after a gap that grows
+    with how long the last run took (so a slow planner over a long queue is not re-run
+    back to back while submissions pour in). Once `stopping` is set it neither runs nor
+    asks the scheduler for anything, so shutdown never waits on it.
+    """
+
+    def __init__(self, scheduler: BackgroundScheduler, job_id: str, fn, *, min_gap_s: float,
+                 stopping: threading.Event, max_gap_s: float = 5.0) -> None:
         self._scheduler = scheduler
         self._id = job_id
         self._fn = fn
         self._min_gap_s = min_gap_s
+        self._max_gap_s = max_gap_s
+        self._stopping = stopping
         self._lock = threading.Lock()
         self._dirty = False
         self._running = False
         self._wake_pending = False
+        self._gap_s = min_gap_s
 
     def run(self) -> None:
         with self._lock:
+            if self._running:  # an interval run while a wake-up run is going: fold it in
+                self._dirty = True
+                return
             self._running = True
             self._wake_pending = False
         try:
-            while True:
+            while not self._stopping.is_set():
                 with self._lock:
                     self._dirty = False
+                started = time.monotonic()
                 try:
                     self._fn()
                 except Exception:
                     log.exception("%s tick failed; will retry on the next tick", self._id)
+                took = time.monotonic() - started
+                self._gap_s = min(self._max_gap_s, max(self._min_gap_s, 2 * took))
                 with self._lock:
                     if not self._dirty:
                         return
-                time.sleep(self._min_gap_s)  # a wake-up came in while running: coalesce
+                self._stopping.wait(self._gap_s)  # a wake-up came in while running: coalesce
         finally:
             with self._lock:
                 self._running = False
 
     def wake(self) -> None:
+        if self._stopping.is_set():
+            return
         with self._lock:
             self._dirty = True
             if self._running or self._wake_pending:
                 return
             self._wake_pending = True
-        when = datetime.now(timezone.utc) + timedelta(seconds=self._min_gap_s)
+        when = datetime.now(timezone.utc) + timedelta(seconds=self._gap_s)
         try:
             self._scheduler.modify_job(self._id, next_run_time=when)
-        except Exception as e:  # scheduler shutting down
+        except Exception as e:  # the scheduler is not running (starting up or shut down)
             log.debug("could not wake %s: %s", self._id, e)
+            with self._lock:
+                self._wake_pending = False
 
 
 def sd_notify(message: str) -> None:
@@ -198,12 +221,21 @@ class Daemon(_Service):
         policy = get_policy(cfg.policy)
 
         scheduler = BackgroundScheduler(timezone=timezone.utc,
-                                        job_defaults={"coalesce": True, "max_instances": 1,
+                                        job_defaults={"coalesce": True, "max_instances": 2,
                                                       "misfire_grace_time": None})
-        planner = Planner(store, policy)
+        planner = Planner(store, policy)  # for previews (`carbonsched plan`); ticks run apart
         metrics = Metrics()
         metrics.add(StoreCollector(store))
-        plan_job = CoalescedJob(scheduler, "planner", planner.tick, min_gap_s=0.2)
+        dispatch_job: CoalescedJob | None = None
+
+        def after_tick(duration_s: float, changed: int) -> None:
+            metrics.planner_duration.labels(policy.name).observe(duration_s)
+            if changed and dispatch_job is not None:
+                dispatch_job.wake()
+
+        plan_proc = PlannerProcess(PlannerSpec(db_url=cfg.db_url, policy=cfg.policy,
+                                               log_level=logging.getLogger().level),
+                                   on_tick=after_tick)
 
         agent = None
         local = cfg.local_agent
@@ -215,48 +247,47 @@ class Daemon(_Service):
                                                       state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                                                       sample_hz=cfg.sample_hz,
                                                       node_static_w=cfg.node_static_w),
-                          on_change=plan_job.wake)
+                          on_change=plan_proc.wake)
             agent.register()
             agent.startup_reconcile()
             metrics.add(GpuCollector(agent))
         dispatch_job = CoalescedJob(scheduler, "dispatch", agent.tick if agent else (lambda: None),
-                                    min_gap_s=0.05)
+                                    min_gap_s=0.05, max_gap_s=0.5, stopping=self.stop_event)
 
-        timed_tick = metrics.timed(policy.name, planner.tick)
-
-        def after_plan() -> None:
-            timed_tick()
-            dispatch_job.wake()
-
-        plan_job._fn = after_plan
         service = JobService(
             store,
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
                           time_limit_factor=cfg.time_limit_factor),
             log_dir=cfg.state_dir / "logs",
-            on_submit=plan_job.wake, on_cancel=dispatch_job.wake,
+            on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
         )
         api = ApiServer(cfg.socket_path, service,
                         extra_routes={("GET", "plan"): lambda caller, q: plan_preview(planner, service, caller)})
 
         now = datetime.now(timezone.utc)
-        scheduler.add_job(plan_job.run, "interval", seconds=cfg.plan_interval_s, id="planner",
-                          next_run_time=now)
+        scheduler.add_job(plan_proc.wake, "interval", seconds=cfg.plan_interval_s, id="planner",
+                          next_run_time=now, max_instances=1)
         if agent is not None:
             scheduler.add_job(dispatch_job.run, "interval", seconds=cfg.dispatch_interval_s,
                               id="dispatch", next_run_time=now)
         else:
             scheduler.add_job(lambda: None, "interval", hours=24, id="dispatch")
         samples = SampleStore(store)
+        carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
+        if any(z.provider for z in carbon.config.zones.values()):
+            # Live providers are called within their budgets (the store is the shared gate).
+            scheduler.add_job(carbon.refresh_all, "interval", seconds=cfg.carbon_refresh_s,
+                              id="carbon", max_instances=1, next_run_time=now)
         scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
-                          seconds=60, id="rollup")
-        scheduler.add_job(lambda: plan_job.wake() if reap_dead_nodes(
+                          seconds=60, id="rollup", max_instances=1)
+        scheduler.add_job(lambda: plan_proc.wake() if reap_dead_nodes(
             store, lost_after_s=cfg.node_lost_after_s) else None,
-            "interval", seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog")
+            "interval", seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1)
 
         self._install_signals()
         if agent is not None:
             agent.start_sampling()
+        plan_proc.start()
         scheduler.start()
         api.start()
         if cfg.metrics_port is not None:
@@ -270,9 +301,11 @@ class Daemon(_Service):
         finally:
             sd_notify("STOPPING=1")
             log.info("stopping: running jobs keep running and are adopted on restart")
+            self.stop_event.set()
             api.stop()
             metrics.stop()
             scheduler.shutdown(wait=True)
+            plan_proc.stop()
             if agent is not None:
                 agent.stop()
                 agent.backend.close()
@@ -333,9 +366,10 @@ class AgentRunner(_Service):
         metrics = Metrics()
         metrics.add(GpuCollector(agent))
         scheduler = BackgroundScheduler(timezone=timezone.utc,
-                                        job_defaults={"coalesce": True, "max_instances": 1,
+                                        job_defaults={"coalesce": True, "max_instances": 2,
                                                       "misfire_grace_time": None})
-        tick = CoalescedJob(scheduler, "dispatch", agent.tick, min_gap_s=0.05)
+        tick = CoalescedJob(scheduler, "dispatch", agent.tick, min_gap_s=0.05, max_gap_s=0.5,
+                            stopping=self.stop_event)
         scheduler.add_job(tick.run, "interval", seconds=cfg.dispatch_interval_s, id="dispatch",
                           next_run_time=datetime.now(timezone.utc))
         self._install_signals()

@@ -48,6 +48,12 @@ class TransitionError(ValueError):
     """A transition the lifecycle table does not allow."""
 
 
+def check_allowed(src: State, dst: State) -> None:
+    """Raise TransitionError unless the table allows src -> dst (for bulk writers)."""
+    if dst not in TRANSITIONS[src]:
+        raise TransitionError(f"{src} -> {dst} is not an allowed transition")
+
+
 def allowed_sources(to: State) -> list[State]:
     return [src for src, dests in TRANSITIONS.items() if to in dests]
 
@@ -103,11 +109,17 @@ def transition(
     return True
 
 
+_INSERT_EVENT = insert(job_events)
+
+
 def record_submit(conn: Connection, job_id: int, actor_uid: int, at: datetime) -> None:
     """The first event of every job: it entered the queue."""
-    conn.execute(
-        insert(job_events).values(
-            job_id=job_id, from_state=None, to_state=State.PENDING.value, actor_uid=actor_uid,
-            reason="submitted", at=at,
-        )
-    )
+    conn.execute(_INSERT_EVENT, {"job_id": job_id, "from_state": None,
+                                 "to_state": State.PENDING.value, "actor_uid": actor_uid,
+                                 "reason": "submitted", "at": at})
+
+
+def record_events(conn: Connection, events: list[dict]) -> None:
+    """Many events in one statement (the planner's bulk transitions)."""
+    if events:
+        conn.execute(_INSERT_EVENT, events)

@@ -21,7 +21,6 @@ Names follow the exporter conventions: a `carbonsched_` prefix, base units in th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -106,12 +105,6 @@ class Metrics:
 
     def add(self, collector) -> None:
         self.registry.register(collector)
-
-    def timed(self, policy: str, fn: Callable[[], object]) -> Callable[[], object]:
-        def run():
-            with self.planner_duration.labels(policy).time():
-                return fn()
-        return run
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         result = start_http_server(port, addr=addr, registry=self.registry)

@@ -11,17 +11,17 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.model import GpuSlot
-from scheduler.lifecycle import State, transition, utcnow
+from scheduler.lifecycle import State, check_allowed, record_events, utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
 
 log = logging.getLogger(__name__)
 
-WRITE_BATCH = 200
+WRITE_BATCH = 500
 REPLAN_TOLERANCE_S = 1.0
 
 
@@ -119,7 +119,7 @@ class Planner:
         counts = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0}
         for i in range(0, len(writes), WRITE_BATCH):
             batch = writes[i:i + WRITE_BATCH]
-            for kind, n in self.store.transact(lambda conn: _apply(conn, batch)).items():
+            for kind, n in self.store.transact(lambda conn: _apply(conn, batch, self._clock())).items():
                 counts[kind] += n
         stats = TickStats(jobs=len(queued), planned=counts["plan"], moved=counts["move"],
                           withdrawn=counts["withdraw"], duration_s=time.perf_counter() - started)
@@ -130,32 +130,61 @@ class Planner:
         return stats
 
 
-def _apply(conn: Connection, batch: list) -> dict[str, int]:
+_PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "explanation",
+                "est_energy_j", "est_gco2", "state", "reason")
+_UPDATE_PLAN = (update(jobs).where(jobs.c.id == bindparam("b_id"))
+                .values({f: bindparam(f"b_{f}") for f in _PLAN_FIELDS}))
+_UPDATE_REASON = update(jobs).where(jobs.c.id == bindparam("b_id")).values(reason=bindparam("b_reason"))
+
+
+def _apply(conn: Connection, batch: list, now) -> dict[str, int]:
+    """Write one batch of plan changes in bulk: a few statements, not a few per job.
+
+    The batch's rows are re-read inside the write transaction (locked FOR UPDATE on
+    PostgreSQL; SQLite write transactions are exclusive), and only rows still in the state
+    and plan revision the plan was made from are written, so a job cancelled or claimed
+    meanwhile is left alone.
+    """
+    check_allowed(State.PENDING, State.PLANNED)
+    check_allowed(State.PLANNED, State.PENDING)
+    ids = [row.id for _, row, _, _ in batch]
+    q = select(jobs.c.id, jobs.c.state, jobs.c.plan_rev).where(jobs.c.id.in_(ids))
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    current = {r.id: (r.state, r.plan_rev) for r in conn.execute(q)}
+    updates, reasons, events = [], [], []
     done = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0}
     for kind, row, a, why in batch:
-        if kind == "plan":
-            ok = transition(conn, row.id, State.PLANNED, actor_uid=None, reason=why,
-                            expect=State.PENDING, values=_plan_values(a, row))
-        elif kind == "move":
-            ok = conn.execute(
-                update(jobs).where(jobs.c.id == row.id, jobs.c.state == State.PLANNED.value,
-                                   jobs.c.plan_rev == row.plan_rev)
-                .values(reason=why, **_plan_values(a, row))).rowcount == 1
+        if current.get(row.id) != (row.state, row.plan_rev):
+            continue
+        if kind == "reason":
+            reasons.append({"b_id": row.id, "b_reason": why})
         elif kind == "withdraw":
-            ok = transition(conn, row.id, State.PENDING, actor_uid=None, reason=why,
-                            expect=State.PLANNED, where=(jobs.c.plan_rev == row.plan_rev,),
-                            values=dict(planned_node=None, planned_gpu_ids=None,
-                                        planned_start=None, explanation=None,
-                                        plan_rev=row.plan_rev + 1))
+            updates.append(_plan_row(row, None, State.PENDING, why))
+            events.append(_event(row.id, State.PLANNED, State.PENDING, why, now))
         else:
-            ok = conn.execute(update(jobs).where(jobs.c.id == row.id,
-                                                 jobs.c.state == State.PENDING.value)
-                              .values(reason=why)).rowcount == 1
-        done[kind] += int(ok)
+            updates.append(_plan_row(row, a, State.PLANNED, why))
+            if kind == "plan":
+                events.append(_event(row.id, State.PENDING, State.PLANNED, why, now))
+        done[kind] += 1
+    if updates:
+        conn.execute(_UPDATE_PLAN, updates)
+    if reasons:
+        conn.execute(_UPDATE_REASON, reasons)
+    record_events(conn, events)
     return done
 
 
-def _plan_values(a, row) -> dict:
-    return dict(planned_node=a.node, planned_gpu_ids=list(a.gpu_ids), planned_start=a.start_at,
-                plan_rev=row.plan_rev + 1, explanation=a.explanation,
-                est_energy_j=a.estimate.energy_j, est_gco2=a.estimate.gco2)
+def _plan_row(row, a, state: State, why: str) -> dict:
+    return {"b_id": row.id, "b_state": state.value, "b_reason": why, "b_plan_rev": row.plan_rev + 1,
+            "b_planned_node": a.node if a else None,
+            "b_planned_gpu_ids": list(a.gpu_ids) if a else None,
+            "b_planned_start": a.start_at if a else None,
+            "b_explanation": a.explanation if a else None,
+            "b_est_energy_j": a.estimate.energy_j if a else None,
+            "b_est_gco2": a.estimate.gco2 if a else None}
+
+
+def _event(job_id: int, src: State, dst: State, why: str, now) -> dict:
+    return {"job_id": job_id, "from_state": src.value, "to_state": dst.value, "actor_uid": None,
+            "reason": why, "at": now}

@@ -11,6 +11,7 @@ import logging
 import os
 import pwd
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -19,6 +20,7 @@ from pathlib import Path
 from sqlalchemy import Connection, func, insert, select, update
 
 from policies.catalog import catalog
+from scheduler.job_view import gpu_map, job_select, jobs_json
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition, utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_events, jobs, nodes
@@ -31,6 +33,8 @@ MAX_ARGV_BYTES = 256 * 1024
 MAX_ENV = 256
 MAX_RUNTIME_S = 30 * 86400
 MAX_LOG_BYTES = 4 * 1024 * 1024
+INVENTORY_TTL_S = 5.0
+_INSERT_JOB = insert(jobs).returning(jobs.c.id)
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}\Z")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
@@ -76,6 +80,7 @@ class JobService:
         self._on_submit = on_submit or (lambda: None)
         self._on_cancel = on_cancel or (lambda: None)
         self._clock = clock
+        self._inventory: tuple[float, list] | None = None
 
     # -- identity -----------------------------------------------------------------------
 
@@ -96,8 +101,11 @@ class JobService:
         row = self._validate_submit(body, caller, now)
 
         def tx(conn: Connection) -> int:
-            job_id = conn.execute(insert(jobs).values(**row).returning(jobs.c.id)).scalar_one()
-            record_submit(conn, job_id, caller.uid, now)
+            # Stamped inside the write transaction, so queue order follows commit order even
+            # when many clients submit at once.
+            row["submitted_at"] = at = self._clock()
+            job_id = conn.execute(_INSERT_JOB, row).scalar_one()
+            record_submit(conn, job_id, caller.uid, at)
             return job_id
 
         job_id = self.store.transact(tx)
@@ -193,11 +201,21 @@ class JobService:
             time_limit_s=limit, max_retries=retries, attempts=0, submitted_at=now, plan_rev=0,
         )
 
-    def _check_fits(self, n_gpus: int, mem: float) -> None:
-        """Reject what no GPU set could ever satisfy (known nodes, else the catalog)."""
+    def _healthy_gpus(self) -> list:
+        """The healthy GPU inventory, cached briefly: it changes rarely, submits come often."""
+        now = time.monotonic()
+        cached = self._inventory
+        if cached is not None and now - cached[0] < INVENTORY_TTL_S:
+            return cached[1]
         with self.store.read() as conn:
             rows = list(conn.execute(select(gpus.c.node_name, gpus.c.model, gpus.c.memory_gib)
                                      .where(gpus.c.healthy.is_(True))))
+        self._inventory = (now, rows)
+        return rows
+
+    def _check_fits(self, n_gpus: int, mem: float) -> None:
+        """Reject what no GPU set could ever satisfy (known nodes, else the catalog)."""
+        rows = self._healthy_gpus()
         if rows:
             groups: dict[tuple[str, str], list[float]] = {}
             for r in rows:
@@ -225,7 +243,7 @@ class JobService:
     def list_jobs(self, caller: Caller, *, include_done: bool = False,
                   states: list[str] | None = None, limit: int | None = None) -> list[dict]:
         """The caller's jobs (everyone's for an admin), active ones unless asked otherwise."""
-        q = select(jobs).order_by(jobs.c.id)
+        q = job_select(self.store.dialect).order_by(jobs.c.id)
         if states:
             bad = [s for s in states if s not in State.__members__]
             if bad:
@@ -239,13 +257,13 @@ class JobService:
         if limit is not None:
             q = q.limit(limit)
         with self.store.read() as conn:
-            index_of = _gpu_index_map(conn)
-            return [job_json(r, index_of) for r in conn.execute(q)]
+            return jobs_json(conn.execute(q), gpu_map(conn))
 
     def get_job(self, caller: Caller, job_id: int) -> dict:
         with self.store.read() as conn:
-            row = self._visible_job(conn, caller, job_id)
-            out = job_json(row, _gpu_index_map(conn))
+            self._visible_job(conn, caller, job_id)
+            q = job_select(self.store.dialect).where(jobs.c.id == job_id)
+            out = jobs_json(conn.execute(q), gpu_map(conn))[0]
             out["events"] = [
                 {"at": iso(e.at), "from": e.from_state, "to": e.to_state,
                  "actor_uid": e.actor_uid, "reason": e.reason}
@@ -344,36 +362,6 @@ class JobService:
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
         return {"ok": True, "jobs": counts, "time": iso(self._clock())}
-
-
-def job_json(r, gpu_map: dict[int, tuple[int, str]]) -> dict:
-    """The stable JSON shape of a job (see DESIGN.md: add keys freely, never rename).
-
-    `gpus` lists the node-local device indices (as CUDA/ROCm number them) of the GPUs the
-    job runs on, or is planned on; `gpu_model` says which model they are.
-    """
-    assigned = r.gpu_ids if r.gpu_ids else r.planned_gpu_ids
-    return {
-        "id": r.id, "name": r.name, "state": r.state, "reason": r.reason,
-        "owner": r.owner_name, "owner_uid": r.owner_uid,
-        "gpus": [gpu_map[g][0] if g in gpu_map else g for g in assigned] if assigned else None,
-        "gpu_model": gpu_map[assigned[0]][1] if assigned and assigned[0] in gpu_map else None,
-        "gpus_requested": r.gpus, "gpu_mem_gib": r.gpu_mem_gib,
-        "node": r.node or r.planned_node,
-        "submitted_at": iso(r.submitted_at), "planned_start": iso(r.planned_start),
-        "started_at": iso(r.started_at), "ended_at": iso(r.ended_at),
-        "deadline": iso(r.deadline), "est_runtime_s": r.est_runtime_s,
-        "time_limit_s": r.time_limit_s, "latency_slo_ms": r.latency_slo_ms,
-        "workload": r.workload, "prompts": r.prompts,
-        "exit_code": r.exit_code, "energy_j": r.energy_j, "energy_method": r.energy_method,
-        "gco2": r.gco2, "est_energy_j": r.est_energy_j, "est_gco2": r.est_gco2,
-        "explanation": r.explanation, "attempts": r.attempts, "argv": r.argv, "cwd": r.cwd,
-        "cancel_requested": r.cancel_requested_at is not None,
-    }
-
-
-def _gpu_index_map(conn: Connection) -> dict[int, tuple[int, str]]:
-    return {r.id: (r.index, r.model) for r in conn.execute(select(gpus.c.id, gpus.c.index, gpus.c.model))}
 
 
 def _int(v: object, field: str) -> int:

@@ -90,7 +90,7 @@ def test_twenty_jobs_complete_with_exit_codes_logs_and_no_gpu_shared(daemon):
             by_gpu.setdefault(g, []).append((j["started_at"], j["ended_at"]))
     for spans in by_gpu.values():
         spans.sort()
-        for (s1, e1), (s2, _) in zip(spans, spans[1:]):
+        for (_, e1), (s2, _) in zip(spans, spans[1:]):
             assert e1 <= s2 or e1[:19] == s2[:19], (spans)
 
     show = json.loads(daemon.cli("show", str(ids[0]), "--json").stdout)
@@ -102,8 +102,7 @@ def test_twenty_jobs_complete_with_exit_codes_logs_and_no_gpu_shared(daemon):
 
 
 def test_cancel_running_and_pending_jobs(daemon):
-    work = daemon.root
-    running = submit(daemon, "--gpus", "4", "--", "sh", "-c", f"echo started; sleep 60; echo never")
+    running = submit(daemon, "--gpus", "4", "--", "sh", "-c", "echo started; sleep 60; echo never")
     daemon.wait_states([running], states={"RUNNING"}, timeout_s=30)
     waiting = submit(daemon, "--gpus", "4", "--", "true")  # cannot start: all 4 GPUs are busy
     r = daemon.cli("cancel", str(waiting))
@@ -189,7 +188,6 @@ def _throwaway_user() -> str:
 def test_jobs_run_as_their_owner_and_other_users_cannot_touch_them(daemon):
     alice, bob = _throwaway_user(), _throwaway_user()
     try:
-        work = daemon.root
         job = submit(daemon, "--", "sh", "-c", "id -u; id -g; sleep 3", user=alice)
         jobs = daemon.wait_states([job], states={"RUNNING", "COMPLETED"}, timeout_s=30)
         assert jobs[job]["owner"] == alice
@@ -208,7 +206,6 @@ def test_jobs_run_as_their_owner_and_other_users_cannot_touch_them(daemon):
         log_file = daemon.state_dir / "logs" / f"{job}.out"
         assert log_file.stat().st_uid == pw.pw_uid
         assert oct(log_file.stat().st_mode & 0o777) == "0o600"
-        del work
     finally:
         for u in (alice, bob):
             subprocess.run(["userdel", u], check=False)

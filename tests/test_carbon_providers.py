@@ -15,7 +15,6 @@ import json
 import logging
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -78,7 +77,10 @@ class FakeApi:
                     fake.requests.append(Seen(parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()},
                                               {k.lower(): v for k, v in self.headers.items()}))
                     queue = fake.routes.get(parts.path)
-                    reply = (queue.pop(0) if len(queue) > 1 else queue[0]) if queue else Reply(404, {"error": "no route"})
+                    if not queue:
+                        reply = Reply(404, {"error": "no route"})
+                    else:
+                        reply = queue.pop(0) if len(queue) > 1 else queue[0]
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
                 body = reply.body

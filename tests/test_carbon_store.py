@@ -320,3 +320,19 @@ def test_a_watttime_zone_is_marginal_even_before_it_has_data_and_gets_no_static_
     assert s.signal_of("GB") == "marginal"
     fc = s.forecast("GB", at(20), at(21), as_of=at(20))
     assert fc.signal == "marginal" and fc.level == "none" and fc.points == ()
+
+
+def test_a_big_batch_is_bulk_upserted_with_progress(store):
+    """1,200 rows take the bulk path on PostgreSQL (COPY + one upsert); same contract everywhere."""
+    s = CarbonSignals(store, track_status=False)
+    start = datetime(2023, 1, 1, tzinfo=UTC)
+    batch = [reading("ZZ", start + timedelta(hours=i), 100.0 + i) for i in range(1200)]
+    seen: list[tuple[int, int]] = []
+    assert s.store_readings(batch, progress=lambda done, total: seen.append((done, total))) == 1200
+    assert seen[-1] == (1200, 1200)
+    n = row_count(store)
+    changed = [reading("ZZ", r.at, r.gco2_per_kwh + 1) for r in batch] + batch[:1]   # a repeat inside
+    s.store_readings(changed)
+    assert row_count(store) == n
+    assert s.intensity("ZZ", start + timedelta(minutes=1)).gco2_per_kwh == 100.0   # the later repeat wins
+    assert s.intensity("ZZ", start + timedelta(hours=6)).gco2_per_kwh == 107.0

@@ -7,7 +7,6 @@ have run twice, and none may have vanished.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time

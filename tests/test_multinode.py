@@ -5,7 +5,6 @@ shows in `carbonsched nodes` and on its Prometheus endpoint."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess

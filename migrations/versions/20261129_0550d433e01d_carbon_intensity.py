@@ -2,7 +2,7 @@
 
 Revision ID: 0550d433e01d
 Revises: bb490cc5a202
-Create Date: 2026-11-29 15:40:24.103581
+Create Date: 2026-11-29 16:05:08.327551
 """
 from alembic import op
 import sqlalchemy as sa
@@ -32,17 +32,16 @@ def upgrade() -> None:
     sa.Column('zone', sa.String(length=64), nullable=False),
     sa.Column('signal', sa.String(length=16), nullable=False),
     sa.Column('kind', sa.String(length=16), nullable=False),
-    sa.Column('source', sa.String(length=64), nullable=False),
     sa.Column('at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('issued_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('source', sa.String(length=64), nullable=False),
     sa.Column('duration_s', sa.Integer(), nullable=False),
     sa.Column('gco2_per_kwh', sa.Float(), nullable=False),
     sa.Column('estimated', sa.Boolean(), nullable=True),
-    sa.PrimaryKeyConstraint('zone', 'signal', 'kind', 'source', 'at', 'issued_at', name=op.f('pk_carbon_intensity'))
+    sa.PrimaryKeyConstraint('zone', 'signal', 'kind', 'at', 'issued_at', 'source', name=op.f('pk_carbon_intensity'))
     )
     with op.batch_alter_table('carbon_intensity', schema=None) as batch_op:
         batch_op.create_index('ix_carbon_intensity_issue', ['zone', 'signal', 'kind', 'issued_at'], unique=False)
-        batch_op.create_index('ix_carbon_intensity_series', ['zone', 'signal', 'kind', 'at'], unique=False)
 
     op.create_table('carbon_zone_status',
     sa.Column('zone', sa.String(length=64), nullable=False),
@@ -57,7 +56,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table('carbon_zone_status')
     with op.batch_alter_table('carbon_intensity', schema=None) as batch_op:
-        batch_op.drop_index('ix_carbon_intensity_series')
         batch_op.drop_index('ix_carbon_intensity_issue')
 
     op.drop_table('carbon_intensity')

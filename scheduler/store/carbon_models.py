@@ -22,17 +22,19 @@ from scheduler.store.models import Base, UTCDateTime
 
 class CarbonIntensity(Base):
     __tablename__ = "carbon_intensity"
+    # The primary key's order (zone, signal, kind, at, ...) is the series index: intensity()
+    # and forecast() read one series by a range of `at`. The second index finds the newest
+    # forecast issue.
     __table_args__ = (
-        Index("ix_carbon_intensity_series", "zone", "signal", "kind", "at"),
         Index("ix_carbon_intensity_issue", "zone", "signal", "kind", "issued_at"),
     )
 
     zone: Mapped[str] = mapped_column(String(64), primary_key=True)
     signal: Mapped[str] = mapped_column(String(16), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16), primary_key=True)
-    source: Mapped[str] = mapped_column(String(64), primary_key=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     issued_at: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    source: Mapped[str] = mapped_column(String(64), primary_key=True)
     duration_s: Mapped[int] = mapped_column(Integer)
     gco2_per_kwh: Mapped[float] = mapped_column(Float)
     estimated: Mapped[bool | None] = mapped_column(Boolean, nullable=True)

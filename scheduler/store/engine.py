@@ -12,7 +12,8 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import threading
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TypeVar
 
@@ -54,7 +55,11 @@ def make_engine(url: str) -> Engine:
                                                   "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    # No pool_pre_ping: a dropped connection surfaces as an invalidated-connection error,
+    # which Store.transact retries; pinging would cost a round trip on every transaction.
+    # Sessions run in UTC so timestamps come back as UTC whatever the server's setting.
+    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800,
+                         connect_args={"options": "-c timezone=UTC"})
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -99,6 +104,9 @@ class Store:
         )
         self._write_engine = self.engine.execution_options(carbonsched_write=True)
         self.dialect = self.engine.dialect.name
+        # SQLite has one writer at a time and its busy handler polls with back-off, so
+        # threads of one process queue here, in order, instead of sleeping in SQLite.
+        self._write_lock = threading.Lock() if self.dialect == "sqlite" else nullcontext()
 
     @property
     def url(self) -> str:
@@ -113,7 +121,7 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction; commits on success, rolls back on any exception."""
-        with self._write_engine.connect() as conn, conn.begin():
+        with self._write_lock, self._write_engine.connect() as conn, conn.begin():
             yield conn
 
     def transact(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:

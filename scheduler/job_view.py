@@ -1,0 +1,83 @@
+"""The JSON shape of a job, and a fast path for listing thousands of them.
+
+`queue --json` over 10,000 jobs must answer in well under half a second, so listings read
+only the columns they show, take timestamps and JSON columns as the database's raw text
+where that is cheaper (SQLite), and build each object from a plain tuple.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, Select, String, select, type_coerce
+
+from scheduler.store.models import gpus, jobs
+
+# Key order of the JSON object; add keys freely, never rename (DESIGN.md).
+_COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids", "planned_gpu_ids",
+            "gpus", "gpu_mem_gib", "node", "planned_node", "submitted_at", "planned_start",
+            "started_at", "ended_at", "deadline", "est_runtime_s", "time_limit_s", "latency_slo_ms",
+            "workload", "prompts", "exit_code", "energy_j", "energy_method", "gco2", "est_energy_j",
+            "est_gco2", "explanation", "attempts", "argv", "cwd", "cancel_requested_at")
+_TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at"}
+_JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
+
+
+def job_select(dialect: str) -> Select:
+    """SELECT of the listed columns; on SQLite times and JSON come back as raw text."""
+    cols = []
+    for name in _COLUMNS:
+        col = jobs.c[name]
+        if dialect == "sqlite" and (name in _TIMES or name in _JSONS):
+            col = type_coerce(col, String).label(name)
+        cols.append(col)
+    return select(*cols)
+
+
+def gpu_map(conn: Connection) -> dict[int, tuple[int, str]]:
+    """GPU id -> (node-local index, model), to show jobs' GPUs as their owners see them."""
+    return {r.id: (r.index, r.model) for r in conn.execute(select(gpus.c.id, gpus.c.index, gpus.c.model))}
+
+
+def _iso_raw(value) -> str | None:
+    """ISO 8601 UTC from SQLite's stored 'YYYY-MM-DD HH:MM:SS[.ffffff]' or an aware datetime."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return f"{value[:10]}T{value[11:19]}Z"
+    return value.isoformat()[:19] + "Z"  # the engine keeps sessions in UTC
+
+
+def _json_raw(value):
+    if value is None or not isinstance(value, str):
+        return value
+    return json.loads(value)
+
+
+def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[dict]:
+    """Job objects from rows of `job_select`."""
+    out = []
+    for (id_, name, state, reason, owner, owner_uid, gpu_ids, planned_gpu_ids, n_gpus, mem, node,
+         planned_node, submitted, planned_start, started, ended, deadline, est, limit, slo,
+         workload, prompts, exit_code, energy, method, gco2, est_energy, est_gco2, explanation,
+         attempts, argv, cwd, cancel_at) in rows:
+        assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
+        first = gpus_by_id.get(assigned[0]) if assigned else None
+        out.append({
+            "id": id_, "name": name, "state": state, "reason": reason,
+            "owner": owner, "owner_uid": owner_uid,
+            "gpus": [gpus_by_id[g][0] if g in gpus_by_id else g for g in assigned] if assigned else None,
+            "gpu_model": first[1] if first else None,
+            "gpus_requested": n_gpus, "gpu_mem_gib": mem,
+            "node": node or planned_node,
+            "submitted_at": _iso_raw(submitted), "planned_start": _iso_raw(planned_start),
+            "started_at": _iso_raw(started), "ended_at": _iso_raw(ended),
+            "deadline": _iso_raw(deadline), "est_runtime_s": est, "time_limit_s": limit,
+            "latency_slo_ms": slo, "workload": workload, "prompts": prompts,
+            "exit_code": exit_code, "energy_j": energy, "energy_method": method, "gco2": gco2,
+            "est_energy_j": est_energy, "est_gco2": est_gco2, "explanation": explanation,
+            "attempts": attempts, "argv": _json_raw(argv), "cwd": cwd,
+            "cancel_requested": cancel_at is not None,
+        })
+    return out

@@ -1,0 +1,133 @@
+"""The planner in a process of its own, so a long tick never holds the API's GIL.
+
+Planning a queue of thousands of jobs is seconds of pure Python. In the daemon's process
+that would stall every API thread for as long (one interpreter lock), so the daemon runs
+the planner in a child process started with `spawn` (no fork of a threaded process), wakes
+it through a pipe (APScheduler's interval job and every submit do), and hears back each
+tick's duration and whether anything changed. Wake-ups that arrive during a tick fold into
+one more tick. If the child dies, the next wake-up starts a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """Everything the child needs to build its own Store and Planner."""
+
+    db_url: str
+    policy: str
+    log_level: int = logging.INFO
+
+
+def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from policies import get_policy
+    from scheduler.planner import Planner
+    from scheduler.store import Store
+
+    store = Store(spec.db_url)
+    planner = Planner(store, get_policy(spec.policy))
+    try:
+        while True:
+            msg = conn.recv()
+            if msg == "stop":
+                return
+            while conn.poll():  # fold queued wake-ups into this tick
+                if conn.recv() == "stop":
+                    return
+            started = time.monotonic()
+            try:
+                stats = planner.tick()
+                conn.send(("tick", time.monotonic() - started, stats.planned + stats.moved + stats.withdrawn))
+            except Exception:
+                log.exception("planner tick failed; will retry on the next tick")
+                conn.send(("error", time.monotonic() - started, 0))
+            time.sleep(min(5.0, max(min_gap_s, time.monotonic() - started)))  # coalesce bursts
+    except (EOFError, KeyboardInterrupt):
+        return
+    finally:
+        store.dispose()
+
+
+class PlannerProcess:
+    """The parent's handle: `wake()` from any thread; `on_tick(duration_s, changed)` is
+    called on a reader thread after every tick."""
+
+    def __init__(self, spec: PlannerSpec, *, on_tick: Callable[[float, int], None],
+                 min_gap_s: float = 0.2) -> None:
+        self.spec = spec
+        self._on_tick = on_tick
+        self._min_gap_s = min_gap_s
+        self._ctx = mp.get_context("spawn")
+        self._lock = threading.Lock()
+        self._proc = None
+        self._conn = None
+        self._stopping = False
+
+    def start(self) -> None:
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_child_main, args=(self.spec, child, self._min_gap_s),
+                                 name="carbonsched-planner", daemon=True)
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        threading.Thread(target=self._read, args=(parent,), name="planner-results", daemon=True).start()
+        log.info("planner process started (pid %s, policy %s)", proc.pid, self.spec.policy)
+
+    def _read(self, conn) -> None:
+        while True:
+            try:
+                kind, duration_s, changed = conn.recv()
+            except (EOFError, OSError):
+                return
+            try:
+                self._on_tick(duration_s, changed)
+            except Exception:
+                log.exception("planner result handler failed")
+
+    def wake(self) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            if self._proc is None or not self._proc.is_alive():
+                if self._proc is not None:
+                    log.error("planner process exited (code %s); starting a new one", self._proc.exitcode)
+                self._start_locked()
+            try:
+                self._conn.send("wake")
+            except (BrokenPipeError, OSError) as e:
+                log.error("could not wake the planner process: %s", e)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._lock:
+            self._stopping = True
+            proc, conn = self._proc, self._conn
+        if proc is None:
+            return
+        try:
+            conn.send("stop")
+        except (BrokenPipeError, OSError):
+            pass
+        proc.join(timeout_s)
+        if proc.is_alive():
+            log.warning("planner process did not stop in %.0fs; terminating it", timeout_s)
+            proc.terminate()
+            proc.join(5)
+        conn.close()
