@@ -205,6 +205,8 @@ class Bench:
         cmd = [sys.executable, "-m", "scheduler", "daemon", "--state-dir", str(self.tmp),
                "--socket", str(self.socket), "--db", self.db_url, "--emulate", EMULATED_FLEET,
                "--plan-interval", "15s", "--local-agent", "--log-level", self.args.log_level]
+        if self.args.planner_thread:
+            cmd.append("--no-planner-process")
         log = open(self.daemon_log, "wb")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
@@ -762,6 +764,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="PostgreSQL server to create the temporary database on "
                         "[env: CARBONSCHED_TEST_PG_URL] (default %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    p.add_argument("--planner-thread", action="store_true",
+                   help="run the daemon with --no-planner-process (planning on a daemon thread)")
     p.add_argument("--let-run", action="store_true",
                    help="no blocker jobs while submitting: the emulated agent runs the `true` jobs "
                         "as GPUs free up (planner and agent churn during the measurement)")

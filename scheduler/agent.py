@@ -29,6 +29,8 @@ from telemetry.sampler import Reading, Sampler
 
 log = logging.getLogger(__name__)
 
+DUE_PER_FREE_GPU = 8
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -293,16 +295,25 @@ class Agent:
         log.error("job %s lost: %s", job.id, why)
 
     def _claim_due(self) -> bool:
+        """Start the PLANNED jobs whose time has come and whose GPUs are free.
+
+        Only as many due jobs are read as the free GPUs could possibly take (a few per free
+        GPU, earliest first): a long queue stuck behind a job that overran its estimate is
+        all "due", and reading it whole every tick would cost the daemon dearly.
+        """
         now = self._clock()
         with self.store.read() as conn:
+            gpu_rows = {r.id: r for r in conn.execute(
+                select(gpus).where(gpus.c.node_name == self.config.node))}
+            busy = {i for i, g in gpu_rows.items() if g.job_id is not None or not g.healthy}
+            free = len(gpu_rows) - len(busy)
+            if free == 0:
+                return False
             due = list(conn.execute(
                 select(jobs).where(jobs.c.state == State.PLANNED.value,
                                    jobs.c.planned_node == self.config.node,
                                    jobs.c.planned_start <= now)
-                .order_by(jobs.c.planned_start, jobs.c.id)))
-            gpu_rows = {r.id: r for r in conn.execute(
-                select(gpus).where(gpus.c.node_name == self.config.node))}
-        busy = {i for i, g in gpu_rows.items() if g.job_id is not None or not g.healthy}
+                .order_by(jobs.c.planned_start, jobs.c.id).limit(DUE_PER_FREE_GPU * free)))
         started = False
         for job in due:
             ids = list(job.planned_gpu_ids or [])

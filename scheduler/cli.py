@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "CARBONSCHED_METRICS_PORT"))
     d.add_argument("--sample-hz", type=float, help=_env_help("GPU power sampling rate of the local agent "
                                                              "(default 1)", "CARBONSCHED_SAMPLE_HZ"))
+    d.add_argument("--planner-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="plan in a child process so long ticks never stall the API (default: on)")
     d.add_argument("--local-agent", action=argparse.BooleanOptionalAction, default=None,
                    help="run an agent in the daemon (default: on for SQLite or with --emulate)")
     d.add_argument("--log-level", default=os.environ.get("CARBONSCHED_LOG_LEVEL", "INFO"),
@@ -269,6 +271,8 @@ def cmd_daemon(args, config) -> int:
             sample_retention_s=parse_duration(str(config.get("sample_retention", "1h"))),
             node_static_w=float(config.get("node_static_w", 0.0)),
             carbon=dict(config.get("carbon", {})),
+            planner_process=bool(args.planner_process if args.planner_process is not None
+                                 else config.get("planner_process", True)),
         )
         node = setting(args, config, "node", "CARBONSCHED_NODE")
         if node:

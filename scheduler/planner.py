@@ -22,7 +22,12 @@ from scheduler.store.models import gpus, jobs, nodes
 log = logging.getLogger(__name__)
 
 WRITE_BATCH = 500
-REPLAN_TOLERANCE_S = 1.0
+# A planned start that moves earlier is written at once (the job may start sooner); one that
+# slips later only when it slips by more than this share of its lead time (and 60 s): a
+# queue behind a job running over its estimate would otherwise be rewritten every tick.
+EARLIER_TOLERANCE_S = 1.0
+LATER_TOLERANCE_S = 60.0
+LATER_TOLERANCE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,7 @@ class Planner:
                 continue
             if row.state == State.PENDING.value:
                 writes.append(("plan", row, a, a.explanation))
-            elif (row.planned_node != a.node or list(row.planned_gpu_ids or []) != list(a.gpu_ids)
-                  or row.planned_start is None
-                  or abs((row.planned_start - a.start_at).total_seconds()) > REPLAN_TOLERANCE_S):
+            elif _plan_changed(row, a, snapshot.now):
                 writes.append(("move", row, a, a.explanation))
         counts = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0}
         for i in range(0, len(writes), WRITE_BATCH):
@@ -128,6 +131,18 @@ class Planner:
                      self.policy.name, stats.jobs, stats.planned, stats.moved, stats.withdrawn,
                      stats.duration_s)
         return stats
+
+
+def _plan_changed(row, a, now: datetime) -> bool:
+    if row.planned_node != a.node or list(row.planned_gpu_ids or []) != list(a.gpu_ids):
+        return True
+    if row.planned_start is None:
+        return True
+    shift_s = (a.start_at - row.planned_start).total_seconds()
+    if shift_s < -EARLIER_TOLERANCE_S:
+        return True
+    lead_s = max(0.0, (row.planned_start - now).total_seconds())
+    return shift_s > max(LATER_TOLERANCE_S, LATER_TOLERANCE_SHARE * lead_s)
 
 
 _PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "explanation",

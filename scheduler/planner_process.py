@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
+DUTY_GAP_FACTOR = 5.0
+MAX_GAP_S = 10.0
+
 
 @dataclass(frozen=True)
 class PlannerSpec:
@@ -48,6 +51,7 @@ def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
             while conn.poll():  # fold queued wake-ups into this tick
                 if conn.recv() == "stop":
                     return
+            conn.send(("started", 0.0, 0))  # the parent may send the next wake-up from now on
             started = time.monotonic()
             try:
                 stats = planner.tick()
@@ -55,7 +59,11 @@ def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
             except Exception:
                 log.exception("planner tick failed; will retry on the next tick")
                 conn.send(("error", time.monotonic() - started, 0))
-            time.sleep(min(5.0, max(min_gap_s, time.monotonic() - started)))  # coalesce bursts
+            # Coalesce bursts: rest DUTY_GAP_FACTOR times as long as the tick took, so planning
+            # a long queue under a stream of submissions takes at most a sixth of a core and
+            # leaves the rest to the API and the database.
+            took = time.monotonic() - started
+            time.sleep(min(MAX_GAP_S, max(min_gap_s, DUTY_GAP_FACTOR * took)))
     except (EOFError, KeyboardInterrupt):
         return
     finally:
@@ -76,6 +84,10 @@ class PlannerProcess:
         self._proc = None
         self._conn = None
         self._stopping = False
+        # At most one wake-up in flight: the child folds them anyway, and a pipe full of
+        # wake-ups would block the API threads that send them.
+        self._wake_sent = False
+        self.interval_target = self.wake
 
     def start(self) -> None:
         with self._lock:
@@ -97,6 +109,10 @@ class PlannerProcess:
                 kind, duration_s, changed = conn.recv()
             except (EOFError, OSError):
                 return
+            if kind == "started":
+                with self._lock:
+                    self._wake_sent = False
+                continue
             try:
                 self._on_tick(duration_s, changed)
             except Exception:
@@ -110,8 +126,12 @@ class PlannerProcess:
                 if self._proc is not None:
                     log.error("planner process exited (code %s); starting a new one", self._proc.exitcode)
                 self._start_locked()
+                self._wake_sent = False
+            if self._wake_sent:
+                return
             try:
                 self._conn.send("wake")
+                self._wake_sent = True
             except (BrokenPipeError, OSError) as e:
                 log.error("could not wake the planner process: %s", e)
 

@@ -35,7 +35,9 @@ def head_and_agent(request):
     else:
         require_pg()
         url, drop = make_pg_database()
-    head = DaemonProcess(root, url, emulate=None, local_agent=False)
+    # The head plans on a thread here (--no-planner-process); other end-to-end tests use the
+    # default child process, so both planner paths run for real.
+    head = DaemonProcess(root, url, emulate=None, local_agent=False, extra=["--no-planner-process"])
     head.start()
     port = free_port()
     agent_log = open(root / "agent.log", "w")
