@@ -165,6 +165,13 @@ class InProcessPlanner:
         """Nothing to stop: the scheduler's shutdown ends the ticks."""
 
 
+def new_scheduler() -> BackgroundScheduler:
+    """APScheduler for periodic work: late runs coalesce into one, never pile up."""
+    return BackgroundScheduler(timezone=timezone.utc,
+                               job_defaults={"coalesce": True, "max_instances": 2,
+                                             "misfire_grace_time": None})
+
+
 def sd_notify(message: str) -> None:
     """Tell systemd about our state (Type=notify); a no-op outside systemd."""
     addr = os.environ.get("NOTIFY_SOCKET")
@@ -233,6 +240,12 @@ class _Service:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
 
+    def _open(self, db_url: str) -> Store:
+        """Claim the state directory (one instance per directory) and open the store."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._take_instance_lock()
+        return Store(db_url)
+
     def _release_instance_lock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -248,15 +261,11 @@ class Daemon(_Service):
 
     def run(self) -> None:
         cfg = self.config
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        self._take_instance_lock()
-        store = Store(cfg.db_url)
+        store = self._open(cfg.db_url)
         self._prepare_schema(store)
         policy = get_policy(cfg.policy)
 
-        scheduler = BackgroundScheduler(timezone=timezone.utc,
-                                        job_defaults={"coalesce": True, "max_instances": 2,
-                                                      "misfire_grace_time": None})
+        scheduler = new_scheduler()
         planner = Planner(store, policy)  # for previews (`carbonsched plan`); ticks run apart
         metrics = Metrics()
         metrics.add(StoreCollector(store))
@@ -387,9 +396,7 @@ class AgentRunner(_Service):
 
     def run(self) -> None:
         cfg = self.config
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        self._take_instance_lock()
-        store = Store(cfg.db_url)
+        store = self._open(cfg.db_url)
         try:
             store.require_current(f"carbonsched db upgrade --db {store.url}")
         except SchemaError as e:
@@ -402,9 +409,7 @@ class AgentRunner(_Service):
         agent.startup_reconcile()
         metrics = Metrics()
         metrics.add(GpuCollector(agent))
-        scheduler = BackgroundScheduler(timezone=timezone.utc,
-                                        job_defaults={"coalesce": True, "max_instances": 2,
-                                                      "misfire_grace_time": None})
+        scheduler = new_scheduler()
         tick = CoalescedJob(scheduler, "dispatch", agent.tick, min_gap_s=0.05, max_gap_s=0.5,
                             stopping=self.stop_event)
         scheduler.add_job(tick.run, "interval", seconds=cfg.dispatch_interval_s, id="dispatch",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,15 @@ def require_pg() -> None:
         pytest.skip(problem)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path):
-    """An empty database of each kind: SQLite file and a fresh PostgreSQL database."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'carbonsched.db'}"
+DB_KINDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@contextmanager
+def database_for(kind: str, directory: Path):
+    """An empty database of `kind`: a SQLite file under `directory/state`, or a fresh
+    PostgreSQL database dropped afterwards (skipped without a server, unless required)."""
+    if kind == "sqlite":
+        yield f"sqlite:///{directory / 'state' / 'carbonsched.db'}"
         return
     require_pg()
     url, drop = make_pg_database()
@@ -79,6 +84,13 @@ def db_url(request, tmp_path):
         yield url
     finally:
         drop()
+
+
+@pytest.fixture(params=DB_KINDS)
+def db_url(request, tmp_path):
+    """An empty database of each kind: SQLite file and a fresh PostgreSQL database."""
+    with database_for(request.param, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+
+from conftest import DB_KINDS, database_for  # noqa: F401  (re-exported for the e2e tests)
 from scheduler.client import ApiError, Client, DaemonUnreachable
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,7 @@ import uuid
 
 import pytest
 
-from daemon_harness import DaemonProcess, world_dir
-from conftest import make_pg_database, require_pg
+from daemon_harness import DB_KINDS, DaemonProcess, database_for, world_dir
 
 pytestmark = pytest.mark.slow
 
@@ -33,24 +32,17 @@ exit "$code"
 """
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=DB_KINDS)
 def daemon(request):
     root = world_dir("cs-accept-")
-    drop = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{root / 'state' / 'carbonsched.db'}"
-    else:
-        require_pg()
-        url, drop = make_pg_database()
-    d = DaemonProcess(root, url)
-    (root / "job.sh").write_text(JOB_SCRIPT)
-    d.start()
-    try:
-        yield d
-    finally:
-        d.cleanup()
-        if drop:
-            drop()
+    with database_for(request.param, root) as url:
+        d = DaemonProcess(root, url)
+        (root / "job.sh").write_text(JOB_SCRIPT)
+        d.start()
+        try:
+            yield d
+        finally:
+            d.cleanup()
 
 
 def submit(d: DaemonProcess, *args: str, user: str | None = None) -> int:

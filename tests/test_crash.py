@@ -15,8 +15,7 @@ from collections import Counter
 import pytest
 from sqlalchemy import create_engine, text
 
-from conftest import make_pg_database, require_pg
-from daemon_harness import DaemonProcess, world_dir
+from daemon_harness import DB_KINDS, DaemonProcess, database_for, world_dir
 
 pytestmark = pytest.mark.slow
 
@@ -24,22 +23,15 @@ JOBS = 50
 KILLS = 20
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=DB_KINDS)
 def crash_daemon(request):
     root = world_dir("cs-crash-")
-    drop = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{root / 'state' / 'carbonsched.db'}"
-    else:
-        require_pg()
-        url, drop = make_pg_database()
-    d = DaemonProcess(root, url)
-    try:
-        yield d
-    finally:
-        d.cleanup()
-        if drop:
-            drop()
+    with database_for(request.param, root) as url:
+        d = DaemonProcess(root, url)
+        try:
+            yield d
+        finally:
+            d.cleanup()
 
 
 def test_kill_9_at_random_moments_loses_nothing_and_runs_nothing_twice(crash_daemon):

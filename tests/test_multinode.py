@@ -14,8 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import make_pg_database, require_pg
-from daemon_harness import REPO, DaemonProcess, world_dir
+from daemon_harness import DB_KINDS, REPO, DaemonProcess, database_for, world_dir
 
 pytestmark = pytest.mark.slow
 
@@ -26,15 +25,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=DB_KINDS)
 def head_and_agent(request):
     root = world_dir("cs-multi-")
-    drop = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{root / 'state' / 'carbonsched.db'}"
-    else:
-        require_pg()
-        url, drop = make_pg_database()
+    with database_for(request.param, root) as url:
+        yield from _head_and_agent(root, url)
+
+
+def _head_and_agent(root, url):
     # The head plans on a thread here (--no-planner-process); other end-to-end tests use the
     # default child process, so both planner paths run for real.
     head = DaemonProcess(root, url, emulate=None, local_agent=False, extra=["--no-planner-process"])
@@ -57,8 +55,6 @@ def head_and_agent(request):
             agent.kill()
         agent_log.close()
         head.cleanup()
-        if drop:
-            drop()
 
 
 def test_agent_runs_jobs_and_reports_live_power(head_and_agent):

@@ -36,17 +36,16 @@ from typing import Any
 
 from telemetry.gpu.common import (
     CounterWatch,
-    GpuBackend,
     GpuCapabilities,
     GpuDevice,
     GpuDriverError,
     GpuError,
     GpuLibraryMissing,
     GpuLost,
-    GpuNotFound,
     GpuNotSupported,
     PowerLimit,
     PowerReading,
+    VendorBackend,
     translate_vendor_errors,
 )
 from telemetry.gpu.visible import select_visible
@@ -125,10 +124,11 @@ class _Device:
     instant_key: str | None
 
 
-class AmdSmiBackend(GpuBackend):
+class AmdSmiBackend(VendorBackend):
     """All AMD GPUs this agent may manage, probed once at start."""
 
     name = "amdsmi"
+    vendor_label = "AMD"
 
     def __init__(self, *, env: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -350,29 +350,6 @@ class AmdSmiBackend(GpuBackend):
         return ticks * resolution_uj * _MICRO
 
     # -- the interface --------------------------------------------------------------------
-
-    def devices(self) -> list[GpuDevice]:
-        with self._lock:
-            return [d.info for d in self._devices if d.info.uuid not in self._lost]
-
-    def _device(self, uuid: str) -> _Device:
-        with self._lock:
-            if self._closed:
-                raise GpuError("the amdsmi backend is closed")
-            if uuid in self._lost:
-                raise GpuLost(f"AMD GPU {uuid} was lost earlier")
-        try:
-            return self._by_uuid[uuid]
-        except KeyError:
-            raise GpuNotFound(f"no AMD GPU with UUID {uuid} on this node") from None
-
-    def _mark_lost(self, uuid: str, e: GpuLost) -> None:
-        with self._lock:
-            new = uuid not in self._lost
-            self._lost.add(uuid)
-        if new:
-            log.error("AMD GPU %s is lost (%s); it must not be scheduled until the node is "
-                      "repaired and the agent restarted", uuid, e)
 
     def read(self, uuid: str) -> PowerReading:
         """One reading. A device-gone error is retried once before the GPU is declared lost:

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 
 
+_log = logging.getLogger(__name__)
+
 class GpuError(Exception):
     """Base of every error a GPU backend raises."""
 
@@ -213,3 +215,36 @@ class GpuBackend(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class VendorBackend(GpuBackend):
+    """Bookkeeping shared by the real vendor backends: devices by UUID, lost GPUs, closing.
+
+    Subclasses set `_lock`, `_devices` (objects with an `info: GpuDevice`), `_by_uuid`,
+    `_lost` and `_closed`, and a `vendor_label` for messages.
+    """
+
+    vendor_label = "GPU"
+
+    def devices(self) -> list[GpuDevice]:
+        with self._lock:
+            return [d.info for d in self._devices if d.info.uuid not in self._lost]
+
+    def _device(self, uuid: str):
+        with self._lock:
+            if self._closed:
+                raise GpuError(f"the {self.name} backend is closed")
+            if uuid in self._lost:
+                raise GpuLost(f"{self.vendor_label} GPU {uuid} was lost earlier")
+        try:
+            return self._by_uuid[uuid]
+        except KeyError:
+            raise GpuNotFound(f"no {self.vendor_label} GPU with UUID {uuid} on this node") from None
+
+    def _mark_lost(self, uuid: str, e: GpuLost) -> None:
+        with self._lock:
+            new = uuid not in self._lost
+            self._lost.add(uuid)
+        if new:
+            _log.error("%s GPU %s is lost (%s); it must not be scheduled until the node is "
+                       "repaired and the agent restarted", self.vendor_label, uuid, e)

@@ -29,17 +29,16 @@ from typing import Any
 
 from telemetry.gpu.common import (
     CounterWatch,
-    GpuBackend,
     GpuCapabilities,
     GpuDevice,
     GpuDriverError,
     GpuError,
     GpuLibraryMissing,
     GpuLost,
-    GpuNotFound,
     GpuNotSupported,
     PowerLimit,
     PowerReading,
+    VendorBackend,
     translate_vendor_errors,
 )
 from telemetry.gpu.visible import select_visible
@@ -73,10 +72,11 @@ class _Device:
     handle: Any
 
 
-class NvmlBackend(GpuBackend):
+class NvmlBackend(VendorBackend):
     """All NVIDIA GPUs this agent may manage, probed once at start."""
 
     name = "nvml"
+    vendor_label = "NVIDIA"
 
     def __init__(self, *, env: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -252,29 +252,6 @@ class NvmlBackend(GpuBackend):
         raise GpuNotSupported(f"field POWER_INSTANT has unknown value type {fv.valueType}")
 
     # -- the interface --------------------------------------------------------------------
-
-    def devices(self) -> list[GpuDevice]:
-        with self._lock:
-            return [d.info for d in self._devices if d.info.uuid not in self._lost]
-
-    def _device(self, uuid: str) -> _Device:
-        with self._lock:
-            if self._closed:
-                raise GpuError("the NVML backend is closed")
-            if uuid in self._lost:
-                raise GpuLost(f"NVIDIA GPU {uuid} was lost earlier")
-        try:
-            return self._by_uuid[uuid]
-        except KeyError:
-            raise GpuNotFound(f"no NVIDIA GPU with UUID {uuid} on this node") from None
-
-    def _mark_lost(self, uuid: str, e: GpuLost) -> None:
-        with self._lock:
-            new = uuid not in self._lost
-            self._lost.add(uuid)
-        if new:
-            log.error("NVIDIA GPU %s is lost (%s); it must not be scheduled until the node is "
-                      "repaired and the agent restarted", uuid, e)
 
     def read(self, uuid: str) -> PowerReading:
         dev = self._device(uuid)
