@@ -191,11 +191,11 @@ class JobService:
                 raise RequestError(400, f"environment variable {k} is set by carbonsched and "
                                         "cannot be overridden")
 
-        owner = _user_name(caller.uid)
+        owner, groups = _account(caller.uid, caller.gid)
         return dict(
             name=name, state=State.PENDING.value, reason="waiting for the planner",
             owner_uid=caller.uid, owner_gid=caller.gid,
-            owner_groups=_groups_of(caller.uid, caller.gid), owner_name=owner,
+            owner_groups=groups, owner_name=owner,
             argv=argv, cwd=cwd, env=env, gpus=n_gpus, gpu_mem_gib=mem, deadline=deadline,
             latency_slo_ms=slo, workload=workload, prompts=prompts, est_runtime_s=est,
             time_limit_s=limit, max_retries=retries, attempts=0, submitted_at=now, plan_rev=0,
@@ -392,18 +392,28 @@ def _parse_iso(v: object, field: str) -> datetime:
     return t.astimezone(timezone.utc)
 
 
-def _user_name(uid: int) -> str:
+# Account lookups read /etc/passwd and /etc/group (or NSS) on every call; a submit needs
+# them, so they are cached for a minute: group changes reach new jobs within that time.
+_ACCOUNT_TTL_S = 60.0
+_accounts: dict[tuple[int, int], tuple[float, str, list[int]]] = {}
+
+
+def _account(uid: int, gid: int) -> tuple[str, list[int]]:
+    now = time.monotonic()
+    hit = _accounts.get((uid, gid))
+    if hit is not None and now - hit[0] < _ACCOUNT_TTL_S:
+        return hit[1], hit[2]
     try:
-        return pwd.getpwuid(uid).pw_name
+        name = pwd.getpwuid(uid).pw_name
+        groups = sorted(set(os.getgrouplist(name, gid)))
     except KeyError:
-        return str(uid)
+        name, groups = str(uid), [gid]
+    _accounts[(uid, gid)] = (now, name, groups)
+    return name, groups
 
 
 def _groups_of(uid: int, gid: int) -> list[int]:
-    try:
-        return sorted(set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)))
-    except KeyError:
-        return [gid]
+    return _account(uid, gid)[1]
 
 
 def admin_gids(names: list[str]) -> frozenset[int]:
