@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+import json
+from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, String, bindparam, select, type_coerce, update
 
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.model import GpuSlot
@@ -66,19 +68,11 @@ class Planner:
             slots.append(GpuSlot(id=g.id, node=g.node_name, zone=node.zone if node else "?",
                                  index=g.index, model=g.model, memory_gib=g.memory_gib,
                                  healthy=bool(g.healthy) and alive, busy_until=busy_until))
-        queued = {r.id: r for r in conn.execute(
-            select(jobs.c.id, jobs.c.state, jobs.c.gpus, jobs.c.gpu_mem_gib, jobs.c.submitted_at,
-                   jobs.c.est_runtime_s, jobs.c.deadline, jobs.c.latency_slo_ms, jobs.c.workload,
-                   jobs.c.prompts, jobs.c.planned_node, jobs.c.planned_gpu_ids,
-                   jobs.c.planned_start, jobs.c.plan_rev, jobs.c.reason)
-            .where(jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))
-            .order_by(jobs.c.id))}
+        queued = _read_queue(conn)
         snapshot = Snapshot(
             now=now,
-            jobs=tuple(QueuedJob(id=r.id, gpus=r.gpus, gpu_mem_gib=r.gpu_mem_gib,
-                                 submitted_at=r.submitted_at, est_runtime_s=r.est_runtime_s,
-                                 deadline=r.deadline, latency_slo_ms=r.latency_slo_ms,
-                                 workload=r.workload, prompts=r.prompts)
+            jobs=tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, r.est_runtime_s,
+                                 r.deadline, r.latency_slo_ms, r.workload, r.prompts)
                        for r in queued.values()),
             gpus=tuple(slots),
             default_runtime_s=self.default_runtime_s,
@@ -131,6 +125,57 @@ class Planner:
                      self.policy.name, stats.jobs, stats.planned, stats.moved, stats.withdrawn,
                      stats.duration_s)
         return stats
+
+
+class QueuedRow(NamedTuple):
+    """A PENDING or PLANNED job as the planner reads it each tick."""
+
+    id: int
+    state: str
+    gpus: int
+    gpu_mem_gib: float
+    submitted_at: datetime
+    est_runtime_s: float | None
+    deadline: datetime | None
+    latency_slo_ms: float | None
+    workload: str | None
+    prompts: int | None
+    planned_node: str | None
+    planned_gpu_ids: list | None
+    planned_start: datetime | None
+    plan_rev: int
+    reason: str | None
+
+
+_QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
+
+
+def _read_queue(conn: Connection) -> dict[int, QueuedRow]:
+    """The queue, read fast: a tick reads thousands of rows, so on SQLite times and JSON come
+    back as raw text and are parsed here with the C parsers instead of per-value processors."""
+    raw = conn.dialect.name == "sqlite"
+    cols = []
+    for name in QueuedRow._fields:
+        col = jobs.c[name]
+        if raw and (name in _QUEUE_TIMES or name == "planned_gpu_ids"):
+            col = type_coerce(col, String).label(name)
+        cols.append(col)
+    q = (select(*cols).where(jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))
+         .order_by(jobs.c.id))
+    out: dict[int, QueuedRow] = {}
+    for r in conn.execute(q):
+        if raw:
+            r = QueuedRow(r[0], r[1], r[2], r[3], _utc(r[4]), r[5], _utc(r[6]), r[7], r[8], r[9],
+                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), r[13], r[14])
+        else:
+            r = QueuedRow(*r)
+        out[r.id] = r
+    return out
+
+
+def _utc(text: str | None) -> datetime | None:
+    """A stored naive-UTC SQLite timestamp as an aware datetime."""
+    return None if text is None else datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
 
 
 def _plan_changed(row, a, now: datetime) -> bool:
