@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 DUTY_GAP_FACTOR = 5.0
+PLANNER_NICE = 10
 MAX_GAP_S = 10.0
 
 
@@ -36,6 +38,8 @@ class PlannerSpec:
 def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Planning is background work: when CPUs are short, requests and the database go first.
+    os.nice(PLANNER_NICE)
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from policies import get_policy
     from scheduler.planner import Planner
