@@ -19,7 +19,7 @@ from sqlalchemy import Connection, case, insert, select, update
 
 from policies.catalog import match_device_name
 from scheduler.executor import Executor, LaunchSpec, RunState, RunStatus
-from scheduler.lifecycle import State, transition, utcnow
+from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
 from scheduler.samples import SampleStore, StoredSample
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
@@ -243,57 +243,34 @@ class Agent:
         ended = _parse_time(result.get("ended_at")) or self._clock()
         energy_j, method = self._job_energy(job, status, ended)
 
-        def tx(conn: Connection) -> None:
-            actor = job.cancel_requested_by if to is State.CANCELLED else None
-            ok = transition(conn, job.id, to, actor_uid=actor, reason=why, expect=State.RUNNING,
-                            values=dict(ended_at=ended, exit_code=code, energy_j=energy_j,
-                                        energy_method=method))
-            if ok:
-                conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
-
-        self.store.transact(tx)
+        actor = job.cancel_requested_by if to is State.CANCELLED else None
+        self.store.transact(lambda conn: end_run(
+            conn, job.id, to, actor_uid=actor, reason=why,
+            values=dict(ended_at=ended, exit_code=code, energy_j=energy_j, energy_method=method)))
         self._release_gpus(job.gpu_ids or [])
         self.executor.forget(job.id)
         self._signalled.discard(job.id)
         log.info("job %s %s (%s)", job.id, to.value, why)
 
     def _requeue_unlaunched(self, job) -> None:
-        def tx(conn: Connection) -> None:
-            if transition(conn, job.id, State.PENDING, actor_uid=None, expect=State.RUNNING,
-                          reason="agent stopped between claim and launch; the command never "
-                                 "started, so it was put back in the queue",
-                          values=dict(node=None, gpu_ids=None, gpu_indices=None, started_at=None,
-                                      planned_node=None, planned_gpu_ids=None, planned_start=None,
-                                      attempts=jobs.c.attempts - 1)):
-                conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
-
-        self.store.transact(tx)
+        self.store.transact(lambda conn: end_run(
+            conn, job.id, State.PENDING, actor_uid=None,
+            reason="agent stopped between claim and launch; the command never started, so it "
+                   "was put back in the queue",
+            values=dict(UNPLACED, started_at=None, attempts=jobs.c.attempts - 1)))
         self.executor.forget(job.id)
         log.warning("job %s was claimed but never launched; re-queued", job.id)
 
     def _lose(self, job, why: str, status: RunStatus | None = None) -> None:
-        retry = job.attempts <= job.max_retries
-
-        def tx(conn: Connection) -> None:
-            if retry:
-                ok = transition(conn, job.id, State.PENDING, actor_uid=None, expect=State.RUNNING,
-                                reason=f"{why}; retrying (attempt {job.attempts + 1} of "
-                                       f"{job.max_retries + 1})",
-                                values=dict(node=None, gpu_ids=None, gpu_indices=None,
-                                            planned_node=None, planned_gpu_ids=None,
-                                            planned_start=None))
-            elif status is not None and status.result is not None:
-                ok = transition(conn, job.id, State.FAILED, actor_uid=None, reason=why,
-                                expect=State.RUNNING, values=dict(
-                                    ended_at=_parse_time(status.result.get("ended_at")) or self._clock(),
-                                    exit_code=status.result.get("exit_code")))
-            else:
-                ok = transition(conn, job.id, State.LOST, actor_uid=None, reason=why,
-                                expect=State.RUNNING, values=dict(ended_at=self._clock()))
-            if ok:
-                conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
-
-        self.store.transact(tx)
+        """Re-queue (retries left) or end a job that did not finish by itself: FAILED when its
+        supervisor reported how it ended, LOST when nobody knows."""
+        if status is not None and status.result is not None:
+            end, values = State.FAILED, dict(
+                ended_at=_parse_time(status.result.get("ended_at")) or self._clock(),
+                exit_code=status.result.get("exit_code"))
+        else:
+            end, values = State.LOST, dict(ended_at=self._clock())
+        self.store.transact(lambda conn: retry_or_end(conn, job, why, end=end, values=values))
         self._release_gpus(job.gpu_ids or [])
         self.executor.forget(job.id)
         log.error("job %s lost: %s", job.id, why)

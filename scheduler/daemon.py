@@ -15,7 +15,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy.engine import make_url
 
 from policies import get_policy
 from policies.catalog import parse_fleet
@@ -455,7 +454,3 @@ def plan_preview(planner: Planner, service: JobService, caller: Caller) -> list[
              "gco2_if_now": None, "reason": why}
             for job_id, why in plan.unplaced.items() if job_id in visible]
     return sorted(out, key=lambda p: p["job"])
-
-
-def is_sqlite(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"

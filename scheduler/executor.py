@@ -109,7 +109,7 @@ class Executor:
         if not run_dir.exists():
             return RunStatus(RunState.NOT_LAUNCHED)
         if _lock_held(run_dir / "lock"):
-            return RunStatus(RunState.RUNNING, spec=_read_json(run_dir / "spec.json"))
+            return RunStatus(RunState.RUNNING)  # the common case, every tick: no file reads
         # Lock free: the supervisor is gone. It may have written its result just now.
         result = _read_json(run_dir / "result.json")
         spec = _read_json(run_dir / "spec.json")

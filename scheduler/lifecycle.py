@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
-from scheduler.store.models import job_events, jobs
+from scheduler.store.models import gpus, job_events, jobs
 
 
 class State(enum.StrEnum):
@@ -107,6 +107,30 @@ def transition(
         )
     )
     return True
+
+
+# Where a job ran or was planned to run: cleared when it goes back to the queue.
+UNPLACED: dict[str, None] = dict(node=None, gpu_ids=None, gpu_indices=None, planned_node=None,
+                                 planned_gpu_ids=None, planned_start=None)
+
+
+def end_run(conn: Connection, job_id: int, to: State, *, actor_uid: int | None, reason: str,
+            values: dict[str, Any] | None = None) -> bool:
+    """Move a RUNNING job on (to an end state, or back to the queue) and free its GPUs."""
+    ok = transition(conn, job_id, to, actor_uid=actor_uid, reason=reason, expect=State.RUNNING,
+                    values=values)
+    if ok:
+        conn.execute(update(gpus).where(gpus.c.job_id == job_id).values(job_id=None))
+    return ok
+
+
+def retry_or_end(conn: Connection, job, why: str, *, end: State, values: dict[str, Any]) -> bool:
+    """A RUNNING job that did not finish on its own: back to the queue while its owner's
+    retries last (`job` has `id`, `attempts`, `max_retries`), else to `end` with `values`."""
+    if job.attempts <= job.max_retries:
+        return end_run(conn, job.id, State.PENDING, actor_uid=None, values=UNPLACED,
+                       reason=f"{why}; retrying (attempt {job.attempts + 1} of {job.max_retries + 1})")
+    return end_run(conn, job.id, end, actor_uid=None, reason=why, values=values)
 
 
 _INSERT_EVENT = insert(job_events)

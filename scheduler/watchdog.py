@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, or_, select, update
+from sqlalchemy import Connection, or_, select
 
-from scheduler.lifecycle import State, transition, utcnow
+from scheduler.lifecycle import State, retry_or_end, utcnow
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import jobs, nodes
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +41,7 @@ def reap_dead_nodes(store: Store, *, lost_after_s: float = DEFAULT_NODE_LOST_AFT
         why = f"node {job.node} stopped heartbeating for more than {lost_after_s:g}s"
 
         def tx(conn: Connection, job=job, why=why) -> bool:
-            if job.attempts <= job.max_retries:
-                ok = transition(conn, job.id, State.PENDING, actor_uid=None, expect=State.RUNNING,
-                                reason=f"{why}; retrying", values=dict(
-                                    node=None, gpu_ids=None, gpu_indices=None, planned_node=None,
-                                    planned_gpu_ids=None, planned_start=None))
-            else:
-                ok = transition(conn, job.id, State.LOST, actor_uid=None, expect=State.RUNNING,
-                                reason=why, values=dict(ended_at=now))
-            if ok:
-                conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
-            return ok
+            return retry_or_end(conn, job, why, end=State.LOST, values=dict(ended_at=now))
 
         if store.transact(tx):
             out.append(job.id)

@@ -8,7 +8,6 @@ waits for the lock up front instead of failing when it upgrades a read lock.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -210,7 +209,3 @@ def alembic_config(connection: Connection | None = None):
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg
-
-
-def env_db_url() -> str | None:
-    return os.environ.get("CARBONSCHED_DB")
