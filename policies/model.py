@@ -7,6 +7,7 @@ seconds in fields named `*_s`; memory is GiB in fields named `*_gib`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import datetime
 
 
@@ -23,6 +24,8 @@ class QueuedJob:
     latency_slo_ms: float | None = None
     workload: str | None = None
     prompts: int | None = None
+    max_delay_s: float | None = None  # start no later than submitted_at + this
+    pinned: bool = False  # its start falls in the current tick: keep its GPUs and start
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,53 @@ class GpuSlot:
     memory_gib: float
     healthy: bool = True
     busy_until: datetime | None = None  # None: free now
+    drained: bool = False  # healthy but closed to new work by an operator
+
+
+@dataclass(frozen=True)
+class CarbonCurve:
+    """Forecast grid carbon intensity of one zone as a step function.
+
+    `values_g_per_kwh[i]` holds on [start + i*step_s, start + (i+1)*step_s). Before `start`
+    the first value holds, after the end the last one (a planner never looks further than
+    its horizon, and the forecast covers it). `signal` is "average" or "marginal"; a
+    snapshot never mixes the two.
+    """
+
+    zone: str
+    start: datetime
+    step_s: float
+    values_g_per_kwh: tuple[float, ...]
+    signal: str = "average"
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class PowerCap:
+    """A site power cap for one zone: at most `cap_w` of GPU power in [start, end)."""
+
+    zone: str
+    cap_w: float
+    start: datetime | None = None  # None: from always
+    end: datetime | None = None  # None: until always
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How one workload class runs on one GPU model (per GPU, data-parallel over k GPUs).
+
+    `source` says where the numbers come from: a public measurement, a roofline scaling
+    from another model, or this cluster's own completed jobs (with `samples` runs).
+    """
+
+    workload: str
+    model: str
+    prompts_per_s: float
+    power_w: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    source: str = ""
+    samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +97,16 @@ class Estimate:
     energy_j: float | None = None
     gco2: float | None = None
     gco2_if_now: float | None = None
+    runtime_s: float | None = None
+    prompts: int | None = None
+    binding: str | None = None  # the constraint that shaped this choice (deadline, slo, memory, ...)
+    deadline_miss: bool = False  # no feasible placement meets the deadline: runs ASAP, flagged
+
+    @property
+    def gco2_per_prompt(self) -> float | None:
+        if self.gco2 is None or not self.prompts:
+            return None
+        return self.gco2 / self.prompts
 
 
 @dataclass(frozen=True)
@@ -63,12 +123,24 @@ class Assignment:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Everything a policy may look at: the queue, the GPUs and the current time."""
+    """Everything a policy may look at: the queue, the GPUs, carbon forecasts, profiles, now.
+
+    `carbon` maps zone -> forecast curve; a zone without one is planned carbon-blind (its
+    gCO2 estimates are None and the explanation says so). `pue` maps zone -> PUE (default
+    1.0). `profiles` are the workload profiles known now (seeded + learned); a job whose
+    workload has no profile for a model is estimated from the catalog.
+    """
 
     now: datetime
     jobs: tuple[QueuedJob, ...]
     gpus: tuple[GpuSlot, ...]
     default_runtime_s: float = 3600.0
+    carbon: Mapping[str, CarbonCurve] = field(default_factory=dict)
+    pue: Mapping[str, float] = field(default_factory=dict)
+    profiles: tuple[Profile, ...] = ()
+    power_caps: tuple[PowerCap, ...] = ()
+    slot_s: float = 900.0
+    horizon_s: float = 48 * 3600.0
 
 
 @dataclass(frozen=True)
