@@ -102,6 +102,7 @@ class Store:
             url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine)
         )
         self._write_engine = self.engine.execution_options(carbonsched_write=True)
+        self._autocommit_engine = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.dialect = self.engine.dialect.name
         # SQLite has one writer at a time and its busy handler polls with back-off, so
         # threads of one process queue here, in order, instead of sleeping in SQLite.
@@ -123,12 +124,12 @@ class Store:
         with self._write_lock, self._write_engine.connect() as conn, conn.begin():
             yield conn
 
-    def transact(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
+    def transact(self, fn: Callable[[Connection], T], *, attempts: int = 8, _engine: Engine | None = None) -> T:
         """Run fn in a write transaction, retrying transient database errors with backoff."""
         delay = 0.01
         for attempt in range(1, attempts + 1):
             try:
-                with self.write() as conn:
+                with self._write_lock, (_engine or self._write_engine).connect() as conn, conn.begin():
                     return fn(conn)
             except DBAPIError as e:
                 if attempt == attempts or not is_transient(e):
@@ -137,6 +138,13 @@ class Store:
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
+
+    def execute_once(self, statement, params: dict, *, attempts: int = 8):
+        """Run one self-contained statement in autocommit mode (one round trip on PostgreSQL),
+        retrying transient errors; the rows it returns are buffered before the connection
+        goes back to the pool."""
+        return self.transact(lambda conn: conn.execute(statement, params).freeze()(), attempts=attempts,
+                             _engine=self._autocommit_engine)
 
     def dispose(self) -> None:
         self.engine.dispose()
