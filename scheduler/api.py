@@ -15,6 +15,7 @@ import socketserver
 import stat
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -113,6 +114,18 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         os.chmod(self.path, 0o666)
         self._thread: threading.Thread | None = None
         self.stopping = False
+        self.loop_at = time.monotonic()
+
+    def service_actions(self) -> None:
+        """Called by serve_forever on every turn of its loop: proof the accept loop is alive."""
+        self.loop_at = time.monotonic()
+
+    def loop_problem(self, stall_s: float = 30.0) -> str | None:
+        """Why the API looks wedged (for the systemd watchdog), None when it is serving."""
+        if self._thread is None or not self._thread.is_alive():
+            return "API thread is not running"
+        idle_s = time.monotonic() - self.loop_at
+        return f"API accept loop has not turned for {idle_s:.0f}s" if idle_s > stall_s else None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},

@@ -1,4 +1,4 @@
-"""`carbonsched daemon`: wiring of store, planner, local agent and API; signals; sd_notify."""
+"""`carbonsched daemon`: wiring of store, planner, local agent and API; signals; systemd."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.planner import Planner
 from scheduler.planner_process import PlannerProcess, PlannerSpec
 from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
+from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.store import SchemaError, Store
 from scheduler.timeparse import iso
@@ -91,6 +92,11 @@ class CoalescedJob:
         self._wake_pending = False
         self._gap_s = min_gap_s
         self._gap_factor = gap_factor
+        self.last_end = time.monotonic()  # when a run last finished (watchdog liveness)
+
+    @property
+    def job_id(self) -> str:
+        return self._id
 
     def run(self) -> None:
         with self._lock:
@@ -108,7 +114,8 @@ class CoalescedJob:
                     self._fn()
                 except Exception:
                     log.exception("%s tick failed; will retry on the next tick", self._id)
-                took = time.monotonic() - started
+                self.last_end = time.monotonic()
+                took = self.last_end - started
                 self._gap_s = min(self._max_gap_s, max(self._min_gap_s, self._gap_factor * took))
                 with self._lock:
                     if not self._dirty:
@@ -133,6 +140,16 @@ class CoalescedJob:
             log.debug("could not wake %s: %s", self._id, e)
             with self._lock:
                 self._wake_pending = False
+
+
+DISPATCH_STALL_S = 120.0
+
+
+def _stalled(job: CoalescedJob, interval_s: float) -> str | None:
+    """Why a periodic tick looks wedged (no run finished for far longer than its interval)."""
+    idle_s = time.monotonic() - job.last_end
+    limit_s = max(DISPATCH_STALL_S, 20 * interval_s)
+    return f"no {job.job_id} tick finished for {idle_s:.0f}s" if idle_s > limit_s else None
 
 
 class InProcessPlanner:
@@ -170,21 +187,6 @@ def new_scheduler() -> BackgroundScheduler:
     return BackgroundScheduler(timezone=timezone.utc,
                                job_defaults={"coalesce": True, "max_instances": 2,
                                              "misfire_grace_time": None})
-
-
-def sd_notify(message: str) -> None:
-    """Tell systemd about our state (Type=notify); a no-op outside systemd."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(addr)
-            s.sendall(message.encode())
-        except OSError as e:
-            log.warning("sd_notify failed: %s", e)
 
 
 def make_backend(emulate: str | None, node: str) -> GpuBackend:
@@ -343,12 +345,18 @@ class Daemon(_Service):
         api.start()
         if cfg.metrics_port is not None:
             metrics.serve(cfg.metrics_port)
+        watchdog = Watchdog()
+        watchdog.add_check("api", api.loop_problem)
+        watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")
+        if agent is not None:
+            watchdog.add_check("dispatch", lambda: _stalled(dispatch_job, cfg.dispatch_interval_s))
         sd_notify("READY=1\nSTATUS=serving")
-        log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s", store.url,
-                 cfg.socket_path, policy.name, cfg.node if agent else "(no local agent)")
+        log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s%s", store.url,
+                 cfg.socket_path, policy.name, cfg.node if agent else "(no local agent)",
+                 f"; systemd watchdog every {watchdog.interval_s:g}s" if watchdog.enabled else "")
         try:
-            while not self.stop_event.wait(1.0):
-                pass
+            while not self.stop_event.wait(watchdog.ping_every_s):
+                watchdog.ping_if_healthy()
         finally:
             sd_notify("STOPPING=1")
             log.info("stopping: running jobs keep running and are adopted on restart")
@@ -424,12 +432,15 @@ class AgentRunner(_Service):
         scheduler.start()
         if cfg.metrics_port is not None:
             metrics.serve(cfg.metrics_port)
+        watchdog = Watchdog()
+        watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")
+        watchdog.add_check("dispatch", lambda: _stalled(tick, cfg.dispatch_interval_s))
         sd_notify("READY=1\nSTATUS=agent serving")
         log.info("carbonsched agent ready: node=%s zone=%s db=%s sampling at %g Hz", cfg.node,
                  cfg.zone, store.url, cfg.sample_hz)
         try:
-            while not self.stop_event.wait(1.0):
-                pass
+            while not self.stop_event.wait(watchdog.ping_every_s):
+                watchdog.ping_if_healthy()
         finally:
             sd_notify("STOPPING=1")
             log.info("stopping agent: running jobs keep running and are adopted on restart")

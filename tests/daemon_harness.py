@@ -32,7 +32,8 @@ def world_dir(prefix: str) -> Path:
 
 class DaemonProcess:
     def __init__(self, root: Path, db_url: str, *, emulate: str | None = "4xH100",
-                 extra: list[str] | None = None, grace: str = "1s", local_agent: bool = True) -> None:
+                 extra: list[str] | None = None, grace: str = "1s", local_agent: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.root = root
         self.state_dir = root / "state"
         self.socket = root / "carbonsched.sock"
@@ -40,6 +41,7 @@ class DaemonProcess:
         self.emulate = emulate
         self.extra = extra or []
         self.local_agent = local_agent
+        self.env = env or {}
         self.config = root / "carbonsched.toml"
         self.config.write_text(f'grace = "{grace}"\n')
         self.proc: subprocess.Popen | None = None
@@ -56,7 +58,7 @@ class DaemonProcess:
         log.write(f"\n==== start {self.starts} ====\n")
         log.flush()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         log.close()
         self.starts += 1
         if wait:
