@@ -1,0 +1,256 @@
+"""The API under hostile and malformed input, and per-uid limits.
+
+A real ApiServer on a real socket in front of a real JobService and store. Whatever bytes
+arrive, the daemon answers with a clear JSON error (never a 500, never a traceback), changes
+nothing it should not, and keeps serving. One uid cannot take all of the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.api import ApiServer, UidLimits, _UidGate
+from scheduler.client import ApiError, Client
+from scheduler.service import JobService, RequestError, ServiceConfig
+from scheduler.store import Store
+from scheduler.store.models import jobs
+
+FUZZ_EXAMPLES = int(os.environ.get("CARBONSCHED_FUZZ_EXAMPLES", "800"))
+TRIED = {"requests": 0}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api")
+    store = Store(f"sqlite:///{root / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=root / "logs")
+    api = ApiServer(root / "s.sock", service)
+    api.start()
+    yield api, store
+    api.stop()
+    store.dispose()
+    print(f"\nhostile API requests tried: {TRIED['requests']}")
+
+
+def raw_exchange(path, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes, half-close, read everything the daemon answers."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon closed early (oversized body): its answer is still readable
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def responses(raw: bytes) -> list[tuple[int, dict]]:
+    """Parse the HTTP responses in a byte stream: (status, JSON body) each."""
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        body, raw = rest[:length], rest[length:]
+        out.append((status, json.loads(body) if body else None))
+    return out
+
+
+def job_count(store) -> int:
+    with store.read() as conn:
+        return conn.execute(jobs.select().with_only_columns(jobs.c.id)).all().__len__()
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40))
+json_values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
+submit_fields = st.sampled_from(["argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms",
+                                 "workload", "prompts", "est_runtime_s", "time_limit_s", "cwd", "env",
+                                 "max_retries", "uid", "owner_uid"])
+hostile_submits = st.dictionaries(submit_fields, json_values, max_size=8)
+paths = st.one_of(
+    st.sampled_from(["/v1/jobs", "/v1/jobs/1", "/v1/jobs/1/logs", "/v1/jobs/-1/cancel", "/v1/cancel",
+                     "/v1/nodes", "/v1/health", "/v1/plan", "/v2/jobs", "/", "/v1/jobs/abc",
+                     "/v1/jobs/1/logs?stream=../../etc/passwd", "/v1/jobs?limit=-5", "/v1/jobs?state=%00",
+                     "/v1/jobs/99999999999999999999999", "/v1/jobs/1/logs?tail_bytes=x"]),
+    st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=60)
+    .map(lambda p: "/" + p))
+methods = st.sampled_from(["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS", "BREW"])
+
+
+def request_bytes(method: str, path: str, body: bytes | None, *, length: int | None = None,
+                  extra: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n".encode()
+    if body is not None:
+        head += f"Content-Length: {len(body) if length is None else length}\r\n".encode()
+    return head + extra + b"Connection: close\r\n\r\n" + (body or b"")
+
+
+def check_answer(raw: bytes, method: str) -> None:
+    TRIED["requests"] += 1
+    if method == "HEAD" or not raw:
+        return  # HEAD answers have no body; a closed connection is an answer to garbage
+    for status, payload in responses(raw):
+        assert status != 500, payload
+        if status >= 400:
+            assert isinstance(payload, dict) and isinstance(payload.get("error"), str) and payload["error"]
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(method=methods, path=paths, body=st.one_of(st.none(), json_values.map(lambda v: json.dumps(v).encode()),
+                                                  st.binary(max_size=200)))
+def test_any_request_gets_a_clear_answer_and_the_daemon_keeps_serving(server, method, path, body):
+    api, _ = server
+    raw = raw_exchange(api.path, request_bytes(method, path, body))
+    check_answer(raw, method)
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=hostile_submits)
+def test_hostile_submit_bodies_are_rejected_cleanly_or_accepted_whole(server, body):
+    api, store = server
+    before = job_count(store)
+    raw = raw_exchange(api.path, request_bytes("POST", "/v1/jobs", json.dumps(body).encode()))
+    check_answer(raw, "POST")
+    (status, payload), = responses(raw)
+    after = job_count(store)
+    if status == 201:
+        assert after == before + 1 and isinstance(payload["id"], int)
+    else:
+        assert 400 <= status < 500 and after == before  # a rejected request changes nothing
+
+
+@settings(max_examples=max(50, FUZZ_EXAMPLES // 4), deadline=None, suppress_health_check=list(HealthCheck))
+@given(garbage=st.binary(min_size=1, max_size=400))
+def test_raw_garbage_on_the_socket_never_breaks_the_server(server, garbage):
+    api, _ = server
+    raw = raw_exchange(api.path, garbage)
+    TRIED["requests"] += 1
+    if raw.startswith(b"HTTP/"):
+        status = int(raw.split()[1])
+        assert status != 500
+
+
+@pytest.mark.parametrize("length, body", [(2 * 1024 * 1024, b"{}"), (-1, b"{}"), (5, b"{")])
+def test_lying_or_oversized_content_length_is_refused(server, length, body):
+    api, store = server
+    before = job_count(store)
+    raw = raw_exchange(api.path, request_bytes("POST", "/v1/jobs", body, length=length), timeout=10)
+    (status, payload), *_ = responses(raw)
+    assert status in (400, 413) and payload["error"]
+    assert job_count(store) == before
+
+
+def test_still_serving_after_all_that(server):
+    api, _ = server
+    assert Client(api.path).request("GET", "/health")["ok"] in (True, False)
+
+
+# -- per-uid limits ----------------------------------------------------------------------------
+
+def test_token_bucket_refuses_a_uid_beyond_its_rate_with_a_clear_error():
+    now = [0.0]
+    gate = _UidGate(UidLimits(rate_per_s=10, burst=5, max_inflight=100), clock=lambda: now[0])
+    for _ in range(5):
+        gate.enter(1000)
+        gate.leave(1000)
+    with pytest.raises(RequestError) as e:
+        gate.enter(1000)
+    assert e.value.status == 429 and "retry in" in e.value.message
+    gate.enter(2000)  # another user is not affected
+    gate.leave(2000)
+    now[0] = 0.5  # 5 tokens back
+    for _ in range(5):
+        gate.enter(1000)
+        gate.leave(1000)
+
+
+def test_requests_in_flight_are_capped_per_uid():
+    gate = _UidGate(UidLimits(max_inflight=2))
+    gate.enter(7)
+    gate.enter(7)
+    with pytest.raises(RequestError, match="already has 2 requests in progress"):
+        gate.enter(7)
+    gate.enter(8)
+    gate.leave(7)
+    gate.enter(7)
+
+
+def test_open_connections_are_capped_per_uid(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(max_connections=3))
+    api.start()
+    held = []
+    try:
+        for _ in range(3):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(api.path))
+            held.append(s)
+        deadline = time.monotonic() + 5
+        while api.gate._connections.get(os.getuid(), 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raw = raw_exchange(api.path, request_bytes("GET", "/v1/health", None))
+        (status, payload), = responses(raw)
+        assert status == 429 and "too many open connections" in payload["error"]
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while True:  # once one closes, a new connection is served again
+            try:
+                assert Client(api.path, timeout=2).request("GET", "/health") is not None
+                break
+            except ApiError:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    finally:
+        for s in held:
+            s.close()
+        api.stop()
+        store.dispose()
+
+
+def test_a_flooding_uid_gets_429_while_the_daemon_stays_responsive(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(rate_per_s=50, burst=20))
+    api.start()
+    statuses: list[int] = []
+    try:
+        c = Client(api.path)
+        for _ in range(60):
+            try:
+                c.request("GET", "/health")
+                statuses.append(200)
+            except ApiError as e:
+                statuses.append(e.status)
+        assert 429 in statuses and statuses[:20] == [200] * 20
+    finally:
+        api.stop()
+        store.dispose()
