@@ -29,7 +29,7 @@ from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.store import SchemaError, Store
 from scheduler.timeparse import iso
-from scheduler.watchdog import DEFAULT_NODE_LOST_AFTER_S, reap_dead_nodes
+from scheduler.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
 from telemetry.gpu.detect import probe_backends
 
@@ -328,9 +328,10 @@ class Daemon(_Service):
                               id="carbon", max_instances=1, next_run_time=now)
         scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
                           seconds=60, id="rollup", max_instances=1)
-        scheduler.add_job(lambda: plan_proc.wake() if reap_dead_nodes(
-            store, lost_after_s=cfg.node_lost_after_s) else None,
-            "interval", seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1)
+        reaper = NodeReaper(store, lost_after_s=cfg.node_lost_after_s)
+        scheduler.add_job(lambda: plan_proc.wake() if reaper.reap() else None, "interval",
+                          seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1,
+                          next_run_time=datetime.now(timezone.utc))
 
         self._install_signals()
         # Everything built so far lives as long as the daemon: keep it out of the cyclic

@@ -17,7 +17,7 @@ from scheduler.lifecycle import utcnow
 from scheduler.planner import Planner
 from scheduler.service import Caller, JobService, ServiceConfig
 from scheduler.store.models import job_events, jobs, nodes
-from scheduler.watchdog import reap_dead_nodes
+from scheduler.watchdog import NodeReaper
 from telemetry.energy import Sample, integrate_power
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 
@@ -97,13 +97,41 @@ def test_a_silent_node_has_its_running_jobs_declared_lost_and_retries_requeued(c
     retry = service.submit(ROOT, {"argv": ["sleep", "30"], "gpus": 1, "max_retries": 1})["id"]
     run_until(agent, planner, store, once, {"RUNNING"})
     run_until(agent, planner, store, retry, {"RUNNING"})
-    stale = utcnow() - timedelta(minutes=10)
-    store.transact(lambda c: c.execute(update(nodes).values(last_heartbeat=stale)))
-
-    assert sorted(reap_dead_nodes(store, lost_after_s=300)) == sorted([once, retry])
+    mono = [1000.0]
+    reaper = NodeReaper(store, lost_after_s=300, monotonic=lambda: mono[0])
+    assert reaper.reap() == []  # first look: every node gets the full grace period
+    mono[0] += 299
+    assert reaper.reap() == []  # the agent is not ticked here, so its heartbeat is frozen
+    mono[0] += 2
+    assert sorted(reaper.reap()) == sorted([once, retry])
     assert job_row(store, once).state == "LOST"
     assert job_row(store, retry).state == "PENDING"
-    assert reap_dead_nodes(store, lost_after_s=300) == []  # idempotent
+    assert reaper.reap() == []  # idempotent
+
+
+def test_clock_jumps_do_not_declare_a_heartbeating_node_lost_nor_hide_a_silent_one(cluster, store):
+    agent, service, planner = cluster
+    job = service.submit(ROOT, {"argv": ["sleep", "30"], "gpus": 1})["id"]
+    run_until(agent, planner, store, job, {"RUNNING"})
+    mono = [0.0]
+    reaper = NodeReaper(store, lost_after_s=300, monotonic=lambda: mono[0])
+    reaper.reap()
+    # The agent's wall clock jumps an hour back (its stamps now look ancient to us)...
+    back = utcnow() - timedelta(hours=1)
+    for step in range(5):
+        store.transact(lambda c, s=step: c.execute(update(nodes).values(
+            last_heartbeat=back + timedelta(seconds=2 * s))))
+        mono[0] += 100  # 500 s pass on our clock, but the node keeps heartbeating
+        assert reaper.reap() == []
+    assert job_row(store, job).state == "RUNNING"
+    # ...then its stamps jump a day ahead and freeze: silence counts on our clock, not theirs.
+    ahead = utcnow() + timedelta(days=1)
+    store.transact(lambda c: c.execute(update(nodes).values(last_heartbeat=ahead)))
+    mono[0] += 1
+    assert reaper.reap() == []
+    mono[0] += 300
+    assert reaper.reap() == [job]
+    assert job_row(store, job).state == "LOST"
 
 
 def test_an_agent_that_comes_back_stops_processes_of_jobs_it_no_longer_owns(cluster, store, tmp_path):
@@ -112,9 +140,11 @@ def test_an_agent_that_comes_back_stops_processes_of_jobs_it_no_longer_owns(clus
     job = service.submit(ROOT, {"argv": ["sh", "-c", f"while true; do touch {marker}; sleep 0.1; done"],
                                 "gpus": 1})["id"]
     run_until(agent, planner, store, job, {"RUNNING"})
-    stale = utcnow() - timedelta(minutes=10)
-    store.transact(lambda c: c.execute(update(nodes).values(last_heartbeat=stale)))
-    assert reap_dead_nodes(store, lost_after_s=300) == [job]
+    mono = [0.0]
+    reaper = NodeReaper(store, lost_after_s=300, monotonic=lambda: mono[0])
+    reaper.reap()
+    mono[0] += 301
+    assert reaper.reap() == [job]
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and agent.executor.known_runs():
