@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import pwd
+import shutil
 import socket
 import threading
 import time
@@ -47,6 +48,9 @@ class AgentConfig:
     # Node power that is not the GPUs' (CPUs, fans, NICs), shared among jobs by GPU count.
     # 0 leaves it out of job energy.
     node_static_w: float = 0.0
+    # Below this much free space where job logs and run records live, the node takes no new
+    # jobs (its GPUs show as unhealthy with the reason) until space is freed.
+    min_free_disk_mib: float = 256.0
 
 
 class Agent:
@@ -73,6 +77,7 @@ class Agent:
         self._stopped_by_agent: dict[int, str] = {}
         self._prev_reading: dict[str, Reading] = {}
         self._day_j: dict[int, float] = {}
+        self._disk_full = False
 
     # -- registration -------------------------------------------------------------------
 
@@ -131,6 +136,7 @@ class Agent:
             self.executor.reap()
             self.flush_samples()
             changed = self._mark_lost_gpus()
+            changed |= self._check_disk()
             changed |= self._reconcile_running()
             changed |= self._claim_due()
             self._heartbeat()
@@ -189,6 +195,43 @@ class Agent:
                 if self.executor.signal_cancel(job_id):
                     log.error("job %s: stopping it, its GPU %s is lost", job_id, uuid)
         return changed
+
+    def _check_disk(self) -> bool:
+        """Stop taking jobs while the log disk is (nearly) full, and take them again after.
+
+        A job started now could not write its output, and its outcome might not be
+        recordable: better to leave it queued (the planner moves it to other nodes, these
+        GPUs show as unhealthy with the reason) and say so loudly. Running jobs go on; their
+        supervisors wait for space to record how they ended.
+        """
+        try:
+            free_mib = disk_free_bytes(self.config.state_dir) / 2**20
+        except OSError as e:
+            free_mib, why = 0.0, f"cannot check free space of {self.config.state_dir}: {e}"
+        else:
+            why = (f"disk full: {free_mib:.0f} MiB free for job logs in {self.config.state_dir} "
+                   f"(need {self.config.min_free_disk_mib:g} MiB)")
+        full = free_mib < self.config.min_free_disk_mib
+        if full == self._disk_full:
+            return False
+        self._disk_full = full
+        node = self.config.node
+
+        def tx(conn: Connection) -> None:
+            if full:
+                conn.execute(update(gpus).where(gpus.c.node_name == node, gpus.c.healthy.is_(True))
+                             .values(healthy=False, unhealthy_reason=why))
+            else:
+                conn.execute(update(gpus).where(gpus.c.node_name == node,
+                                                gpus.c.unhealthy_reason.like("disk full:%"))
+                             .values(healthy=True, unhealthy_reason=None))
+
+        self.store.transact(tx)
+        if full:
+            log.error("node %s takes no new jobs: %s", node, why)
+        else:
+            log.warning("node %s has disk space again (%.0f MiB free); taking jobs", node, free_mib)
+        return True
 
     def _running_jobs(self) -> list:
         with self.store.read() as conn:
@@ -463,6 +506,11 @@ class Agent:
                     self._set_busy(gid, True)
         self._stop_orphans({j.id for j in running})
         log.info("reconciled %d running job(s) on %s", len(running), self.config.node)
+
+
+def disk_free_bytes(path: Path) -> int:
+    """Free bytes for unprivileged writers on the filesystem holding `path` (the seam tests fake)."""
+    return shutil.disk_usage(path).free
 
 
 def visible_devices_env(vendor: str, indices: list[int]) -> dict[str, str]:

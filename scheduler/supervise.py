@@ -15,6 +15,7 @@ Only the standard library is imported here so it starts fast.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -132,8 +133,30 @@ def supervise(run_dir: Path) -> int:
     if rc < 0:
         result["signal"] = -rc
     result["exit_code"] = rc
-    write_json_atomic(run_dir / "result.json", result)
+    _write_result_patiently(run_dir, result)
     return 0
+
+
+RESULT_RETRY_S = 2.0
+
+
+def _write_result_patiently(run_dir: Path, result: dict) -> None:
+    """Write result.json, waiting out a full disk: the outcome of a job that ran is never
+    dropped. While we wait we still hold the run's lock, so the agent sees the job as
+    RUNNING (not VANISHED, which would make it LOST) until the result is on disk."""
+    complained = False
+    while True:
+        try:
+            write_json_atomic(run_dir / "result.json", result)
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            if not complained:
+                sys.stderr.write(f"carbonsched supervisor: disk full writing the result of "
+                                 f"{run_dir.name}; retrying every {RESULT_RETRY_S:g}s\n")
+                complained = True
+            time.sleep(RESULT_RETRY_S)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ disappear, and leftover processes of jobs it no longer owns."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -16,7 +17,7 @@ from scheduler.agent import Agent, AgentConfig
 from scheduler.lifecycle import utcnow
 from scheduler.planner import Planner
 from scheduler.service import Caller, JobService, ServiceConfig
-from scheduler.store.models import job_events, jobs, nodes
+from scheduler.store.models import gpus, job_events, jobs, nodes
 from scheduler.watchdog import NodeReaper
 from telemetry.energy import Sample, integrate_power
 from telemetry.gpu import EmulatedBackend, EmulatedModel
@@ -191,3 +192,52 @@ def test_a_gpu_lost_mid_run_is_taken_out_of_service_and_its_job_failed_or_requeu
     _, plan = planner.preview()
     assigned = plan.by_job().get(other)
     assert assigned is None or first.gpu_ids[0] not in assigned.gpu_ids
+
+
+def test_a_full_log_disk_stops_new_jobs_on_the_node_until_space_is_freed(cluster, store, monkeypatch):
+    import scheduler.agent as agent_module
+
+    agent, service, planner = cluster
+    free = {"bytes": 10 * 2**20}
+    monkeypatch.setattr(agent_module, "disk_free_bytes", lambda path: free["bytes"])
+    job = service.submit(ROOT, {"argv": ["true"], "gpus": 1})["id"]
+    for _ in range(5):
+        planner.tick()
+        agent.tick()
+    assert job_row(store, job).state in ("PENDING", "PLANNED")  # queued, not started, not lost
+    with store.read() as conn:
+        reasons = conn.execute(select(gpus.c.healthy, gpus.c.unhealthy_reason)
+                               .where(gpus.c.node_name == "n1")).all()
+    assert all(not healthy and "disk full: 10 MiB free" in why for healthy, why in reasons), reasons
+
+    free["bytes"] = 10 * 2**30
+    assert run_until(agent, planner, store, job, {"COMPLETED"}) == "COMPLETED"
+    with store.read() as conn:
+        assert all(h for (h,) in conn.execute(select(gpus.c.healthy).where(gpus.c.node_name == "n1")))
+
+
+def test_a_supervisor_waits_out_a_full_disk_to_record_how_the_job_ended(tmp_path, monkeypatch):
+    import errno
+
+    import scheduler.supervise as supervise
+
+    real = supervise.write_json_atomic
+    failures = {"left": 3}
+
+    def flaky(path, data):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(supervise, "write_json_atomic", flaky)
+    monkeypatch.setattr(supervise, "RESULT_RETRY_S", 0.01)
+    supervise._write_result_patiently(tmp_path, {"exit_code": 0})
+    assert json.loads((tmp_path / "result.json").read_text()) == {"exit_code": 0}
+
+    def broken(path, data):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(supervise, "write_json_atomic", broken)
+    with pytest.raises(PermissionError):  # only a full disk is waited out
+        supervise._write_result_patiently(tmp_path, {"exit_code": 0})
