@@ -1,0 +1,309 @@
+"""Every setting of the daemon and the agent in one table: its TOML key, flag, environment
+variable, type, default and meaning.
+
+A value comes from the flag, else the environment variable, else the config file, else the
+default. `resolve` checks every value it uses and reports all problems at once, each with the
+key and where the value came from, so an operator fixes a config file in one pass instead of
+meeting one traceback per restart. `carbonsched config check` runs the same checks offline.
+Nested tables (`[carbon]`, `[site]`, `[zones.Z]`) are checked by the code that owns them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler.timeparse import format_duration, parse_duration
+
+DAEMON, AGENT = "daemon", "agent"
+DEFAULT_CONFIG_PATH = Path("/etc/carbonsched/config.toml")
+
+
+class ConfigErrors(ValueError):
+    """One or more settings are wrong; `errors` lists each with its key and source."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+# -- value parsers: text or TOML value in, typed value out, ValueError with a reason -------
+
+def _duration(v: Any) -> float:
+    seconds = parse_duration(str(v))
+    if seconds <= 0:
+        raise ValueError(f"must be a positive duration (got {v!r})")
+    return seconds
+
+
+def _number(minimum: float | None = None, maximum: float | None = None) -> Callable[[Any], float]:
+    def parse(v: Any) -> float:
+        if isinstance(v, bool):
+            raise ValueError(f"must be a number (got {v!r})")
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a number (got {v!r})") from None
+        if x != x or (minimum is not None and x < minimum) or (maximum is not None and x > maximum):
+            lo = "" if minimum is None else f">= {minimum:g}"
+            hi = "" if maximum is None else f"<= {maximum:g}"
+            raise ValueError(f"must be {' and '.join(p for p in (lo, hi) if p)} (got {v!r})")
+        return x
+    return parse
+
+
+def _integer(minimum: int, maximum: int) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            raise ValueError(f"must be a whole number (got {v!r})")
+        try:
+            x = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a whole number (got {v!r})") from None
+        if not minimum <= x <= maximum:
+            raise ValueError(f"must be between {minimum} and {maximum} (got {x})")
+        return x
+    return parse
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"must be true or false (got {v!r})")
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"must be a non-empty string (got {v!r})")
+    return v.strip()
+
+
+def _groups(v: Any) -> list[str]:
+    items = v.split(",") if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(g, str) and g.strip() for g in items):
+        raise ValueError(f"must be a list of group names (got {v!r})")
+    return [g.strip() for g in items]
+
+
+def _db_url(v: Any) -> str:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from scheduler.store.engine import normalize_url
+
+    url = normalize_url(_text(v))
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError:
+        raise ValueError(f"is not a database URL (got {v!r}); e.g. postgresql+psycopg://user@host/db") from None
+    if backend not in ("sqlite", "postgresql"):
+        raise ValueError(f"must be a SQLite or PostgreSQL URL (got {backend})")
+    return url
+
+
+def _fleet(v: Any) -> str:
+    from policies.catalog import parse_fleet
+
+    parse_fleet(_text(v))
+    return _text(v)
+
+
+def _policy(v: Any) -> str:
+    from policies.base import policy_names
+
+    name = _text(v).lower()
+    usable = [n for n in policy_names() if n != "oracle"]
+    if name == "oracle":
+        raise ValueError("oracle needs perfect knowledge of the future: it exists only in `carbonsched simulate`")
+    if name not in usable:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(usable)}")
+    return name
+
+
+def _log_level(v: Any) -> str:
+    level = _text(v).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"must be DEBUG, INFO, WARNING, ERROR or CRITICAL (got {v!r})")
+    return level
+
+
+def _path(v: Any) -> Path:
+    return Path(_text(v)).expanduser()
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    scopes: frozenset[str]
+    metavar: str | None = None
+    show: Callable[[Any], str] | None = None  # how a parsed value is printed (durations)
+
+    @property
+    def env(self) -> str:
+        return "CARBONSCHED_" + self.key.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.parse is _bool
+
+    def format(self, value: Any) -> str:
+        if value is None:
+            return "(unset)"
+        return self.show(value) if self.show else str(value)
+
+
+_BOTH = frozenset({DAEMON, AGENT})
+_HEAD = frozenset({DAEMON})
+_NODE = frozenset({AGENT})
+_dur = format_duration
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("db", _db_url, None, "database URL (default: SQLite under the state dir; an agent needs "
+            "the cluster's PostgreSQL)", _BOTH, "URL"),
+    Setting("state_dir", _path, None, "state directory: SQLite store, job logs, run records (default "
+            "/var/lib/carbonsched as root, else ~/.local/state/carbonsched)", _BOTH, "DIR"),
+    Setting("socket", _path, None, "API socket path (default /run/carbonsched/carbonsched.sock as root, "
+            "else STATE_DIR/carbonsched.sock)", _HEAD, "PATH"),
+    Setting("node", _text, None, "name of this node (default: host name)", _BOTH, "NAME"),
+    Setting("zone", _text, "local", "carbon zone of this node, e.g. DE or US-CAL-CISO", _BOTH, "ZONE"),
+    Setting("emulate", _fleet, None, "emulate a GPU fleet where none exists, e.g. 4xMI300X,2xH100",
+            _BOTH, "SPEC"),
+    Setting("policy", _policy, "cpsat", "planning policy: fifo, greedy or cpsat", _HEAD, "NAME"),
+    Setting("plan_interval", _duration, 15.0, "planner period (a submit also wakes it)", _HEAD, "DUR", _dur),
+    Setting("dispatch_interval", _duration, 1.0, "how often an agent starts due jobs", _BOTH, "DUR", _dur),
+    Setting("planner_process", _bool, True, "plan in a child process so long ticks never stall the API",
+            _HEAD),
+    Setting("local_agent", _bool, None, "run an agent inside the daemon (default: on for SQLite or "
+            "with --emulate)", _HEAD),
+    Setting("sample_hz", _number(0.1, 100), 1.0, "GPU power sampling rate, Hz", _BOTH, "HZ"),
+    Setting("metrics_port", _integer(0, 65535), None, "serve Prometheus metrics on this TCP port",
+            _BOTH, "PORT"),
+    Setting("log_level", _log_level, "INFO", "log level", _BOTH, "LEVEL"),
+    Setting("admin_groups", _groups, [], "groups whose members see and cancel every job and drain "
+            "GPUs (comma-separated in env/flag)", _HEAD, "GROUP,..."),
+    Setting("time_limit_factor", _number(1.0, 100.0), 2.0, "time limit = --est-runtime x this, unless "
+            "--time-limit is given", _HEAD, "X"),
+    Setting("grace", _duration, 10.0, "SIGTERM -> SIGKILL grace on cancel and timeout", _BOTH, "DUR", _dur),
+    Setting("node_lost_after", _duration, 300.0, "a silent node's running jobs are declared LOST (or "
+            "re-queued) after this; longer than any agent restart", _HEAD, "DUR", _dur),
+    Setting("sample_retention", _duration, 3600.0, "raw power samples are kept this long, then minute "
+            "roll-ups", _HEAD, "DUR", _dur),
+    Setting("node_static_w", _number(0.0, 100_000.0), 0.0, "node power besides the GPUs (CPUs, fans, "
+            "NICs), shared among jobs by GPU count; 0 leaves it out", _BOTH, "W"),
+    Setting("min_free_disk_mib", _number(0.0, 1e9), 256.0, "below this free space for job logs a node "
+            "takes no new jobs", _BOTH, "MIB"),
+    Setting("api_rate_per_uid", _number(1.0, 1e6), 1000.0, "API requests per second one uid may make "
+            "(token bucket)", _HEAD, "N"),
+    Setting("api_burst_per_uid", _number(1.0, 1e7), 2000.0, "API request burst one uid may make", _HEAD, "N"),
+    Setting("api_max_inflight_per_uid", _integer(1, 10_000), 32, "API requests one uid may have in "
+            "progress at once", _HEAD, "N"),
+    Setting("api_max_connections_per_uid", _integer(1, 100_000), 256, "API connections one uid may hold "
+            "open", _HEAD, "N"),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
+# Tables checked by their owners: name -> fn(table, whole config) returning error strings.
+TABLES: dict[str, Callable[[Any, Mapping], list[str]]] = {}
+
+
+def register_table(name: str, check: Callable[[Any, Mapping], list[str]]) -> None:
+    """Let the owner of a nested config table (`[carbon]`, `[site]`) check it."""
+    TABLES[name] = check
+
+
+def add_flags(parser: argparse.ArgumentParser, scope: str) -> None:
+    """One flag per setting of `scope`, with its environment variable in the help."""
+    for s in SETTINGS:
+        if scope not in s.scopes:
+            continue
+        default = "" if s.default in (None, []) else f" (default {s.format(s.default)})"
+        text = f"{s.help}{default} [env: {s.env}]"
+        if s.is_bool:
+            parser.add_argument(s.flag, dest=s.key, action=argparse.BooleanOptionalAction, default=None,
+                                help=text)
+        else:
+            parser.add_argument(s.flag, dest=s.key, metavar=s.metavar, default=None, help=text)
+
+
+@dataclass
+class Resolved:
+    """Effective settings of one scope: values by key and where each came from."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]
+    config_path: str | None
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+def resolve(scope: str, args: argparse.Namespace | None, config: Mapping[str, Any],
+            environ: Mapping[str, str] | None = None, *, config_path: str | None = None) -> Resolved:
+    """Every setting of `scope` from flag, env, config file or default; ConfigErrors lists all
+    problems (unknown keys in the file included) with key and source."""
+    environ = os.environ if environ is None else environ
+    errors = check_file(config, config_path)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    where_file = f"config key `{{}}` in {config_path}" if config_path else "config key `{}`"
+    for s in SETTINGS:
+        if scope not in s.scopes:
+            continue
+        flag_value = getattr(args, s.key, None) if args is not None else None
+        if flag_value is not None:
+            raw, source = flag_value, f"flag {s.flag}"
+        elif environ.get(s.env):
+            raw, source = environ[s.env], f"env {s.env}"
+        elif s.key in config:
+            raw, source = config[s.key], where_file.format(s.key)
+        else:
+            values[s.key], sources[s.key] = s.default, "default"
+            continue
+        try:
+            values[s.key] = s.parse(raw)
+        except ValueError as e:
+            if not source.startswith("config key"):  # the file's own errors come from check_file
+                errors.append(f"{source}: {e}")
+            continue
+        sources[s.key] = source
+    if errors:
+        raise ConfigErrors(errors)
+    return Resolved(values, sources, config_path)
+
+
+def check_file(config: Mapping[str, Any], config_path: str | None = None) -> list[str]:
+    """Problems with a config file's contents alone: unknown keys, bad values, bad tables."""
+    errors: list[str] = []
+    prefix = f"{config_path}: " if config_path else ""
+    known = set(BY_KEY) | set(TABLES)
+    for key, value in config.items():
+        if key in TABLES:
+            errors.extend(f"{prefix}[{key}] {e}" for e in TABLES[key](value, config))
+            continue
+        s = BY_KEY.get(key)
+        if s is None:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            errors.append(f"{prefix}unknown config key `{key}`{hint}")
+            continue
+        try:
+            s.parse(value)
+        except ValueError as e:
+            errors.append(f"{prefix}config key `{key}`: {e}")
+    return errors

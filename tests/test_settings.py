@@ -1,0 +1,86 @@
+"""One table of settings: flag, then environment, then config file, then default; every
+problem reported at once with its key and where the value came from."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from scheduler import settings
+from scheduler.settings import AGENT, DAEMON, SETTINGS, ConfigErrors, add_flags, check_file, resolve
+
+
+def parse(scope: str, *argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_flags(p, scope)
+    return p.parse_args(list(argv))
+
+
+def test_every_setting_has_a_flag_an_env_var_and_help():
+    for s in SETTINGS:
+        assert s.env == "CARBONSCHED_" + s.key.upper()
+        assert s.flag == "--" + s.key.replace("_", "-")
+        assert s.help and s.scopes <= {DAEMON, AGENT}
+    p = argparse.ArgumentParser()
+    add_flags(p, DAEMON)
+    text = " ".join(p.format_help().split())
+    for s in SETTINGS:
+        if DAEMON in s.scopes:
+            assert s.flag in text and f"[env: {s.env}]" in text.replace("- ", "-")
+
+
+def test_flag_beats_env_beats_file_beats_default():
+    config = {"grace": "30s", "sample_hz": 2, "zone": "GB"}
+    env = {"CARBONSCHED_GRACE": "20s", "CARBONSCHED_ZONE": "FR"}
+    r = resolve(AGENT, parse(AGENT, "--grace", "5s"), config, env, config_path="/etc/c.toml")
+    assert r["grace"] == 5.0 and r.sources["grace"] == "flag --grace"
+    assert r["zone"] == "FR" and r.sources["zone"] == "env CARBONSCHED_ZONE"
+    assert r["sample_hz"] == 2.0 and r.sources["sample_hz"] == "config key `sample_hz` in /etc/c.toml"
+    assert r["dispatch_interval"] == 1.0 and r.sources["dispatch_interval"] == "default"
+
+
+def test_all_problems_are_reported_together_with_their_key_and_source():
+    config = {"grace": "soon", "polcy": "cpsat", "sample_hz": 1000, "admin_groups": "wheel"}
+    env = {"CARBONSCHED_METRICS_PORT": "99999"}
+    with pytest.raises(ConfigErrors) as e:
+        resolve(DAEMON, parse(DAEMON, "--plan-interval", "0s"), config, env, config_path="/etc/c.toml")
+    errors = e.value.errors
+    assert any("config key `grace`" in x and "malformed duration" in x for x in errors)
+    assert any("unknown config key `polcy`; did you mean `policy`?" in x for x in errors)
+    assert any("config key `sample_hz`" in x and "<= 100" in x for x in errors)
+    assert any(x.startswith("env CARBONSCHED_METRICS_PORT") and "65535" in x for x in errors)
+    assert any(x.startswith("flag --plan-interval") and "positive" in x for x in errors)
+    assert len(errors) == 5, errors  # admin_groups as a comma string is fine
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("policy", "oracle", "only in `carbonsched simulate`"),
+    ("policy", "magic", "unknown policy"),
+    ("db", "mysql://x/y", "SQLite or PostgreSQL"),
+    ("emulate", "4xGTX1080", "unknown GPU model"),
+    ("log_level", "LOUD", "DEBUG, INFO"),
+    ("planner_process", "maybe", "true or false"),
+    ("api_max_inflight_per_uid", 2.5, "whole number"),
+    ("time_limit_factor", 0.5, ">= 1"),
+])
+def test_bad_values_get_a_reason(key, value, message):
+    errors = check_file({key: value})
+    assert len(errors) == 1 and message in errors[0] and f"`{key}`" in errors[0], errors
+
+
+def test_typed_values_come_out_parsed():
+    r = resolve(DAEMON, parse(DAEMON, "--no-planner-process", "--admin-groups", "wheel, hpc"),
+                {"node_lost_after": "10m", "db": "postgresql://u@h/db", "metrics_port": 9100}, {})
+    assert r["planner_process"] is False
+    assert r["admin_groups"] == ["wheel", "hpc"]
+    assert r["node_lost_after"] == 600.0
+    assert r["db"] == "postgresql+psycopg://u@h/db"
+    assert r["metrics_port"] == 9100
+
+
+def test_nested_tables_are_checked_by_their_owner(monkeypatch):
+    monkeypatch.setitem(settings.TABLES, "site", lambda table, config: [] if isinstance(table, dict)
+                        else ["must be a table"])
+    assert check_file({"site": {"pue": 1.2}}) == []
+    assert check_file({"site": 3}) == ["[site] must be a table"]
