@@ -31,6 +31,8 @@ from telemetry.sampler import Reading, Sampler
 log = logging.getLogger(__name__)
 
 DUE_PER_FREE_GPU = 8
+# Samples kept in memory while the store is unreachable: an hour of 64 GPUs at 1 Hz.
+MAX_UNWRITTEN_SAMPLES = 64 * 3600
 # Around a job's start the sampler reads faster for a while: the ramp from idle to load is
 # where a 1 Hz series would misjudge energy the most.
 BURST_HZ = 10.0
@@ -78,6 +80,8 @@ class Agent:
         self._prev_reading: dict[str, Reading] = {}
         self._day_j: dict[int, float] = {}
         self._disk_full = False
+        self._unwritten: list[StoredSample] = []
+        self.dropped_samples = 0
 
     # -- registration -------------------------------------------------------------------
 
@@ -153,9 +157,14 @@ class Agent:
         self.flush_samples()
 
     def flush_samples(self) -> int:
-        """Write the sampler's buffered readings to the store in one batch."""
+        """Write the sampler's buffered readings to the store in one batch.
+
+        When the store cannot take them (database down), they are kept for the next flush,
+        up to MAX_UNWRITTEN_SAMPLES (then the oldest are dropped, and counted).
+        """
         readings = self.sampler.drain()
-        rows = []
+        rows = self._unwritten
+        self._unwritten = []
         for r in readings:
             gid = self._gpu_of.get(r.uuid)
             if gid is None:
@@ -165,7 +174,13 @@ class Agent:
             if prev is not None and r.power_w is not None and prev.power_w is not None and r.t_s > prev.t_s:
                 self._day_j[gid] = self._day_j.get(gid, 0.0) + (r.t_s - prev.t_s) * (r.power_w + prev.power_w) / 2
             self._prev_reading[r.uuid] = r
-        return self.samples.write(rows)
+        try:
+            return self.samples.write(rows)
+        except Exception:
+            keep = rows[-MAX_UNWRITTEN_SAMPLES:]
+            self.dropped_samples += len(rows) - len(keep)
+            self._unwritten = keep
+            raise
 
     def _on_gpu_lost(self, uuid: str, why: str) -> None:
         # Called on the sampler thread: only note it; the next tick acts on it.

@@ -69,6 +69,22 @@ class DaemonError(RuntimeError):
     """The daemon cannot start; the message says why and what to do."""
 
 
+DB_BACKOFF_MAX_S = 30.0
+
+
+def is_unreachable(e: BaseException) -> bool:
+    """Whether an error means the database cannot be reached (server down or restarting,
+    network gone), as opposed to a bug or a bad row."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+    if isinstance(e, DBAPIError) and e.connection_invalidated:
+        return True
+    if isinstance(e, (OperationalError, InterfaceError)):
+        text = str(getattr(e, "orig", e)).lower()
+        return not ("database is locked" in text or "no such table" in text or "syntax" in text)
+    return False
+
+
 class CoalescedJob:
     """Runs `fn` from APScheduler on its interval and on demand.
 
@@ -79,8 +95,10 @@ class CoalescedJob:
     """
 
     def __init__(self, scheduler: BackgroundScheduler, job_id: str, fn, *, min_gap_s: float,
-                 stopping: threading.Event, max_gap_s: float = 5.0, gap_factor: float = 2.0) -> None:
+                 stopping: threading.Event, max_gap_s: float = 5.0, gap_factor: float = 2.0,
+                 clock=time.monotonic) -> None:
         self._scheduler = scheduler
+        self._clock = clock
         self._id = job_id
         self._fn = fn
         self._min_gap_s = min_gap_s
@@ -92,7 +110,12 @@ class CoalescedJob:
         self._wake_pending = False
         self._gap_s = min_gap_s
         self._gap_factor = gap_factor
-        self.last_end = time.monotonic()  # when a run last finished (watchdog liveness)
+        self.last_end = self._clock()  # when a run last finished (watchdog liveness)
+        # While the database is unreachable, runs back off (1 s doubling to DB_BACKOFF_MAX_S)
+        # and the outage is logged once, not once per tick.
+        self._db_failures = 0
+        self._retry_at = 0.0
+        self._outage_logged_at = 0.0
 
     @property
     def job_id(self) -> str:
@@ -109,12 +132,20 @@ class CoalescedJob:
             while not self._stopping.is_set():
                 with self._lock:
                     self._dirty = False
-                started = time.monotonic()
+                started = self._clock()
+                if started < self._retry_at:  # backing off from a database outage
+                    self.last_end = started  # alive, just waiting: not a reason to restart us
+                    return
                 try:
                     self._fn()
-                except Exception:
-                    log.exception("%s tick failed; will retry on the next tick", self._id)
-                self.last_end = time.monotonic()
+                except Exception as e:
+                    self._on_failure(e)
+                else:
+                    if self._db_failures:
+                        log.warning("%s: database reachable again after %d failed attempt(s)",
+                                    self._id, self._db_failures)
+                        self._db_failures, self._retry_at = 0, 0.0
+                self.last_end = self._clock()
                 took = self.last_end - started
                 self._gap_s = min(self._max_gap_s, max(self._min_gap_s, self._gap_factor * took))
                 with self._lock:
@@ -124,6 +155,22 @@ class CoalescedJob:
         finally:
             with self._lock:
                 self._running = False
+
+    def _on_failure(self, e: Exception) -> None:
+        if not is_unreachable(e):
+            log.exception("%s tick failed; will retry on the next tick", self._id)
+            return
+        self._db_failures += 1
+        now = self._clock()
+        self._retry_at = now + min(DB_BACKOFF_MAX_S, 2.0 ** (self._db_failures - 1))
+        if self._db_failures == 1:
+            lines = str(getattr(e, "orig", None) or e).strip().splitlines()
+            log.error("%s: database unreachable (%s); running jobs continue, retrying with back-off",
+                      self._id, lines[0] if lines else type(e).__name__)
+            self._outage_logged_at = now
+        elif now - self._outage_logged_at >= 60.0:
+            log.warning("%s: database still unreachable after %d attempts", self._id, self._db_failures)
+            self._outage_logged_at = now
 
     def wake(self) -> None:
         if self._stopping.is_set():

@@ -241,3 +241,26 @@ def test_a_supervisor_waits_out_a_full_disk_to_record_how_the_job_ended(tmp_path
     monkeypatch.setattr(supervise, "write_json_atomic", broken)
     with pytest.raises(PermissionError):  # only a full disk is waited out
         supervise._write_result_patiently(tmp_path, {"exit_code": 0})
+
+
+def test_power_samples_wait_in_memory_while_the_store_is_unreachable(cluster, store, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from scheduler.store.telemetry_models import gpu_samples
+
+    agent, _, _ = cluster
+    agent.sampler.sample_once()
+    real_write = agent.samples.write
+
+    def down(rows):
+        raise OperationalError("INSERT", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(agent.samples, "write", down)
+    with pytest.raises(OperationalError):
+        agent.flush_samples()
+    agent.sampler.sample_once()
+    monkeypatch.setattr(agent.samples, "write", real_write)
+    written = agent.flush_samples()
+    assert written == 4  # 2 GPUs x 2 rounds: the first round was not lost
+    with store.read() as conn:
+        assert len(conn.execute(select(gpu_samples.c.gpu_id)).all()) == 4
