@@ -5,14 +5,18 @@ the simulator run exactly the same policy code.
 """
 
 from policies.base import Policy, get_policy, policy_names
-from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+from policies.model import (Assignment, CarbonCurve, Estimate, GpuSlot, Plan, PowerCap, Profile, QueuedJob,
+                            Snapshot)
 
 __all__ = [
     "Assignment",
+    "CarbonCurve",
     "Estimate",
     "GpuSlot",
     "Plan",
     "Policy",
+    "PowerCap",
+    "Profile",
     "QueuedJob",
     "Snapshot",
     "get_policy",

@@ -22,15 +22,22 @@ def policy_names() -> list[str]:
     return sorted(_registry())
 
 
-def get_policy(name: str) -> Policy:
-    """Return a fresh policy object by name; ValueError names the known ones."""
+def get_policy(name: str, **params: object) -> Policy:
+    """Return a fresh policy object by name, with constructor parameters (e.g.
+    `get_policy("cpsat", max_time_s=5, workers=2)`); ValueError names the known ones."""
     factories = _registry()
     if name not in factories:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(factories))}")
-    return factories[name]()
+    try:
+        return factories[name](**params)
+    except TypeError as e:
+        raise ValueError(f"bad parameters for policy {name!r}: {e}") from e
 
 
 def _registry() -> dict[str, type]:
+    from policies.cpsat import CpsatPolicy
     from policies.fifo import FifoPolicy
+    from policies.greedy import GreedyPolicy
+    from policies.oracle import OraclePolicy
 
-    return {"fifo": FifoPolicy}
+    return {"fifo": FifoPolicy, "greedy": GreedyPolicy, "cpsat": CpsatPolicy, "oracle": OraclePolicy}

@@ -19,6 +19,8 @@ class GpuModel:
     tdp_w: float
     idle_w: float
     list_price_usd: float
+    fp8_dense_tflops: float = 0.0  # 0: no FP8 tensor cores (A100)
+    source: str = ""  # the data sheet the figures come from
 
 
 @cache

@@ -1,8 +1,16 @@
 """FIFO: the carbon-agnostic baseline.
 
 Jobs are taken in submission order; each gets the earliest start on one node with enough
-GPUs that each have enough memory. Later jobs may start earlier on GPUs the head of the
-queue cannot use (list scheduling), but never delay an earlier job's planned start.
+GPUs of one model that each have enough memory and meet the job's latency SLO. Later jobs
+may start earlier on GPUs the head of the queue cannot use (list scheduling), but never
+delay an earlier job's planned start. Starts are exact (not slot-aligned): a job starts the
+moment its GPUs free up. Unhealthy and drained GPUs are never used; pinned jobs keep their
+current plan. FIFO ignores deadlines (a job that will finish late is flagged) and site
+power caps: it is the "run it as soon as possible" yardstick.
+
+Each assignment carries a full estimate from the energy model (runtime on the chosen
+model, energy, gCO2 at that start), so its gCO2 compares fairly with the carbon-aware
+policies; `gco2_if_now` is the same job on the first free GPUs with the queue ignored.
 """
 
 from __future__ import annotations
@@ -11,6 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import numpy as np
+
+from policies.energy import CurveIntegrator, JobShape, ProfileBook, fits, job_shape, seed_profiles
 from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
 
@@ -19,72 +30,127 @@ class FifoPolicy:
     name: str = "fifo"
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        free_at: dict[int, datetime] = {}
+        now = snapshot.now
+        book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
+        pinned = {j.id: snapshot.pinned[j.id] for j in snapshot.jobs
+                  if j.pinned and j.id in snapshot.pinned}
+        busy_until: dict[int, datetime | None] = {g.id: g.busy_until for g in snapshot.gpus}
+        jobs_by_id = {j.id: j for j in snapshot.jobs}
+        model_of = {g.id: g.model for g in snapshot.gpus}
+        for a in pinned.values():
+            model = model_of.get(a.gpu_ids[0], "H100") if a.gpu_ids else "H100"
+            runtime_s = a.estimate.runtime_s or job_shape(
+                jobs_by_id[a.job_id], model, book, snapshot.default_runtime_s).runtime_s
+            end = a.start_at + timedelta(seconds=runtime_s)
+            for gid in a.gpu_ids:
+                prev = busy_until.get(gid)
+                busy_until[gid] = end if prev is None or prev < end else prev
+
         by_node: dict[str, list[GpuSlot]] = defaultdict(list)
+        pools: dict[tuple[str, str, float], list[GpuSlot]] = defaultdict(list)
         for gpu in snapshot.gpus:
-            if not gpu.healthy:
+            if not gpu.healthy or gpu.drained:
                 continue
             by_node[gpu.node].append(gpu)
-            busy = gpu.busy_until
-            free_at[gpu.id] = max(busy, snapshot.now) if busy else snapshot.now
+            pools[(gpu.node, gpu.model, float(gpu.memory_gib))].append(gpu)
+        keys = sorted(pools)
+        width = max((len(v) for v in pools.values()), default=1)
+        # free[p, i]: seconds from now when the i-th GPU of pool p is free, rows kept sorted
+        free = np.full((len(keys), width), np.inf)
+        ids = np.full((len(keys), width), -1, dtype=np.int64)
+        index = np.zeros((len(keys), width), dtype=np.int64)
+        for p, key in enumerate(keys):
+            rows = []
+            for g in pools[key]:
+                bu = busy_until.get(g.id)
+                rows.append((max(0.0, (bu - now).total_seconds()) if bu else 0.0, g.index, g.id))
+            rows.sort()
+            for i, (f, idx, gid) in enumerate(rows):
+                free[p, i], index[p, i], ids[p, i] = f, idx, gid
+        first_free = free.copy()
+        size = np.array([len(pools[k]) for k in keys], dtype=np.int64)
+        mem = np.array([k[2] for k in keys])
+        models = [k[1] for k in keys]
+        zone_of = {k: pools[k][0].zone for k in keys}
+        integrators = {z: CurveIntegrator(c) for z, c in snapshot.carbon.items()}
 
-        assignments: list[Assignment] = []
+        assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
         for job in sorted(snapshot.jobs, key=lambda j: (j.submitted_at, j.id)):
-            best = _earliest_slot(job, by_node, free_at)
-            if best is None:
-                unplaced[job.id] = _why_unplaceable(job, by_node)
+            if job.id in pinned:
                 continue
-            start, node, gpus = best
-            runtime_s = job.est_runtime_s or snapshot.default_runtime_s
-            finish = start + timedelta(seconds=runtime_s)
-            for gpu in gpus:
-                free_at[gpu.id] = finish
-            wait_s = (start - snapshot.now).total_seconds()
+            k = max(1, job.gpus)
+            release_s = max(0.0, (job.submitted_at - now).total_seconds())
+            ok = (size >= k) & (mem >= job.gpu_mem_gib)
+            if job.latency_slo_ms is not None:
+                slo_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
+                ok &= np.array([slo_ok[m] for m in models], dtype=bool) if keys else ok
+            if not ok.any():
+                unplaced[job.id] = _why_unplaceable(job, by_node, book)
+                continue
+            starts = np.where(ok, np.maximum(free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
+            p = int(np.argmin(starts))
+            start_s = float(starts[p])
+            model = models[p]
+            shape = job_shape(job, model, book, snapshot.default_runtime_s)
+            chosen = sorted(range(k), key=lambda i: index[p, i])
+            gpu_ids = tuple(int(ids[p, i]) for i in chosen)
+            start = now + timedelta(seconds=start_s)
+            finish = start + timedelta(seconds=shape.runtime_s)
+            free[p, :k] = (finish - now).total_seconds()  # via datetimes: exact microseconds
+            order = np.lexsort((index[p], free[p]))
+            free[p], ids[p], index[p] = free[p, order], ids[p, order], index[p, order]
+
+            zone = zone_of[keys[p]]
+            pue = float(snapshot.pue.get(zone, 1.0))
+            gco2 = _gco2(integrators.get(zone), start, shape, pue)
+            alone = np.where(ok, np.maximum(first_free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
+            q = int(np.argmin(alone))
+            alone_shape = shape if models[q] == model else job_shape(job, models[q], book,
+                                                                     snapshot.default_runtime_s)
+            q_zone = zone_of[keys[q]]
+            gco2_now = _gco2(integrators.get(q_zone), now + timedelta(seconds=float(alone[q])), alone_shape,
+                             float(snapshot.pue.get(q_zone, 1.0)))
+            miss = job.deadline is not None and finish > job.deadline
+            wait_s = start_s
             when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
+            cost = "no forecast" if gco2 is None else f"{gco2:.0f} g"
             assignments.append(
                 Assignment(
                     job_id=job.id,
-                    node=node,
-                    gpu_ids=tuple(g.id for g in gpus),
+                    node=keys[p][0],
+                    gpu_ids=gpu_ids,
                     start_at=start,
-                    estimate=Estimate(finish_at=finish if job.est_runtime_s else None),
+                    estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
+                                      gco2_if_now=gco2_now, runtime_s=shape.runtime_s, prompts=job.prompts,
+                                      binding="deadline" if miss else None, deadline_miss=miss),
                     explanation=(
-                        f"fifo: {len(gpus)}x{gpus[0].model} on {node} {when}, "
+                        f"fifo: {k}x{model} on {keys[p][0]} in {zone} {when}, {cost}; "
                         "first free GPUs in submission order"
+                        + (" (finishes after its deadline)" if miss else "")
                     ),
                 )
             )
         return Plan(assignments=tuple(assignments), unplaced=unplaced)
 
 
-def _earliest_slot(
-    job: QueuedJob, by_node: dict[str, list[GpuSlot]], free_at: dict[int, datetime]
-) -> tuple[datetime, str, list[GpuSlot]] | None:
-    """The earliest start for a job on GPUs of one model on one node (no mixed-model jobs)."""
-    best: tuple[datetime, str, list[GpuSlot]] | None = None
-    for node in sorted(by_node):
-        by_model: dict[str, list[GpuSlot]] = defaultdict(list)
-        for g in by_node[node]:
-            if g.memory_gib >= job.gpu_mem_gib:
-                by_model[g.model].append(g)
-        for model in sorted(by_model):
-            fitting = sorted(by_model[model], key=lambda g: (free_at[g.id], g.index))
-            if len(fitting) < job.gpus:
-                continue
-            chosen = fitting[: job.gpus]
-            start = max(free_at[g.id] for g in chosen)
-            if best is None or start < best[0]:
-                best = (start, node, sorted(chosen, key=lambda g: g.index))
-    return best
+def _gco2(integrator: "CurveIntegrator | None", start: datetime, shape: JobShape, pue: float) -> float | None:
+    if integrator is None:
+        return None
+    return shape.power_w * pue * integrator.integral(start, start + timedelta(seconds=shape.runtime_s)) / 3.6e6
 
 
-def _why_unplaceable(job: QueuedJob, by_node: dict[str, list[GpuSlot]]) -> str:
+def _why_unplaceable(job: QueuedJob, by_node: dict[str, list[GpuSlot]], book: ProfileBook) -> str:
     if not by_node:
         return "no healthy GPUs"
     most = max(sum(1 for g in gs if g.model == m) for gs in by_node.values() for m in {g.model for g in gs})
     if job.gpus > most:
         return f"needs {job.gpus} GPUs of one model on one node; the most any node has is {most}"
+    if job.latency_slo_ms is not None:
+        models = {g.model for gs in by_node.values() for g in gs if g.memory_gib >= job.gpu_mem_gib}
+        if models and all(fits(job, m, 1e9, book) == "slo" for m in models):
+            return (f"no GPU model meets the {job.latency_slo_ms:g} ms latency SLO of workload "
+                    f"{job.workload!r}")
     return f"no node has {job.gpus} healthy GPUs with >= {job.gpu_mem_gib:g} GiB each"
 
 

@@ -127,8 +127,10 @@ class Snapshot:
 
     `carbon` maps zone -> forecast curve; a zone without one is planned carbon-blind (its
     gCO2 estimates are None and the explanation says so). `pue` maps zone -> PUE (default
-    1.0). `profiles` are the workload profiles known now (seeded + learned); a job whose
-    workload has no profile for a model is estimated from the catalog.
+    1.0). `profiles` are the workload profiles known now (seeded + learned; when empty the
+    policies use `energy.seed_profiles()`); a job whose workload has no profile for a model
+    is estimated from the catalog. Start times fall on `slot_s` slots from `now` within
+    `horizon_s`.
     """
 
     now: datetime
@@ -141,6 +143,10 @@ class Snapshot:
     power_caps: tuple[PowerCap, ...] = ()
     slot_s: float = 900.0
     horizon_s: float = 48 * 3600.0
+    # The current plan of each job with `pinned=True` (its start falls in this tick): the
+    # policy keeps these GPUs and start as they are and plans the rest around them. A pinned
+    # job without an entry here is planned like any other job.
+    pinned: Mapping[int, Assignment] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

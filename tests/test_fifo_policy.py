@@ -108,7 +108,9 @@ def test_busy_until_in_the_past_means_free_now():
 
 def test_a_job_without_runtime_estimate_holds_its_gpus_for_the_default_runtime():
     p = plan([job(1, runtime_s=None), job(2)], [gpu(1)], default_runtime_s=1800).by_job()
-    assert p[1].estimate.finish_at is None  # no estimate: the policy does not pretend to know
+    # the reference GPU (H100) runs it for the default runtime, and the estimate says so
+    assert p[1].estimate.finish_at == NOW + timedelta(seconds=1800)
+    assert p[1].estimate.runtime_s == 1800
     assert p[2].start_at == NOW + timedelta(seconds=1800)
 
 
@@ -292,7 +294,8 @@ def test_random_snapshots_never_two_overlapping_assignments_on_one_gpu():
         jobs = {j.id: j for j in snapshot.jobs}
         intervals: dict[int, list[tuple[datetime, datetime, int]]] = defaultdict(list)
         for a in get_policy("fifo").plan(snapshot).assignments:
-            runtime = jobs[a.job_id].est_runtime_s or snapshot.default_runtime_s
+            runtime = a.estimate.runtime_s  # the energy model's runtime on the chosen model
+            assert runtime and runtime > 0
             for gid in a.gpu_ids:
                 intervals[gid].append((a.start_at, a.start_at + timedelta(seconds=runtime), a.job_id))
         for gid, spans in intervals.items():

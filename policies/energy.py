@@ -1,0 +1,251 @@
+"""The energy and carbon model: how long a job runs on a GPU model, at what power, and what
+that emits at a given start time.
+
+Pure: the only input it reads is its own package data (`policies/data/profiles.toml`).
+
+Rules (documented here because every policy and the benchmark rely on them):
+
+* **Workload jobs** (`job.workload` has a profile for the model): the job's `prompts` are
+  served data-parallel over its k GPUs, so `runtime_s = prompts / (k * prompts_per_s)` and
+  `power_w = k * profile.power_w`. A workload job without a prompt count takes its
+  `est_runtime_s` as measured on the reference GPU (H100) and scales it by the profiles'
+  throughput ratio.
+* **Generic jobs** (no workload class, or no profile for the model): `est_runtime_s` (or the
+  snapshot's default) is the runtime on the reference GPU (H100). On another model it scales
+  by the geometric mean of the BF16 TFLOP/s and HBM TB/s ratios: a generic batch job is taken
+  as half compute-bound, half memory-bound. Power per GPU is
+  `idle_w + GENERIC_UTILISATION * (tdp_w - idle_w)`.
+* **Carbon**: gCO2 = power_w x PUE x integral of intensity over [start, start + runtime]
+  / 3.6e6 (W x s = J; J / 3.6e6 = kWh; kWh x g/kWh = g). The forecast is a step function.
+* **Learning** (`learn`): a measured completed run is folded into the profile with weight
+  `max(1 / (n + 1), LEARN_MIN_WEIGHT)` (a seed profile counts as one run): a sample-count-weighted mean for the first few
+  runs, then an EWMA, so the estimate converges to what this cluster does and keeps
+  following it when it drifts (driver update, power cap, other batch sizes).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from functools import cache
+from importlib import resources
+
+from policies.catalog import GpuModel, catalog
+from policies.model import CarbonCurve, Profile, QueuedJob
+
+log = logging.getLogger(__name__)
+
+REFERENCE_MODEL = "H100"
+GENERIC_UTILISATION = 0.8  # share of (TDP - idle) a generic batch job draws on average
+LEARN_MIN_WEIGHT = 0.2  # after 4 samples, each new run counts 20% (EWMA)
+J_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """A job as it would run on k GPUs of one model: runtime, total mean power, energy.
+
+    `power_w` is IT power summed over the k GPUs (no PUE); `energy_j = power_w * runtime_s`.
+    """
+
+    model: str
+    gpus: int
+    runtime_s: float
+    power_w: float
+    energy_j: float
+    latency_p95_ms: float | None
+    source: str
+
+
+@cache
+def seed_profiles() -> tuple[Profile, ...]:
+    """The packaged seed profiles: one per (workload class, catalog model).
+
+    Measured where public data exists (ML.ENERGY v2/v3), roofline-scaled otherwise; each
+    profile's `source` says which. Regenerate with `python -m policies.data.make_profiles`.
+    """
+    text = resources.files("policies").joinpath("data/profiles.toml").read_text("utf-8")
+    data = tomllib.loads(text)
+    out: list[Profile] = []
+    for row in data.get("profile", []):
+        out.append(Profile(workload=row["workload"], model=row["model"],
+                           prompts_per_s=float(row["prompts_per_s"]), power_w=float(row["power_w"]),
+                           latency_p50_ms=float(row["latency_p50_ms"]),
+                           latency_p95_ms=float(row["latency_p95_ms"]),
+                           source=row.get("source", ""), samples=int(row.get("samples", 0))))
+    return tuple(out)
+
+
+class ProfileBook:
+    """Profiles by (workload, model); later entries override earlier ones for the same key,
+    so `ProfileBook(seed_profiles() + learned)` prefers what this cluster measured."""
+
+    def __init__(self, profiles: Iterable[Profile] = ()) -> None:
+        self._by_key: dict[tuple[str, str], Profile] = {}
+        for p in profiles:
+            self._by_key[(p.workload, _canonical_model(p.model))] = p
+
+    def get(self, workload: str | None, model: str) -> Profile | None:
+        if workload is None:
+            return None
+        return self._by_key.get((workload, _canonical_model(model)))
+
+    def workloads(self) -> list[str]:
+        return sorted({w for w, _ in self._by_key})
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+@cache
+def _canonical_model(model: str) -> str:
+    known = catalog()
+    if model in known:
+        return model
+    upper = model.strip().upper()
+    for name in known:
+        if name.upper() == upper:
+            return name
+    return model
+
+
+def _spec(model: str) -> GpuModel | None:
+    return catalog().get(_canonical_model(model))
+
+
+@cache
+def generic_runtime_scale(model: str) -> float:
+    """Runtime on `model` over runtime on the reference GPU, for a job with no profile."""
+    ref, spec = catalog()[REFERENCE_MODEL], _spec(model)
+    if spec is None:
+        return 1.0
+    return math.sqrt((ref.bf16_dense_tflops / spec.bf16_dense_tflops)
+                     * (ref.hbm_tb_per_s / spec.hbm_tb_per_s))
+
+
+@cache
+def generic_power_w(model: str) -> float:
+    """Mean power of one GPU of `model` running a generic batch job."""
+    spec = _spec(model)
+    if spec is None:
+        spec = catalog()[REFERENCE_MODEL]
+    return spec.idle_w + GENERIC_UTILISATION * (spec.tdp_w - spec.idle_w)
+
+
+def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: float) -> JobShape:
+    """How `job` would run on `job.gpus` GPUs of `model` (rules in the module docstring)."""
+    k = max(1, job.gpus)
+    profile = book.get(job.workload, model)
+    if profile is not None and profile.prompts_per_s > 0:
+        if job.prompts:
+            runtime_s = job.prompts / (k * profile.prompts_per_s)
+        else:
+            ref = book.get(job.workload, REFERENCE_MODEL)
+            base_s = job.est_runtime_s or default_runtime_s
+            runtime_s = base_s * (ref.prompts_per_s / profile.prompts_per_s if ref else 1.0)
+        power_w = k * profile.power_w
+        p95 = profile.latency_p95_ms if math.isfinite(profile.latency_p95_ms) else None
+        source = f"profile {job.workload}/{profile.model}: {profile.source}"
+    else:
+        base_s = job.est_runtime_s or default_runtime_s
+        runtime_s = base_s * generic_runtime_scale(model)
+        power_w = k * generic_power_w(model)
+        p95 = None
+        source = f"catalog: {'est-runtime' if job.est_runtime_s else 'default runtime'} on {REFERENCE_MODEL} scaled"
+    runtime_s = max(1.0, runtime_s)
+    return JobShape(model=_canonical_model(model), gpus=k, runtime_s=runtime_s, power_w=power_w,
+                    energy_j=power_w * runtime_s, latency_p95_ms=p95, source=source)
+
+
+def fits(job: QueuedJob, model_name: str, memory_gib: float, book: ProfileBook) -> str | None:
+    """None if GPUs of this model can take the job, else the reason ("memory" or "slo")."""
+    if memory_gib < job.gpu_mem_gib:
+        return "memory"
+    if job.latency_slo_ms is not None:
+        profile = book.get(job.workload, model_name)
+        if profile is not None and math.isfinite(profile.latency_p95_ms) \
+                and profile.latency_p95_ms > job.latency_slo_ms:
+            return "slo"
+    return None
+
+
+class CurveIntegrator:
+    """Integrals of one forecast curve by prefix sums: O(n) once, O(1) per query."""
+
+    def __init__(self, curve: CarbonCurve) -> None:
+        self.curve = curve
+        values = curve.values_g_per_kwh
+        self._prefix = [0.0]
+        for v in values:
+            self._prefix.append(self._prefix[-1] + v)
+
+    def _steps(self, x: float) -> float:
+        """Integral of the step function (in steps) from 0 to x, flat-extended both ways."""
+        values = self.curve.values_g_per_kwh
+        n = len(values)
+        if x <= 0:
+            return x * values[0]
+        if x >= n:
+            return self._prefix[n] + (x - n) * values[-1]
+        i = int(x)
+        return self._prefix[i] + (x - i) * values[i]
+
+    def integral(self, start: datetime, end: datetime) -> float:
+        """The integral of intensity over [start, end], in g/kWh x s."""
+        if end <= start or not self.curve.values_g_per_kwh:
+            return 0.0
+        c = self.curve
+        a = (start - c.start).total_seconds() / c.step_s
+        b = (end - c.start).total_seconds() / c.step_s
+        return (self._steps(b) - self._steps(a)) * c.step_s
+
+
+def curve_integral_g_per_kwh_s(curve: CarbonCurve, start: datetime, end: datetime) -> float:
+    """The integral of the step-function intensity over [start, end], in g/kWh x s.
+
+    Before the curve's start the first value holds, after its end the last one.
+    """
+    return CurveIntegrator(curve).integral(start, end)
+
+
+def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power_w: float,
+             pue: float = 1.0) -> float | None:
+    """gCO2 of drawing `power_w` (IT) for `runtime_s` from `start`, with the site's PUE."""
+    if curve is None:
+        return None
+    integral = curve_integral_g_per_kwh_s(curve, start, start + timedelta(seconds=runtime_s))
+    return power_w * pue * integral / J_PER_KWH
+
+
+def learn(prior: Profile | None, *, workload: str, model: str, gpus: int, runtime_s: float,
+          energy_j: float, prompts: int) -> Profile:
+    """Fold one measured completed run into the profile of (workload, model).
+
+    Throughput per GPU = prompts / (gpus x runtime); power per GPU = energy / (gpus x runtime).
+    Weight of the new run: max(1/(n+1), LEARN_MIN_WEIGHT). Latencies scale inversely with
+    throughput (a slower cluster serves each prompt proportionally slower).
+    """
+    if gpus <= 0 or runtime_s <= 0 or prompts <= 0 or energy_j < 0:
+        raise ValueError(f"cannot learn from gpus={gpus} runtime_s={runtime_s} prompts={prompts} "
+                         f"energy_j={energy_j}")
+    pps = prompts / (gpus * runtime_s)
+    power_w = energy_j / (gpus * runtime_s)
+    if prior is None:
+        latency_ms = math.nan  # unknown until a prior (seed) gives its shape
+        return Profile(workload=workload, model=_canonical_model(model), prompts_per_s=pps,
+                       power_w=power_w, latency_p50_ms=latency_ms, latency_p95_ms=latency_ms,
+                       source="measured here (n=1)", samples=1)
+    n = prior.samples
+    seed_weight = 1 if n == 0 else 0  # a seed (public measurement) counts as one run
+    w = max(1.0 / (n + seed_weight + 1), LEARN_MIN_WEIGHT)
+    new_pps = (1 - w) * prior.prompts_per_s + w * pps
+    new_power = (1 - w) * prior.power_w + w * power_w
+    scale = prior.prompts_per_s / new_pps if new_pps > 0 else 1.0
+    return replace(prior, prompts_per_s=new_pps, power_w=new_power,
+                   latency_p50_ms=prior.latency_p50_ms * scale,
+                   latency_p95_ms=prior.latency_p95_ms * scale,
+                   source=f"measured here (n={n + 1})", samples=n + 1)

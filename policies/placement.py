@@ -1,0 +1,317 @@
+"""From picks (job, pool, start slot) to Assignments: GPU ids, estimates, explanations; and
+the yardsticks every policy is compared with (`plan_score`, `plan_violations`).
+
+Shared by greedy, cpsat and oracle so their plans read and compare alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+import numpy as np
+
+from policies.energy import fits, job_shape
+from policies.model import Assignment, Estimate, Plan
+from policies.problem import Problem
+
+log = logging.getLogger(__name__)
+
+_EPS = 1e-9
+
+
+class Pick(NamedTuple):
+    """Job index j (into problem.jobs) starts on `pool` at `slot`."""
+
+    j: int
+    pool: int
+    slot: int
+    deadline_miss: bool = False
+
+
+def assign_gpu_ids(problem: Problem, picks: Iterable[Pick]) -> dict[int, tuple[int, ...]]:
+    """Concrete GPUs for each pick, by a sweep in start order per pool.
+
+    Per-slot counts within capacity guarantee that the sweep never runs short (intervals on
+    identical machines); a shortfall means the picks overload a pool, a bug: ValueError.
+    """
+    by_pool: dict[int, list[Pick]] = defaultdict(list)
+    for p in picks:
+        by_pool[p.pool].append(p)
+    out: dict[int, tuple[int, ...]] = {}
+    for pool_i, ps in by_pool.items():
+        pool = problem.pools[pool_i]
+        free = list(pool.free_slot)  # slot each GPU is next free
+        for p in sorted(ps, key=lambda p: (p.slot, p.j)):
+            jo = problem.job_options(p.j)
+            k = max(1, problem.jobs[p.j].gpus)
+            dur = int(jo.duration[np.searchsorted(jo.pool, pool_i)]) if _sorted(jo.pool) \
+                else int(jo.duration[int(np.flatnonzero(jo.pool == pool_i)[0])])
+            ready = [i for i in range(len(free)) if free[i] <= p.slot]
+            if len(ready) < k:
+                raise ValueError(f"pool {pool.node}/{pool.model} overloaded at slot {p.slot}")
+            ready.sort(key=lambda i: (-free[i], i))  # best fit: the GPU freed last
+            chosen = sorted(ready[:k])
+            for i in chosen:
+                free[i] = p.slot + dur
+            out[p.j] = tuple(pool.gpu_ids[i] for i in chosen)
+    return out
+
+
+def _sorted(a: np.ndarray) -> bool:
+    return bool(a.size < 2 or np.all(a[1:] >= a[:-1]))
+
+
+def if_now(problem: Problem, j: int, table: np.ndarray) -> tuple[int, int, float]:
+    """(pool, slot, internal gCO2) of running job j on the first free fitting GPUs alone
+    (what fifo would do for it on an otherwise idle queue); pool -1 when none is free."""
+    jo = problem.job_options(j)
+    if jo.pool.size == 0:
+        return -1, -1, math.nan
+    k = max(1, problem.jobs[j].gpus)
+    slots = np.maximum(jo.earliest, problem.kth_free_slot[jo.pool, k - 1])
+    o = int(np.argmin(slots))  # first minimum: pools are in (node, model) order like fifo
+    slot = int(slots[o])
+    if slot >= problem.n_slots:
+        return -1, -1, math.nan
+    return int(jo.pool[o]), slot, float(table[_row(jo, int(jo.group[o])), slot])
+
+
+def _row(jo, group: int) -> int:
+    return int(np.searchsorted(jo.groups, group))
+
+
+class Notes(NamedTuple):
+    """What an explanation needs from the job's cost table (taken while it is at hand)."""
+
+    gco2: float
+    now_pool: int
+    now_slot: int
+    now_gco2: float
+    binding: str | None
+
+
+def notes_for(problem: Problem, pick: Pick, table: np.ndarray | None = None) -> Notes:
+    """Compute a pick's Notes (table: the job's `cost_table`, recomputed when None)."""
+    if table is None:
+        table = problem.cost_table(pick.j)
+    jo = problem.job_options(pick.j)
+    pool = problem.pools[pick.pool]
+    gco2 = float(table[_row(jo, pool.group), pick.slot])
+    now_pool, now_slot, now_cost = if_now(problem, pick.j, table)
+    return Notes(gco2, now_pool, now_slot, now_cost, _binding(problem, pick.j, pick, gco2, table))
+
+
+def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], policy: str,
+                     notes: Notes | None = None) -> Assignment:
+    """The Assignment of one pick, with its estimate and a one-line explanation."""
+    j = pick.j
+    job = problem.jobs[j]
+    jo = problem.job_options(j)
+    if notes is None:
+        notes = notes_for(problem, pick)
+    pool = problem.pools[pick.pool]
+    shape = jo.shapes[pool.model]
+    start = problem.slot_time(pick.slot)
+    gco2_model, now_pool, now_slot, now_cost, binding = notes
+    blind = pool.zone in problem.blind_zones
+    now_blind = now_pool < 0 or problem.pools[now_pool].zone in problem.blind_zones
+    finish = start + timedelta(seconds=shape.runtime_s)
+    # a pick outside its window (pick.deadline_miss) ran as soon as possible; the estimate
+    # flags a miss only when it really finishes after the deadline
+    miss = job.deadline is not None and finish > job.deadline
+    if pick.deadline_miss and not miss:
+        binding = "max delay" if job.max_delay_s is not None else "capacity"
+    estimate = Estimate(
+        finish_at=finish,
+        energy_j=shape.energy_j,
+        gco2=None if blind else gco2_model,
+        gco2_if_now=None if now_blind else now_cost,
+        runtime_s=shape.runtime_s,
+        prompts=job.prompts,
+        binding=binding,
+        deadline_miss=miss,
+    )
+    when = _when(problem.now, start)
+    if blind:
+        cost = f"no forecast for {pool.zone}, {shape.energy_j / 3.6e6:.2f} kWh"
+    else:
+        cost = f"{gco2_model:.0f} g"
+        if job.prompts:
+            cost += f" ({gco2_model / job.prompts:.3g} g/prompt)"
+    if now_pool >= 0:
+        np_ = problem.pools[now_pool]
+        alt_cost = "no forecast" if now_blind else f"{now_cost:.0f} g"
+        alt = f"{alt_cost} {_when(problem.now, problem.slot_time(now_slot)).replace('at ', '')} " \
+              f"on {np_.model} in {np_.zone}"
+        alt = alt.replace(" now now", " now")
+        if now_slot == 0:
+            alt = f"{alt_cost} now on {np_.model} in {np_.zone}"
+    else:
+        alt = "no free GPU within the horizon"
+    why = f"{binding} cannot be met: as soon as possible" if pick.deadline_miss else \
+        (f"{binding} binds" if binding else "cheapest forecast slot")
+    explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why})"
+    return Assignment(job_id=job.id, node=pool.node, gpu_ids=gpu_ids, start_at=start,
+                      estimate=estimate, explanation=explanation)
+
+
+def _when(now: datetime, start: datetime) -> str:
+    if (start - now).total_seconds() < 1:
+        return "now"
+    days = (start.date() - now.date()).days
+    return f"at {start:%H:%M}" + (f" (+{days}d)" if days else "")
+
+
+def _binding(problem: Problem, j: int, pick: Pick, chosen: float, table: np.ndarray) -> str | None:
+    """The constraint that kept the job from a cheaper start (or None: it got the cheapest)."""
+    if pick.deadline_miss:
+        return "deadline"
+    job = problem.jobs[j]
+    jo = problem.job_options(j)
+    lo, S = jo.earliest, problem.n_slots
+    if lo >= S:
+        return None
+    slots = np.arange(S)
+    his = jo.latest[jo.first]
+    in_window = np.where((slots[None, :] >= lo) & (slots[None, :] <= his[:, None]), table, np.inf)
+    per_row = in_window.min(axis=1)
+    best_row = int(np.argmin(per_row))
+    best_window = float(per_row[best_row])
+    best_horizon = float(table[:, lo:].min())
+    tol = 1e-6 * max(1.0, abs(chosen))
+    if chosen > best_window + tol:
+        zone = problem.groups[int(jo.groups[best_row])].zone
+        return "power cap" if zone in problem.capped_zones else "capacity"
+    if best_window > best_horizon + tol:
+        if job.deadline is not None:
+            return "deadline"
+        if job.max_delay_s is not None:
+            return "max delay"
+        return "horizon"
+    if "slo" in jo.excluded.values():
+        return "slo"
+    return None
+
+
+def picks_to_plan(problem: Problem, picks: list[Pick], unplaced: dict[int, str], policy: str,
+                  notes: dict[int, Notes] | None = None) -> Plan:
+    """Assignments for the picks plus the pinned jobs kept as they are.
+
+    `notes` (by job index) saves recomputing each job's cost table; missing ones are computed.
+    """
+    ids = assign_gpu_ids(problem, picks)
+    notes = notes or {}
+    assignments = list(problem.pinned)
+    for p in sorted(picks, key=lambda p: p.j):
+        n = notes.get(p.j)
+        if n is None or n.gco2 != n.gco2:  # missing or stale
+            n = None
+        assignments.append(build_assignment(problem, p, ids[p.j], policy, n))
+    return Plan(assignments=tuple(assignments), unplaced=dict(unplaced))
+
+
+class Score(NamedTuple):
+    """A plan's quality, compared lexicographically: fewer unplaced jobs, then fewer
+    deadline misses, then fewer grams (the model's own estimate, blind zones included)."""
+
+    unplaced: int
+    deadline_misses: int
+    gco2: float
+
+    def better_than(self, other: "Score") -> bool:
+        if (self.unplaced, self.deadline_misses) != (other.unplaced, other.deadline_misses):
+            return (self.unplaced, self.deadline_misses) < (other.unplaced, other.deadline_misses)
+        return self.gco2 < other.gco2 - 1e-6 * max(1.0, abs(other.gco2))
+
+
+def plan_score(problem: Problem, plan: Plan) -> Score:
+    """Score any plan (slot-aligned or not) with the problem's own carbon model."""
+    gpu = {g.id: g for g in problem.snapshot.gpus}
+    pinned = {a.job_id for a in problem.pinned}
+    jobs = {j.id: j for j in problem.jobs}
+    total, misses = 0.0, 0
+    for a in plan.assignments:
+        if a.job_id in pinned or a.job_id not in jobs or not a.gpu_ids:
+            continue
+        job = jobs[a.job_id]
+        g = gpu[a.gpu_ids[0]]
+        shape = job_shape(job, g.model, problem.book, problem.snapshot.default_runtime_s)
+        total += problem.gco2_at(g.zone, a.start_at, shape.runtime_s, shape.power_w,
+                                 float(problem.snapshot.pue.get(g.zone, 1.0)))
+        if job.deadline is not None and a.start_at + timedelta(seconds=shape.runtime_s) > job.deadline:
+            misses += 1
+    placed = {a.job_id for a in plan.assignments}
+    unplaced = sum(1 for j in problem.jobs if j.id not in placed)
+    return Score(unplaced, misses, total)
+
+
+def plan_violations(problem: Problem, plan: Plan) -> list[str]:
+    """Hard constraints a plan breaks (memory, SLO, gang, usable GPUs, overlaps, release,
+    max delay, power caps). Deadlines are soft (flagged), so they are not listed."""
+    snap = problem.snapshot
+    gpu = {g.id: g for g in snap.gpus}
+    jobs = {j.id: j for j in snap.jobs}
+    out: list[str] = []
+    busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for g in snap.gpus:
+        if g.busy_until is not None and g.busy_until > snap.now:
+            busy[g.id].append((snap.now - timedelta(days=3650), g.busy_until))
+    power: list[tuple[str, datetime, datetime, float]] = []
+    for a in plan.assignments:
+        job = jobs.get(a.job_id)
+        if job is None:
+            out.append(f"job {a.job_id}: not in the snapshot")
+            continue
+        gs = [gpu.get(i) for i in a.gpu_ids]
+        if any(g is None for g in gs) or len(gs) != job.gpus or len(set(a.gpu_ids)) != len(gs):
+            out.append(f"job {job.id}: needs {job.gpus} distinct known GPUs, got {a.gpu_ids}")
+            continue
+        if len({(g.node, g.model) for g in gs}) != 1:
+            out.append(f"job {job.id}: GPUs span nodes or models")
+        if any(not g.healthy or g.drained for g in gs) and not job.pinned:
+            out.append(f"job {job.id}: on an unhealthy or drained GPU")
+        g0 = gs[0]
+        why = fits(job, g0.model, min(g.memory_gib for g in gs), problem.book)
+        if why is not None:
+            out.append(f"job {job.id}: {why} does not fit {g0.model}")
+        release = max(snap.now, job.submitted_at)
+        if a.start_at < release - timedelta(seconds=1):
+            out.append(f"job {job.id}: starts before its release")
+        if job.max_delay_s is not None and not a.estimate.deadline_miss and a.estimate.binding != "max delay" and \
+                a.start_at > job.submitted_at + timedelta(seconds=job.max_delay_s + 1):
+            out.append(f"job {job.id}: starts after its maximum delay")
+        shape = job_shape(job, g0.model, problem.book, snap.default_runtime_s)
+        end = a.start_at + timedelta(seconds=shape.runtime_s)
+        for g in gs:
+            busy[g.id].append((a.start_at, end))
+        power.append((g0.zone, a.start_at, a.start_at + timedelta(seconds=shape.runtime_s), shape.power_w))
+    for gid, spans in busy.items():
+        spans.sort()
+        for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+            if s2 < e1 - timedelta(seconds=1):
+                out.append(f"GPU {gid}: two jobs overlap at {s2.isoformat()}")
+    for cap in snap.power_caps:
+        lo = cap.start or snap.now - timedelta(days=3650)
+        hi = cap.end or snap.now + timedelta(days=3650)
+        events = sorted({t for z, s, e, _ in power if z == cap.zone for t in (s, e)} | {lo})
+        for t in events:
+            if not lo <= t < hi:
+                continue
+            used = sum(w for z, s, e, w in power if z == cap.zone and s <= t < e)
+            used += sum(_running_w(g) for g in snap.gpus
+                        if g.zone == cap.zone and g.busy_until is not None and g.busy_until > t)
+            if used > cap.cap_w + 1e-6:
+                out.append(f"zone {cap.zone}: {used:.0f} W > cap {cap.cap_w:.0f} W at {t.isoformat()}")
+                break
+    return out
+
+
+def _running_w(g) -> float:
+    from policies.energy import generic_power_w
+
+    return generic_power_w(g.model)

@@ -1,0 +1,92 @@
+"""An independent feasibility checker for plans, written from the constraints in the issue
+(not from the policies' code), shared by the policy tests."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+from policies.catalog import catalog
+from policies.model import Plan, Snapshot
+
+# A GPU busy with a running job draws idle + 80% of (TDP - idle) until it frees (the
+# documented rule for running jobs under a site power cap).
+def running_w(model: str) -> float:
+    m = catalog()[model]
+    return m.idle_w + 0.8 * (m.tdp_w - m.idle_w)
+
+
+def violations(snapshot: Snapshot, plan: Plan) -> list[str]:
+    gpus = {g.id: g for g in snapshot.gpus}
+    jobs = {j.id: j for j in snapshot.jobs}
+    p95 = {(p.workload, p.model): p.latency_p95_ms for p in snapshot.profiles}
+    out: list[str] = []
+    placed = [a.job_id for a in plan.assignments]
+    if len(placed) != len(set(placed)):
+        out.append("a job is assigned twice")
+    if set(placed) & set(plan.unplaced):
+        out.append("a job is both placed and unplaced")
+    if set(placed) | set(plan.unplaced) != set(jobs):
+        out.append("a job is neither placed nor reported")
+    spans: dict[int, list[tuple]] = defaultdict(list)
+    draws: list[tuple[str, object, object, float]] = []
+    for a in plan.assignments:
+        j = jobs[a.job_id]
+        gs = [gpus[i] for i in a.gpu_ids]
+        e = a.estimate
+        if len(set(a.gpu_ids)) != j.gpus:
+            out.append(f"job {j.id}: {len(set(a.gpu_ids))} GPUs, wants {j.gpus}")
+        if len({g.node for g in gs}) != 1 or {g.node for g in gs} != {a.node}:
+            out.append(f"job {j.id}: not on one node")
+        if len({g.model for g in gs}) != 1:
+            out.append(f"job {j.id}: mixes models")
+        if any(not g.healthy or g.drained for g in gs):
+            out.append(f"job {j.id}: unhealthy or drained GPU")
+        if any(g.memory_gib < j.gpu_mem_gib for g in gs):
+            out.append(f"job {j.id}: too little memory")
+        if j.latency_slo_ms is not None and gs:
+            lat = p95.get((j.workload, gs[0].model))
+            if lat is not None and lat > j.latency_slo_ms:
+                out.append(f"job {j.id}: {gs[0].model} p95 {lat} ms > SLO {j.latency_slo_ms}")
+        if a.start_at < max(snapshot.now, j.submitted_at):
+            out.append(f"job {j.id}: starts before release")
+        if any(g.busy_until is not None and a.start_at < g.busy_until for g in gs):
+            out.append(f"job {j.id}: starts on a busy GPU")
+        # a job that cannot start in time (its maximum delay has passed, or its deadline
+        # cannot be met) runs as soon as possible and says so
+        if j.max_delay_s is not None and not e.deadline_miss and e.binding != "max delay" and \
+                a.start_at > j.submitted_at + timedelta(seconds=j.max_delay_s):
+            out.append(f"job {j.id}: exceeds its maximum delay")
+        if e.runtime_s is None or e.finish_at is None or e.energy_j is None:
+            out.append(f"job {j.id}: incomplete estimate")
+            continue
+        finish = a.start_at + timedelta(seconds=e.runtime_s)
+        if j.deadline is not None and finish > j.deadline + timedelta(seconds=1) and not e.deadline_miss:
+            out.append(f"job {j.id}: misses its deadline without the flag")
+        for g in gs:
+            spans[g.id].append((a.start_at, finish, j.id))
+        if gs:
+            draws.append((gs[0].zone, a.start_at, finish, e.energy_j / e.runtime_s))
+    for gid, ss in spans.items():
+        ss.sort()
+        for (s1, e1, j1), (s2, e2, j2) in zip(ss, ss[1:]):
+            if s2 < e1 - timedelta(seconds=1):
+                out.append(f"GPU {gid}: jobs {j1} and {j2} overlap")
+    planned = list(draws)
+    for g in snapshot.gpus:
+        if g.busy_until is not None and g.busy_until > snapshot.now:
+            draws.append((g.zone, snapshot.now, g.busy_until, running_w(g.model)))
+    for cap in snapshot.power_caps:
+        for zone, t, _, _ in planned:  # a plan must not add a job where the cap has no room
+            if zone != cap.zone or (cap.start and t < cap.start) or (cap.end and t >= cap.end):
+                continue
+            used = sum(w for z, s, f, w in draws if z == zone and s <= t < f)
+            if used > cap.cap_w + 1e-6:
+                out.append(f"zone {zone}: {used:.0f} W over the {cap.cap_w:.0f} W cap at {t}")
+    return out
+
+
+def score(plan: Plan) -> tuple[int, int, float]:
+    """(unplaced, deadline misses, total estimated gCO2): smaller is better, in that order."""
+    return (len(plan.unplaced), sum(a.estimate.deadline_miss for a in plan.assignments),
+            sum(a.estimate.gco2 or 0.0 for a in plan.assignments))

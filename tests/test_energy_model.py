@@ -1,0 +1,118 @@
+"""policies.energy: seed profiles, the roofline rule, learning from measured runs, carbon integrals."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from policies.catalog import catalog
+from policies.energy import (ProfileBook, curve_integral_g_per_kwh_s, fits, generic_runtime_scale, job_gco2,
+                             job_shape, learn, seed_profiles)
+from policies.model import CarbonCurve, Profile, QueuedJob
+
+NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+def test_seeds_cover_every_workload_class_on_every_catalog_model():
+    seeds = seed_profiles()
+    classes = {p.workload for p in seeds}
+    assert {"llm-chat-8b", "llm-chat-70b", "llm-code", "train"} <= classes
+    for w in classes:
+        assert {p.model for p in seeds if p.workload == w} == set(catalog())
+    for p in seeds:
+        assert p.prompts_per_s > 0 and 0 < p.power_w <= catalog()[p.model].tdp_w * 1.05
+        assert 0 < p.latency_p50_ms <= p.latency_p95_ms
+        assert p.source
+
+
+def test_seeds_say_which_are_measured_and_which_are_roofline_scaled():
+    by = {(p.workload, p.model): p for p in seed_profiles()}
+    assert "ML.ENERGY" in by[("llm-chat-8b", "H100")].source
+    assert "ML.ENERGY" in by[("llm-chat-8b", "B200")].source
+    assert "roofline" in by[("llm-chat-8b", "MI300X")].source
+
+
+def test_roofline_decode_throughput_scales_with_hbm_bandwidth_and_power_with_tdp():
+    """H200 has no measurement; it is scaled from the H100 (the closest HBM bandwidth)."""
+    by = {(p.workload, p.model): p for p in seed_profiles()}
+    h100, h200 = by[("llm-chat-70b", "H100")], by[("llm-chat-70b", "H200")]
+    cat = catalog()
+    assert h200.prompts_per_s == pytest.approx(h100.prompts_per_s * cat["H200"].hbm_tb_per_s
+                                               / cat["H100"].hbm_tb_per_s, rel=1e-4)
+    assert h200.power_w == pytest.approx(h100.power_w * cat["H200"].tdp_w / cat["H100"].tdp_w, rel=1e-4)
+    assert h200.latency_p95_ms < h100.latency_p95_ms
+
+
+def test_later_profiles_override_earlier_ones_for_the_same_key():
+    mine = Profile("llm-chat-8b", "H100", 1.0, 100.0, 1.0, 2.0, "measured here (n=3)", 3)
+    book = ProfileBook(seed_profiles() + (mine,))
+    assert book.get("llm-chat-8b", "h100") == mine
+    assert "train" in book.workloads()
+
+
+def test_a_workload_jobs_runtime_is_prompts_over_k_times_throughput():
+    p = Profile("w", "H100", prompts_per_s=5.0, power_w=600.0, latency_p50_ms=1, latency_p95_ms=2)
+    job = QueuedJob(1, 4, 0.0, NOW, workload="w", prompts=6000)
+    s = job_shape(job, "H100", ProfileBook([p]), 3600.0)
+    assert s.runtime_s == pytest.approx(6000 / (4 * 5.0))
+    assert s.power_w == 2400.0 and s.energy_j == pytest.approx(2400.0 * 300.0)
+
+
+def test_a_generic_job_runs_its_estimate_on_the_reference_gpu_and_scales_elsewhere():
+    job = QueuedJob(1, 1, 0.0, NOW, est_runtime_s=3600.0)
+    book = ProfileBook()
+    assert job_shape(job, "H100", book, 60.0).runtime_s == 3600.0
+    b200 = job_shape(job, "B200", book, 60.0).runtime_s
+    assert b200 == pytest.approx(3600.0 * generic_runtime_scale("B200")) and b200 < 3600.0
+    assert job_shape(job, "A100", book, 60.0).runtime_s > 3600.0
+    assert job_shape(QueuedJob(2, 1, 0.0, NOW), "H100", book, 600.0).runtime_s == 600.0
+
+
+def test_fits_checks_memory_then_latency_slo():
+    p = Profile("w", "A100", 1.0, 300.0, 100.0, 900.0)
+    book = ProfileBook([p])
+    assert fits(QueuedJob(1, 1, 100.0, NOW), "A100", 80.0, book) == "memory"
+    assert fits(QueuedJob(1, 1, 10.0, NOW, workload="w", latency_slo_ms=500), "A100", 80.0, book) == "slo"
+    assert fits(QueuedJob(1, 1, 10.0, NOW, workload="w", latency_slo_ms=1000), "A100", 80.0, book) is None
+
+
+def test_integral_over_an_intensity_step_is_hand_computable():
+    """100 g/kWh for the first hour, 300 after: 30 min before and 30 min after the step."""
+    c = CarbonCurve("Z", NOW, 3600.0, (100.0, 300.0))
+    start, end = NOW + timedelta(minutes=30), NOW + timedelta(minutes=90)
+    assert curve_integral_g_per_kwh_s(c, start, end) == pytest.approx(100 * 1800 + 300 * 1800)
+    # 1 kW for that hour at PUE 1.5: 1 kWh x mean 200 g/kWh x 1.5 = 300 g
+    assert job_gco2(c, start, 3600.0, 1000.0, pue=1.5) == pytest.approx(300.0)
+    # flat beyond the ends: the last value holds
+    assert curve_integral_g_per_kwh_s(c, NOW + timedelta(hours=5), NOW + timedelta(hours=6)) == \
+        pytest.approx(300 * 3600)
+    assert job_gco2(None, start, 3600.0, 1000.0) is None
+
+
+def test_learning_converges_to_what_this_cluster_measures():
+    seed = Profile("w", "H100", prompts_per_s=10.0, power_w=600.0, latency_p50_ms=100.0, latency_p95_ms=200.0)
+    p = seed
+    for _ in range(40):  # this cluster does 4 prompts/s per GPU at 450 W
+        p = learn(p, workload="w", model="H100", gpus=2, runtime_s=1000.0, energy_j=2 * 1000.0 * 450.0,
+                  prompts=8000)
+    assert p.prompts_per_s == pytest.approx(4.0, rel=1e-3)
+    assert p.power_w == pytest.approx(450.0, rel=1e-3)
+    assert p.samples == 40 and "measured here (n=40)" in p.source
+    assert p.latency_p95_ms == pytest.approx(200.0 * 10.0 / 4.0, rel=1e-3)  # slower throughput, slower prompts
+
+
+def test_learning_without_a_prior_takes_the_measurement():
+    p = learn(None, workload="w", model="mi300x", gpus=1, runtime_s=100.0, energy_j=50000.0, prompts=300)
+    assert (p.model, p.prompts_per_s, p.power_w, p.samples) == ("MI300X", 3.0, 500.0, 1)
+
+
+def test_learning_rejects_impossible_measurements():
+    with pytest.raises(ValueError):
+        learn(None, workload="w", model="H100", gpus=1, runtime_s=0.0, energy_j=1.0, prompts=1)
+
+
+def test_catalog_rows_carry_fp8_throughput_and_their_data_sheet():
+    for m in catalog().values():
+        assert m.source.startswith(("AMD", "NVIDIA")) and "http" in m.source
+        assert m.fp8_dense_tflops == 0 if m.name == "A100" else m.fp8_dense_tflops >= m.bf16_dense_tflops
