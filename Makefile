@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test test-pg bench clean
+.PHONY: venv demo test test-pg bench bench-planner clean
 
 $(BIN)/carbonsched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: venv
 
 bench: venv
 	$(BIN)/python bench/api_bench.py
+
+bench-planner: venv
+	$(BIN)/python -m bench.planner --replan 6 --json bench/results/planner.json --plot bench/results/planner.png
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info

@@ -19,8 +19,8 @@ class OraclePolicy:
     name: str = "oracle"
     max_time_s: float = 60.0
     workers: int = 1
-    neighbourhood: int = 200
-    candidates: int = 16
+    neighbourhood: int = 60
+    candidates: int = 48
 
     def plan(self, snapshot: Snapshot) -> Plan:
         last = max((j.submitted_at for j in snapshot.jobs), default=snapshot.now)

@@ -12,7 +12,14 @@
   on the node), each with the job's shape on that model, its duration in slots and its
   start window [earliest_slot, latest_slot].
 * **cost(j, o)**: gCO2 per start slot (inf outside the window), from prefix integrals of
-  each zone's forecast (one vectorised `numpy.interp` per zone and job).
+  each zone's forecast (one vectorised `numpy.interp` per zone and job; `cost_tables` does
+  many jobs at once, one `interp` per zone).
+* **job arrays** (jobs x groups), compiled for all jobs at once (`energy.shape_arrays`):
+  `job_fit`/`job_why`, `job_runtime_s`, `job_power_w`, `job_scale`, `job_duration`,
+  `job_latest`; per job `job_earliest` and `job_k`. `job_options(j)` (per-pool options, the
+  shapes and the reasons a model is excluded) is built from them on first use, so callers
+  that only need arrays (greedy, cpsat) never pay for it: 5,000 jobs compile in 0.03 s
+  instead of 1.1 s.
 * **capacity(pool)**: GPUs free per slot; **power_cap_w(zone)**: watts left per slot.
 
 Time is discretised into `slot_s` slots from `now` (slot 0 starts now) over `horizon_s`.
@@ -49,12 +56,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles
+from policies.energy import J_PER_KWH, JobShape, ProfileBook, generic_power_w, job_shape, seed_profiles, shape_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
 
 _FAR_S = 1e9  # flat extension of a forecast beyond its ends, in seconds
+_WHY = {1: "memory", 2: "slo", 3: "gang"}  # Problem.job_why codes
 
 
 class Pool(NamedTuple):
@@ -119,6 +127,7 @@ class Problem:
         self.n_slots: int = max(1, int(math.ceil(snapshot.horizon_s / self.slot_s)))
         self.book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
         self.slot_offsets_s = np.arange(self.n_slots, dtype=np.float64) * self.slot_s
+        self.slot_index = np.arange(self.n_slots, dtype=np.int64)
 
         pinned_map = getattr(snapshot, "pinned", None) or {}
         self.pinned: tuple[Assignment, ...] = tuple(
@@ -130,7 +139,8 @@ class Problem:
         self._build_curves()
         self._build_pools()
         self._build_power_caps()
-        self._job_options: list[JobOptions] = [self._compile_job(j) for j in self.jobs]
+        self._compile_jobs()
+        self._job_options: dict[int, JobOptions] = {}
         self.options: Sequence[list[Option]] = _LazyOptions(self)
         self._cost_cache: tuple[int, np.ndarray] | None = None
 
@@ -232,6 +242,9 @@ class Problem:
         for i, p in enumerate(pools):
             kth[i, :len(p.free_slot)] = sorted(p.free_slot)
         self.kth_free_slot = kth
+        # group_kth_free_slot[g, k-1]: first slot with k GPUs free on one pool of group g
+        self.group_kth_free_slot = np.stack([kth[list(g.pools)].min(axis=0) for g in self.groups]) \
+            if self.groups else np.zeros((0, width), dtype=np.int64)
         # per group: pools sorted by size, to pick those with >= k GPUs quickly
         self._group_pools = [np.array(g.pools, dtype=np.int64) for g in self.groups]
         zone_index = {z: i for i, z in enumerate(self.zones)}
@@ -256,62 +269,106 @@ class Problem:
             if zone in self._power_cap:
                 self._power_cap[zone][max(0, lo):max(0, min(hi, self.n_slots))] -= power_w
 
-    def _compile_job(self, job: QueuedJob) -> JobOptions:
-        release = max(self.now, job.submitted_at)
-        earliest = self._slot_ceil(release)
-        limit = self.n_slots - 1
-        if job.max_delay_s is not None:
-            limit = min(limit, self._slot_floor(job.submitted_at + timedelta(seconds=job.max_delay_s)))
-        deadline_s = None if job.deadline is None else (job.deadline - self.now).total_seconds()
-        shapes: dict[str, JobShape] = {}
+    def _compile_jobs(self) -> None:
+        """Every job against every group at once, as (jobs x groups) arrays.
+
+        `job_fit[j, g]`: the job can run on pools of group g (memory, latency SLO, and some
+        pool with at least k usable GPUs); `job_why` says why not (1 memory, 2 slo, 3 gang).
+        `job_runtime_s`, `job_power_w` (IT, k GPUs), `job_scale` (power x PUE / 3.6e6),
+        `job_duration` (slots) and `job_latest` (last start slot) hold for every pair, fit or
+        not; `job_earliest` and `job_k` are per job.
+        """
+        jobs, groups = self.jobs, self.groups
+        n_jobs, n_groups = len(jobs), len(groups)
+        models = sorted({g.model for g in groups})
+        model_index = {m: i for i, m in enumerate(models)}
+        gm = np.array([model_index[g.model] for g in groups], dtype=np.int64)
+        shapes = shape_arrays(jobs, models, self.book, self.snapshot.default_runtime_s)
+        self.job_runtime_s: np.ndarray = shapes.runtime_s[:, gm].reshape(n_jobs, n_groups)
+        self.job_power_w: np.ndarray = shapes.power_w[:, gm].reshape(n_jobs, n_groups)
+        pue = np.array([g.pue for g in groups], dtype=np.float64)
+        self.job_scale: np.ndarray = self.job_power_w * pue[None, :] / J_PER_KWH
+        self.job_k: np.ndarray = np.array([max(1, j.gpus) for j in jobs], dtype=np.int64)
+
+        mem = np.array([j.gpu_mem_gib for j in jobs], dtype=np.float64)
+        group_mem = np.array([g.memory_gib for g in groups], dtype=np.float64)
+        slo = np.array([np.nan if j.latency_slo_ms is None else j.latency_slo_ms for j in jobs], dtype=np.float64)
+        p95 = shapes.latency_p95_ms[:, gm].reshape(n_jobs, n_groups)
+        why = np.zeros((n_jobs, n_groups), dtype=np.int8)
+        with np.errstate(invalid="ignore"):
+            why[p95 > slo[:, None]] = 2  # nan (no SLO, no profile) compares False
+        why[group_mem[None, :] < mem[:, None]] = 1  # memory is checked first
+        largest = np.array([int(self.pool_size[list(g.pools)].max()) for g in groups], dtype=np.int64)
+        why[(why == 0) & (largest[None, :] < self.job_k[:, None])] = 3
+        self.job_why: np.ndarray = why
+        self.job_fit: np.ndarray = why == 0
+
+        earliest = np.empty(n_jobs, dtype=np.int64)
+        limit = np.full(n_jobs, self.n_slots - 1, dtype=np.int64)
+        deadline_s = np.full(n_jobs, np.nan)
+        for i, job in enumerate(jobs):
+            earliest[i] = self._slot_ceil(max(self.now, job.submitted_at))
+            if job.max_delay_s is not None:
+                limit[i] = min(limit[i], self._slot_floor(job.submitted_at + timedelta(seconds=job.max_delay_s)))
+            if job.deadline is not None:
+                deadline_s[i] = (job.deadline - self.now).total_seconds()
+        self.job_earliest: np.ndarray = earliest
+        rt = self.job_runtime_s
+        self.job_duration: np.ndarray = np.maximum(1, np.ceil(rt / self.slot_s - 1e-9)).astype(np.int64)
+        has = ~np.isnan(deadline_s)
+        by_deadline = np.floor((np.where(has, deadline_s, 0.0)[:, None] - rt) / self.slot_s + 1e-9)
+        by_deadline = np.where(has[:, None], by_deadline, float(self.n_slots))
+        self.job_latest: np.ndarray = np.minimum(limit[:, None], by_deadline).astype(np.int64)
+        self.group_row_offsets = np.arange(n_groups, dtype=np.int64) * (self.n_slots + 1)
+        self._zone_groups = [np.array([gi for gi, g in enumerate(groups) if g.zone == z], dtype=np.int64)
+                             for z in self.zones]
+
+    def _build_job_options(self, j: int) -> JobOptions:
+        job = self.jobs[j]
+        k = int(self.job_k[j])
+        gis = np.flatnonzero(self.job_fit[j])
         excluded: dict[str, str] = {}
-        fit_by_model: dict[tuple[str, float], str | None] = {}
-        members_l: list[np.ndarray] = []
-        gis: list[int] = []
-        durs: list[int] = []
-        latests: list[int] = []
-        k = max(1, job.gpus)
-        for gi, g in enumerate(self.groups):
-            key = (g.model, g.memory_gib)
-            if key in fit_by_model:
-                why = fit_by_model[key]
-            else:
-                why = fit_by_model[key] = fits(job, g.model, g.memory_gib, self.book)
-            if why is not None:
-                excluded.setdefault(g.model, why)
-                continue
-            members = self._members(gi, k)
-            if members.size == 0:
-                excluded.setdefault(g.model, "gang")
-                continue
-            shape = shapes.get(g.model)
-            if shape is None:
-                shape = job_shape(job, g.model, self.book, self.snapshot.default_runtime_s)
-                shapes[g.model] = shape
-            dur = max(1, int(math.ceil(shape.runtime_s / self.slot_s - 1e-9)))
-            latest = limit
-            if deadline_s is not None:
-                latest = min(latest, int(math.floor((deadline_s - shape.runtime_s) / self.slot_s + 1e-9)))
-            members_l.append(members)
-            gis.append(gi)
-            durs.append(dur)
-            latests.append(latest)
+        for gi in np.flatnonzero(~self.job_fit[j]).tolist():
+            excluded.setdefault(self.groups[gi].model, _WHY[int(self.job_why[j, gi])])
+        shapes: dict[str, JobShape] = {}
+        for gi in gis.tolist():
+            model = self.groups[gi].model
+            if model not in shapes:
+                shapes[model] = job_shape(job, model, self.book, self.snapshot.default_runtime_s)
         for model in shapes:
             excluded.pop(model, None)
-        if members_l:
-            sizes = [m.size for m in members_l]
-            gi_arr = np.array(gis, dtype=np.int64)
-            first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            grps = [self.groups[g] for g in gis]
-            return JobOptions(np.concatenate(members_l), np.repeat(gi_arr, sizes),
-                              np.repeat(np.array(durs, dtype=np.int64), sizes),
-                              np.repeat(np.array(latests, dtype=np.int64), sizes), earliest, shapes, excluded,
-                              gi_arr, first, self._group_zone[gi_arr],
-                              np.array([shapes[g.model].runtime_s for g in grps]),
-                              np.array([shapes[g.model].power_w * g.pue for g in grps]) / J_PER_KWH)
-        empty = np.zeros(0, dtype=np.int64)
-        return JobOptions(empty, empty, empty, empty, earliest, shapes, excluded, empty, empty, empty,
-                          np.zeros(0), np.zeros(0))
+        earliest = int(self.job_earliest[j])
+        if gis.size == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return JobOptions(empty, empty, empty, empty, earliest, shapes, excluded, empty, empty, empty,
+                              np.zeros(0), np.zeros(0))
+        members_l = [self._members(int(gi), k) for gi in gis.tolist()]
+        sizes = np.array([m.size for m in members_l], dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        return JobOptions(np.concatenate(members_l), np.repeat(gis, sizes),
+                          np.repeat(self.job_duration[j, gis], sizes), np.repeat(self.job_latest[j, gis], sizes),
+                          earliest, shapes, excluded, gis, first, self._group_zone[gis],
+                          self.job_runtime_s[j, gis].copy(), self.job_scale[j, gis].copy())
+
+    def cost_tables(self, js: Sequence[int] | np.ndarray) -> np.ndarray:
+        """gCO2 per start slot of many jobs at once: (len(js) x groups x slots), every
+        group in `problem.groups` order (inf where the job does not fit the group), window
+        ignored. The same arithmetic as `cost_table`, one `numpy.interp` per zone."""
+        js = np.asarray(js, dtype=np.int64)
+        out = np.empty((js.size, len(self.groups), self.n_slots))
+        runtime = self.job_runtime_s[js]
+        scale = self.job_scale[js]
+        for z, gz in enumerate(self._zone_groups):
+            if gz.size == 0:
+                continue
+            tk, gk = self._zone_knots[z]
+            rows = slice(int(gz[0]), int(gz[-1]) + 1)  # groups are sorted by zone first
+            view = out[:, rows, :]
+            view[...] = np.interp(self.slot_offsets_s[None, None, :] + runtime[:, rows, None], tk, gk)
+            view -= self._zone_base[z]
+            view *= scale[:, rows, None]
+        out[~self.job_fit[js]] = np.inf
+        return out
 
     def _members(self, gi: int, k: int) -> np.ndarray:
         """Pools of group gi with at least k usable GPUs (cached per (group, k))."""
@@ -322,6 +379,12 @@ class Problem:
             hit = self._members_cache[key] = members[self.pool_size[members] >= k]
         return hit
 
+    def first_pool_free(self, g: int, k: int, slot: int) -> int:
+        """The first pool of group g (in pool order) with k GPUs free at `slot` (-1: none)."""
+        members = self._members(g, k)
+        hit = np.flatnonzero(self.kth_free_slot[members, k - 1] <= slot)
+        return int(members[hit[0]]) if hit.size else -1
+
     def _slot_ceil(self, t: datetime) -> int:
         return max(0, int(math.ceil((t - self.now).total_seconds() / self.slot_s - 1e-9)))
 
@@ -331,8 +394,11 @@ class Problem:
     # -- queries -----------------------------------------------------------------------------
 
     def job_options(self, j: int) -> JobOptions:
-        """The options of job j as numpy arrays (fast path for the policies)."""
-        return self._job_options[j]
+        """The options of job j as numpy arrays (built on first use, then cached)."""
+        hit = self._job_options.get(j)
+        if hit is None:
+            hit = self._job_options[j] = self._build_job_options(j)
+        return hit
 
     def slot_time(self, slot: int) -> datetime:
         return self.now + timedelta(seconds=slot * self.slot_s)

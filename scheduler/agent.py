@@ -19,7 +19,9 @@ from pathlib import Path
 from sqlalchemy import Connection, case, insert, select, update
 
 from policies.catalog import match_device_name
+from scheduler.accounting import energy_note_of
 from scheduler.executor import Executor, LaunchSpec, RunState, RunStatus
+from scheduler.profiles import learn_from_job
 from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
 from scheduler.samples import SampleStore, StoredSample
 from scheduler.store import Store
@@ -59,12 +61,15 @@ class Agent:
     """Owns the GPUs of one node. `tick()` is called periodically and after wake-ups."""
 
     def __init__(self, store: Store, backend: GpuBackend, config: AgentConfig, *,
-                 on_change: Callable[[], None] | None = None, clock=utcnow) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 on_finished: Callable[[int, str | None], None] | None = None, clock=utcnow) -> None:
         self.store = store
         self.backend = backend
         self.config = config
         self.executor = Executor(config.state_dir, grace_s=config.grace_s)
         self._on_change = on_change or (lambda: None)
+        # Called with (job id, energy note) once a run's end is recorded: the head prices its carbon.
+        self._on_finished = on_finished or (lambda job_id, note: None)
         self._clock = clock
         self._signalled: set[int] = set()
         self._last_heartbeat: datetime | None = None
@@ -299,7 +304,7 @@ class Agent:
         else:
             to, why = State.FAILED, f"exit code {code}"
         ended = _parse_time(result.get("ended_at")) or self._clock()
-        energy_j, method = self._job_energy(job, status, ended)
+        energy_j, method, energy_note = self._job_energy(job, status, ended)
 
         actor = job.cancel_requested_by if to is State.CANCELLED else None
         self.store.transact(lambda conn: end_run(
@@ -309,6 +314,23 @@ class Agent:
         self.executor.forget(job.id)
         self._signalled.discard(job.id)
         log.info("job %s %s (%s)", job.id, to.value, why)
+        if to is State.COMPLETED and energy_j is not None:
+            self._learn_profile(job, ended, energy_j, method)
+        try:  # its carbon receipt; the head's accounting backfill prices it if this fails
+            self._on_finished(job.id, energy_note)
+        except Exception:
+            log.exception("job %s: pricing its carbon failed; the accounting backfill will retry", job.id)
+
+    def _learn_profile(self, job, ended: datetime, energy_j: float, method: str | None) -> None:
+        """Fold a completed job's measured runtime and GPU energy into its workload profile
+        (profiles hold GPU power only: the node's static share is taken back out). Never
+        fails the completion, which is already recorded."""
+        gpu_energy_j = energy_j
+        if method and method.endswith("+static") and job.started_at is not None and self._uuid_of:
+            share = len(job.gpu_ids or []) / len(self._uuid_of)
+            run_s = max(0.0, (ended - job.started_at).total_seconds())
+            gpu_energy_j = max(0.0, energy_j - self.config.node_static_w * share * run_s)
+        learn_from_job(self.store, job.id, gpu_energy_j=gpu_energy_j, clock=self._clock)
 
     def _requeue_unlaunched(self, job) -> None:
         self.store.transact(lambda conn: end_run(
@@ -344,7 +366,7 @@ class Agent:
         with self.store.read() as conn:
             gpu_rows = {r.id: r for r in conn.execute(
                 select(gpus).where(gpus.c.node_name == self.config.node))}
-            busy = {i for i, g in gpu_rows.items() if g.job_id is not None or not g.healthy}
+            busy = {i for i, g in gpu_rows.items() if g.job_id is not None or not g.healthy or g.drained}
             free = len(gpu_rows) - len(busy)
             if free == 0:
                 return False
@@ -430,12 +452,13 @@ class Agent:
             out[str(gid)] = [time.time(), r.power_w, r.energy_j]
         return out
 
-    def _job_energy(self, job, status: RunStatus, ended: datetime) -> tuple[float | None, str | None]:
+    def _job_energy(self, job, status: RunStatus, ended: datetime) -> tuple[float | None, str | None, str | None]:
         """Energy of the job's GPUs over its run from samples and the start/end readings,
-        plus its share of the node's static power when configured."""
+        plus its share of the node's static power when configured; with the method and a
+        note on why GPUs were not measured by their counter."""
         gpu_ids = [int(g) for g in (job.gpu_ids or [])]
         if not gpu_ids or job.started_at is None:
-            return None, None
+            return None, None, None
         self.flush_samples()
         start_s, end_s = job.started_at.timestamp(), ended.timestamp()
         extra: dict[int, list[Sample]] = {}
@@ -446,13 +469,13 @@ class Agent:
             extra.setdefault(int(gid), []).append(Sample(t, p, e))
         measured = self.samples.job_energy(gpu_ids, start_s, end_s, extra)
         if measured.energy_j is None:
-            return None, None
+            return None, None, None
         energy, method = measured.energy_j, measured.method
         if self.config.node_static_w > 0 and self._uuid_of:
             share = len(gpu_ids) / len(self._uuid_of)
             energy += self.config.node_static_w * share * max(0.0, end_s - start_s)
             method += "+static"
-        return energy, method
+        return energy, method, energy_note_of(measured.per_gpu)
 
     def _set_busy(self, gpu_id: int, busy: bool) -> None:
         uuid = self._uuid_of.get(gpu_id)

@@ -311,6 +311,8 @@ class ApiServer(socketserver.UnixStreamServer):
             if not isinstance(ids, list):
                 raise RequestError(400, 'cancel body must be {"ids": [JOB, ...]}')
             return 200, svc.cancel(caller, [_job_id(i) for i in ids])
+        if route in (("POST", "drain"), ("POST", "resume")) and len(parts) == 1:
+            return 200, svc.drain(caller, body, drained=parts[0] == "drain")
         if route == ("GET", "nodes"):
             return 200, svc.nodes(caller)
         handler = self.extra_routes.get(route)

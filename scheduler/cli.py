@@ -15,7 +15,7 @@ import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from scheduler import cli_carbon
+from scheduler import cli_carbon, cli_report, cli_simulate, settings
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_FORBIDDEN, EXIT_CONFLICT = range(7)
 
@@ -32,13 +32,21 @@ def _env_help(text: str, var: str) -> str:
     return f"{text} [env: {var}]"
 
 
-def load_config(path: str | None) -> dict:
+def config_path(path: str | None) -> str | None:
+    """The config file in use: --config, $CARBONSCHED_CONFIG, else the default if it exists."""
     path = path or os.environ.get("CARBONSCHED_CONFIG")
+    if path:
+        return path
+    for default in (settings.DEFAULT_CONFIG_PATH, Path("/etc/carbonsched/carbonsched.toml")):
+        if default.exists():
+            return str(default)
+    return None
+
+
+def load_config(path: str | None) -> dict:
+    path = config_path(path)
     if not path:
-        default = Path("/etc/carbonsched/carbonsched.toml")
-        if not default.exists():
-            return {}
-        path = str(default)
+        return {}
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -66,49 +74,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="carbonsched",
                                 description="Energy- and carbon-aware batch scheduler for GPU clusters.")
     p.add_argument("--socket", help=_env_help("daemon API socket", "CARBONSCHED_SOCKET"))
-    p.add_argument("--config", help=_env_help("TOML config file (default /etc/carbonsched/carbonsched.toml)",
+    p.add_argument("--config", help=_env_help("TOML config file (default /etc/carbonsched/config.toml)",
                                               "CARBONSCHED_CONFIG"))
     sub = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     d = sub.add_parser("daemon", help="run the head-node daemon (API, planner, local agent)")
-    d.add_argument("--db", help=_env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
-    d.add_argument("--socket", dest="socket_sub", help=_env_help("API socket path", "CARBONSCHED_SOCKET"))
-    d.add_argument("--state-dir", help=_env_help("state directory", "CARBONSCHED_STATE_DIR"))
-    d.add_argument("--emulate", metavar="SPEC", help=_env_help("emulate a GPU fleet, e.g. 4xMI300X,2xH100",
-                                                             "CARBONSCHED_EMULATE"))
-    d.add_argument("--zone", help=_env_help("carbon zone of this node (default: local)", "CARBONSCHED_ZONE"))
-    d.add_argument("--node", help=_env_help("name of the local node (default: host name)", "CARBONSCHED_NODE"))
-    d.add_argument("--policy", help=_env_help("planning policy (default fifo)", "CARBONSCHED_POLICY"))
-    d.add_argument("--plan-interval", metavar="DUR",
-                   help=_env_help("planner period (default 15s; a submit also wakes it)", "CARBONSCHED_PLAN_INTERVAL"))
-    d.add_argument("--dispatch-interval", metavar="DUR",
-                   help=_env_help("agent period (default 1s)", "CARBONSCHED_DISPATCH_INTERVAL"))
-    d.add_argument("--metrics-port", type=int, help=_env_help("serve Prometheus metrics on this port",
-                                                              "CARBONSCHED_METRICS_PORT"))
-    d.add_argument("--sample-hz", type=float, help=_env_help("GPU power sampling rate of the local agent "
-                                                             "(default 1)", "CARBONSCHED_SAMPLE_HZ"))
-    d.add_argument("--planner-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="plan in a child process so long ticks never stall the API (default: on)")
-    d.add_argument("--local-agent", action=argparse.BooleanOptionalAction, default=None,
-                   help="run an agent in the daemon (default: on for SQLite or with --emulate)")
-    d.add_argument("--log-level", default=os.environ.get("CARBONSCHED_LOG_LEVEL", "INFO"),
-                   help=_env_help("log level", "CARBONSCHED_LOG_LEVEL"))
+    settings.add_flags(d, settings.DAEMON)
 
     a = sub.add_parser("agent", help="run the node agent of a GPU node (multi-node clusters)")
-    a.add_argument("--db", help=_env_help("database URL shared with the daemon", "CARBONSCHED_DB"))
-    a.add_argument("--node", help=_env_help("node name (default: host name)", "CARBONSCHED_NODE"))
-    a.add_argument("--zone", help=_env_help("carbon zone of this node", "CARBONSCHED_ZONE"))
-    a.add_argument("--state-dir", help=_env_help("state directory", "CARBONSCHED_STATE_DIR"))
-    a.add_argument("--emulate", metavar="SPEC", help=_env_help("emulate a GPU fleet, e.g. 8xMI300X",
-                                                             "CARBONSCHED_EMULATE"))
-    a.add_argument("--sample-hz", type=float, help=_env_help("GPU power sampling rate (default 1)",
-                                                             "CARBONSCHED_SAMPLE_HZ"))
-    a.add_argument("--dispatch-interval", metavar="DUR",
-                   help=_env_help("how often to look for due jobs (default 1s)", "CARBONSCHED_DISPATCH_INTERVAL"))
-    a.add_argument("--metrics-port", type=int, help=_env_help("serve Prometheus metrics on this port",
-                                                              "CARBONSCHED_METRICS_PORT"))
-    a.add_argument("--log-level", default=os.environ.get("CARBONSCHED_LOG_LEVEL", "INFO"),
-                   help=_env_help("log level", "CARBONSCHED_LOG_LEVEL"))
+    settings.add_flags(a, settings.AGENT)
+
+    for verb, what in (("drain", "close GPUs to new jobs (running jobs finish); root/admins"),
+                       ("resume", "open drained GPUs to new jobs again; root/admins")):
+        dr = sub.add_parser(verb, help=what)
+        dr.add_argument("target", help="a node name (all its GPUs), NODE:INDEX, or a GPU UUID")
+        if verb == "drain":
+            dr.add_argument("--reason", help="why (logged with your uid)")
+        dr.add_argument("--json", action="store_true")
+
+    cf = sub.add_parser("config", help="check the configuration offline (as the daemon does at start)")
+    cf_sub = cf.add_subparsers(dest="config_cmd", metavar="CMD", required=True)
+    cfc = cf_sub.add_parser("check", help="report every problem in the config file and environment, "
+                                         "with its key")
+    cfc.add_argument("--for", dest="scope", choices=[settings.DAEMON, settings.AGENT, "both"], default="both",
+                     help="check the settings of the daemon, the agent or both (default both)")
+    cfs = cf_sub.add_parser("show", help="the effective settings and where each comes from")
+    cfs.add_argument("--for", dest="scope", choices=[settings.DAEMON, settings.AGENT], default=settings.DAEMON)
+    cfs.add_argument("--json", action="store_true")
 
     s = sub.add_parser("submit", help="queue a job: carbonsched submit [options] -- CMD [ARG...]")
     s.add_argument("--gpus", type=int, default=1, help="GPUs on one node (default 1)")
@@ -118,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workload", metavar="CLASS", help="workload class, e.g. llm-inference, finetune")
     s.add_argument("--prompts", type=int, help="number of prompts the job serves (for gCO2/prompt)")
     s.add_argument("--est-runtime", metavar="DUR", help="expected runtime, e.g. 90m")
+    s.add_argument("--max-delay", metavar="DUR", help="start within this long of submission, e.g. 4h "
+                                                      "(default: any time that meets the deadline)")
     s.add_argument("--time-limit", metavar="DUR", help="hard limit (default: est-runtime x 2)")
     s.add_argument("--retries", type=int, default=0, help="re-queue up to N times if the job is lost")
     s.add_argument("--name", help="job name (default: the program name)")
@@ -156,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--state-dir", help=_env_help("state directory (for the default SQLite URL)",
                                                   "CARBONSCHED_STATE_DIR"))
     cli_carbon.add_parser(sub)
+    cli_simulate.add_parser(sub)
+    cli_report.add_parser(sub)
     return p
 
 
@@ -189,49 +185,59 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _number_setting(args, config, name: str, env: str, default: float) -> float:
-    value = setting(args, config, name, env, default)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise CliError(f"{name.replace('_', '-')} must be a number (got {value!r})", EXIT_USAGE) from None
+def _register_config_tables() -> None:
+    """Nested config tables are checked by the code that owns them."""
+    from scheduler.accounting import AccountingConfig
+    from scheduler.carbon import CarbonConfig
+    from scheduler.planner import SiteConfig
+
+    def owner_check(build):
+        def check(table, whole) -> list[str]:
+            try:
+                build(whole)
+            except (ValueError, TypeError) as e:
+                return [str(e)]
+            return []
+        return check
+
+    site = owner_check(SiteConfig.from_config)
+    settings.register_table("site", site)
+    settings.register_table("zones", lambda table, whole: [] if "site" in whole else site(table, whole))
+    settings.register_table("carbon", owner_check(lambda whole: CarbonConfig.from_config(
+        {"carbon": whole.get("carbon", {})})))
+    settings.register_table("accounting", owner_check(AccountingConfig.from_config))
 
 
-def _port_setting(args, config) -> int | None:
-    value = setting(args, config, "metrics_port", "CARBONSCHED_METRICS_PORT")
-    if value is None:
-        return None
+def resolve_settings(args, config, scope: str) -> settings.Resolved:
+    """Effective settings of `scope`; every problem in one CliError, one line each."""
+    _register_config_tables()
+    if scope == settings.DAEMON and getattr(args, settings.dest("socket"), None) is None and args.socket:
+        setattr(args, settings.dest("socket"), args.socket)  # the global --socket counts too
     try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise CliError(f"metrics port must be a number (got {value!r})", EXIT_USAGE) from None
-    if not 0 <= port <= 65535:
-        raise CliError(f"metrics port {port} is out of range", EXIT_USAGE)
-    return port
+        return settings.resolve(scope, args, config, config_path=config_path(args.config))
+    except settings.ConfigErrors as e:
+        if len(e.errors) == 1:
+            raise CliError(e.errors[0], EXIT_USAGE) from None
+        raise CliError(f"{len(e.errors)} configuration problems:\n  " + "\n  ".join(e.errors),
+                       EXIT_USAGE) from None
 
 
 def cmd_agent(args, config) -> int:
     from scheduler.agent import default_node_name
     from scheduler.daemon import AgentRunConfig, AgentRunner, DaemonError
-    from scheduler.timeparse import parse_duration
 
-    _setup_logging(args.log_level)
-    db = setting(args, config, "db", "CARBONSCHED_DB")
-    if not db:
+    r = resolve_settings(args, config, settings.AGENT)
+    _setup_logging(r["log_level"])
+    if not r["db"]:
         raise CliError("the agent needs the cluster database: --db postgresql+psycopg://... "
-                       "(or CARBONSCHED_DB)", EXIT_USAGE)
+                       "(or CARBONSCHED_DB, or `db` in the config file)", EXIT_USAGE)
     try:
         cfg = AgentRunConfig(
-            db_url=db, state_dir=_state_dir(args, config),
-            node=setting(args, config, "node", "CARBONSCHED_NODE") or default_node_name(),
-            zone=setting(args, config, "zone", "CARBONSCHED_ZONE", "local"),
-            emulate=setting(args, config, "emulate", "CARBONSCHED_EMULATE"),
-            sample_hz=_number_setting(args, config, "sample_hz", "CARBONSCHED_SAMPLE_HZ", 1.0),
-            dispatch_interval_s=parse_duration(
-                setting(args, config, "dispatch_interval", "CARBONSCHED_DISPATCH_INTERVAL", "1s")),
-            metrics_port=_port_setting(args, config),
-            grace_s=parse_duration(str(config.get("grace", "10s"))),
-            node_static_w=float(config.get("node_static_w", 0.0)),
+            db_url=r["db"], state_dir=r["state_dir"] or _state_dir(args, config),
+            node=r["node"] or default_node_name(), zone=r["zone"], emulate=r["emulate"],
+            sample_hz=r["sample_hz"], dispatch_interval_s=r["dispatch_interval"],
+            metrics_port=r["metrics_port"], grace_s=r["grace"], node_static_w=r["node_static_w"],
+            min_free_disk_mib=r["min_free_disk_mib"],
         )
         AgentRunner(cfg).run()
     except (DaemonError, ValueError) as e:
@@ -240,48 +246,100 @@ def cmd_agent(args, config) -> int:
 
 
 def cmd_daemon(args, config) -> int:
+    from scheduler.accounting import AccountingConfig
+    from scheduler.api import UidLimits
     from scheduler.daemon import Daemon, DaemonConfig, DaemonError
-    from scheduler.timeparse import parse_duration
+    from scheduler.planner import SiteConfig, make_policy
+    from scheduler.store.engine import default_db_url
 
-    _setup_logging(args.log_level)
-    state_dir = _state_dir(args, config)
-    if args.socket_sub:
-        args.socket = args.socket_sub
-    sock = setting(args, config, "socket", "CARBONSCHED_SOCKET")
+    r = resolve_settings(args, config, settings.DAEMON)
+    _setup_logging(r["log_level"])
+    state_dir = r["state_dir"] or _state_dir(args, config)
+    sock = r["socket"]
     if not sock:
         sock = "/run/carbonsched/carbonsched.sock" if os.geteuid() == 0 else str(state_dir / "carbonsched.sock")
     try:
         cfg = DaemonConfig(
-            db_url=_db_url(args, config),
+            db_url=r["db"] or default_db_url(state_dir),
             socket_path=Path(sock),
             state_dir=state_dir,
-            emulate=setting(args, config, "emulate", "CARBONSCHED_EMULATE"),
-            zone=setting(args, config, "zone", "CARBONSCHED_ZONE", "local"),
-            policy=setting(args, config, "policy", "CARBONSCHED_POLICY", "fifo"),
-            plan_interval_s=parse_duration(setting(args, config, "plan_interval", "CARBONSCHED_PLAN_INTERVAL", "15s")),
-            dispatch_interval_s=parse_duration(
-                setting(args, config, "dispatch_interval", "CARBONSCHED_DISPATCH_INTERVAL", "1s")),
-            admin_groups=list(config.get("admin_groups", [])),
-            time_limit_factor=float(config.get("time_limit_factor", 2.0)),
-            grace_s=parse_duration(str(config.get("grace", "10s"))),
-            local_agent=args.local_agent,
-            sample_hz=_number_setting(args, config, "sample_hz", "CARBONSCHED_SAMPLE_HZ", 1.0),
-            metrics_port=_port_setting(args, config),
-            node_lost_after_s=parse_duration(str(config.get("node_lost_after", "5m"))),
-            sample_retention_s=parse_duration(str(config.get("sample_retention", "1h"))),
-            node_static_w=float(config.get("node_static_w", 0.0)),
+            emulate=r["emulate"],
+            zone=r["zone"],
+            policy=r["policy"],
+            plan_interval_s=r["plan_interval"],
+            dispatch_interval_s=r["dispatch_interval"],
+            admin_groups=r["admin_groups"],
+            time_limit_factor=r["time_limit_factor"],
+            grace_s=r["grace"],
+            local_agent=r["local_agent"],
+            sample_hz=r["sample_hz"],
+            metrics_port=r["metrics_port"],
+            node_lost_after_s=r["node_lost_after"],
+            sample_retention_s=r["sample_retention"],
+            node_static_w=r["node_static_w"],
+            min_free_disk_mib=r["min_free_disk_mib"],
+            api_limits=UidLimits(rate_per_s=r["api_rate_per_uid"], burst=r["api_burst_per_uid"],
+                                 max_inflight=r["api_max_inflight_per_uid"],
+                                 max_connections=r["api_max_connections_per_uid"]),
             carbon=dict(config.get("carbon", {})),
-            planner_process=bool(args.planner_process if args.planner_process is not None
-                                 else config.get("planner_process", True)),
+            site=SiteConfig.from_config(config),
+            accounting=AccountingConfig.from_config(config),
+            planner_process=r["planner_process"],
         )
-        node = setting(args, config, "node", "CARBONSCHED_NODE")
-        if node:
-            cfg.node = node
-        if cfg.plan_interval_s <= 0 or cfg.dispatch_interval_s <= 0:
-            raise ValueError("intervals must be positive")
+        if r["node"]:
+            cfg.node = r["node"]
+        try:  # a policy the daemon cannot run is refused before anything starts
+            make_policy(cfg.policy, plan_interval_s=cfg.plan_interval_s)
+        except ValueError as e:
+            raise CliError(f"--policy: {e}", EXIT_USAGE) from None
         Daemon(cfg).run()
     except (DaemonError, ValueError) as e:
         raise CliError(str(e)) from None
+    return EXIT_OK
+
+
+def cmd_drain(args, config) -> int:
+    body = {"target": args.target}
+    if getattr(args, "reason", None):
+        body["reason"] = args.reason
+    result = _client(args, config).request("POST", f"/{args.verb}", body)
+    if args.json:
+        _print_json(result)
+    else:
+        gpus = ", ".join(f"{g['node']}:{g['index']}" + (f" (job {g['running_job']} finishes first)"
+                                                         if g["running_job"] and result["drained"] else "")
+                         for g in result["gpus"])
+        print(f"{'drained' if result['drained'] else 'resumed'} {len(result['gpus'])} GPU(s): {gpus}")
+    return EXIT_OK
+
+
+def cmd_config(args, config) -> int:
+    path = config_path(args.config)
+    if args.config_cmd == "show":
+        r = resolve_settings(args, config, args.scope)
+        rows = [{"key": k, "value": settings.BY_KEY[k].format(v) if not args.json else
+                 (str(v) if isinstance(v, Path) else v), "source": r.sources[k]} for k, v in r.values.items()]
+        if args.json:
+            _print_json({"config_file": path, "settings": rows})
+        else:
+            from scheduler import output
+
+            print(f"config file: {path or '(none)'}")
+            print(output.table(["SETTING", "VALUE", "FROM"], [[x["key"], x["value"], x["source"]] for x in rows]))
+        return EXIT_OK
+    _register_config_tables()
+    scopes = [settings.DAEMON, settings.AGENT] if args.scope == "both" else [args.scope]
+    errors: list[str] = []
+    for scope in scopes:
+        try:
+            settings.resolve(scope, args, config, config_path=path)
+        except settings.ConfigErrors as e:
+            errors.extend(x for x in e.errors if x not in errors)
+    if errors:
+        for x in errors:
+            print(f"carbonsched: {x}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"config OK: {path or 'no config file; defaults and environment'} ({', '.join(scopes)})")
     return EXIT_OK
 
 
@@ -301,6 +359,8 @@ def cmd_submit(args, config) -> int:
             body["est_runtime_s"] = parse_duration(args.est_runtime)
         if args.time_limit:
             body["time_limit_s"] = parse_duration(args.time_limit)
+        if args.max_delay:
+            body["max_delay_s"] = parse_duration(args.max_delay)
         if args.deadline:
             body["deadline"] = iso(parse_time(args.deadline, datetime.now(timezone.utc)))
     except ValueError as e:
@@ -341,13 +401,17 @@ def cmd_queue(args, config) -> int:
 
 
 def cmd_show(args, config) -> int:
-    job = _client(args, config).job(args.job)
+    client = _client(args, config)
+    job = client.job(args.job)
+    receipt = cli_report.fetch_receipt(client, args.job) if job.get("ended_at") else None
     if args.json:
-        _print_json(job)
+        _print_json({**job, "receipt": receipt})
     else:
         from scheduler import output
 
         print(output.job_detail(job))
+        if receipt is not None:
+            print("\n" + cli_report.receipt_text(receipt))
     return EXIT_OK
 
 
@@ -419,7 +483,8 @@ def cmd_db(args, config) -> int:
 
 
 VERBS = {"daemon": cmd_daemon, "agent": cmd_agent, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show,
-         "cancel": cmd_cancel, "logs": cmd_logs, "nodes": cmd_nodes, "plan": cmd_plan, "db": cmd_db}
+         "cancel": cmd_cancel, "logs": cmd_logs, "nodes": cmd_nodes, "plan": cmd_plan, "db": cmd_db, "config": cmd_config,
+         "drain": cmd_drain, "resume": cmd_drain}
 
 
 def _print_json(data) -> None:

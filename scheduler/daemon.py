@@ -16,14 +16,14 @@ from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from policies import get_policy
 from policies.catalog import parse_fleet
+from scheduler.accounting import Accountant, AccountingConfig, api_routes as accounting_routes
 from scheduler.agent import Agent, AgentConfig, default_node_name
-from scheduler.api import ApiServer
+from scheduler.api import ApiServer, UidLimits
 from scheduler.carbon import CarbonConfig, CarbonSignals
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
-from scheduler.planner import Planner
-from scheduler.planner_process import PlannerProcess, PlannerSpec
+from scheduler.planner import Planner, SiteConfig, make_policy, preview_rows
+from scheduler.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
 from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.service import Caller, JobService, ServiceConfig, admin_gids
@@ -36,6 +36,7 @@ from telemetry.gpu.detect import probe_backends
 log = logging.getLogger(__name__)
 
 DEFAULT_EMULATED_FLEET = "2xMI300X,2xH100"
+PLANNER_LOAD_TIMEOUT_S = 15.0
 
 
 @dataclass
@@ -45,7 +46,7 @@ class DaemonConfig:
     state_dir: Path
     emulate: str | None = None
     zone: str = "local"
-    policy: str = "fifo"
+    policy: str = "cpsat"
     plan_interval_s: float = 15.0
     dispatch_interval_s: float = 1.0
     node: str = field(default_factory=default_node_name)
@@ -60,9 +61,13 @@ class DaemonConfig:
     node_static_w: float = 0.0
     carbon: dict = field(default_factory=dict)  # the config file's [carbon] table
     carbon_refresh_s: float = 300.0
+    site: SiteConfig = field(default_factory=SiteConfig)  # PUE and power caps per zone
+    accounting: AccountingConfig = field(default_factory=AccountingConfig)  # [accounting]: prices
     # Plan in a child process (default): a long tick then never holds the API's interpreter
     # lock. Measured on 2 cores at 300 submits/s: p99 78-134 ms vs 366-394 ms in a thread.
     planner_process: bool = True
+    min_free_disk_mib: float = 256.0  # the local agent takes no jobs below this free log space
+    api_limits: UidLimits = field(default_factory=UidLimits)  # what one uid may take of the API
 
 
 class DaemonError(RuntimeError):
@@ -222,6 +227,10 @@ class InProcessPlanner:
     def start(self) -> None:
         """Nothing to start: APScheduler runs the ticks."""
 
+    def wait_loaded(self, timeout_s: float) -> bool:
+        """Ready at once: the planner lives in this process."""
+        return True
+
     def wake(self) -> None:
         self._job.wake()
 
@@ -312,25 +321,40 @@ class Daemon(_Service):
         cfg = self.config
         store = self._open(cfg.db_url)
         self._prepare_schema(store)
-        policy = get_policy(cfg.policy)
-
-        scheduler = new_scheduler()
-        planner = Planner(store, policy)  # for previews (`carbonsched plan`); ticks run apart
         metrics = Metrics()
         metrics.add(StoreCollector(store))
         dispatch_job: CoalescedJob | None = None
 
         def after_tick(duration_s: float, changed: int) -> None:
-            metrics.planner_duration.labels(policy.name).observe(duration_s)
+            metrics.planner_duration.labels(cfg.policy).observe(duration_s)
             if changed and dispatch_job is not None:
                 dispatch_job.wake()
 
+        preview_proc = None
         if cfg.planner_process:
-            plan_proc = PlannerProcess(PlannerSpec(db_url=cfg.db_url, policy=cfg.policy,
-                                                   log_level=logging.getLogger().level),
-                                       on_tick=after_tick)
+            spec = PlannerSpec(db_url=cfg.db_url, policy=cfg.policy, log_level=logging.getLogger().level,
+                               plan_interval_s=cfg.plan_interval_s, carbon=dict(cfg.carbon), site=cfg.site)
+            # Started first: the child's imports (OR-Tools alone takes ~0.7 s) overlap the
+            # rest of startup, so the first plan follows "ready" closely.
+            plan_proc = PlannerProcess(spec, on_tick=after_tick)
+            plan_proc.start()
+            # `carbonsched plan` runs the policy too: in a process of its own, so a preview
+            # over a long queue never holds the API's interpreter lock either.
+            preview_proc = PreviewProcess(spec)
+        try:
+            policy = make_policy(cfg.policy, plan_interval_s=cfg.plan_interval_s)
+        except ValueError as e:
+            raise DaemonError(str(e)) from None
+
+        scheduler = new_scheduler()
+        carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
+        # For previews (`carbonsched plan`) and --no-planner-process ticks.
+        planner = Planner(store, policy, carbon=carbon, site=cfg.site, plan_interval_s=cfg.plan_interval_s)
+        if preview_proc is not None:
+            preview = preview_proc.rows
         else:
             plan_proc = InProcessPlanner(scheduler, planner, stopping=self.stop_event, on_tick=after_tick)
+            preview = lambda: preview_rows(planner)  # noqa: E731
 
         agent = None
         local = cfg.local_agent
@@ -341,8 +365,10 @@ class Daemon(_Service):
             agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone,
                                                       state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                                                       sample_hz=cfg.sample_hz,
-                                                      node_static_w=cfg.node_static_w),
-                          on_change=plan_proc.wake)
+                                                      node_static_w=cfg.node_static_w,
+                                                      min_free_disk_mib=cfg.min_free_disk_mib),
+                          on_change=plan_proc.wake,
+                          on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note))
             agent.register()
             agent.startup_reconcile()
             metrics.add(GpuCollector(agent))
@@ -356,8 +382,11 @@ class Daemon(_Service):
             log_dir=cfg.state_dir / "logs",
             on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
         )
+        accountant = Accountant(store, site=cfg.site, carbon=carbon, config=cfg.accounting)
         api = ApiServer(cfg.socket_path, service,
-                        extra_routes={("GET", "plan"): lambda caller, q: plan_preview(planner, service, caller)})
+                        extra_routes={("GET", "plan"): lambda caller, q: plan_preview(preview(), service, caller),
+                                      **accounting_routes(accountant, service)},
+                        limits=cfg.api_limits)
 
         now = datetime.now(timezone.utc)
         scheduler.add_job(plan_proc.interval_target, "interval", seconds=cfg.plan_interval_s,
@@ -368,13 +397,14 @@ class Daemon(_Service):
         else:
             scheduler.add_job(lambda: None, "interval", hours=24, id="dispatch")
         samples = SampleStore(store)
-        carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
         if any(z.provider for z in carbon.config.zones.values()):
             # Live providers are called within their budgets (the store is the shared gate).
             scheduler.add_job(carbon.refresh_all, "interval", seconds=cfg.carbon_refresh_s,
                               id="carbon", max_instances=1, next_run_time=now)
         scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
                           seconds=60, id="rollup", max_instances=1)
+        # Price finished jobs' carbon, and re-price them as late intensity data arrives.
+        scheduler.add_job(accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
         reaper = NodeReaper(store, lost_after_s=cfg.node_lost_after_s)
         scheduler.add_job(lambda: plan_proc.wake() if reaper.reap() else None, "interval",
                           seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1,
@@ -390,6 +420,10 @@ class Daemon(_Service):
             agent.start_sampling()
         plan_proc.start()
         scheduler.start()
+        # Serve once the planner can plan: a daemon that accepts jobs but cannot place them
+        # for seconds (the child still importing OR-Tools) is not ready yet.
+        if not plan_proc.wait_loaded(PLANNER_LOAD_TIMEOUT_S):
+            log.warning("planner process still loading after %gs; serving anyway", PLANNER_LOAD_TIMEOUT_S)
         api.start()
         if cfg.metrics_port is not None:
             metrics.serve(cfg.metrics_port)
@@ -413,6 +447,8 @@ class Daemon(_Service):
             metrics.stop()
             scheduler.shutdown(wait=True)
             plan_proc.stop()
+            if preview_proc is not None:
+                preview_proc.stop()
             if agent is not None:
                 agent.stop()
                 agent.backend.close()
@@ -444,6 +480,7 @@ class AgentRunConfig:
     metrics_port: int | None = None
     grace_s: float = 10.0
     node_static_w: float = 0.0
+    min_free_disk_mib: float = 256.0
 
 
 class AgentRunner(_Service):
@@ -465,7 +502,8 @@ class AgentRunner(_Service):
         backend = make_backend(cfg.emulate, cfg.node)
         agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone, state_dir=cfg.state_dir,
                                                   grace_s=cfg.grace_s, sample_hz=cfg.sample_hz,
-                                                  node_static_w=cfg.node_static_w))
+                                                  node_static_w=cfg.node_static_w,
+                                                  min_free_disk_mib=cfg.min_free_disk_mib))
         agent.register()
         agent.startup_reconcile()
         metrics = Metrics()
@@ -500,16 +538,8 @@ class AgentRunner(_Service):
             self._release_instance_lock()
 
 
-def plan_preview(planner: Planner, service: JobService, caller: Caller) -> list[dict]:
-    """What the policy would do now, for the caller's jobs (all jobs for an admin)."""
-    snapshot, plan = planner.preview()
+def plan_preview(rows: list[dict], service: JobService, caller: Caller) -> list[dict]:
+    """The rows of a plan preview (`scheduler.planner.plan_rows`) the caller may see: their
+    own jobs, or every job for an admin."""
     visible = {j["id"] for j in service.list_jobs(caller, states=["PENDING", "PLANNED"])}
-    index_of = {g.id: g.index for g in snapshot.gpus}
-    out = [{"job": a.job_id, "node": a.node, "gpus": [index_of[g] for g in a.gpu_ids],
-            "start": iso(a.start_at), "gco2": a.estimate.gco2, "gco2_if_now": a.estimate.gco2_if_now,
-            "reason": a.explanation}
-           for a in plan.assignments if a.job_id in visible]
-    out += [{"job": job_id, "node": None, "gpus": None, "start": None, "gco2": None,
-             "gco2_if_now": None, "reason": why}
-            for job_id, why in plan.unplaced.items() if job_id in visible]
-    return sorted(out, key=lambda p: p["job"])
+    return [r for r in rows if r["job"] in visible]

@@ -19,7 +19,8 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "gpus", "gpu_mem_gib", "node", "planned_node", "submitted_at", "planned_start",
             "started_at", "ended_at", "deadline", "est_runtime_s", "time_limit_s", "latency_slo_ms",
             "workload", "prompts", "exit_code", "energy_j", "energy_method", "gco2", "est_energy_j",
-            "est_gco2", "explanation", "attempts", "argv", "cwd", "cancel_requested_at")
+            "est_gco2", "explanation", "attempts", "argv", "cwd", "cancel_requested_at",
+            "max_delay_s", "est_gco2_if_now", "est_runtime_planned_s", "binding", "deadline_miss")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
 
@@ -55,13 +56,18 @@ def _json_raw(value):
     return json.loads(value)
 
 
+def _per(gco2: float | None, prompts: int | None) -> float | None:
+    return gco2 / prompts if gco2 is not None and prompts else None
+
+
 def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[dict]:
     """Job objects from rows of `job_select`."""
     out = []
     for (id_, name, state, reason, owner, owner_uid, gpu_ids, planned_gpu_ids, n_gpus, mem, node,
          planned_node, submitted, planned_start, started, ended, deadline, est, limit, slo,
          workload, prompts, exit_code, energy, method, gco2, est_energy, est_gco2, explanation,
-         attempts, argv, cwd, cancel_at) in rows:
+         attempts, argv, cwd, cancel_at, max_delay, est_gco2_now, est_runtime_planned, binding,
+         deadline_miss) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -79,5 +85,11 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "est_energy_j": est_energy, "est_gco2": est_gco2, "explanation": explanation,
             "attempts": attempts, "argv": _json_raw(argv), "cwd": cwd,
             "cancel_requested": cancel_at is not None,
+            # The plan's estimate: on its chosen GPUs and start, and run now on the first free
+            # GPUs instead; per prompt where the job gave a prompt count.
+            "max_delay_s": max_delay, "est_runtime_planned_s": est_runtime_planned,
+            "est_gco2_per_prompt": _per(est_gco2, prompts),
+            "est_gco2_if_now": est_gco2_now, "est_gco2_if_now_per_prompt": _per(est_gco2_now, prompts),
+            "binding": binding, "deadline_miss": bool(deadline_miss),
         })
     return out

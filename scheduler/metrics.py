@@ -15,6 +15,8 @@ Names follow the exporter conventions: a `carbonsched_` prefix, base units in th
 | carbonsched_jobs | gauge | state | jobs in the store by state (daemon) |
 | carbonsched_job_energy_joules_total | counter | | measured energy of finished jobs (daemon) |
 | carbonsched_job_gco2_grams_total | counter | | gCO2 of finished jobs (daemon) |
+| carbonsched_job_prompts_total | counter | | prompts of finished jobs with a gCO2 figure (daemon) |
+| carbonsched_job_prompts_gco2_grams_total | counter | | gCO2 of those same jobs: the ratio of the two rates is gCO2 per prompt (daemon) |
 | carbonsched_planner_duration_seconds | histogram | policy | planner tick wall time (daemon) |
 """
 
@@ -24,7 +26,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from sqlalchemy import func, select
+from sqlalchemy import and_, case, func, select
 
 from scheduler.lifecycle import State
 from scheduler.store import Store
@@ -81,15 +83,22 @@ class StoreCollector:
         depth = GaugeMetricFamily("carbonsched_jobs", "Jobs by state", labels=["state"])
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
-            energy, gco2 = conn.execute(select(func.coalesce(func.sum(jobs.c.energy_j), 0.0),
-                                               func.coalesce(func.sum(jobs.c.gco2), 0.0))).one()
+            prompted = and_(jobs.c.gco2.is_not(None), jobs.c.prompts > 0)
+            energy, gco2, prompts, prompts_gco2 = conn.execute(select(
+                func.coalesce(func.sum(jobs.c.energy_j), 0.0), func.coalesce(func.sum(jobs.c.gco2), 0.0),
+                func.coalesce(func.sum(case((prompted, jobs.c.prompts), else_=0)), 0),
+                func.coalesce(func.sum(case((prompted, jobs.c.gco2), else_=0.0)), 0.0))).one()
         for state in State:
             depth.add_metric([state.value], counts.get(state.value, 0))
         e = CounterMetricFamily("carbonsched_job_energy_joules", "Measured energy of finished jobs")
         e.add_metric([], float(energy))
         g = CounterMetricFamily("carbonsched_job_gco2_grams", "gCO2 of finished jobs")
         g.add_metric([], float(gco2))
-        yield from (depth, e, g)
+        p = CounterMetricFamily("carbonsched_job_prompts", "Prompts of finished jobs with a gCO2 figure")
+        p.add_metric([], float(prompts))
+        pg = CounterMetricFamily("carbonsched_job_prompts_gco2_grams", "gCO2 of finished jobs that count prompts")
+        pg.add_metric([], float(prompts_gco2))
+        yield from (depth, e, g, p, pg)
 
 
 class Metrics:

@@ -43,6 +43,23 @@ def _gpus(job: dict) -> str:
     return f"{job.get('node') or '?'}:{model}:{','.join(str(g) for g in job['gpus'])}"
 
 
+def _grams(g: float | None) -> str:
+    if g is None:
+        return "-"
+    if g >= 10_000:
+        return f"{g / 1000:.1f} kg"
+    return f"{g:.1f} g" if g >= 1 else f"{g:.3g} g"
+
+
+def _job_gco2(j: dict) -> str:
+    """Measured gCO2 once known, else the plan's estimate marked with ~."""
+    if j.get("gco2") is not None:
+        return _grams(j["gco2"])
+    if j.get("est_gco2") is not None and j["state"] in ("PENDING", "PLANNED", "RUNNING"):
+        return "~" + _grams(j["est_gco2"]) + (" !" if j.get("deadline_miss") else "")
+    return "-"
+
+
 def jobs_table(jobs: list[dict]) -> str:
     if not jobs:
         return "no jobs"
@@ -51,9 +68,22 @@ def jobs_table(jobs: list[dict]) -> str:
         when = j["started_at"] or (j["planned_start"] if j["state"] == "PLANNED" else None)
         rows.append([str(j["id"]), j["name"][:24], j["owner"], j["state"], _gpus(j),
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
-                     "-" if j["exit_code"] is None else str(j["exit_code"]), _energy(j["energy_j"])])
+                     "-" if j["exit_code"] is None else str(j["exit_code"]), _energy(j["energy_j"]),
+                     _job_gco2(j)])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
-                  "ENERGY"], rows)
+                  "ENERGY", "GCO2(~EST)"], rows)
+
+
+def _estimate_line(gco2: float | None, per_prompt: float | None) -> str:
+    if gco2 is None:
+        return "-"
+    return _grams(gco2) + (f" ({per_prompt:.3g} g/prompt)" if per_prompt is not None else "")
+
+
+def _saving(planned: float | None, now: float | None) -> str:
+    if planned is None or now is None or now <= 0:
+        return ""
+    return f"; the plan saves {100 * (now - planned) / now:.0f}%"
 
 
 def job_detail(job: dict) -> str:
@@ -68,7 +98,10 @@ def job_detail(job: dict) -> str:
         ("gpus", f"{job['gpus_requested']} x >= {job['gpu_mem_gib']:g} GiB"
                  + (f" -> {_gpus(job)}" if job.get("gpus") else "")),
         ("workload", job.get("workload") or "-"), ("prompts", str(job.get("prompts") or "-")),
-        ("est. runtime", format_duration(job.get("est_runtime_s"))),
+        ("est. runtime", format_duration(job.get("est_runtime_s"))
+         + (f" (planned GPUs: {format_duration(job['est_runtime_planned_s'])})"
+            if job.get("est_runtime_planned_s") else "")),
+        ("max delay", format_duration(job.get("max_delay_s"))),
         ("time limit", format_duration(job.get("time_limit_s"))),
         ("deadline", local_time(job.get("deadline"), True)),
         ("submitted", local_time(job["submitted_at"], True)),
@@ -78,9 +111,17 @@ def job_detail(job: dict) -> str:
         ("runtime", format_duration(runtime)),
         ("exit code", "-" if job["exit_code"] is None else str(job["exit_code"])),
         ("energy", _energy(job["energy_j"]) + (f" ({job['energy_method']})" if job.get("energy_method") else "")),
-        ("gCO2", "-" if job["gco2"] is None else f"{job['gco2']:.1f} g"),
+        ("gCO2", "-" if job["gco2"] is None else f"{job['gco2']:.1f} g"
+         + (f" ({job['gco2'] / job['prompts']:.3g} g/prompt)" if job.get("prompts") else "")),
         ("plan", job.get("explanation") or "-"),
+        ("est. energy", _energy(job.get("est_energy_j"))),
+        ("est. gCO2", _estimate_line(job.get("est_gco2"), job.get("est_gco2_per_prompt"))),
+        ("if run now", _estimate_line(job.get("est_gco2_if_now"), job.get("est_gco2_if_now_per_prompt"))
+         + _saving(job.get("est_gco2"), job.get("est_gco2_if_now"))),
+        ("binding", job.get("binding") or "-"),
     ]
+    if job.get("deadline_miss"):
+        fields.append(("DEADLINE", "cannot be met on any GPU: planned as soon as possible"))
     width = max(len(k) for k, _ in fields)
     lines = [f"{k.rjust(width)}: {v}" for k, v in fields]
     if job.get("events"):
@@ -112,9 +153,32 @@ def nodes_table(nodes: list[dict]) -> str:
 
 
 def plan_table(plan: list[dict]) -> str:
+    """The policy's plan, one job a line, and a total: planned gCO2 against running every
+    job now on the first free GPUs (over the jobs with both figures)."""
     if not plan:
         return "nothing queued"
-    rows = [[str(p["job"]), p["node"] or "-", ",".join(map(str, p["gpus"] or [])) or "-",
-             local_time(p["start"]), "-" if p["gco2"] is None else f"{p['gco2']:.1f}", p["reason"]]
-            for p in plan]
-    return table(["JOB", "NODE", "GPUS", "START", "GCO2", "REASON"], rows)
+    rows = []
+    for p in plan:
+        where = "-"
+        if p.get("model"):
+            where = f"{p['model']}@{p.get('zone') or '?'}"
+        flags = ("PINNED " if p.get("pinned") else "") + ("DEADLINE-MISS " if p.get("deadline_miss") else "")
+        rows.append([str(p["job"]), p["node"] or "-", where, ",".join(map(str, p["gpus"] or [])) or "-",
+                     local_time(p["start"]), _grams(p.get("gco2")), _grams(p.get("gco2_if_now")),
+                     (flags + (p["reason"] or "")).strip()])
+    lines = [table(["JOB", "NODE", "GPU@ZONE", "GPUS", "START", "GCO2", "IF_NOW", "REASON"], rows)]
+    both = [p for p in plan if p.get("gco2") is not None and p.get("gco2_if_now") is not None]
+    planned = sum(p["gco2"] for p in both)
+    now = sum(p["gco2_if_now"] for p in both)
+    total = f"total: {_grams(planned)} planned vs {_grams(now)} if run now"
+    if now > 0:
+        total += f" (saving {100 * (now - planned) / now:.1f}%)"
+    total += f" over {len(both)} of {len(plan)} jobs"
+    unplaced = sum(1 for p in plan if p["node"] is None)
+    blind = sum(1 for p in plan if p["node"] is not None and p.get("gco2") is None)
+    if blind:
+        total += f"; {blind} without a carbon estimate (zone planned carbon-blind)"
+    if unplaced:
+        total += f"; {unplaced} not placed"
+    lines.append(total)
+    return "\n".join(lines)

@@ -1,23 +1,43 @@
 """The planner: store -> Snapshot -> policy -> store.
 
-A tick reads the queue and the GPUs, asks the policy for a plan, and writes back only
-what changed, in small transactions so submissions are never held up behind a big plan.
+A tick reads the queue and the GPUs, the carbon forecast of every zone the GPUs are in,
+the site's PUE and power caps, and the workload profiles (seeded + learned here), asks the
+policy for a plan, and writes back only what changed, in small transactions so
+submissions are never held up behind a big plan.
+
+Carbon comes from the store only (`CarbonSignals.forecast`: imported traces, provider
+forecasts fetched by the daemon's refresh job, the own forecast, the static table); a tick
+never waits on a provider. A zone with no value at all gets no curve and is planned
+carbon-blind, which the tick logs once and the policy's explanations say. Curves are
+cached for `carbon_ttl_s` (and at most until the next slot starts), so a tick over a long
+queue does not re-read the forecasts every time a submission wakes it.
+
+A PLANNED job whose start falls before the next tick (now + plan interval) is pinned: the
+policy keeps its GPUs and start, so the agent can start it without the plan moving under
+it. Everything else is re-planned every tick.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass
 import json
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, String, bindparam, select, type_coerce, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from policies import Plan, Policy, QueuedJob, Snapshot
-from policies.model import GpuSlot
+from policies.base import get_policy
+from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, PowerCap, Profile
 from scheduler.lifecycle import State, check_allowed, record_events, utcnow
+from scheduler.profiles import learned_profiles
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
 
@@ -32,6 +52,18 @@ LATER_TOLERANCE_S = 60.0
 LATER_TOLERANCE_SHARE = 0.1
 
 
+# A stored estimate is refreshed (without moving the plan) when the policy's new figure
+# differs by more than this share: forecasts and learned profiles change under a plan.
+ESTIMATE_REFRESH_SHARE = 0.1
+DEFAULT_CARBON_TTL_S = 60.0
+# Forecasts are read this far beyond the planning horizon: a job starting near its end
+# runs on past it.
+CURVE_TAIL_S = 24 * 3600.0
+MAX_CPSAT_TIME_LIMIT_S = 10.0
+SIMULATION_ONLY = {"oracle": "it needs perfect knowledge of future arrivals and of the actual "
+                             "carbon intensity; use it in `carbonsched simulate --policy oracle`"}
+
+
 @dataclass(frozen=True)
 class TickStats:
     jobs: int
@@ -39,24 +71,277 @@ class TickStats:
     moved: int
     withdrawn: int
     duration_s: float
+    refreshed: int = 0
+    pinned: int = 0
+    blind_zones: tuple[str, ...] = ()
+
+
+def make_policy(name: str, *, plan_interval_s: float = 15.0) -> Policy:
+    """The daemon's policy by name, tuned to the plan interval.
+
+    A time-limited solver (cpsat) gets min(10 s, interval / 2), so a tick finishes well
+    before the next one is due. Simulation-only policies are refused with the reason.
+    ValueError names the known policies for an unknown name.
+    """
+    if name in SIMULATION_ONLY:
+        raise ValueError(f"policy {name!r} cannot run in the daemon: {SIMULATION_ONLY[name]}")
+    policy = get_policy(name)
+    if hasattr(policy, "max_time_s"):
+        policy = get_policy(name, max_time_s=max(0.1, min(MAX_CPSAT_TIME_LIMIT_S, plan_interval_s / 2)))
+    return policy
+
+
+# -- site configuration: PUE and power caps ------------------------------------------------
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """PUE and GPU power caps per zone, from the config file.
+
+    ```toml
+    [site]
+    pue = 1.3                # every zone without its own value (default 1.0)
+    [zones.DE]
+    pue = 1.15
+    power_cap_w = 40000      # at most this much GPU power at once in the zone
+    ```
+    (Inside `[carbonsched]` when the file uses that table.) ValueError on a bad value.
+    """
+
+    site_pue: float = 1.0
+    zone_pue: Mapping[str, float] = field(default_factory=dict)
+    zone_power_cap_w: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> SiteConfig:
+        config = config or {}
+        site = config.get("site") or {}
+        zones = config.get("zones") or {}
+        if not isinstance(site, Mapping):
+            raise ValueError("config [site]: expected a table")
+        if not isinstance(zones, Mapping):
+            raise ValueError("config [zones]: expected a table of zones, e.g. [zones.DE]")
+        site_pue = _pue(site.get("pue", 1.0), "site.pue")
+        unknown = sorted(set(site) - {"pue"})
+        if unknown:
+            raise ValueError(f"config [site]: unknown key(s) {', '.join(unknown)} (known: pue)")
+        pue: dict[str, float] = {}
+        caps: dict[str, float] = {}
+        for zone, zc in zones.items():
+            if not isinstance(zc, Mapping):
+                raise ValueError(f"config zones.{zone}: expected a table with pue and/or power_cap_w")
+            unknown = sorted(set(zc) - {"pue", "power_cap_w"})
+            if unknown:
+                raise ValueError(f"config zones.{zone}: unknown key(s) {', '.join(unknown)} "
+                                 "(known: pue, power_cap_w)")
+            if "pue" in zc:
+                pue[str(zone)] = _pue(zc["pue"], f"zones.{zone}.pue")
+            if "power_cap_w" in zc:
+                cap = zc["power_cap_w"]
+                if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
+                    raise ValueError(f"config zones.{zone}.power_cap_w: a positive number of watts "
+                                     f"(got {cap!r})")
+                caps[str(zone)] = float(cap)
+        return cls(site_pue=site_pue, zone_pue=pue, zone_power_cap_w=caps)
+
+    def pue(self, zone: str) -> float:
+        return self.zone_pue.get(zone, self.site_pue)
+
+    def power_caps(self, zones: Iterable[str] | None = None) -> tuple[PowerCap, ...]:
+        """The caps of `zones` (all configured zones when None), always in force."""
+        wanted = None if zones is None else set(zones)
+        return tuple(PowerCap(zone=z, cap_w=w) for z, w in sorted(self.zone_power_cap_w.items())
+                     if wanted is None or z in wanted)
+
+
+def _pue(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"config {name}: a number >= 1.0 (got {value!r})")
+    if not 1.0 <= value <= 5.0:
+        raise ValueError(f"config {name}: a PUE is between 1.0 and 5.0 (got {value!r}): it is "
+                         "facility power over IT power")
+    return float(value)
+
+
+# -- carbon curves ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ZoneCarbon:
+    """One zone's curve for a tick, or None with the reason it is planned carbon-blind."""
+
+    zone: str
+    curve: CarbonCurve | None
+    note: str | None = None
+
+
+class CarbonCurves:
+    """Forecast curves per zone, slot by slot, from the carbon-signal store only.
+
+    Each slot holds the time-weighted mean of the forecast over it. Gaps inside the window
+    are bridged with the nearest earlier value (the first known value before the first
+    one), and the curve's source says so. A zone whose forecast has no value at all gets
+    no curve. All zones of one snapshot use one signal (average unless every zone with
+    data only has marginal): zones whose data is of the other signal are planned blind
+    rather than mixed in silently.
+    """
+
+    def __init__(self, signals: Any, *, slot_s: float, horizon_s: float,
+                 ttl_s: float = DEFAULT_CARBON_TTL_S, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.signals = signals
+        self.slot_s = slot_s
+        self.horizon_s = horizon_s
+        self.ttl_s = ttl_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._cache: tuple[float, datetime, frozenset[str], dict[str, ZoneCarbon]] | None = None
+        self._blind_logged: set[str] = set()
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cache = None
+
+    def for_zones(self, zones: Iterable[str], now: datetime) -> dict[str, ZoneCarbon]:
+        """Curves for `zones` starting at the slot that holds `now` (cached briefly)."""
+        wanted = frozenset(zones)
+        start = _slot_floor(now, self.slot_s)
+        mono = self._monotonic()
+        with self._lock:
+            hit = self._cache
+            if (hit is not None and mono - hit[0] < self.ttl_s and hit[1] == start and hit[2] == wanted):
+                return hit[3]
+        out = self._build(sorted(wanted), start, now)
+        with self._lock:
+            self._cache = (mono, start, wanted, out)
+        for z, zc in out.items():
+            if zc.curve is None and z not in self._blind_logged:
+                self._blind_logged.add(z)
+                log.warning("planning zone %s carbon-blind: %s", z, zc.note)
+            elif zc.curve is not None and z in self._blind_logged:
+                self._blind_logged.discard(z)
+                log.info("zone %s has carbon data again (%s)", z, zc.curve.source)
+        return out
+
+    def _build(self, zones: list[str], start: datetime, now: datetime) -> dict[str, ZoneCarbon]:
+        if self.signals is None:
+            return {z: ZoneCarbon(z, None, "no carbon-signal store") for z in zones}
+        end = start + timedelta(seconds=self.horizon_s + CURVE_TAIL_S)
+        own: dict[str, str | None] = {}
+        for z in zones:
+            try:
+                own[z] = self.signals.signal_of(z)
+            except SQLAlchemyError as e:
+                log.warning("carbon signal of zone %s unreadable: %s", z, e)
+                own[z] = None
+        kinds = Counter(sig for sig in own.values() if sig)
+        signal = "marginal" if kinds and "average" not in kinds else "average"
+        out: dict[str, ZoneCarbon] = {}
+        for z in zones:
+            try:
+                fc = self.signals.forecast(z, start, end, as_of=now, signal=signal)
+            except (SQLAlchemyError, ValueError) as e:
+                log.warning("carbon forecast of zone %s unreadable: %s", z, e)
+                out[z] = ZoneCarbon(z, None, f"its forecast could not be read ({e})")
+                continue
+            curve = curve_from_forecast(fc, start, self.slot_s, int(round((end - start).total_seconds() / self.slot_s)))
+            if curve is None:
+                why = f"no {signal} carbon data"
+                if own[z] and own[z] != signal:
+                    why += f" (it has {own[z]} data, which is not mixed with {signal} in one plan)"
+                elif fc.reason:
+                    why += f": {fc.reason}"
+                out[z] = ZoneCarbon(z, None, why)
+            else:
+                out[z] = ZoneCarbon(z, curve, None)
+        return out
+
+
+def curve_from_forecast(fc: Any, start: datetime, step_s: float, n_steps: int) -> CarbonCurve | None:
+    """A `CarbonForecast` as a step curve of `n_steps` slots from `start`; None without values."""
+    points = sorted(fc.points, key=lambda p: p.at)
+    if not points:
+        return None
+    step = timedelta(seconds=step_s)
+    values: list[float | None] = []
+    i = 0
+    for k in range(n_steps):
+        a = start + k * step
+        b = a + step
+        while i < len(points) and points[i].until <= a:
+            i += 1
+        total = weight = 0.0
+        j = i
+        while j < len(points) and points[j].at < b:
+            lo, hi = max(points[j].at, a), min(points[j].until, b)
+            if hi > lo:
+                w = (hi - lo).total_seconds()
+                total += points[j].gco2_per_kwh * w
+                weight += w
+            j += 1
+        values.append(total / weight if weight > 0 else None)
+    filled = sum(v is None for v in values)
+    first = next(v for v in values if v is not None) if filled < len(values) else None
+    if first is None:
+        return None
+    last = first
+    out: list[float] = []
+    for v in values:
+        last = v if v is not None else last
+        out.append(last)
+    source = f"{fc.source} ({fc.level})"
+    if filled:
+        source += f", {filled} of {n_steps} slots bridged over gaps"
+    return CarbonCurve(zone=fc.zone, start=start, step_s=step_s, values_g_per_kwh=tuple(out),
+                       signal=fc.signal, source=source)
+
+
+def _slot_floor(t: datetime, slot_s: float) -> datetime:
+    epoch = t.timestamp()
+    return datetime.fromtimestamp(epoch - (epoch % slot_s), tz=timezone.utc)
 
 
 class Planner:
+    """Builds snapshots from the store, runs the policy, writes the plan back.
+
+    `carbon` is a `scheduler.carbon.CarbonSignals` (default: one over `store` with the
+    default configuration); `site` gives PUE and power caps; `plan_interval_s` is the tick
+    period, which decides which PLANNED jobs are pinned.
+    """
+
     def __init__(self, store: Store, policy: Policy, *, node_timeout_s: float = 60.0,
-                 default_runtime_s: float = 3600.0, clock=utcnow) -> None:
+                 default_runtime_s: float = 3600.0, clock=utcnow, carbon: Any = None,
+                 site: SiteConfig | None = None, plan_interval_s: float = 15.0,
+                 slot_s: float = 900.0, horizon_s: float = 48 * 3600.0,
+                 carbon_ttl_s: float = DEFAULT_CARBON_TTL_S) -> None:
         self.store = store
         self.policy = policy
         self.node_timeout_s = node_timeout_s
         self.default_runtime_s = default_runtime_s
         self._clock = clock
+        self.site = site or SiteConfig()
+        self.plan_interval_s = plan_interval_s
+        self.slot_s = slot_s
+        self.horizon_s = horizon_s
+        if carbon is None:
+            from scheduler.carbon import CarbonSignals
 
-    def snapshot(self, conn: Connection) -> tuple[Snapshot, dict[int, object]]:
+            carbon = CarbonSignals(store, clock=clock, track_status=False)
+        self.curves = CarbonCurves(carbon, slot_s=slot_s, horizon_s=horizon_s, ttl_s=carbon_ttl_s)
+        self._seed: tuple[Profile, ...] | None = None
+
+    def seed_profiles(self) -> tuple[Profile, ...]:
+        if self._seed is None:
+            from policies.energy import seed_profiles
+
+            self._seed = tuple(seed_profiles())
+        return self._seed
+
+    def snapshot(self, conn: Connection) -> tuple[Snapshot, dict[int, QueuedRow]]:
         """The world as the policy sees it, and the queued rows by id (for the write-back)."""
         now = self._clock()
         fresh_after = now - timedelta(seconds=self.node_timeout_s)
         node_rows = {r.name: r for r in conn.execute(select(nodes))}
         running = {r.id: r for r in conn.execute(
-            select(jobs.c.id, jobs.c.started_at, jobs.c.est_runtime_s, jobs.c.time_limit_s)
+            select(jobs.c.id, jobs.c.started_at, jobs.c.est_runtime_s, jobs.c.time_limit_s,
+                   jobs.c.est_runtime_planned_s)
             .where(jobs.c.state == State.RUNNING.value))}
         slots = []
         for g in conn.execute(select(gpus).order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)):
@@ -67,22 +352,47 @@ class Planner:
                 busy_until = self._expected_end(running.get(g.job_id), now)
             slots.append(GpuSlot(id=g.id, node=g.node_name, zone=node.zone if node else "?",
                                  index=g.index, model=g.model, memory_gib=g.memory_gib,
-                                 healthy=bool(g.healthy) and alive, busy_until=busy_until))
+                                 healthy=bool(g.healthy) and alive, busy_until=busy_until,
+                                 drained=bool(g.drained)))
         queued = _read_queue(conn)
+        usable = {s.id for s in slots if s.healthy and not s.drained}
+        pin_before = now + timedelta(seconds=self.plan_interval_s)
+        pinned_ids = {r.id for r in queued.values()
+                      if r.state == State.PLANNED.value and r.planned_start is not None
+                      and r.planned_start < pin_before and r.planned_gpu_ids
+                      and all(g in usable for g in r.planned_gpu_ids)}
+        pinned = _current_plans(conn, pinned_ids)
+        learned = learned_profiles(conn)
+        zones = sorted({s.zone for s in slots})
+        carbon = self.curves.for_zones(zones, now)
+        jobs_ = tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, r.est_runtime_s,
+                                r.deadline, r.latency_slo_ms, r.workload, r.prompts,
+                                max_delay_s=r.max_delay_s, pinned=r.id in pinned)
+                      for r in queued.values())
         snapshot = Snapshot(
             now=now,
-            jobs=tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, r.est_runtime_s,
-                                 r.deadline, r.latency_slo_ms, r.workload, r.prompts)
-                       for r in queued.values()),
+            jobs=jobs_,
             gpus=tuple(slots),
             default_runtime_s=self.default_runtime_s,
+            carbon={z: zc.curve for z, zc in carbon.items() if zc.curve is not None},
+            pue={z: self.site.pue(z) for z in zones},
+            profiles=self.seed_profiles() + learned,
+            power_caps=self.site.power_caps(zones),
+            slot_s=self.slot_s,
+            horizon_s=self.horizon_s,
+            pinned=pinned,
         )
         return snapshot, queued
+
+    def blind_zones(self, snapshot: Snapshot) -> list[str]:
+        """Zones of the snapshot's GPUs planned without a carbon curve."""
+        return sorted({g.zone for g in snapshot.gpus} - set(snapshot.carbon))
 
     def _expected_end(self, job, now: datetime) -> datetime:
         if job is None or job.started_at is None:
             return now + timedelta(seconds=60)
-        runtime = job.est_runtime_s or job.time_limit_s or self.default_runtime_s
+        runtime = (job.est_runtime_planned_s or job.est_runtime_s or job.time_limit_s
+                   or self.default_runtime_s)
         end = job.started_at + timedelta(seconds=runtime)
         # Running past its estimate: it is still busy; assume it ends soon.
         return end if end > now else now + timedelta(seconds=60)
@@ -113,18 +423,85 @@ class Planner:
                 writes.append(("plan", row, a, a.explanation))
             elif _plan_changed(row, a, snapshot.now):
                 writes.append(("move", row, a, a.explanation))
-        counts = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0}
+            elif _estimate_changed(row, a):
+                writes.append(("refresh", row, a, a.explanation))
+        counts = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0, "refresh": 0}
         for i in range(0, len(writes), WRITE_BATCH):
             batch = writes[i:i + WRITE_BATCH]
             for kind, n in self.store.transact(lambda conn: _apply(conn, batch, self._clock())).items():
                 counts[kind] += n
         stats = TickStats(jobs=len(queued), planned=counts["plan"], moved=counts["move"],
-                          withdrawn=counts["withdraw"], duration_s=time.perf_counter() - started)
+                          withdrawn=counts["withdraw"], duration_s=time.perf_counter() - started,
+                          refreshed=counts["refresh"], pinned=sum(j.pinned for j in snapshot.jobs),
+                          blind_zones=tuple(self.blind_zones(snapshot)))
         if stats.planned or stats.moved or stats.withdrawn:
-            log.info("planner (%s): %d queued, %d newly planned, %d moved, %d withdrawn in %.3fs",
-                     self.policy.name, stats.jobs, stats.planned, stats.moved, stats.withdrawn,
-                     stats.duration_s)
+            log.info("planner (%s): %d queued, %d newly planned, %d moved, %d withdrawn, %d pinned "
+                     "in %.3fs", self.policy.name, stats.jobs, stats.planned, stats.moved,
+                     stats.withdrawn, stats.pinned, stats.duration_s)
         return stats
+
+
+def plan_rows(snapshot: Snapshot, plan: Plan, blind_zones: Iterable[str] = ()) -> list[dict]:
+    """A plan as `carbonsched plan --json` shows it, one object per queued job, by job id.
+
+    DESIGN.md's `job, node, gpus, start, gco2, gco2_if_now, reason`, plus the GPU model and
+    zone, estimated energy, runtime, finish and gCO2 per prompt, the binding constraint,
+    whether the deadline is missed, whether the zone is planned carbon-blind, and whether
+    the job is pinned (it starts before the next tick, so its plan no longer moves).
+    Unplaced jobs have nulls and the reason. GPUs are node-local indices.
+    """
+    from scheduler.timeparse import iso
+
+    by_id = {g.id: g for g in snapshot.gpus}
+    pinned = {j.id for j in snapshot.jobs if j.pinned}
+    blind = set(blind_zones)
+    out = []
+    for a in plan.assignments:
+        first = by_id.get(a.gpu_ids[0]) if a.gpu_ids else None
+        e = a.estimate
+        out.append({"job": a.job_id, "node": a.node,
+                    "gpus": [by_id[g].index if g in by_id else g for g in a.gpu_ids],
+                    "start": iso(a.start_at), "gco2": e.gco2, "gco2_if_now": e.gco2_if_now,
+                    "reason": a.explanation,
+                    "model": first.model if first else None, "zone": first.zone if first else None,
+                    "carbon_blind": bool(first and first.zone in blind),
+                    "finish": iso(e.finish_at) if e.finish_at else None, "runtime_s": e.runtime_s,
+                    "energy_j": e.energy_j, "prompts": e.prompts, "gco2_per_prompt": e.gco2_per_prompt,
+                    "binding": e.binding, "deadline_miss": bool(e.deadline_miss),
+                    "pinned": a.job_id in pinned})
+    out += [{"job": job_id, "node": None, "gpus": None, "start": None, "gco2": None,
+             "gco2_if_now": None, "reason": why, "model": None, "zone": None, "carbon_blind": False,
+             "finish": None, "runtime_s": None, "energy_j": None, "prompts": None,
+             "gco2_per_prompt": None, "binding": None, "deadline_miss": False, "pinned": False}
+            for job_id, why in plan.unplaced.items()]
+    return sorted(out, key=lambda p: p["job"])
+
+
+def preview_rows(planner: Planner) -> list[dict]:
+    """What `planner`'s policy would do now, as `plan_rows`; writes nothing."""
+    snapshot, plan = planner.preview()
+    return plan_rows(snapshot, plan, planner.blind_zones(snapshot))
+
+
+def _current_plans(conn: Connection, job_ids: set[int]) -> dict[int, Assignment]:
+    """The stored plans of `job_ids` as Assignments (for pinned jobs)."""
+    if not job_ids:
+        return {}
+    out = {}
+    q = select(jobs.c.id, jobs.c.planned_node, jobs.c.planned_gpu_ids, jobs.c.planned_start,
+               jobs.c.est_energy_j, jobs.c.est_gco2, jobs.c.est_gco2_if_now,
+               jobs.c.est_runtime_planned_s, jobs.c.prompts, jobs.c.binding, jobs.c.deadline_miss,
+               jobs.c.explanation).where(jobs.c.id.in_(sorted(job_ids)))
+    for r in conn.execute(q):
+        finish = (r.planned_start + timedelta(seconds=r.est_runtime_planned_s)
+                  if r.est_runtime_planned_s else None)
+        out[r.id] = Assignment(
+            job_id=r.id, node=r.planned_node, gpu_ids=tuple(r.planned_gpu_ids), start_at=r.planned_start,
+            estimate=Estimate(finish_at=finish, energy_j=r.est_energy_j, gco2=r.est_gco2,
+                              gco2_if_now=r.est_gco2_if_now, runtime_s=r.est_runtime_planned_s,
+                              prompts=r.prompts, binding=r.binding, deadline_miss=bool(r.deadline_miss)),
+            explanation=r.explanation or "")
+    return out
 
 
 class QueuedRow(NamedTuple):
@@ -145,6 +522,9 @@ class QueuedRow(NamedTuple):
     planned_start: datetime | None
     plan_rev: int
     reason: str | None
+    max_delay_s: float | None
+    est_gco2: float | None
+    deadline_miss: bool | None
 
 
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
@@ -166,7 +546,7 @@ def _read_queue(conn: Connection) -> dict[int, QueuedRow]:
     for r in conn.execute(q):
         if raw:
             r = QueuedRow(r[0], r[1], r[2], r[3], _utc(r[4]), r[5], _utc(r[6]), r[7], r[8], r[9],
-                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), r[13], r[14])
+                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), r[13], r[14], r[15], r[16], r[17])
         else:
             r = QueuedRow(*r)
         out[r.id] = r
@@ -190,10 +570,26 @@ def _plan_changed(row, a, now: datetime) -> bool:
     return shift_s > max(LATER_TOLERANCE_S, LATER_TOLERANCE_SHARE * lead_s)
 
 
-_PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "explanation",
-                "est_energy_j", "est_gco2", "state", "reason")
+def _estimate_changed(row, a) -> bool:
+    """Whether a plan that stays put carries an estimate worth rewriting (the forecast or a
+    learned profile moved it), so `show` and `queue` do not show stale figures."""
+    if bool(row.deadline_miss) != bool(a.estimate.deadline_miss):
+        return True
+    old, new = row.est_gco2, a.estimate.gco2
+    if (old is None) != (new is None):
+        return True
+    if old is None or new is None:
+        return False
+    return abs(new - old) > ESTIMATE_REFRESH_SHARE * max(abs(old), 1e-9)
+
+
+_ESTIMATE_FIELDS = ("explanation", "est_energy_j", "est_gco2", "est_gco2_if_now",
+                    "est_runtime_planned_s", "binding", "deadline_miss", "reason")
+_PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "state") + _ESTIMATE_FIELDS
 _UPDATE_PLAN = (update(jobs).where(jobs.c.id == bindparam("b_id"))
                 .values({f: bindparam(f"b_{f}") for f in _PLAN_FIELDS}))
+_UPDATE_ESTIMATE = (update(jobs).where(jobs.c.id == bindparam("b_id"))
+                    .values({f: bindparam(f"b_{f}") for f in _ESTIMATE_FIELDS}))
 _UPDATE_REASON = update(jobs).where(jobs.c.id == bindparam("b_id")).values(reason=bindparam("b_reason"))
 
 
@@ -212,13 +608,16 @@ def _apply(conn: Connection, batch: list, now) -> dict[str, int]:
     if conn.dialect.name == "postgresql":
         q = q.with_for_update()
     current = {r.id: (r.state, r.plan_rev) for r in conn.execute(q)}
-    updates, reasons, events = [], [], []
-    done = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0}
+    updates, reasons, estimates, events = [], [], [], []
+    done = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0, "refresh": 0}
     for kind, row, a, why in batch:
         if current.get(row.id) != (row.state, row.plan_rev):
             continue
         if kind == "reason":
             reasons.append({"b_id": row.id, "b_reason": why})
+        elif kind == "refresh":
+            row_values = _plan_row(row, a, State.PLANNED, why)
+            estimates.append({k: row_values[k] for k in ("b_id", *(f"b_{f}" for f in _ESTIMATE_FIELDS))})
         elif kind == "withdraw":
             updates.append(_plan_row(row, None, State.PENDING, why))
             events.append(_event(row.id, State.PLANNED, State.PENDING, why, now))
@@ -231,6 +630,8 @@ def _apply(conn: Connection, batch: list, now) -> dict[str, int]:
         conn.execute(_UPDATE_PLAN, updates)
     if reasons:
         conn.execute(_UPDATE_REASON, reasons)
+    if estimates:
+        conn.execute(_UPDATE_ESTIMATE, estimates)
     record_events(conn, events)
     return done
 
@@ -242,7 +643,11 @@ def _plan_row(row, a, state: State, why: str) -> dict:
             "b_planned_start": a.start_at if a else None,
             "b_explanation": a.explanation if a else None,
             "b_est_energy_j": a.estimate.energy_j if a else None,
-            "b_est_gco2": a.estimate.gco2 if a else None}
+            "b_est_gco2": a.estimate.gco2 if a else None,
+            "b_est_gco2_if_now": a.estimate.gco2_if_now if a else None,
+            "b_est_runtime_planned_s": a.estimate.runtime_s if a else None,
+            "b_binding": a.estimate.binding if a else None,
+            "b_deadline_miss": bool(a.estimate.deadline_miss) if a else False}
 
 
 def _event(job_id: int, src: State, dst: State, why: str, now) -> dict:

@@ -17,7 +17,10 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +31,24 @@ MAX_GAP_S = 10.0
 
 @dataclass(frozen=True)
 class PlannerSpec:
-    """Everything the child needs to build its own Store and Planner."""
+    """Everything the child needs to build its own Store and Planner (plain, picklable data)."""
 
     db_url: str
     policy: str
     log_level: int = logging.INFO
+    plan_interval_s: float = 15.0
+    carbon: dict[str, Any] = field(default_factory=dict)  # the config file's [carbon] table
+    site: Any = None  # scheduler.planner.SiteConfig; None: PUE 1.0, no power caps
+
+
+def build_planner(spec: PlannerSpec, store) -> Any:
+    """The Planner a spec describes: its policy tuned to the interval, carbon from the store."""
+    from scheduler.carbon import CarbonConfig, CarbonSignals
+    from scheduler.planner import Planner, make_policy
+
+    signals = CarbonSignals(store, CarbonConfig.from_config({"carbon": spec.carbon}))
+    return Planner(store, make_policy(spec.policy, plan_interval_s=spec.plan_interval_s),
+                   carbon=signals, site=spec.site, plan_interval_s=spec.plan_interval_s)
 
 
 def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
@@ -41,12 +57,12 @@ def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
     # Planning is background work: when CPUs are short, requests and the database go first.
     os.nice(PLANNER_NICE)
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from policies import get_policy
-    from scheduler.planner import Planner
     from scheduler.store import Store
 
     store = Store(spec.db_url)
-    planner = Planner(store, get_policy(spec.policy))
+    planner = build_planner(spec, store)
+    planner.seed_profiles()
+    conn.send(("loaded", 0.0, 0))  # imports done (OR-Tools takes a while): ready to plan
     try:
         while True:
             msg = conn.recv()
@@ -74,6 +90,72 @@ def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
         store.dispose()
 
 
+_preview_planner = None  # the preview worker's Planner (one per worker process)
+
+
+def _preview_init(spec: PlannerSpec) -> None:
+    global _preview_planner
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(PLANNER_NICE)
+    logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from scheduler.store import Store
+
+    _preview_planner = build_planner(spec, Store(spec.db_url))
+
+
+def _preview_run() -> list[dict]:
+    from scheduler.planner import preview_rows
+
+    return preview_rows(_preview_planner)
+
+
+class PreviewProcess:
+    """`carbonsched plan` in a worker process: what the policy would do now, as plan rows.
+
+    The policy runs as long as a tick (seconds over thousands of jobs); in the daemon's own
+    process that would stall every API thread. The worker is started on the first preview
+    and kept for the next ones; a crashed worker is replaced on the next call.
+    """
+
+    def __init__(self, spec: PlannerSpec, *, timeout_s: float = 120.0) -> None:
+        self.spec = spec
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+        self._stopped = False
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("the daemon is stopping")
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
+                                                 initializer=_preview_init, initargs=(self.spec,))
+            return self._pool
+
+    def rows(self) -> list[dict]:
+        for attempt in (1, 2):
+            pool = self._executor()
+            try:
+                return pool.submit(_preview_run).result(timeout=self.timeout_s)
+            except BrokenProcessPool:
+                log.error("plan preview worker died; starting a new one")
+                with self._lock:
+                    if self._pool is pool:
+                        self._pool = None
+                pool.shutdown(wait=False, cancel_futures=True)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 class PlannerProcess:
     """The parent's handle: `wake()` from any thread; `on_tick(duration_s, changed)` is
     called on a reader thread after every tick."""
@@ -91,10 +173,14 @@ class PlannerProcess:
         # At most one wake-up in flight: the child folds them anyway, and a pipe full of
         # wake-ups would block the API threads that send them.
         self._wake_sent = False
+        self._loaded = threading.Event()
         self.interval_target = self.wake
 
     def start(self) -> None:
+        """Start the child (once: a second call while it runs does nothing)."""
         with self._lock:
+            if self._proc is not None and self._proc.is_alive():
+                return
             self._start_locked()
 
     def _start_locked(self) -> None:
@@ -117,10 +203,17 @@ class PlannerProcess:
                 with self._lock:
                     self._wake_sent = False
                 continue
+            if kind == "loaded":
+                self._loaded.set()
+                continue
             try:
                 self._on_tick(duration_s, changed)
             except Exception:
                 log.exception("planner result handler failed")
+
+    def wait_loaded(self, timeout_s: float) -> bool:
+        """Wait until the child has built its planner (policy imported, ready to plan)."""
+        return self._loaded.wait(timeout_s)
 
     def wake(self) -> None:
         with self._lock:

@@ -139,7 +139,7 @@ class JobService:
         if not isinstance(body, dict):
             raise RequestError(400, "request body must be a JSON object")
         known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "workload",
-                 "prompts", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries"}
+                 "prompts", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s"}
         unknown = sorted(set(body) - known)
         if unknown:
             raise RequestError(400, f"unknown field(s) in submit request: {', '.join(unknown)}")
@@ -184,6 +184,11 @@ class JobService:
                 raise RequestError(400, f"deadline {iso(deadline)} is sooner than the estimated "
                                         f"runtime ({est:g}s) from now: it cannot be met")
 
+        max_delay = _optional_number(body.get("max_delay_s"), "max_delay_s")
+        if max_delay is not None and not 0 < max_delay <= MAX_RUNTIME_S:
+            raise RequestError(400, f"--max-delay must be positive and at most 30d (got {max_delay:g}s): "
+                                    "it is how long after submission the job may start at the latest")
+
         slo = _optional_number(body.get("latency_slo_ms"), "latency_slo_ms")
         if slo is not None and not 0 < slo <= 3_600_000:
             raise RequestError(400, f"--latency-slo must be between 0 and 3600000 ms (got {slo:g})")
@@ -221,6 +226,7 @@ class JobService:
             argv=argv, cwd=cwd, env=env, gpus=n_gpus, gpu_mem_gib=mem, deadline=deadline,
             latency_slo_ms=slo, workload=workload, prompts=prompts, est_runtime_s=est,
             time_limit_s=limit, max_retries=retries, attempts=0, submitted_at=now, plan_rev=0,
+            max_delay_s=max_delay,
         )
 
     def _healthy_gpus(self) -> list:
@@ -344,11 +350,53 @@ class JobService:
                      "energy_j": g.energy_j, "utilization_pct": g.utilization_pct,
                      "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
                      "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
-                     "busy": g.job_id is not None,
+                     "busy": g.job_id is not None, "drained": bool(g.drained),
                      "job": g.job_id if g.job_id is not None and (admin or holders.get(g.job_id) == caller.uid) else None}
                     for g in gpu_rows if g.node_name == n.name],
             })
         return out
+
+    # -- drain / resume -----------------------------------------------------------------
+
+    def drain(self, caller: Caller, body: object, *, drained: bool) -> dict:
+        """Close GPUs to new work (drain) or open them again (resume); root and admins only.
+
+        The target is a node name (all its GPUs), `NODE:INDEX` or a GPU UUID. Running jobs
+        finish; jobs planned on drained GPUs are planned elsewhere at the next tick, and an
+        agent never starts a job on a drained GPU.
+        """
+        verb = "drain" if drained else "resume"
+        if not self.is_admin(caller):
+            raise RequestError(403, f"only root or members of admin_groups may {verb} GPUs")
+        if not isinstance(body, dict) or not isinstance(body.get("target"), str) or not body["target"].strip():
+            raise RequestError(400, f'{verb} body must be {{"target": "NODE" | "NODE:INDEX" | "GPU-UUID"}}')
+        target = body["target"].strip()
+        reason = body.get("reason")
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
+            raise RequestError(400, "reason must be text of at most 500 characters")
+        node, sep, index = target.rpartition(":")
+        if sep and index.isdigit():
+            where = (gpus.c.node_name == node) & (gpus.c.index == int(index))
+        else:
+            where = (gpus.c.node_name == target) | (gpus.c.uuid == target)
+
+        def tx(conn: Connection) -> list:
+            hit = list(conn.execute(select(gpus.c.id, gpus.c.node_name, gpus.c.index, gpus.c.job_id)
+                                    .where(where, gpus.c.index >= 0)))
+            if hit:
+                conn.execute(update(gpus).where(gpus.c.id.in_([h.id for h in hit])).values(drained=drained))
+            return hit
+
+        hit = self.store.transact(tx)
+        if not hit:
+            raise RequestError(404, f"no node or GPU {target!r} (give a node name, NODE:INDEX or a GPU UUID)")
+        log.warning("%s of %d GPU(s) (%s) by uid %s%s", verb, len(hit), target, caller.uid,
+                    f": {reason}" if reason else "")
+        self._inventory = None
+        self._on_submit()  # re-plan now: jobs planned on drained GPUs move, resumed GPUs take work
+        return {"target": target, "drained": drained, "reason": reason,
+                "gpus": [{"id": h.id, "node": h.node_name, "index": h.index, "running_job": h.job_id}
+                         for h in hit]}
 
     # -- cancel -------------------------------------------------------------------------
 

@@ -235,10 +235,15 @@ def add_flags(parser: argparse.ArgumentParser, scope: str) -> None:
         default = "" if s.default in (None, []) else f" (default {s.format(s.default)})"
         text = f"{s.help}{default} [env: {s.env}]"
         if s.is_bool:
-            parser.add_argument(s.flag, dest=s.key, action=argparse.BooleanOptionalAction, default=None,
-                                help=text)
+            parser.add_argument(s.flag, dest=dest(s.key), action=argparse.BooleanOptionalAction,
+                                default=None, help=text)
         else:
-            parser.add_argument(s.flag, dest=s.key, metavar=s.metavar, default=None, help=text)
+            parser.add_argument(s.flag, dest=dest(s.key), metavar=s.metavar, default=None, help=text)
+
+
+def dest(key: str) -> str:
+    """The argparse attribute of a setting's flag (prefixed: `--socket` also exists globally)."""
+    return "opt_" + key
 
 
 @dataclass
@@ -265,7 +270,7 @@ def resolve(scope: str, args: argparse.Namespace | None, config: Mapping[str, An
     for s in SETTINGS:
         if scope not in s.scopes:
             continue
-        flag_value = getattr(args, s.key, None) if args is not None else None
+        flag_value = getattr(args, dest(s.key), None) if args is not None else None
         if flag_value is not None:
             raw, source = flag_value, f"flag {s.flag}"
         elif environ.get(s.env):

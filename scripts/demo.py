@@ -90,6 +90,18 @@ def main() -> int:
         print("\n$ carbonsched submit --gpus 64 -- true    # bad input: a clear error, nothing queued")
         r = cs("submit", "--gpus", "64", "--", "true", quiet=True)
         print(r.stderr.strip(), f"(exit code {r.returncode})")
+        print("\n# carbon accounting: a job that must start now, its carbon receipt, and the fleet report")
+        r = cs("submit", "--json", "--name", "receipt-demo", "--workload", "llm-inference", "--prompts", "20000",
+               "--gpus", "1", "--est-runtime", "3s", "--max-delay", "1s", "--", "sh", "-c",
+               "echo served 20000 prompts; sleep 3")
+        if r.returncode != 0:
+            return 1
+        job = int(r.stdout.split(":")[1].strip(" }\n"))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and '"ended_at": null' in cs("show", str(job), "--json", quiet=True).stdout:
+            time.sleep(0.5)
+        cs("show", str(job))
+        cs("report", "--by", "workload", "--since", "1h")
         print(f"\ndemo done. The daemon's log is {DEMO / 'daemon.log'}.")
         return 0
     finally:

@@ -189,6 +189,12 @@ def test_jobs_run_as_their_owner_and_other_users_cannot_touch_them(daemon):
         assert r.returncode == 5 and "another user" in r.stderr
         r = daemon.cli("queue", "--json", user=bob)
         assert r.returncode == 0 and json.loads(r.stdout) == []
+        r = daemon.cli("show", str(job), user=bob)
+        assert r.returncode == 5 and "another user" in r.stderr
+        node = json.loads(daemon.cli("nodes", "--json").stdout)[0]["name"]
+        r = daemon.cli("drain", node, user=bob)
+        assert r.returncode == 5 and "only root or members of admin_groups" in r.stderr
+        assert not any(g["drained"] for g in json.loads(daemon.cli("nodes", "--json").stdout)[0]["gpus"])
         jobs = daemon.wait_states([job], timeout_s=30)
         assert jobs[job]["state"] == "COMPLETED"
         out = daemon.cli("logs", str(job), user=alice)
@@ -201,3 +207,21 @@ def test_jobs_run_as_their_owner_and_other_users_cannot_touch_them(daemon):
     finally:
         for u in (alice, bob):
             subprocess.run(["userdel", u], check=False)
+
+
+def test_a_drained_node_takes_no_new_jobs_until_resumed(daemon):
+    node = json.loads(daemon.cli("nodes", "--json").stdout)[0]["name"]
+    r = daemon.cli("drain", node, "--reason", "firmware update", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["gpus"]) == 4
+    job = submit(daemon, "--", "true")
+    time.sleep(3)  # several planner and dispatch ticks
+    assert daemon.client().job(job)["state"] in ("PENDING", "PLANNED")
+    assert all(g["drained"] for g in json.loads(daemon.cli("nodes", "--json").stdout)[0]["gpus"])
+    r = daemon.cli("resume", f"{node}:2")
+    assert r.returncode == 0 and "resumed 1 GPU(s)" in r.stdout
+    jobs = daemon.wait_states([job], timeout_s=30)
+    assert jobs[job]["state"] == "COMPLETED"
+    assert jobs[job]["gpus"] == [2]  # the one GPU resumed
+    r = daemon.cli("drain", "no-such-node")
+    assert r.returncode == 4 and "no node or GPU" in r.stderr

@@ -264,3 +264,16 @@ def test_power_samples_wait_in_memory_while_the_store_is_unreachable(cluster, st
     assert written == 4  # 2 GPUs x 2 rounds: the first round was not lost
     with store.read() as conn:
         assert len(conn.execute(select(gpu_samples.c.gpu_id)).all()) == 4
+
+
+def test_an_agent_never_starts_a_job_on_a_gpu_drained_after_it_was_planned(cluster, store):
+    agent, service, planner = cluster
+    job = service.submit(ROOT, {"argv": ["true"], "gpus": 1})["id"]
+    planner.tick()
+    row = job_row(store, job)
+    assert row.state == "PLANNED"
+    store.transact(lambda c: c.execute(update(gpus).where(gpus.c.id.in_(row.planned_gpu_ids))
+                                       .values(drained=True)))
+    for _ in range(3):
+        agent.tick()
+    assert job_row(store, job).state == "PLANNED"

@@ -113,6 +113,7 @@ def test_submit_without_a_command_exits_2_with_one_clear_line(cli_env, args):
     ("--est-runtime", "90 minutes", "malformed duration"),
     ("--time-limit", "-1h", "malformed duration"),
     ("--deadline", "tomorrow", "malformed time"),
+    ("--max-delay", "a while", "malformed duration"),
 ])
 def test_submit_with_a_malformed_time_exits_2_with_one_clear_line(cli_env, flag, value, fragment):
     cli_env["CARBONSCHED_SOCKET"] = "/nonexistent/carbonsched.sock"  # never reached
@@ -189,3 +190,64 @@ def test_db_url_comes_from_the_environment(cli_env, tmp_path):
     proc = run(cli_env, "db", "upgrade")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "env.db").exists()
+
+
+# -- carbon-aware planning --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("policy", "fragment"), [("oracle", "simulat"), ("fastest", "unknown policy")])
+def test_the_daemon_refuses_a_policy_it_cannot_run_before_starting_anything(cli_env, tmp_path, policy,
+                                                                            fragment):
+    state = tmp_path / "daemon-state"
+    proc = run(cli_env, "daemon", "--policy", policy, "--state-dir", str(state), "--emulate", "1xH100")
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in one_line_error(proc)
+    assert not (state / "carbonsched.db").exists()
+
+
+def test_the_daemon_help_names_cpsat_as_the_default_policy(cli_env):
+    proc = run(cli_env, "daemon", "--help")
+    assert "default cpsat" in options_text(proc.stdout)
+
+
+def test_the_plan_table_totals_planned_against_run_now_grams():
+    from scheduler.output import plan_table
+
+    plan = [
+        {"job": 1, "node": "gb1", "gpus": [0], "start": "2026-12-01T02:00:00Z", "gco2": 30.0,
+         "gco2_if_now": 90.0, "reason": "H200 in GB at 02:00", "model": "H200", "zone": "GB"},
+        {"job": 2, "node": "de1", "gpus": [0, 1], "start": "2026-12-01T03:00:00Z", "gco2": 10.0,
+         "gco2_if_now": 10.0, "reason": "runs now", "model": "H100", "zone": "DE",
+         "deadline_miss": True},
+        {"job": 3, "node": "lab", "gpus": [0], "start": "2026-12-01T03:00:00Z", "gco2": None,
+         "gco2_if_now": None, "reason": "carbon-blind", "model": "A100", "zone": "LAB"},
+        {"job": 4, "node": None, "gpus": None, "start": None, "gco2": None, "gco2_if_now": None,
+         "reason": "needs 16 GPUs of one model on one node"},
+    ]
+    lines = plan_table(plan).splitlines()
+    assert lines[0].split() == ["JOB", "NODE", "GPU@ZONE", "GPUS", "START", "GCO2", "IF_NOW", "REASON"]
+    assert "H200@GB" in lines[1] and "30.0 g" in lines[1] and "90.0 g" in lines[1]
+    assert "DEADLINE-MISS" in lines[2]
+    total = lines[-1]
+    assert total.startswith("total: 40.0 g planned vs 100.0 g if run now (saving 60.0%)")
+    assert "over 2 of 4 jobs" in total and "1 without a carbon estimate" in total and "1 not placed" in total
+
+
+def test_show_prints_the_explanation_the_estimates_per_prompt_and_the_saving():
+    from scheduler.output import job_detail
+
+    job = {"id": 7, "name": "infer", "state": "PLANNED", "reason": "planned", "owner": "alice",
+           "owner_uid": 1000, "argv": ["python", "infer.py"], "cwd": "/tmp", "gpus_requested": 1,
+           "gpu_mem_gib": 0.0, "gpus": [0], "gpu_model": "H200", "node": "gb1", "workload": "llm",
+           "prompts": 1000, "est_runtime_s": None, "time_limit_s": None, "deadline": None,
+           "submitted_at": "2026-12-01T00:00:00Z", "planned_start": "2026-12-01T02:00:00Z",
+           "started_at": None, "ended_at": None, "exit_code": None, "energy_j": None, "gco2": None,
+           "explanation": "H200 in GB at 02:00: 41 g vs 118 g now on MI300X in DE (deadline binds)",
+           "est_energy_j": 7.2e6, "est_gco2": 41.0, "est_gco2_per_prompt": 0.041,
+           "est_gco2_if_now": 118.0, "est_gco2_if_now_per_prompt": 0.118, "binding": "deadline",
+           "deadline_miss": True, "max_delay_s": 7200.0, "est_runtime_planned_s": 3600.0}
+    text = job_detail(job)
+    assert "H200 in GB at 02:00: 41 g vs 118 g now" in text
+    assert "41.0 g (0.041 g/prompt)" in text
+    assert "118.0 g (0.118 g/prompt); the plan saves 65%" in text
+    assert "binding: deadline" in text
+    assert "DEADLINE" in text and "2.00 kWh" in text

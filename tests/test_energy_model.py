@@ -8,7 +8,7 @@ import pytest
 
 from policies.catalog import catalog
 from policies.energy import (ProfileBook, curve_integral_g_per_kwh_s, fits, generic_runtime_scale, job_gco2,
-                             job_shape, learn, seed_profiles)
+                             job_shape, learn, seed_profiles, shape_arrays)
 from policies.model import CarbonCurve, Profile, QueuedJob
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
@@ -116,3 +116,23 @@ def test_catalog_rows_carry_fp8_throughput_and_their_data_sheet():
     for m in catalog().values():
         assert m.source.startswith(("AMD", "NVIDIA")) and "http" in m.source
         assert m.fp8_dense_tflops == 0 if m.name == "A100" else m.fp8_dense_tflops >= m.bf16_dense_tflops
+
+
+def test_shape_arrays_are_job_shape_for_many_jobs_at_once():
+    """The vectorised planner path computes exactly (not approximately) what job_shape does:
+    workload jobs with and without a prompt count, generic jobs, a workload with no profile."""
+    book = ProfileBook(seed_profiles())
+    jobs = [QueuedJob(1, 2, 0.0, NOW, workload="llm-chat-8b", prompts=40000),
+            QueuedJob(2, 1, 0.0, NOW, workload="llm-code", est_runtime_s=5400.0),
+            QueuedJob(3, 4, 0.0, NOW, est_runtime_s=7200.0),
+            QueuedJob(4, 1, 0.0, NOW),
+            QueuedJob(5, 8, 0.0, NOW, workload="no-such-class", prompts=10, est_runtime_s=0.5),
+            QueuedJob(6, 1, 0.0, NOW, workload="train", prompts=3)]
+    models = sorted(catalog())
+    arrays = shape_arrays(jobs, models, book, 900.0)
+    for i, job in enumerate(jobs):
+        for c, model in enumerate(models):
+            shape = job_shape(job, model, book, 900.0)
+            assert arrays.runtime_s[i, c] == shape.runtime_s, (job.id, model)
+            assert arrays.power_w[i, c] == shape.power_w, (job.id, model)
+    assert arrays.runtime_s[4].min() == 1.0  # clamped like job_shape

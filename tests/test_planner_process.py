@@ -51,3 +51,47 @@ def test_a_flood_of_wake_ups_never_blocks_the_caller(planned):
     for _ in range(20_000):  # far more than a pipe buffer holds
         proc.wake()
     assert time.monotonic() - started < 2.0
+
+
+def test_a_plan_preview_runs_in_a_worker_process_with_the_daemons_policy_and_site(store, tmp_path):
+    """`carbonsched plan` in the daemon: the worker builds the planner from the same spec as
+    the planner child (policy, carbon from the store, PUE), answers, and writes nothing."""
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import insert, select
+
+    from scheduler.carbon import CarbonSignals
+    from scheduler.planner import SiteConfig
+    from scheduler.planner_process import PreviewProcess
+    from scheduler.store.models import gpus, jobs, nodes
+
+    # Carbon rows for zone GB up to now (a constant series: the estimate depends on PUE only).
+    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    csv = tmp_path / "gb.csv"
+    lines = ["time,gco2_per_kwh,zone"]
+    lines += [f"{(now - timedelta(hours=h)).isoformat()},200,GB" for h in range(48, 0, -1)]
+    csv.write_text("\n".join(lines) + "\n")
+    CarbonSignals(store, track_status=False).import_file(csv)
+    with store.write() as conn:
+        conn.execute(insert(nodes).values(name="gb1", zone="GB", backend="emulated", emulated=True,
+                                          registered_at=now, last_heartbeat=datetime.now(timezone.utc)))
+        conn.execute(insert(gpus).values(node_name="gb1", index=0, uuid="gb1-0", model="H100",
+                                         vendor="nvidia", memory_gib=80, healthy=True))
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path)
+    job = service.submit(Caller(0, 0), {"argv": ["true"], "gpus": 1, "est_runtime_s": 3600})["id"]
+    url = store.engine.url.render_as_string(hide_password=False)
+
+    grams = {}
+    for pue in (1.0, 2.0):
+        preview = PreviewProcess(PlannerSpec(db_url=url, policy="greedy",
+                                             site=SiteConfig(site_pue=pue)))
+        try:
+            (row,) = preview.rows()
+        finally:
+            preview.stop()
+        assert (row["job"], row["node"], row["zone"], row["gpus"]) == (job, "gb1", "GB", [0])
+        grams[pue] = row["gco2"]
+    assert grams[1.0] > 0
+    assert grams[2.0] == pytest.approx(2 * grams[1.0])
+    with store.read() as conn:
+        assert conn.execute(select(jobs.c.state).where(jobs.c.id == job)).scalar_one() == "PENDING"

@@ -469,3 +469,33 @@ def test_logs_return_the_tail_of_stdout_or_stderr(service, tmp_path):
     with pytest.raises(RequestError) as err:
         service.logs(ALICE, job_id, stream="stdin")
     assert err.value.status == 400
+
+
+# -- carbon-aware planning fields ------------------------------------------------------------
+
+def test_a_max_delay_must_be_a_positive_duration_of_at_most_30_days(service, calls):
+    for value, fragment in ((0, "--max-delay must be positive"), (-60, "--max-delay must be positive"),
+                            (31 * 86400, "at most 30d"), ("1h", "max_delay_s must be a finite number"),
+                            (float("nan"), "max_delay_s must be a finite number")):
+        assert_rejected(service, calls, body(max_delay_s=value), 400, fragment)
+    job_id = service.submit(ALICE, body(max_delay_s=4 * 3600))["id"]
+    assert job_row(service.store, job_id).max_delay_s == 4 * 3600
+    assert service.get_job(ALICE, job_id)["max_delay_s"] == 4 * 3600
+    assert job_row(service.store, service.submit(ALICE, body())["id"]).max_delay_s is None
+
+
+def test_show_includes_the_plans_estimates_per_prompt_and_if_run_now(service):
+    job_id = service.submit(ALICE, body(prompts=200))["id"]
+    with service.store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+            state="PLANNED", planned_node="nv-1", planned_gpu_ids=[], planned_start=NOW,
+            est_energy_j=3.6e6, est_gco2=40.0, est_gco2_if_now=100.0, est_runtime_planned_s=1800.0,
+            binding="deadline", deadline_miss=False, explanation="H100 in GB at 02:00: 40 g vs 100 g now"))
+    job = service.get_job(ALICE, job_id)
+    assert (job["est_gco2"], job["est_gco2_if_now"]) == (40.0, 100.0)
+    assert job["est_gco2_per_prompt"] == pytest.approx(0.2)
+    assert job["est_gco2_if_now_per_prompt"] == pytest.approx(0.5)
+    assert (job["est_runtime_planned_s"], job["binding"], job["deadline_miss"]) == (1800.0, "deadline", False)
+    assert job["explanation"].startswith("H100 in GB")
+    listed = {j["id"]: j for j in service.list_jobs(ALICE)}
+    assert listed[job_id]["est_gco2"] == 40.0

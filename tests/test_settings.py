@@ -84,3 +84,70 @@ def test_nested_tables_are_checked_by_their_owner(monkeypatch):
                         else ["must be a table"])
     assert check_file({"site": {"pue": 1.2}}) == []
     assert check_file({"site": 3}) == ["[site] must be a table"]
+
+
+# -- the shipped example and `carbonsched config` ----------------------------------------------
+
+import os  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tomllib  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "systemd" / "config.toml.example"
+
+
+def test_the_example_config_documents_every_setting():
+    text = EXAMPLE.read_text()
+    for s in SETTINGS:
+        assert re.search(rf"^#?\s*{s.key}\s*=", text, re.M), f"{s.key} is not in {EXAMPLE.name}"
+
+
+def config_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARBONSCHED_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "scheduler", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=60)
+
+
+def test_config_check_passes_the_example_and_reads_it_as_toml():
+    tomllib.loads(EXAMPLE.read_text())
+    proc = config_cli("--config", str(EXAMPLE), "config", "check")
+    assert proc.returncode == 0, proc.stderr
+    assert "config OK" in proc.stdout
+
+
+def test_config_check_lists_every_problem_with_its_key(tmp_path):
+    bad = tmp_path / "config.toml"
+    bad.write_text('[carbonsched]\npolcy = "cpsat"\ngrace = "soon"\nsample_hz = -1\n'
+                   '[carbonsched.site]\npue = 9\n')
+    proc = config_cli("--config", str(bad), "config", "check")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert any("`polcy`; did you mean `policy`?" in x for x in lines)
+    assert any("`grace`" in x for x in lines)
+    assert any("`sample_hz`" in x for x in lines)
+    assert any("[site]" in x and "PUE" in x for x in lines)
+
+
+def test_the_daemon_refuses_to_start_on_a_bad_config_saying_why(tmp_path):
+    bad = tmp_path / "config.toml"
+    bad.write_text('plan_interval = "often"\nmetrics_port = 70000\n')
+    proc = config_cli("--config", str(bad), "daemon", "--state-dir", str(tmp_path / "s"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "`plan_interval`" in proc.stderr and "`metrics_port`" in proc.stderr
+
+
+def test_config_show_says_where_each_value_comes_from(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('grace = "30s"\n')
+    proc = config_cli("--config", str(cfg), "config", "show", "--json")
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    shown = {x["key"]: x for x in json.loads(proc.stdout)["settings"]}
+    assert shown["grace"]["value"] == 30.0 and "config key `grace`" in shown["grace"]["source"]
+    assert shown["plan_interval"]["source"] == "default"

@@ -1,4 +1,5 @@
-"""SQLAlchemy models of the store: nodes, GPUs, jobs and the job event audit trail.
+"""SQLAlchemy models of the store: nodes, GPUs, jobs, the job event audit trail, and the
+workload profiles learned from this cluster's completed jobs.
 
 Every datetime column is timezone-aware UTC on the Python side, whatever the database.
 """
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -82,6 +84,8 @@ class Gpu(Base):
     vendor: Mapped[str] = mapped_column(String(16))
     memory_gib: Mapped[float] = mapped_column(Float)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Healthy but closed to new work by an operator (maintenance); running jobs finish.
+    drained: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     utilization_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -99,6 +103,10 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_state_planned_node", "state", "planned_node"),
         Index("ix_jobs_owner_uid_state", "owner_uid", "state"),
+        # Period reports and accounting backfill (scheduler/accounting.py).
+        Index("ix_jobs_ended_at", "ended_at"),
+        Index("ix_jobs_owner_uid_ended_at", "owner_uid", "ended_at"),
+        Index("ix_jobs_accounted_at", "accounted_at"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
@@ -122,6 +130,8 @@ class Job(Base):
     workload: Mapped[str | None] = mapped_column(String(64), nullable=True)
     prompts: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     est_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Start no later than submitted_at + this (None: any time that meets the deadline).
+    max_delay_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     time_limit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_retries: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -134,6 +144,14 @@ class Job(Base):
     plan_rev: Mapped[int] = mapped_column(Integer, default=0)
     est_energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     est_gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The same job run now on the first free GPUs: what waiting or moving saves.
+    est_gco2_if_now: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The runtime the plan expects on its chosen GPUs (profile or catalog estimate).
+    est_runtime_planned_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The constraint that shaped the choice (deadline, slo, memory, max_delay, power_cap...).
+    binding: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # No feasible placement meets the deadline: planned as soon as possible and flagged.
+    deadline_miss: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     explanation: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     # The run (RUNNING and after).
@@ -146,6 +164,19 @@ class Job(Base):
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_method: Mapped[str | None] = mapped_column(String(32), nullable=True)
     gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Carbon accounting of the run (scheduler/accounting.py): where it ran, how its gCO2 was
+    # priced, and when; re-checked while actual intensity data may still arrive.
+    zone: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    pue: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gco2_signal: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # actual | mixed (gaps priced at the static yearly mean) | static; NULL: no figure.
+    gco2_basis: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Share of the run's energy priced by recorded (actual) intensity, 0-1.
+    gco2_coverage: Mapped[float | None] = mapped_column(Float, nullable=True)
+    energy_note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    accounted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancel_requested_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
@@ -165,10 +196,34 @@ class JobEvent(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class WorkloadProfile(Base):
+    """How one workload class runs on one GPU model here, learned from completed jobs.
+
+    Per GPU, data-parallel over a job's GPUs, like `policies.model.Profile`; the planner
+    lays these over the packaged seed profiles.
+    """
+
+    __tablename__ = "workload_profiles"
+    __table_args__ = (UniqueConstraint("workload", "model", name="uq_workload_profiles_workload_model"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(64))
+    prompts_per_s: Mapped[float] = mapped_column(Float)
+    power_w: Mapped[float] = mapped_column(Float)
+    # NULL: unknown (no seed profile gave the latency shape before the first measurement).
+    latency_p50_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_p95_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 jobs = Job.__table__
 gpus = Gpu.__table__
 nodes = Node.__table__
 job_events = JobEvent.__table__
+workload_profiles = WorkloadProfile.__table__
 
 from scheduler.store import telemetry_models  # noqa: E402,F401  (register tables)
 from scheduler.store import carbon_models  # noqa: E402,F401  (register tables)

@@ -1,0 +1,682 @@
+"""A proven lower bound on any plan's gCO2: the LP relaxation of the time-indexed model.
+
+The model (what every policy solves, relaxed): x[j, o, s] in [0, 1] is the fraction of job
+j started at slot s with option o (a pool and a shape); each job is placed once
+(sum over o, s of x = 1); per pool and slot the GPUs in use are at most the pool's free
+GPUs; per zone and slot the jobs' power is at most the zone's power cap, if any; minimise
+the sum of cost * x. "Every start allowed": every slot where the option's cost is finite
+(release, deadline, max delay) is a candidate, not just the ones a policy looks at.
+
+The LP is solved by column generation with GLOP, which keeps the 5,000-job instance
+(~10^7 candidate starts) tractable: the master LP holds only the columns generated so far;
+each round prices every (job, pool, start) against the master's duals with numpy and adds
+the most negative ones. Every round also yields a **Lagrangian bound** that is a valid
+lower bound whatever the duals are (capacity duals are clipped to <= 0 first):
+
+    LB(pi) = sum_j min_{o,s} [cost(j,o,s) - gpus * sum_{t in run} pi[pool,t] - power * sum rho[zone,t]]
+             + sum_{pool,t} pi[pool,t] * cap[pool,t] + sum rho * power_cap
+
+It equals the LP optimum once no column prices out, so the bound is exact at convergence
+and still proven (just weaker) when the time limit stops the loop: `converged` says which.
+Pricing is smoothed (Wentges: between the best-bound duals and the master's), and when
+column generation runs out of its share of the time a projected subgradient ascent of
+LB(pi) from the best duals raises the bound further (every point it visits is valid).
+Capacity rows may be summed over blocks of slots (`block`): a relaxation, pi constant per
+block.
+
+Relaxations that keep it a bound, stated in `LpResult.notes`:
+
+- a job's gang (its GPUs on one node) is not modelled beyond the pool's GPU count;
+- `lp_instance(merge=True)` pools every node of one (zone, model) into one capacity (a
+  job's options on those nodes cost the same), for the large instances;
+- `block` > 1 sums the capacity rows over that many slots;
+- each job also gets an "artificial" column of cost `artificial_factor` times its dearest
+  real option and no capacity use: adding an option can only lower the optimum, so the
+  bound stays a bound, and the artificial share left in the optimum shows whether the
+  deadline-respecting LP was infeasible.
+
+Deadlines: a job whose every option misses its deadline even when started at once (the
+policies place it as soon as possible, flagged) may start anywhere up to the end of the
+horizon, at its real cost. Other jobs may also start after their deadline ("late"
+options, at their real cost), but at most `late_budget` of them: the benchmark sets it to
+the most deadline misses any compared plan has beyond the forced ones (usually 0), so the
+bound holds for every plan it is compared with and is not weakened when none misses.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LpOption:
+    """One way to run a job: on any of `resources` (pools), `gpus` GPUs for `duration` slots.
+
+    `cost[s]` is the gCO2 of starting at slot s (inf: not allowed); one array may be shared
+    by many options. `zone` indexes `LpInstance.power_cap` (-1: no cap applies).
+    """
+
+    resources: tuple[int, ...]
+    gpus: int
+    duration: int
+    cost: np.ndarray
+    power_w: float = 0.0
+    zone: int = -1
+    late: bool = False  # a start after the deadline: counts against `LpInstance.late_budget`
+
+
+@dataclass
+class LpInstance:
+    """The time-indexed model as arrays: capacity (R, T), power caps (Z, T), jobs' options."""
+
+    n_slots: int
+    capacity: np.ndarray
+    jobs: list[list[LpOption]]
+    power_cap: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    late_budget: float = 0.0  # at most this many jobs placed by `late` options
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LpResult:
+    """The bound and how it was obtained."""
+
+    bound_g: float  # proven lower bound (best Lagrangian bound seen)
+    lp_value_g: float | None  # the final restricted master's value (>= the LP optimum)
+    converged: bool
+    status: str
+    rounds: int
+    columns: int
+    wall_s: float
+    artificial_share: float  # sum of artificial x in the last master (0: all placed for real)
+    notes: list[str] = field(default_factory=list)
+    solution: list[tuple[int, int, int, float]] = field(default_factory=list)  # (job, resource, start, x > 0)
+
+    @property
+    def gap_pct(self) -> float | None:
+        """How far the bound may be below the LP optimum (0 when converged)."""
+        if self.lp_value_g is None or self.lp_value_g <= 0:
+            return None
+        return 100.0 * (self.lp_value_g - self.bound_g) / self.lp_value_g
+
+
+class _Pricer:
+    """Vectorised pricing of every (job option, resource, start) against given duals."""
+
+    def __init__(self, inst: LpInstance, chunk: int = 4096) -> None:
+        self.inst = inst
+        self.T = inst.n_slots
+        rows_cost: list[np.ndarray] = []
+        ids: dict[int, int] = {}
+        e_job, e_row, e_res, e_k, e_d, e_pw, e_zone, e_late = [], [], [], [], [], [], [], []
+        self.job_max_cost = np.zeros(len(inst.jobs))
+        for j, options in enumerate(inst.jobs):
+            worst = 0.0
+            for opt in options:
+                key = id(opt.cost)
+                if key not in ids:
+                    ids[key] = len(rows_cost)
+                    rows_cost.append(np.asarray(opt.cost, dtype=np.float64))
+                finite = opt.cost[np.isfinite(opt.cost)]
+                if finite.size:
+                    worst = max(worst, float(finite.max()))
+                for r in opt.resources:
+                    e_job.append(j)
+                    e_row.append(ids[key])
+                    e_res.append(r)
+                    e_k.append(opt.gpus)
+                    e_d.append(opt.duration)
+                    e_pw.append(opt.power_w)
+                    e_zone.append(opt.zone)
+                    e_late.append(1.0 if opt.late else 0.0)
+            self.job_max_cost[j] = worst
+        self.cost = np.stack(rows_cost) if rows_cost else np.zeros((0, self.T))
+        self.e_job = np.asarray(e_job, dtype=np.int64)
+        self.e_row = np.asarray(e_row, dtype=np.int64)
+        self.e_res = np.asarray(e_res, dtype=np.int64)
+        self.e_k = np.asarray(e_k, dtype=np.float64)
+        self.e_d = np.asarray(e_d, dtype=np.int64)
+        self.e_pw = np.asarray(e_pw, dtype=np.float64)
+        self.e_zone = np.asarray(e_zone, dtype=np.int64)
+        self.e_late = np.asarray(e_late, dtype=np.float64)
+        self.chunk = chunk
+        self.has_power = inst.power_cap.size > 0 and bool((self.e_zone >= 0).any())
+
+    def value_at(self, edges: np.ndarray, starts: np.ndarray, pi: np.ndarray, rho: np.ndarray,
+                 sigma: float) -> np.ndarray:
+        """`price`'s value of the given (edge, start) columns at the given duals."""
+        T = self.T
+        cp = np.concatenate([np.zeros((pi.shape[0], 1)), np.cumsum(pi, axis=1)], axis=1)
+        ends = np.minimum(starts + self.e_d[edges], T)
+        res = self.e_res[edges]
+        val = self.cost[self.e_row[edges], starts] - self.e_k[edges] * (cp[res, ends] - cp[res, starts])
+        if self.has_power:
+            cr = np.concatenate([np.zeros((rho.shape[0], 1)), np.cumsum(rho, axis=1)], axis=1)
+            z = self.e_zone[edges]
+            zz = np.where(z >= 0, z, 0)
+            val -= np.where(z >= 0, self.e_pw[edges], 0.0) * (cr[zz, ends] - cr[zz, starts])
+        return val - sigma * self.e_late[edges]
+
+    @property
+    def edges(self) -> int:
+        return len(self.e_job)
+
+    def price(self, pi: np.ndarray, rho: np.ndarray, sigma: float, per_job: int) -> tuple[np.ndarray, list[tuple[int, int, int, float]]]:
+        """(best value per job, candidate columns (edge, start, job, value)).
+
+        value = cost - gpus * sum(pi over the run) - power * sum(rho over the run)
+        - sigma * late (the late-budget dual), the
+        column's reduced cost plus the job's convexity dual. `per_job` candidates per job:
+        the best start of each of its `per_job` best edges.
+        """
+        T = self.T
+        n_jobs = len(self.inst.jobs)
+        best = np.full(n_jobs, np.inf)
+        cp = np.concatenate([np.zeros((pi.shape[0], 1)), np.cumsum(pi, axis=1)], axis=1)
+        if self.has_power:
+            cr = np.concatenate([np.zeros((rho.shape[0], 1)), np.cumsum(rho, axis=1)], axis=1)
+        starts = np.arange(T)
+        edge_best = np.empty(self.edges)
+        edge_arg = np.empty(self.edges, dtype=np.int64)
+        for lo in range(0, self.edges, self.chunk):
+            hi = min(lo + self.chunk, self.edges)
+            ends = np.minimum(starts[None, :] + self.e_d[lo:hi, None], T)
+            res = self.e_res[lo:hi, None]
+            run_pi = cp[res, ends] - cp[res, starts[None, :]]
+            val = self.cost[self.e_row[lo:hi]] - self.e_k[lo:hi, None] * run_pi
+            if self.has_power:
+                z = self.e_zone[lo:hi]
+                mask = z >= 0
+                if mask.any():
+                    zz = np.where(mask, z, 0)[:, None]
+                    run_rho = cr[zz, ends] - cr[zz, starts[None, :]]
+                    val -= (self.e_pw[lo:hi] * mask)[:, None] * run_rho
+            if sigma:
+                val -= sigma * self.e_late[lo:hi, None]
+            arg = np.argmin(val, axis=1)
+            edge_arg[lo:hi] = arg
+            edge_best[lo:hi] = val[np.arange(hi - lo), arg]
+        np.minimum.at(best, self.e_job, edge_best)
+        # per job, its `per_job` best edges
+        order = np.lexsort((edge_best, self.e_job))
+        cands: list[tuple[int, int, int, float]] = []
+        jobs_sorted = self.e_job[order]
+        first = np.searchsorted(jobs_sorted, np.arange(n_jobs))
+        for j in range(n_jobs):
+            for e in order[first[j]: first[j] + per_job]:
+                if self.e_job[e] != j or not math.isfinite(edge_best[e]):
+                    break
+                cands.append((int(e), int(edge_arg[e]), j, float(edge_best[e])))
+        head = order[np.minimum(first, len(order) - 1)] if len(order) else np.zeros(n_jobs, dtype=np.int64)
+        has = (first < len(order)) & (self.e_job[head] == np.arange(n_jobs)) if len(order) else first < 0
+        self.last_best_edge = np.where(has, head, -1)
+        self.last_best_start = np.where(self.last_best_edge >= 0, edge_arg[np.maximum(self.last_best_edge, 0)], -1)
+        return best, cands
+
+    def usage(self, jobs: np.ndarray, n_res: int, n_zones: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """GPUs (R, T) and watts (Z, T) used per slot, and late starts, by the given jobs'
+        best columns of the last `price` call (a subgradient of the Lagrangian bound)."""
+        T = self.T
+        e = self.last_best_edge[jobs]
+        s = self.last_best_start[jobs]
+        keep = e >= 0
+        e, s = e[keep], s[keep]
+        ends = np.minimum(s + self.e_d[e], T)
+        diff = np.zeros((n_res, T + 1))
+        np.add.at(diff, (self.e_res[e], s), self.e_k[e])
+        np.add.at(diff, (self.e_res[e], ends), -self.e_k[e])
+        gpus = np.cumsum(diff, axis=1)[:, :T]
+        watts = np.zeros((n_zones, T))
+        if n_zones:
+            z = self.e_zone[e]
+            m = z >= 0
+            dz = np.zeros((n_zones, T + 1))
+            np.add.at(dz, (z[m], s[m]), self.e_pw[e][m])
+            np.add.at(dz, (z[m], ends[m]), -self.e_pw[e][m])
+            watts = np.cumsum(dz, axis=1)[:, :T]
+        return gpus, watts, float(self.e_late[e].sum())
+
+
+class _Master:
+    """The restricted master LP, solved incrementally with GLOP through MathOpt (each round
+    adds columns and re-solves from the previous basis)."""
+
+    def __init__(self, algorithm: str = "primal_simplex") -> None:
+        from ortools.math_opt.python import mathopt
+
+        self.algorithm = algorithm
+        self._mathopt = mathopt
+        self.model = mathopt.Model(name="lp-bound")
+        self.model.objective.is_maximize = False
+        self._solver = None
+        self.result = None
+
+    def row(self, lb: float, ub: float):
+        return self.model.add_linear_constraint(lb=lb, ub=ub)
+
+    def column(self, cost: float, entries: list[tuple[object, float]]):
+        v = self.model.add_variable(lb=0.0)
+        self.model.objective.set_linear_coefficient(v, cost)
+        for row, coef in entries:
+            row.set_coefficient(v, coef)
+        return v
+
+    def solve(self, time_limit_s: float) -> tuple[bool, str]:
+        mo = self._mathopt
+        if self._solver is None:
+            self._solver = mo.IncrementalSolver(self.model, mo.SolverType.GLOP)
+        params = mo.SolveParameters(time_limit=_timedelta(max(1.0, time_limit_s)), presolve=mo.Emphasis.OFF,
+                                    lp_algorithm=getattr(mo.LPAlgorithm, self.algorithm.upper()))
+        self.result = self._solver.solve(params=params)
+        log.debug("GLOP: %s iterations, %.2f s", self.result.solve_stats.simplex_iterations, self.result.solve_time().total_seconds())
+        reason = self.result.termination.reason
+        return reason == mo.TerminationReason.OPTIMAL, reason.name.lower()
+
+    def value(self) -> float:
+        return float(self.result.objective_value())
+
+    def duals(self, rows: list) -> list[float]:
+        return [float(x) for x in self.result.dual_values(rows)] if rows else []
+
+    def primal(self, cols: list) -> list[float]:
+        return [float(x) for x in self.result.variable_values(cols)] if cols else []
+
+
+def _timedelta(seconds: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int = 1,
+                   artificial_factor: float = 10.0, per_job: int = 2, rel_tol: float = 1e-5,
+                   smoothing: float = 0.5, ascent_share: float = 0.25) -> LpResult:
+    """Lower-bound the instance's optimum; see the module docstring.
+
+    `block` > 1 sums the capacity (and power) rows over blocks of that many slots, a valid
+    relaxation that makes the master LP `block` times smaller (stated in the notes). The
+    loop stops when the bound is within `rel_tol` of the master's value (converged) or at
+    `time_limit_s` (not converged; the bound is still proven). Pricing uses Wentges
+    smoothing (`smoothing`: the weight of the best-bound duals). When column generation has
+    not converged after `1 - ascent_share` of the time, the rest goes to a projected
+    subgradient ascent of the Lagrangian bound from the best duals.
+    """
+    t0 = time.perf_counter()
+    notes = list(inst.notes)
+    pricer = _Pricer(inst)
+    n_jobs = len(inst.jobs)
+    R, T = inst.capacity.shape[0], inst.n_slots
+    Z = inst.power_cap.shape[0] if inst.power_cap.size else 0
+    if n_jobs == 0:
+        return LpResult(0.0, 0.0, True, "no jobs", 0, 0, 0.0, 0.0, notes)
+    block = max(1, int(block))
+    if block > 1:
+        notes.append(f"capacity rows summed over blocks of {block} slots (a relaxation)")
+    n_blocks = -(-T // block)
+
+    def blocked(a: np.ndarray) -> np.ndarray:
+        """Per-slot limits summed per block, (rows, n_blocks)."""
+        fin = np.where(np.isfinite(a), a, 0.0)
+        pad = np.zeros((a.shape[0], n_blocks * block))
+        pad[:, :T] = fin
+        return pad.reshape(a.shape[0], n_blocks, block).sum(axis=2)
+
+    cap_b = blocked(inst.capacity)
+    pcap_b = blocked(inst.power_cap) if Z else np.zeros((0, n_blocks))
+    pcap_finite_b = blocked(np.isfinite(inst.power_cap).astype(float)) if Z else None
+
+    master = _Master()
+    inf = math.inf
+    conv = [master.row(1.0, 1.0) for _ in range(n_jobs)]
+    budget_row = None
+    cap_rows: dict[tuple[int, int], object] = {}
+    pow_rows: dict[tuple[int, int], object] = {}
+    big = np.maximum(pricer.job_max_cost, 1.0) * artificial_factor
+    big[np.bincount(pricer.e_job, minlength=n_jobs) == 0] = 0.0  # no option: no policy places it
+    artificial = [master.column(float(big[j]), [(conv[j], 1.0)]) for j in range(n_jobs)]
+    seen: set[tuple[int, int]] = set()
+    columns = 0
+    col_vars: list = []
+    col_keys: list[tuple[int, int]] = []
+
+    def add_column(e: int, s: int) -> None:
+        nonlocal columns, budget_row
+        if (e, s) in seen:
+            return
+        seen.add((e, s))
+        j, r = int(pricer.e_job[e]), int(pricer.e_res[e])
+        d, k = int(pricer.e_d[e]), float(pricer.e_k[e])
+        end = min(s + d, T)
+        entries: list[tuple[object, float]] = [(conv[j], 1.0)]
+        z = int(pricer.e_zone[e])
+        pw = float(pricer.e_pw[e]) if Z and z >= 0 else 0.0
+        for b in range(s // block, (end - 1) // block + 1):
+            overlap = min(end, (b + 1) * block) - max(s, b * block)
+            row = cap_rows.get((r, b))
+            if row is None:
+                row = cap_rows[(r, b)] = master.row(-inf, float(cap_b[r, b]))
+            entries.append((row, k * overlap))
+            if pw > 0 and pcap_finite_b[z, b] >= block:  # a cap on every slot of the block
+                row = pow_rows.get((z, b))
+                if row is None:
+                    row = pow_rows[(z, b)] = master.row(-inf, float(pcap_b[z, b]))
+                entries.append((row, pw * overlap))
+        if pricer.e_late[e]:
+            if budget_row is None:
+                budget_row = master.row(-inf, float(inst.late_budget))
+            entries.append((budget_row, 1.0))
+        col_vars.append(master.column(float(pricer.cost[pricer.e_row[e], s]), entries))
+        col_keys.append((e, s))
+        columns += 1
+
+    for e, s in _greedy_columns(inst, pricer):
+        add_column(e, s)
+
+    pi_b = np.zeros((R, n_blocks))
+    rho_b = np.zeros((Z, n_blocks))
+    best_bound = -math.inf
+    lp_value: float | None = None
+    status = "not solved"
+    converged = False
+    rounds = 0
+    art_share = float("nan")
+    mu = np.zeros(n_jobs)
+    sigma = 0.0
+    last_x: tuple[int, list[float]] = (0, [])  # the last optimal master's column values
+    best_duals: tuple[np.ndarray, np.ndarray, float] | None = None
+    last_real = np.zeros(n_jobs, dtype=bool)
+    cg_limit_s = time_limit_s * (1.0 - ascent_share)
+
+    def evaluate(duals: tuple[np.ndarray, np.ndarray, float]) -> list[tuple[int, int, int, float]]:
+        """Price at `duals`; keep the best Lagrangian bound (and its duals); the candidates."""
+        nonlocal best_bound, best_duals
+        d_pi_b, d_rho_b, d_sigma = duals
+        # block duals spread over their slots: LB(pi) with pi constant per block
+        pi = np.repeat(d_pi_b, block, axis=1)[:, :T]
+        rho = np.repeat(d_rho_b, block, axis=1)[:, :T]
+        best, cands = pricer.price(pi, rho, d_sigma, per_job)
+        last_real[:] = best < big  # jobs whose best option beats their artificial one
+        bound = float(np.minimum(best, big).sum() + (d_pi_b * cap_b).sum()) + d_sigma * float(inst.late_budget)
+        if Z:
+            bound += float((d_rho_b * pcap_b).sum())
+        if bound > best_bound:
+            best_bound, best_duals = bound, duals
+        return cands
+
+    def improving(cands: list[tuple[int, int, int, float]]) -> list[tuple[int, int]]:
+        """The candidates whose reduced cost at the master's duals is negative."""
+        if not cands:
+            return []
+        e = np.array([c[0] for c in cands])
+        st = np.array([c[1] for c in cands])
+        jj = np.array([c[2] for c in cands])
+        rc = pricer.value_at(e, st, np.repeat(pi_b, block, axis=1)[:, :T],
+                             np.repeat(rho_b, block, axis=1)[:, :T], sigma) - mu[jj]
+        keep = rc < -1e-9 * np.maximum(1.0, np.abs(mu[jj]))
+        return [(int(a), int(b)) for a, b in zip(e[keep], st[keep])]
+
+    while True:
+        master_duals = (pi_b, rho_b, sigma)
+        if rounds > 0 and best_duals is not None and smoothing > 0:
+            # Wentges smoothing: price between the best-bound duals and the master's, which
+            # damps the oscillation of plain column generation; fall back to the master's
+            # duals when that finds nothing (a "mispricing")
+            a = smoothing
+            smooth = tuple(a * x + (1 - a) * y for x, y in zip(best_duals, master_duals))
+            new = improving(evaluate(smooth))  # type: ignore[arg-type]
+            if not new:
+                new = improving(evaluate(master_duals))
+        else:
+            new = improving(evaluate(master_duals)) if rounds > 0 else \
+                [(e, s) for e, s, _, _ in evaluate(master_duals)]
+        if rounds > 0 and (not new or lp_value - best_bound <= rel_tol * max(1.0, abs(lp_value))):
+            converged = True
+            status = "optimal" if not new else f"within {rel_tol:g} of the LP optimum"
+            break
+        if time.perf_counter() - t0 > cg_limit_s:
+            status = f"time limit {time_limit_s:g} s after {rounds} rounds"
+            break
+        for e, s in new:
+            add_column(e, s)
+        ok, why = master.solve(cg_limit_s - (time.perf_counter() - t0))
+        rounds += 1
+        if not ok:
+            status = f"GLOP stopped ({why}) in round {rounds}"
+            break
+        lp_value = master.value()
+        art_share = float(sum(master.primal(artificial)))
+        last_x = (len(col_vars), master.primal(col_vars))
+        mu = np.asarray(master.duals(conv))
+        sigma = min(0.0, master.duals([budget_row])[0]) if budget_row is not None else 0.0
+        pi_b = np.zeros((R, n_blocks))
+        keys = list(cap_rows)
+        if keys:
+            idx = np.asarray(keys)
+            pi_b[idx[:, 0], idx[:, 1]] = np.minimum(0.0, master.duals([cap_rows[k] for k in keys]))
+        if Z:
+            rho_b = np.zeros((Z, n_blocks))
+            keys = list(pow_rows)
+            if keys:
+                idx = np.asarray(keys)
+                rho_b[idx[:, 0], idx[:, 1]] = np.minimum(0.0, master.duals([pow_rows[k] for k in keys]))
+        log.debug("round %d: master %.1f, bound %.1f, %d columns, %.1f s", rounds, lp_value, best_bound,
+                  columns, time.perf_counter() - t0)
+    ascent_steps = 0
+    if not converged and best_duals is not None and lp_value is not None:
+        # Lagrangian ascent from the best duals (projected subgradient, Polyak steps towards
+        # the master's value): every point is a valid bound, so this only ever raises it
+        lam_pi, lam_rho, lam_sigma = (-best_duals[0], -best_duals[1], -best_duals[2])
+        theta, stall, before = 1.0, 0, best_bound
+        while time.perf_counter() - t0 < time_limit_s and lp_value - best_bound > rel_tol * abs(lp_value):
+            prev = best_bound
+            evaluate((-lam_pi, -lam_rho, -lam_sigma))
+            ascent_steps += 1
+            gpus, watts, late = pricer.usage(np.flatnonzero(last_real), R, Z)
+            g_pi = blocked(gpus) - cap_b
+            g_rho = (blocked(watts) - pcap_b) * (pcap_finite_b >= block) if Z else np.zeros((0, n_blocks))
+            g_sigma = late - float(inst.late_budget)
+            norm = float((g_pi ** 2).sum() + (g_rho ** 2).sum() + g_sigma ** 2)
+            if norm <= 0:
+                break
+            stall = 0 if best_bound > prev else stall + 1
+            if stall >= 8:
+                theta, stall = theta / 2, 0
+                lam_pi, lam_rho, lam_sigma = (-best_duals[0], -best_duals[1], -best_duals[2])
+                if theta < 1e-4:
+                    break
+            step = theta * (lp_value - best_bound) / norm
+            lam_pi = np.maximum(0.0, lam_pi + step * g_pi)
+            lam_rho = np.maximum(0.0, lam_rho + step * g_rho) if Z else lam_rho
+            lam_sigma = max(0.0, lam_sigma + step * g_sigma)
+        if ascent_steps:
+            notes.append(f"Lagrangian ascent after column generation: {ascent_steps} steps raised the bound "
+                         f"by {100 * (best_bound - before) / before:.2f} %")
+    wall_s = time.perf_counter() - t0
+    if not converged:
+        gap = f"{100 * (lp_value - best_bound) / lp_value:.2f} %" if lp_value else "an unknown amount"
+        notes.append(f"did not converge ({status}); the bound is the best Lagrangian bound: "
+                     f"proven, but below the LP optimum by up to {gap}")
+    solution: list[tuple[int, int, int, float]] = []
+    if last_x[1]:
+        for (e, s), x in zip(col_keys[:last_x[0]], last_x[1]):
+            if x > 1e-9:
+                solution.append((int(pricer.e_job[e]), int(pricer.e_res[e]), s, x))
+    return LpResult(bound_g=best_bound, lp_value_g=lp_value, converged=converged, status=status,
+                    rounds=rounds, columns=columns, wall_s=wall_s, artificial_share=art_share, notes=notes,
+                    solution=solution)
+
+
+def _greedy_columns(inst: LpInstance, pricer: _Pricer) -> list[tuple[int, int]]:
+    """Columns of a feasible integer plan (tightest jobs first, each at its cheapest start
+    that still fits every slot of its run), so the first master needs few artificials."""
+    T = inst.n_slots
+    remaining = np.where(np.isfinite(inst.capacity), inst.capacity, np.inf).astype(np.float64)
+    power_left = np.where(np.isfinite(inst.power_cap), inst.power_cap, np.inf) if inst.power_cap.size else None
+    order_e = np.argsort(pricer.e_job, kind="stable")
+    first = np.searchsorted(pricer.e_job[order_e], np.arange(len(inst.jobs) + 1))
+    finite_starts = np.isfinite(pricer.cost).sum(axis=1)
+    tightness = [min((finite_starts[pricer.e_row[e]] for e in order_e[first[j]:first[j + 1]]), default=0)
+                 for j in range(len(inst.jobs))]
+    starts = np.arange(T)
+    chosen: list[tuple[int, int]] = []
+    for j in sorted(range(len(inst.jobs)), key=lambda j: (tightness[j], j)):
+        edges = order_e[first[j]:first[j + 1]]
+        if edges.size == 0:
+            continue
+        ends = np.minimum(starts[None, :] + pricer.e_d[edges, None], T)
+        bad = (remaining[pricer.e_res[edges]] < pricer.e_k[edges, None]).astype(np.int64)
+        cb = np.concatenate([np.zeros((len(edges), 1), dtype=np.int64), np.cumsum(bad, axis=1)], axis=1)
+        rows = np.arange(len(edges))[:, None]
+        ok = (cb[rows, ends] - cb[rows, starts[None, :]]) == 0
+        if power_left is not None:
+            z = pricer.e_zone[edges]
+            zz = np.where(z >= 0, z, 0)
+            pbad = ((power_left[zz] < pricer.e_pw[edges, None]) & (z >= 0)[:, None]).astype(np.int64)
+            pc = np.concatenate([np.zeros((len(edges), 1), dtype=np.int64), np.cumsum(pbad, axis=1)], axis=1)
+            ok &= (pc[rows, ends] - pc[rows, starts[None, :]]) == 0
+        ok &= (pricer.e_late[edges] == 0)[:, None]  # the budget of late starts is the LP's to spend
+        val = np.where(ok, pricer.cost[pricer.e_row[edges]], np.inf)
+        flat = int(np.argmin(val))
+        i, s = divmod(flat, T)
+        if not math.isfinite(val[i, s]):
+            continue
+        e = int(edges[i])
+        end = min(s + int(pricer.e_d[e]), T)
+        remaining[pricer.e_res[e], s:end] -= pricer.e_k[e]
+        if power_left is not None and pricer.e_zone[e] >= 0:
+            power_left[pricer.e_zone[e], s:end] -= pricer.e_pw[e]
+        chosen.append((e, s))
+    return chosen
+
+
+def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInstance:
+    """The LP of a compiled `policies.problem.Problem`.
+
+    Resources are the problem's pools, or with `merge` its groups (pools of one zone, model,
+    memory and PUE, whose capacity is summed: a relaxation). Each job gets, per group it
+    fits, its in-window starts at `cost_table` prices; a job that no option lets meet its
+    deadline gets every start from its release to the end of the horizon; with
+    `late_budget` > 0 the other jobs also get their after-deadline starts as `late` options.
+    """
+    T = problem.n_slots
+    notes: list[str] = ["gang (k GPUs on one node) relaxed to k GPUs of the pool's capacity"]
+    if merge:
+        cap = np.zeros((len(problem.groups), T))
+        for gi, g in enumerate(problem.groups):
+            for p in g.pools:
+                cap[gi] += problem.capacity(p)
+        notes.append(f"pools of one (zone, model) merged: {len(problem.pools)} pools -> "
+                     f"{len(problem.groups)} capacities (a relaxation)")
+    else:
+        cap = problem.capacity_matrix().astype(np.float64)
+    zones = list(problem.capped_zones)
+    zone_index = {z: i for i, z in enumerate(zones)}
+    power = np.stack([problem.power_cap_w(z) for z in zones]) if zones else np.zeros((0, 0))
+    if zones:
+        notes.append(f"power caps in {', '.join(zones)}")
+    jobs: list[list[LpOption]] = []
+    forced = no_option = 0
+    for j in range(len(problem.jobs)):
+        jo = problem.job_options(j)
+        opts: list[LpOption] = []
+        if jo.groups.size == 0:
+            no_option += 1
+            jobs.append(opts)
+            continue
+        table = problem.cost_table(j)
+        lo = int(jo.earliest)
+        latest = jo.latest[jo.first]
+        is_forced = bool((latest < lo).all())
+        forced += is_forced
+        k = max(1, problem.jobs[j].gpus)
+        for row, gi in enumerate(jo.groups.tolist()):
+            o = int(jo.first[row])
+            group = problem.groups[gi]
+            shape = jo.shapes[group.model]
+            if merge:
+                resources: tuple[int, ...] = (gi,)
+            else:
+                resources = tuple(int(p) for p in jo.pool[jo.group == gi])
+            common = dict(resources=resources, gpus=k, duration=int(jo.duration[o]), power_w=float(shape.power_w),
+                          zone=zone_index.get(group.zone, -1))
+            hi = int(jo.latest[o])
+            if is_forced:
+                cost = np.full(T, np.inf)
+                cost[lo:] = table[row, lo:]
+                opts.append(LpOption(cost=cost, **common))
+                continue
+            if lo <= hi:
+                cost = np.full(T, np.inf)
+                cost[lo:hi + 1] = table[row, lo:hi + 1]
+                opts.append(LpOption(cost=cost, **common))
+            if late_budget > 0 and max(lo, hi + 1) < T:
+                cost = np.full(T, np.inf)
+                cost[max(lo, hi + 1):] = table[row, max(lo, hi + 1):]
+                opts.append(LpOption(cost=cost, late=True, **common))
+        jobs.append(opts)
+    if forced:
+        notes.append(f"{forced} jobs cannot meet their deadline on any option: any start up to the horizon")
+    if no_option:
+        notes.append(f"{no_option} jobs fit no pool: left out (every policy leaves them unplaced)")
+    if late_budget > 0:
+        notes.append(f"up to {late_budget} other jobs may start after their deadline (the compared plans' misses)")
+    return LpInstance(n_slots=T, capacity=cap, jobs=jobs, power_cap=power, late_budget=float(late_budget),
+                      notes=notes)
+
+
+def round_solution(inst: LpInstance, result: LpResult) -> tuple[float, dict[int, tuple[int, int]]]:
+    """An integer plan near the LP optimum: (its cost, job -> (resource, start)).
+
+    Jobs in order of their largest LP fraction (of the last optimal master), each at its
+    highest-fraction column that
+    still fits the remaining per-slot capacity, else at its cheapest start that fits.
+    With per-pool resources (no merge) this is a feasible plan of the policies' problem
+    (gang GPUs follow from per-slot counts), ignoring power caps, without late starts; its
+    cost shows how much of a policy's gap to the bound is the policy's and how much the LP's.
+    """
+    T = inst.n_slots
+    remaining = np.where(np.isfinite(inst.capacity), inst.capacity, np.inf).astype(np.float64)
+    by_job: dict[int, list[tuple[float, int, int]]] = {}
+    for j, r, s, x in result.solution:
+        by_job.setdefault(j, []).append((x, r, s))
+    order = sorted(range(len(inst.jobs)), key=lambda j: -max((x for x, _, _ in by_job.get(j, [])), default=0.0))
+    total = 0.0
+    placed: dict[int, tuple[int, int]] = {}
+    for j in order:
+        options = inst.jobs[j]
+        if not options:
+            continue
+        choice = None
+        for x, r, s in sorted(by_job.get(j, []), reverse=True):
+            for opt in options:
+                if not opt.late and r in opt.resources and math.isfinite(opt.cost[s]) and \
+                        remaining[r, s:min(s + opt.duration, T)].min() >= opt.gpus:
+                    choice = (float(opt.cost[s]), r, s, opt)
+                    break
+            if choice:
+                break
+        if choice is None:
+            for opt in (o for o in options if not o.late):
+                for r in opt.resources:
+                    for s in np.argsort(opt.cost, kind="stable").tolist():
+                        if not math.isfinite(opt.cost[s]):
+                            break
+                        if choice is not None and opt.cost[s] >= choice[0]:
+                            break
+                        if remaining[r, s:min(s + opt.duration, T)].min() >= opt.gpus:
+                            choice = (float(opt.cost[s]), r, s, opt)
+                            break
+        if choice is None:
+            continue
+        cost, r, s, opt = choice
+        remaining[r, s:min(s + opt.duration, T)] -= opt.gpus
+        total += cost
+        placed[j] = (r, s)
+    return total, placed

@@ -1,0 +1,191 @@
+"""Benchmarks of `carbonsched simulate` (issue 6): policy quality against the oracle, the GAIA
+comparison, and replay speed. Reads ../shared/data (not shipped); see bench/README.md.
+
+    .venv/bin/python bench/simulate_bench.py gap   [--json OUT]   # cpsat vs oracle, pai_1k, 4 zones
+    .venv/bin/python bench/simulate_bench.py gaia  [--json OUT]   # GAIA's setting, DE and US-CAL-CISO
+    .venv/bin/python bench/simulate_bench.py speed [--policy greedy] [--days N]  # pai-100k, 256 GPUs
+
+Each scenario runs the simulator's own API (the same code as the CLI) and prints a table;
+`--json` writes the figures. Speed runs each policy in a child process and reports its wall
+time, simulated events per second and peak memory (ru_maxrss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DATA = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data"))
+EM = DATA / "carbon" / "electricitymaps"
+PAI_1K = DATA / "jobs" / "pai_1k.csv"
+PAI_100K = DATA / "jobs" / "pai-100k.csv"
+GAIA_START = datetime(2022, 10, 19, 16, tzinfo=timezone.utc)
+FOLDERS = {"DE": "DE-LU", "GB": "GB", "US-CAL-CISO": "US-CAL-CISO", "SG": "SG"}
+
+# GAIA (ASPLOS'24) on pai_1k, DE-LU / US-CAL-CISO 2022 from 2022-10-19 16:00 UTC, 24 h max
+# wait, unlimited homogeneous pool, perfect forecasts: carbon reduction vs run-at-arrival (%).
+GAIA_REPORTED = {
+    "DE": {"lowest slot": 10.5, "carbon-time": 11.1, "lowest window": 12.6, "wait awhile (suspend-resume)": 16.8},
+    "US-CAL-CISO": {"lowest slot": 18.6, "carbon-time": 25.9, "lowest window": 27.2,
+                    "wait awhile (suspend-resume)": 33.9},
+}
+
+
+def _carbon(zones: list[str], years: tuple[int, ...] = (2022,)):
+    from scheduler.simulate.intensity import load_zone_files
+
+    return {z: load_zone_files(z, [EM / FOLDERS[z] / f"{FOLDERS[z]}_{y}_hourly.csv" for y in years]) for z in zones}
+
+
+def _run(scenario, policies: str, settings, forecast: str = "perfect"):
+    from scheduler.simulate.runner import parse_policies, run_policies
+
+    return run_policies(scenario, parse_policies(policies), forecast=forecast, settings=settings,
+                        progress=sys.stderr.isatty())
+
+
+def _print(result) -> None:
+    from scheduler.simulate.report import table
+
+    print(table(result.summaries, result.comparison))
+
+
+def bench_gap(args) -> dict:
+    """cpsat vs oracle savings over fifo: pai_1k, 24 h slack, the 4-zone cluster, 2022 carbon."""
+    from scheduler.simulate.cluster import load_cluster
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.traces import read_jobs
+
+    cluster = load_cluster(ROOT / "examples" / "cluster-4zone.toml")
+    scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon(cluster.zones), start=GAIA_START,
+                              slack_s=24 * 3600.0)
+    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake)
+    result = _run(scenario, args.policies or f"fifo,greedy,cpsat:max_time_s={args.cpsat_s},oracle", settings,
+                  args.forecast)
+    _print(result)
+    return {"scenario": "gap", "cluster": "examples/cluster-4zone.toml", "start": GAIA_START.isoformat(),
+            "slack_h": 24, "forecast": args.forecast, "plan_interval_s": args.plan_interval,
+            "wake_on_submit": args.wake, "summaries": result.summaries, "comparison": result.comparison}
+
+
+def bench_gaia(args) -> dict:
+    """GAIA's setting in both zones: reductions vs run-at-arrival beside GAIA's own figures."""
+    from scheduler.simulate.cluster import load_cluster
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.traces import read_jobs
+
+    out: dict = {"scenario": "gaia", "start": GAIA_START.isoformat(), "max_wait_h": 24, "zones": {}}
+    for zone, cluster_file in (("DE", "cluster-gaia-de.toml"), ("US-CAL-CISO", "cluster-gaia-caiso.toml")):
+        cluster = load_cluster(ROOT / "examples" / cluster_file)
+        scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon([zone]), start=GAIA_START,
+                                  slack_s=24 * 3600.0, max_wait_s=24 * 3600.0)
+        # fifo plans at every submit on a pool that is never full: each job runs at its arrival.
+        settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=True)
+        result = _run(scenario, args.policies or f"fifo,greedy,cpsat:max_time_s={args.cpsat_s},oracle",
+                      settings, "perfect")
+        print(f"\n== {zone} ({cluster_file}) ==")
+        _print(result)
+        ours = {name: c.get("vs_first_pct") for name, c in result.comparison.items()}
+        waits = {name: s["max_wait_s"] for name, s in result.summaries.items()}
+        print("GAIA reported:", ", ".join(f"{k} {v}%" for k, v in GAIA_REPORTED[zone].items()))
+        out["zones"][zone] = {"cluster": f"examples/{cluster_file}", "reduction_pct": ours,
+                              "max_wait_s": waits, "gaia_reported_pct": GAIA_REPORTED[zone],
+                              "summaries": result.summaries}
+    return out
+
+
+def bench_speed(args) -> dict:
+    """pai-100k (hours) on a 256-GPU cluster: each policy in a child process."""
+    out: dict = {"scenario": "speed", "trace": str(PAI_100K), "cluster": "examples/cluster-256.toml", "runs": {}}
+    for policy in (args.policies or "greedy").split(","):
+        cmd = [sys.executable, __file__, "_speed_child", "--policies", policy, "--days", str(args.days),
+               "--plan-interval", str(args.plan_interval)] + (["--wake"] if args.wake else [])
+        t = time.perf_counter()
+        # the child's progress bar and errors go straight to our stderr
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            out["runs"][policy] = {"error": f"did not finish within {args.timeout:.0f} s"}
+            print(f"{policy}: did not finish within {args.timeout:.0f} s")
+            continue
+        if proc.returncode != 0:
+            out["runs"][policy] = {"error": f"exit {proc.returncode}", "wall_s": time.perf_counter() - t}
+            continue
+        figures = json.loads(proc.stdout.strip().splitlines()[-1])
+        out["runs"][policy] = figures
+        print(f"{policy}: {figures['jobs']} jobs, {figures['wall_s']:.1f} s wall, "
+              f"{figures['events_per_s']:.0f} events/s, planner {figures['planner_total_s']:.1f} s in "
+              f"{figures['planner_calls']} calls, peak RSS {figures['peak_rss_mib']:.0f} MiB, "
+              f"{figures['kgco2']:.1f} kgCO2")
+    return out
+
+
+def speed_child(args) -> None:
+    from scheduler.simulate.cluster import load_cluster
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.traces import read_jobs
+
+    t0 = time.perf_counter()
+    cluster = load_cluster(ROOT / "examples" / "cluster-256.toml")
+    trace = read_jobs(PAI_100K)  # hours (detected)
+    if args.days:
+        trace.jobs = [j for j in trace.jobs if j.arrival_s < args.days * 86400]
+    carbon = _carbon(cluster.zones)
+    scenario = build_scenario(cluster, trace, carbon, start=datetime(2022, 1, 1, tzinfo=timezone.utc),
+                              slack_s=24 * 3600.0)
+    load_s = time.perf_counter() - t0
+    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake)
+    from scheduler.simulate.runner import parse_policies, run_policies
+
+    result = run_policies(scenario, parse_policies(args.policies), settings=settings, progress=True)
+    s = next(iter(result.summaries.values()))
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"jobs": s["jobs"], "finished": s["finished"], "kgco2": s["kgco2"], "wall_s": s["wall_s"],
+                      "load_s": load_s, "events": s["events"], "events_per_s": s["events_per_s"],
+                      "planner_calls": s["planner_calls"], "planner_total_s": s["planner_total_s"],
+                      "planner_mean_s": s["planner_mean_s"], "simulator_s": s["simulator_s"],
+                      "events_per_s_simulator": s["events_per_s_simulator"], "peak_rss_mib": rss_kib / 1024,
+                      "plan_interval_s": args.plan_interval, "wake_on_submit": args.wake,
+                      "narrowed_jobs": scenario.notes.get("narrowed_jobs")}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", choices=["gap", "gaia", "speed", "_speed_child"])
+    p.add_argument("--policies", help="policy specs (default per scenario)")
+    p.add_argument("--cpsat-s", type=float, default=1.0, help="cpsat time budget per planner call (default 1)")
+    p.add_argument("--forecast", default="perfect")
+    p.add_argument("--plan-interval", type=float, default=3600.0, help="planner tick in seconds (default 3600)")
+    p.add_argument("--wake", action="store_true", help="also plan at every submit")
+    p.add_argument("--days", type=float, default=0, help="speed: only the first N days of pai-100k (0 = all)")
+    p.add_argument("--timeout", type=float, default=3600, help="speed: per-policy limit, seconds")
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args()
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"))
+    if not DATA.exists():
+        sys.exit(f"no shared data at {DATA} (set CARBONSCHED_SHARED_DATA)")
+    if args.scenario == "_speed_child":
+        speed_child(args)
+        return
+    figures = {"gap": bench_gap, "gaia": bench_gaia, "speed": bench_speed}[args.scenario](args)
+    figures["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""`carbonsched report` and `carbonsched export`: fleet carbon reports and the energy
+disclosure document; and the carbon receipt that `carbonsched show JOB` appends.
+
+    carbonsched report [--since T] [--until T] [--by user|workload|model|zone|day|node]
+                       [--format table|csv|json] [--json] [--plot FILE.png] [--db URL]
+    carbonsched export [--since T] [--until T] [--format json|csv] [--out FILE] [--db URL]
+
+T is an ISO date/time (UTC when it has no offset) or a duration back from now (`7d`); the
+default period is the last 30 days. Both verbs ask the daemon, which shows a user only
+their own jobs and root or an admin group everyone's, exactly like `queue`. With `--db URL`
+an operator reads the store directly instead (whoever can read the database sees every
+job). Only the standard library is imported at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from datetime import datetime, timezone
+
+GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
+
+
+def _env_help(text: str, var: str) -> str:
+    return f"{text} [env: {var}]"
+
+
+def add_parser(subparsers) -> None:
+    """Add the `report` and `export` verbs; registers their handlers in scheduler.cli.VERBS."""
+    r = subparsers.add_parser(
+        "report", help="fleet energy, CO2, cost and savings over a period, grouped",
+        description="Jobs that ended in the period: GPU-hours, kWh, kgCO2, gCO2/prompt, tokens/J, "
+                    "$ (GPU list price amortized + energy) and savings against running at once.")
+    r.add_argument("--since", metavar="T", help="start: ISO date/time or a duration back from now, e.g. 7d "
+                                                "(default 30d)")
+    r.add_argument("--until", metavar="T", help="end (default now)")
+    r.add_argument("--by", choices=GROUPINGS, default="user", help="group by (default user)")
+    r.add_argument("--format", dest="fmt", choices=("table", "csv", "json"), default="table")
+    r.add_argument("--json", action="store_true", help="same as --format json")
+    r.add_argument("--plot", metavar="FILE.png", help="also draw the daily emissions and intensity")
+    r.add_argument("--db", help="read this database directly instead of asking the daemon (operators)")
+
+    e = subparsers.add_parser(
+        "export", help="energy and emissions disclosure document for a period (JSON or CSV)",
+        description="Energy (IT and facility) and emissions per system (node, GPU model, zone) with the "
+                    "methodology: measurement methods, signal, PUE, data sources and licences.")
+    e.add_argument("--since", metavar="T", help="start: ISO date/time or a duration back from now (default 30d)")
+    e.add_argument("--until", metavar="T", help="end (default now)")
+    e.add_argument("--format", dest="fmt", choices=("json", "csv"), default="json")
+    e.add_argument("--out", metavar="FILE", help="write here instead of standard output")
+    e.add_argument("--db", help="read this database directly instead of asking the daemon (operators)")
+
+    import scheduler.cli as cli
+
+    cli.VERBS.setdefault("report", cmd_report)
+    cli.VERBS.setdefault("export", cmd_export)
+
+
+# -- getting the data -------------------------------------------------------------------------
+
+class _Site:
+    """The config file's PUE per zone (scheduler.planner.SiteConfig), parsed on first use:
+    a report over jobs already priced never needs it, and the planner is slow to import."""
+
+    def __init__(self, config: dict) -> None:
+        self._config = config
+        self._site = None
+
+    def pue(self, zone: str) -> float:
+        if self._site is None:
+            from scheduler.planner import SiteConfig
+
+            self._site = SiteConfig.from_config(self._config)
+        return self._site.pue(zone)
+
+
+def _direct(args, config: dict):
+    """An Accountant over the store named by --db, configured like the daemon."""
+    from scheduler.accounting import Accountant, AccountingConfig
+    from scheduler.store import Store
+
+    store = Store(args.db)
+    store.require_current(f"carbonsched db upgrade --db {args.db}")
+    return store, Accountant(store, site=_Site(config), carbon_config=config,
+                             config=AccountingConfig.from_config(config))
+
+
+def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
+    query = {k: v for k, v in (("since", args.since), ("until", args.until), ("by", by)) if v}
+    if args.db:
+        from scheduler.accounting import parse_period
+        from scheduler.cli import EXIT_USAGE, CliError
+
+        store, acc = _direct(args, config)
+        try:
+            since, until = parse_period(args.since, args.until, datetime.now(timezone.utc))
+            if what == "report":
+                return acc.report(since, until, by=by or "user")
+            return acc.export(since, until)
+        except ValueError as e:
+            raise CliError(str(e), EXIT_USAGE) from None
+        finally:
+            store.dispose()
+    from scheduler.cli import _client
+
+    return _client(args, config).request("GET", f"/{what}", query=query)
+
+
+# -- report -----------------------------------------------------------------------------------
+
+def cmd_report(args, config: dict) -> int:
+    fmt = "json" if args.json else args.fmt
+    data = _fetch(args, config, "report", args.by)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(report_csv(data))
+    else:
+        print(report_table(data))
+    if args.plot:
+        daily = data if args.by == "day" else _fetch(args, config, "report", "day")
+        plot_daily(daily, args.plot)
+        if fmt == "table":
+            print(f"plot: {args.plot}")
+    return 0
+
+
+FIGURES = ("jobs", "completed", "deadline_misses", "gpu_hours", "energy_kwh", "facility_energy_kwh", "kgco2",
+           "intensity_g_per_kwh", "gco2_per_prompt", "prompts", "tokens", "tokens_per_j", "usd", "usd_per_mtok",
+           "counterfactual_kgco2", "saving_kgco2", "saving_pct", "jobs_measured", "jobs_with_gco2")
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def report_table(data: dict) -> str:
+    from scheduler.output import local_time, table
+
+    tokens = any(g.get("tokens") for g in data["groups"])
+    headers = [data["by"].upper(), "JOBS", "GPU-H", "KWH", "KGCO2", "G/KWH", "GCO2/PROMPT"]
+    if tokens:
+        headers += ["TOK/J", "$/MTOK"]
+    headers += ["USD", "SAVED KGCO2"]
+
+    def row(name: str, g: dict) -> list[str]:
+        cells = [name, str(g["jobs"]), _num(g["gpu_hours"], ".4g"), _num(g["energy_kwh"], ".4g"),
+                 _num(g["kgco2"], ".4g"), _num(g["intensity_g_per_kwh"], ".0f"), _num(g["gco2_per_prompt"], ".3g")]
+        if tokens:
+            cells += [_num(g["tokens_per_j"], ".3g"), _num(g["usd_per_mtok"], ".3g")]
+        saved = "-" if g["saving_kgco2"] is None else (
+            f"{g['saving_kgco2']:.3g}" + (f" ({g['saving_pct']:.0f}%)" if g["saving_pct"] is not None else ""))
+        return cells + [_num(g["usd"], ".4g"), saved]
+
+    rows = [row("-" if g["group"] is None else str(g["group"]), g) for g in data["groups"]]
+    rows.append(row("TOTAL", data["total"]))
+    a = data["assumptions"]
+    lines = [f"carbon report {local_time(data['since'], True)} .. {local_time(data['until'], True)}, "
+             f"by {data['by']} ({data['scope']})", "",
+             table(headers, rows) if data["groups"] else "no jobs ended in this period", ""]
+    lines.append(f"$: GPU list price over {a['gpu_lifetime_years']:g} years + energy x PUE at "
+                 f"${a['energy_price_usd_per_kwh']:g}/kWh"
+                 + (" (zone prices: " + ", ".join(f"{z} ${p:g}" for z, p in a["zone_energy_price_usd_per_kwh"].items())
+                    + ")" if a["zone_energy_price_usd_per_kwh"] else "")
+                 + "; saved: against the plan's estimate of running at once on the first free GPUs")
+    if data["jobs_without_gco2"]:
+        lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
+                     "data for their run): left out of KGCO2 and savings")
+    return "\n".join(lines)
+
+
+def report_csv(data: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([data["by"], *FIGURES])
+    for g in [*data["groups"], {**data["total"], "group": "TOTAL"}]:
+        w.writerow(["" if g["group"] is None else g["group"], *("" if g.get(k) is None else g[k] for k in FIGURES)])
+    return buf.getvalue()
+
+
+def plot_daily(data: dict, path: str) -> None:
+    """Bars of the fleet's kgCO2 per day and a line of its mean intensity (g/kWh)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    days = [g for g in data["groups"] if g["group"] is not None]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = list(range(len(days)))
+    ax.bar(x, [g["kgco2"] for g in days], color="#5b8c5a", label="kgCO2")
+    ax.set_ylabel("kgCO2 per day")
+    ax.set_xticks(x, [g["group"] for g in days], rotation=45, ha="right", fontsize=8)
+    ax2 = ax.twinx()
+    ax2.plot(x, [g["intensity_g_per_kwh"] if g["intensity_g_per_kwh"] is not None else float("nan") for g in days],
+             color="#c0504d", marker="o", label="gCO2/kWh")
+    ax2.set_ylabel("mean intensity, gCO2/kWh")
+    ax.set_title(f"carbonsched: daily emissions and intensity ({data['scope']})")
+    fig.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- export -----------------------------------------------------------------------------------
+
+EXPORT_COLUMNS = ("period_start", "period_end", "node", "gpu_model", "zone", "jobs", "gpu_hours", "it_energy_kwh",
+                  "facility_energy_kwh", "emissions_kgco2e", "intensity_g_per_kwh", "pue", "signal",
+                  "measurement_shares", "intensity_basis_shares", "jobs_without_measurement",
+                  "jobs_without_emissions", "data_sources", "generated_at", "generator")
+
+
+def export_csv(doc: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(EXPORT_COLUMNS)
+    sources = ";".join(f"{s['source']} ({s['licence']})" for s in doc["methodology"]["data_sources"])
+    for s in doc["systems"]:
+        cells = {
+            **s, "period_start": doc["period"]["start"], "period_end": doc["period"]["end"],
+            "pue": ";".join(f"{p:g}" for p in s["pue"]), "signal": ";".join(s["signal"]),
+            "measurement_shares": ";".join(f"{k}={v:.4f}" for k, v in s["measurement_shares"].items()),
+            "intensity_basis_shares": ";".join(f"{k}={v:.4f}" for k, v in s["intensity_basis_shares"].items()),
+            "data_sources": sources, "generated_at": doc["generated_at"],
+            "generator": f"{doc['generator']['name']} {doc['generator']['version']}",
+        }
+        w.writerow(["" if cells.get(c) is None else cells[c] for c in EXPORT_COLUMNS])
+    return buf.getvalue()
+
+
+def cmd_export(args, config: dict) -> int:
+    doc = _fetch(args, config, "export")
+    text = json.dumps(doc, indent=2) + "\n" if args.fmt == "json" else export_csv(doc)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.out}: {len(doc['systems'])} system(s), {doc['totals']['it_energy_kwh']:.3f} kWh, "
+              f"{doc['totals']['emissions_kgco2e']:.3f} kgCO2e", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# -- the receipt under `show` -----------------------------------------------------------------
+
+def fetch_receipt(client, job_id: int) -> dict | None:
+    """The job's carbon receipt from the daemon; None from a daemon without receipts."""
+    from scheduler.client import ApiError
+
+    try:
+        return client.request("GET", "/receipt", query={"job": str(job_id)})
+    except ApiError as e:
+        if e.status == 404 and "unknown API call" in str(e.message):
+            return None
+        raise
+
+
+def _g(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.3f} kg" if abs(v) >= 10_000 else f"{v:.2f} g" if abs(v) >= 1 else f"{v:.3g} g"
+
+
+def receipt_text(r: dict) -> str:
+    """The receipt as lines for people (times local)."""
+    from scheduler.output import local_time
+    from scheduler.timeparse import format_duration
+
+    m = r["measurement"]
+    energy = "-" if r["energy_j"] is None else f"{r['energy_j']:,.0f} J = {r['energy_kwh']:.4f} kWh"
+    basis = r.get("intensity_basis")
+    intensity = "-" if r["intensity_g_per_kwh"] is None else f"{r['intensity_g_per_kwh']:.0f} gCO2/kWh"
+    lines = [
+        ("energy", f"{energy} ({m['description']})"),
+        ("gCO2", _g(r["gco2"]) + (f" = energy x {intensity} x PUE {r['pue']:g}" if r["gco2"] is not None else
+                                   " (no intensity data for the run yet)" if r["energy_j"] is not None else "")),
+        ("signal", f"{r['signal'] or '-'} intensity of {r['zone'] or '-'}"
+                   + (f" from {', '.join(r['intensity_sources'])}" if r["intensity_sources"] else "")
+                   + (f"; basis {basis}" if basis else "")
+                   + (f", {r['weighting']}-weighted" if r.get("weighting") else "")),
+    ]
+    for gap in r["intensity_gaps"]:
+        lines.append(("gap", f"{local_time(gap['start'], True)} .. {local_time(gap['end'], True)} "
+                             + ("priced at the static yearly mean" if gap["filled_by"] == "static" else "unpriced")))
+    if r["gco2_per_prompt"] is not None:
+        lines.append(("per prompt", _g(r["gco2_per_prompt"]) + f" ({r['prompts']:,} prompts)"))
+    if r["gco2_per_1k_tokens"] is not None:
+        lines.append(("per 1k tokens", _g(r["gco2_per_1k_tokens"])
+                      + (f"; {r['tokens_per_j']:.3g} tokens/J" if r["tokens_per_j"] else "")))
+    cf = r["counterfactual"]
+    lines.append(("if run at once", _g(cf["gco2"]) + (" (plan estimate, first free GPUs)" if cf["gco2"] is not None
+                                                      else "")))
+    if r["saving_gco2"] is not None:
+        lines.append(("saved", _g(r["saving_gco2"]) + (f" ({r['saving_pct']:.0f}%)" if r["saving_pct"] is not None
+                                                       else "")))
+    if r.get("gco2_if_started_at_submit") is not None:
+        lines.append(("at submit time", _g(r["gco2_if_started_at_submit"])
+                      + " (this energy at the recorded intensity of the submission time)"))
+    if r.get("cost_usd") is not None:
+        lines.append(("cost", f"${r['cost_usd']:.4f} (GPU amortization + energy)"))
+    lines += [
+        ("ran on", f"{r['gpus'] or '-'} x {r['gpu_model'] or '-'} on {r['node'] or '-'} ({r['zone'] or '-'})"),
+        ("waited", format_duration(r["wait_s"]) + f", ran {format_duration(r['runtime_s'])}"),
+        ("deadline", "none" if r["deadline"] is None else
+         f"{local_time(r['deadline'], True)}: " + ("met" if r["deadline_met"] else "MISSED")),
+    ]
+    width = max(len(k) for k, _ in lines)
+    return "carbon receipt:\n" + "\n".join(f"  {k.rjust(width)}: {v}" for k, v in lines)

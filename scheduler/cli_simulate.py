@@ -1,0 +1,320 @@
+"""`carbonsched simulate`: replay job and carbon traces through the daemon's own policies.
+
+    carbonsched simulate --cluster FILE.toml --jobs FILE [--jobs-format F] --carbon ZONE=FILE ...
+                         [--start ISO-DATE] [--slack DUR] --policy a,b,... [--forecast F]
+                         [--seed N] [--out DIR] [--json]
+    carbonsched simulate --from-store [--since T] [--until T] [--db URL] --policy a,b,...
+    carbonsched simulate                      # the bundled demo scenario (real data)
+
+Prints a side-by-side table (or the JSON document with --json) and writes report.json, a
+CSV per job and per policy, and PNG plots into --out (default ./simulate-<time>).
+Only the standard library is imported at module level (the CLI starts fast); everything
+else is imported in `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+FORMATS = ("gaia", "alibaba", "llm", "generic")
+
+
+def _env_help(text: str, var: str) -> str:
+    return f"{text} [env: {var}]"
+
+
+def add_parser(subparsers) -> None:
+    """Add the `simulate` verb and register `run` as its handler in scheduler.cli.VERBS."""
+    s = subparsers.add_parser(
+        "simulate", help="replay job and carbon traces through policies and compare them",
+        description="Replay a job trace on a simulated cluster through the daemon's own policies, with "
+                    "carbon traces per zone, and report carbon, energy, waits and deadlines side by side. "
+                    "Without trace arguments it runs the bundled demo scenario.")
+    g = s.add_argument_group("inputs")
+    g.add_argument("--cluster", metavar="FILE.toml", help="cluster file: nodes with zone, GPUs and PUE")
+    g.add_argument("--jobs", metavar="FILE", help="job trace (GAIA, Alibaba GPU v2023, LLM requests or generic CSV)")
+    g.add_argument("--jobs-format", choices=FORMATS, help="trace format (default: detected from the header)")
+    g.add_argument("--time-unit", choices=("s", "m", "h"),
+                   help="unit of numeric trace times (default: detected for GAIA, seconds otherwise)")
+    g.add_argument("--carbon", metavar="ZONE=FILE", action="append", default=[],
+                   help="carbon-intensity trace of a zone (repeatable; repeat a zone to join years); "
+                        "ZONE=store takes the zone's recorded actuals from the store (--db)")
+    g.add_argument("--start", metavar="ISO-DATE",
+                   help="put the trace's first arrival at this time (UTC if no offset)")
+    g.add_argument("--slack", metavar="DUR", default="24h",
+                   help="deadline = arrival + runtime + slack (default 24h; 'none' for no deadlines)")
+    g.add_argument("--max-wait", metavar="DUR", help="a job must start within this time of its arrival")
+    g.add_argument("--mix", metavar="CLASS=SHARE,...",
+                   help="give generic jobs workload classes in these shares, e.g. llm-chat-8b=0.5,none=0.5")
+    g.add_argument("--llm-batch-prompts", type=int, default=1000, metavar="N",
+                   help="LLM traces: at most N requests per batch job (default 1000)")
+    g.add_argument("--llm-batch-window", default="15m", metavar="DUR",
+                   help="LLM traces: a batch spans at most this long (default 15m)")
+    g.add_argument("--llm-workload", default="llm-chat-8b", metavar="CLASS",
+                   help="LLM traces: workload class of the batch jobs (default llm-chat-8b)")
+    sh = s.add_argument_group("shadow mode (replay the production store)")
+    sh.add_argument("--from-store", action="store_true",
+                    help="replay the store's finished jobs and recorded intensity (read-only)")
+    sh.add_argument("--since", metavar="T", help="jobs submitted from this time (ISO or a duration ago; default 7d)")
+    sh.add_argument("--until", metavar="T", help="jobs submitted before this time (default now)")
+    sh.add_argument("--db", help=_env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
+    sh.add_argument("--state-dir", help=_env_help("state directory (for the default SQLite URL)",
+                                                  "CARBONSCHED_STATE_DIR"))
+    m = s.add_argument_group("model")
+    m.add_argument("--policy", default=None, metavar="a,b,...",
+                   help="policies to compare, the first is the baseline (default fifo,greedy,cpsat); "
+                        "NAME:key=value sets a policy parameter, e.g. cpsat:max_time_s=10 (the simulator "
+                        "gives cpsat 1 s per planner call unless told)")
+    m.add_argument("--forecast", default="perfect", metavar="F",
+                   help="forecast model: perfect, noisy:SIGMA (relative, e.g. noisy:0.1), persistence, "
+                        "model (the project's own forecaster); default perfect")
+    m.add_argument("--seed", type=int, default=0, help="seed of noise and failures (default 0)")
+    m.add_argument("--plan-interval", metavar="DUR", help="planner tick (default 15m; the demo: 1h)")
+    m.add_argument("--wake-on-submit", action=argparse.BooleanOptionalAction, default=None,
+                   help="also plan when a job is submitted, as the daemon does (default on; the demo: off)")
+    m.add_argument("--horizon", default="48h", metavar="DUR", help="planning horizon (default 48h)")
+    m.add_argument("--gpu-mtbf", metavar="DUR", help="simulate GPU failures: mean time between failures per GPU")
+    m.add_argument("--gpu-repair", default="4h", metavar="DUR", help="time a failed GPU is down (default 4h)")
+    o = s.add_argument_group("output")
+    o.add_argument("--out", metavar="DIR", help="report folder (default ./simulate-<time>)")
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument("--json", action="store_true", help="print the report as JSON")
+    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: on a terminal, off with --json)")
+
+    import scheduler.cli as cli
+
+    cli.VERBS.setdefault("simulate", run)
+
+
+def run(args, config: dict) -> int:
+    """Run `carbonsched simulate`; raise scheduler.cli.CliError with one clear line on failure."""
+    import logging
+
+    from scheduler.cli import EXIT_USAGE, CliError
+
+    logging.basicConfig(level=os.environ.get("CARBONSCHED_LOG_LEVEL", "WARNING").upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
+    from scheduler.simulate.cluster import ClusterSpecError
+    from scheduler.simulate.intensity import CarbonInputError
+    from scheduler.simulate.traces import TraceFormatError
+
+    try:
+        return _run(args, config)
+    except (ClusterSpecError, CarbonInputError, TraceFormatError, ValueError) as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+
+
+def _duration(text: str | None, flag: str) -> float | None:
+    from scheduler.cli import EXIT_USAGE, CliError
+    from scheduler.timeparse import parse_duration
+
+    if text is None or str(text).strip().lower() in ("none", "off"):
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise CliError(f"{flag}: {e}", EXIT_USAGE) from None
+
+
+def _start(text: str | None) -> datetime | None:
+    from scheduler.cli import EXIT_USAGE, CliError
+
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise CliError(f"--start {text!r}: expected an ISO 8601 date, e.g. 2022-10-19T16:00Z", EXIT_USAGE) from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.astimezone(timezone.utc)
+
+
+def _run(args, config: dict) -> int:
+    from scheduler.cli import EXIT_OK, EXIT_USAGE, CliError
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.report import table, write_report
+    from scheduler.simulate.runner import parse_policies, run_policies
+    from scheduler.simulate.scenario import DEMO_POLICIES, build_scenario, parse_mix
+
+    trace_args = [a for a in ("cluster", "jobs") if getattr(args, a)] + (["carbon"] if args.carbon else [])
+    demo = not trace_args and not args.from_store
+    # The demo plans hourly (the carbon data's own step) so that it finishes in about a minute.
+    plan_interval = _duration(args.plan_interval or ("1h" if demo else "15m"), "--plan-interval")
+    wake = args.wake_on_submit if args.wake_on_submit is not None else not demo
+    horizon = _duration(args.horizon, "--horizon")
+    if not plan_interval or not horizon:
+        raise CliError("--plan-interval and --horizon must be positive durations", EXIT_USAGE)
+    settings = SimSettings(plan_interval_s=plan_interval, wake_on_submit=wake,
+                           horizon_s=horizon, gpu_mtbf_s=_duration(args.gpu_mtbf, "--gpu-mtbf"),
+                           gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed)
+    policies = parse_policies(args.policy or _default_policies(DEMO_POLICIES if demo else "fifo,greedy,cpsat"))
+    slack_s = _duration(args.slack, "--slack")
+    max_wait_s = _duration(args.max_wait, "--max-wait")
+    mix = parse_mix(args.mix)
+
+    if args.from_store:
+        if trace_args and trace_args != ["cluster"]:
+            raise CliError("--from-store replays the store's own jobs and intensity: leave out --jobs and --carbon",
+                           EXIT_USAGE)
+        scenario = _store_scenario(args, config)
+        what = f"the store's job history ({len(scenario.jobs)} jobs)"
+    elif demo:
+        from scheduler.simulate.scenario import demo_inputs
+
+        cluster, trace, carbon, start = demo_inputs()
+        scenario = build_scenario(cluster, trace, carbon, start=_start(args.start) or start, slack_s=slack_s,
+                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed)
+        what = (f"the bundled demo: {len(scenario.jobs)} PAI jobs on {cluster.describe()}, "
+                f"Electricity Maps 2022 carbon")
+    else:
+        missing = [a for a in ("cluster", "jobs", "carbon") if a not in trace_args]
+        if missing:
+            raise CliError(f"missing {', '.join('--' + m for m in missing)} (or give no trace arguments "
+                           "for the bundled demo)", EXIT_USAGE)
+        from scheduler.simulate.cluster import load_cluster
+        from scheduler.simulate.intensity import load_carbon
+        from scheduler.simulate.traces import read_jobs
+
+        cluster = load_cluster(args.cluster)
+        files = [c for c in args.carbon if c.partition("=")[2].strip() != "store"]
+        from_store = [c.partition("=")[0].strip() for c in args.carbon if c.partition("=")[2].strip() == "store"]
+        carbon = load_carbon(files) if files else {}
+        if from_store:
+            carbon.update(_carbon_from_store(args, config, from_store))
+            from scheduler.simulate.intensity import check_signals
+
+            check_signals(carbon)
+        _check_workload(args.llm_workload)
+        window = _duration(args.llm_batch_window, "--llm-batch-window")
+        trace = read_jobs(args.jobs, fmt=args.jobs_format, time_unit=args.time_unit,
+                          llm_batch_prompts=args.llm_batch_prompts, llm_batch_window_s=window or 900.0,
+                          llm_workload=args.llm_workload)
+        scenario = build_scenario(cluster, trace, carbon, start=_start(args.start), slack_s=slack_s,
+                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed)
+        what = f"{len(scenario.jobs)} jobs from {args.jobs} on {cluster.describe()}"
+
+    progress = args.progress if args.progress is not None else (not args.json and sys.stderr.isatty())
+    if not args.json:
+        print(f"simulating {what}; policies {', '.join(p.label for p in policies)}; forecast {args.forecast}",
+              file=sys.stderr)
+    result = run_policies(scenario, policies, forecast=args.forecast, settings=settings, progress=progress)
+    out = _out_dir(args.out)
+    info = scenario.describe()
+    info.update({"policies": [p.label for p in policies],
+                 "policy_params": {p.label: dict(p.params) for p in policies}, "forecast": args.forecast,
+                 "seed": args.seed,
+                 "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
+                 "wake_on_submit": settings.wake_on_submit, "demo": demo, "from_store": bool(args.from_store)})
+    doc = write_report(result.runs, result.summaries, result.comparison, info, out, scenario.names,
+                       plots=not args.no_plots)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    else:
+        print(table(result.summaries, result.comparison))
+        print(f"\nreport written to {out}/ (report.json, jobs-<policy>.csv"
+              + ("" if args.no_plots else ", emissions.png, gpu_usage.png, waits.png") + ")")
+    return EXIT_OK
+
+
+def _check_workload(workload: str) -> None:
+    from policies.energy import ProfileBook, seed_profiles
+
+    known = ProfileBook(seed_profiles()).workloads()
+    if workload not in known:
+        raise ValueError(f"--llm-workload {workload!r} has no profile; known classes: {', '.join(known)}")
+
+
+def _default_policies(preferred: str) -> str:
+    from policies.base import policy_names
+
+    known = set(policy_names())
+    chosen = [p for p in preferred.split(",") if p.split(":")[0] in known]
+    return ",".join(chosen or ["fifo"])
+
+
+def _out_dir(text: str | None) -> Path:
+    from scheduler.cli import CliError
+
+    if text:
+        path = Path(text)
+    else:
+        path = Path.cwd() / f"simulate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"cannot create the report folder {path}: {e.strerror}") from None
+    return path.resolve()
+
+
+def _carbon_from_store(args, config: dict, zones: list[str]) -> dict:
+    """`--carbon ZONE=store`: that zone's recorded actual intensity from the store (--db)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.cli import CliError, _db_url
+    from scheduler.simulate.shadow import store_carbon
+    from scheduler.store import Store
+
+    url = _db_url(args, config)
+    try:
+        store = Store(url)
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        raise CliError(f"cannot open the database: {type(e).__name__}: {e}") from None
+    try:
+        return store_carbon(store, zones)
+    except SQLAlchemyError as e:
+        raise CliError(f"database {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    finally:
+        store.dispose()
+
+
+def _past(text: str, now: datetime, flag: str) -> datetime:
+    """A moment in the past: a duration ago (`7d`) or an ISO 8601 time (local if no zone)."""
+    from datetime import timedelta
+
+    from scheduler.cli import EXIT_USAGE, CliError
+    from scheduler.timeparse import parse_duration, parse_time
+
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        return parse_time(text, now)
+    except ValueError as e:
+        raise CliError(f"{flag}: {e}", EXIT_USAGE) from None
+
+
+def _store_scenario(args, config: dict):
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.cli import EXIT_USAGE, CliError, _db_url
+    from scheduler.simulate.shadow import store_scenario
+    from scheduler.store import Store
+
+    now = datetime.now(timezone.utc)
+    since = _past(args.since, now, "--since") if args.since else None
+    until = _past(args.until, now, "--until") if args.until else None
+    url = _db_url(args, config)
+    try:
+        store = Store(url)
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        raise CliError(f"cannot open the database: {type(e).__name__}: {e}") from None
+    try:
+        cluster = None
+        if args.cluster:
+            from scheduler.simulate.cluster import load_cluster
+
+            cluster = load_cluster(args.cluster)
+        return store_scenario(store, since=since, until=until, cluster=cluster,
+                              slack_s=_duration(args.slack, "--slack"))
+    except SQLAlchemyError as e:
+        raise CliError(f"database {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    finally:
+        store.dispose()

@@ -1,0 +1,13 @@
+"""`carbonsched simulate`: replay job and carbon traces through the daemon's own policies.
+
+Modules, in the order data flows through them:
+
+- `cluster`: the simulated cluster from a TOML file (nodes, zones, GPUs, PUE, prices, caps).
+- `traces`: job trace adapters (GAIA, Alibaba GPU v2023, LLM request logs, generic CSV).
+- `intensity`: actual carbon intensity per zone (hourly, fast integrals).
+- `forecasts`: what the simulated planner believes (perfect, noisy, persistence, model).
+- `scenario`: the jobs on the carbon data's calendar, with deadlines; the bundled demo.
+- `model`: the SimPy model (arrivals, planner ticks, execution, failures, site meters).
+- `runner`: several policies over one scenario; `metrics` and `report` turn runs into
+  numbers, tables, JSON, CSV and plots; `shadow` replays the production store's history.
+"""

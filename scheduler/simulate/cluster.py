@@ -1,0 +1,192 @@
+"""The simulated cluster: nodes with a zone, GPUs and PUE, read from a TOML file.
+
+Format (DESIGN.md, plus optional site-wide settings):
+
+    [site]                              # all optional
+    pue = 1.2                           # default PUE of nodes without their own
+    amortization_years = 4              # GPU list prices are spread over this life for cost
+    energy_price_usd_per_kwh = 0.15     # facility energy price (default 0: no energy cost)
+    power_cap_w = 50000                 # GPU power cap of each zone's site (a PowerCap)
+
+    [zone.DE]                           # optional per-zone overrides
+    energy_price_usd_per_kwh = 0.30
+    power_cap_w = 20000
+
+    [[node]]
+    name = "de-mi300x-1"                # unique
+    zone = "DE"                         # carbon zone id (must match a --carbon ZONE=FILE)
+    gpus = "8xMI300X"                   # count x catalog model ("4xH100,4xA100" mixes)
+    pue = 1.2                           # optional, default [site] pue or 1.0
+    count = 4                           # optional: that many identical nodes, named NAME-1..NAME-4
+
+A policy sees one PUE per zone, so the nodes of one zone must share their PUE.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from policies.catalog import lookup, parse_fleet
+from policies.model import GpuSlot, PowerCap
+
+log = logging.getLogger(__name__)
+
+DEFAULT_AMORTIZATION_YEARS = 4.0
+
+
+class ClusterSpecError(ValueError):
+    """A cluster file that cannot be used, with the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    zone: str
+    models: tuple[str, ...]  # one catalog model name per GPU, in index order
+    pue: float
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Nodes and site settings; `gpu_slots()` gives the GPUs as a policy sees them."""
+
+    nodes: tuple[NodeSpec, ...]
+    amortization_years: float = DEFAULT_AMORTIZATION_YEARS
+    energy_price_usd_per_kwh: dict[str, float] = field(default_factory=dict)
+    power_caps: tuple[PowerCap, ...] = ()
+    path: str = ""
+
+    @property
+    def zones(self) -> list[str]:
+        return sorted({n.zone for n in self.nodes})
+
+    @property
+    def pue(self) -> dict[str, float]:
+        return {n.zone: n.pue for n in self.nodes}
+
+    def gpu_slots(self) -> tuple[GpuSlot, ...]:
+        """All GPUs, ids 0..N-1 in node order, free and healthy."""
+        slots: list[GpuSlot] = []
+        for node in self.nodes:
+            for index, model in enumerate(node.models):
+                spec = lookup(model)
+                slots.append(GpuSlot(id=len(slots), node=node.name, zone=node.zone, index=index,
+                                     model=spec.name, memory_gib=spec.memory_gib))
+        return tuple(slots)
+
+    def gpus_by_model(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            for m in node.models:
+                counts[m] = counts.get(m, 0) + 1
+        return counts
+
+    def max_gpus_per_node(self) -> int:
+        """The widest job one node can take (jobs never span nodes or GPU models)."""
+        best = 0
+        for node in self.nodes:
+            for m in set(node.models):
+                best = max(best, node.models.count(m))
+        return best
+
+    def describe(self) -> str:
+        parts = [f"{m}x{n}" for m, n in sorted(self.gpus_by_model().items())]
+        return (f"{len(self.nodes)} nodes, {sum(self.gpus_by_model().values())} GPUs "
+                f"({', '.join(parts)}) in {', '.join(self.zones)}")
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read and validate a cluster TOML file; ClusterSpecError says what is wrong and where."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ClusterSpecError(f"cluster file {path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ClusterSpecError(f"cluster file {path} is not valid TOML: {e}") from None
+    return cluster_from_dict(data, str(path))
+
+
+def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
+    """Build a ClusterSpec from parsed TOML (see the module docstring for the format)."""
+    def fail(msg: str) -> ClusterSpecError:
+        return ClusterSpecError(f"cluster file {path}: {msg}")
+
+    unknown = set(data) - {"site", "zone", "node"}
+    if unknown:
+        raise fail(f"unknown table(s) {', '.join(sorted(unknown))}; expected [site], [zone.X], [[node]]")
+    site = data.get("site", {})
+    zone_tables = data.get("zone", {})
+    nodes_raw = data.get("node", [])
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise fail("no [[node]] entries")
+    site_pue = _positive(site.get("pue", 1.0), "site pue", fail)
+    if site_pue < 1.0:
+        raise fail(f"site pue {site_pue} is below 1.0")
+
+    nodes: list[NodeSpec] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(nodes_raw, 1):
+        where = f"node #{i}"
+        if not isinstance(raw, dict):
+            raise fail(f"{where} is not a table")
+        extra = set(raw) - {"name", "zone", "gpus", "pue", "count"}
+        if extra:
+            raise fail(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+        for key in ("name", "zone", "gpus"):
+            if not isinstance(raw.get(key), str) or not raw[key].strip():
+                raise fail(f"{where}: '{key}' must be a non-empty string")
+        try:
+            models = tuple(m.name for m in parse_fleet(raw["gpus"]))
+        except ValueError as e:
+            raise fail(f"{where} ({raw['name']}): {e}") from None
+        pue = _positive(raw.get("pue", site_pue), f"{where} pue", fail)
+        if pue < 1.0:
+            raise fail(f"{where}: pue {pue} is below 1.0")
+        count = raw.get("count", 1)
+        if not isinstance(count, int) or count < 1:
+            raise fail(f"{where}: count must be a positive integer")
+        names = [raw["name"]] if count == 1 else [f"{raw['name']}-{k}" for k in range(1, count + 1)]
+        for name in names:
+            if name in seen:
+                raise fail(f"duplicate node name {name!r}")
+            seen.add(name)
+            nodes.append(NodeSpec(name=name, zone=raw["zone"].strip(), models=models, pue=float(pue)))
+
+    by_zone: dict[str, float] = {}
+    for n in nodes:
+        if by_zone.setdefault(n.zone, n.pue) != n.pue:
+            raise fail(f"zone {n.zone} has nodes with different PUE ({by_zone[n.zone]} and {n.pue}); "
+                       "a policy sees one PUE per zone")
+    for zone in zone_tables:
+        if zone not in by_zone:
+            raise fail(f"[zone.{zone}] names a zone without nodes")
+
+    prices: dict[str, float] = {}
+    caps: list[PowerCap] = []
+    for zone in by_zone:
+        zt = zone_tables.get(zone, {})
+        price = zt.get("energy_price_usd_per_kwh", site.get("energy_price_usd_per_kwh", 0.0))
+        prices[zone] = _non_negative(price, f"zone {zone} energy_price_usd_per_kwh", fail)
+        cap = zt.get("power_cap_w", site.get("power_cap_w"))
+        if cap is not None:
+            caps.append(PowerCap(zone=zone, cap_w=_positive(cap, f"zone {zone} power_cap_w", fail)))
+    years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
+    return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
+                       power_caps=tuple(caps), path=path)
+
+
+def _positive(value, what: str, fail) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise fail(f"{what} must be a positive number (got {value!r})")
+    return float(value)
+
+
+def _non_negative(value, what: str, fail) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise fail(f"{what} must be a number >= 0 (got {value!r})")
+    return float(value)

@@ -1,0 +1,189 @@
+"""Actual carbon intensity per zone for the simulator: hourly series with fast integrals.
+
+A zone's series comes from one or more trace files (read with the carbon layer's own
+`telemetry.grid.csv_import.read_trace`) or from the store's recorded actuals. Values are
+averaged into whole UTC hours (Electricity Maps rows already are hourly; 5-min MOER rows are
+averaged); a missing hour takes the previous hour's value and is counted. Before the first
+hour the first value holds and after the last hour the last value holds, as in
+`CarbonCurve`, and the time spent outside the data is reported.
+
+Times are float seconds since the Unix epoch (UTC) inside the simulator, for speed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from telemetry.grid.forecast import hourly_means
+
+log = logging.getLogger(__name__)
+
+HOUR_S = 3600.0
+
+
+class CarbonInputError(ValueError):
+    """Carbon inputs that cannot be simulated with (unknown zone, mixed signals, no data)."""
+
+
+@dataclass
+class ZoneIntensity:
+    """Hourly actual intensity of one zone from `first_hour` (epoch hours), gaps filled.
+
+    `cum_g_s[i]` is the integral in (g/kWh)*s from the first hour's start to hour i's start,
+    so the integral over any interval is two lookups.
+    """
+
+    zone: str
+    first_hour: int
+    values_g_per_kwh: np.ndarray
+    signal: str
+    source: str
+    filled_hours: int = 0
+
+    def __post_init__(self) -> None:
+        self.values_g_per_kwh = np.asarray(self.values_g_per_kwh, dtype=float)
+        self.cum_g_s = np.concatenate(([0.0], np.cumsum(self.values_g_per_kwh) * HOUR_S))
+        self._values_list = self.values_g_per_kwh.tolist()
+        self._cum_list = self.cum_g_s.tolist()
+
+    @property
+    def n_hours(self) -> int:
+        return len(self._values_list)
+
+    @property
+    def start_s(self) -> float:
+        return self.first_hour * HOUR_S
+
+    @property
+    def end_s(self) -> float:
+        return (self.first_hour + self.n_hours) * HOUR_S
+
+    def hour_value(self, hour: int) -> float:
+        """The value of epoch hour `hour` (clamped to the data's first and last hour)."""
+        i = hour - self.first_hour
+        if i < 0:
+            i = 0
+        elif i >= self.n_hours:
+            i = self.n_hours - 1
+        return self._values_list[i]
+
+    def value_at(self, t_s: float) -> float:
+        return self.hour_value(int(t_s // HOUR_S))
+
+    def _cum(self, t_s: float) -> float:
+        x = t_s / HOUR_S - self.first_hour
+        n = self.n_hours
+        if x <= 0:
+            return x * HOUR_S * self._values_list[0]
+        if x >= n:
+            return self._cum_list[n] + (x - n) * HOUR_S * self._values_list[n - 1]
+        i = int(x)
+        return self._cum_list[i] + (x - i) * HOUR_S * self._values_list[i]
+
+    def integral_g_per_kwh_s(self, start_s: float, end_s: float) -> float:
+        """Integral of intensity over [start_s, end_s] in (gCO2/kWh)*s."""
+        return self._cum(end_s) - self._cum(start_s)
+
+    def outside_s(self, start_s: float, end_s: float) -> float:
+        """Seconds of [start_s, end_s] outside the data (where the edge values were held)."""
+        return max(0.0, min(end_s, self.start_s) - start_s) + max(0.0, end_s - max(start_s, self.end_s))
+
+    def hourly_dict(self) -> dict[int, float]:
+        """Epoch hour -> value (gap-filled hours included), for the own forecaster."""
+        return {self.first_hour + i: v for i, v in enumerate(self._values_list)}
+
+
+def from_hourly(zone: str, hourly: dict[int, float], *, signal: str, source: str) -> ZoneIntensity:
+    """A ZoneIntensity from epoch hour -> value, forward-filling missing hours."""
+    if not hourly:
+        raise CarbonInputError(f"zone {zone}: no carbon-intensity values")
+    first, last = min(hourly), max(hourly)
+    values = []
+    filled = 0
+    prev = hourly[first]
+    for h in range(first, last + 1):
+        v = hourly.get(h)
+        if v is None:
+            filled += 1
+            v = prev
+        values.append(v)
+        prev = v
+    if filled:
+        log.info("zone %s: %d missing hours filled with the previous hour's value", zone, filled)
+    return ZoneIntensity(zone=zone, first_hour=first, values_g_per_kwh=np.array(values), signal=signal,
+                         source=source, filled_hours=filled)
+
+
+def load_zone_files(zone: str, paths: list[str | Path]) -> ZoneIntensity:
+    """Read one zone's actual intensity from trace files (several files are merged in order).
+
+    The files are read with the carbon layer's `read_trace`, relabelled to `zone` (folder and
+    file zone ids differ: DE-LU holds DE); forecast rows are left out (a simulation's
+    forecasts come from its forecast model).
+    """
+    from telemetry.grid.csv_import import read_trace
+    from telemetry.grid.readings import KIND_ACTUAL, CsvFormatError
+
+    points: list[tuple[float, int, float]] = []
+    signals: set[str] = set()
+    sources: list[str] = []
+    for path in paths:
+        try:
+            trace = read_trace(path, zone=zone)
+        except CsvFormatError as e:
+            raise CarbonInputError(f"--carbon {zone}={path}: {e}") from None
+        actual = [r for r in trace.readings if r.kind == KIND_ACTUAL]
+        if len(actual) < len(trace.readings):
+            log.info("%s: %d forecast rows ignored", path, len(trace.readings) - len(actual))
+        signals.update(r.signal for r in actual)
+        points.extend((r.at.timestamp(), r.duration_s, r.gco2_per_kwh) for r in actual)
+        sources.append(f"{Path(path).name} ({trace.fmt})")
+    if len(signals) > 1:
+        raise CarbonInputError(f"zone {zone}: the files mix average and marginal signals")
+    if not points:
+        raise CarbonInputError(f"zone {zone}: no actual carbon-intensity rows in {', '.join(map(str, paths))}")
+    return from_hourly(zone, hourly_means(points), signal=signals.pop(), source=", ".join(sources))
+
+
+def load_carbon(specs: list[str]) -> dict[str, ZoneIntensity]:
+    """Parse `ZONE=FILE` options (a zone may repeat to join files) into zone -> intensity."""
+    by_zone: dict[str, list[str]] = {}
+    for spec in specs:
+        zone, sep, path = spec.partition("=")
+        if not sep or not zone.strip() or not path.strip():
+            raise CarbonInputError(f"--carbon {spec!r}: expected ZONE=FILE, e.g. DE=DE-LU_2022_hourly.csv")
+        by_zone.setdefault(zone.strip(), []).append(path.strip())
+    zones = {zone: load_zone_files(zone, paths) for zone, paths in by_zone.items()}
+    check_signals(zones)
+    return zones
+
+
+def check_signals(zones: dict[str, ZoneIntensity]) -> None:
+    """Average and marginal signals are never mixed silently: refuse a mix across zones."""
+    kinds = {z.signal for z in zones.values()}
+    if len(kinds) > 1:
+        detail = ", ".join(f"{z.zone}: {z.signal}" for z in zones.values())
+        raise CarbonInputError(f"zones mix average and marginal carbon signals ({detail})")
+
+
+def check_zones(cluster_zones: list[str], carbon: dict[str, ZoneIntensity]) -> None:
+    """Every cluster zone needs carbon data and every carbon file a cluster zone."""
+    missing = [z for z in cluster_zones if z not in carbon]
+    unused = [z for z in carbon if z not in cluster_zones]
+    if missing or unused:
+        parts = []
+        if missing:
+            parts.append(f"cluster zone(s) without --carbon data: {', '.join(missing)}")
+        if unused:
+            parts.append(f"--carbon zone(s) not in the cluster: {', '.join(unused)}")
+        raise CarbonInputError("; ".join(parts) + f" (cluster zones: {', '.join(cluster_zones)})")
+
+
+def common_start(carbon: dict[str, ZoneIntensity]) -> datetime:
+    """The first hour every zone has data for."""
+    return datetime.fromtimestamp(max(z.start_s for z in carbon.values()), timezone.utc)

@@ -1,0 +1,505 @@
+"""The SimPy model: a cluster replaying a job trace through one of the daemon's policies.
+
+What happens, in simulated time (float seconds since the Unix epoch, UTC):
+
+- **Arrivals**: each job joins the queue at its submit time. Like the daemon, a submit wakes
+  the planner (`wake_on_submit`; arrivals at the same instant share one wake-up).
+- **Planner ticks** every `plan_interval_s` (the daemon's `--plan-interval`; 15 min by
+  default here). A tick builds a `policies.model.Snapshot` exactly as the daemon's planner
+  does: the queued jobs, every GPU with `busy_until` (the end of the work already given to
+  it), one forecast `CarbonCurve` per zone issued by the forecast model at the tick time,
+  the PUE per zone, the workload profiles and the site power caps. It calls
+  `get_policy(name).plan(snapshot)` (the same code the daemon runs) and commits the
+  assignments whose start falls before the next tick; the rest stay queued and are planned
+  again at the next tick, as in the daemon. A GPU already given to a job that starts later
+  in the tick shows as busy from now until that job's end (the daemon pins such jobs; the
+  simulator simply never re-plans them). A commit is checked like an agent's claim: the
+  GPUs must exist, be healthy, be of one model on one node and be free at the start; an
+  assignment that fails the check is counted and its job planned again.
+- **Execution**: a committed job starts at its planned time on its planned GPUs and runs for
+  the runtime, at the mean power, of `policies.energy.job_shape` (the energy model the
+  policies plan with). A site meter per zone integrates the simulated power over time;
+  emissions are that power x PUE x the zone's *actual* intensity. Decisions only ever see
+  the *forecast*.
+- **GPU failures** (optional, `gpu_mtbf_s`): each GPU fails after an exponential time
+  (seeded), stays down `gpu_repair_s`, and the job on it is stopped and queued again (the
+  energy it drew is counted, as it was really spent).
+- **oracle** (simulation only): at the first arrival one snapshot holds *every* job, future
+  arrivals included, and the actual intensity as its "forecast" over the whole trace; its
+  plan is committed in full and then executed. A job it leaves unplaced is planned at the
+  following ticks like any other.
+
+The run ends when every job has finished, or `max_overrun_s` after the last arrival (what
+is still queued then is reported as unfinished).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import simpy
+
+from policies.base import Policy
+from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
+from scheduler.simulate.cluster import ClusterSpec
+from scheduler.simulate.forecasts import ForecastModel
+from scheduler.simulate.intensity import ZoneIntensity
+
+log = logging.getLogger(__name__)
+
+J_PER_KWH = 3.6e6
+EPS_S = 1e-6
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """How the simulated daemon behaves; the defaults are what an operator would run."""
+
+    plan_interval_s: float = 900.0
+    wake_on_submit: bool = True
+    slot_s: float = 900.0
+    horizon_s: float = 48 * 3600.0
+    default_runtime_s: float = 3600.0
+    gpu_mtbf_s: float | None = None
+    gpu_repair_s: float = 4 * 3600.0
+    seed: int = 0
+    max_overrun_s: float = 30 * 86400.0
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """One job through the simulation; times are epoch seconds, None where it never got there."""
+
+    job: QueuedJob
+    arrival_s: float
+    deadline_s: float | None
+    state: str = "future"  # future, queued, committed, running, done
+    start_s: float | None = None
+    end_s: float | None = None
+    node: str | None = None
+    zone: str | None = None
+    model: str | None = None
+    gpu_ids: tuple[int, ...] = ()
+    runtime_s: float = 0.0
+    power_w: float = 0.0
+    pue: float = 1.0
+    energy_j: float = 0.0
+    gco2: float = 0.0
+    est_gco2: float | None = None
+    explanation: str = ""
+    attempts: int = 0
+    lost_energy_j: float = 0.0
+    lost_gco2: float = 0.0
+    token: int = 0
+
+
+@dataclass
+class ZoneMeter:
+    """Integrates a zone's simulated GPU power over time, and its emissions at actual intensity."""
+
+    zone: str
+    pue: float
+    intensity: ZoneIntensity
+    power_w: float = 0.0
+    last_s: float = 0.0
+    energy_j: float = 0.0
+    gco2: float = 0.0
+    peak_w: float = 0.0
+    over_cap_s: float = 0.0
+    cap_w: float | None = None
+    timeline: list[tuple[float, float]] = field(default_factory=list)  # (time, power after change)
+
+    def advance(self, now_s: float) -> None:
+        dt = now_s - self.last_s
+        if dt > 0 and self.power_w:
+            self.energy_j += self.power_w * dt
+            self.gco2 += self.power_w * self.pue * self.intensity.integral_g_per_kwh_s(self.last_s, now_s) / J_PER_KWH
+            if self.cap_w is not None and self.power_w > self.cap_w + EPS_S:
+                self.over_cap_s += dt
+        self.last_s = now_s
+
+    def change(self, now_s: float, delta_w: float) -> None:
+        self.advance(now_s)
+        self.power_w += delta_w
+        if abs(self.power_w) < 1e-6:
+            self.power_w = 0.0
+        self.peak_w = max(self.peak_w, self.power_w)
+        self.timeline.append((now_s, self.power_w))
+
+
+@dataclass
+class TickStat:
+    at_s: float
+    queued: int
+    planned: int
+    committed: int
+    plan_s: float
+
+
+@dataclass
+class PolicyRun:
+    """Everything one policy's simulation produced, for metrics and the report."""
+
+    policy: str
+    forecast: str
+    records: list[JobRecord]
+    meters: dict[str, ZoneMeter]
+    ticks: list[TickStat]
+    start_s: float
+    end_s: float
+    events: int
+    wall_s: float
+    rejected_assignments: int = 0
+    gpu_failures: int = 0
+    unplaced_reasons: dict[str, int] = field(default_factory=dict)
+
+
+class Simulation:
+    """One policy over one scenario; `run()` returns a PolicyRun. Single use."""
+
+    def __init__(self, *, cluster: ClusterSpec, jobs: list[QueuedJob], carbon: dict[str, ZoneIntensity],
+                 policy: str | Policy, forecast: ForecastModel, settings: SimSettings = SimSettings(),
+                 policy_params: dict | None = None, profiles: tuple = (),
+                 progress: Callable[[float], None] | None = None) -> None:
+        from policies.base import get_policy
+        from policies.energy import ProfileBook, seed_profiles
+
+        self.cluster = cluster
+        self.settings = settings
+        if isinstance(policy, str):
+            self.policy = get_policy(policy, **(policy_params or {}))
+        else:
+            self.policy = policy  # any object with .name and .plan(snapshot) (tests, experiments)
+        self.policy_name = self.policy.name
+        self.clairvoyant = self.policy_name == "oracle"  # sees the whole future in one snapshot
+        self.forecast = forecast
+        self.carbon = carbon
+        self.profiles = tuple(profiles) or seed_profiles()
+        self.book = ProfileBook(self.profiles)
+        self.progress = progress
+        self.pue = cluster.pue
+        self.power_caps = cluster.power_caps
+        self.slots: list[GpuSlot] = list(cluster.gpu_slots())
+        self._busy_key: list[float | str | None] = [None] * len(self.slots)  # what each cached slot shows
+        n = len(self.slots)
+        self.free_at = [-math.inf] * n
+        self.healthy = [True] * n
+        self.reservations: list[list[int]] = [[] for _ in range(n)]  # job indices in commit order
+        self.records = [JobRecord(job=j, arrival_s=j.submitted_at.timestamp(),
+                                  deadline_s=j.deadline.timestamp() if j.deadline else None) for j in jobs]
+        self.records.sort(key=lambda r: (r.arrival_s, r.job.id))
+        self.index = {r.job.id: i for i, r in enumerate(self.records)}
+        self.queue: dict[int, int] = {}  # job id -> record index, in arrival order
+        caps = {c.zone: c.cap_w for c in cluster.power_caps if c.start is None and c.end is None}
+        self.meters = {z: ZoneMeter(zone=z, pue=self.pue.get(z, 1.0), intensity=carbon[z], cap_w=caps.get(z))
+                       for z in cluster.zones}
+        self.ticks: list[TickStat] = []
+        self.events = 0
+        self.done = 0
+        self.rejected = 0
+        self.failures = 0
+        self.unplaced_reasons: dict[str, int] = {}
+        self._shapes: dict[tuple[int, str], object] = {}
+        self._last_plan: tuple[float, int] | None = None
+        self._changes = 0
+        longest = max((j.est_runtime_s or settings.default_runtime_s for j in jobs), default=0.0)
+        self._tail_s = min(7 * 86400.0, 2.0 * longest)  # runtimes vary by model: a margin
+        self._t0 = self._first_tick()
+        self.env = simpy.Environment(initial_time=self._t0)
+        self._all_done = self.env.event()
+
+    # -- time helpers -------------------------------------------------------------------------
+
+    def _first_tick(self) -> float:
+        first = self.records[0].arrival_s if self.records else 0.0
+        step = self.settings.plan_interval_s
+        return math.floor(first / step) * step
+
+    def _next_tick(self, now_s: float) -> float:
+        step = self.settings.plan_interval_s
+        k = math.floor((now_s - self._t0) / step + 1e-9) + 1
+        return self._t0 + k * step
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def run(self) -> PolicyRun:
+        """Simulate until every job finished (or the overrun limit); return the outcome."""
+        wall0 = time.perf_counter()
+        env = self.env
+        if not self.records:
+            return self._result(wall0)
+        if self.clairvoyant:
+            self._plan_all(env.now)
+        env.process(self._arrivals())
+        env.process(self._ticker())
+        if self.settings.gpu_mtbf_s:
+            rng = random.Random(self.settings.seed)
+            for g in range(len(self.slots)):
+                env.process(self._failures(g, random.Random(rng.getrandbits(64))))
+        limit = self.records[-1].arrival_s + self.settings.max_overrun_s
+        env.run(until=simpy.AnyOf(env, [self._all_done, env.timeout(limit - env.now)]))
+        return self._result(wall0)
+
+    def _arrivals(self):
+        env = self.env
+        recs = self.records
+        i, n = 0, len(recs)
+        while i < n:
+            t = recs[i].arrival_s
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            while i < n and recs[i].arrival_s <= env.now:
+                r = recs[i]
+                if r.state == "future":
+                    r.state = "queued"
+                    self.queue[r.job.id] = i
+                    self._changes += 1
+                self.events += 1
+                i += 1
+            if self.settings.wake_on_submit:
+                self._plan(env.now)
+
+    def _ticker(self):
+        env = self.env
+        step = self.settings.plan_interval_s
+        while self.done < len(self.records):
+            self.events += 1
+            self._plan(env.now)
+            if self.progress is not None:
+                self.progress(env.now)
+            yield env.timeout(step)
+
+    def _failures(self, g: int, rng: random.Random):
+        env = self.env
+        while True:
+            yield env.timeout(rng.expovariate(1.0 / self.settings.gpu_mtbf_s))
+            if self.done >= len(self.records):
+                return
+            self.events += 1
+            self.failures += 1
+            self.healthy[g] = False
+            self._busy_key[g] = "x"  # force a fresh GpuSlot
+            for idx in list(self.reservations[g]):
+                self._evict(idx, env.now, f"GPU {g} failed")
+            self._changes += 1
+            yield env.timeout(self.settings.gpu_repair_s)
+            self.healthy[g] = True
+            self._busy_key[g] = "x"
+            self._changes += 1
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _snapshot(self, now_s: float, jobs: tuple[QueuedJob, ...], horizon_s: float,
+                  carbon: dict) -> Snapshot:
+        slots = self.slots
+        for g in range(len(slots)):
+            fa = self.free_at[g]
+            key = fa if fa > now_s + EPS_S else None
+            if not self.healthy[g]:
+                key = "down"
+            if key != self._busy_key[g]:
+                s = slots[g]
+                slots[g] = GpuSlot(id=s.id, node=s.node, zone=s.zone, index=s.index, model=s.model,
+                                   memory_gib=s.memory_gib, healthy=self.healthy[g],
+                                   busy_until=_dt(fa) if (key is not None and key != "down") else None)
+                self._busy_key[g] = key
+        return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
+                        default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
+                        profiles=self.profiles, power_caps=self.power_caps, slot_s=self.settings.slot_s,
+                        horizon_s=horizon_s)
+
+    def _plan(self, now_s: float) -> None:
+        if not self.queue:
+            return
+        state = (now_s, self._changes)
+        if self._last_plan == state:
+            return  # a wake-up and a tick at the same instant with nothing new: one plan
+        self._last_plan = state
+        jobs = tuple(self.records[i].job for i in self.queue.values())
+        horizon = self.settings.horizon_s
+        # the forecast also covers the runs of jobs that start near the horizon's end
+        carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in self.meters}
+        snap = self._snapshot(now_s, jobs, horizon, carbon)
+        t = time.perf_counter()
+        plan = self.policy.plan(snap)
+        plan_s = time.perf_counter() - t
+        for why in plan.unplaced.values():
+            key = why.split(":")[0][:60]
+            self.unplaced_reasons[key] = self.unplaced_reasons.get(key, 0) + 1
+        cutoff = self._next_tick(now_s)
+        committed = 0
+        for a in sorted(plan.assignments, key=lambda a: a.start_at):
+            start_s = max(now_s, a.start_at.timestamp())
+            if start_s >= cutoff - EPS_S:
+                continue
+            committed += self._commit(a, start_s)
+        self.ticks.append(TickStat(at_s=now_s, queued=len(jobs), planned=len(plan.assignments),
+                                   committed=committed, plan_s=plan_s))
+
+    def _plan_all(self, now_s: float) -> None:
+        """The oracle's single look at the whole future: all jobs, actual intensity throughout."""
+        from scheduler.simulate.forecasts import ForecastModel
+
+        perfect = ForecastModel(kind="perfect", zones=self.carbon, name="perfect")
+        last_arrival = self.records[-1].arrival_s
+        longest = max(self._longest_runtime(r.job) for r in self.records)
+        latest_deadline = max((r.deadline_s or r.arrival_s) for r in self.records)
+        end = max(last_arrival + self.settings.horizon_s, latest_deadline) + longest
+        horizon = math.ceil((end - now_s) / self.settings.slot_s) * self.settings.slot_s
+        carbon = {z: perfect.curve(z, now_s, horizon) for z in self.meters}
+        jobs = tuple(r.job for r in self.records)
+        snap = self._snapshot(now_s, jobs, horizon, carbon)
+        t = time.perf_counter()
+        plan = self.policy.plan(snap)
+        plan_s = time.perf_counter() - t
+        committed = 0
+        for a in sorted(plan.assignments, key=lambda a: a.start_at):
+            r = self.records[self.index[a.job_id]]
+            committed += self._commit(a, max(now_s, r.arrival_s, a.start_at.timestamp()))
+        self.ticks.append(TickStat(at_s=now_s, queued=len(jobs), planned=len(plan.assignments),
+                                   committed=committed, plan_s=plan_s))
+        self.forecast = perfect  # later ticks (unplaced jobs only) also know the actual future
+        log.info("oracle planned %d of %d jobs in one pass over %.0f h (%.1f s)",
+                 committed, len(jobs), horizon / 3600, plan_s)
+
+    def _longest_runtime(self, job: QueuedJob) -> float:
+        models = {s.model for s in self.slots}
+        return max(self._shape(job, m).runtime_s for m in models)
+
+    def _shape(self, job: QueuedJob, model: str):
+        from policies.energy import job_shape
+
+        key = (job.id, model)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = job_shape(job, model, self.book, self.settings.default_runtime_s)
+        return shape
+
+    def _commit(self, a: Assignment, start_s: float) -> int:
+        """Reserve the GPUs and schedule the start, if the assignment is valid (1) else 0."""
+        idx = self.index.get(a.job_id)
+        if idx is None:
+            return self._reject(a, "unknown job")
+        r = self.records[idx]
+        if r.state not in ("queued", "future"):
+            return self._reject(a, f"job is {r.state}")
+        job = r.job
+        ids = a.gpu_ids
+        if len(ids) != job.gpus or len(set(ids)) != len(ids) or any(not 0 <= g < len(self.slots) for g in ids):
+            return self._reject(a, f"needs {job.gpus} distinct known GPUs, got {ids}")
+        first = self.slots[ids[0]]
+        for g in ids:
+            s = self.slots[g]
+            if s.node != first.node or s.model != first.model:
+                return self._reject(a, "GPUs span nodes or models")
+            if not self.healthy[g]:
+                return self._reject(a, f"GPU {g} is down")
+            if self.free_at[g] > start_s + EPS_S:
+                return self._reject(a, f"GPU {g} busy until {_dt(self.free_at[g]).isoformat()}")
+            if s.memory_gib < job.gpu_mem_gib:
+                return self._reject(a, f"GPU {g} has too little memory")
+        if start_s < r.arrival_s - EPS_S:
+            return self._reject(a, "starts before the job is submitted")
+        shape = self._shape(job, first.model)
+        r.state = "committed"
+        r.node, r.zone, r.model, r.gpu_ids = first.node, first.zone, first.model, tuple(ids)
+        r.runtime_s, r.power_w, r.pue = shape.runtime_s, shape.power_w, self.pue.get(first.zone, 1.0)
+        r.start_s = start_s
+        r.est_gco2 = a.estimate.gco2
+        r.explanation = a.explanation
+        r.token += 1
+        end_s = start_s + shape.runtime_s
+        for g in ids:
+            self.free_at[g] = end_s
+            self.reservations[g].append(idx)
+        self.queue.pop(job.id, None)
+        self._changes += 1
+        token = r.token
+        ev = self.env.timeout(max(0.0, start_s - self.env.now))
+        ev.callbacks.append(lambda _e, idx=idx, token=token: self._start(idx, token))
+        return 1
+
+    def _reject(self, a: Assignment, why: str) -> int:
+        self.rejected += 1
+        log.debug("assignment of job %s rejected: %s", a.job_id, why)
+        return 0
+
+    # -- execution ----------------------------------------------------------------------------
+
+    def _start(self, idx: int, token: int) -> None:
+        r = self.records[idx]
+        if r.token != token or r.state != "committed":
+            return
+        self.events += 1
+        r.state = "running"
+        r.attempts += 1
+        self.meters[r.zone].change(self.env.now, r.power_w)
+        ev = self.env.timeout(r.runtime_s)
+        ev.callbacks.append(lambda _e, idx=idx, token=token: self._finish(idx, token))
+
+    def _finish(self, idx: int, token: int) -> None:
+        r = self.records[idx]
+        if r.token != token or r.state != "running":
+            return
+        self.events += 1
+        now = self.env.now
+        self.meters[r.zone].change(now, -r.power_w)
+        r.state = "done"
+        r.end_s = now
+        r.energy_j = r.power_w * (now - r.start_s)
+        integral = self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, now)
+        r.gco2 = r.power_w * r.pue * integral / J_PER_KWH
+        for g in r.gpu_ids:
+            res = self.reservations[g]
+            if idx in res:
+                res.remove(idx)
+        self.done += 1
+        if self.done == len(self.records) and not self._all_done.triggered:
+            self._all_done.succeed()
+
+    def _evict(self, idx: int, now_s: float, why: str) -> None:
+        """Stop or un-commit a job whose GPU failed; it goes back to the queue."""
+        r = self.records[idx]
+        if r.state == "running":
+            self.meters[r.zone].change(now_s, -r.power_w)
+            ran = now_s - r.start_s
+            r.lost_energy_j += r.power_w * ran
+            r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, now_s) / J_PER_KWH
+        for g in r.gpu_ids:
+            res = self.reservations[g]
+            if idx in res:
+                res.remove(idx)
+            ends = [self.records[i].start_s + self.records[i].runtime_s for i in res]
+            self.free_at[g] = max(ends) if ends else now_s
+        log.debug("job %s back to the queue: %s", r.job.id, why)
+        r.state = "queued"
+        r.token += 1
+        r.start_s = None
+        r.gpu_ids = ()
+        self.queue[r.job.id] = idx
+        # keep the queue in arrival order
+        self.queue = dict(sorted(self.queue.items(), key=lambda kv: kv[1]))
+
+    def _result(self, wall0: float) -> PolicyRun:
+        end = self.env.now
+        for m in self.meters.values():
+            m.advance(end)
+        for r in self.records:  # cut off by the overrun limit: what they drew so far was spent
+            if r.state == "running":
+                r.lost_energy_j += r.power_w * (end - r.start_s)
+                r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, end) / J_PER_KWH
+        return PolicyRun(policy=self.policy_name, forecast=self.forecast.name or self.forecast.kind,
+                         records=self.records, meters=self.meters, ticks=self.ticks, start_s=self._t0,
+                         end_s=end, events=self.events, wall_s=time.perf_counter() - wall0,
+                         rejected_assignments=self.rejected, gpu_failures=self.failures,
+                         unplaced_reasons=self.unplaced_reasons)
+
+
+def _dt(t_s: float) -> datetime:
+    return datetime.fromtimestamp(t_s, timezone.utc)

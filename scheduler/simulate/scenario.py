@@ -1,0 +1,218 @@
+"""A scenario: the cluster, the jobs on the carbon data's calendar, and the carbon data.
+
+`build_scenario` turns a `JobTrace` (offsets from its origin) into `QueuedJob`s:
+
+- **Calendar**: the trace's first arrival is put at `start` (the --start option), or at the
+  trace's own dates if it has them and the carbon data covers them, else at the first hour
+  all zones have carbon data.
+- **Deadlines**: a job's own deadline from the trace wins; otherwise deadline = arrival +
+  runtime + slack, with the job's own slack (Alibaba LS pods: 0) or `slack_s` (--slack).
+  The runtime here is the job's runtime on the fastest GPU model of the cluster that can
+  take it, so the slack is what the operator promised on top of the best possible run.
+- **Maximum wait** (`max_wait_s`, --max-wait): the start must fall within that time of the
+  arrival (GAIA's "maximum wait"); None for no such limit.
+- **Width**: jobs never span nodes (as in the daemon); a job wider than the widest node is
+  narrowed to it with its GPU-hours kept (see `traces.clamp_widths`), and counted.
+- **Workload mix** (`mix`, --mix CLASS=SHARE,...): jobs without a workload class are given
+  one at random (seeded) in these shares ("none" keeps a job generic). A job given a class
+  gets prompts = its reference runtime x GPUs x the class's H100 throughput, so its work on
+  the reference GPU is unchanged while its runtime and power on other models follow that
+  class's profiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from importlib import resources
+from pathlib import Path
+
+from policies.model import QueuedJob
+from scheduler.simulate.cluster import ClusterSpec, load_cluster
+from scheduler.simulate.intensity import CarbonInputError, ZoneIntensity, check_zones, common_start
+from scheduler.simulate.traces import JobTrace, clamp_widths, read_jobs, shift_origin
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SLACK_S = 24 * 3600.0
+REFERENCE_MODEL = "H100"
+
+
+@dataclass
+class Scenario:
+    """What every policy of one simulation run is given (the same for all of them)."""
+
+    cluster: ClusterSpec
+    jobs: list[QueuedJob]
+    carbon: dict[str, ZoneIntensity]
+    origin: datetime
+    trace: JobTrace
+    names: dict[int, str] = field(default_factory=dict)
+    notes: dict[str, object] = field(default_factory=dict)
+    profiles: tuple = ()  # workload profiles for the energy model; () = the packaged seeds
+
+    def describe(self) -> dict[str, object]:
+        first = min(j.submitted_at for j in self.jobs)
+        last = max(j.submitted_at for j in self.jobs)
+        return {
+            "cluster": self.cluster.path, "cluster_summary": self.cluster.describe(),
+            "jobs_file": self.trace.path, "jobs_format": self.trace.fmt, "jobs": len(self.jobs),
+            "time_unit": self.trace.time_unit, "skipped": dict(self.trace.skipped),
+            "first_arrival": first.isoformat(), "last_arrival": last.isoformat(),
+            "carbon": {z: {"source": c.source, "signal": c.signal, "hours": c.n_hours,
+                           "from": datetime.fromtimestamp(c.start_s, timezone.utc).isoformat(),
+                           "until": datetime.fromtimestamp(c.end_s, timezone.utc).isoformat(),
+                           "filled_hours": c.filled_hours}
+                       for z, c in sorted(self.carbon.items())},
+            **self.notes,
+        }
+
+
+def parse_mix(text: str | None) -> dict[str, float] | None:
+    """`llm-chat-8b=0.5,train=0.2,none=0.3` -> shares by class (normalised)."""
+    if not text:
+        return None
+    shares: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            share = float(value)
+        except ValueError:
+            share = -1.0
+        if not sep or not name.strip() or share < 0:
+            raise ValueError(f"bad --mix part {part.strip()!r}; expected CLASS=SHARE, e.g. llm-chat-8b=0.5")
+        shares[name.strip()] = shares.get(name.strip(), 0.0) + share
+    total = sum(shares.values())
+    if total <= 0:
+        raise ValueError("--mix shares add up to 0")
+    return {k: v / total for k, v in shares.items()}
+
+
+def build_scenario(
+    cluster: ClusterSpec,
+    trace: JobTrace,
+    carbon: dict[str, ZoneIntensity],
+    *,
+    start: datetime | None = None,
+    slack_s: float | None = DEFAULT_SLACK_S,
+    max_wait_s: float | None = None,
+    mix: dict[str, float] | None = None,
+    seed: int = 0,
+    profiles: tuple = (),
+) -> Scenario:
+    """Place a trace on the calendar of the carbon data and make the jobs (module docstring)."""
+    from policies.energy import ProfileBook, fits, job_shape, seed_profiles
+
+    check_zones(cluster.zones, carbon)
+    book = ProfileBook(profiles or seed_profiles())
+    capped = clamp_widths(trace, cluster.max_gpus_per_node())
+    if capped:
+        log.warning("%d jobs were wider than the widest node (%d GPUs of one model) and were narrowed "
+                    "to it, keeping their GPU-hours", capped, cluster.max_gpus_per_node())
+    carbon_start = common_start(carbon)
+    origin = shift_origin(trace, start, carbon_start)
+    if start is None and trace.origin is not None:
+        first_at = origin + timedelta(seconds=trace.jobs[0].arrival_s)
+        if not all(c.start_s <= first_at.timestamp() < c.end_s for c in carbon.values()):
+            log.info("the trace's own dates (%s) are outside the carbon data: starting it at %s",
+                     first_at.isoformat(), carbon_start.isoformat())
+            origin = carbon_start - timedelta(seconds=trace.jobs[0].arrival_s)
+    first_s = (origin + timedelta(seconds=trace.jobs[0].arrival_s)).timestamp()
+    last_s = (origin + timedelta(seconds=trace.jobs[-1].arrival_s)).timestamp()
+    data_start = max(c.start_s for c in carbon.values())
+    data_end = min(c.end_s for c in carbon.values())
+    if last_s < data_start or first_s >= data_end:
+        raise CarbonInputError(
+            f"the trace ({_iso(first_s)} to {_iso(last_s)}) lies outside the carbon data "
+            f"({_iso(data_start)} to {_iso(data_end)}); align it with --start")
+    if first_s < data_start or last_s >= data_end:
+        log.warning("part of the trace (%s to %s) lies outside the carbon data (%s to %s): the nearest "
+                    "hour's intensity is used there", _iso(first_s), _iso(last_s), _iso(data_start),
+                    _iso(data_end))
+
+    if mix:
+        unknown = [w for w in mix if w != "none" and book.get(w, REFERENCE_MODEL) is None]
+        if unknown:
+            raise ValueError(f"--mix: no {REFERENCE_MODEL} profile for {', '.join(unknown)}; "
+                             f"known classes: {', '.join(book.workloads()) or 'none'}")
+    rng = random.Random(seed)
+    models = sorted(cluster.gpus_by_model())
+    jobs: list[QueuedJob] = []
+    names: dict[int, str] = {}
+    no_model = 0
+    for i, tj in enumerate(trace.jobs):
+        job_id = i + 1
+        arrival = origin + timedelta(seconds=tj.arrival_s)
+        job = QueuedJob(id=job_id, gpus=tj.gpus, gpu_mem_gib=tj.gpu_mem_gib, submitted_at=arrival,
+                        est_runtime_s=tj.est_runtime_s, latency_slo_ms=tj.latency_slo_ms,
+                        workload=tj.workload, prompts=tj.prompts, max_delay_s=max_wait_s)
+        if mix and job.workload is None and job.est_runtime_s is not None:
+            workload = _choose(rng, mix)
+            if workload != "none":
+                pps = book.get(workload, REFERENCE_MODEL).prompts_per_s
+                job = replace(job, workload=workload,
+                              prompts=max(1, round(job.est_runtime_s * job.gpus * pps)))
+        usable = [m for m in models if fits(job, m, _memory(cluster, m), book) is None]
+        if not usable:
+            no_model += 1
+            usable = models
+        best_runtime = min(job_shape(job, m, book, 3600.0).runtime_s for m in usable)
+        if tj.deadline_s is not None:
+            deadline = origin + timedelta(seconds=tj.deadline_s)
+        else:
+            slack = tj.slack_s if tj.slack_s is not None else slack_s
+            deadline = None if slack is None else arrival + timedelta(seconds=best_runtime + slack)
+        jobs.append(replace(job, deadline=deadline))
+        names[job_id] = tj.name
+    if no_model:
+        log.warning("%d jobs fit no GPU model of the cluster (memory or latency SLO); they will stay unplaced",
+                    no_model)
+    notes: dict[str, object] = {"origin": origin.isoformat(), "slack_s": slack_s, "max_wait_s": max_wait_s,
+                                "narrowed_jobs": capped, "unfit_jobs": no_model, "mix": mix}
+    return Scenario(cluster=cluster, jobs=jobs, carbon=carbon, origin=origin, trace=trace, names=names,
+                    notes=notes, profiles=tuple(profiles))
+
+
+def _choose(rng: random.Random, mix: dict[str, float]) -> str:
+    x = rng.random()
+    acc = 0.0
+    for name, share in mix.items():
+        acc += share
+        if x < acc:
+            return name
+    return next(reversed(mix))
+
+
+def _memory(cluster: ClusterSpec, model: str) -> float:
+    from policies.catalog import lookup
+
+    return lookup(model).memory_gib
+
+
+def _iso(t_s: float) -> str:
+    return datetime.fromtimestamp(t_s, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# -- the bundled demo ---------------------------------------------------------------------------
+
+DEMO_ZONES = {"DE": "DE-LU.csv", "GB": "GB.csv", "US-CAL-CISO": "US-CAL-CISO.csv", "SG": "SG.csv"}
+DEMO_START = datetime(2022, 10, 19, 16, 0, tzinfo=timezone.utc)
+DEMO_POLICIES = "fifo,greedy,cpsat:max_time_s=0.25"
+
+
+def demo_dir() -> Path:
+    """The folder of the bundled demo scenario (real data; see its SOURCE.md)."""
+    return Path(str(resources.files("scheduler.simulate").joinpath("data")))
+
+
+def demo_inputs() -> tuple[ClusterSpec, JobTrace, dict[str, ZoneIntensity], datetime]:
+    """The demo's cluster, jobs, carbon and start: real PAI jobs on a 4-zone cluster."""
+    from scheduler.simulate.intensity import load_zone_files
+
+    d = demo_dir()
+    cluster = load_cluster(d / "demo-cluster.toml")
+    trace = read_jobs(d / "pai_demo.csv", fmt="gaia", time_unit="s")
+    carbon = {zone: load_zone_files(zone, [d / name]) for zone, name in DEMO_ZONES.items()}
+    return cluster, trace, carbon, DEMO_START

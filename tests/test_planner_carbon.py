@@ -1,0 +1,427 @@
+"""The carbon-aware planner tick against the store (SQLite and PostgreSQL): what goes into the
+snapshot (carbon curves from imported rows, PUE and power caps from the config, drained
+GPUs, max delay, pinned plans, learned profiles) and what comes back out (estimates and
+explanations stored per job, `plan` previews)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import insert, select, update
+
+from policies.model import PowerCap
+from scheduler.carbon import CarbonSignals, ForecastPoint
+from scheduler.daemon import plan_preview
+from scheduler.planner import (CarbonCurves, Planner, SiteConfig, curve_from_forecast, make_policy,
+                               preview_rows)
+from scheduler.profiles import CompletedRun, fold_run
+from scheduler.service import Caller, JobService, ServiceConfig
+from scheduler.store.models import gpus, jobs, nodes
+
+from tests.conftest import DATA_DIR
+
+ROOT = Caller(uid=0, gid=0)
+T = datetime(2022, 1, 10, 12, 0, tzinfo=timezone.utc)
+CARBON = DATA_DIR / "carbon"
+DE = CARBON / "DE-LU_2022-01-01_to_2022-01-21_hourly.csv"
+GB = CARBON / "GB_2022-01-01_to_2022-01-14_hourly.csv"
+CISO = CARBON / "US-CAL-CISO_2022-01-01_to_2022-01-14_hourly.csv"
+DESIGN_PLAN_KEYS = {"job", "node", "gpus", "start", "gco2", "gco2_if_now", "reason"}
+
+
+def add_node(store, name: str, zone: str, model: str = "H100", n: int = 1, memory_gib: float = 80.0) -> list[int]:
+    with store.write() as conn:
+        conn.execute(insert(nodes).values(name=name, zone=zone, backend="emulated", emulated=True,
+                                          registered_at=T, last_heartbeat=T))
+        return [conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model=model,
+                                                 vendor="nvidia", memory_gib=memory_gib, healthy=True)
+                             .returning(gpus.c.id)).scalar_one() for i in range(n)]
+
+
+def import_carbon(store, *files) -> None:
+    signals = CarbonSignals(store, track_status=False)
+    for f in files:
+        signals.import_file(f)
+
+
+def planner_for(store, policy: str = "greedy", *, site: SiteConfig | None = None,
+                plan_interval_s: float = 15.0, clock=lambda: T) -> Planner:
+    return Planner(store, make_policy(policy, plan_interval_s=plan_interval_s), clock=clock,
+                   site=site, plan_interval_s=plan_interval_s)
+
+
+@pytest.fixture
+def service(store, tmp_path):
+    return JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs", clock=lambda: T)
+
+
+def submit(service, **body) -> int:
+    return service.submit(ROOT, {"argv": ["true"], "gpus": 1, **body})["id"]
+
+
+def job_row(store, job_id: int):
+    with store.read() as conn:
+        return conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+
+
+def gpu_zone(store, gpu_id: int) -> str:
+    with store.read() as conn:
+        return conn.execute(select(nodes.c.zone).join(gpus, gpus.c.node_name == nodes.c.name)
+                            .where(gpus.c.id == gpu_id)).scalar_one()
+
+
+# -- carbon curves ------------------------------------------------------------------------------
+
+def test_the_snapshot_has_a_slot_curve_per_zone_from_the_imported_carbon_rows(store, service):
+    import_carbon(store, DE, GB)
+    add_node(store, "de1", "DE")
+    add_node(store, "gb1", "GB")
+    planner = planner_for(store, "fifo")
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+
+    assert set(snap.carbon) == {"DE", "GB"}
+    signals = CarbonSignals(store, track_status=False)
+    for zone, curve in snap.carbon.items():
+        assert curve.zone == zone and curve.step_s == snap.slot_s == 900.0
+        assert curve.start <= T < curve.start + timedelta(seconds=curve.step_s)
+        assert len(curve.values_g_per_kwh) * curve.step_s >= snap.horizon_s
+        assert curve.signal == "average"
+        end = curve.start + timedelta(seconds=curve.step_s * len(curve.values_g_per_kwh))
+        fc = signals.forecast(zone, curve.start, end, as_of=T)
+        for k in (0, 5, 40, 150):
+            a = curve.start + timedelta(seconds=k * curve.step_s)
+            assert curve.values_g_per_kwh[k] == pytest.approx(
+                fc.mean_gco2_per_kwh(a, a + timedelta(seconds=curve.step_s)))
+    # Real data: Germany's grid in January 2022 is far dirtier than Britain's.
+    assert min(snap.carbon["DE"].values_g_per_kwh) > max(snap.carbon["GB"].values_g_per_kwh)
+    assert snap.pue == {"DE": 1.0, "GB": 1.0}
+
+
+def test_a_zone_without_any_carbon_data_gets_no_curve_and_is_logged_as_carbon_blind(store, caplog):
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    add_node(store, "lab", "LAB-1")  # no rows, no static value
+    planner = planner_for(store, "fifo")
+    with caplog.at_level(logging.WARNING, logger="scheduler.planner"):
+        with store.read() as conn:
+            snap, _ = planner.snapshot(conn)
+    assert set(snap.carbon) == {"DE"}
+    assert planner.blind_zones(snap) == ["LAB-1"]
+    assert any("LAB-1" in r.getMessage() and "carbon-blind" in r.getMessage() for r in caplog.records)
+
+
+def test_curves_are_cached_for_their_ttl_and_rebuilt_after_it(store):
+    import_carbon(store, GB)
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def signal_of(self, zone):
+            return self.inner.signal_of(zone)
+
+        def forecast(self, *args, **kwargs):
+            self.calls += 1
+            return self.inner.forecast(*args, **kwargs)
+
+    counting = Counting(CarbonSignals(store, track_status=False))
+    clock = [0.0]
+    curves = CarbonCurves(counting, slot_s=900, horizon_s=48 * 3600, ttl_s=60, monotonic=lambda: clock[0])
+    first = curves.for_zones(["GB"], T)
+    clock[0] = 30.0
+    assert curves.for_zones(["GB"], T + timedelta(seconds=30)) is first
+    assert counting.calls == 1
+    clock[0] = 61.0
+    curves.for_zones(["GB"], T + timedelta(seconds=61))
+    assert counting.calls == 2
+    # A new slot starts: rebuilt at once, whatever the TTL.
+    clock[0] = 62.0
+    again = curves.for_zones(["GB"], T + timedelta(minutes=16))
+    assert counting.calls == 3
+    assert again["GB"].curve.start == T + timedelta(minutes=15)
+
+
+def test_gaps_in_a_forecast_are_bridged_with_the_value_before_them():
+    from scheduler.carbon import CarbonForecast
+
+    h = timedelta(hours=1)
+    pts = (ForecastPoint(T, T + h, 100.0, "actual", "csv", T),
+           ForecastPoint(T + 3 * h, T + 4 * h, 300.0, "actual", "csv", T))
+    fc = CarbonForecast(zone="Z", signal="average", start=T, end=T + 4 * h, as_of=T, points=pts,
+                        gaps=((T + h, T + 3 * h),), level="actual", source="csv", expected_mape_pct=0.0)
+    curve = curve_from_forecast(fc, T, 1800, 8)
+    assert curve.values_g_per_kwh == (100.0, 100.0, 100.0, 100.0, 100.0, 100.0, 300.0, 300.0)
+    assert "bridged" in curve.source
+    empty = CarbonForecast(zone="Z", signal="average", start=T, end=T + h, as_of=T, points=(),
+                           gaps=((T, T + h),), level="none", source="none", expected_mape_pct=None)
+    assert curve_from_forecast(empty, T, 900, 4) is None
+
+
+def test_a_slot_straddling_two_hours_holds_their_time_weighted_mean():
+    from scheduler.carbon import CarbonForecast
+
+    h = timedelta(hours=1)
+    pts = (ForecastPoint(T, T + h, 100.0, "actual", "csv", T), ForecastPoint(T + h, T + 2 * h, 400.0, "actual", "csv", T))
+    fc = CarbonForecast(zone="Z", signal="average", start=T, end=T + 2 * h, as_of=T, points=pts, gaps=(),
+                        level="actual", source="csv", expected_mape_pct=0.0)
+    curve = curve_from_forecast(fc, T + timedelta(minutes=45), 1800, 2)
+    assert curve.values_g_per_kwh[0] == pytest.approx((15 * 100 + 15 * 400) / 30)
+
+
+# -- site configuration ----------------------------------------------------------------------
+
+def test_pue_and_power_caps_come_from_the_config_file(store):
+    import tomllib
+
+    add_node(store, "de1", "DE")
+    add_node(store, "gb1", "GB")
+    text = """
+[carbonsched]
+policy = "greedy"
+[carbonsched.site]
+pue = 1.3
+[carbonsched.zones.DE]
+pue = 1.1
+power_cap_w = 5000
+"""
+    config = tomllib.loads(text)["carbonsched"]
+    site = SiteConfig.from_config(config)
+    planner = planner_for(store, "fifo", site=site)
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert snap.pue == {"DE": 1.1, "GB": 1.3}
+    assert snap.power_caps == (PowerCap(zone="DE", cap_w=5000.0),)
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ({"site": {"pue": 0.9}}, "site.pue"),
+    ({"site": {"pue": "high"}}, "site.pue"),
+    ({"site": {"peu": 1.2}}, "unknown key"),
+    ({"zones": {"DE": {"pue": 7}}}, "zones.DE.pue"),
+    ({"zones": {"DE": {"power_cap_w": -5}}}, "zones.DE.power_cap_w"),
+    ({"zones": {"DE": {"power_cap": 5}}}, "unknown key"),
+    ({"zones": {"DE": 1.2}}, "zones.DE"),
+])
+def test_bad_site_settings_are_refused_naming_the_key(config, fragment):
+    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+        SiteConfig.from_config(config)
+
+
+# -- policy selection -----------------------------------------------------------------------------
+
+def test_the_oracle_is_refused_by_the_daemon_as_simulation_only():
+    with pytest.raises(ValueError, match="simulat"):
+        make_policy("oracle")
+
+
+def test_an_unknown_policy_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="fifo"):
+        make_policy("fastest")
+
+
+def test_cpsat_gets_a_time_limit_scaled_to_the_plan_interval():
+    assert make_policy("cpsat", plan_interval_s=15).max_time_s == pytest.approx(7.5)
+    assert make_policy("cpsat", plan_interval_s=120).max_time_s == pytest.approx(10.0)
+    assert make_policy("cpsat", plan_interval_s=4).max_time_s == pytest.approx(2.0)
+
+
+def test_the_daemon_plans_with_cpsat_by_default():
+    from scheduler.daemon import DaemonConfig
+
+    assert DaemonConfig(db_url="sqlite://", socket_path=None, state_dir=None).policy == "cpsat"
+
+
+# -- constraints honoured through the store ---------------------------------------------------------
+
+def test_drained_gpus_are_in_the_snapshot_as_drained_and_never_planned(store, service):
+    import_carbon(store, DE, GB)
+    (de,) = add_node(store, "de1", "DE")
+    (gb,) = add_node(store, "gb1", "GB")
+    planner = planner_for(store)
+    job = submit(service, est_runtime_s=3600)
+    _, plan = planner.preview()
+    assert plan.by_job()[job].gpu_ids == (gb,)  # the cleaner zone, while it is open
+
+    with store.write() as conn:
+        conn.execute(update(gpus).where(gpus.c.id == gb).values(drained=True))
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert {g.id: g.drained for g in snap.gpus} == {de: False, gb: True}
+    planner.tick()
+    assert job_row(store, job).planned_gpu_ids == [de]
+
+
+def test_max_delay_is_read_from_the_job_and_bounds_the_planned_start(store, service):
+    import_carbon(store, CISO)  # a deep evening valley: waiting pays
+    add_node(store, "ca1", "US-CAL-CISO")
+    planner = planner_for(store)
+    free = submit(service, est_runtime_s=3600)
+    bounded = submit(service, est_runtime_s=3600, max_delay_s=3600)
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert {j.id: j.max_delay_s for j in snap.jobs} == {free: None, bounded: 3600.0}
+
+    # Each alone on the GPU: without a bound the cheapest start is hours away.
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == bounded).values(state="CANCELLED"))
+    planner.tick()
+    assert job_row(store, free).planned_start - T > timedelta(hours=2)
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == free).values(state="CANCELLED"))
+        conn.execute(update(jobs).where(jobs.c.id == bounded).values(state="PENDING"))
+    planner.tick()
+    assert job_row(store, bounded).planned_start <= T + timedelta(hours=1)
+
+
+def test_a_job_starting_before_the_next_tick_keeps_its_gpus_and_start(store, service):
+    import_carbon(store, DE, GB)
+    (de,) = add_node(store, "de1", "DE")
+    (gb,) = add_node(store, "gb1", "GB")
+    planner = planner_for(store, plan_interval_s=15)
+    job = submit(service, est_runtime_s=3600)
+    planner.tick()
+    assert job_row(store, job).planned_gpu_ids == [gb]
+
+    # Its plan says: the dirty zone, 5 s from now (within this tick): it is pinned there.
+    soon = T + timedelta(seconds=5)
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job).values(planned_node="de1", planned_gpu_ids=[de],
+                                                                 planned_start=soon))
+    rev = job_row(store, job).plan_rev
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert [j.pinned for j in snap.jobs] == [True]
+    assert snap.pinned[job].gpu_ids == (de,) and snap.pinned[job].start_at == soon
+    stats = planner.tick()
+    row = job_row(store, job)
+    assert (row.planned_gpu_ids, row.planned_start, row.plan_rev) == ([de], soon, rev)
+    assert stats.pinned == 1 and stats.moved == 0
+
+    # The same plan an hour ahead is not pinned: the policy moves it to the cleaner zone.
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job).values(planned_start=T + timedelta(hours=1)))
+    planner.tick()
+    assert job_row(store, job).planned_gpu_ids == [gb]
+
+
+def test_a_plan_on_a_gpu_that_was_drained_is_not_pinned(store, service):
+    import_carbon(store, DE, GB)
+    (de,) = add_node(store, "de1", "DE")
+    (gb,) = add_node(store, "gb1", "GB")
+    planner = planner_for(store)
+    job = submit(service, est_runtime_s=3600)
+    planner.tick()
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job).values(planned_start=T + timedelta(seconds=5)))
+        conn.execute(update(gpus).where(gpus.c.id == gb).values(drained=True))
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert [j.pinned for j in snap.jobs] == [False]
+    planner.tick()
+    assert job_row(store, job).planned_gpu_ids == [de]
+
+
+# -- what the plan stores and shows ---------------------------------------------------------------
+
+def test_planned_jobs_store_the_estimate_and_explanation_the_policy_gave(store, service):
+    import_carbon(store, DE, GB)
+    add_node(store, "de1", "DE")
+    add_node(store, "gb1", "GB")
+    planner = planner_for(store)
+    job = submit(service, est_runtime_s=3600, prompts=1000)
+    _, plan = planner.preview()
+    a = plan.by_job()[job]
+    planner.tick()
+    row = job_row(store, job)
+    assert row.state == "PLANNED"
+    assert row.est_gco2 == pytest.approx(a.estimate.gco2) and row.est_gco2 > 0
+    assert row.est_gco2_if_now == pytest.approx(a.estimate.gco2_if_now)
+    assert row.est_energy_j == pytest.approx(a.estimate.energy_j)
+    assert row.est_runtime_planned_s == pytest.approx(a.estimate.runtime_s)
+    assert row.binding == a.estimate.binding
+    assert row.deadline_miss is bool(a.estimate.deadline_miss)
+    assert row.explanation == a.explanation and row.explanation
+
+    shown = service.get_job(ROOT, job)
+    assert shown["est_gco2"] == pytest.approx(a.estimate.gco2)
+    assert shown["est_gco2_per_prompt"] == pytest.approx(a.estimate.gco2 / 1000)
+    assert shown["est_gco2_if_now"] == pytest.approx(a.estimate.gco2_if_now)
+    assert shown["est_gco2_if_now_per_prompt"] == pytest.approx(a.estimate.gco2_if_now / 1000)
+    assert shown["explanation"] == a.explanation
+
+
+def test_a_withdrawn_plan_clears_its_estimate(store, service):
+    import_carbon(store, GB)
+    (gb,) = add_node(store, "gb1", "GB")
+    planner = planner_for(store)
+    job = submit(service, est_runtime_s=3600)
+    planner.tick()
+    assert job_row(store, job).est_gco2 is not None
+    with store.write() as conn:
+        conn.execute(update(gpus).where(gpus.c.id == gb).values(healthy=False))
+    planner.tick()
+    row = job_row(store, job)
+    assert row.state == "PENDING"
+    assert (row.est_gco2, row.est_gco2_if_now, row.binding, row.deadline_miss) == (None, None, None, False)
+
+
+def test_plan_preview_gives_the_documented_keys_and_writes_nothing(store, service):
+    import_carbon(store, DE, GB)
+    add_node(store, "de1", "DE")
+    add_node(store, "gb1", "GB")
+    planner = planner_for(store)
+    placed = submit(service, est_runtime_s=3600, prompts=500)
+    too_big = submit(service, est_runtime_s=3600, gpu_mem_gib=79)
+    with store.write() as conn:
+        conn.execute(update(gpus).values(memory_gib=40.0))
+    preview = plan_preview(preview_rows(planner), service, ROOT)
+    assert [p["job"] for p in preview] == [placed, too_big]
+    for p in preview:
+        assert DESIGN_PLAN_KEYS <= set(p)
+    p = preview[0]
+    assert p["zone"] == "GB" and p["model"] == "H100" and p["gpus"] == [0]
+    assert p["gco2"] > 0 and p["gco2_if_now"] > 0
+    assert p["gco2_per_prompt"] == pytest.approx(p["gco2"] / 500)
+    assert preview[1]["node"] is None and preview[1]["reason"]
+    assert {job_row(store, j).state for j in (placed, too_big)} == {"PENDING"}
+
+
+def test_a_learned_profile_changes_the_next_estimate(store, service):
+    import_carbon(store, GB)
+    add_node(store, "gb1", "GB")
+    planner = planner_for(store)
+    job = submit(service, workload="site-eval", prompts=1000)
+    _, before = planner.preview()
+    assert before.by_job()[job].estimate.runtime_s == pytest.approx(3600, rel=0.5)  # no profile yet
+    # This cluster measured 10 prompts/s per H100 at 500 W for this workload.
+    store.transact(lambda conn: fold_run(conn, CompletedRun(
+        job_id=0, workload="site-eval", model="H100", gpus=1, runtime_s=100.0, energy_j=50_000.0,
+        prompts=1000), T))
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert any(p.workload == "site-eval" and p.model == "H100" for p in snap.profiles)
+    _, after = planner.preview()
+    est = after.by_job()[job].estimate
+    assert est.runtime_s == pytest.approx(100.0, rel=0.01)
+    assert est.energy_j == pytest.approx(50_000.0, rel=0.01)
+    assert est.gco2 < before.by_job()[job].estimate.gco2
+
+
+def test_a_stored_estimate_is_refreshed_when_a_learned_profile_moves_it(store, service):
+    import_carbon(store, GB)
+    add_node(store, "gb1", "GB")
+    planner = planner_for(store)
+    job = submit(service, workload="site-eval", prompts=1000)
+    planner.tick()
+    old = job_row(store, job)
+    store.transact(lambda conn: fold_run(conn, CompletedRun(
+        job_id=0, workload="site-eval", model="H100", gpus=1, runtime_s=100.0, energy_j=50_000.0,
+        prompts=1000), T))
+    stats = planner.tick()
+    new = job_row(store, job)
+    assert stats.moved + stats.refreshed == 1
+    assert new.est_runtime_planned_s == pytest.approx(100.0, rel=0.01)
+    assert new.est_gco2 < old.est_gco2

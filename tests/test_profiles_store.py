@@ -1,0 +1,196 @@
+"""Learned workload profiles in the store (SQLite and PostgreSQL): a completed job's measured
+runtime and energy are folded into its (workload, GPU model) profile, jobs that measured
+nothing useful teach nothing, and learning never fails a job's completion."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import insert, select, text
+
+from policies.energy import ProfileBook, learn, seed_profiles
+from scheduler.lifecycle import State
+from scheduler.profiles import completed_run, learn_from_job, learned_profiles
+from scheduler.store.models import gpus, jobs, nodes, workload_profiles
+
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
+
+
+def seeded_pair() -> tuple[str, str]:
+    """A (workload, model) pair the packaged seed profiles cover."""
+    p = seed_profiles()[0]
+    return p.workload, p.model
+
+
+def add_gpus(store, node: str, model: str, n: int, memory_gib: float = 80.0) -> list[int]:
+    with store.write() as conn:
+        if conn.execute(select(nodes.c.name).where(nodes.c.name == node)).first() is None:
+            conn.execute(insert(nodes).values(name=node, zone="DE", backend="emulated", emulated=True,
+                                              registered_at=T0, last_heartbeat=T0))
+        start = len(list(conn.execute(select(gpus.c.id).where(gpus.c.node_name == node))))
+        ids = []
+        for i in range(start, start + n):
+            ids.append(conn.execute(insert(gpus).values(
+                node_name=node, index=i, uuid=f"{node}-{model}-{i}", model=model, vendor="nvidia",
+                memory_gib=memory_gib, healthy=True).returning(gpus.c.id)).scalar_one())
+    return ids
+
+
+def add_finished_job(store, *, gpu_ids: list[int], runtime_s: float, energy_j: float | None,
+                     prompts: int | None, workload: str | None, state: str = "COMPLETED") -> int:
+    started = T0
+    with store.write() as conn:
+        return conn.execute(insert(jobs).values(
+            name="job", state=state, owner_uid=0, owner_gid=0, owner_groups=[0], owner_name="root",
+            argv=["true"], cwd="/", env={}, gpus=len(gpu_ids), gpu_mem_gib=0.0, workload=workload,
+            prompts=prompts, submitted_at=started, node="n1", gpu_ids=gpu_ids, started_at=started,
+            ended_at=started + timedelta(seconds=runtime_s), exit_code=0, energy_j=energy_j,
+        ).returning(jobs.c.id)).scalar_one()
+
+
+def test_no_profile_is_learned_before_any_job_completes(store):
+    with store.read() as conn:
+        assert learned_profiles(conn) == ()
+
+
+def test_a_completed_job_is_folded_into_the_seed_profile_of_its_workload_and_model(store):
+    workload, model = seeded_pair()
+    seed = ProfileBook(seed_profiles()).get(workload, model)
+    ids = add_gpus(store, "n1", model, 2)
+    # Measured: twice the seed's throughput per GPU, at 300 W per GPU.
+    runtime_s = 1000.0
+    prompts = int(2 * seed.prompts_per_s * 2 * runtime_s)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=runtime_s, energy_j=2 * 300.0 * runtime_s,
+                           prompts=prompts, workload=workload)
+
+    learned = learn_from_job(store, job, clock=lambda: T0)
+
+    expected = learn(seed, workload=workload, model=model, gpus=2, runtime_s=runtime_s,
+                     energy_j=2 * 300.0 * runtime_s, prompts=prompts)
+    assert learned == expected
+    with store.read() as conn:
+        (stored,) = learned_profiles(conn)
+        row = conn.execute(select(workload_profiles)).one()
+    assert (stored.workload, stored.model, stored.samples) == (workload, model, 1)
+    assert stored.prompts_per_s == pytest.approx(expected.prompts_per_s)
+    assert stored.power_w == pytest.approx(expected.power_w)
+    assert stored.latency_p95_ms == pytest.approx(expected.latency_p95_ms)
+    assert seed.prompts_per_s < stored.prompts_per_s <= 2 * seed.prompts_per_s
+    assert "measured here" in stored.source
+    assert row.updated_at == T0
+
+
+def test_each_completed_job_counts_once_more_and_the_estimate_converges_to_the_measurement(store):
+    workload, model = seeded_pair()
+    seed = ProfileBook(seed_profiles()).get(workload, model)
+    ids = add_gpus(store, "n1", model, 1)
+    measured_pps = 3 * seed.prompts_per_s
+    for n in range(1, 16):
+        job = add_finished_job(store, gpu_ids=ids, runtime_s=600.0, energy_j=400.0 * 600.0,
+                               prompts=int(measured_pps * 600.0), workload=workload)
+        assert learn_from_job(store, job).samples == n
+    with store.read() as conn:
+        (p,) = learned_profiles(conn)
+    assert p.samples == 15
+    assert p.prompts_per_s == pytest.approx(measured_pps, rel=0.02)
+    assert p.power_w == pytest.approx(400.0, rel=0.02)
+
+
+def test_a_workload_without_a_seed_profile_is_learned_from_the_measurement_alone(store):
+    ids = add_gpus(store, "n1", "H100", 1)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=100.0, energy_j=50_000.0, prompts=1000,
+                           workload="site-specific-eval")
+    p = learn_from_job(store, job)
+    assert (p.workload, p.samples) == ("site-specific-eval", 1)
+    assert p.prompts_per_s == pytest.approx(10.0)
+    assert p.power_w == pytest.approx(500.0)
+    with store.read() as conn:
+        (stored,) = learned_profiles(conn)
+    assert stored.prompts_per_s == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("change", [
+    dict(workload=None), dict(prompts=None), dict(energy_j=None), dict(energy_j=0.0),
+    dict(state="FAILED"), dict(runtime_s=0.2),
+])
+def test_jobs_that_measured_nothing_useful_teach_nothing(store, change):
+    ids = add_gpus(store, "n1", "H100", 1)
+    args = dict(gpu_ids=ids, runtime_s=600.0, energy_j=1e5, prompts=1000, workload="site-eval")
+    args.update(change)
+    job = add_finished_job(store, **args)
+    assert learn_from_job(store, job) is None
+    with store.read() as conn:
+        assert learned_profiles(conn) == ()
+
+
+def test_a_job_spread_over_two_gpu_models_teaches_nothing(store):
+    ids = add_gpus(store, "n1", "H100", 1) + add_gpus(store, "n1", "A100", 1)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=600.0, energy_j=1e5, prompts=1000,
+                           workload="site-eval")
+    with store.read() as conn:
+        assert completed_run(conn, job) is None
+
+
+def test_the_gpu_energy_given_by_the_agent_replaces_the_stored_figure_with_static_power(store):
+    ids = add_gpus(store, "n1", "H100", 1)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=100.0, energy_j=90_000.0, prompts=1000,
+                           workload="site-eval")
+    p = learn_from_job(store, job, gpu_energy_j=60_000.0)
+    assert p.power_w == pytest.approx(600.0)
+
+
+def test_a_database_error_while_learning_is_logged_and_never_raised(store, caplog):
+    ids = add_gpus(store, "n1", "H100", 1)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=100.0, energy_j=90_000.0, prompts=1000,
+                           workload="site-eval")
+    with store.write() as conn:
+        conn.execute(text("DROP TABLE workload_profiles"))
+    with caplog.at_level(logging.ERROR, logger="scheduler.profiles"):
+        assert learn_from_job(store, job) is None
+    assert any("workload profile" in r.getMessage() for r in caplog.records)
+    with store.read() as conn:
+        assert conn.execute(select(jobs.c.state).where(jobs.c.id == job)).scalar_one() == "COMPLETED"
+
+
+def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
+    from policies.catalog import parse_fleet
+    from policies import get_policy
+    from scheduler.agent import Agent, AgentConfig
+    from scheduler.planner import Planner
+    from scheduler.service import Caller, JobService, ServiceConfig
+    from telemetry.gpu import EmulatedBackend, EmulatedModel
+
+    backend = EmulatedBackend([EmulatedModel(m.name, m.vendor, m.memory_gib, m.idle_w, m.tdp_w)
+                               for m in parse_fleet("1xH100")], node="n1", seed=3)
+    agent = Agent(store, backend, AgentConfig(node="n1", zone="DE", state_dir=tmp_path / "state",
+                                              grace_s=1.0, sample_hz=5.0, heartbeat_s=0.2))
+    agent.register()
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
+    planner = Planner(store, get_policy("fifo"))
+    try:
+        agent.start_sampling()
+        job = service.submit(Caller(0, 0), {"argv": ["sleep", "1.2"], "gpus": 1,
+                                            "workload": "site-eval", "prompts": 240})["id"]
+        deadline = time.monotonic() + 30
+        state = None
+        while time.monotonic() < deadline:
+            planner.tick()
+            agent.tick()
+            with store.read() as conn:
+                state = conn.execute(select(jobs.c.state).where(jobs.c.id == job)).scalar_one()
+            if state == State.COMPLETED.value:
+                break
+            time.sleep(0.05)
+        assert state == State.COMPLETED.value
+        with store.read() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job)).one()
+            (p,) = learned_profiles(conn)
+        runtime_s = (row.ended_at - row.started_at).total_seconds()
+        assert (p.workload, p.model, p.samples) == ("site-eval", "H100", 1)
+        assert p.prompts_per_s == pytest.approx(240 / runtime_s, rel=1e-6)
+        assert p.power_w == pytest.approx(row.energy_j / runtime_s, rel=1e-6)
+    finally:
+        agent.stop()

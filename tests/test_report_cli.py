@@ -1,0 +1,286 @@
+"""Fleet reports and the disclosure export: grouping, hand-computed sums, access control,
+and the `report` / `export` / `show` CLI formats, on SQLite and PostgreSQL.
+
+The fleet (priced by time weighting: no power samples are stored):
+  DE (H100 x2, node de1): 100 g/kWh 10:00-11:00 and 300 g/kWh 11:00-12:00 on 2 March,
+                          200 g/kWh 10:00-11:00 on 3 March
+  GB (MI300X x2, gb1):    50 g/kWh throughout
+  1 alice eval     de1 1 GPU  2 Mar 10:00-11:00  1.0 kWh -> 100 g; 1000 prompts, 1e6 tokens, if-now 150 g
+  2 alice finetune de1 2 GPUs 2 Mar 10:30-11:30  2.0 kWh -> 1x100 + 1x300 = 400 g; if-now 500 g; late
+  3 bob   eval     gb1 1 GPU  2 Mar 10:00-12:00  1.0 kWh -> 50 g; 4000 prompts
+  4 alice eval     de1 1 GPU  3 Mar 10:00-10:30  0.5 kWh -> 100 g; 1000 prompts, 5e5 tokens
+  5 bob   (none)   gb1 1 GPU  3 Mar 10:00-11:00  0.5 kWh -> 25 g; FAILED
+plus a PENDING job and one that ended in February, which no report of March counts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import insert, select
+
+from policies.catalog import catalog
+from scheduler import cli
+from scheduler.accounting import Accountant, api_routes
+from scheduler.api import ApiServer
+from scheduler.carbon import CarbonSignals
+from scheduler.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.store.models import gpus, jobs, nodes
+from telemetry.grid.readings import IntensityReading
+
+D2 = datetime(2026, 3, 2, tzinfo=timezone.utc)
+D3 = D2 + timedelta(days=1)
+H = timedelta(hours=1)
+SINCE, UNTIL = datetime(2026, 3, 1, tzinfo=timezone.utc), datetime(2026, 4, 1, tzinfo=timezone.utc)
+KWH = 3.6e6
+ALICE, BOB = Caller(1000, 1000), Caller(1001, 1001)
+H100_PER_H = catalog()["H100"].list_price_usd / (4 * 8766)
+MI300X_PER_H = catalog()["MI300X"].list_price_usd / (4 * 8766)
+
+
+def _add_node(conn, name, zone, model):
+    conn.execute(insert(nodes).values(name=name, zone=zone, backend="emulated", emulated=True,
+                                      registered_at=D2 - 24 * H, last_heartbeat=D2))
+    return [conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model=model,
+                                             vendor="nvidia", memory_gib=80, healthy=True)
+                         .returning(gpus.c.id)).scalar_one() for i in range(2)]
+
+
+def _job(conn, owner: Caller, owner_name: str, node: str, gpu_ids, start, end, energy_j, *, state="COMPLETED",
+         **extra) -> int:
+    return conn.execute(insert(jobs).values(
+        name="j", state=state, owner_uid=owner.uid, owner_gid=owner.gid, owner_groups=[owner.gid],
+        owner_name=owner_name, argv=["true"], cwd="/", env={}, gpus=len(gpu_ids), gpu_mem_gib=0.0,
+        submitted_at=start, node=node, gpu_ids=gpu_ids, started_at=start, ended_at=end, exit_code=0,
+        energy_j=energy_j, energy_method="counter" if energy_j else None, **extra).returning(jobs.c.id)).scalar_one()
+
+
+@pytest.fixture
+def fleet(store):
+    ci = [("DE", D2 + 10 * H, 100.0), ("DE", D2 + 11 * H, 300.0), ("DE", D3 + 10 * H, 200.0)]
+    ci += [("GB", t, 50.0) for t in (D2 + 10 * H, D2 + 11 * H, D3 + 10 * H)]
+    CarbonSignals(store, track_status=False).store_readings(
+        IntensityReading(zone=z, at=t, duration_s=3600, gco2_per_kwh=v, signal="average", kind="actual",
+                         issued_at=t + H, source="electricitymaps-csv") for z, t, v in ci)
+    with store.write() as conn:
+        de, gb = _add_node(conn, "de1", "DE", "H100"), _add_node(conn, "gb1", "GB", "MI300X")
+        ids = [
+            _job(conn, ALICE, "alice", "de1", [de[0]], D2 + 10 * H, D2 + 11 * H, 1.0 * KWH, workload="eval",
+                 prompts=1000, tokens=1_000_000, est_gco2_if_now=150.0),
+            _job(conn, ALICE, "alice", "de1", de, D2 + 10.5 * H, D2 + 11.5 * H, 2.0 * KWH, workload="finetune",
+                 est_gco2_if_now=500.0, deadline=D2 + 11 * H),
+            _job(conn, BOB, "bob", "gb1", [gb[0]], D2 + 10 * H, D2 + 12 * H, 1.0 * KWH, workload="eval",
+                 prompts=4000),
+            _job(conn, ALICE, "alice", "de1", [de[1]], D3 + 10 * H, D3 + 10.5 * H, 0.5 * KWH, workload="eval",
+                 prompts=1000, tokens=500_000),
+            _job(conn, BOB, "bob", "gb1", [gb[1]], D3 + 10 * H, D3 + 11 * H, 0.5 * KWH, state="FAILED"),
+        ]
+        conn.execute(insert(jobs).values(
+            name="waiting", state="PENDING", owner_uid=ALICE.uid, owner_gid=ALICE.gid, owner_groups=[],
+            owner_name="alice", argv=["true"], cwd="/", env={}, gpus=1, gpu_mem_gib=0.0, submitted_at=D3))
+        _job(conn, ALICE, "alice", "de1", [de[0]], D2 - 20 * 24 * H, D2 - 20 * 24 * H + H, 9.0 * KWH)
+    return store, ids
+
+
+def _groups(report: dict) -> dict:
+    return {g["group"]: g for g in report["groups"]}
+
+
+def test_report_by_user_matches_the_hand_computed_fleet(fleet):
+    store, ids = fleet
+    acc = Accountant(store)
+    r = acc.report(SINCE, UNTIL, by="user")
+    g = _groups(r)
+    assert set(g) == {"alice", "bob"}
+    a, b = g["alice"], g["bob"]
+    assert (a["jobs"], a["completed"], a["deadline_misses"]) == (3, 3, 1)
+    assert a["gpu_hours"] == pytest.approx(1 + 2 + 0.5)
+    assert a["energy_kwh"] == pytest.approx(3.5)
+    assert a["kgco2"] == pytest.approx(0.6)
+    assert a["gco2_per_prompt"] == pytest.approx((100 + 100) / 2000)
+    assert a["tokens_per_j"] == pytest.approx(1_500_000 / (1.5 * KWH))
+    assert a["counterfactual_kgco2"] == pytest.approx(0.65)
+    assert a["saving_kgco2"] == pytest.approx(0.15)
+    assert a["saving_pct"] == pytest.approx(150 / 650 * 100)
+    assert a["usd"] == pytest.approx(3.5 * H100_PER_H + 3.5 * 0.10)
+    assert a["usd_per_mtok"] == pytest.approx((1.5 * H100_PER_H + 1.5 * 0.10) / 1.5)
+    assert (b["jobs"], b["completed"]) == (2, 1)
+    assert b["kgco2"] == pytest.approx(0.075) and b["energy_kwh"] == pytest.approx(1.5)
+    assert b["gco2_per_prompt"] == pytest.approx(50 / 4000)
+    assert b["tokens_per_j"] is None and b["usd_per_mtok"] is None and b["saving_kgco2"] is None
+    assert b["usd"] == pytest.approx(3 * MI300X_PER_H + 1.5 * 0.10)
+    t = r["total"]
+    assert (t["jobs"], t["gpu_hours"], t["energy_kwh"], t["kgco2"]) == (5, pytest.approx(6.5), pytest.approx(5.0),
+                                                                     pytest.approx(0.675))
+    assert r["jobs_without_gco2"] == 0
+    assert t["intensity_g_per_kwh"] == pytest.approx(675 / 5)
+
+
+def test_report_groupings(fleet):
+    store, _ = fleet
+    acc = Accountant(store)
+    by_model = _groups(acc.report(SINCE, UNTIL, by="model"))
+    assert by_model["H100"]["kgco2"] == pytest.approx(0.6) and by_model["MI300X"]["kgco2"] == pytest.approx(0.075)
+    by_zone = _groups(acc.report(SINCE, UNTIL, by="zone"))
+    assert set(by_zone) == {"DE", "GB"} and by_zone["GB"]["jobs"] == 2
+    by_day = _groups(acc.report(SINCE, UNTIL, by="day"))
+    assert set(by_day) == {"2026-03-02", "2026-03-03"}
+    assert by_day["2026-03-02"]["kgco2"] == pytest.approx(0.55)
+    assert by_day["2026-03-03"]["energy_kwh"] == pytest.approx(1.0)
+    by_workload = _groups(acc.report(SINCE, UNTIL, by="workload"))
+    assert {k: v["jobs"] for k, v in by_workload.items()} == {"eval": 3, "finetune": 1, None: 1}
+    by_node = _groups(acc.report(SINCE, UNTIL, by="node"))
+    assert by_node["de1"]["gpu_hours"] == pytest.approx(3.5)
+    with pytest.raises(ValueError):
+        acc.report(SINCE, UNTIL, by="colour")
+
+
+def test_a_period_counts_only_jobs_that_ended_in_it(fleet):
+    store, _ = fleet
+    acc = Accountant(store)
+    one_day = acc.report(D3, D3 + 24 * H, by="user")
+    assert one_day["total"]["jobs"] == 2 and one_day["total"]["kgco2"] == pytest.approx(0.125)
+    february = acc.report(SINCE - timedelta(days=28), SINCE, by="user")
+    assert february["total"]["jobs"] == 1 and february["total"]["energy_kwh"] == pytest.approx(9.0)
+    assert acc.report(UNTIL, UNTIL + H)["groups"] == []
+
+
+def test_the_report_prices_finished_jobs_that_were_never_accounted(fleet):
+    store, ids = fleet
+    with store.read() as conn:
+        assert conn.execute(select(jobs.c.gco2).where(jobs.c.id == ids[1])).scalar() is None
+    Accountant(store).report(SINCE, UNTIL)
+    with store.read() as conn:
+        assert conn.execute(select(jobs.c.gco2).where(jobs.c.id == ids[1])).scalar() == pytest.approx(400.0)
+
+
+def test_users_see_only_their_own_jobs_and_admins_everyone(fleet, tmp_path):
+    store, ids = fleet
+    service = JobService(store, ServiceConfig(daemon_uid=999_999), log_dir=tmp_path)
+    routes = api_routes(Accountant(store), service)
+    report, export, receipt = routes[("GET", "report")], routes[("GET", "export")], routes[("GET", "receipt")]
+    q = {"since": ["2026-03-01"], "until": ["2026-04-01"], "by": ["user"]}
+    assert set(_groups(report(ALICE, q))) == {"alice"}
+    assert report(BOB, q)["total"]["jobs"] == 2 and report(BOB, q)["scope"] == "uid 1001"
+    assert set(_groups(report(Caller(0, 0), q))) == {"alice", "bob"}
+    assert export(ALICE, q)["totals"]["jobs"] == 3
+    assert export(Caller(0, 0), q)["totals"]["jobs"] == 5
+    assert receipt(ALICE, {"job": [str(ids[0])]})["gco2"] == pytest.approx(100.0)
+    with pytest.raises(RequestError) as e:
+        receipt(ALICE, {"job": [str(ids[2])]})
+    assert e.value.status == 403
+    with pytest.raises(RequestError) as e:
+        receipt(ALICE, {"job": ["999999"]})
+    assert e.value.status == 404
+    for bad in ({"by": ["colour"]}, {"since": ["whenever"]}, {"since": ["2026-04-01"], "until": ["2026-03-01"]}):
+        with pytest.raises(RequestError) as e:
+            report(ALICE, bad)
+        assert e.value.status == 400
+
+
+def test_export_lists_each_system_with_its_methodology(fleet):
+    store, _ = fleet
+    doc = Accountant(store).export(SINCE, UNTIL)
+    systems = {(s["node"], s["gpu_model"], s["zone"]): s for s in doc["systems"]}
+    assert set(systems) == {("de1", "H100", "DE"), ("gb1", "MI300X", "GB")}
+    de = systems[("de1", "H100", "DE")]
+    assert de["it_energy_kwh"] == pytest.approx(3.5) and de["emissions_kgco2e"] == pytest.approx(0.6)
+    assert de["facility_energy_kwh"] == pytest.approx(3.5)  # PUE 1.0 by default
+    assert de["pue"] == [1.0] and de["signal"] == ["average"]
+    assert de["measurement_shares"] == {"counter": pytest.approx(1.0)}
+    assert de["intensity_basis_shares"] == {"actual": pytest.approx(1.0)}
+    assert doc["totals"]["emissions_kgco2e"] == pytest.approx(0.675)
+    assert doc["period"] == {"start": "2026-03-01T00:00:00Z", "end": "2026-04-01T00:00:00Z"}
+    assert doc["generator"]["name"] == "carbonsched" and doc["generator"]["version"]
+    sources = {s["source"]: s for s in doc["methodology"]["data_sources"]}
+    assert sources["electricitymaps-csv"]["licence"].startswith("ODbL")
+    assert sources["electricitymaps-csv"]["zones"] == ["DE", "GB"]
+    for key in ("boundary", "energy_measurement", "emissions", "signal", "pue", "gaps"):
+        assert doc["methodology"][key]
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.fixture
+def db(fleet, monkeypatch, tmp_path):
+    monkeypatch.setenv("CARBONSCHED_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("[accounting]\nenergy_price_usd_per_kwh = 0.2\n")
+    store, ids = fleet
+    return store.engine.url.render_as_string(hide_password=False), ids
+
+
+def test_report_cli_formats(db, capsys, tmp_path):
+    url, _ = db
+    period = ("--since", "2026-03-01", "--until", "2026-04-01")
+    code, out, _ = run_cli(capsys, "report", "--db", url, *period, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["total"]["kgco2"] == pytest.approx(0.675)
+    assert data["assumptions"]["energy_price_usd_per_kwh"] == 0.2    # from the config file
+
+    code, out, _ = run_cli(capsys, "report", "--db", url, *period, "--by", "zone", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["zone"] for r in rows] == ["DE", "GB", "TOTAL"]
+    assert float(rows[0]["kgco2"]) == pytest.approx(0.6) and rows[1]["tokens_per_j"] == ""
+
+    plot = tmp_path / "daily.png"
+    code, out, _ = run_cli(capsys, "report", "--db", url, *period, "--by", "model", "--plot", str(plot))
+    assert code == 0
+    assert "H100" in out and "MI300X" in out and "TOTAL" in out and "TOK/J" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    code, _, err = run_cli(capsys, "report", "--db", url, "--since", "2026-04-01", "--until", "2026-03-01")
+    assert code == cli.EXIT_USAGE and "empty" in err
+
+
+def test_export_cli_writes_json_and_csv(db, capsys, tmp_path):
+    url, _ = db
+    out_json, out_csv = tmp_path / "d.json", tmp_path / "d.csv"
+    code, _, err = run_cli(capsys, "export", "--db", url, "--since", "2026-03-01", "--until", "2026-04-01",
+                           "--out", str(out_json))
+    assert code == 0 and "2 system(s)" in err
+    assert json.loads(out_json.read_text())["totals"]["it_energy_kwh"] == pytest.approx(5.0)
+    code, _, _ = run_cli(capsys, "export", "--db", url, "--since", "2026-03-01", "--until", "2026-04-01",
+                         "--format", "csv", "--out", str(out_csv))
+    rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
+    assert [(r["node"], r["zone"]) for r in rows] == [("de1", "DE"), ("gb1", "GB")]
+    assert float(rows[1]["emissions_kgco2e"]) == pytest.approx(0.075)
+    assert rows[0]["measurement_shares"] == "counter=1.0000" and "ODbL" in rows[0]["data_sources"]
+
+
+def test_report_and_show_through_the_daemon_socket(db, capsys, tmp_path):
+    url, ids = db
+    from scheduler.store import Store
+
+    store = Store(url)
+    service = JobService(store, ServiceConfig(daemon_uid=os.geteuid()), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service, extra_routes=api_routes(Accountant(store), service))
+    api.start()
+    try:
+        sock = str(tmp_path / "s.sock")
+        code, out, _ = run_cli(capsys, "--socket", sock, "report", "--since", "2026-03-01", "--until",
+                               "2026-04-01", "--by", "day")
+        assert code == 0 and "2026-03-02" in out and "TOTAL" in out
+        code, out, _ = run_cli(capsys, "--socket", sock, "show", str(ids[1]), "--json")
+        job = json.loads(out)
+        assert job["receipt"]["gco2"] == pytest.approx(400.0)
+        assert job["receipt"]["deadline_met"] is False
+        code, out, _ = run_cli(capsys, "--socket", sock, "show", str(ids[0]))
+        assert "carbon receipt:" in out and "100.00 g" in out and "saved" in out
+        code, out, _ = run_cli(capsys, "--socket", sock, "export", "--since", "2026-03-01", "--until", "2026-04-01")
+        assert json.loads(out)["totals"]["jobs"] == 5
+    finally:
+        api.stop()
+        store.dispose()
