@@ -74,6 +74,13 @@ class TickStats:
     refreshed: int = 0
     pinned: int = 0
     blind_zones: tuple[str, ...] = ()
+    skipped: bool = False  # nothing changed since the last plan: the policy was not run
+
+
+# A tick whose snapshot (queue, GPUs, carbon curves, profiles, site) is the same as the last
+# planned one does not run the policy again (cpsat would spend its whole time limit to find
+# the same plan), but the plan is re-made at least this often as time moves on.
+REPLAN_AT_LEAST_S = 300.0
 
 
 def make_policy(name: str, *, plan_interval_s: float = 15.0) -> Policy:
@@ -326,6 +333,8 @@ class Planner:
             carbon = CarbonSignals(store, clock=clock, track_status=False)
         self.curves = CarbonCurves(carbon, slot_s=slot_s, horizon_s=horizon_s, ttl_s=carbon_ttl_s)
         self._seed: tuple[Profile, ...] | None = None
+        self._last_fingerprint: int | None = None
+        self._last_planned_at = -math.inf
 
     def seed_profiles(self) -> tuple[Profile, ...]:
         if self._seed is None:
@@ -407,7 +416,13 @@ class Planner:
         started = time.perf_counter()
         with self.store.read() as conn:
             snapshot, queued = self.snapshot(conn)
+        fingerprint = _fingerprint(snapshot)
+        mono = time.monotonic()
+        if fingerprint == self._last_fingerprint and mono - self._last_planned_at < REPLAN_AT_LEAST_S:
+            return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
+                             duration_s=time.perf_counter() - started, skipped=True)
         plan = self.policy.plan(snapshot)
+        self._last_fingerprint, self._last_planned_at = fingerprint, mono
         placed = plan.by_job()
         writes = []
         for job_id, row in queued.items():
@@ -439,6 +454,13 @@ class Planner:
                      "in %.3fs", self.policy.name, stats.jobs, stats.planned, stats.moved,
                      stats.withdrawn, stats.pinned, stats.duration_s)
         return stats
+
+
+def _fingerprint(snapshot: Snapshot) -> int:
+    """What a plan depends on, except the clock: equal fingerprints, equal plans."""
+    return hash((snapshot.jobs, snapshot.gpus, tuple(sorted(snapshot.carbon.items())),
+                 tuple(sorted(snapshot.pue.items())), snapshot.profiles, snapshot.power_caps,
+                 tuple(sorted(snapshot.pinned.items())), snapshot.default_runtime_s))
 
 
 def plan_rows(snapshot: Snapshot, plan: Plan, blind_zones: Iterable[str] = ()) -> list[dict]:

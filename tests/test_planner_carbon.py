@@ -425,3 +425,36 @@ def test_a_stored_estimate_is_refreshed_when_a_learned_profile_moves_it(store, s
     assert stats.moved + stats.refreshed == 1
     assert new.est_runtime_planned_s == pytest.approx(100.0, rel=0.01)
     assert new.est_gco2 < old.est_gco2
+
+
+def test_an_unchanged_snapshot_is_not_planned_again_but_any_change_is(store, service):
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE", n=2)
+    planner = planner_for(store)
+    calls = []
+    inner = planner.policy.plan
+    planner.policy.plan = lambda snap: calls.append(snap.now) or inner(snap)
+    submit(service, est_runtime_s=3600 * 6)
+    assert not planner.tick().skipped
+    planner.tick()  # the plan it wrote changes the snapshot once (the job is now PLANNED)
+    assert planner.tick().skipped and planner.tick().skipped
+    n = len(calls)
+    submit(service, est_runtime_s=3600)
+    assert not planner.tick().skipped and len(calls) == n + 1
+    with store.write() as conn:
+        conn.execute(update(gpus).values(drained=True).where(gpus.c.index == 1))
+    assert not planner.tick().skipped
+
+
+def test_an_unchanged_snapshot_is_still_planned_again_after_a_while(store, service, monkeypatch):
+    import scheduler.planner as planner_module
+
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    planner = planner_for(store)
+    submit(service, est_runtime_s=3600 * 6)
+    planner.tick()
+    planner.tick()
+    assert planner.tick().skipped
+    monkeypatch.setattr(planner_module, "REPLAN_AT_LEAST_S", 0.0)
+    assert not planner.tick().skipped
