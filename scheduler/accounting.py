@@ -355,9 +355,22 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     deadline = job.get("deadline")
     gco2 = run.gco2 if run is not None else job.get("gco2")
     prompts, tokens = job.get("prompts"), job.get("tokens")
-    counterfactual = job.get("est_gco2_if_now")
+    est, cf_est = job.get("est_gco2"), job.get("est_gco2_if_now")
+    # "Had it run at once": the plan compared its choice (est_gco2) with running at once on the
+    # first free GPUs (est_gco2_if_now), both on its own model. Measured emissions are scaled
+    # by that ratio, so a receipt never compares a measurement with an estimate (energy
+    # estimates are off by tens of % for short jobs); without the plan's own estimate the raw
+    # if-now estimate is all there is, and the receipt says so.
+    if cf_est is not None and gco2 is not None and est:
+        counterfactual = gco2 * cf_est / est
+        cf_what = ("the measured gCO2 x the plan's estimate of running at once on the first free "
+                   f"GPUs over its estimate of the chosen plan ({cf_est:.3g} g / {est:.3g} g)")
+    else:
+        counterfactual = cf_est
+        cf_what = ("the plan's estimate of running at once on the first free GPUs (no estimate of "
+                   "the chosen plan to scale it by)") if cf_est is not None \
+            else "no plan estimate of running at once was recorded"
     saving = counterfactual - gco2 if counterfactual is not None and gco2 is not None else None
-    est = job.get("est_gco2")
     receipt = {
         "job": job["id"], "name": job.get("name"), "owner": job.get("owner_name"), "state": job.get("state"),
         "workload": job.get("workload"), "gpu_model": job.get("gpu_model"), "gpus": job.get("gpus"),
@@ -389,14 +402,13 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         "est_energy_j": job.get("est_energy_j"), "est_gco2": est,
         "counterfactual": {
             "gco2": counterfactual,
-            "what": "the plan's estimate of running at once on the first free GPUs "
-                    "(jobs.est_gco2_if_now)" if counterfactual is not None
-                    else "no plan estimate of running at once was recorded",
+            "estimate_gco2": cf_est,
+            "what": cf_what,
             "explanation": job.get("explanation"),
         },
         "saving_gco2": saving,
         "saving_pct": _per(saving, counterfactual, 100.0) if counterfactual else None,
-        "plan_saving_gco2": counterfactual - est if counterfactual is not None and est is not None else None,
+        "plan_saving_gco2": cf_est - est if cf_est is not None and est is not None else None,
         "gco2_if_started_at_submit": shift.gco2 if shift is not None else None,
     }
     return receipt
@@ -765,6 +777,9 @@ class Accountant:
         with_prompts = and_(priced, j.prompts > 0)
         with_tokens = and_(j.tokens > 0, j.energy_j.is_not(None))
         both = and_(priced, j.est_gco2_if_now.is_not(None))
+        # the counterfactual of each job as its receipt has it: measured x (if-now / planned
+        # estimate), or the raw if-now estimate where the plan's own estimate is missing
+        scaled_cf = case((j.est_gco2 > 0, j.gco2 * j.est_gco2_if_now / j.est_gco2), else_=j.est_gco2_if_now)
 
         def when(cond, value):
             return func.sum(case((cond, value), else_=None))
@@ -785,7 +800,7 @@ class Accountant:
             when(with_tokens, j.energy_j).label("energy_t"), when(with_tokens, j.tokens).label("tokens_e"),
             func.sum(cost).label("usd"), when(j.tokens > 0, cost).label("usd_t"),
             when(j.tokens > 0, j.tokens).label("tokens_c"),
-            when(both, j.est_gco2_if_now).label("cf"), when(both, j.gco2).label("cf_actual"),
+            when(both, scaled_cf).label("cf"), when(both, j.gco2).label("cf_actual"),
             func.sum(case((and_(j.deadline.is_not(None), j.ended_at > j.deadline), 1), else_=0)).label("late"),
             func.sum(case((or_(j.accounted_at.is_(None), and_(j.energy_j.is_not(None), j.gco2.is_(None))), 1),
                           else_=0)).label("unpriced"),

@@ -291,8 +291,10 @@ def receipt_text(r: dict) -> str:
         lines.append(("per 1k tokens", _g(r["gco2_per_1k_tokens"])
                       + (f"; {r['tokens_per_j']:.3g} tokens/J" if r["tokens_per_j"] else "")))
     cf = r["counterfactual"]
-    lines.append(("if run at once", _g(cf["gco2"]) + (" (plan estimate, first free GPUs)" if cf["gco2"] is not None
-                                                      else "")))
+    scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
+    lines.append(("if run at once", _g(cf["gco2"]) + (
+        " (measured, scaled by the plan's estimate for the first free GPUs now)" if scaled
+        else " (plan estimate, first free GPUs)" if cf["gco2"] is not None else "")))
     if r["saving_gco2"] is not None:
         lines.append(("saved", _g(r["saving_gco2"]) + (f" ({r['saving_pct']:.0f}%)" if r["saving_pct"] is not None
                                                        else "")))

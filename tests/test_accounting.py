@@ -235,8 +235,11 @@ def test_receipt_of_a_run_across_an_intensity_change_from_stored_samples(store):
     assert (r["wait_s"], r["runtime_s"], r["deadline_met"]) == (1800.0, 3600.0, True)
     assert (r["gpu_model"], r["zone"], r["node"]) == ("H100", "DE", "de1")
     assert r["started_at"] == "2026-03-02T10:30:00Z" and r["ended_at"] == "2026-03-02T11:30:00Z"
-    assert r["counterfactual"]["gco2"] == 200.0 and r["counterfactual"]["explanation"] == "H100 in DE now"
-    assert r["saving_gco2"] == pytest.approx(200.0 - gco2)
+    # measured emissions scaled by the plan's own if-now / chosen estimates (200 g / 120 g)
+    assert r["counterfactual"]["gco2"] == pytest.approx(gco2 * 200.0 / 120.0)
+    assert r["counterfactual"]["estimate_gco2"] == 200.0 and r["counterfactual"]["explanation"] == "H100 in DE now"
+    assert r["saving_gco2"] == pytest.approx(gco2 * (200.0 / 120.0 - 1))
+    assert r["saving_pct"] == pytest.approx(40.0)
     assert r["plan_saving_gco2"] == pytest.approx(80.0)
     # started at submission (10:00), the same energy would have met only the 100 g/kWh hour
     assert r["gco2_if_started_at_submit"] == pytest.approx(0.4 * 100 * 1.2)
