@@ -39,17 +39,20 @@ Decomposition (each step measured; figures below):
    plus a large penalty per deadline miss; the current plan is the hint.
 
 Measured (bench/planner, seed 1, `max_time_s` 30, 1 worker, 2 cores shared with 4 other
-agents, load average ~4; gCO2 judged by bench/planner/check.py):
+agents, load average 3-4; gCO2 judged by bench/planner/check.py; before jobs shorter than a
+slot were split off to `policies.short_jobs`, except the 5,000 row):
 
   size        fifo       greedy     cpsat-30s  vs greedy  LP bound (GLOP)
-  200x64      286.5 kg   207.1 kg   150.8 kg   -27.2 %    132.0 kg (converged): gap 14.2 %
-  1000x256    1448 kg    1088 kg    979 kg     -10.0 %    932 kg (not converged): 5.0 %
-  2000x512    2544 kg    1608 kg    1442 kg    -10.4 %    1219 kg (not converged): 18.3 %
-  5000x1024   4722 kg    3617 kg    3439 kg    -4.9 %     (not run; 5,000 figures from the
-                                                           model's own estimate, one run)
+  200x64      286.5 kg   207.1 kg   148.5 kg   -28.3 %    132.0 kg (converged): gap 12.5 %
+  1000x256    1448 kg    1088 kg    979.5 kg   -9.9 %     933.8 kg (not converged): 4.9 %
+  2000x512    2544 kg    1608 kg    1439 kg    -10.6 %    1239 kg (not converged): 16.1 %
+  5000x1024   4722 kg    3581 kg    3429 kg    -4.2 %     not run (with short-job packing)
+
+cpsat's first plan (`max_time_s` 2): -25 % at 200 jobs, -9 % at 1,000; at 5,000 it is
+greedy's EDF plan (1.2 s CPU, no time for a second pass).
 
 The 200-job gap to the LP bound stays above the 4 % target: 30-50-job neighbourhoods,
-60-400 candidates a job, whole-instance solves and 400 random restarts all end at 150-153
+60-400 candidates a job, whole-instance solves and 400 random restarts all end at 148-153
 kg. The LP relaxation is fractional in the one contended 8-GPU pool (bench/planner's
 rounding of it gives 163 kg, with 4 jobs left out), so part of the gap is the bound's.
 
@@ -57,9 +60,10 @@ Accepts FEASIBLE answers (a time-limited sub-solve rarely proves optimality). If
 solver fails, the incumbent stays. Finally the plan is compared with greedy's and with
 fifo's (`placement.Score`) and the best is returned, so cpsat is never worse than greedy.
 The time after the search is reserved from `pass_s` (fresh explanations for every changed
-pick, Assignments, fifo's comparison: about one pass), so the plan comes back within
-`max_time_s` on a busy host too. Only jobs starting in the next tick matter to the daemon; the rest are
-re-planned on the next tick.
+pick, Assignments, fifo's comparison: about one pass), so `plan_problem` returns within
+`max_time_s` on a busy host too. (`plan` then packs the jobs shorter than a slot with
+`policies.short_jobs`, outside that budget: at 5,000 jobs the 30 s run took 61-72 s.) Only
+jobs starting in the next tick matter to the daemon; the rest are re-planned next tick.
 """
 
 from __future__ import annotations

@@ -263,7 +263,24 @@ def curve_integral_g_per_kwh_s(curve: CarbonCurve, start: datetime, end: datetim
 
     Before the curve's start the first value holds, after its end the last one.
     """
-    return CurveIntegrator(curve).integral(start, end)
+    return _integrator(curve).integral(start, end)
+
+
+_INTEGRATORS: dict[int, CurveIntegrator] = {}  # id(curve) -> integrator holding that curve
+_INTEGRATORS_MAX = 256
+
+
+def _integrator(curve: CarbonCurve) -> CurveIntegrator:
+    """One integrator (prefix sums) per curve object: a planner asks for thousands of
+    integrals of the same few curves per tick, and building the prefix sums (or hashing 200
+    values) was most of each call. The entry keeps its curve alive, so an id is never reused
+    while cached; the cache is a bounded memo, not state (clearing it changes no result)."""
+    hit = _INTEGRATORS.get(id(curve))
+    if hit is None or hit.curve is not curve:
+        if len(_INTEGRATORS) >= _INTEGRATORS_MAX:
+            _INTEGRATORS.clear()
+        hit = _INTEGRATORS[id(curve)] = CurveIntegrator(curve)
+    return hit
 
 
 def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power_w: float,

@@ -136,3 +136,12 @@ def test_shape_arrays_are_job_shape_for_many_jobs_at_once():
             assert arrays.runtime_s[i, c] == shape.runtime_s, (job.id, model)
             assert arrays.power_w[i, c] == shape.power_w, (job.id, model)
     assert arrays.runtime_s[4].min() == 1.0  # clamped like job_shape
+
+
+def test_integrals_of_many_curves_each_use_their_own_curve():
+    """Integrals are memoised per curve object; a fresh curve (even one that reuses a freed
+    object's id) is integrated from its own values."""
+    for v in range(1, 300):
+        c = CarbonCurve("Z", NOW, 3600.0, (float(v), 2.0 * v))
+        assert curve_integral_g_per_kwh_s(c, NOW, NOW + timedelta(hours=2)) == pytest.approx(3 * v * 3600)
+        assert job_gco2(c, NOW, 3600.0, 1000.0) == pytest.approx(float(v))
