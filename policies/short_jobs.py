@@ -12,8 +12,9 @@ places the short ones, in deadline order, after the long jobs' plan:
   must be free for the whole run (running jobs, pinned plans, the long jobs' plan and the
   short jobs placed before it all count);
 - the cheapest candidate wins: gCO2 = power x PUE x intensity over the run (the carbon curve
-  of the GPUs' zone), ties broken by the earlier start, so a carbon-blind queue simply runs
-  back to back as soon as GPUs free up;
+  of the GPUs' zone), but a later start must save more than `DELAY_WORTH` (0.5 %) of the
+  earliest one's grams: waiting a day to save rounding noise on a flat curve helps nobody,
+  and a carbon-blind queue simply runs back to back as soon as GPUs free up;
 - deadline and maximum delay limit the candidates; a job that fits no candidate runs as soon
   as possible and is flagged (`deadline_miss`), like the slot planner's.
 
@@ -26,25 +27,39 @@ from __future__ import annotations
 
 import bisect
 import math
+
+import numpy as np
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from policies.energy import ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
-from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+from policies.energy import J_PER_KWH, ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
+from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
+
+# A later start is worth it only if it saves more than this share of the grams of every
+# earlier feasible start.
+DELAY_WORTH = 0.005
 
 
 def book_of(snapshot: Snapshot) -> ProfileBook:
     return ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
 
 
-def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook) -> bool:
-    """Whether the job runs for less than one slot on every GPU model that could take it."""
+def _fit_models(job: QueuedJob, kinds: list[tuple[str, float]], book: ProfileBook) -> list[str]:
+    return [m for m, mem in kinds if fits(job, m, mem, book) is None]
+
+
+def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook,
+             kinds: list[tuple[str, float]] | None = None) -> bool:
+    """Whether the job runs for less than one slot on every GPU model that could take it.
+    `kinds`: the fleet's distinct usable (model, memory) pairs (computed when None)."""
     if job.id in snapshot.pinned:
         return False
-    models = {g.model for g in snapshot.gpus if fits(job, g.model, g.memory_gib, book) is None}
+    if kinds is None:
+        kinds = sorted({(g.model, g.memory_gib) for g in snapshot.gpus if g.healthy and not g.drained})
+    models = set(_fit_models(job, kinds, book))
     if not models:
         return False
     return all(job_shape(job, m, book, snapshot.default_runtime_s).runtime_s < snapshot.slot_s
@@ -54,7 +69,8 @@ def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook) -> bool:
 def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Plan], policy: str) -> Plan:
     """`plan_long` for the jobs of a slot or more, then the short jobs packed around them."""
     book = book_of(snapshot)
-    short = [j for j in snapshot.jobs if is_short(j, snapshot, book)]
+    kinds = sorted({(g.model, g.memory_gib) for g in snapshot.gpus if g.healthy and not g.drained})
+    short = [j for j in snapshot.jobs if is_short(j, snapshot, book, kinds)]
     if not short:
         return plan_long(snapshot)
     short_ids = {j.id for j in short}
@@ -67,12 +83,13 @@ def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Pla
 class _Timeline:
     """Busy intervals of one GPU (epoch seconds), sorted by start, with the running maximum
     of their ends (intervals may overlap: a plan can start a job on a GPU whose running job
-    is expected to end just before)."""
+    is expected to end just before), and the ends sorted (where a gap opens)."""
 
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self._max_end: list[float] = []
+        self.sorted_ends: list[float] = []
 
     def free(self, t0: float, t1: float) -> bool:
         """No busy interval overlaps [t0, t1)."""
@@ -83,28 +100,86 @@ class _Timeline:
         i = bisect.bisect_right(self.starts, t0)
         self.starts.insert(i, t0)
         self.ends.insert(i, t1)
+        bisect.insort(self.sorted_ends, t1)
         self._max_end[i:] = []
         m = self._max_end[-1] if self._max_end else -math.inf
         for e in self.ends[i:]:
             m = max(m, e)
             self._max_end.append(m)
 
+    def ends_within(self, lo: float, hi: float) -> list[float]:
+        """Ends of busy intervals in (lo, hi]: the moments this GPU may come free."""
+        return self.sorted_ends[bisect.bisect_right(self.sorted_ends, lo):bisect.bisect_right(self.sorted_ends, hi)]
+
+
+_ARRAYS: dict[int, tuple[CarbonCurve, np.ndarray, np.ndarray]] = {}
+
+
+def _curve_arrays(curve: CarbonCurve) -> tuple[np.ndarray, np.ndarray]:
+    """The curve's values and their prefix sums, kept while the same curve object is in use."""
+    hit = _ARRAYS.get(id(curve))
+    if hit is None or hit[0] is not curve:
+        values = np.asarray(curve.values_g_per_kwh, dtype=float)
+        if len(_ARRAYS) > 64:
+            _ARRAYS.clear()
+        hit = _ARRAYS[id(curve)] = (curve, values, np.concatenate(([0.0], np.cumsum(values))))
+    return hit[1], hit[2]
+
+
+def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: float, power_w: float,
+                pue: float) -> np.ndarray:
+    """gCO2 of a run of `run_s` (shorter than a curve step... or not: exact for any length
+    within two steps, which a short job always is) starting at each of `starts` (epoch s);
+    inf where there is no forecast (carbon-blind: every start costs the same)."""
+    if curve is None or not curve.values_g_per_kwh:
+        return np.full(len(starts), np.inf)
+    values, prefix = _curve_arrays(curve)
+    n, step = len(values), curve.step_s
+    x0 = (starts - curve.start.timestamp()) / step
+    x1 = x0 + run_s / step
+
+    def steps(x: np.ndarray) -> np.ndarray:  # integral of the step function from 0 to x, in steps
+        i = np.clip(np.floor(x).astype(np.int64), 0, n - 1)
+        inside = prefix[i] + (x - i) * values[i]
+        return np.where(x <= 0, x * values[0], np.where(x >= n, prefix[n] + (x - n) * values[-1], inside))
+
+    return power_w * pue * (steps(x1) - steps(x0)) * step / J_PER_KWH
+
+
+@dataclass
+class _Kind:
+    """The GPUs of one (zone, model), by node: a short job's cost depends on these only."""
+
+    zone: str
+    model: str
+    memory_gib: float
+    nodes: list[tuple[str, list[GpuSlot]]]
+
 
 def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBook,
          policy: str) -> tuple[list[Assignment], dict[int, str]]:
-    """Place each short job at its cheapest feasible start around `base` (see module doc)."""
+    """Place each short job at its cheapest feasible start around `base` (see module doc).
+
+    Per job, the start slots of every (zone, model) that can take it are costed at once
+    (numpy); they are then tried cheapest first until one has k GPUs of one node free for
+    the run somewhere in the slot, and the earliest start within `DELAY_WORTH` of that cost
+    is taken. The earliest feasible start anywhere is the "if run now" alternative.
+    """
     now = snapshot.now
     t_now = now.timestamp()
     horizon_end = t_now + snapshot.horizon_s
+    slot_s = snapshot.slot_s
+    n_slots = int(math.ceil(snapshot.horizon_s / slot_s))
+    slot_starts = t_now + slot_s * np.arange(n_slots)
     usable = [g for g in snapshot.gpus if g.healthy and not g.drained]
     by_id: dict[int, GpuSlot] = {g.id: g for g in snapshot.gpus}
     lines: dict[int, _Timeline] = {g.id: _Timeline() for g in usable}
     for g in usable:
         if g.busy_until is not None and g.busy_until > now:
             lines[g.id].add(t_now - 1.0, g.busy_until.timestamp())
-    runtime_of = {j.id: j for j in snapshot.jobs}
+    jobs_by_id = {j.id: j for j in snapshot.jobs}
     for a in (*snapshot.pinned.values(), *base.assignments):
-        job = runtime_of.get(a.job_id)
+        job = jobs_by_id.get(a.job_id)
         if a.estimate.runtime_s is not None:
             run_s = a.estimate.runtime_s
         elif job is not None and a.gpu_ids and a.gpu_ids[0] in by_id:
@@ -143,10 +218,36 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                     return False
         return True
 
-    groups: dict[tuple[str, str], list[GpuSlot]] = defaultdict(list)
+    by_node: dict[tuple[str, str, str], list[GpuSlot]] = defaultdict(list)
     for g in usable:
-        groups[(g.node, g.model)].append(g)
-    slot_starts = [t_now + i * snapshot.slot_s for i in range(int(math.ceil(snapshot.horizon_s / snapshot.slot_s)))]
+        by_node[(g.zone, g.model, g.node)].append(g)
+    kinds: dict[tuple[str, str], _Kind] = {}
+    for (zone, model, node), members in sorted(by_node.items()):
+        kind = kinds.setdefault((zone, model), _Kind(zone, model, members[0].memory_gib, []))
+        kind.nodes.append((node, members))
+
+    def start_in(kind: _Kind, k: int, run_s: float, lo: float, hi: float):
+        """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run
+        (and room under the zone's power cap), with the GPUs; None if there is none."""
+        best = None
+        for node, members in kind.nodes:
+            if len(members) < k:
+                continue
+            times = {lo}
+            for g in members:
+                times.update(lines[g.id].ends_within(lo, hi))
+            if best is not None and best[0] <= lo:
+                break  # nothing starts earlier than lo
+            for t in sorted(times):
+                if best is not None and t >= best[0]:
+                    break
+                free = [g for g in members if lines[g.id].free(t, t + run_s)]
+                if len(free) >= k:
+                    if kind.zone in capped and not under_cap(kind.zone, t, t + run_s, power_w):
+                        continue
+                    best = (t, node, tuple(sorted(g.id for g in free[:k])))
+                    break
+        return best
 
     def order(j: QueuedJob):
         return (j.deadline or datetime.max.replace(tzinfo=now.tzinfo), j.submitted_at, j.id)
@@ -158,74 +259,130 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         latest = horizon_end
         if job.max_delay_s is not None:
             latest = min(latest, job.submitted_at.timestamp() + job.max_delay_s)
-        best = None  # (cost or inf, start, key, gpus, shape)
-        asap = None  # (start, cost, key, gpus, shape): the earliest start anywhere
+        first_slot = max(0, int(math.floor((release - t_now) / slot_s)))
+        entries = []  # (cost, slot start, kind index, slot, shape)
+        options: list[tuple[_Kind, object]] = []
         reasons = set()
-        for key, members in groups.items():
-            node, model = key
-            why = fits(job, model, members[0].memory_gib, book)
+        for kind in kinds.values():
+            why = fits(job, kind.model, kind.memory_gib, book)
             if why is not None:
                 reasons.add(why)
                 continue
-            if len(members) < job.gpus:
+            if all(len(m) < job.gpus for _, m in kind.nodes):
                 reasons.add("gpus")
                 continue
-            shape = job_shape(job, model, book, snapshot.default_runtime_s)
-            zone = members[0].zone
-            curve = snapshot.carbon.get(zone)
-            pue = snapshot.pue.get(zone, 1.0)
-            deadline_start = (job.deadline.timestamp() - shape.runtime_s) if job.deadline else horizon_end
-            candidates = {release}
-            candidates.update(s for s in slot_starts if s > release)
-            for g in members:
-                candidates.update(e for e in lines[g.id].ends if e > release)
-            for t in sorted(candidates):
-                if t > horizon_end:
-                    break
-                free = [g for g in members if lines[g.id].free(t, t + shape.runtime_s)]
-                if len(free) < job.gpus:
-                    continue
-                if zone in capped and not under_cap(zone, t, t + shape.runtime_s, shape.power_w):
-                    reasons.add(f"power cap of {zone}")
-                    continue
-                chosen = tuple(sorted(g.id for g in free[:job.gpus]))
-                start = datetime.fromtimestamp(t, now.tzinfo)
-                cost = job_gco2(curve, start, shape.runtime_s, shape.power_w, pue)
-                if asap is None or t < asap[0]:
-                    asap = (t, cost, key, chosen, shape)
-                if t > latest + 1e-6 or t > deadline_start + 1e-6:
-                    continue
-                rank = (cost if cost is not None else math.inf, t)
-                if best is None or rank < (best[0], best[1]):
-                    best = (rank[0], t, key, chosen, shape, cost)
-        if best is None and asap is None:
+            shape = job_shape(job, kind.model, book, snapshot.default_runtime_s)
+            options.append((kind, shape))
+        if not options:
             unplaced[job.id] = ("no GPU model can take it (" + ", ".join(sorted(reasons)) + ")") if reasons \
                 else "no healthy GPUs"
             continue
+        power_w = 0.0  # set per option below; start_in reads it for the power cap
+        starts = np.maximum(slot_starts[first_slot:], release)
+        costs = [_slot_costs(snapshot.carbon.get(kind.zone), starts, shape.runtime_s, shape.power_w,
+                             snapshot.pue.get(kind.zone, 1.0)) for kind, shape in options]
+        table = np.stack(costs)  # options x slots
+        slots = first_slot + np.arange(table.shape[1])
+
+        # earliest[o]: known answers (lo, start) of "the earliest feasible start of option o
+        # from lo"; that start also answers every lo' in [lo, start] (nothing fits before it)
+        earliest: dict[int, list[tuple[float, object]]] = defaultdict(list)
+
+        def feasible(o: int, col: int, hi_limit: float):
+            nonlocal power_w
+            kind, shape = options[o]
+            power_w = shape.power_w
+            lo = float(starts[col])
+            hi = min(float(slot_starts[slots[col]]) + slot_s - 1e-6, hi_limit)
+            if lo > hi:
+                return None
+            for lo1, h1 in earliest[o]:
+                if lo1 <= lo and (h1 is None or lo <= h1[0]):
+                    return h1 if h1 is not None and h1[0] <= hi else None
+            h = start_in(kind, job.gpus, shape.runtime_s, lo, horizon_end)
+            earliest[o].append((lo, h))
+            return h if h is not None and h[0] <= hi else None
+
+        # the earliest feasible start anywhere (also the "if run now" alternative): one scan
+        # per option over the whole horizon, stopping at its first fit
+        asap = None
+        for o, (kind, shape) in enumerate(options):
+            power_w = shape.power_w
+            hi = horizon_end if asap is None else min(horizon_end, asap[0][0] - 1e-6)
+            h = start_in(kind, job.gpus, shape.runtime_s, release, hi)
+            if h is not None:
+                col = min(table.shape[1] - 1, max(0, int((h[0] - t_now) // slot_s) - first_slot))
+                asap = (h, o, col)
+        if asap is None:
+            unplaced[job.id] = "no GPUs free long enough within the planning horizon" + (
+                f" ({', '.join(sorted(reasons))})" if reasons else "")
+            continue
+
+        def window_limit(o: int) -> float:
+            _, shape = options[o]
+            limit = latest
+            if job.deadline is not None:
+                limit = min(limit, job.deadline.timestamp() - shape.runtime_s)
+            return limit
+
+        # cheapest feasible within the window, then the earliest start about as cheap
+        flat = np.argsort(table, axis=None, kind="stable")
+        best = None
+        for idx in flat:
+            o, col = divmod(int(idx), table.shape[1])
+            if starts[col] > window_limit(o) + 1e-6:
+                continue
+            h = feasible(o, col, window_limit(o))
+            if h is not None:
+                best = (float(table[o, col]), h, o, col)
+                break
         miss = best is None
         if miss:
-            t, cost, key, chosen, shape = asap
+            h, o, col = asap
         else:
-            _, t, key, chosen, shape, cost = best
+            c_star = best[0]
+            h, o, col = best[1], best[2], best[3]
+            if math.isfinite(c_star):
+                near = np.argwhere(table <= c_star * (1 + DELAY_WORTH))
+                for o2, col2 in sorted(((int(a), int(b)) for a, b in near), key=lambda x: (starts[x[1]], x[0])):
+                    if starts[col2] >= h[0]:
+                        break
+                    if starts[col2] > window_limit(o2) + 1e-6:
+                        continue
+                    h2 = feasible(o2, col2, window_limit(o2))
+                    if h2 is not None and h2[0] < h[0]:
+                        h, o, col = h2, o2, col2
+                        break
+            else:  # carbon-blind everywhere: the earliest feasible start in the window
+                h, o, col = asap if asap[0][0] <= window_limit(asap[1]) + 1e-6 else (h, o, col)
+        t, node, chosen = h
+        kind, shape = options[o]
         for gid in chosen:
             lines[gid].add(t, t + shape.runtime_s)
-        if by_id[chosen[0]].zone in capped:
-            draws[by_id[chosen[0]].zone].append((t, t + shape.runtime_s, shape.power_w))
+        if kind.zone in capped:
+            draws[kind.zone].append((t, t + shape.runtime_s, shape.power_w))
         start = datetime.fromtimestamp(t, now.tzinfo)
-        now_cost = asap[1] if asap else None
-        g0 = by_id[chosen[0]]
+        curve = snapshot.carbon.get(kind.zone)
+        pue = snapshot.pue.get(kind.zone, 1.0)
+        cost = job_gco2(curve, start, shape.runtime_s, shape.power_w, pue)
+        (t_asap, _, _), o_asap, _ = asap
+        kind_asap, shape_asap = options[o_asap]
+        now_cost = job_gco2(snapshot.carbon.get(kind_asap.zone), datetime.fromtimestamp(t_asap, now.tzinfo),
+                            shape_asap.runtime_s, shape_asap.power_w, snapshot.pue.get(kind_asap.zone, 1.0))
         finish = start + timedelta(seconds=shape.runtime_s)
         deadline_miss = job.deadline is not None and finish > job.deadline
-        binding = "deadline" if miss and job.deadline else ("max delay" if miss else None)
+        binding = None
+        if miss:  # which limit could not be kept
+            binding = "max delay" if t > latest + 1e-6 else "deadline" if job.deadline else "capacity"
         when = "now" if t - t_now < 1 else f"at {start:%H:%M:%S}" if t - t_now < 86400 else f"at {start:%Y-%m-%d %H:%M}"
         cost_txt = "no forecast" if cost is None else f"{cost:.2g} g"
         alt_txt = "no forecast" if now_cost is None else f"{now_cost:.2g} g"
         why = f"{binding} cannot be met: as soon as possible" if miss else "short job packed between longer ones"
         placed.append(Assignment(
-            job_id=job.id, node=key[0], gpu_ids=chosen, start_at=start,
+            job_id=job.id, node=node, gpu_ids=chosen, start_at=start,
             estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=cost, gco2_if_now=now_cost,
                               runtime_s=shape.runtime_s, prompts=job.prompts, binding=binding,
                               deadline_miss=deadline_miss),
-            explanation=(f"{policy}: {len(chosen)}x{g0.model} in {g0.zone} {when}: {cost_txt} vs {alt_txt} "
+            explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs {alt_txt} "
                          f"at the earliest ({why})")))
     return placed, unplaced

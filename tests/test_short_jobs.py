@@ -1,0 +1,81 @@
+"""Jobs shorter than a planning slot are packed in continuous time around the slot plan:
+a queue of short jobs runs back to back, yet still waits for a clearly cleaner hour."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from policies import CarbonCurve, GpuSlot, QueuedJob, Snapshot, get_policy
+from policies.model import PowerCap
+from policy_checker import violations
+
+NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
+
+
+def gpus(n: int, zone: str = "DE", model: str = "H100", node: str = "n1") -> tuple[GpuSlot, ...]:
+    return tuple(GpuSlot(id=i + 1, node=node, zone=zone, index=i, model=model, memory_gib=80) for i in range(n))
+
+
+def job(i: int, runtime_s: float = 2.0, **kw) -> QueuedJob:
+    return QueuedJob(id=i, gpus=kw.pop("gpus", 1), gpu_mem_gib=0, submitted_at=NOW - timedelta(seconds=100 - i),
+                     est_runtime_s=runtime_s, **kw)
+
+
+def flat(zone: str = "DE", value: float = 300.0) -> CarbonCurve:
+    return CarbonCurve(zone, NOW, 3600.0, (value,) * 72)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "cpsat"])
+def test_fifty_two_second_jobs_on_four_gpus_run_back_to_back(policy):
+    snap = Snapshot(now=NOW, jobs=tuple(job(i) for i in range(1, 51)), gpus=gpus(4), carbon={"DE": flat()})
+    plan = get_policy(policy, **({"max_time_s": 1} if policy == "cpsat" else {})).plan(snap)
+    assert violations(snap, plan) == []
+    starts = sorted((a.start_at - NOW).total_seconds() for a in plan.assignments)
+    assert len(starts) == 50 and max(starts) <= 13 * 2.0 + 1  # 13 rounds of 4 (not one per 15-minute slot)
+    assert all("short job" in a.explanation for a in plan.assignments)
+
+
+def test_a_short_job_waits_for_a_clearly_cleaner_hour_but_not_for_noise():
+    dirty_then_clean = CarbonCurve("DE", NOW, 3600.0, (400.0,) * 3 + (100.0,) * 69)
+    noisy_flat = CarbonCurve("DE", NOW, 3600.0, tuple(300.0 + 0.001 * (i % 7) for i in range(72)))
+    for curve, expect_h in ((dirty_then_clean, 3.0), (noisy_flat, 0.0)):
+        snap = Snapshot(now=NOW, jobs=(job(1, runtime_s=600),), gpus=gpus(1), carbon={"DE": curve})
+        a = get_policy("greedy").plan(snap).assignments[0]
+        assert (a.start_at - NOW).total_seconds() / 3600 == pytest.approx(expect_h, abs=0.01)
+        if expect_h:
+            assert a.estimate.gco2 == pytest.approx(a.estimate.gco2_if_now / 4, rel=0.01)
+
+
+def test_max_delay_and_deadline_bound_how_long_a_short_job_waits():
+    dirty_then_clean = CarbonCurve("DE", NOW, 3600.0, (400.0,) * 3 + (100.0,) * 69)
+    jobs = (job(1, runtime_s=600, max_delay_s=3600.0), job(2, runtime_s=600, deadline=NOW + timedelta(hours=2)))
+    snap = Snapshot(now=NOW, jobs=jobs, gpus=gpus(2), carbon={"DE": dirty_then_clean})
+    plan = get_policy("greedy").plan(snap)
+    assert violations(snap, plan) == []
+    for a in plan.assignments:
+        assert (a.start_at - NOW).total_seconds() < 3600  # the clean hour is out of reach
+
+
+def test_short_jobs_go_around_long_ones_and_running_jobs():
+    busy = tuple(GpuSlot(id=i + 1, node="n1", zone="DE", index=i, model="H100", memory_gib=80,
+                         busy_until=NOW + timedelta(minutes=30) if i == 0 else None) for i in range(2))
+    jobs = (job(1, runtime_s=6 * 3600.0), job(2), job(3, gpus=2))
+    snap = Snapshot(now=NOW, jobs=jobs, gpus=busy, carbon={"DE": flat()})
+    plan = get_policy("greedy").plan(snap)
+    assert violations(snap, plan) == []
+    by_job = plan.by_job()
+    # the 2-GPU short job needs both GPUs: after the running job and the long one end
+    long_end = by_job[1].start_at + timedelta(hours=6)
+    assert by_job[3].start_at >= min(long_end, NOW + timedelta(minutes=30))
+
+
+def test_a_site_power_cap_is_honoured_for_short_jobs():
+    jobs = tuple(job(i, runtime_s=300) for i in range(1, 5))
+    snap = Snapshot(now=NOW, jobs=jobs, gpus=gpus(4), carbon={"DE": flat()},
+                    power_caps=(PowerCap(zone="DE", cap_w=1500.0),))
+    plan = get_policy("greedy").plan(snap)
+    assert violations(snap, plan) == []
+    starts = sorted(a.start_at for a in plan.assignments)
+    assert len(starts) == 4 and starts[-1] > NOW  # not all four at once under 1.5 kW
