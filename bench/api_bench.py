@@ -609,7 +609,7 @@ class Bench:
         import re
 
         pat = re.compile(r"planner \((\w+)\): (\d+) queued, (\d+) newly planned, (\d+) moved, "
-                         r"(\d+) withdrawn in ([0-9.]+)s")
+                         r"(\d+) withdrawn(?:, \d+ pinned)? in ([0-9.]+)s")
         out = []
         with contextlib.suppress(OSError):
             for line in self.daemon_log.read_text(errors="replace").splitlines():

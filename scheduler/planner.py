@@ -44,6 +44,9 @@ from scheduler.store.models import gpus, jobs, nodes
 log = logging.getLogger(__name__)
 
 WRITE_BATCH = 500
+# ~100 plan rows and events take ~20-30 ms to write on SQLite, 500 up to ~140 ms: a submission
+# waiting behind one write transaction would see that as latency (measured, bench/api_bench.py)
+WRITE_BATCH_SQLITE = 100
 # A planned start that moves earlier is written at once (the job may start sooner); one that
 # slips later only when it slips by more than this share of its lead time (and 60 s): a
 # queue behind a job running over its estimate would otherwise be rewritten every tick.
@@ -441,8 +444,10 @@ class Planner:
             elif _estimate_changed(row, a):
                 writes.append(("refresh", row, a, a.explanation))
         counts = {"plan": 0, "move": 0, "withdraw": 0, "reason": 0, "refresh": 0}
-        for i in range(0, len(writes), WRITE_BATCH):
-            batch = writes[i:i + WRITE_BATCH]
+        # SQLite has one writer at a time: smaller batches let submissions in between them
+        size = WRITE_BATCH_SQLITE if self.store.dialect == "sqlite" else WRITE_BATCH
+        for i in range(0, len(writes), size):
+            batch = writes[i:i + size]
             for kind, n in self.store.transact(lambda conn: _apply(conn, batch, self._clock())).items():
                 counts[kind] += n
         stats = TickStats(jobs=len(queued), planned=counts["plan"], moved=counts["move"],
