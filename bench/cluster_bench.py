@@ -137,8 +137,10 @@ class ClusterBench(Bench):
         c = self.client()
         try:
             for _ in range(n_gpus):
+                # must start now on whichever GPU is free (the carbon-aware planner would
+                # otherwise wait for the cleanest zone and hour)
                 c.submit(**submit_body(["sleep", str(api_bench.BLOCKER_SLEEP_S)],
-                                       api_bench.BLOCKER_EST_RUNTIME_S), name="bench-blocker")
+                                       api_bench.BLOCKER_EST_RUNTIME_S), name="bench-blocker", max_delay_s=1)
         finally:
             c.close()
         self.wait_for(f"{n_gpus} blocker jobs RUNNING", lambda k: k.get("RUNNING", 0) >= n_gpus, 120.0)
