@@ -128,9 +128,9 @@ def _curve_arrays(curve: CarbonCurve) -> tuple[np.ndarray, np.ndarray]:
 
 def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: float, power_w: float,
                 pue: float) -> np.ndarray:
-    """gCO2 of a run of `run_s` (shorter than a curve step... or not: exact for any length
-    within two steps, which a short job always is) starting at each of `starts` (epoch s);
-    inf where there is no forecast (carbon-blind: every start costs the same)."""
+    """gCO2 of a run of `run_s` starting at each of `starts` (epoch s), integrated exactly over
+    the step curve by its prefix sums; inf where there is no forecast (carbon-blind: every
+    start costs the same, so the earliest wins)."""
     if curve is None or not curve.values_g_per_kwh:
         return np.full(len(starts), np.inf)
     values, prefix = _curve_arrays(curve)
@@ -226,18 +226,18 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         kind = kinds.setdefault((zone, model), _Kind(zone, model, members[0].memory_gib, []))
         kind.nodes.append((node, members))
 
-    def start_in(kind: _Kind, k: int, run_s: float, lo: float, hi: float):
+    def start_in(kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
         """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run
         (and room under the zone's power cap), with the GPUs; None if there is none."""
         best = None
         for node, members in kind.nodes:
             if len(members) < k:
                 continue
+            if best is not None and best[0] <= lo:
+                break  # nothing starts earlier than lo
             times = {lo}
             for g in members:
                 times.update(lines[g.id].ends_within(lo, hi))
-            if best is not None and best[0] <= lo:
-                break  # nothing starts earlier than lo
             for t in sorted(times):
                 if best is not None and t >= best[0]:
                     break
@@ -260,7 +260,6 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         if job.max_delay_s is not None:
             latest = min(latest, job.submitted_at.timestamp() + job.max_delay_s)
         first_slot = max(0, int(math.floor((release - t_now) / slot_s)))
-        entries = []  # (cost, slot start, kind index, slot, shape)
         options: list[tuple[_Kind, object]] = []
         reasons = set()
         for kind in kinds.values():
@@ -277,7 +276,6 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             unplaced[job.id] = ("no GPU model can take it (" + ", ".join(sorted(reasons)) + ")") if reasons \
                 else "no healthy GPUs"
             continue
-        power_w = 0.0  # set per option below; start_in reads it for the power cap
         starts = np.maximum(slot_starts[first_slot:], release)
         costs = [_slot_costs(snapshot.carbon.get(kind.zone), starts, shape.runtime_s, shape.power_w,
                              snapshot.pue.get(kind.zone, 1.0)) for kind, shape in options]
@@ -289,9 +287,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         earliest: dict[int, list[tuple[float, object]]] = defaultdict(list)
 
         def feasible(o: int, col: int, hi_limit: float):
-            nonlocal power_w
             kind, shape = options[o]
-            power_w = shape.power_w
             lo = float(starts[col])
             hi = min(float(slot_starts[slots[col]]) + slot_s - 1e-6, hi_limit)
             if lo > hi:
@@ -299,7 +295,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             for lo1, h1 in earliest[o]:
                 if lo1 <= lo and (h1 is None or lo <= h1[0]):
                     return h1 if h1 is not None and h1[0] <= hi else None
-            h = start_in(kind, job.gpus, shape.runtime_s, lo, horizon_end)
+            h = start_in(kind, job.gpus, shape.runtime_s, shape.power_w, lo, horizon_end)
             earliest[o].append((lo, h))
             return h if h is not None and h[0] <= hi else None
 
@@ -307,9 +303,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         # per option over the whole horizon, stopping at its first fit
         asap = None
         for o, (kind, shape) in enumerate(options):
-            power_w = shape.power_w
             hi = horizon_end if asap is None else min(horizon_end, asap[0][0] - 1e-6)
-            h = start_in(kind, job.gpus, shape.runtime_s, release, hi)
+            h = start_in(kind, job.gpus, shape.runtime_s, shape.power_w, release, hi)
             if h is not None:
                 col = min(table.shape[1] - 1, max(0, int((h[0] - t_now) // slot_s) - first_slot))
                 asap = (h, o, col)
