@@ -165,7 +165,7 @@ def report_table(data: dict) -> str:
                  f"${a['energy_price_usd_per_kwh']:g}/kWh"
                  + (" (zone prices: " + ", ".join(f"{z} ${p:g}" for z, p in a["zone_energy_price_usd_per_kwh"].items())
                     + ")" if a["zone_energy_price_usd_per_kwh"] else "")
-                 + "; saved: against the plan's estimate of running at once on the first free GPUs")
+                 + "; saved: against running at once on the first free GPUs (measured gCO2 x the plan's if-now / chosen estimates)")
     if data["jobs_without_gco2"]:
         lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
                      "data for their run): left out of KGCO2 and savings")
