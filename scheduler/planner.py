@@ -377,7 +377,7 @@ class Planner:
         learned = learned_profiles(conn)
         zones = sorted({s.zone for s in slots})
         carbon = self.curves.for_zones(zones, now)
-        jobs_ = tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, r.est_runtime_s,
+        jobs_ = tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, self._runtime_estimate(r),
                                 r.deadline, r.latency_slo_ms, r.workload, r.prompts,
                                 max_delay_s=r.max_delay_s, pinned=r.id in pinned)
                       for r in queued.values())
@@ -399,6 +399,15 @@ class Planner:
     def blind_zones(self, snapshot: Snapshot) -> list[str]:
         """Zones of the snapshot's GPUs planned without a carbon curve."""
         return sorted({g.zone for g in snapshot.gpus} - set(snapshot.carbon))
+
+    def _runtime_estimate(self, r: "QueuedRow") -> float | None:
+        """The job's --est-runtime; without one, its --time-limit when that is shorter than the
+        default runtime (a job that cannot run longer than 2 s is not planned for an hour)."""
+        if r.est_runtime_s is not None:
+            return r.est_runtime_s
+        if r.time_limit_s is not None and r.time_limit_s < self.default_runtime_s:
+            return r.time_limit_s
+        return None
 
     def _expected_end(self, job, now: datetime) -> datetime:
         if job is None or job.started_at is None:
@@ -552,6 +561,7 @@ class QueuedRow(NamedTuple):
     max_delay_s: float | None
     est_gco2: float | None
     deadline_miss: bool | None
+    time_limit_s: float | None
 
 
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
@@ -573,7 +583,7 @@ def _read_queue(conn: Connection) -> dict[int, QueuedRow]:
     for r in conn.execute(q):
         if raw:
             r = QueuedRow(r[0], r[1], r[2], r[3], _utc(r[4]), r[5], _utc(r[6]), r[7], r[8], r[9],
-                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), r[13], r[14], r[15], r[16], r[17])
+                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), r[13], r[14], r[15], r[16], r[17], r[18])
         else:
             r = QueuedRow(*r)
         out[r.id] = r

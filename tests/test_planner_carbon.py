@@ -458,3 +458,16 @@ def test_an_unchanged_snapshot_is_still_planned_again_after_a_while(store, servi
     assert planner.tick().skipped
     monkeypatch.setattr(planner_module, "REPLAN_AT_LEAST_S", 0.0)
     assert not planner.tick().skipped
+
+
+def test_a_job_with_only_a_short_time_limit_is_planned_for_that_long_not_the_default(store, service):
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    planner = planner_for(store)
+    limited = submit(service, time_limit_s=30)
+    unknown = submit(service)
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    est = {j.id: j.est_runtime_s for j in snap.jobs}
+    assert est[limited] == 30.0
+    assert est[unknown] is None  # the default runtime applies
