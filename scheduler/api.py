@@ -77,11 +77,7 @@ class _UidGate:
 
     def leave(self, uid: int) -> None:
         with self._lock:
-            n = self._inflight.get(uid, 1) - 1
-            if n > 0:
-                self._inflight[uid] = n
-            else:
-                self._inflight.pop(uid, None)
+            _decrement(self._inflight, uid)
 
     def connect(self, uid: int) -> bool:
         """Count a new connection of `uid`; False when it has too many open already."""
@@ -95,11 +91,16 @@ class _UidGate:
 
     def disconnect(self, uid: int) -> None:
         with self._lock:
-            n = self._connections.get(uid, 1) - 1
-            if n > 0:
-                self._connections[uid] = n
-            else:
-                self._connections.pop(uid, None)
+            _decrement(self._connections, uid)
+
+
+def _decrement(counts: dict[int, int], uid: int) -> None:
+    """One less for `uid`; a count that reaches zero is removed (the dicts stay small)."""
+    n = counts.get(uid, 1) - 1
+    if n > 0:
+        counts[uid] = n
+    else:
+        counts.pop(uid, None)
 
 
 def peer_credentials(sock: socket.socket) -> Caller:

@@ -224,6 +224,7 @@ def resolve_settings(args, config, scope: str) -> settings.Resolved:
 
 def cmd_agent(args, config) -> int:
     from scheduler.agent import default_node_name
+    from scheduler.client import default_state_dir
     from scheduler.daemon import AgentRunConfig, AgentRunner, DaemonError
 
     r = resolve_settings(args, config, settings.AGENT)
@@ -233,7 +234,7 @@ def cmd_agent(args, config) -> int:
                        "(or CARBONSCHED_DB, or `db` in the config file)", EXIT_USAGE)
     try:
         cfg = AgentRunConfig(
-            db_url=r["db"], state_dir=r["state_dir"] or _state_dir(args, config),
+            db_url=r["db"], state_dir=r["state_dir"] or default_state_dir(),
             node=r["node"] or default_node_name(), zone=r["zone"], emulate=r["emulate"],
             sample_hz=r["sample_hz"], dispatch_interval_s=r["dispatch_interval"],
             metrics_port=r["metrics_port"], grace_s=r["grace"], node_static_w=r["node_static_w"],
@@ -248,13 +249,14 @@ def cmd_agent(args, config) -> int:
 def cmd_daemon(args, config) -> int:
     from scheduler.accounting import AccountingConfig
     from scheduler.api import UidLimits
+    from scheduler.client import default_state_dir
     from scheduler.daemon import Daemon, DaemonConfig, DaemonError
     from scheduler.planner import SiteConfig, make_policy
     from scheduler.store.engine import default_db_url
 
     r = resolve_settings(args, config, settings.DAEMON)
     _setup_logging(r["log_level"])
-    state_dir = r["state_dir"] or _state_dir(args, config)
+    state_dir = r["state_dir"] or default_state_dir()
     sock = r["socket"]
     if not sock:
         sock = "/run/carbonsched/carbonsched.sock" if os.geteuid() == 0 else str(state_dir / "carbonsched.sock")
