@@ -70,7 +70,8 @@ def bench_gap(args) -> dict:
     cluster = load_cluster(ROOT / "examples" / "cluster-4zone.toml")
     scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon(cluster.zones), start=GAIA_START,
                               slack_s=24 * 3600.0)
-    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake)
+    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
+                           full_replan_s=args.full_replan)
     result = _run(scenario, args.policies or f"fifo,greedy,cpsat:max_time_s={args.cpsat_s},oracle", settings,
                   args.forecast)
     _print(result)
@@ -111,7 +112,8 @@ def bench_speed(args) -> dict:
     out: dict = {"scenario": "speed", "trace": str(PAI_100K), "cluster": "examples/cluster-256.toml", "runs": {}}
     for policy in (args.policies or "greedy").split(","):
         cmd = [sys.executable, __file__, "_speed_child", "--policies", policy, "--days", str(args.days),
-               "--plan-interval", str(args.plan_interval)] + (["--wake"] if args.wake else [])
+               "--plan-interval", str(args.plan_interval)] + (["--wake"] if args.wake else []) \
+            + (["--full-replan", str(args.full_replan)] if args.full_replan is not None else [])
         t = time.perf_counter()
         # the child's progress bar and errors go straight to our stderr
         try:
@@ -147,7 +149,8 @@ def speed_child(args) -> None:
     scenario = build_scenario(cluster, trace, carbon, start=datetime(2022, 1, 1, tzinfo=timezone.utc),
                               slack_s=24 * 3600.0)
     load_s = time.perf_counter() - t0
-    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake)
+    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
+                           full_replan_s=args.full_replan)
     from scheduler.simulate.runner import parse_policies, run_policies
 
     result = run_policies(scenario, parse_policies(args.policies), settings=settings, progress=True)
@@ -170,6 +173,9 @@ def main() -> None:
     p.add_argument("--forecast", default="perfect")
     p.add_argument("--plan-interval", type=float, default=3600.0, help="planner tick in seconds (default 3600)")
     p.add_argument("--wake", action="store_true", help="also plan at every submit")
+    p.add_argument("--full-replan", type=float, default=None, metavar="S",
+                   help="incremental planning: keep earlier plans between full re-plans S seconds apart "
+                        "(default: every tick re-plans every queued job)")
     p.add_argument("--days", type=float, default=0, help="speed: only the first N days of pai-100k (0 = all)")
     p.add_argument("--timeout", type=float, default=3600, help="speed: per-policy limit, seconds")
     p.add_argument("--json", help="write the figures to this file")

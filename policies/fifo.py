@@ -5,7 +5,7 @@ GPUs of one model that each have enough memory and meet the job's latency SLO. L
 may start earlier on GPUs the head of the queue cannot use (list scheduling), but never
 delay an earlier job's planned start. Starts are exact (not slot-aligned): a job starts the
 moment its GPUs free up. Unhealthy and drained GPUs are never used; pinned jobs keep their
-current plan. FIFO ignores deadlines (a job that will finish late is flagged) and site
+current plan, and so do the kept plans of incremental planning. FIFO ignores deadlines (a job that will finish late is flagged) and site
 power caps: it is the "run it as soon as possible" yardstick.
 
 Each assignment carries a full estimate from the energy model (runtime on the chosen
@@ -35,6 +35,7 @@ class FifoPolicy:
         pinned = {j.id: snapshot.pinned[j.id] for j in snapshot.jobs
                   if j.pinned and j.id in snapshot.pinned}
         busy_until: dict[int, datetime | None] = {g.id: g.busy_until for g in snapshot.gpus}
+        pinned.update(_still_valid_keeps(snapshot, pinned))
         jobs_by_id = {j.id: j for j in snapshot.jobs}
         model_of = {g.id: g.model for g in snapshot.gpus}
         for a in pinned.values():
@@ -132,6 +133,24 @@ class FifoPolicy:
                 )
             )
         return Plan(assignments=tuple(assignments), unplaced=unplaced)
+
+
+def _still_valid_keeps(snapshot: Snapshot, pinned: dict[int, Assignment]) -> dict[int, Assignment]:
+    """The kept plans (`Snapshot.keep`) fifo can hold as they are: not yet started, on
+    usable GPUs that are free by then. Like pinned jobs, their GPUs count as busy from now
+    to their end (fifo schedules a GPU as a list: nothing goes in the gap before them)."""
+    gpu = {g.id: g for g in snapshot.gpus}
+    jobs = {j.id: j for j in snapshot.jobs}
+    out: dict[int, Assignment] = {}
+    for job_id, a in snapshot.keep.items():
+        job = jobs.get(job_id)
+        if job is None or job_id in pinned or a.start_at < snapshot.now or len(a.gpu_ids) != max(1, job.gpus):
+            continue
+        gs = [gpu.get(i) for i in a.gpu_ids]
+        if all(g is not None and g.healthy and not g.drained and (g.busy_until is None or g.busy_until <= a.start_at)
+               for g in gs):
+            out[job_id] = a
+    return out
 
 
 def _gco2(integrator: "CurveIntegrator | None", start: datetime, shape: JobShape, pue: float) -> float | None:

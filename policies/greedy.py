@@ -378,7 +378,9 @@ class GreedyPolicy:
         notes: dict[int, Notes] = {}
         picks, unplaced = greedy_picks(problem, notes=notes)
         plan = picks_to_plan(problem, picks, unplaced, self.name, notes)
-        if self.compare_fifo:
+        if self.compare_fifo and not problem.kept:
+            # compared at every full re-plan; between them (kept plans, a few new jobs) fifo's
+            # whole-queue pass would cost more than placing the new jobs
             plan = keep_better_than_fifo(problem, plan, self.name)
         return plan
 

@@ -147,6 +147,11 @@ class Snapshot:
     # policy keeps these GPUs and start as they are and plans the rest around them. A pinned
     # job without an entry here is planned like any other job.
     pinned: Mapping[int, Assignment] = field(default_factory=dict)
+    # Plans of earlier ticks to keep between full re-plans (incremental planning): the
+    # policy keeps each one's node and start and plans only the other jobs around them; the
+    # GPU ids on that node may be re-assigned. One that no longer fits (its start passed, its
+    # node lost GPUs, the capacity is gone) is planned again like any other job.
+    keep: Mapping[int, Assignment] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

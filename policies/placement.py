@@ -10,6 +10,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -34,30 +35,39 @@ class Pick(NamedTuple):
 
 
 def assign_gpu_ids(problem: Problem, picks: Iterable[Pick]) -> dict[int, tuple[int, ...]]:
-    """Concrete GPUs for each pick, by a sweep in start order per pool.
+    """Concrete GPUs for each pick (by job index), by a sweep in start order per pool that
+    also gives GPUs to the kept plans (`Problem.kept`, see `gpu_ids_with_kept`).
 
     Per-slot counts within capacity guarantee that the sweep never runs short (intervals on
     identical machines); a shortfall means the picks overload a pool, a bug: ValueError.
     """
-    by_pool: dict[int, list[Pick]] = defaultdict(list)
+    return gpu_ids_with_kept(problem, picks)[0]
+
+
+def gpu_ids_with_kept(problem: Problem, picks: Iterable[Pick]) -> tuple[dict[int, tuple[int, ...]],
+                                                                        dict[int, tuple[int, ...]]]:
+    """`assign_gpu_ids`, plus the GPUs of each kept plan (by job id)."""
+    by_pool: dict[int, list[tuple[int, int, int, int, int]]] = defaultdict(list)  # slot, kind, key, k, dur
     for p in picks:
-        by_pool[p.pool].append(p)
+        group = problem.pools[p.pool].group
+        by_pool[p.pool].append((p.slot, 1, p.j, int(problem.job_k[p.j]), int(problem.job_duration[p.j, group])))
+    for kp in problem.kept:
+        by_pool[kp.pool].append((kp.slot, 0, kp.assignment.job_id, kp.k, kp.duration))
     out: dict[int, tuple[int, ...]] = {}
-    for pool_i, ps in by_pool.items():
+    kept: dict[int, tuple[int, ...]] = {}
+    for pool_i, items in by_pool.items():
         pool = problem.pools[pool_i]
         free = list(pool.free_slot)  # slot each GPU is next free
-        for p in sorted(ps, key=lambda p: (p.slot, p.j)):
-            k = int(problem.job_k[p.j])
-            dur = int(problem.job_duration[p.j, pool.group])
-            ready = [i for i in range(len(free)) if free[i] <= p.slot]
+        for slot, kind, key, k, dur in sorted(items):
+            ready = [i for i in range(len(free)) if free[i] <= slot]
             if len(ready) < k:
-                raise ValueError(f"pool {pool.node}/{pool.model} overloaded at slot {p.slot}")
+                raise ValueError(f"pool {pool.node}/{pool.model} overloaded at slot {slot}")
             ready.sort(key=lambda i: (-free[i], i))  # best fit: the GPU freed last
             chosen = sorted(ready[:k])
             for i in chosen:
-                free[i] = p.slot + dur
-            out[p.j] = tuple(pool.gpu_ids[i] for i in chosen)
-    return out
+                free[i] = slot + dur
+            (out if kind else kept)[key] = tuple(pool.gpu_ids[i] for i in chosen)
+    return out, kept
 
 
 def if_now(problem: Problem, j: int, table: np.ndarray) -> tuple[int, int, float]:
@@ -194,13 +204,17 @@ def _binding(problem: Problem, j: int, pick: Pick, chosen: float, table: np.ndar
 
 def picks_to_plan(problem: Problem, picks: list[Pick], unplaced: dict[int, str], policy: str,
                   notes: dict[int, Notes] | None = None) -> Plan:
-    """Assignments for the picks plus the pinned jobs kept as they are.
+    """Assignments for the picks plus the pinned jobs as they are and the kept plans (their
+    node and start as they are, GPUs on that node given by the sweep).
 
     `notes` (by job index) saves recomputing each job's cost table; missing ones are computed.
     """
-    ids = assign_gpu_ids(problem, picks)
+    ids, kept_ids = gpu_ids_with_kept(problem, picks)
     notes = notes or {}
     assignments = list(problem.pinned)
+    for kp in problem.kept:
+        a, ids_now = kp.assignment, kept_ids[kp.assignment.job_id]
+        assignments.append(a if a.gpu_ids == ids_now else replace(a, gpu_ids=ids_now))
     for p in sorted(picks, key=lambda p: p.j):
         n = notes.get(p.j)
         if n is None or n.gco2 != n.gco2:  # missing or stale
@@ -226,11 +240,10 @@ class Score(NamedTuple):
 def plan_score(problem: Problem, plan: Plan) -> Score:
     """Score any plan (slot-aligned or not) with the problem's own carbon model."""
     gpu = {g.id: g for g in problem.snapshot.gpus}
-    pinned = {a.job_id for a in problem.pinned}
     jobs = {j.id: j for j in problem.jobs}
     total, misses = 0.0, 0
     for a in plan.assignments:
-        if a.job_id in pinned or a.job_id not in jobs or not a.gpu_ids:
+        if a.job_id not in jobs or not a.gpu_ids:  # pinned and kept jobs are not problem jobs
             continue
         job = jobs[a.job_id]
         g = gpu[a.gpu_ids[0]]
@@ -248,11 +261,10 @@ def estimate_score(problem: Problem, plan: Plan) -> Score:
     """`plan_score` from the plan's own estimates when every one of them has a gCO2 figure
     (fifo, greedy and cpsat estimate with the same energy model, so the sums agree), else
     `plan_score`. Saves re-integrating thousands of assignments on every tick."""
-    pinned = {a.job_id for a in problem.pinned}
     jobs = problem.job_index
     total, misses = 0.0, 0
     for a in plan.assignments:
-        if a.job_id in pinned or a.job_id not in jobs or not a.gpu_ids:
+        if a.job_id not in jobs or not a.gpu_ids:  # pinned and kept jobs are not problem jobs
             continue
         e = a.estimate
         if e.gco2 is None or e.finish_at is None:

@@ -41,6 +41,12 @@ Pinned jobs (`QueuedJob.pinned` with a current plan in `Snapshot.pinned`) are no
 variables: their GPUs are busy until their planned finish, their power counts against the
 zone's power cap, and `Problem.pinned` hands their assignments back unchanged.
 
+Kept plans (`Snapshot.keep`, incremental planning between full re-plans) are not decision
+variables either: each one that still fits holds k GPUs of its node's pool over the slots its
+run touches (and its watts under a cap), `Problem.kept` lists them, and `assign_gpu_ids` gives
+them GPUs of that node in the same sweep as the new picks. One that no longer fits is a job
+like any other.
+
 Power caps: a cap applies to a slot it overlaps. Running jobs count against it at their GPUs'
 generic power (`energy.generic_power_w`) until their expected end.
 """
@@ -56,7 +62,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.energy import J_PER_KWH, JobShape, ProfileBook, generic_power_w, job_shape, seed_profiles, shape_arrays
+from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles, shape_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
@@ -117,6 +123,16 @@ class JobOptions(NamedTuple):
     row_scale: np.ndarray  # float, power_w x PUE / 3.6e6 per group row
 
 
+class Kept(NamedTuple):
+    """An earlier plan kept as it is: `k` GPUs of `pool` over `duration` slots from `slot`."""
+
+    assignment: Assignment
+    pool: int
+    slot: int
+    duration: int
+    k: int
+
+
 class Problem:
     """A compiled snapshot (see the module docstring)."""
 
@@ -133,12 +149,14 @@ class Problem:
         self.pinned: tuple[Assignment, ...] = tuple(
             pinned_map[j.id] for j in snapshot.jobs if j.pinned and j.id in pinned_map)
         pinned_ids = {a.job_id for a in self.pinned}
-        self.jobs: list[QueuedJob] = [j for j in snapshot.jobs if j.id not in pinned_ids]
-        self.job_index: dict[int, int] = {j.id: i for i, j in enumerate(self.jobs)}
 
         self._build_curves()
         self._build_pools()
         self._build_power_caps()
+        self._apply_keep(pinned_ids)
+        kept_ids = {k.assignment.job_id for k in self.kept}
+        self.jobs: list[QueuedJob] = [j for j in snapshot.jobs if j.id not in pinned_ids and j.id not in kept_ids]
+        self.job_index: dict[int, int] = {j.id: i for i, j in enumerate(self.jobs)}
         self._compile_jobs()
         self._job_options: dict[int, JobOptions] = {}
         self.options: Sequence[list[Option]] = _LazyOptions(self)
@@ -198,8 +216,9 @@ class Problem:
 
         by_key: dict[tuple[str, str, str, float], list] = defaultdict(list)
         self._running_power: list[tuple[str, int, float]] = []  # zone, until slot, W
+        capped = {c.zone for c in snap.power_caps}
         for g in snap.gpus:
-            if g.busy_until is not None and g.busy_until > self.now:  # running, even if unhealthy now
+            if g.zone in capped and g.busy_until is not None and g.busy_until > self.now:  # running, even if unhealthy now
                 self._running_power.append((g.zone, min(self.n_slots, self._slot_ceil(g.busy_until)),
                                             generic_power_w(g.model)))
             if not g.healthy or g.drained:
@@ -268,6 +287,69 @@ class Problem:
         for zone, lo, hi, power_w in self._pinned_power:
             if zone in self._power_cap:
                 self._power_cap[zone][max(0, lo):max(0, min(hi, self.n_slots))] -= power_w
+
+    def _apply_keep(self, pinned_ids: set[int]) -> None:
+        """Reserve capacity (and watts) for the earlier plans in `Snapshot.keep` that still
+        fit, in start order; the rest are planned again. A kept plan holds k GPUs of its
+        node's pool over the slots its run touches (start rounded down, end up), so the
+        sweep of `assign_gpu_ids` can give it GPUs alongside the new picks."""
+        self.kept: list[Kept] = []
+        keep = getattr(self.snapshot, "keep", None) or {}
+        if not keep:
+            return
+        jobs_by_id = {j.id: j for j in self.snapshot.jobs}
+        pool_of: dict[tuple[str, str], int] = {(p.node, p.model): i for i, p in enumerate(self.pools)}
+        gpu = {g.id: g for g in self.snapshot.gpus}
+        now_s, slot_s, n_slots = self.now.timestamp(), self.slot_s, self.n_slots
+        cands: list[tuple[Assignment, int, int, int, int, float]] = []  # a, pool, lo, hi, k, W
+        for a in sorted(keep.values(), key=lambda a: (a.start_at, a.job_id)):
+            job = jobs_by_id.get(a.job_id)
+            if job is None or a.job_id in pinned_ids or not a.gpu_ids or a.start_at < self.now:
+                continue
+            g0 = gpu.get(a.gpu_ids[0])
+            pool_i = pool_of.get((g0.node, g0.model)) if g0 is not None else None
+            k = max(1, job.gpus)
+            if pool_i is None or len(a.gpu_ids) != k:
+                continue
+            pool = self.pools[pool_i]
+            est = a.estimate
+            if est.runtime_s and est.energy_j:  # the plan's own shape (what fifo, greedy and cpsat estimate)
+                runtime_s, power_w = est.runtime_s, est.energy_j / est.runtime_s
+            else:
+                if fits(job, pool.model, pool.memory_gib, self.book) is not None:
+                    continue
+                shape = job_shape(job, pool.model, self.book, self.snapshot.default_runtime_s)
+                runtime_s, power_w = shape.runtime_s, shape.power_w
+            start = (a.start_at.timestamp() - now_s) / slot_s
+            lo = int(math.floor(start + 1e-9))
+            hi = min(n_slots, int(math.ceil(start + runtime_s / slot_s - 1e-9)))
+            if lo < n_slots and hi > lo:
+                cands.append((a, pool_i, lo, hi, k, power_w))
+        if not cands:
+            return
+        # usually they all fit (they did last tick): check them at once, one by one only if not
+        arr = np.array([c[1:] for c in cands], dtype=np.float64)
+        pools_i, lo_i, hi_i = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2].astype(np.int64)
+        diff = np.zeros((len(self.pools), n_slots + 1), dtype=np.int32)
+        np.add.at(diff, (pools_i, lo_i), arr[:, 3].astype(np.int32))
+        np.add.at(diff, (pools_i, hi_i), -arr[:, 3].astype(np.int32))
+        used = np.cumsum(diff[:, :-1], axis=1, dtype=np.int32)
+        zones = [self.pools[c[1]].zone for c in cands]
+        capped = [i for i, z in enumerate(zones) if z in self._power_cap]
+        if (self._capacity >= used).all() and not capped:
+            self._capacity -= used
+            self.kept = [Kept(a, pool_i, lo, hi - lo, k) for a, pool_i, lo, hi, k, _ in cands]
+            return
+        for (a, pool_i, lo, hi, k, power_w), zone in zip(cands, zones):
+            if self._capacity[pool_i, lo:hi].min() < k:
+                continue
+            cap = self._power_cap.get(zone)
+            if cap is not None and cap[lo:hi].min() < power_w - 1e-9:
+                continue
+            self._capacity[pool_i, lo:hi] -= k
+            if cap is not None:
+                cap[lo:hi] -= power_w
+            self.kept.append(Kept(a, pool_i, lo, hi - lo, k))
 
     def _compile_jobs(self) -> None:
         """Every job against every group at once, as (jobs x groups) arrays.

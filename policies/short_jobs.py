@@ -55,7 +55,7 @@ def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook,
              kinds: list[tuple[str, float]] | None = None) -> bool:
     """Whether the job runs for less than one slot on every GPU model that could take it.
     `kinds`: the fleet's distinct usable (model, memory) pairs (computed when None)."""
-    if job.id in snapshot.pinned:
+    if job.id in snapshot.pinned or job.id in snapshot.keep:  # planned already: the slot planner holds it
         return False
     if kinds is None:
         kinds = sorted({(g.model, g.memory_gib) for g in snapshot.gpus if g.healthy and not g.drained})
@@ -178,6 +178,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         if g.busy_until is not None and g.busy_until > now:
             lines[g.id].add(t_now - 1.0, g.busy_until.timestamp())
     jobs_by_id = {j.id: j for j in snapshot.jobs}
+    spans: list[tuple[float, float, int]] = []
     for a in (*snapshot.pinned.values(), *base.assignments):
         job = jobs_by_id.get(a.job_id)
         if a.estimate.runtime_s is not None:
@@ -186,9 +187,10 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             run_s = job_shape(job, by_id[a.gpu_ids[0]].model, book, snapshot.default_runtime_s).runtime_s
         else:
             run_s = snapshot.default_runtime_s
-        for gid in a.gpu_ids:
-            if gid in lines:
-                lines[gid].add(a.start_at.timestamp(), a.start_at.timestamp() + run_s)
+        t0 = a.start_at.timestamp()
+        spans.extend((t0, t0 + run_s, gid) for gid in a.gpu_ids if gid in lines)
+    for t0, t1, gid in sorted(spans):  # in start order each add appends (cheap)
+        lines[gid].add(t0, t1)
 
     # power drawn per zone over time, for the caps: (start, end, watts)
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)

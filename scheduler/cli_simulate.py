@@ -78,6 +78,9 @@ def add_parser(subparsers) -> None:
     m.add_argument("--wake-on-submit", action=argparse.BooleanOptionalAction, default=None,
                    help="also plan when a job is submitted, as the daemon does (default on; the demo: off)")
     m.add_argument("--horizon", default="48h", metavar="DUR", help="planning horizon (default 48h)")
+    m.add_argument("--full-replan", metavar="DUR",
+                   help="incremental planning: between full re-plans this far apart, keep the earlier plans "
+                        "and plan only new jobs (default: every tick re-plans every queued job)")
     m.add_argument("--gpu-mtbf", metavar="DUR", help="simulate GPU failures: mean time between failures per GPU")
     m.add_argument("--gpu-repair", default="4h", metavar="DUR", help="time a failed GPU is down (default 4h)")
     o = s.add_argument_group("output")
@@ -153,6 +156,7 @@ def _run(args, config: dict) -> int:
         raise CliError("--plan-interval and --horizon must be positive durations", EXIT_USAGE)
     settings = SimSettings(plan_interval_s=plan_interval, wake_on_submit=wake,
                            horizon_s=horizon, gpu_mtbf_s=_duration(args.gpu_mtbf, "--gpu-mtbf"),
+                           full_replan_s=_duration(args.full_replan, "--full-replan"),
                            gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed)
     policies = parse_policies(args.policy or _default_policies(DEMO_POLICIES if demo else "fifo,greedy,cpsat"))
     slack_s = _duration(args.slack, "--slack")

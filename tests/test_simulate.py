@@ -30,7 +30,7 @@ from scheduler.simulate.traces import read_jobs
 DEMO = demo_dir()
 ZONE_FILES = {"DE": "DE-LU.csv", "GB": "GB.csv", "US-CAL-CISO": "US-CAL-CISO.csv", "SG": "SG.csv"}
 START = datetime(2022, 10, 19, 16, tzinfo=timezone.utc)
-TIMING_KEYS = {"wall_s", "events_per_s", "planner_mean_s", "planner_p95_s", "planner_max_s", "planner_total_s",
+TIMING_KEYS = {"wall_s", "events_per_s", "planner_mean_s", "planner_p95_s", "planner_max_s", "planner_total_s", "planner_full_s",
                "simulator_s", "events_per_s_simulator"}
 
 
@@ -314,3 +314,27 @@ def test_cli_without_trace_arguments_runs_the_bundled_demo(tmp_path, capsys, mon
     assert written
     folder = Path(written[0].removeprefix("report written to ").split("/ (")[0])
     assert folder.parent == tmp_path and (folder / "report.json").exists() and (folder / "jobs-fifo.csv").exists()
+
+
+@pytest.mark.parametrize("policy", ["greedy", "cpsat:max_time_s=0.5"])
+def test_incremental_planning_keeps_plans_between_full_replans_and_loses_no_job(tmp_path, policy):
+    """`full_replan_s`: ticks between full re-plans keep the earlier plans and place only new
+    jobs; every job still runs once, energy is conserved, and the grams stay close to
+    re-planning everything every tick (the trace's jobs barely compete for the same slots)."""
+    sc = scenario(60, tmp_path, slack_s=12 * 3600)
+    full = run_policies(sc, parse_policies(policy), forecast="perfect").runs[policy]
+    inc = run_policies(sc, parse_policies(policy), forecast="perfect",
+                       settings=SimSettings(full_replan_s=6 * 3600)).runs[policy]
+    assert all(r.state == "done" and r.attempts == 1 for r in inc.records)
+    assert sum(m.energy_j for m in inc.meters.values()) == pytest.approx(sum(r.energy_j for r in inc.records))
+    kept_ticks = [t for t in inc.ticks if not t.full]
+    assert kept_ticks and any(t.kept for t in kept_ticks)
+    assert all(t.full for t in full.ticks)
+    last_full = None
+    for t in inc.ticks:  # no tick keeps plans 6 h or more after the last full re-plan
+        if t.full:
+            last_full = t.at_s
+        else:
+            assert last_full is not None and t.at_s - last_full < 6 * 3600
+    grams = lambda run: sum(r.gco2 for r in run.records)  # noqa: E731
+    assert grams(inc) == pytest.approx(grams(full), rel=0.10)

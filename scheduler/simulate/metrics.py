@@ -91,6 +91,8 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
         "planner_p95_s": percentile(plan_times, 95) or 0.0,
         "planner_max_s": max(plan_times, default=0.0),
         "planner_total_s": sum(plan_times),
+        "planner_full_calls": sum(t.full for t in run.ticks),
+        "planner_full_s": sum(t.plan_s for t in run.ticks if t.full),
         "rejected_assignments": run.rejected_assignments,
         "gpu_failures": run.gpu_failures,
         "restarts": sum(max(0, r.attempts - 1) for r in run.records),

@@ -40,7 +40,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 import simpy
@@ -70,6 +70,10 @@ class SimSettings:
     gpu_repair_s: float = 4 * 3600.0
     seed: int = 0
     max_overrun_s: float = 30 * 86400.0
+    # Incremental planning: between full re-plans at most this far apart, a tick keeps the
+    # previous tick's plans that still fit (node and start) and plans only the other jobs
+    # (`Snapshot.keep`). None: every tick re-plans every queued job (the daemon's way).
+    full_replan_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -140,6 +144,8 @@ class TickStat:
     planned: int
     committed: int
     plan_s: float
+    full: bool = True  # every queued job re-planned (False: incremental, `kept` plans kept)
+    kept: int = 0
 
 
 @dataclass
@@ -207,6 +213,9 @@ class Simulation:
         self.unplaced_reasons: dict[str, int] = {}
         self._shapes: dict[tuple[int, str], object] = {}
         self._last_plan: tuple[float, int] | None = None
+        self._previous: dict[int, Assignment] = {}  # the last plan's uncommitted assignments
+        self._last_full_s = -math.inf
+        self.full_replans = 0
         self._changes = 0
         longest = max((j.est_runtime_s or settings.default_runtime_s for j in jobs), default=0.0)
         self._tail_s = min(7 * 86400.0, 2.0 * longest)  # runtimes vary by model: a margin
@@ -326,9 +335,19 @@ class Simulation:
         # the forecast also covers the runs of jobs that start near the horizon's end
         carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in self.meters}
         snap = self._snapshot(now_s, jobs, horizon, carbon)
+        full = self.settings.full_replan_s
+        keep: dict[int, Assignment] = {}
+        incremental = full is not None and now_s - self._last_full_s < full - EPS_S
+        if incremental:
+            keep = {i: a for i, a in self._previous.items() if i in self.queue}
+            snap = replace(snap, keep=keep)
+        else:
+            self._last_full_s = now_s
+            self.full_replans += 1
         t = time.perf_counter()
         plan = self.policy.plan(snap)
         plan_s = time.perf_counter() - t
+        self._previous = {a.job_id: a for a in plan.assignments}
         for why in plan.unplaced.values():
             key = why.split(":")[0][:60]
             self.unplaced_reasons[key] = self.unplaced_reasons.get(key, 0) + 1
@@ -340,7 +359,8 @@ class Simulation:
                 continue
             committed += self._commit(a, start_s)
         self.ticks.append(TickStat(at_s=now_s, queued=len(jobs), planned=len(plan.assignments),
-                                   committed=committed, plan_s=plan_s))
+                                   committed=committed, plan_s=plan_s, full=not incremental,
+                                   kept=len(keep)))
 
     def _plan_all(self, now_s: float) -> None:
         """The oracle's single look at the whole future: all jobs, actual intensity throughout."""
