@@ -344,10 +344,11 @@ def keep_better_than_fifo(problem: Problem, plan: Plan, policy: str) -> Plan:
     """Return fifo's plan (re-explained) instead of `plan` if it is feasible and better."""
     from policies.fifo import FifoPolicy
 
-    fifo = FifoPolicy().plan(problem.snapshot)
+    fifo = FifoPolicy().plan(problem.snapshot, explain=False)  # explained only if it wins
     fifo_score, own = estimate_score(problem, fifo), estimate_score(problem, plan)
     if not fifo_score.better_than(own):
         return plan
+    fifo = FifoPolicy().plan(problem.snapshot)
     violations = plan_violations(problem, fifo)
     if violations:
         log.debug("fifo plan better but infeasible: %s", violations[:3])

@@ -107,6 +107,17 @@ class _Timeline:
             m = max(m, e)
             self._max_end.append(m)
 
+    def first_gap(self, t: float, run_s: float) -> float:
+        """The earliest start >= t at which no busy interval overlaps the run. Jumping to the
+        latest end among the intervals that start before the run would end never skips a gap:
+        each of those overlaps every start before its end."""
+        starts, max_end = self.starts, self._max_end
+        while True:
+            i = bisect.bisect_left(starts, t + run_s - 1e-6)
+            if i == 0 or max_end[i - 1] <= t + 1e-6:
+                return t
+            t = max_end[i - 1]
+
     def ends_within(self, lo: float, hi: float) -> list[float]:
         """Ends of busy intervals in (lo, hi]: the moments this GPU may come free."""
         return self.sorted_ends[bisect.bisect_right(self.sorted_ends, lo):bisect.bisect_right(self.sorted_ends, hi)]
@@ -126,13 +137,16 @@ def _curve_arrays(curve: CarbonCurve) -> tuple[np.ndarray, np.ndarray]:
     return hit[1], hit[2]
 
 
-def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: float, power_w: float,
-                pue: float) -> np.ndarray:
+def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: float | np.ndarray,
+                power_w: float | np.ndarray, pue: float) -> np.ndarray:
     """gCO2 of a run of `run_s` starting at each of `starts` (epoch s), integrated exactly over
     the step curve by its prefix sums; inf where there is no forecast (carbon-blind: every
-    start costs the same, so the earliest wins)."""
+    start costs the same, so the earliest wins). Given arrays of runs and watts (one per
+    option on this curve), one row per option."""
+    if isinstance(run_s, np.ndarray):
+        run_s, power_w = run_s[:, None], np.asarray(power_w)[:, None]
     if curve is None or not curve.values_g_per_kwh:
-        return np.full(len(starts), np.inf)
+        return np.full(np.broadcast_shapes(np.shape(run_s), starts.shape), np.inf)
     values, prefix = _curve_arrays(curve)
     n, step = len(values), curve.step_s
     x0 = (starts - curve.start.timestamp()) / step
@@ -144,6 +158,33 @@ def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: float, pow
         return np.where(x <= 0, x * values[0], np.where(x >= n, prefix[n] + (x - n) * values[-1], inside))
 
     return power_w * pue * (steps(x1) - steps(x0)) * step / J_PER_KWH
+
+
+def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s: float, lo: float,
+                       hi: float) -> tuple[float, str, tuple[int, ...]] | None:
+    """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run (no
+    power cap), with the node and GPUs; None if there is none.
+
+    Per node, from t = lo: each GPU's first gap from t; if k of them start at t, done; else
+    no start before the k-th smallest of them can have k GPUs free (a GPU whose first gap
+    is later is busy until then), so t moves there.
+    """
+    best: tuple[float, str, tuple[int, ...]] | None = None
+    for node, members in kind.nodes:
+        if len(members) < k:
+            continue
+        limit = hi if best is None else min(hi, best[0] - 1e-6)
+        t = lo
+        while t <= limit:
+            gaps = sorted((lines[g.id].first_gap(t, run_s), g.id) for g in members)
+            kth = gaps[k - 1][0]
+            if kth <= t + 1e-6:
+                best = (t, node, tuple(sorted(gid for gap, gid in gaps if gap <= t + 1e-6)[:k]))
+                break
+            t = kth
+        if best is not None and best[0] <= lo + 1e-6:
+            break  # nothing starts earlier than lo
+    return best
 
 
 @dataclass
@@ -231,6 +272,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     def start_in(kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
         """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run
         (and room under the zone's power cap), with the GPUs; None if there is none."""
+        if kind.zone not in capped:
+            return _earliest_on_nodes(kind, lines, k, run_s, lo, hi)
         best = None
         for node, members in kind.nodes:
             if len(members) < k:
@@ -279,9 +322,14 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                 else "no healthy GPUs"
             continue
         starts = np.maximum(slot_starts[first_slot:], release)
-        costs = [_slot_costs(snapshot.carbon.get(kind.zone), starts, shape.runtime_s, shape.power_w,
-                             snapshot.pue.get(kind.zone, 1.0)) for kind, shape in options]
-        table = np.stack(costs)  # options x slots
+        table = np.empty((len(options), len(starts)))  # options x slots, costed per zone at once
+        by_zone: dict[str, list[int]] = defaultdict(list)
+        for o, (kind, _) in enumerate(options):
+            by_zone[kind.zone].append(o)
+        for zone, os_ in by_zone.items():
+            table[os_] = _slot_costs(snapshot.carbon.get(zone), starts,
+                                     np.array([options[o][1].runtime_s for o in os_]),
+                                     np.array([options[o][1].power_w for o in os_]), snapshot.pue.get(zone, 1.0))
         slots = first_slot + np.arange(table.shape[1])
 
         # earliest[o]: known answers (lo, start) of "the earliest feasible start of option o
