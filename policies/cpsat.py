@@ -79,7 +79,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
-                             notes_for_picks, run_ends)
+                             notes_for_picks, run_ends, whole_plan_vs_fifo)
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, estimate_score, picks_to_plan
 from policies.problem import Problem, compile_problem
@@ -109,11 +109,15 @@ class CpsatPolicy:
 
     def plan(self, snapshot: Snapshot) -> Plan:
         started = time.monotonic()
-        # jobs shorter than a slot are packed in continuous time around the slot plan
-        return plan_with_short_jobs(snapshot, lambda snap: self.plan_problem(compile_problem(snap), started),
-                                    self.name)
+        others: list[Plan] = []  # greedy's plan of the long jobs, when cpsat chose another
+        # jobs shorter than a slot are packed in continuous time around the slot plan (and
+        # around greedy's: the better whole plan wins, so cpsat is never worse than greedy)
+        return plan_with_short_jobs(
+            snapshot, lambda snap: self.plan_problem(compile_problem(snap), started, others), self.name,
+            also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name))
 
-    def plan_problem(self, problem: Problem, started: float | None = None) -> Plan:
+    def plan_problem(self, problem: Problem, started: float | None = None,
+                     others: list[Plan] | None = None) -> Plan:
         started = time.monotonic() if started is None else started
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
@@ -148,6 +152,8 @@ class CpsatPolicy:
             greedy_plan = picks_to_plan(problem, picks, unplaced, self.name, notes)
             if estimate_score(problem, greedy_plan).better_than(estimate_score(problem, plan)):
                 plan = greedy_plan
+            elif others is not None:
+                others.append(greedy_plan)
         if problem.kept:  # between full re-plans: as greedy, fifo is compared at the full ones
             return plan
         return keep_better_than_fifo(problem, plan, self.name)

@@ -358,6 +358,27 @@ def keep_better_than_fifo(problem: Problem, plan: Plan, policy: str) -> Plan:
     return _relabel(fifo, f"{policy} (kept fifo's plan)")
 
 
+def whole_plan_vs_fifo(snapshot: Snapshot, plan: Plan, policy: str) -> Plan:
+    """`keep_better_than_fifo` for a whole plan (short jobs packed too): fifo's own plan of the
+    whole queue, if it is feasible and better. Skipped between full re-plans, as there."""
+    from policies.fifo import FifoPolicy
+    from policies.short_jobs import whole_score
+
+    if snapshot.keep:
+        return plan
+    fifo = FifoPolicy().plan(snapshot, explain=False)
+    if not whole_score(fifo).better_than(whole_score(plan)):
+        return plan
+    problem = compile_problem(snapshot)
+    fifo = FifoPolicy().plan(snapshot)
+    violations = plan_violations(problem, fifo)
+    if violations:
+        log.debug("fifo plan better but infeasible: %s", violations[:3])
+        return plan
+    log.info("%s: fifo's whole plan is better on the model's estimate; keeping it", policy)
+    return _relabel(fifo, f"{policy} (kept fifo's plan)")
+
+
 def _relabel(plan: Plan, label: str) -> Plan:
     from dataclasses import replace
 
@@ -372,8 +393,9 @@ class GreedyPolicy:
 
     def plan(self, snapshot: Snapshot) -> Plan:
         # jobs shorter than a slot are packed in continuous time around the slot plan
-        return plan_with_short_jobs(snapshot, lambda snap: self.plan_problem(compile_problem(snap)),
-                                    self.name)
+        return plan_with_short_jobs(snapshot, lambda snap: self.plan_problem(compile_problem(snap)), self.name,
+                                    final=(lambda p: whole_plan_vs_fifo(snapshot, p, self.name))
+                                    if self.compare_fifo else None)
 
     def plan_problem(self, problem: Problem) -> Plan:
         notes: dict[int, Notes] = {}

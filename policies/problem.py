@@ -191,11 +191,14 @@ class Problem:
 
     def _build_pools(self) -> None:
         snap = self.snapshot
-        busy_until: dict[int, datetime | None] = {g.id: g.busy_until for g in snap.gpus}
+        # the end of what each GPU is busy with beyond its own busy_until: pinned jobs
+        busy_until: dict[int, datetime] = {}
         self._pinned_power: list[tuple[str, int, int, float]] = []  # zone, from, to, W
-        zone_of_gpu = {g.id: g.zone for g in snap.gpus}
-        model_of_gpu = {g.id: g.model for g in snap.gpus}
-        jobs_by_id = {j.id: j for j in snap.jobs}
+        if self.pinned:
+            zone_of_gpu = {g.id: g.zone for g in snap.gpus}
+            model_of_gpu = {g.id: g.model for g in snap.gpus}
+            jobs_by_id = {j.id: j for j in snap.jobs}
+            busy_until = {g.id: g.busy_until for g in snap.gpus if g.busy_until is not None}
         for a in self.pinned:
             runtime_s = a.estimate.runtime_s
             if runtime_s is None and a.estimate.finish_at is not None:
@@ -217,16 +220,17 @@ class Problem:
         by_key: dict[tuple[str, str, str, float], list] = defaultdict(list)
         self._running_power: list[tuple[str, int, float]] = []  # zone, until slot, W
         capped = {c.zone for c in snap.power_caps}
+        now, now_s, slot_s, n_slots = self.now, self.now.timestamp(), self.slot_s, self.n_slots
         for g in snap.gpus:
-            if g.zone in capped and g.busy_until is not None and g.busy_until > self.now:  # running, even if unhealthy now
-                self._running_power.append((g.zone, min(self.n_slots, self._slot_ceil(g.busy_until)),
+            if g.zone in capped and g.busy_until is not None and g.busy_until > now:  # running, even if unhealthy now
+                self._running_power.append((g.zone, min(n_slots, self._slot_ceil(g.busy_until)),
                                             generic_power_w(g.model)))
             if not g.healthy or g.drained:
                 continue
             free = 0
-            bu = busy_until.get(g.id)
-            if bu is not None and bu > self.now:
-                free = min(self.n_slots, self._slot_ceil(bu))
+            bu = busy_until.get(g.id, g.busy_until)
+            if bu is not None and bu > now:  # the slot it is free from (as _slot_ceil)
+                free = min(n_slots, max(0, math.ceil((bu.timestamp() - now_s) / slot_s - 1e-9)))
             by_key[(g.node, g.zone, g.model, float(g.memory_gib))].append((g.index, g.id, free))
 
         groups: dict[tuple[str, str, float, float], list[int]] = defaultdict(list)

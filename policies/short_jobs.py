@@ -26,6 +26,7 @@ the cap over the whole run.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 import numpy as np
@@ -36,6 +37,7 @@ from datetime import datetime, timedelta
 
 from policies.energy import J_PER_KWH, ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+from policies.placement import Score
 
 
 # A later start is worth it only if it saves more than this share of the grams of every
@@ -66,8 +68,18 @@ def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook,
                for m in models)
 
 
-def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Plan], policy: str) -> Plan:
-    """`plan_long` for the jobs of a slot or more, then the short jobs packed around them."""
+def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Plan], policy: str,
+                         also: Callable[[], list[Plan]] | None = None,
+                         final: Callable[[Plan], Plan] | None = None) -> Plan:
+    """`plan_long` for the jobs of a slot or more, then the short jobs packed around them.
+
+    `also` (called after `plan_long`) may name other plans of the long jobs (cpsat: greedy's,
+    when it chose another): the short jobs are packed around each, and the best whole plan
+    wins (fewer unplaced, then fewer deadline misses, then fewer grams), so a cheaper long
+    plan that leaves the short jobs worse off does not make the whole plan worse. `final`
+    then sees the whole plan (greedy and cpsat compare it with fifo's); both apply only when
+    there are short jobs (otherwise the long plan is the whole plan).
+    """
     book = book_of(snapshot)
     kinds = sorted({(g.model, g.memory_gib) for g in snapshot.gpus if g.healthy and not g.drained})
     short = [j for j in snapshot.jobs if is_short(j, snapshot, book, kinds)]
@@ -75,9 +87,19 @@ def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Pla
         return plan_long(snapshot)
     short_ids = {j.id for j in short}
     long_plan = plan_long(replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id not in short_ids)))
-    packed, unplaced = pack(snapshot, long_plan, short, book, policy)
-    return Plan(assignments=long_plan.assignments + tuple(packed),
-                unplaced={**long_plan.unplaced, **unplaced})
+    best: Plan | None = None
+    for base in [long_plan, *(also() if also else [])]:
+        packed, unplaced = pack(snapshot, base, short, book, policy)
+        whole = Plan(assignments=base.assignments + tuple(packed), unplaced={**base.unplaced, **unplaced})
+        if best is None or whole_score(whole).better_than(whole_score(best)):
+            best = whole
+    return final(best) if final is not None else best
+
+
+def whole_score(plan: Plan) -> Score:
+    """A whole plan's Score from its own estimates (every job of the snapshot in it)."""
+    return Score(len(plan.unplaced), sum(a.estimate.deadline_miss for a in plan.assignments),
+                 sum(a.estimate.gco2 or 0.0 for a in plan.assignments))
 
 
 class _Timeline:
@@ -95,6 +117,14 @@ class _Timeline:
         """No busy interval overlaps [t0, t1)."""
         i = bisect.bisect_left(self.starts, t1 - 1e-6)  # intervals starting before t1
         return i == 0 or self._max_end[i - 1] <= t0 + 1e-6
+
+    def extend(self, spans: list[tuple[float, float]]) -> None:
+        """Add many intervals at once (one sort instead of an insert each)."""
+        merged = sorted([*zip(self.starts, self.ends), *spans])
+        self.starts = [a for a, _ in merged]
+        self.ends = [b for _, b in merged]
+        self.sorted_ends = sorted(self.ends)
+        self._max_end = list(itertools.accumulate(self.ends, max))
 
     def add(self, t0: float, t1: float) -> None:
         i = bisect.bisect_right(self.starts, t0)
@@ -230,8 +260,11 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             run_s = snapshot.default_runtime_s
         t0 = a.start_at.timestamp()
         spans.extend((t0, t0 + run_s, gid) for gid in a.gpu_ids if gid in lines)
-    for t0, t1, gid in sorted(spans):  # in start order each add appends (cheap)
-        lines[gid].add(t0, t1)
+    per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for t0, t1, gid in spans:
+        per_gpu[gid].append((t0, t1))
+    for gid, gspans in per_gpu.items():
+        lines[gid].extend(gspans)
 
     # power drawn per zone over time, for the caps: (start, end, watts)
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)

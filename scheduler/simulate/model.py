@@ -16,6 +16,11 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
   simulator simply never re-plans them). A commit is checked like an agent's claim: the
   GPUs must exist, be healthy, be of one model on one node and be free at the start; an
   assignment that fails the check is counted and its job planned again.
+- **Incremental planning** (optional, `full_replan_s`): between full re-plans at most that
+  far apart, a tick hands the policy the previous tick's uncommitted plans as
+  `Snapshot.keep`; the policy keeps those that still fit (node and start) and places only
+  the new jobs around them. Every `full_replan_s` a tick re-plans every queued job. It
+  trades plan freshness for planner time (the whole pai-100k year: see bench/README.md).
 - **Execution**: a committed job starts at its planned time on its planned GPUs and runs for
   the runtime, at the mean power, of `policies.energy.job_shape` (the energy model the
   policies plan with). A site meter per zone integrates the simulated power over time;
