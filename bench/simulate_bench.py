@@ -127,9 +127,10 @@ def bench_speed(args) -> dict:
             continue
         figures = json.loads(proc.stdout.strip().splitlines()[-1])
         out["runs"][policy] = figures
-        print(f"{policy}: {figures['jobs']} jobs, {figures['wall_s']:.1f} s wall, "
-              f"{figures['events_per_s']:.0f} events/s, planner {figures['planner_total_s']:.1f} s in "
-              f"{figures['planner_calls']} calls, peak RSS {figures['peak_rss_mib']:.0f} MiB, "
+        print(f"{policy}: {figures['jobs']} jobs, {figures['wall_s']:.1f} s wall (+{figures['load_s']:.1f} s "
+              f"loading; {figures['cpu_s']:.1f} s CPU in all), {figures['events_per_s']:.0f} events/s, planner {figures['planner_total_s']:.1f} s in "
+              f"{figures['planner_calls']} calls ({figures['planner_full_calls']} full re-plans, "
+              f"{figures['planner_full_s']:.1f} s), peak RSS {figures['peak_rss_mib']:.0f} MiB, "
               f"{figures['kgco2']:.1f} kgCO2")
     return out
 
@@ -155,11 +156,14 @@ def speed_child(args) -> None:
 
     result = run_policies(scenario, parse_policies(args.policies), settings=settings, progress=True)
     s = next(iter(result.summaries.values()))
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    rss_kib = ru.ru_maxrss
     print(json.dumps({"jobs": s["jobs"], "finished": s["finished"], "kgco2": s["kgco2"], "wall_s": s["wall_s"],
-                      "load_s": load_s, "events": s["events"], "events_per_s": s["events_per_s"],
+                      "load_s": load_s, "cpu_s": ru.ru_utime + ru.ru_stime, "events": s["events"], "events_per_s": s["events_per_s"],
                       "planner_calls": s["planner_calls"], "planner_total_s": s["planner_total_s"],
-                      "planner_mean_s": s["planner_mean_s"], "simulator_s": s["simulator_s"],
+                      "planner_mean_s": s["planner_mean_s"], "planner_full_calls": s["planner_full_calls"],
+                      "planner_full_s": s["planner_full_s"], "full_replan_s": args.full_replan,
+                      "simulator_s": s["simulator_s"],
                       "events_per_s_simulator": s["events_per_s_simulator"], "peak_rss_mib": rss_kib / 1024,
                       "plan_interval_s": args.plan_interval, "wake_on_submit": args.wake,
                       "narrowed_jobs": scenario.notes.get("narrowed_jobs")}))

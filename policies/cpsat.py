@@ -113,11 +113,13 @@ class CpsatPolicy:
         # jobs shorter than a slot are packed in continuous time around the slot plan (and
         # around greedy's: the better whole plan wins, so cpsat is never worse than greedy)
         return plan_with_short_jobs(
-            snapshot, lambda snap: self.plan_problem(compile_problem(snap), started, others), self.name,
-            also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name))
+            snapshot, lambda snap: self.plan_problem(compile_problem(snap), started, others, snap is snapshot),
+            self.name, also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name))
 
     def plan_problem(self, problem: Problem, started: float | None = None,
-                     others: list[Plan] | None = None) -> Plan:
+                     others: list[Plan] | None = None, compare_fifo: bool = True) -> Plan:
+        """cpsat's plan of the problem's jobs; compared with fifo's unless `compare_fifo` is
+        False (`plan` compares the whole plan instead when short jobs are packed after)."""
         started = time.monotonic() if started is None else started
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
@@ -154,7 +156,7 @@ class CpsatPolicy:
                 plan = greedy_plan
             elif others is not None:
                 others.append(greedy_plan)
-        if problem.kept:  # between full re-plans: as greedy, fifo is compared at the full ones
+        if problem.kept or not compare_fifo:  # between full re-plans fifo is compared at the full ones
             return plan
         return keep_better_than_fifo(problem, plan, self.name)
 

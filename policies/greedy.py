@@ -392,16 +392,18 @@ class GreedyPolicy:
     compare_fifo: bool = True  # keep fifo's plan when it is feasible and cheaper
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        # jobs shorter than a slot are packed in continuous time around the slot plan
-        return plan_with_short_jobs(snapshot, lambda snap: self.plan_problem(compile_problem(snap)), self.name,
-                                    final=(lambda p: whole_plan_vs_fifo(snapshot, p, self.name))
-                                    if self.compare_fifo else None)
+        # Jobs shorter than a slot are packed in continuous time around the slot plan. With
+        # short jobs (`plan_long` then gets another snapshot) fifo is compared with the
+        # whole plan at the end, not with the long jobs' plan first: one fifo pass, not two.
+        return plan_with_short_jobs(
+            snapshot, lambda snap: self.plan_problem(compile_problem(snap), compare_fifo=snap is snapshot),
+            self.name, final=(lambda p: whole_plan_vs_fifo(snapshot, p, self.name)) if self.compare_fifo else None)
 
-    def plan_problem(self, problem: Problem) -> Plan:
+    def plan_problem(self, problem: Problem, compare_fifo: bool = True) -> Plan:
         notes: dict[int, Notes] = {}
         picks, unplaced = greedy_picks(problem, notes=notes)
         plan = picks_to_plan(problem, picks, unplaced, self.name, notes)
-        if self.compare_fifo and not problem.kept:
+        if self.compare_fifo and compare_fifo and not problem.kept:
             # compared at every full re-plan; between them (kept plans, a few new jobs) fifo's
             # whole-queue pass would cost more than placing the new jobs
             plan = keep_better_than_fifo(problem, plan, self.name)
