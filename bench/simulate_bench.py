@@ -128,7 +128,8 @@ def bench_speed(args) -> dict:
         figures = json.loads(proc.stdout.strip().splitlines()[-1])
         out["runs"][policy] = figures
         print(f"{policy}: {figures['jobs']} jobs, {figures['wall_s']:.1f} s wall (+{figures['load_s']:.1f} s "
-              f"loading; {figures['cpu_s']:.1f} s CPU in all), {figures['events_per_s']:.0f} events/s, planner {figures['planner_total_s']:.1f} s in "
+              f"loading; {figures['cpu_s']:.1f} s CPU in all), {figures['events_per_s']:.0f} events/s, "
+              f"planner {figures['planner_total_s']:.1f} s in "
               f"{figures['planner_calls']} calls ({figures['planner_full_calls']} full re-plans, "
               f"{figures['planner_full_s']:.1f} s), peak RSS {figures['peak_rss_mib']:.0f} MiB, "
               f"{figures['kgco2']:.1f} kgCO2")
@@ -159,7 +160,8 @@ def speed_child(args) -> None:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     rss_kib = ru.ru_maxrss
     print(json.dumps({"jobs": s["jobs"], "finished": s["finished"], "kgco2": s["kgco2"], "wall_s": s["wall_s"],
-                      "load_s": load_s, "cpu_s": ru.ru_utime + ru.ru_stime, "events": s["events"], "events_per_s": s["events_per_s"],
+                      "load_s": load_s, "cpu_s": ru.ru_utime + ru.ru_stime, "events": s["events"],
+                      "events_per_s": s["events_per_s"],
                       "planner_calls": s["planner_calls"], "planner_total_s": s["planner_total_s"],
                       "planner_mean_s": s["planner_mean_s"], "planner_full_calls": s["planner_full_calls"],
                       "planner_full_s": s["planner_full_s"], "full_replan_s": args.full_replan,

@@ -5,8 +5,8 @@ GPUs of one model that each have enough memory and meet the job's latency SLO. L
 may start earlier on GPUs the head of the queue cannot use (list scheduling), but never
 delay an earlier job's planned start. Starts are exact (not slot-aligned): a job starts the
 moment its GPUs free up. Unhealthy and drained GPUs are never used; pinned jobs keep their
-current plan, and so do the kept plans of incremental planning. FIFO ignores deadlines (a job that will finish late is flagged) and site
-power caps: it is the "run it as soon as possible" yardstick.
+current plan, and so do the kept plans of incremental planning. FIFO ignores deadlines (a job
+that will finish late is flagged) and site power caps: it is the "run it as soon as possible" yardstick.
 
 Each assignment carries a full estimate from the energy model (runtime on the chosen
 model, energy, gCO2 at that start), so its gCO2 compares fairly with the carbon-aware

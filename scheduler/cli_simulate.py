@@ -215,7 +215,8 @@ def _run(args, config: dict) -> int:
                  "policy_params": {p.label: dict(p.params) for p in policies}, "forecast": args.forecast,
                  "seed": args.seed,
                  "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
-                 "wake_on_submit": settings.wake_on_submit, "demo": demo, "from_store": bool(args.from_store)})
+                 "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit,
+                 "demo": demo, "from_store": bool(args.from_store)})
     doc = write_report(result.runs, result.summaries, result.comparison, info, out, scenario.names,
                        plots=not args.no_plots)
     if args.json:

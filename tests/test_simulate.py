@@ -30,8 +30,8 @@ from scheduler.simulate.traces import read_jobs
 DEMO = demo_dir()
 ZONE_FILES = {"DE": "DE-LU.csv", "GB": "GB.csv", "US-CAL-CISO": "US-CAL-CISO.csv", "SG": "SG.csv"}
 START = datetime(2022, 10, 19, 16, tzinfo=timezone.utc)
-TIMING_KEYS = {"wall_s", "events_per_s", "planner_mean_s", "planner_p95_s", "planner_max_s", "planner_total_s", "planner_full_s",
-               "simulator_s", "events_per_s_simulator"}
+TIMING_KEYS = {"wall_s", "events_per_s", "planner_mean_s", "planner_p95_s", "planner_max_s", "planner_total_s",
+               "planner_full_s", "simulator_s", "events_per_s_simulator"}
 
 
 def pai_slice(tmp_path: Path, n: int) -> Path:

@@ -204,6 +204,9 @@ def table(summaries: dict[str, dict], comparison: dict[str, dict]) -> str:
         row(f"util {m}", lambda s, c, m=m: f"{100 * s['gpu_utilization'].get(m, 0.0):.1f}%")
     row("cost $ (capex+energy)", lambda s, c: _fmt(s["cost_usd"], 0))
     row("planner s/call (p95)", lambda s, c: f"{s['planner_mean_s']:.3f} ({s['planner_p95_s']:.3f})")
+    if any(s.get("planner_full_calls", s["planner_calls"]) != s["planner_calls"] for s in summaries.values()):
+        row("full re-plans / calls",
+            lambda s, c: f"{s.get('planner_full_calls', s['planner_calls'])} / {s['planner_calls']}")
     row("planner calls", lambda s, c: str(s["planner_calls"]))
     row("sim wall s", lambda s, c: f"{s['wall_s']:.1f}")
     return text_table(["metric"] + names, rows)
