@@ -269,6 +269,7 @@ def cmd_daemon(args, config) -> int:
             zone=r["zone"],
             policy=r["policy"],
             plan_interval_s=r["plan_interval"],
+            full_replan_s=r["full_replan"],
             dispatch_interval_s=r["dispatch_interval"],
             admin_groups=r["admin_groups"],
             time_limit_factor=r["time_limit_factor"],

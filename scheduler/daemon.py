@@ -48,6 +48,8 @@ class DaemonConfig:
     zone: str = "local"
     policy: str = "cpsat"
     plan_interval_s: float = 15.0
+    # Incremental planning: ticks keep earlier plans between full re-plans this far apart.
+    full_replan_s: float | None = None  # None: every tick re-plans every queued job
     dispatch_interval_s: float = 1.0
     node: str = field(default_factory=default_node_name)
     admin_groups: list[str] = field(default_factory=list)
@@ -333,7 +335,8 @@ class Daemon(_Service):
         preview_proc = None
         if cfg.planner_process:
             spec = PlannerSpec(db_url=cfg.db_url, policy=cfg.policy, log_level=logging.getLogger().level,
-                               plan_interval_s=cfg.plan_interval_s, carbon=dict(cfg.carbon), site=cfg.site)
+                               plan_interval_s=cfg.plan_interval_s, carbon=dict(cfg.carbon), site=cfg.site,
+                               full_replan_s=cfg.full_replan_s)
             # Started first: the child's imports (OR-Tools alone takes ~0.7 s) overlap the
             # rest of startup, so the first plan follows "ready" closely.
             plan_proc = PlannerProcess(spec, on_tick=after_tick)
@@ -349,7 +352,8 @@ class Daemon(_Service):
         scheduler = new_scheduler()
         carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
         # For previews (`carbonsched plan`) and --no-planner-process ticks.
-        planner = Planner(store, policy, carbon=carbon, site=cfg.site, plan_interval_s=cfg.plan_interval_s)
+        planner = Planner(store, policy, carbon=carbon, site=cfg.site, plan_interval_s=cfg.plan_interval_s,
+                          full_replan_s=cfg.full_replan_s)
         if preview_proc is not None:
             preview = preview_proc.rows
         else:

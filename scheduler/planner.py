@@ -14,7 +14,13 @@ queue does not re-read the forecasts every time a submission wakes it.
 
 A PLANNED job whose start falls before the next tick (now + plan interval) is pinned: the
 policy keeps its GPUs and start, so the agent can start it without the plan moving under
-it. Everything else is re-planned every tick.
+it. Everything else is re-planned every tick, unless `full_replan_s` is set (incremental
+planning, as `carbonsched simulate --full-replan` models it): then a tick less than
+`full_replan_s` (monotonic) after the last full one passes the stored plans of the other
+PLANNED jobs as `Snapshot.keep`, so the policy keeps each one that still fits (node and
+start; GPU ids on that node may change) and plans only new and displaced jobs around them.
+The first tick, and one at least every `full_replan_s`, re-plans every queued job.
+`preview()` (`carbonsched plan`) is always a full re-plan.
 """
 
 from __future__ import annotations
@@ -78,11 +84,15 @@ class TickStats:
     pinned: int = 0
     blind_zones: tuple[str, ...] = ()
     skipped: bool = False  # nothing changed since the last plan: the policy was not run
+    full: bool = True  # every queued job was re-planned (False: incremental, `kept` plans kept)
+    kept: int = 0  # earlier plans the policy kept, node and start as they were (incremental ticks)
 
 
 # A tick whose snapshot (queue, GPUs, carbon curves, profiles, site) is the same as the last
 # planned one does not run the policy again (cpsat would spend its whole time limit to find
-# the same plan), but the plan is re-made at least this often as time moves on.
+# the same plan), but the plan is re-made at least this often as time moves on. A full
+# re-plan that is due is never skipped after an incremental plan: equal fingerprints vouch
+# only for plans of the same kind.
 REPLAN_AT_LEAST_S = 300.0
 
 
@@ -313,14 +323,19 @@ class Planner:
 
     `carbon` is a `scheduler.carbon.CarbonSignals` (default: one over `store` with the
     default configuration); `site` gives PUE and power caps; `plan_interval_s` is the tick
-    period, which decides which PLANNED jobs are pinned.
+    period, which decides which PLANNED jobs are pinned. `full_replan_s` (None: every tick
+    is full) turns on incremental planning between full re-plans that far apart;
+    `monotonic` is the clock that spaces them (and the forced re-plans and carbon cache).
     """
 
     def __init__(self, store: Store, policy: Policy, *, node_timeout_s: float = 60.0,
                  default_runtime_s: float = 3600.0, clock=utcnow, carbon: Any = None,
                  site: SiteConfig | None = None, plan_interval_s: float = 15.0,
                  slot_s: float = 900.0, horizon_s: float = 48 * 3600.0,
-                 carbon_ttl_s: float = DEFAULT_CARBON_TTL_S) -> None:
+                 carbon_ttl_s: float = DEFAULT_CARBON_TTL_S, full_replan_s: float | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if full_replan_s is not None and not (full_replan_s > 0 and math.isfinite(full_replan_s)):
+            raise ValueError(f"full_replan_s must be a positive number of seconds (got {full_replan_s!r})")
         self.store = store
         self.policy = policy
         self.node_timeout_s = node_timeout_s
@@ -330,14 +345,19 @@ class Planner:
         self.plan_interval_s = plan_interval_s
         self.slot_s = slot_s
         self.horizon_s = horizon_s
+        self.full_replan_s = full_replan_s
+        self._monotonic = monotonic
         if carbon is None:
             from scheduler.carbon import CarbonSignals
 
             carbon = CarbonSignals(store, clock=clock, track_status=False)
-        self.curves = CarbonCurves(carbon, slot_s=slot_s, horizon_s=horizon_s, ttl_s=carbon_ttl_s)
+        self.curves = CarbonCurves(carbon, slot_s=slot_s, horizon_s=horizon_s, ttl_s=carbon_ttl_s,
+                                   monotonic=monotonic)
         self._seed: tuple[Profile, ...] | None = None
         self._last_fingerprint: int | None = None
         self._last_planned_at = -math.inf
+        self._last_planned_full = True  # whether the policy's last run re-planned every job
+        self._last_full_at = -math.inf  # monotonic time of the last full re-plan
 
     def seed_profiles(self) -> tuple[Profile, ...]:
         if self._seed is None:
@@ -346,8 +366,12 @@ class Planner:
             self._seed = tuple(seed_profiles())
         return self._seed
 
-    def snapshot(self, conn: Connection) -> tuple[Snapshot, dict[int, QueuedRow]]:
-        """The world as the policy sees it, and the queued rows by id (for the write-back)."""
+    def snapshot(self, conn: Connection, *, incremental: bool = False) -> tuple[Snapshot, dict[int, QueuedRow]]:
+        """The world as the policy sees it, and the queued rows by id (for the write-back).
+
+        `incremental`: `keep` holds the stored plans of the PLANNED jobs that are not pinned
+        (start at or after the next tick, GPUs set); the policy keeps those that still fit.
+        """
         now = self._clock()
         fresh_after = now - timedelta(seconds=self.node_timeout_s)
         node_rows = {r.name: r for r in conn.execute(select(nodes))}
@@ -374,6 +398,12 @@ class Planner:
                       and r.planned_start < pin_before and r.planned_gpu_ids
                       and all(g in usable for g in r.planned_gpu_ids)}
         pinned = _current_plans(conn, pinned_ids)
+        keep: dict[int, Assignment] = {}
+        if incremental:
+            keep = _current_plans(conn, {r.id for r in queued.values()
+                                         if r.state == State.PLANNED.value and r.id not in pinned_ids
+                                         and r.planned_start is not None and r.planned_start >= pin_before
+                                         and r.planned_node and r.planned_gpu_ids})
         learned = learned_profiles(conn)
         zones = sorted({s.zone for s in slots})
         carbon = self.curves.for_zones(zones, now)
@@ -393,6 +423,7 @@ class Planner:
             slot_s=self.slot_s,
             horizon_s=self.horizon_s,
             pinned=pinned,
+            keep=keep,
         )
         return snapshot, queued
 
@@ -419,23 +450,38 @@ class Planner:
         return end if end > now else now + timedelta(seconds=60)
 
     def preview(self) -> tuple[Snapshot, Plan]:
-        """What the policy would do now, without writing anything."""
+        """What the policy would do now (a full re-plan), without writing anything."""
         with self.store.read() as conn:
             snapshot, _ = self.snapshot(conn)
         return snapshot, self.policy.plan(snapshot)
 
+    def full_replan_due(self) -> bool:
+        """Whether the next tick re-plans every queued job (always without `full_replan_s`)."""
+        return (self.full_replan_s is None
+                or self._monotonic() - self._last_full_at >= self.full_replan_s)
+
     def tick(self) -> TickStats:
         started = time.perf_counter()
+        full = self.full_replan_due()
         with self.store.read() as conn:
-            snapshot, queued = self.snapshot(conn)
+            snapshot, queued = self.snapshot(conn, incremental=not full)
         fingerprint = _fingerprint(snapshot)
-        mono = time.monotonic()
-        if fingerprint == self._last_fingerprint and mono - self._last_planned_at < REPLAN_AT_LEAST_S:
+        mono = self._monotonic()
+        # Skip only when the last run of the policy saw the same snapshot and was of a kind that
+        # gives this tick's plan: after an incremental run a due full re-plan still runs (else
+        # it could wait on an unchanged queue until REPLAN_AT_LEAST_S); after a full run an
+        # incremental one would keep exactly the plans it wrote.
+        if (fingerprint == self._last_fingerprint and mono - self._last_planned_at < REPLAN_AT_LEAST_S
+                and (self._last_planned_full or not full)):
             return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
-                             duration_s=time.perf_counter() - started, skipped=True)
+                             duration_s=time.perf_counter() - started, skipped=True, full=full)
         plan = self.policy.plan(snapshot)
-        self._last_fingerprint, self._last_planned_at = fingerprint, mono
+        self._last_fingerprint, self._last_planned_at, self._last_planned_full = fingerprint, mono, full
+        if full:
+            self._last_full_at = mono
         placed = plan.by_job()
+        kept = sum(1 for job_id, k in snapshot.keep.items()
+                   if (a := placed.get(job_id)) is not None and a.node == k.node and a.start_at == k.start_at)
         writes = []
         for job_id, row in queued.items():
             a = placed.get(job_id)
@@ -462,11 +508,12 @@ class Planner:
         stats = TickStats(jobs=len(queued), planned=counts["plan"], moved=counts["move"],
                           withdrawn=counts["withdraw"], duration_s=time.perf_counter() - started,
                           refreshed=counts["refresh"], pinned=sum(j.pinned for j in snapshot.jobs),
-                          blind_zones=tuple(self.blind_zones(snapshot)))
+                          blind_zones=tuple(self.blind_zones(snapshot)), full=full, kept=kept)
         if stats.planned or stats.moved or stats.withdrawn:
-            log.info("planner (%s): %d queued, %d newly planned, %d moved, %d withdrawn, %d pinned "
-                     "in %.3fs", self.policy.name, stats.jobs, stats.planned, stats.moved,
-                     stats.withdrawn, stats.pinned, stats.duration_s)
+            log.info("planner (%s, %s): %d queued, %d newly planned, %d moved, %d withdrawn, %d pinned, "
+                     "%d of %d earlier plans kept in %.3fs", self.policy.name, "full" if full else "incremental",
+                     stats.jobs, stats.planned, stats.moved, stats.withdrawn, stats.pinned, stats.kept,
+                     len(snapshot.keep), stats.duration_s)
         return stats
 
 
@@ -519,16 +566,23 @@ def preview_rows(planner: Planner) -> list[dict]:
     return plan_rows(snapshot, plan, planner.blind_zones(snapshot))
 
 
+_PLAN_COLUMNS = (jobs.c.id, jobs.c.planned_node, jobs.c.planned_gpu_ids, jobs.c.planned_start,
+                 jobs.c.est_energy_j, jobs.c.est_gco2, jobs.c.est_gco2_if_now,
+                 jobs.c.est_runtime_planned_s, jobs.c.prompts, jobs.c.binding, jobs.c.deadline_miss,
+                 jobs.c.explanation)
+# Ids per IN (...) query: a kept queue holds thousands of plans, and SQLite caps bound parameters.
+READ_BATCH = 900
+
+
 def _current_plans(conn: Connection, job_ids: set[int]) -> dict[int, Assignment]:
-    """The stored plans of `job_ids` as Assignments (for pinned jobs)."""
+    """The stored plans of `job_ids` as Assignments (pinned jobs, and kept plans)."""
     if not job_ids:
         return {}
     out = {}
-    q = select(jobs.c.id, jobs.c.planned_node, jobs.c.planned_gpu_ids, jobs.c.planned_start,
-               jobs.c.est_energy_j, jobs.c.est_gco2, jobs.c.est_gco2_if_now,
-               jobs.c.est_runtime_planned_s, jobs.c.prompts, jobs.c.binding, jobs.c.deadline_miss,
-               jobs.c.explanation).where(jobs.c.id.in_(sorted(job_ids)))
-    for r in conn.execute(q):
+    ids = sorted(job_ids)
+    rows = (r for i in range(0, len(ids), READ_BATCH)
+            for r in conn.execute(select(*_PLAN_COLUMNS).where(jobs.c.id.in_(ids[i:i + READ_BATCH]))))
+    for r in rows:
         finish = (r.planned_start + timedelta(seconds=r.est_runtime_planned_s)
                   if r.est_runtime_planned_s else None)
         out[r.id] = Assignment(

@@ -39,6 +39,7 @@ class PlannerSpec:
     plan_interval_s: float = 15.0
     carbon: dict[str, Any] = field(default_factory=dict)  # the config file's [carbon] table
     site: Any = None  # scheduler.planner.SiteConfig; None: PUE 1.0, no power caps
+    full_replan_s: float | None = None  # incremental planning between full re-plans; None: off
 
 
 def build_planner(spec: PlannerSpec, store) -> Any:
@@ -48,7 +49,8 @@ def build_planner(spec: PlannerSpec, store) -> Any:
 
     signals = CarbonSignals(store, CarbonConfig.from_config({"carbon": spec.carbon}))
     return Planner(store, make_policy(spec.policy, plan_interval_s=spec.plan_interval_s),
-                   carbon=signals, site=spec.site, plan_interval_s=spec.plan_interval_s)
+                   carbon=signals, site=spec.site, plan_interval_s=spec.plan_interval_s,
+                   full_replan_s=spec.full_replan_s)
 
 
 def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:

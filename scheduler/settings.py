@@ -187,6 +187,9 @@ SETTINGS: tuple[Setting, ...] = (
             _BOTH, "SPEC"),
     Setting("policy", _policy, "cpsat", "planning policy: fifo, greedy or cpsat", _HEAD, "NAME"),
     Setting("plan_interval", _duration, 15.0, "planner period (a submit also wakes it)", _HEAD, "DUR", _dur),
+    Setting("full_replan", _duration, None, "incremental planning: between full re-plans at most this "
+            "far apart, a tick keeps the earlier plans that still fit and plans only the other jobs "
+            "around them (default: every tick re-plans every queued job)", _HEAD, "DUR", _dur),
     Setting("dispatch_interval", _duration, 1.0, "how often an agent starts due jobs", _BOTH, "DUR", _dur),
     Setting("planner_process", _bool, True, "plan in a child process so long ticks never stall the API",
             _HEAD),

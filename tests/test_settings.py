@@ -63,6 +63,8 @@ def test_all_problems_are_reported_together_with_their_key_and_source():
     ("planner_process", "maybe", "true or false"),
     ("api_max_inflight_per_uid", 2.5, "whole number"),
     ("time_limit_factor", 0.5, ">= 1"),
+    ("full_replan", "often", "malformed duration"),
+    ("full_replan", "0s", "positive duration"),
 ])
 def test_bad_values_get_a_reason(key, value, message):
     errors = check_file({key: value})
@@ -77,6 +79,16 @@ def test_typed_values_come_out_parsed():
     assert r["node_lost_after"] == 600.0
     assert r["db"] == "postgresql+psycopg://u@h/db"
     assert r["metrics_port"] == 9100
+
+
+def test_full_replan_is_unset_by_default_and_parses_from_file_env_and_flag():
+    assert resolve(DAEMON, parse(DAEMON), {}, {})["full_replan"] is None
+    assert resolve(DAEMON, parse(DAEMON), {"full_replan": "6h"}, {})["full_replan"] == 6 * 3600.0
+    assert resolve(DAEMON, parse(DAEMON), {}, {"CARBONSCHED_FULL_REPLAN": "90m"})["full_replan"] == 5400.0
+    assert resolve(DAEMON, parse(DAEMON, "--full-replan", "1h30m"), {}, {})["full_replan"] == 5400.0
+    with pytest.raises(ConfigErrors) as e:
+        resolve(DAEMON, parse(DAEMON, "--full-replan", "0s"), {}, {})
+    assert any(x.startswith("flag --full-replan") for x in e.value.errors), e.value.errors
 
 
 def test_nested_tables_are_checked_by_their_owner(monkeypatch):
