@@ -30,13 +30,17 @@ def catalog() -> dict[str, GpuModel]:
     return {name: GpuModel(name=name, **fields) for name, fields in tomllib.loads(text).items()}
 
 
+@cache
+def _by_lower_name() -> dict[str, GpuModel]:
+    return {name.lower(): spec for name, spec in catalog().items()}
+
+
 def lookup(model: str) -> GpuModel:
     """Find a model by name, case-insensitively; ValueError lists the known names."""
-    known = catalog()
-    for name, spec in known.items():
-        if name.lower() == model.strip().lower():
-            return spec
-    raise ValueError(f"unknown GPU model {model!r}; known: {', '.join(known)}")
+    spec = _by_lower_name().get(model.strip().lower())
+    if spec is None:
+        raise ValueError(f"unknown GPU model {model!r}; known: {', '.join(catalog())}")
+    return spec
 
 
 def match_device_name(device_name: str) -> GpuModel | None:

@@ -103,7 +103,7 @@ def build_scenario(
     profiles: tuple = (),
 ) -> Scenario:
     """Place a trace on the calendar of the carbon data and make the jobs (module docstring)."""
-    from policies.energy import ProfileBook, fits, job_shape, seed_profiles
+    from policies.energy import ProfileBook, fits, seed_profiles, shape_arrays
 
     check_zones(cluster.zones, carbon)
     book = ProfileBook(profiles or seed_profiles())
@@ -139,9 +139,10 @@ def build_scenario(
                              f"known classes: {', '.join(book.workloads()) or 'none'}")
     rng = random.Random(seed)
     models = sorted(cluster.gpus_by_model())
+    memory = {m: _memory(cluster, m) for m in models}
     jobs: list[QueuedJob] = []
+    arrivals: list[datetime] = []
     names: dict[int, str] = {}
-    no_model = 0
     for i, tj in enumerate(trace.jobs):
         job_id = i + 1
         arrival = origin + timedelta(seconds=tj.arrival_s)
@@ -154,18 +155,25 @@ def build_scenario(
                 pps = book.get(workload, REFERENCE_MODEL).prompts_per_s
                 job = replace(job, workload=workload,
                               prompts=max(1, round(job.est_runtime_s * job.gpus * pps)))
-        usable = [m for m in models if fits(job, m, _memory(cluster, m), book) is None]
+        jobs.append(job)
+        arrivals.append(arrival)
+        names[job_id] = tj.name
+    # each job's shortest runtime on a model that can take it (all models if none can), at once
+    runtime = shape_arrays(jobs, models, book, 3600.0).runtime_s
+    no_model = 0
+    for i, (tj, job, arrival) in enumerate(zip(trace.jobs, jobs, arrivals)):
+        usable = [c for c, m in enumerate(models) if fits(job, m, memory[m], book) is None]
         if not usable:
             no_model += 1
-            usable = models
-        best_runtime = min(job_shape(job, m, book, 3600.0).runtime_s for m in usable)
+            usable = list(range(len(models)))
+        best_runtime = float(runtime[i, usable].min())
         if tj.deadline_s is not None:
             deadline = origin + timedelta(seconds=tj.deadline_s)
         else:
             slack = tj.slack_s if tj.slack_s is not None else slack_s
             deadline = None if slack is None else arrival + timedelta(seconds=best_runtime + slack)
-        jobs.append(replace(job, deadline=deadline))
-        names[job_id] = tj.name
+        if deadline is not None:
+            jobs[i] = replace(job, deadline=deadline)
     if no_model:
         log.warning("%d jobs fit no GPU model of the cluster (memory or latency SLO); they will stay unplaced",
                     no_model)
