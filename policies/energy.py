@@ -28,6 +28,7 @@ Rules (documented here because every policy and the benchmark rely on them):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import tomllib
@@ -232,10 +233,7 @@ class CurveIntegrator:
 
     def __init__(self, curve: CarbonCurve) -> None:
         self.curve = curve
-        values = curve.values_g_per_kwh
-        self._prefix = [0.0]
-        for v in values:
-            self._prefix.append(self._prefix[-1] + v)
+        self._prefix = [0.0, *itertools.accumulate(curve.values_g_per_kwh)]
 
     def _steps(self, x: float) -> float:
         """Integral of the step function (in steps) from 0 to x, flat-extended both ways."""

@@ -77,9 +77,9 @@ class ForecastModel:
         z = self.zones[zone]
         targets = range(issue_hour, issue_hour + n_hours)
         if self.kind == "perfect":
-            return [z.hour_value(h) for h in targets]
+            return z.hour_values(issue_hour, n_hours)
         if self.kind == "noisy":
-            actual = np.array([z.hour_value(h) for h in targets])
+            actual = np.array(z.hour_values(issue_hour, n_hours))
             rng = np.random.default_rng([self.seed, zlib.crc32(zone.encode()), issue_hour & 0xFFFFFFFF])
             noise = rng.standard_normal(n_hours)
             return np.maximum(0.0, actual * (1.0 + self.sigma * noise)).tolist()

@@ -72,6 +72,13 @@ class ZoneIntensity:
             i = self.n_hours - 1
         return self._values_list[i]
 
+    def hour_values(self, first: int, n: int) -> list[float]:
+        """`hour_value` of the epoch hours first .. first + n - 1, as one slice."""
+        i, last = first - self.first_hour, self.n_hours - 1
+        if 0 <= i and i + n - 1 <= last:
+            return self._values_list[i:i + n]
+        return [self._values_list[min(max(j, 0), last)] for j in range(i, i + n)]
+
     def value_at(self, t_s: float) -> float:
         return self.hour_value(int(t_s // HOUR_S))
 
