@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="merge pools per (zone, model) in the LP (auto: above 1,000 jobs)")
     p.add_argument("--lp-block", type=int, default=None,
                    help="sum LP capacity rows over this many slots (default: 1, 4 from 5,000 jobs)")
+    p.add_argument("--mip-time", type=float, default=0.0, metavar="S",
+                   help="also solve the integer time-indexed model with SCIP for S seconds at sizes of at most "
+                        "200 jobs and print its proven bound (default 0: off)")
     p.add_argument("--replan", type=int, default=0, metavar="N", help="also simulate N re-planning ticks")
     p.add_argument("--replan-sizes", default="200x64,1000x256", help="sizes for --replan (default %(default)s)")
     p.add_argument("--replan-time", type=float, default=10.0, help="cpsat max_time_s per re-plan tick")
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = InstanceSpec(jobs=jobs, gpus=gpus, seed=args.seed, zones=zones, start=start,
                                 carbon_dir=args.carbon_dir)
             s = bench_size(spec, tuple(runs), lp_time_s=args.lp_time, lp_merge=args.lp_merge,
-                           lp_block=args.lp_block, progress=progress)
+                           lp_block=args.lp_block, mip_time_s=args.mip_time, progress=progress)
             results.append(s)
             print(report.size_table(s), flush=True)
             print(flush=True)

@@ -39,6 +39,20 @@ def size_table(s: SizeResult) -> str:
     if "rounded_plan_g" in lp:
         lines.append(f"{'LP rounded':<12} {'':>7} {'':>7} {'':>8} {'':>8} {lp['rounded_plan_g'] / 1e6:9.4f}   "
                      f"a feasible plan from the LP ({lp['rounded_plan_placed']} of {s.jobs} jobs placed)")
+    if "mip" in lp:
+        mip = lp["mip"]
+        best = "none" if mip["best_g"] is None else f"{mip['best_g'] / 1e6:.4f} t"
+        lines.append(f"{'MIP bound':<12} {mip['wall_s']:7.1f} {'':>7} {'':>8} {'':>8} {mip['bound_g'] / 1e6:9.4f}   "
+                     f"proven by {mip['solver']} ({mip['status']}; best integer plan {best}): "
+                     + ("the integer model's optimum is at least this" if mip["bound_g"] >= lp["bound_g"] else
+                        "weaker than the LP bound (SCIP's root LP did not finish in time: give it more)"))
+    for b, other in sorted(lp.get("by_late_budget", {}).items()):
+        if b != lp.get("late_budget", 0):
+            state_b = "converged" if other["converged"] else f"DID NOT CONVERGE ({other['status']})"
+            lines.append(f"{f'LP, {b} late':<12} {other['wall_s']:7.1f} {'':>7} {'':>8} {'':>8} "
+                         f"{other['bound_g'] / 1e6:9.4f}   {state_b}; the bound of plans with {b} unforced misses")
+    if len(lp.get("by_late_budget", {})) > 1:
+        lines.append("  each plan's gap is to the LP with as many late jobs allowed as it has unforced misses")
     for note in lp["notes"]:
         lines.append(f"  LP: {note}")
     uncovered = [r.label for r in s.runs if not r.error and not s.bound_covers(r)]
