@@ -48,11 +48,12 @@ from sqlalchemy import (
     update,
 )
 
-from scheduler.lifecycle import TERMINAL, State
+from scheduler.lifecycle import TERMINAL, State, utcnow
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_intensity
 from scheduler.store.models import UTCDateTime, gpus, jobs, nodes
 from scheduler.store.telemetry_models import gpu_power_minutes, gpu_samples
+from scheduler.timeparse import utc_aware
 from telemetry.energy import Sample, clip_window, window_energy
 from telemetry.grid.readings import KIND_ACTUAL, SIGNAL_AVERAGE
 from telemetry.grid.static import static_intensity
@@ -79,16 +80,6 @@ SOURCE_INFO: dict[str, dict[str, str]] = {
     "static": {"provider": "static yearly mean (Electricity Maps 2022 hourly exports, or operator config)",
                "licence": "ODbL 1.0"},
 }
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _aware(t: datetime, name: str) -> datetime:
-    if t.tzinfo is None:
-        raise ValueError(f"{name} must be timezone-aware (UTC), got naive {t!r}")
-    return t.astimezone(timezone.utc)
 
 
 def iso(t: datetime | None) -> str | None:
@@ -243,7 +234,7 @@ def run_carbon(energy_j: float, start: datetime, end: datetime, intensity: Seque
     among the pieces (each piece weighted by its own energy, not the mean power). Empty:
     the energy is spread evenly over time. `weighting` names where the samples came from.
     """
-    start, end = _aware(start, "start"), _aware(end, "end")
+    start, end = utc_aware(start, "start"), utc_aware(end, "end")
     if end < start:
         raise ValueError(f"run ends ({end}) before it starts ({start})")
     if energy_j < 0 or not math.isfinite(energy_j):
@@ -725,7 +716,7 @@ class Accountant:
             # SQLite's planner takes ix_jobs_ended_at even for a range holding most rows, and
             # 100,000 index lookups are ~8x slower than one scan; `+col` makes it scan.
             ended = literal_column("+jobs.ended_at", UTCDateTime())
-        cond = [ended >= _aware(since, "since"), ended < _aware(until, "until"),
+        cond = [ended >= utc_aware(since, "since"), ended < utc_aware(until, "until"),
                 j.started_at.is_not(None), j.state.in_(FINISHED)]
         if owner_uid is not None:
             cond.append(j.owner_uid == owner_uid)

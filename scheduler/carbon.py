@@ -47,7 +47,9 @@ from typing import Any
 from sqlalchemy import Connection, Float, Integer, and_, bindparam, cast, extract, func, insert, select, update
 
 from scheduler.store import Store
+from scheduler.lifecycle import utcnow
 from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status
+from scheduler.timeparse import utc_aware
 from telemetry.grid.csv_import import ParsedTrace, read_trace
 from telemetry.grid.forecast import (
     EXTRA_SEARCH_DAYS,
@@ -97,16 +99,6 @@ DEFAULT_MIN_INTERVAL_S = {
 FAILURE_BACKOFF_S = (60, 120, 300, 600, 1800, 3600)
 AUTH_FAILURE_BACKOFF_S = 3600
 PROVIDER_WIDE = "*"           # the carbon_fetches zone/endpoint of account-wide back-offs
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _aware(t: datetime, name: str) -> datetime:
-    if t.tzinfo is None:
-        raise ValueError(f"{name} must be timezone-aware (UTC), got naive {t!r}")
-    return t.astimezone(timezone.utc)
 
 
 # -- results --------------------------------------------------------------------------------
@@ -492,7 +484,7 @@ class CarbonSignals:
 
         With `as_of`, only values known at that time count (the simulator's view).
         """
-        t = _aware(t, "t")
+        t = utc_aware(t, "t")
         sig = signal or self.signal_of(zone)
         if sig is None:
             return None
@@ -501,7 +493,7 @@ class CarbonSignals:
             stmt = self._q.intensity
         else:
             stmt = self._q.intensity_as_of
-            params["as_of"] = _aware(as_of, "as_of")
+            params["as_of"] = utc_aware(as_of, "as_of")
         with self.store.read() as conn:
             row = conn.execute(stmt, params).first()
         if row is None:
@@ -516,8 +508,8 @@ class CarbonSignals:
     def forecast(self, zone: str, start: datetime, end: datetime, as_of: datetime | None = None,
                  *, signal: str | None = None) -> CarbonForecast:
         """Values for [start, end) as known at `as_of` (default now): see the module docstring."""
-        start, end = _aware(start, "start"), _aware(end, "end")
-        as_of = _aware(as_of, "as_of") if as_of is not None else self._clock()
+        start, end = utc_aware(start, "start"), utc_aware(end, "end")
+        as_of = utc_aware(as_of, "as_of") if as_of is not None else self._clock()
         if end <= start:
             raise ValueError(f"forecast window is empty: start {start} is not before end {end}")
         sig = signal or self.signal_of(zone) or SIGNAL_AVERAGE
@@ -911,7 +903,7 @@ class CarbonSignals:
 
     def freshness(self, zone: str, signal: str | None = None, now: datetime | None = None) -> dict:
         """How current the zone's data is: newest actual, newest forecast issue, provider calls."""
-        now = _aware(now, "now") if now is not None else self._clock()
+        now = utc_aware(now, "now") if now is not None else self._clock()
         sig = signal or self.signal_of(zone) or SIGNAL_AVERAGE
         ci, fc = carbon_intensity.c, carbon_fetches.c
         with self.store.read() as conn:

@@ -59,6 +59,13 @@ def format_duration(seconds: float | None) -> str:
     return f"{h}h{rem // 60:02d}m" if rem else f"{h}h"
 
 
+def utc_aware(t: datetime, name: str) -> datetime:
+    """`t` in UTC; ValueError naming `name` if it is naive (a naive time has no instant)."""
+    if t.tzinfo is None:
+        raise ValueError(f"{name} must be timezone-aware (UTC), got naive {t!r}")
+    return t.astimezone(timezone.utc)
+
+
 def iso(t: datetime | None) -> str | None:
     """ISO 8601 UTC with a Z, or None."""
     if t is None:
