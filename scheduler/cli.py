@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler import cli_carbon, cli_report, cli_simulate, settings
+from scheduler.settings import env_help
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_FORBIDDEN, EXIT_CONFLICT = range(7)
 
@@ -27,10 +28,6 @@ class CliError(Exception):
 
 
 # -- configuration: flag > environment > config file > default ---------------------------
-
-def _env_help(text: str, var: str) -> str:
-    return f"{text} [env: {var}]"
-
 
 def config_path(path: str | None) -> str | None:
     """The config file in use: --config, $CARBONSCHED_CONFIG, else the default if it exists."""
@@ -73,8 +70,8 @@ def setting(args, config: dict, name: str, env: str | None, default=None):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="carbonsched",
                                 description="Energy- and carbon-aware batch scheduler for GPU clusters.")
-    p.add_argument("--socket", help=_env_help("daemon API socket", "CARBONSCHED_SOCKET"))
-    p.add_argument("--config", help=_env_help("TOML config file (default /etc/carbonsched/config.toml)",
+    p.add_argument("--socket", help=env_help("daemon API socket", "CARBONSCHED_SOCKET"))
+    p.add_argument("--config", help=env_help("TOML config file (default /etc/carbonsched/config.toml)",
                                               "CARBONSCHED_CONFIG"))
     sub = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
@@ -146,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = sub.add_parser("db", help="database schema: upgrade or check")
     db.add_argument("action", choices=["upgrade", "check"])
-    db.add_argument("--db", help=_env_help("database URL", "CARBONSCHED_DB"))
-    db.add_argument("--state-dir", help=_env_help("state directory (for the default SQLite URL)",
+    db.add_argument("--db", help=env_help("database URL", "CARBONSCHED_DB"))
+    db.add_argument("--state-dir", help=env_help("state directory (for the default SQLite URL)",
                                                   "CARBONSCHED_STATE_DIR"))
     cli_carbon.add_parser(sub)
     cli_simulate.add_parser(sub)

@@ -19,17 +19,15 @@ import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from scheduler.settings import env_help
+
 FORMATS = ("electricitymaps", "watttime", "plain")
 PROGRESS_MIN_BYTES = 256 * 1024
 
 
-def _env_help(text: str, var: str) -> str:
-    return f"{text} [env: {var}]"
-
-
 def _db_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", help=_env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
-    p.add_argument("--state-dir", help=_env_help("state directory (for the default SQLite URL)",
+    p.add_argument("--db", help=env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
+    p.add_argument("--state-dir", help=env_help("state directory (for the default SQLite URL)",
                                                  "CARBONSCHED_STATE_DIR"))
 
 

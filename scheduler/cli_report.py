@@ -24,10 +24,6 @@ from datetime import datetime, timezone
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
 
 
-def _env_help(text: str, var: str) -> str:
-    return f"{text} [env: {var}]"
-
-
 def add_parser(subparsers) -> None:
     """Add the `report` and `export` verbs; registers their handlers in scheduler.cli.VERBS."""
     r = subparsers.add_parser(

@@ -230,13 +230,18 @@ def register_table(name: str, check: Callable[[Any, Mapping], list[str]]) -> Non
     TABLES[name] = check
 
 
+def env_help(text: str, var: str) -> str:
+    """A flag's help text naming the environment variable that also sets it."""
+    return f"{text} [env: {var}]"
+
+
 def add_flags(parser: argparse.ArgumentParser, scope: str) -> None:
     """One flag per setting of `scope`, with its environment variable in the help."""
     for s in SETTINGS:
         if scope not in s.scopes:
             continue
         default = "" if s.default in (None, []) else f" (default {s.format(s.default)})"
-        text = f"{s.help}{default} [env: {s.env}]"
+        text = env_help(f"{s.help}{default}", s.env)
         if s.is_bool:
             parser.add_argument(s.flag, dest=dest(s.key), action=argparse.BooleanOptionalAction,
                                 default=None, help=text)
