@@ -21,11 +21,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from scheduler.settings import env_help
+
 FORMATS = ("gaia", "alibaba", "llm", "generic")
-
-
-def _env_help(text: str, var: str) -> str:
-    return f"{text} [env: {var}]"
 
 
 def add_parser(subparsers) -> None:
@@ -62,8 +60,8 @@ def add_parser(subparsers) -> None:
                     help="replay the store's finished jobs and recorded intensity (read-only)")
     sh.add_argument("--since", metavar="T", help="jobs submitted from this time (ISO or a duration ago; default 7d)")
     sh.add_argument("--until", metavar="T", help="jobs submitted before this time (default now)")
-    sh.add_argument("--db", help=_env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
-    sh.add_argument("--state-dir", help=_env_help("state directory (for the default SQLite URL)",
+    sh.add_argument("--db", help=env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
+    sh.add_argument("--state-dir", help=env_help("state directory (for the default SQLite URL)",
                                                   "CARBONSCHED_STATE_DIR"))
     m = s.add_argument_group("model")
     m.add_argument("--policy", default=None, metavar="a,b,...",
@@ -258,12 +256,11 @@ def _out_dir(text: str | None) -> Path:
     return path.resolve()
 
 
-def _carbon_from_store(args, config: dict, zones: list[str]) -> dict:
-    """`--carbon ZONE=store`: that zone's recorded actual intensity from the store (--db)."""
+def _with_store(args, config: dict, use):
+    """`use(store)` on the store named by --db / the config, with clear errors; closed after."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from scheduler.cli import CliError, _db_url
-    from scheduler.simulate.shadow import store_carbon
     from scheduler.store import Store
 
     url = _db_url(args, config)
@@ -272,11 +269,18 @@ def _carbon_from_store(args, config: dict, zones: list[str]) -> dict:
     except (SQLAlchemyError, ImportError, ValueError) as e:
         raise CliError(f"cannot open the database: {type(e).__name__}: {e}") from None
     try:
-        return store_carbon(store, zones)
+        return use(store)
     except SQLAlchemyError as e:
         raise CliError(f"database {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     finally:
         store.dispose()
+
+
+def _carbon_from_store(args, config: dict, zones: list[str]) -> dict:
+    """`--carbon ZONE=store`: that zone's recorded actual intensity from the store (--db)."""
+    from scheduler.simulate.shadow import store_carbon
+
+    return _with_store(args, config, lambda store: store_carbon(store, zones))
 
 
 def _past(text: str, now: datetime, flag: str) -> datetime:
@@ -297,21 +301,13 @@ def _past(text: str, now: datetime, flag: str) -> datetime:
 
 
 def _store_scenario(args, config: dict):
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from scheduler.cli import EXIT_USAGE, CliError, _db_url
     from scheduler.simulate.shadow import store_scenario
-    from scheduler.store import Store
 
     now = datetime.now(timezone.utc)
     since = _past(args.since, now, "--since") if args.since else None
     until = _past(args.until, now, "--until") if args.until else None
-    url = _db_url(args, config)
-    try:
-        store = Store(url)
-    except (SQLAlchemyError, ImportError, ValueError) as e:
-        raise CliError(f"cannot open the database: {type(e).__name__}: {e}") from None
-    try:
+
+    def scenario(store):
         cluster = None
         if args.cluster:
             from scheduler.simulate.cluster import load_cluster
@@ -319,7 +315,5 @@ def _store_scenario(args, config: dict):
             cluster = load_cluster(args.cluster)
         return store_scenario(store, since=since, until=until, cluster=cluster,
                               slack_s=_duration(args.slack, "--slack"))
-    except SQLAlchemyError as e:
-        raise CliError(f"database {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    finally:
-        store.dispose()
+
+    return _with_store(args, config, scenario)
