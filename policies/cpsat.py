@@ -156,9 +156,7 @@ class CpsatPolicy:
                 plan = greedy_plan
             elif others is not None:
                 others.append(greedy_plan)
-        if problem.kept or not compare_fifo:  # between full re-plans fifo is compared at the full ones
-            return plan
-        return keep_better_than_fifo(problem, plan, self.name)
+        return keep_better_than_fifo(problem, plan, self.name) if compare_fifo else plan
 
 
 @dataclass

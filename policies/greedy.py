@@ -341,41 +341,40 @@ def notes_for_picks(problem: Problem, picks: list[Pick]) -> dict[int, Notes]:
 
 
 def keep_better_than_fifo(problem: Problem, plan: Plan, policy: str) -> Plan:
-    """Return fifo's plan (re-explained) instead of `plan` if it is feasible and better."""
-    from policies.fifo import FifoPolicy
-
-    fifo = FifoPolicy().plan(problem.snapshot, explain=False)  # explained only if it wins
-    fifo_score, own = estimate_score(problem, fifo), estimate_score(problem, plan)
-    if not fifo_score.better_than(own):
+    """Return fifo's plan (re-explained) instead of `plan` if it is feasible and better.
+    Skipped between full re-plans (kept plans, a few new jobs): fifo's whole-queue pass would
+    cost more than placing the new jobs; the full re-plans compare."""
+    if problem.kept:
         return plan
-    fifo = FifoPolicy().plan(problem.snapshot)
-    violations = plan_violations(problem, fifo)
-    if violations:
-        log.debug("fifo plan better but infeasible: %s", violations[:3])
-        return plan
-    log.info("%s: fifo's plan is better on the model's estimate (%s vs %s); keeping it",
-             policy, fifo_score, own)
-    return _relabel(fifo, f"{policy} (kept fifo's plan)")
+    return _fifo_if_better(problem.snapshot, plan, policy, lambda p: estimate_score(problem, p), lambda: problem)
 
 
 def whole_plan_vs_fifo(snapshot: Snapshot, plan: Plan, policy: str) -> Plan:
     """`keep_better_than_fifo` for a whole plan (short jobs packed too): fifo's own plan of the
     whole queue, if it is feasible and better. Skipped between full re-plans, as there."""
-    from policies.fifo import FifoPolicy
     from policies.short_jobs import whole_score
 
     if snapshot.keep:
         return plan
-    fifo = FifoPolicy().plan(snapshot, explain=False)
-    if not whole_score(fifo).better_than(whole_score(plan)):
+    return _fifo_if_better(snapshot, plan, policy, whole_score, lambda: compile_problem(snapshot))
+
+
+def _fifo_if_better(snapshot: Snapshot, plan: Plan, policy: str, score, problem) -> Plan:
+    """fifo's plan of `snapshot`, relabelled, if `score` ranks it better than `plan` and it
+    breaks no hard constraint of `problem()` (compiled only then); else `plan`."""
+    from policies.fifo import FifoPolicy
+
+    fifo = FifoPolicy().plan(snapshot, explain=False)  # explained only if it wins
+    fifo_score, own = score(fifo), score(plan)
+    if not fifo_score.better_than(own):
         return plan
-    problem = compile_problem(snapshot)
     fifo = FifoPolicy().plan(snapshot)
-    violations = plan_violations(problem, fifo)
+    violations = plan_violations(problem(), fifo)
     if violations:
         log.debug("fifo plan better but infeasible: %s", violations[:3])
         return plan
-    log.info("%s: fifo's whole plan is better on the model's estimate; keeping it", policy)
+    log.info("%s: fifo's plan is better on the model's estimate (%s vs %s); keeping it",
+             policy, fifo_score, own)
     return _relabel(fifo, f"{policy} (kept fifo's plan)")
 
 
@@ -403,9 +402,7 @@ class GreedyPolicy:
         notes: dict[int, Notes] = {}
         picks, unplaced = greedy_picks(problem, notes=notes)
         plan = picks_to_plan(problem, picks, unplaced, self.name, notes)
-        if self.compare_fifo and compare_fifo and not problem.kept:
-            # compared at every full re-plan; between them (kept plans, a few new jobs) fifo's
-            # whole-queue pass would cost more than placing the new jobs
+        if self.compare_fifo and compare_fifo:
             plan = keep_better_than_fifo(problem, plan, self.name)
         return plan
 

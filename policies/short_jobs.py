@@ -167,16 +167,15 @@ def _curve_arrays(curve: CarbonCurve) -> tuple[np.ndarray, np.ndarray]:
     return hit[1], hit[2]
 
 
-def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: float | np.ndarray,
-                power_w: float | np.ndarray, pue: float) -> np.ndarray:
-    """gCO2 of a run of `run_s` starting at each of `starts` (epoch s), integrated exactly over
-    the step curve by its prefix sums; inf where there is no forecast (carbon-blind: every
-    start costs the same, so the earliest wins). Given arrays of runs and watts (one per
-    option on this curve), one row per option."""
-    if isinstance(run_s, np.ndarray):
-        run_s, power_w = run_s[:, None], np.asarray(power_w)[:, None]
+def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: np.ndarray, power_w: np.ndarray,
+                pue: float) -> np.ndarray:
+    """gCO2 of each option's run (`run_s[o]` at `power_w[o]`) starting at each of `starts`
+    (epoch s), one row per option, integrated exactly over the step curve by its prefix sums;
+    inf where there is no forecast (carbon-blind: every start costs the same, so the earliest
+    wins)."""
     if curve is None or not curve.values_g_per_kwh:
-        return np.full(np.broadcast_shapes(np.shape(run_s), starts.shape), np.inf)
+        return np.full((len(run_s), len(starts)), np.inf)
+    run_s, power_w = run_s[:, None], power_w[:, None]
     values, prefix = _curve_arrays(curve)
     n, step = len(values), curve.step_s
     x0 = (starts - curve.start.timestamp()) / step
