@@ -45,7 +45,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import simpy
@@ -220,7 +220,6 @@ class Simulation:
         self._last_plan: tuple[float, int] | None = None
         self._previous: dict[int, Assignment] = {}  # the last plan's uncommitted assignments
         self._last_full_s = -math.inf
-        self.full_replans = 0
         self._changes = 0
         longest = max((j.est_runtime_s or settings.default_runtime_s for j in jobs), default=0.0)
         self._tail_s = min(7 * 86400.0, 2.0 * longest)  # runtimes vary by model: a margin
@@ -310,7 +309,7 @@ class Simulation:
     # -- planning ------------------------------------------------------------------------------
 
     def _snapshot(self, now_s: float, jobs: tuple[QueuedJob, ...], horizon_s: float,
-                  carbon: dict) -> Snapshot:
+                  carbon: dict, keep: dict[int, Assignment] | None = None) -> Snapshot:
         slots = self.slots
         for g in range(len(slots)):
             fa = self.free_at[g]
@@ -326,7 +325,7 @@ class Simulation:
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
                         default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
                         profiles=self.profiles, power_caps=self.power_caps, slot_s=self.settings.slot_s,
-                        horizon_s=horizon_s)
+                        horizon_s=horizon_s, keep=keep or {})
 
     def _plan(self, now_s: float) -> None:
         if not self.queue:
@@ -339,16 +338,14 @@ class Simulation:
         horizon = self.settings.horizon_s
         # the forecast also covers the runs of jobs that start near the horizon's end
         carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in self.meters}
-        snap = self._snapshot(now_s, jobs, horizon, carbon)
         full = self.settings.full_replan_s
         keep: dict[int, Assignment] = {}
         incremental = full is not None and now_s - self._last_full_s < full - EPS_S
         if incremental:
             keep = {i: a for i, a in self._previous.items() if i in self.queue}
-            snap = replace(snap, keep=keep)
         else:
             self._last_full_s = now_s
-            self.full_replans += 1
+        snap = self._snapshot(now_s, jobs, horizon, carbon, keep)
         t = time.perf_counter()
         plan = self.policy.plan(snap)
         plan_s = time.perf_counter() - t
