@@ -323,13 +323,17 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
             if s2 < e1 - timedelta(seconds=1):
                 out.append(f"GPU {gid}: two jobs overlap at {s2.isoformat()}")
     for cap in snap.power_caps:
-        lo = cap.start or snap.now - timedelta(days=3650)
+        # from now on (the past is not the plan's), and only where the plan itself draws power:
+        # running jobs alone above a cap are not a plan's violation
+        lo = max(cap.start, snap.now) if cap.start else snap.now
         hi = cap.end or snap.now + timedelta(days=3650)
         events = sorted({t for z, s, e, _ in power if z == cap.zone for t in (s, e)} | {lo})
         for t in events:
             if not lo <= t < hi:
                 continue
             used = sum(w for z, s, e, w in power if z == cap.zone and s <= t < e)
+            if used <= 0.0:
+                continue
             used += sum(_running_w(g) for g in snap.gpus
                         if g.zone == cap.zone and g.busy_until is not None and g.busy_until > t)
             if used > cap.cap_w + 1e-6:

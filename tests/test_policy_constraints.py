@@ -11,7 +11,7 @@ import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy, policy_names
 from policies.catalog import catalog
-from policies.model import Assignment, CarbonCurve, Estimate, PowerCap, Profile
+from policies.model import Assignment, CarbonCurve, Estimate, Plan, PowerCap, Profile
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
@@ -176,3 +176,21 @@ def test_explanation_names_model_zone_start_and_the_run_now_alternative(policy):
     assert "H200 in Z at " in e and any(f"at {h}:" in e for h in (10, 11, 12, 13))
     assert f"{a.estimate.gco2:.0f} g" in e and f"{a.estimate.gco2_if_now:.0f} g now" in e
     assert "g/prompt" in e and a.estimate.gco2_per_prompt == pytest.approx(a.estimate.gco2 / 50000)
+
+
+def test_a_power_cap_is_judged_from_now_and_where_the_plan_draws_power():
+    """Running jobs alone above a zone's cap (until 02:00) are not the plan's violation; a
+    planned job is, while they still draw, and is not once they have ended."""
+    from policies.placement import plan_violations
+    from policies.problem import compile_problem
+
+    busy = gpu(1, "a", "Z", model="B200", busy_until=NOW + 2 * HOUR)  # ~824 W
+    s = snap([job(2)], [busy, gpu(2, "b", "Z")], {"Z": curve("Z", FLAT_CLEAN)},  # job 2: ~574 W on H100
+             power_caps=(PowerCap(zone="Z", cap_w=700.0),))
+    problem = compile_problem(s)
+
+    def plan_at(start):
+        return Plan(assignments=(Assignment(job_id=2, node="b", gpu_ids=(2,), start_at=start),))
+
+    assert plan_violations(problem, plan_at(NOW + 3 * HOUR)) == []
+    assert any("cap" in v for v in plan_violations(problem, plan_at(NOW)))
