@@ -90,15 +90,21 @@ def transition(
         raise TransitionError(f"nothing may move to {to}")
     at = at or utcnow()
     # Read the current state inside the same transaction to record where the job came from.
-    current = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one_or_none()
-    if current is None or current not in sources:
-        return False
-    result = conn.execute(
-        update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == current, *where)
-        .values(state=to.value, reason=reason, **(values or {}))
-    )
-    if result.rowcount != 1:
+    # Another transaction may move the job between that read and the update (PostgreSQL's read
+    # committed: the planner turning PENDING into PLANNED under a cancel); then read again, and
+    # go on while the job is still in an accepted state.
+    for _ in range(3):
+        current = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one_or_none()
+        if current is None or current not in sources:
+            return False
+        result = conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.state == current, *where)
+            .values(state=to.value, reason=reason, **(values or {}))
+        )
+        if result.rowcount == 1:
+            break
+    else:
         return False
     conn.execute(
         insert(job_events).values(
