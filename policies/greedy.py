@@ -79,7 +79,7 @@ class GreedyState:
         self.problem = problem
         self.rem = problem.capacity_matrix()
         self.power = {z: problem.power_cap_w(z) for z in problem.capped_zones}
-        self.group_pools = [np.array(g.pools, dtype=np.int64) for g in problem.groups]
+        self.group_pools = problem._group_pools
         self.pool_group = problem.pool_group
         self.pool_zone = [p.zone for p in problem.pools]
         # most GPUs free on any one pool of a group, per slot: a cheap upper bound that

@@ -58,15 +58,23 @@ def gpu_ids_with_kept(problem: Problem, picks: Iterable[Pick]) -> tuple[dict[int
     for pool_i, items in by_pool.items():
         pool = problem.pools[pool_i]
         free = list(pool.free_slot)  # slot each GPU is next free
-        for slot, kind, key, k, dur in sorted(items):
-            ready = [i for i in range(len(free)) if free[i] <= slot]
-            if len(ready) < k:
+        gpu_ids = pool.gpu_ids
+        items.sort()
+        for slot, kind, key, k, dur in items:
+            # best fit: the GPUs freed last (then the lowest index)
+            if k == 1:  # most jobs: one pass, no sort
+                best, best_free = -1, -1
+                for i, f in enumerate(free):
+                    if best_free < f <= slot:
+                        best, best_free = i, f
+                chosen = [best] if best >= 0 else []
+            else:
+                chosen = sorted(i for _, i in sorted((-f, i) for i, f in enumerate(free) if f <= slot)[:k])
+            if len(chosen) < k:
                 raise ValueError(f"pool {pool.node}/{pool.model} overloaded at slot {slot}")
-            ready.sort(key=lambda i: (-free[i], i))  # best fit: the GPU freed last
-            chosen = sorted(ready[:k])
             for i in chosen:
                 free[i] = slot + dur
-            (out if kind else kept)[key] = tuple(pool.gpu_ids[i] for i in chosen)
+            (out if kind else kept)[key] = tuple(gpu_ids[i] for i in chosen)
     return out, kept
 
 

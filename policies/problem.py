@@ -217,59 +217,39 @@ class Problem:
                 self._pinned_power.append((zone_of_gpu.get(a.gpu_ids[0], "?"), self._slot_floor(a.start_at),
                                            self._slot_ceil(end), power_w))
 
-        by_key: dict[tuple[str, str, str, float], list] = defaultdict(list)
         self._running_power: list[tuple[str, int, float]] = []  # zone, until slot, W
         capped = {c.zone for c in snap.power_caps}
         now, now_s, slot_s, n_slots = self.now, self.now.timestamp(), self.slot_s, self.n_slots
-        for g in snap.gpus:
-            if g.zone in capped and g.busy_until is not None and g.busy_until > now:  # running, even if unhealthy now
-                self._running_power.append((g.zone, min(n_slots, self._slot_ceil(g.busy_until)),
-                                            generic_power_w(g.model)))
-            if not g.healthy or g.drained:
-                continue
-            free = 0
-            bu = busy_until.get(g.id, g.busy_until)
-            if bu is not None and bu > now:  # the slot it is free from (as _slot_ceil)
-                free = min(n_slots, max(0, math.ceil((bu.timestamp() - now_s) / slot_s - 1e-9)))
-            by_key[(g.node, g.zone, g.model, float(g.memory_gib))].append((g.index, g.id, free))
-
-        groups: dict[tuple[str, str, float, float], list[int]] = defaultdict(list)
-        pools: list[Pool] = []
-        for (node, zone, model, mem), gs in sorted(by_key.items()):
-            gs.sort()
-            pue = float(snap.pue.get(zone, 1.0))
-            gkey = (zone, model, mem, pue)
-            groups[gkey].append(len(pools))
-            pools.append(Pool(node=node, zone=zone, model=model, memory_gib=mem,
-                              gpu_ids=tuple(g[1] for g in gs), pue=pue,
-                              free_slot=tuple(g[2] for g in gs)))
-        self.groups: list[Group] = []
-        for gkey, members in sorted(groups.items()):
-            gi = len(self.groups)
-            self.groups.append(Group(zone=gkey[0], model=gkey[1], memory_gib=gkey[2], pue=gkey[3],
-                                     pools=tuple(members)))
-            for p in members:
-                pools[p] = pools[p]._replace(group=gi)
-        self.pools: list[Pool] = pools
-        self.pool_size = np.array([len(p.gpu_ids) for p in pools], dtype=np.int64)
-        self.pool_group = np.array([p.group for p in pools], dtype=np.int64)
-        cap = np.zeros((len(pools), self.n_slots), dtype=np.int32)
-        for i, p in enumerate(pools):
-            for f in p.free_slot:
-                if f < self.n_slots:
-                    cap[i, f:] += 1
-        self._capacity = cap
+        gpus = snap.gpus
+        if capped:
+            for g in gpus:
+                if g.zone in capped and g.busy_until is not None and g.busy_until > now:  # running, even if unhealthy now
+                    self._running_power.append((g.zone, min(n_slots, self._slot_ceil(g.busy_until)),
+                                                generic_power_w(g.model)))
+        topo = self._topology = _topology(snap)
+        # the slot each GPU is free from (as _slot_ceil); the last entry pads the pool rows
+        free = np.zeros(len(gpus) + 1, dtype=np.int64)
+        free[-1] = n_slots
+        for i, g in enumerate(gpus):
+            bu = busy_until.get(g.id, g.busy_until) if busy_until else g.busy_until
+            if bu is not None and bu > now:
+                free[i] = min(n_slots, max(0, math.ceil((bu.timestamp() - now_s) / slot_s - 1e-9)))
+        free_mat = free[topo.gpu_pos]  # pools x widest pool
+        self.pools: list[Pool] = [pool._replace(free_slot=tuple(row[:len(pool.gpu_ids)]))
+                                  for pool, row in zip(topo.pools, free_mat.tolist())]
+        self.groups: list[Group] = list(topo.groups)
+        self.pool_size = topo.pool_size
+        self.pool_group = topo.pool_group
+        n_pools = len(self.pools)
+        diff = np.zeros((n_pools, n_slots + 1), dtype=np.int32)
+        np.add.at(diff, (np.repeat(np.arange(n_pools), free_mat.shape[1]), free_mat.ravel()), 1)
+        self._capacity = np.cumsum(diff[:, :-1], axis=1, dtype=np.int32)
         # kth_free_slot[p, k-1]: first slot with k GPUs of pool p free (n_slots: never)
-        width = int(self.pool_size.max()) if pools else 1
-        kth = np.full((len(pools), width), self.n_slots, dtype=np.int64)
-        for i, p in enumerate(pools):
-            kth[i, :len(p.free_slot)] = sorted(p.free_slot)
-        self.kth_free_slot = kth
+        self.kth_free_slot = np.sort(free_mat, axis=1)
         # group_kth_free_slot[g, k-1]: first slot with k GPUs free on one pool of group g
-        self.group_kth_free_slot = np.stack([kth[list(g.pools)].min(axis=0) for g in self.groups]) \
-            if self.groups else np.zeros((0, width), dtype=np.int64)
-        # per group: pools sorted by size, to pick those with >= k GPUs quickly
-        self._group_pools = [np.array(g.pools, dtype=np.int64) for g in self.groups]
+        self.group_kth_free_slot = np.minimum.reduceat(self.kth_free_slot[topo.by_group], topo.group_starts, axis=0) \
+            if self.groups else np.zeros((0, self.kth_free_slot.shape[1]), dtype=np.int64)
+        self._group_pools = topo.group_pools
         zone_index = {z: i for i, z in enumerate(self.zones)}
         self._group_zone = np.array([zone_index[g.zone] for g in self.groups], dtype=np.int64)
         self._members_cache: dict[tuple[int, int], np.ndarray] = {}
@@ -302,33 +282,36 @@ class Problem:
         if not keep:
             return
         jobs_by_id = {j.id: j for j in self.snapshot.jobs}
-        pool_of: dict[tuple[str, str], int] = {(p.node, p.model): i for i, p in enumerate(self.pools)}
-        gpu = {g.id: g for g in self.snapshot.gpus}
-        now_s, slot_s, n_slots = self.now.timestamp(), self.slot_s, self.n_slots
-        cands: list[tuple[Assignment, int, int, int, int, float]] = []  # a, pool, lo, hi, k, W
-        for a in sorted(keep.values(), key=lambda a: (a.start_at, a.job_id)):
+        pool_of_gpu = self._topology.pool_of_gpu
+        now, now_s, slot_s, n_slots = self.now, self.now.timestamp(), self.slot_s, self.n_slots
+        found: list[tuple[float, int, Assignment, int, int, int, int, float]] = []  # t, id, a, pool, lo, hi, k, W
+        for a in keep.values():
             job = jobs_by_id.get(a.job_id)
-            if job is None or a.job_id in pinned_ids or not a.gpu_ids or a.start_at < self.now:
+            gpu_ids = a.gpu_ids
+            if job is None or not gpu_ids or a.start_at < now or a.job_id in pinned_ids:
                 continue
-            g0 = gpu.get(a.gpu_ids[0])
-            pool_i = pool_of.get((g0.node, g0.model)) if g0 is not None else None
-            k = max(1, job.gpus)
-            if pool_i is None or len(a.gpu_ids) != k:
+            pool_i = pool_of_gpu.get(gpu_ids[0])
+            k = job.gpus if job.gpus > 1 else 1
+            if pool_i is None or len(gpu_ids) != k:
                 continue
-            pool = self.pools[pool_i]
             est = a.estimate
-            if est.runtime_s and est.energy_j:  # the plan's own shape (what fifo, greedy and cpsat estimate)
-                runtime_s, power_w = est.runtime_s, est.energy_j / est.runtime_s
+            runtime_s = est.runtime_s
+            if runtime_s and est.energy_j:  # the plan's own shape (what fifo, greedy and cpsat estimate)
+                power_w = est.energy_j / runtime_s
             else:
+                pool = self.pools[pool_i]
                 if fits(job, pool.model, pool.memory_gib, self.book) is not None:
                     continue
                 shape = job_shape(job, pool.model, self.book, self.snapshot.default_runtime_s)
                 runtime_s, power_w = shape.runtime_s, shape.power_w
-            start = (a.start_at.timestamp() - now_s) / slot_s
-            lo = int(math.floor(start + 1e-9))
-            hi = min(n_slots, int(math.ceil(start + runtime_s / slot_s - 1e-9)))
+            t = a.start_at.timestamp()
+            start = (t - now_s) / slot_s
+            lo = math.floor(start + 1e-9)
+            hi = min(n_slots, math.ceil(start + runtime_s / slot_s - 1e-9))
             if lo < n_slots and hi > lo:
-                cands.append((a, pool_i, lo, hi, k, power_w))
+                found.append((t, a.job_id, a, pool_i, lo, hi, k, power_w))
+        found.sort()  # start order (job ids are unique: the comparison never reaches the plan)
+        cands = [c[2:] for c in found]
         if not cands:
             return
         # usually they all fit (they did last tick): check them at once, one by one only if not
@@ -570,6 +553,74 @@ class _LazyOptions(Sequence):
                    for pool, g, d, lt in zip(jo.pool, jo.group, jo.duration, jo.latest)]
             self._cache[j] = hit
         return hit
+
+
+class _Topology(NamedTuple):
+    """The pools and groups of a fleet, apart from when each GPU is next free (`free_slot`
+    is empty here). It changes only when a GPU does (health, drain, model), not from tick to
+    tick, so it is built once per fleet state and shared (`_topology`)."""
+
+    pools: tuple[Pool, ...]
+    groups: tuple[Group, ...]
+    gpu_pos: np.ndarray  # (pools x widest pool) index into Snapshot.gpus; len(gpus) pads
+    pool_size: np.ndarray
+    pool_group: np.ndarray
+    group_pools: list[np.ndarray]  # per group, its pools
+    by_group: np.ndarray  # pools ordered by group (for reductions per group)
+    group_starts: np.ndarray  # where each group starts in `by_group`
+    pool_of_gpu: dict[int, int]  # GPU id -> the pool of its node and model (also for a GPU left out)
+
+
+_TOPOLOGIES: dict[tuple, _Topology] = {}
+
+
+def _topology(snap: Snapshot) -> _Topology:
+    """The snapshot's `_Topology`, from a small cache keyed by everything it depends on."""
+    gpus = snap.gpus
+    key = (tuple((g.id, g.node, g.zone, g.model, g.index, float(g.memory_gib), g.healthy and not g.drained)
+                 for g in gpus), tuple(sorted(snap.pue.items())))
+    hit = _TOPOLOGIES.get(key)
+    if hit is not None:
+        return hit
+    by_key: dict[tuple[str, str, str, float], list[tuple[int, int, int]]] = defaultdict(list)
+    for i, g in enumerate(gpus):
+        if g.healthy and not g.drained:
+            by_key[(g.node, g.zone, g.model, float(g.memory_gib))].append((g.index, g.id, i))
+    groups: dict[tuple[str, str, float, float], list[int]] = defaultdict(list)
+    pools: list[Pool] = []
+    positions: list[list[int]] = []
+    for (node, zone, model, mem), gs in sorted(by_key.items()):
+        gs.sort()
+        pue = float(snap.pue.get(zone, 1.0))
+        groups[(zone, model, mem, pue)].append(len(pools))
+        pools.append(Pool(node=node, zone=zone, model=model, memory_gib=mem, gpu_ids=tuple(g[1] for g in gs),
+                          pue=pue, free_slot=()))
+        positions.append([g[2] for g in gs])
+    group_list: list[Group] = []
+    for gkey, members in sorted(groups.items()):
+        for p in members:
+            pools[p] = pools[p]._replace(group=len(group_list))
+        group_list.append(Group(zone=gkey[0], model=gkey[1], memory_gib=gkey[2], pue=gkey[3], pools=tuple(members)))
+    width = max((len(p) for p in positions), default=1)
+    gpu_pos = np.full((len(pools), width), len(gpus), dtype=np.int64)
+    for r, pos in enumerate(positions):
+        gpu_pos[r, :len(pos)] = pos
+    by_group = np.array([p for g in group_list for p in g.pools], dtype=np.int64)
+    sizes = [len(g.pools) for g in group_list]
+    pool_index = {(p.node, p.model): i for i, p in enumerate(pools)}
+    pool_of_gpu = {g.id: pool_index[(g.node, g.model)] for g in gpus if (g.node, g.model) in pool_index}
+    topo = _Topology(pools=tuple(pools), groups=tuple(group_list), gpu_pos=gpu_pos,
+                     pool_size=np.array([len(p.gpu_ids) for p in pools], dtype=np.int64),
+                     pool_group=np.array([p.group for p in pools], dtype=np.int64),
+                     group_pools=[np.array(g.pools, dtype=np.int64) for g in group_list],
+                     by_group=by_group, group_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
+                     pool_of_gpu=pool_of_gpu)
+    for a in (topo.gpu_pos, topo.pool_size, topo.pool_group, topo.by_group, topo.group_starts, *topo.group_pools):
+        a.flags.writeable = False  # shared by every Problem of this fleet state
+    if len(_TOPOLOGIES) >= 8:
+        _TOPOLOGIES.clear()
+    _TOPOLOGIES[key] = topo
+    return topo
 
 
 def compile_problem(snapshot: Snapshot) -> Problem:

@@ -120,9 +120,8 @@ class _Timeline:
 
     def extend(self, spans: list[tuple[float, float]]) -> None:
         """Add many intervals at once (one sort instead of an insert each)."""
-        merged = sorted([*zip(self.starts, self.ends), *spans])
-        self.starts = [a for a, _ in merged]
-        self.ends = [b for _, b in merged]
+        merged = sorted([*zip(self.starts, self.ends), *spans] if self.starts else spans)
+        self.starts, self.ends = (list(x) for x in zip(*merged)) if merged else ([], [])
         self.sorted_ends = sorted(self.ends)
         self._max_end = list(itertools.accumulate(self.ends, max))
 
@@ -151,6 +150,14 @@ class _Timeline:
     def ends_within(self, lo: float, hi: float) -> list[float]:
         """Ends of busy intervals in (lo, hi]: the moments this GPU may come free."""
         return self.sorted_ends[bisect.bisect_right(self.sorted_ends, lo):bisect.bisect_right(self.sorted_ends, hi)]
+
+
+class _Timelines(dict):
+    """Timelines by GPU id, each made empty on first use."""
+
+    def __missing__(self, gpu_id: int) -> _Timeline:
+        line = self[gpu_id] = _Timeline()
+        return line
 
 
 _ARRAYS: dict[int, tuple[CarbonCurve, np.ndarray, np.ndarray]] = {}
@@ -243,12 +250,11 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     slot_starts = t_now + slot_s * np.arange(n_slots)
     usable = [g for g in snapshot.gpus if g.healthy and not g.drained]
     by_id: dict[int, GpuSlot] = {g.id: g for g in snapshot.gpus}
-    lines: dict[int, _Timeline] = {g.id: _Timeline() for g in usable}
-    for g in usable:
-        if g.busy_until is not None and g.busy_until > now:
-            lines[g.id].add(t_now - 1.0, g.busy_until.timestamp())
+    usable_ids = {g.id for g in usable}
+    lines: dict[int, _Timeline] = _Timelines()  # made on first use: most GPUs have nothing on them
     jobs_by_id = {j.id: j for j in snapshot.jobs}
-    spans: list[tuple[float, float, int]] = []
+    spans: list[tuple[float, float, int]] = [(t_now - 1.0, g.busy_until.timestamp(), g.id) for g in usable
+                                             if g.busy_until is not None and g.busy_until > now]
     for a in (*snapshot.pinned.values(), *base.assignments):
         job = jobs_by_id.get(a.job_id)
         if a.estimate.runtime_s is not None:
@@ -258,7 +264,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         else:
             run_s = snapshot.default_runtime_s
         t0 = a.start_at.timestamp()
-        spans.extend((t0, t0 + run_s, gid) for gid in a.gpu_ids if gid in lines)
+        spans.extend((t0, t0 + run_s, gid) for gid in a.gpu_ids if gid in usable_ids)
     per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for t0, t1, gid in spans:
         per_gpu[gid].append((t0, t1))
