@@ -6,6 +6,7 @@ gives scarce clean capacity to the jobs that save the most, where EDF greedy doe
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -61,6 +62,44 @@ def test_batched_cost_tables_equal_the_per_job_tables_and_options():
         assert np.array_equal(problem.job_latest[j, jo.groups], jo.latest[jo.first])
         for g in jo.groups.tolist():
             assert problem.job_runtime_s[j, g] == jo.shapes[problem.groups[g].model].runtime_s
+
+
+def _expected_pools(snap: Snapshot, n_slots: int, slot_s: float) -> dict[tuple[str, str], dict[int, int]]:
+    """(node, model) -> {usable GPU id: the slot it is free from}, straight from the GPUs."""
+    out: dict[tuple[str, str], dict[int, int]] = {}
+    for g in snap.gpus:
+        if not g.healthy or g.drained:
+            continue
+        free = 0
+        if g.busy_until is not None and g.busy_until > snap.now:
+            free = min(n_slots, int(np.ceil((g.busy_until - snap.now).total_seconds() / slot_s - 1e-9)))
+        out.setdefault((g.node, g.model), {})[g.id] = free
+    return out
+
+
+def test_pools_follow_each_snapshots_gpus_when_the_fleet_layout_repeats():
+    """Pools and groups are shared between snapshots of the same fleet state; when a GPU is
+    drained, fails or frees up, the next compile must see it."""
+    base = random_snapshot(3, 5, 6)
+    gpus = list(base.gpus)
+    gpus[0] = replace(gpus[0], drained=True)
+    gpus[5] = replace(gpus[5], healthy=False)
+    gpus[9] = replace(gpus[9], busy_until=NOW + 7 * HOUR)
+    gpus[10] = replace(gpus[10], busy_until=None)
+    for snap in (base, replace(base, gpus=tuple(gpus)), base):
+        problem = compile_problem(snap)
+        want = _expected_pools(snap, problem.n_slots, problem.slot_s)
+        got = {(p.node, p.model): dict(zip(p.gpu_ids, p.free_slot)) for p in problem.pools}
+        assert got == want
+        for i, p in enumerate(problem.pools):
+            free = np.array(p.free_slot)
+            expect_cap = (free[:, None] <= np.arange(problem.n_slots)[None, :]).sum(axis=0)
+            assert np.array_equal(problem.capacity(i), expect_cap)
+            assert list(problem.kth_free_slot[i, :len(free)]) == sorted(p.free_slot)
+        for gi, group in enumerate(problem.groups):
+            assert all(problem.pools[p].group == gi for p in group.pools)
+            assert np.array_equal(problem.group_kth_free_slot[gi],
+                                  problem.kth_free_slot[list(group.pools)].min(axis=0))
 
 
 @pytest.mark.parametrize("policy", ["fifo", "greedy", "cpsat"])
