@@ -321,22 +321,27 @@ class Problem:
         np.add.at(diff, (pools_i, lo_i), arr[:, 3].astype(np.int32))
         np.add.at(diff, (pools_i, hi_i), -arr[:, 3].astype(np.int32))
         used = np.cumsum(diff[:, :-1], axis=1, dtype=np.int32)
-        zones = [self.pools[c[1]].zone for c in cands]
-        capped = [i for i, z in enumerate(zones) if z in self._power_cap]
-        if (self._capacity >= used).all() and not capped:
-            self._capacity -= used
-            self.kept = [Kept(a, pool_i, lo, hi - lo, k) for a, pool_i, lo, hi, k, _ in cands]
-            return
-        for (a, pool_i, lo, hi, k, power_w), zone in zip(cands, zones):
+        # a pool whose kept plans all fit together (and no power cap in its zone) keeps them
+        # all: every prefix in start order fits too; the others are checked one by one
+        crowded = (used > self._capacity).any(axis=1)
+        for z in self._power_cap:
+            crowded[[i for i, p in enumerate(self.pools) if p.zone == z]] = True
+        bulk = ~crowded[pools_i]
+        if bulk.any():
+            self._capacity -= np.where(crowded[:, None], 0, used)
+        keep_it = bulk.tolist()
+        for i in np.flatnonzero(~bulk).tolist():
+            a, pool_i, lo, hi, k, power_w = cands[i]
             if self._capacity[pool_i, lo:hi].min() < k:
                 continue
-            cap = self._power_cap.get(zone)
+            cap = self._power_cap.get(self.pools[pool_i].zone)
             if cap is not None and cap[lo:hi].min() < power_w - 1e-9:
                 continue
             self._capacity[pool_i, lo:hi] -= k
             if cap is not None:
                 cap[lo:hi] -= power_w
-            self.kept.append(Kept(a, pool_i, lo, hi - lo, k))
+            keep_it[i] = True
+        self.kept = [Kept(a, pool_i, lo, hi - lo, k) for (a, pool_i, lo, hi, k, _), ok in zip(cands, keep_it) if ok]
 
     def _compile_jobs(self) -> None:
         """Every job against every group at once, as (jobs x groups) arrays.
