@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -153,10 +153,18 @@ class _Timeline:
 
 
 class _Timelines(dict):
-    """Timelines by GPU id, each made empty on first use."""
+    """Timelines by GPU id, each made from its busy spans on first use (a tick's few short
+    jobs look at a few nodes; the plan has spans on most GPUs)."""
+
+    def __init__(self, spans: Mapping[int, list[tuple[float, float]]]) -> None:
+        super().__init__()
+        self._spans = spans
 
     def __missing__(self, gpu_id: int) -> _Timeline:
         line = self[gpu_id] = _Timeline()
+        spans = self._spans.get(gpu_id)
+        if spans:
+            line.extend(spans)
         return line
 
 
@@ -251,7 +259,6 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     usable = [g for g in snapshot.gpus if g.healthy and not g.drained]
     by_id: dict[int, GpuSlot] = {g.id: g for g in snapshot.gpus}
     usable_ids = {g.id for g in usable}
-    lines: dict[int, _Timeline] = _Timelines()  # made on first use: most GPUs have nothing on them
     jobs_by_id = {j.id: j for j in snapshot.jobs}
     spans: list[tuple[float, float, int]] = [(t_now - 1.0, g.busy_until.timestamp(), g.id) for g in usable
                                              if g.busy_until is not None and g.busy_until > now]
@@ -268,8 +275,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for t0, t1, gid in spans:
         per_gpu[gid].append((t0, t1))
-    for gid, gspans in per_gpu.items():
-        lines[gid].extend(gspans)
+    lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
 
     # power drawn per zone over time, for the caps: (start, end, watts)
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
