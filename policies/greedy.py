@@ -88,6 +88,7 @@ class GreedyState:
         for g, pools in enumerate(self.group_pools):
             self.gmax[g] = self.rem[pools].max(axis=0)
         self._blocked_cs: dict[int, np.ndarray] = {}
+        self._stale: dict[int, set[int]] = {}  # per k, groups whose gmax changed since its prefix sums
         self._zone_groups = {z: [g for g, grp in enumerate(problem.groups) if grp.zone == z] for z in self.power}
 
     def _blocked(self, k: int) -> np.ndarray:
@@ -97,6 +98,12 @@ class GreedyState:
             cs = np.zeros((self.gmax.shape[0], self.gmax.shape[1] + 1), dtype=np.int32)
             np.cumsum(self.gmax < k, axis=1, out=cs[:, 1:])
             self._blocked_cs[k] = cs
+            self._stale[k] = set()
+        else:
+            stale = self._stale[k]
+            for g in stale:
+                np.cumsum(self.gmax[g] < k, out=cs[g, 1:])
+            stale.clear()
         return cs
 
     def upper_feasible(self, j: int, ends: np.ndarray) -> np.ndarray:
@@ -128,8 +135,8 @@ class GreedyState:
         self.rem[pool, slot:end] -= k
         g = int(self.pool_group[pool])
         self.gmax[g, slot:end] = self.rem[self.group_pools[g], slot:end].max(axis=0)
-        for kk, cs in self._blocked_cs.items():
-            np.cumsum(self.gmax[g] < kk, out=cs[g, 1:])
+        for stale in self._stale.values():
+            stale.add(g)
         cap = self.power.get(self.pool_zone[pool])
         if cap is not None:
             cap[slot:end] -= power_w
