@@ -7,7 +7,9 @@
   a GPU busy with a running job (or a pinned job) is free from `free_slot` on.
 * **groups**: pools with the same (zone, model, memory, PUE). A job costs the same on every
   pool of a group, so costs are computed per group and shared (128 pools of a 1,024-GPU
-  cluster fall into ~24 groups).
+  cluster fall into ~24 groups). Which pools and groups there are changes only when a GPU
+  does (health, drain), so that layout is built once per fleet state and shared between
+  snapshots (`_topology`); each compile adds only when each GPU is next free.
 * **options** per job: the pools that fit it (memory, latency SLO, at least k usable GPUs
   on the node), each with the job's shape on that model, its duration in slots and its
   start window [earliest_slot, latest_slot].

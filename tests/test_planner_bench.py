@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:
 from bench.planner.check import book_of, check_plan  # noqa: E402
 from bench.planner.instance import (  # noqa: E402
     GANG_SIZES, HORIZON_S, RUNTIME_MAX_S, RUNTIME_MIN_S, SLACK_MAX_S, InstanceSpec, generate, load_hourly)
-from bench.planner.lp_bound import LpInstance, LpOption, lp_instance, round_solution, solve_lp_bound  # noqa: E402
+from bench.planner.lp_bound import (  # noqa: E402
+    LpInstance, LpOption, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound)
 from bench.planner.run import RunSetting, bench_size, judge, run_child  # noqa: E402
 from policies.base import get_policy  # noqa: E402
 from policies.catalog import catalog  # noqa: E402
@@ -274,6 +275,26 @@ def test_lp_of_a_compiled_snapshot_bounds_the_enumerated_optimum_and_every_polic
         check = check_plan(snap, get_policy(name, **params).plan(snap))
         assert check.ok and check.placed == 3
         assert check.gco2 >= res.bound_g - 1e-6
+
+
+def test_a_job_that_running_jobs_keep_from_its_deadline_is_a_forced_miss():
+    """The LP lets a forced miss start late without spending the late budget, and the bench
+    does not count it against a plan: only a miss some plan could avoid is the plan's."""
+    snap = tiny_snapshot()
+    urgent = replace(snap.jobs[0], deadline=snap.now + timedelta(hours=1))  # 2 GPUs, 30 min, by 1 h
+    free = replace(snap, jobs=(urgent,))
+    assert not cannot_meet_deadline(compile_problem(free), 0)
+    assert int(compile_problem(free).job_latest[0].max()) == 2  # its last start in time: 0:30
+    just_in_time = replace(free, gpus=(replace(free.gpus[0], busy_until=snap.now + timedelta(minutes=20)),
+                                       free.gpus[1]))  # free from the 0:30 slot
+    assert not cannot_meet_deadline(compile_problem(just_in_time), 0)
+    busy = replace(free, gpus=(replace(free.gpus[0], busy_until=snap.now + timedelta(minutes=40)), free.gpus[1]))
+    problem = compile_problem(busy)
+    assert cannot_meet_deadline(problem, 0)
+    inst = lp_instance(problem, late_budget=0)
+    res = solve_lp_bound(inst)
+    assert res.converged and res.artificial_share < 1e-9  # placed late on real options, budget untouched
+    assert "1 jobs cannot meet their deadline" in " ".join(inst.notes)
 
 
 # -- the judge -----------------------------------------------------------------------------

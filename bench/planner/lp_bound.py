@@ -46,9 +46,10 @@ Relaxations that keep it a bound, stated in `LpResult.notes`:
   bound stays a bound, and the artificial share left in the optimum shows whether the
   deadline-respecting LP was infeasible.
 
-Deadlines: a job whose every option misses its deadline even when started at once (the
-policies place it as soon as possible, flagged) may start anywhere up to the end of the
-horizon, at its real cost. Other jobs may also start after their deadline ("late"
+Deadlines: a job that no plan can start in time (`cannot_meet_deadline`: every option's
+window is empty, or ends before k GPUs of one pool are free of running jobs; the policies
+place it as soon as possible, flagged) may start anywhere up to the end of the horizon, at
+its real cost. Other jobs may also start after their deadline ("late"
 options, at their real cost), but at most `late_budget` of them: the benchmark sets it to
 the most deadline misses any compared plan has beyond the forced ones (usually 0), so the
 bound holds for every plan it is compared with and is not weakened when none misses.
@@ -639,6 +640,22 @@ def _greedy_columns(inst: LpInstance, pricer: _Pricer) -> list[tuple[int, int]]:
     return chosen
 
 
+def cannot_meet_deadline(problem, j: int) -> bool:
+    """No plan can start job j in time: on every group it fits, its window is empty or ends
+    before any one pool of the group has k GPUs free of running (and pinned) jobs. Queued
+    jobs only take capacity away, so such a miss is forced, whatever the policy."""
+    jo = problem.job_options(j)
+    if jo.groups.size == 0:
+        return False
+    lo = int(jo.earliest)
+    k = max(1, problem.jobs[j].gpus)
+    for row, gi in enumerate(jo.groups.tolist()):
+        hi = int(jo.latest[jo.first[row]])
+        if hi >= lo and int(problem.kth_free_slot[jo.pool[jo.group == gi], k - 1].min()) <= hi:
+            return False
+    return True
+
+
 def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInstance:
     """The LP of a compiled `policies.problem.Problem`.
 
@@ -676,7 +693,7 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
         table = problem.cost_table(j)
         lo = int(jo.earliest)
         latest = jo.latest[jo.first]
-        is_forced = bool((latest < lo).all())
+        is_forced = cannot_meet_deadline(problem, j)
         forced += is_forced
         k = max(1, problem.jobs[j].gpus)
         for row, gi in enumerate(jo.groups.tolist()):

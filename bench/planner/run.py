@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.planner.check import check_plan
 from bench.planner.instance import Instance, InstanceSpec, generate
-from bench.planner.lp_bound import LpResult, lp_instance, round_solution, solve_lp_bound
+from bench.planner.lp_bound import LpResult, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +159,7 @@ def bench_size(spec: InstanceSpec, runs: tuple[RunSetting, ...], *, lp_time_s: f
     t0 = time.perf_counter()
     problem = compile_problem(snapshot)
     compile_s = time.perf_counter() - t0
-    forced_ids = set()
-    for j, job in enumerate(problem.jobs):
-        jo = problem.job_options(j)
-        if jo.groups.size and bool((jo.latest[jo.first] < jo.earliest).all()):
-            forced_ids.add(job.id)
+    forced_ids = {job.id for j, job in enumerate(problem.jobs) if cannot_meet_deadline(problem, j)}
 
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="bench-planner-") as tmp:
