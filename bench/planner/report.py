@@ -60,7 +60,8 @@ def size_table(s: SizeResult) -> str:
         lines.append(f"  * {', '.join(uncovered)}: more unforced deadline misses than the bound allows "
                      f"({s.lp.get('late_budget', 0)}), so not bounded by it: the gap is for information only")
     if s.forced_misses:
-        lines.append(f"  {s.forced_misses} jobs cannot meet their deadline on any GPU model (forced misses)")
+        lines.append(f"  {s.forced_misses} jobs no plan can start in time (no window, or running jobs hold the GPUs "
+                     "they need until after it): forced misses")
     return "\n".join(lines)
 
 
