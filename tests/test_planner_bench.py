@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 from bench.planner.check import book_of, check_plan  # noqa: E402
 from bench.planner.instance import (  # noqa: E402
     GANG_SIZES, HORIZON_S, RUNTIME_MAX_S, RUNTIME_MIN_S, SLACK_MAX_S, InstanceSpec, generate, load_hourly)
-from bench.planner.lp_bound import (  # noqa: E402
+from policies.lp_relaxation import (  # noqa: E402
     LpInstance, LpOption, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound)
 from bench.planner.run import RunSetting, bench_size, judge, run_child  # noqa: E402
 from policies.base import get_policy  # noqa: E402

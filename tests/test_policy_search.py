@@ -141,3 +141,29 @@ def test_cpsat_beats_edf_greedy_on_a_contended_fleet_within_its_time_limit():
     assert score(cpsat)[:2] <= score(greedy)[:2]
     assert score(cpsat)[2] < 0.97 * score(greedy)[2], (score(cpsat), score(greedy))
     assert wall_s < 3.0 + 2.0  # the limit, plus a busy shared CI host's slack
+
+
+def test_cpsat_lp_guidance_offers_only_in_window_starts_and_keeps_the_plan_feasible(caplog):
+    """With a budget of 10 s or more and a small queue, cpsat solves the LP relaxation and
+    steers its search by it: every (group, start) the LP uses lies in the job's window on a
+    group it fits, and the plan stays feasible and no worse than greedy's."""
+    from policies.cpsat import CpsatPolicy
+    from policies.lp_relaxation import cannot_meet_deadline
+
+    snapshot = random_snapshot(4, 40, 6)
+    problem = compile_problem(snapshot)
+    policy = CpsatPolicy(max_time_s=10.0)
+    t0 = time.monotonic()
+    support = policy._lp_support(problem, t0, t0 + 10.0)
+    assert set(support) <= set(range(len(problem.jobs))) and len(support) >= len(problem.jobs) - 1
+    for j, pairs in support.items():
+        for g, s in pairs:
+            assert problem.job_fit[j, g]
+            assert problem.job_earliest[j] <= s
+            assert s <= problem.job_latest[j, g] or cannot_meet_deadline(problem, j)  # a forced miss: any start
+    assert CpsatPolicy(max_time_s=2.0)._lp_support(problem, t0, t0 + 2.0) == {}  # a first plan: no LP
+    with caplog.at_level("INFO", logger="policies.cpsat"):
+        plan = policy.plan(snapshot)
+    assert "LP guidance" in caplog.text
+    assert not violations(snapshot, plan)
+    assert score(plan) <= score(get_policy("greedy").plan(snapshot))

@@ -3,7 +3,7 @@
 For each size the instance is generated (deterministic for the seed), pickled, and every
 policy setting runs once in a fresh subprocess (`bench.planner.child`). The plans come back
 and are judged here by `check.check_plan` (independent feasibility and gCO2). Then the LP
-bound is solved for the same snapshot (`lp_bound`), and the targets of issue 5 are judged.
+bound is solved for the same snapshot (`policies.lp_relaxation`), and the targets of issue 5 are judged.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.planner.check import check_plan
 from bench.planner.instance import Instance, InstanceSpec, generate
-from bench.planner.lp_bound import LpResult, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound
+from policies.lp_relaxation import LpResult, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,8 @@
 """A proven lower bound on any plan's gCO2: the LP relaxation of the time-indexed model.
 
+Two users: bench/planner judges every plan against it, and cpsat at small sizes steers its
+search by where the LP puts each job (`policies.cpsat`, "LP guidance").
+
 The model (what every policy solves, relaxed): x[j, o, s] in [0, 1] is the fraction of job
 j started at slot s with option o (a pool and a shape); each job is placed once
 (sum over o, s of x = 1); per pool and slot the GPUs in use are at most the pool's free
