@@ -176,7 +176,6 @@ class CpsatPolicy:
                 others.append(greedy_plan)
         return keep_better_than_fifo(problem, plan, self.name) if compare_fifo else plan
 
-
     def _lp_support(self, problem: Problem, started: float, deadline: float) -> dict[int, list[tuple[int, int]]]:
         """Job -> the (group, start) pairs the LP relaxation uses for it (empty when the
         queue is too large or the budget too small for the LP, or the LP fails)."""
