@@ -399,15 +399,21 @@ def _regret_neighbourhood(problem, current, cand, regret, holders, rng, size) ->
         free.add(seed)
         k = max(1, problem.jobs[seed].gpus)
         for _, g, s in cand[seed][:4]:
-            for pool in problem._members(g, k)[:3].tolist():
-                for other in holders.get(pool, ()):
-                    q = current[other]
-                    _, dur, _ = _footprint(problem, q)
-                    if q.slot < s + 8 and s < q.slot + dur:
-                        free.add(other)
-                        if len(free) >= size:
-                            return free
+            for other in _holding(problem, current, holders, problem._members(g, k)[:3].tolist(), s):
+                free.add(other)
+                if len(free) >= size:
+                    return free
     return free
+
+
+def _holding(problem, current, holders, pools, s):
+    """The jobs whose runs on `pools` overlap [s, s + 8 slots): who holds a start there."""
+    for pool in pools:
+        for other in holders.get(pool, ()):
+            q = current[other]
+            _, dur, _ = _footprint(problem, q)
+            if q.slot < s + 8 and s < q.slot + dur:
+                yield other
 
 
 def _lp_neighbourhood(problem, current, support, holders, rng, size) -> set[int]:
@@ -421,11 +427,7 @@ def _lp_neighbourhood(problem, current, support, holders, rng, size) -> set[int]
     for j in disagree:
         free.add(j)
         for g, s in support[j]:
-            for pool in problem._group_pools[g].tolist():
-                for other in holders.get(pool, ()):
-                    q = current[other]
-                    if q.slot < s + 8 and s < q.slot + int(problem.job_duration[other, g]):
-                        free.add(other)
+            free.update(_holding(problem, current, holders, problem._group_pools[g].tolist(), s))
         if len(free) >= size:
             break
     return free

@@ -695,7 +695,6 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
             continue
         table = problem.cost_table(j)
         lo = int(jo.earliest)
-        latest = jo.latest[jo.first]
         is_forced = cannot_meet_deadline(problem, j)
         forced += is_forced
         k = max(1, problem.jobs[j].gpus)

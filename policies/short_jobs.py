@@ -260,8 +260,10 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     by_id: dict[int, GpuSlot] = {g.id: g for g in snapshot.gpus}
     usable_ids = {g.id for g in usable}
     jobs_by_id = {j.id: j for j in snapshot.jobs}
-    spans: list[tuple[float, float, int]] = [(t_now - 1.0, g.busy_until.timestamp(), g.id) for g in usable
-                                             if g.busy_until is not None and g.busy_until > now]
+    per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)  # busy spans by GPU
+    for g in usable:
+        if g.busy_until is not None and g.busy_until > now:
+            per_gpu[g.id].append((t_now - 1.0, g.busy_until.timestamp()))
     for a in (*snapshot.pinned.values(), *base.assignments):
         job = jobs_by_id.get(a.job_id)
         if a.estimate.runtime_s is not None:
@@ -271,10 +273,9 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         else:
             run_s = snapshot.default_runtime_s
         t0 = a.start_at.timestamp()
-        spans.extend((t0, t0 + run_s, gid) for gid in a.gpu_ids if gid in usable_ids)
-    per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for t0, t1, gid in spans:
-        per_gpu[gid].append((t0, t1))
+        for gid in a.gpu_ids:
+            if gid in usable_ids:
+                per_gpu[gid].append((t0, t0 + run_s))
     lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
 
     # power drawn per zone over time, for the caps: (start, end, watts)
