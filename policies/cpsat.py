@@ -123,6 +123,13 @@ class CpsatPolicy:
     lp_max_jobs: int = 400  # 1,000 jobs took 48 s to converge: too slow for a tick
     lp_min_time_s: float = 10.0  # smaller budgets (a first plan) skip it
     lp_share: float = 0.3
+    # GPU-slot prices (larger queues, or when the LP above is skipped): a subgradient ascent
+    # of the LP's Lagrangian bound (`lp_relaxation.lagrangian_prices`) for `price_share` of the
+    # time left; greedy restarts then charge each job k x the prices of the GPU-slots its
+    # run uses, at each of `price_scales`
+    price_min_time_s: float = 5.0
+    price_share: float = 0.3
+    price_scales: tuple[float, ...] = (1.0, 0.7)
 
     def plan(self, snapshot: Snapshot) -> Plan:
         started = time.monotonic()
@@ -151,9 +158,11 @@ class CpsatPolicy:
         best = _Solution.of(picks, unplaced, costs, "edf")
         rounds = improved = 0
         try:
-            support = self._lp_support(problem, started, deadline)
+            support, price = self._lp_support(problem, started, deadline)
+            if price is None:
+                price = self._prices(problem, deadline, best.gco2)
             if len(problem.jobs) > self.neighbourhood:  # fewer: LNS solves them all at once, every order included
-                best, state = _restarts(problem, best, state, deadline, pass_s, self)
+                best, state = _restarts(problem, best, state, deadline, pass_s, self, price)
             current = {p.j: p for p in best.picks}
             if time.monotonic() + pass_s < deadline:  # its set-up costs about half a pass
                 rounds, improved = _lns(problem, state, current, deadline, self, support)
@@ -176,28 +185,57 @@ class CpsatPolicy:
                 others.append(greedy_plan)
         return keep_better_than_fifo(problem, plan, self.name) if compare_fifo else plan
 
-    def _lp_support(self, problem: Problem, started: float, deadline: float) -> dict[int, list[tuple[int, int]]]:
-        """Job -> the (group, start) pairs the LP relaxation uses for it (empty when the
-        queue is too large or the budget too small for the LP, or the LP fails)."""
+    def _lp_support(self, problem: Problem, started: float,
+                    deadline: float) -> tuple[dict[int, list[tuple[int, int]]], np.ndarray | None]:
+        """Job -> the (group, start) pairs the LP relaxation uses for it, and the LP's
+        GPU-slot prices per (group, slot) (the cheapest pool's: a group slot is congested
+        only when all its pools are); ({}, None) when the queue is too large or the budget
+        too small for the LP, or the LP fails."""
         if not (2 <= len(problem.jobs) <= self.lp_max_jobs and self.max_time_s >= self.lp_min_time_s):
-            return {}
+            return {}, None
         limit_s = self.lp_share * (deadline - time.monotonic())
         if limit_s <= 0.5:
-            return {}
+            return {}, None
         try:
             from policies.lp_relaxation import lp_instance, solve_lp_bound
 
             result = solve_lp_bound(lp_instance(problem), time_limit_s=limit_s)
         except (RuntimeError, ValueError) as e:
             log.warning("cpsat: LP guidance failed (%s); searching without it", e)
-            return {}
+            return {}, None
         support: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for j, pool, slot, x in result.solution:
             if x > 1e-6:
                 support[j].append((int(problem.pool_group[pool]), int(slot)))
+        price = None
+        if result.gpu_slot_price is not None:
+            price = np.stack([result.gpu_slot_price[pools].min(axis=0) for pools in problem._group_pools])
         log.info("cpsat: LP guidance from a %s LP (%.4f t, %.1f s)", "converged" if result.converged else "partial",
                  result.bound_g / 1e6, time.monotonic() - started)
-        return dict(support)
+        return dict(support), price
+
+    def _prices(self, problem: Problem, deadline: float, plan_g: float) -> np.ndarray | None:
+        """GPU-slot prices per (group, slot) from the Lagrangian ascent of the LP relaxation
+        (pools of a group merged) for `price_share` of the time left, towards `plan_g` (a
+        known plan's gCO2); None when the budget is too small or the ascent fails."""
+        if len(problem.jobs) < 2 or self.max_time_s < self.price_min_time_s:
+            return None
+        t0 = time.monotonic()
+        limit_s = self.price_share * (deadline - t0)
+        if limit_s <= 0.5:
+            return None
+        try:
+            from policies.lp_relaxation import lagrangian_prices, lp_instance
+
+            inst = lp_instance(problem, merge=True)
+            price, bound_g = lagrangian_prices(inst, time_limit_s=limit_s - (time.monotonic() - t0),
+                                               target_g=plan_g)
+        except (RuntimeError, ValueError) as e:
+            log.warning("cpsat: GPU-slot prices failed (%s); searching without them", e)
+            return None
+        log.info("cpsat: GPU-slot prices from a Lagrangian bound of %.4f t (%.1f s)", bound_g / 1e6,
+                 time.monotonic() - t0)
+        return price
 
 
 @dataclass
@@ -258,30 +296,38 @@ def restart_keys(problem: Problem) -> list[tuple[str, np.ndarray]]:
 
 
 def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: float, pass_s: float,
-              cfg: CpsatPolicy) -> tuple[_Solution, GreedyState]:
-    """Greedy again in other orders (`restart_keys`), then with random noise on the best
-    key; returns the best solution and a GreedyState holding its picks."""
+              cfg: CpsatPolicy, price: np.ndarray | None = None) -> tuple[_Solution, GreedyState]:
+    """Greedy again in other orders (`restart_keys`), charged the GPU-slot `price` at each
+    of `cfg.price_scales` and at none, then with random noise on the best key; returns the
+    best solution and a GreedyState holding its picks."""
     if len(problem.jobs) < 2 or time.monotonic() + 2 * pass_s > deadline:
         return best, state
     best_state: GreedyState | None = state
     best_key: np.ndarray | None = None
+    best_price: np.ndarray | None = None
 
-    def attempt(label: str, key: np.ndarray) -> bool:
-        nonlocal best, best_state, best_key
+    def attempt(label: str, key: np.ndarray, charged: np.ndarray | None) -> bool:
+        nonlocal best, best_state, best_key, best_price
         costs: dict[int, float] = {}
         s = GreedyState(problem)
-        picks, unplaced = greedy_picks(problem, s, np.argsort(key, kind="stable").tolist(), costs=costs)
+        picks, unplaced = greedy_picks(problem, s, np.argsort(key, kind="stable").tolist(), costs=costs,
+                                       price=charged)
         sol = _Solution.of(picks, unplaced, costs, label)
         if sol.better_than(best):
-            best, best_state, best_key = sol, s, key
+            best, best_state, best_key, best_price = sol, s, key, charged
             return True
         return False
 
     keys = restart_keys(problem)
-    for label, key in keys:
+    scales = list(cfg.price_scales) if price is not None else []
+    # priced first: on bench/planner 2000x512 one priced pass beat 30 s of the unpriced search
+    tries = [(f"{label}, priced x{a:g}", key, a * price) for a in scales[:1] for label, key in keys] + \
+        [(label, key, None) for label, key in keys] + \
+        [(f"{label}, priced x{a:g}", key, a * price) for a in scales[1:] for label, key in keys]
+    for label, key, charged in tries:
         if time.monotonic() + pass_s > deadline:
             return best, best_state
-        attempt(label, key)
+        attempt(label, key, charged)
     if best_key is None:  # EDF stayed best: perturb the first flexible order anyway
         best_key = keys[0][1]
     rng = np.random.default_rng(cfg.seed)
@@ -291,7 +337,8 @@ def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: f
     while time.monotonic() + pass_s < until and stale < patience:
         tries += 1
         key = best_key * np.exp(cfg.restart_sigma * rng.standard_normal(best_key.size))
-        stale = 0 if attempt(f"random restart {tries}", key) else stale + 1
+        stale = 0 if attempt(f"random restart {tries}" + (" (priced)" if best_price is not None else ""), key,
+                             best_price) else stale + 1
     return best, best_state
 
 

@@ -305,11 +305,13 @@ class ChunkNotes:
 
 
 def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list[int] | None = None,
-                 notes: dict[int, Notes] | None = None,
-                 costs: dict[int, float] | None = None) -> tuple[list[Pick], dict[int, str]]:
+                 notes: dict[int, Notes] | None = None, costs: dict[int, float] | None = None,
+                 price: np.ndarray | None = None) -> tuple[list[Pick], dict[int, str]]:
     """Place every job in `order` (EDF by default); returns picks and unplaced reasons (by
     job id). When `notes` is given it is filled with each pick's explanation inputs, when
-    `costs` is, with each pick's gCO2 (by job index)."""
+    `costs` is, with each pick's gCO2 (by job index). With `price` (see `priced_tables`)
+    each job takes the feasible start cheapest in gCO2 plus the price of the GPU-slots it
+    uses; `costs` and the explanations stay in plain gCO2."""
     state = state or GreedyState(problem)
     order = order if order is not None else edf_order(problem)
     picks: list[Pick] = []
@@ -318,8 +320,9 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
         js = np.array(order[c0:c0 + CHUNK], dtype=np.int64)
         tables = problem.cost_tables(js)
         chunk_notes = ChunkNotes(problem, js, tables) if notes is not None else None
+        choose = tables if price is None else priced_tables(problem, js, tables, price)
         for i, j in enumerate(js.tolist()):
-            res, win = _place(problem, state, j, tables[i])
+            res, win = _place(problem, state, j, choose[i])
             if isinstance(res, str):
                 unplaced[problem.jobs[j].id] = res
                 continue
@@ -332,6 +335,19 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
             if chunk_notes is not None:
                 notes[j] = chunk_notes.notes(i, j, res, tables[i], win)
     return picks, unplaced
+
+
+def priced_tables(problem: Problem, js: np.ndarray, tables: np.ndarray, price: np.ndarray) -> np.ndarray:
+    """`tables` (the jobs' `problem.cost_tables`) plus, per (group, start), k times the sum of
+    `price` (groups x slots, gCO2 per GPU-slot: what a GPU of that group in that slot is
+    worth to the other jobs) over the job's run there."""
+    S = problem.n_slots
+    G = price.shape[0]
+    cum = np.zeros((G, S + 1))
+    np.cumsum(price, axis=1, out=cum[:, 1:])
+    ends = np.minimum(problem.slot_index[None, None, :] + problem.job_duration[js][:, :, None], S)
+    run = cum[np.arange(G)[None, :, None], ends] - cum[None, :, :S]
+    return tables + problem.job_k[js][:, None, None] * run
 
 
 def notes_for_picks(problem: Problem, picks: list[Pick]) -> dict[int, Notes]:

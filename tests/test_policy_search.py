@@ -154,14 +154,15 @@ def test_cpsat_lp_guidance_offers_only_in_window_starts_and_keeps_the_plan_feasi
     problem = compile_problem(snapshot)
     policy = CpsatPolicy(max_time_s=10.0)
     t0 = time.monotonic()
-    support = policy._lp_support(problem, t0, t0 + 10.0)
+    support, price = policy._lp_support(problem, t0, t0 + 10.0)
+    assert price.shape == (len(problem.groups), problem.n_slots) and (price >= 0).all()
     assert set(support) <= set(range(len(problem.jobs))) and len(support) >= len(problem.jobs) - 1
     for j, pairs in support.items():
         for g, s in pairs:
             assert problem.job_fit[j, g]
             assert problem.job_earliest[j] <= s
             assert s <= problem.job_latest[j, g] or cannot_meet_deadline(problem, j)  # a forced miss: any start
-    assert CpsatPolicy(max_time_s=2.0)._lp_support(problem, t0, t0 + 2.0) == {}  # a first plan: no LP
+    assert CpsatPolicy(max_time_s=2.0)._lp_support(problem, t0, t0 + 2.0) == ({}, None)  # a first plan: no LP
     with caplog.at_level("INFO", logger="policies.cpsat"):
         plan = policy.plan(snapshot)
     assert "LP guidance" in caplog.text
