@@ -1,7 +1,9 @@
 """A proven lower bound on any plan's gCO2: the LP relaxation of the time-indexed model.
 
-Two users: bench/planner judges every plan against it, and cpsat at small sizes steers its
-search by where the LP puts each job (`policies.cpsat`, "LP guidance").
+Two users: bench/planner judges every plan against it, and cpsat prices contended GPU-slots
+by its capacity duals (`lagrangian_prices`, the Lagrangian ascent below on its own, at any
+size) and, at small sizes, steers its search by where the LP puts each job
+(`policies.cpsat`, "GPU-slot prices" and "LP guidance").
 
 The model (what every policy solves, relaxed): x[j, o, s] in [0, 1] is the fraction of job
 j started at slot s with option o (a pool and a shape); each job is placed once

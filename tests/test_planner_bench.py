@@ -23,7 +23,7 @@ from bench.planner.check import book_of, check_plan  # noqa: E402
 from bench.planner.instance import (  # noqa: E402
     GANG_SIZES, HORIZON_S, RUNTIME_MAX_S, RUNTIME_MIN_S, SLACK_MAX_S, InstanceSpec, generate, load_hourly)
 from policies.lp_relaxation import (  # noqa: E402
-    LpInstance, LpOption, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound)
+    LpInstance, LpOption, cannot_meet_deadline, lagrangian_prices, lp_instance, round_solution, solve_lp_bound)
 from bench.planner.run import RunSetting, bench_size, judge, run_child  # noqa: E402
 from policies.base import get_policy  # noqa: E402
 from policies.catalog import catalog  # noqa: E402
@@ -202,6 +202,23 @@ def test_lp_bound_equals_the_optimum_when_the_lp_is_integral():
     jobs = [[LpOption((0,), 1, 1, rng.uniform(1, 10, 4))] for _ in range(5)]
     inst = LpInstance(4, np.full((1, 4), 2.0), jobs)
     assert solve_lp_bound(inst).bound_g == pytest.approx(brute_force(inst), rel=1e-6)
+
+
+def test_lagrangian_prices_give_a_bound_below_the_lp_and_price_the_contended_slot():
+    rng = np.random.default_rng(7)
+    for _ in range(8):
+        inst = random_tiny(rng)
+        opt = brute_force(inst)
+        price, bound = lagrangian_prices(inst, time_limit_s=0.3, target_g=opt)
+        assert bound <= solve_lp_bound(inst, per_job=1).bound_g + 1e-6  # a Lagrangian bound never exceeds the LP
+        assert price.shape == inst.capacity.shape and (price >= 0).all()
+    # one GPU, two slots; both jobs want slot 0 (cost 1), elsewhere 10 and 4: the optimum 5
+    # puts the second job at slot 1, and at any optimal prices slot 0 costs 3 to 9 g more
+    jobs = [[LpOption((0,), 1, 1, np.array([1.0, 10.0]))], [LpOption((0,), 1, 1, np.array([1.0, 4.0]))]]
+    inst = LpInstance(2, np.ones((1, 2)), jobs)
+    price, bound = lagrangian_prices(inst, time_limit_s=1.0, target_g=5.0)
+    assert bound == pytest.approx(5.0, rel=1e-3)
+    assert 3.0 - 1e-3 <= price[0, 0] - price[0, 1] <= 9.0 + 1e-3
 
 
 def test_blocked_capacity_rows_relax_and_a_late_budget_lowers_the_bound():

@@ -14,6 +14,7 @@ import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
 from policies.catalog import catalog
+from policies.greedy import GreedyState, greedy_picks, priced_tables
 from policies.model import CarbonCurve
 from policies.placement import estimate_score, plan_score
 from policies.problem import compile_problem
@@ -167,4 +168,50 @@ def test_cpsat_lp_guidance_offers_only_in_window_starts_and_keeps_the_plan_feasi
         plan = policy.plan(snapshot)
     assert "LP guidance" in caplog.text
     assert not violations(snapshot, plan)
+    assert score(plan) <= score(get_policy("greedy").plan(snapshot))
+
+
+def test_priced_tables_charge_k_times_the_price_of_each_gpu_slot_a_run_covers():
+    problem = compile_problem(random_snapshot(5, 20, 6))
+    js = np.arange(len(problem.jobs))
+    tables = problem.cost_tables(js)
+    price = np.zeros((len(problem.groups), problem.n_slots))
+    assert np.array_equal(priced_tables(problem, js, tables, price), tables)
+    g, t = 1, 10
+    price[g, t] = 7.0
+    priced = priced_tables(problem, js, tables, price)
+    for i, j in enumerate(js.tolist()):
+        s = problem.slot_index
+        covers = (s <= t) & (t < s + problem.job_duration[j, g])
+        extra = np.where(covers, 7.0 * problem.job_k[j], 0.0)
+        finite = np.isfinite(tables[i, g])
+        assert np.allclose(priced[i, g][finite], tables[i, g][finite] + extra[finite])
+        others = np.arange(len(problem.groups)) != g
+        assert np.array_equal(priced[i, others], tables[i, others])
+
+
+def test_greedy_charged_a_price_avoids_the_priced_gpu_slots_and_counts_plain_gco2():
+    problem = compile_problem(random_snapshot(6, 10, 6))
+    j = 0
+    (plain,), _ = greedy_picks(problem, GreedyState(problem), [j])
+    g0 = int(problem.pool_group[plain.pool])
+    price = np.zeros((len(problem.groups), problem.n_slots))
+    price[g0, plain.slot] = 1e9  # the start greedy took, made prohibitive
+    costs: dict[int, float] = {}
+    (priced,), _ = greedy_picks(problem, GreedyState(problem), [j], costs=costs, price=price)
+    g1 = int(problem.pool_group[priced.pool])
+    assert not (g1 == g0 and priced.slot <= plain.slot < priced.slot + problem.job_duration[j, g1])
+    assert costs[j] == problem.cost_tables([j])[0][g1, priced.slot]  # gCO2, not the priced cost
+    assert costs[j] >= problem.cost_tables([j])[0][g0, plain.slot]  # the price made it give up its cheapest
+
+
+def test_cpsat_charges_lagrangian_gpu_slot_prices_when_the_lp_is_skipped(caplog):
+    """A queue above `lp_max_jobs` with a budget of 5 s or more: cpsat prices the GPU-slots
+    by a Lagrangian ascent and restarts greedy charged those prices; the plan stays
+    feasible and no worse than greedy's."""
+    snapshot = random_snapshot(3, 80, 10)
+    with caplog.at_level("INFO", logger="policies.cpsat"):
+        plan = get_policy("cpsat", max_time_s=6.0, lp_max_jobs=0).plan(snapshot)
+    assert "GPU-slot prices from a Lagrangian bound" in caplog.text and "LP guidance" not in caplog.text
+    assert violations(snapshot, plan) == []
     assert score(plan) <= score(get_policy("greedy").plan(snapshot))
