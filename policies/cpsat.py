@@ -168,6 +168,8 @@ class CpsatPolicy:
         best = _Solution.of(picks, unplaced, costs, "edf")
         rounds = improved = 0
         try:
+            if time.monotonic() + pass_s < deadline:
+                best, state = _previous_plan(problem, best, state)
             support, price = self._lp_support(problem, started, deadline)
             if price is None:
                 price = self._prices(problem, deadline, best.gco2)
@@ -267,6 +269,32 @@ class _Solution:
         if a != b:
             return a < b
         return self.gco2 < other.gco2 - 1e-6 * max(1.0, abs(other.gco2))
+
+
+def _previous_plan(problem: Problem, best: _Solution, state: GreedyState) -> tuple[_Solution, GreedyState]:
+    """The last tick's plan (`Snapshot.previous`) where it still fits, in start order, the
+    other jobs placed after it by greedy in EDF order: returned with its GreedyState if
+    better than `best`, so a re-plan goes on from where the last tick's search ended."""
+    previous = sorted(problem.previous_picks(), key=lambda x: (x[2], x[0]))
+    if not previous:
+        return best, state
+    s = GreedyState(problem)
+    picks: list[Pick] = []
+    costs: dict[int, float] = {}
+    for c0 in range(0, len(previous), CHUNK):
+        chunk = previous[c0:c0 + CHUNK]
+        tables = problem.cost_tables([j for j, _, _ in chunk])
+        for i, (j, pool, slot) in enumerate(chunk):
+            pick = Pick(j, pool, slot)
+            k, dur, power_w = _footprint(problem, pick)
+            if s.fits_at(pool, slot, k, dur, power_w):
+                s.take(pool, slot, k, dur, power_w)
+                picks.append(pick)
+                costs[j] = float(tables[i, problem.pool_group[pool], slot])
+    rest = [j for j in edf_order(problem) if j not in costs]
+    more, unplaced = greedy_picks(problem, s, rest, costs=costs)
+    sol = _Solution.of(picks + more, unplaced, costs, f"previous plan ({len(picks)} of {len(previous)} kept)")
+    return (sol, s) if sol.better_than(best) else (best, state)
 
 
 def restart_keys(problem: Problem) -> list[tuple[str, np.ndarray]]:

@@ -152,6 +152,10 @@ class Snapshot:
     # GPU ids on that node may be re-assigned. One that no longer fits (its start passed, its
     # node lost GPUs, the capacity is gone) is planned again like any other job.
     keep: Mapping[int, Assignment] = field(default_factory=dict)
+    # The current plans of jobs planned again from scratch (a full re-plan): a starting point,
+    # not a constraint. cpsat tries them first, where they still fit, so a re-plan goes on
+    # from the last tick's answer instead of starting over.
+    previous: Mapping[int, Assignment] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

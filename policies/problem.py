@@ -476,6 +476,27 @@ class Problem:
             hit = self._job_options[j] = self._build_job_options(j)
         return hit
 
+    def previous_picks(self) -> list[tuple[int, int, int]]:
+        """(job index, pool, slot) of the plans in `Snapshot.previous` that still make sense
+        as a start: the job is queued here, its GPUs' pool fits it, and the start (rounded to
+        the nearest slot) lies in its window. Capacity is not checked (the caller does)."""
+        previous = getattr(self.snapshot, "previous", None) or {}
+        out: list[tuple[int, int, int]] = []
+        pool_of_gpu = self._topology.pool_of_gpu
+        now_s = self.now.timestamp()
+        for job_id, a in previous.items():
+            j = self.job_index.get(job_id)
+            if j is None or not a.gpu_ids or len(a.gpu_ids) != int(self.job_k[j]):
+                continue
+            pool = pool_of_gpu.get(a.gpu_ids[0])
+            if pool is None:
+                continue
+            g = int(self.pool_group[pool])
+            slot = int(round((a.start_at.timestamp() - now_s) / self.slot_s))
+            if self.job_fit[j, g] and self.job_earliest[j] <= slot <= self.job_latest[j, g]:
+                out.append((j, pool, slot))
+        return out
+
     def slot_time(self, slot: int) -> datetime:
         return self.now + timedelta(seconds=slot * self.slot_s)
 

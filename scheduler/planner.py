@@ -20,7 +20,9 @@ planning, as `carbonsched simulate --full-replan` models it): then a tick less t
 PLANNED jobs as `Snapshot.keep`, so the policy keeps each one that still fits (node and
 start; GPU ids on that node may change) and plans only new and displaced jobs around them.
 The first tick, and one at least every `full_replan_s`, re-plans every queued job.
-`preview()` (`carbonsched plan`) is always a full re-plan.
+A full re-plan passes the stored plans of the PLANNED jobs it re-plans as
+`Snapshot.previous`: cpsat tries them first, so each tick's search goes on from the last
+tick's answer. `preview()` (`carbonsched plan`) is always a full re-plan.
 """
 
 from __future__ import annotations
@@ -371,6 +373,7 @@ class Planner:
 
         `incremental`: `keep` holds the stored plans of the PLANNED jobs that are not pinned
         (start at or after the next tick, GPUs set); the policy keeps those that still fit.
+        Otherwise those plans are `previous`: where a full re-plan starts from.
         """
         now = self._clock()
         fresh_after = now - timedelta(seconds=self.node_timeout_s)
@@ -399,11 +402,17 @@ class Planner:
                       and all(g in usable for g in r.planned_gpu_ids)}
         pinned = _current_plans(conn, pinned_ids)
         keep: dict[int, Assignment] = {}
+        previous: dict[int, Assignment] = {}
         if incremental:
             keep = _current_plans(conn, {r.id for r in queued.values()
                                          if r.state == State.PLANNED.value and r.id not in pinned_ids
                                          and r.planned_start is not None and r.planned_start >= pin_before
                                          and r.planned_node and r.planned_gpu_ids})
+        else:  # a full re-plan starts from the stored plans (cpsat tries them first)
+            previous = {r.id: Assignment(r.id, r.planned_node, tuple(r.planned_gpu_ids), r.planned_start)
+                        for r in queued.values()
+                        if r.state == State.PLANNED.value and r.id not in pinned_ids
+                        and r.planned_start is not None and r.planned_node and r.planned_gpu_ids}
         learned = learned_profiles(conn)
         zones = sorted({s.zone for s in slots})
         carbon = self.curves.for_zones(zones, now)
@@ -424,6 +433,7 @@ class Planner:
             horizon_s=self.horizon_s,
             pinned=pinned,
             keep=keep,
+            previous=previous,
         )
         return snapshot, queued
 

@@ -252,3 +252,20 @@ def test_the_planner_process_spec_carries_full_replan(store):
 def test_a_bad_full_replan_is_refused(store, bad):
     with pytest.raises(ValueError, match="full_replan_s"):
         Planner(store, make_policy("greedy"), full_replan_s=bad)
+
+
+def test_a_full_re_plan_offers_the_stored_plans_as_its_starting_point(store, service, clocks, world):
+    planner = planner_for(store, clocks, full_replan_s=None)
+    job = submit(service)
+    planner.tick()
+    _, node, gpu_ids, start = plan_of(store, job)
+    clocks.advance(60)
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert not snap.keep and not snap.pinned  # nothing is bound to it...
+    assert set(snap.previous) == {job}  # ...but the policy may start from it
+    assert (snap.previous[job].node, list(snap.previous[job].gpu_ids), snap.previous[job].start_at) == \
+        (node, gpu_ids, start)
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn, incremental=True)
+    assert set(snap.keep) == {job} and not snap.previous  # between full re-plans it is kept instead

@@ -215,3 +215,32 @@ def test_cpsat_charges_lagrangian_gpu_slot_prices_when_the_lp_is_skipped(caplog)
     assert "GPU-slot prices from a Lagrangian bound" in caplog.text and "LP guidance" not in caplog.text
     assert violations(snapshot, plan) == []
     assert score(plan) <= score(get_policy("greedy").plan(snapshot))
+
+
+def test_previous_picks_map_the_last_plan_to_pools_and_slots_and_drop_what_no_longer_fits():
+    snapshot = random_snapshot(7, 30, 8)
+    plan = get_policy("greedy").plan(snapshot)
+    by_job = plan.by_job()
+    late = next(a for a in plan.assignments if a.start_at > NOW + 2 * HOUR)
+    moved = replace(late, start_at=NOW + 60 * HOUR)  # past its deadline window
+    wrong = next(a for a in plan.assignments if a.job_id != late.job_id and len(a.gpu_ids) == 1)
+    short = replace(wrong, gpu_ids=())
+    previous = {**by_job, late.job_id: moved, wrong.job_id: short, 999: late}  # 999: not queued
+    problem = compile_problem(replace(snapshot, previous=previous))
+    picks = {j: (pool, slot) for j, pool, slot in problem.previous_picks()}
+    ids = {problem.jobs[j].id for j in picks}
+    assert ids == set(by_job) - {late.job_id, wrong.job_id}
+    for j, (pool, slot) in picks.items():
+        a = by_job[problem.jobs[j].id]
+        assert a.gpu_ids[0] in problem.pools[pool].gpu_ids
+        assert abs((problem.slot_time(slot) - a.start_at).total_seconds()) <= problem.slot_s / 2
+
+
+def test_cpsat_goes_on_from_the_previous_plan_when_given_one():
+    """A re-plan given a good earlier plan (`Snapshot.previous`) is at least as good as it,
+    even with a budget too short to find it again."""
+    snapshot = random_snapshot(3, 80, 10)
+    good = get_policy("cpsat", max_time_s=3.0).plan(snapshot)
+    again = get_policy("cpsat", max_time_s=0.3).plan(replace(snapshot, previous=good.by_job()))
+    assert violations(snapshot, again) == []
+    assert score(again) <= score(good)

@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replan", type=int, default=0, metavar="N", help="also simulate N re-planning ticks")
     p.add_argument("--replan-sizes", default="200x64,1000x256", help="sizes for --replan (default %(default)s)")
     p.add_argument("--replan-time", type=float, default=10.0, help="cpsat max_time_s per re-plan tick")
+    p.add_argument("--replan-cold", action="store_true",
+                   help="re-plan each tick from scratch (default: from the last tick's plan, as the daemon does)")
     p.add_argument("--json", type=Path, help="write every figure to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of gCO2 by policy and size")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -109,11 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             params = {"max_time_s": args.replan_time}
             if args.cpsat_workers:
                 params["workers"] = args.cpsat_workers
-            rows = replan_ticks(spec, args.replan, policy="cpsat", params=params, progress=progress)
+            rows = replan_ticks(spec, args.replan, policy="cpsat", params=params, warm=not args.replan_cold,
+                                progress=progress)
             replans[spec.label] = rows
             same = next((s for s in results if s.label == spec.label), None)
             greedy = same.run("greedy") if same else None
-            print(report.replan_table(spec.label, rows, same.lp["bound_g"] if same else None,
+            bounds = {b: v["bound_g"] for b, v in same.lp.get("by_late_budget", {}).items()} if same else {}
+            print(report.replan_table(spec.label, rows, bounds, same.forced_misses if same else 0,
                                       greedy.gco2 if greedy else None), flush=True)
             print(flush=True)
     except KeyboardInterrupt:

@@ -5,7 +5,8 @@ the rest are re-planned with a later `now`. This simulates that on a generated i
 with a perfect forecast (the same curves every tick), so any improvement comes from the
 re-planning itself: tick 0 plans everything; at tick i (now + i x 15 min) the jobs whose
 planned start is before the new `now` have started (their GPUs are busy until their end),
-and the policy re-plans the others from the new `now`. After each tick the cost of the
+and the policy re-plans the others from the new `now`, given their last plan as a starting
+point (`Snapshot.previous`, as in the daemon; `warm=False`: from scratch). After each tick the cost of the
 whole schedule (started jobs + the current plan) is judged by `check.check_plan` against
 the original snapshot, so it is comparable with the single-shot runs and the LP bound.
 """
@@ -27,8 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def replan_ticks(spec: InstanceSpec, ticks: int, *, policy: str = "cpsat", params: dict | None = None,
-                 progress: Callable[[str], None] = lambda line: None) -> list[dict]:
-    """One row per tick: tick, now, started jobs, wall s of the re-plan, gCO2, misses, violations."""
+                 warm: bool = True, progress: Callable[[str], None] = lambda line: None) -> list[dict]:
+    """One row per tick: tick, now, started jobs, wall s of the re-plan, gCO2, misses, violations.
+
+    `warm`: each re-plan gets the last tick's plan of its jobs as `Snapshot.previous` (as the
+    daemon's full re-plans do); otherwise it starts from scratch."""
     from policies.base import get_policy
 
     params = params or {}
@@ -52,9 +56,10 @@ def replan_ticks(spec: InstanceSpec, ticks: int, *, policy: str = "cpsat", param
             for gid in a.gpu_ids:
                 if busy[gid] is None or busy[gid] < end:
                     busy[gid] = end
+        previous = {a.job_id: a for a in plan.assignments if a.job_id not in started} if warm else {}
         snap = replace(snap0, now=now, jobs=tuple(j for j in snap0.jobs if j.id not in started),
                        gpus=tuple(replace(g, busy_until=busy[g.id] if busy[g.id] and busy[g.id] > now else None)
-                                  for g in snap0.gpus))
+                                  for g in snap0.gpus), previous=previous)
         t0 = time.perf_counter()
         plan = get_policy(policy, **params).plan(snap)
         wall_s = time.perf_counter() - t0
