@@ -58,23 +58,23 @@ Decomposition (each step measured; figures below):
    GPUs a job) and, in capped zones, per (zone, slot) watts. Objective: integer centigrams
    plus a large penalty per deadline miss; the current plan is the hint.
 
-Measured (bench/planner, seed 1, `max_time_s` 30, 1 worker, 2 cores shared with 4 other
-agents, load average 3-4; gCO2 judged by bench/planner/check.py; before jobs shorter than a
-slot were split off to `policies.short_jobs`, except the 5,000 row):
+Measured (bench/planner, seed 1, `max_time_s` 30, 1 worker, 2 cores; gCO2 judged by
+bench/planner/check.py; the LP bound is the on-time LP, converged; session 5):
 
-  size        fifo       greedy     cpsat-30s  vs greedy  LP bound (GLOP)
-  200x64      286.5 kg   207.1 kg   148.5 kg   -28.3 %    132.0 kg (converged): gap 12.5 %
-  1000x256    1448 kg    1088 kg    979.5 kg   -9.9 %     933.8 kg (not converged): 4.9 %
-  2000x512    2544 kg    1608 kg    1439 kg    -10.6 %    1239 kg (not converged): 16.1 %
-  5000x1024   4722 kg    3581 kg    3429 kg    -4.2 %     not run (with short-job packing)
+  size        fifo      greedy    cpsat-30s  vs greedy  LP bound   gap    without prices (session 4)
+  200x64      0.2865 t  0.1810 t  0.1437 t   -20.6 %    0.1388 t   3.5 %  0.1443 t (LP guidance only)
+  1000x256    1.4483 t  1.0754 t  0.9501 t   -11.7 %    0.9344 t   1.7 %  0.9741 t
+  2000x512    2.5444 t  1.5854 t  1.3006 t   -18.0 %    1.2486 t   4.2 %  1.4112 t
+  5000x1024   4.7218 t  3.5792 t  3.3354 t   -6.8 %     3.2458 t   2.8 %  3.4176 t
 
-cpsat's first plan (`max_time_s` 2): -25 % at 200 jobs, -9 % at 1,000; at 5,000 it is
-greedy's EDF plan (1.2 s CPU, no time for a second pass).
+cpsat's first plan (`max_time_s` 2, no prices): -17 % at 200 jobs, -9 % at 1,000 and 2,000;
+at 5,000 it is greedy's EDF plan (no time for a second pass). With the daemon's budget
+(7.5 s at the default 15 s interval) prices help too: 2000x512 1.3647 t with, 1.4260 t
+without; 1000x256 0.9614 t against 0.9779 t.
 
-The 200-job gap to the LP bound stays above the 4 % target: 30-50-job neighbourhoods,
-60-400 candidates a job, whole-instance solves and 400 random restarts all end at 148-153
-kg. The LP relaxation is fractional in the one contended 8-GPU pool (bench/planner's
-rounding of it gives 163 kg, with 4 jobs left out), so part of the gap is the bound's.
+Re-planning: a full re-plan is given the last tick's plan (`Snapshot.previous`) and tries it
+first (`_previous_plan`), so the search goes on across ticks instead of starting over each
+time; see bench/README.md ("Re-planning") for what that closes.
 
 Accepts FEASIBLE answers (a time-limited sub-solve rarely proves optimality). If the
 solver fails, the incumbent stays. Finally the plan is compared with greedy's and with

@@ -11,6 +11,11 @@ def _f(x: float | None, fmt: str, none: str = "-") -> str:
     return none if x is None else format(x, fmt)
 
 
+def _pct(x: float | None, fmt: str) -> str:
+    """A percentage in a column as wide as `fmt` plus the sign: "-" (no figure) keeps the width."""
+    return format(x, fmt) + "%" if x is not None else "-".rjust(len(format(0.0, fmt)) + 1)
+
+
 def size_table(s: SizeResult) -> str:
     f = s.facts
     lines = [
@@ -29,7 +34,7 @@ def size_table(s: SizeResult) -> str:
         lines.append(
             f"{r.label:<12} {_f(r.wall_s, '7.2f')} {_f(r.cpu_s, '7.2f')} {_f(r.peak_rss_mb, '8.0f')} "
             f"{_f(r.peak_over_baseline_mb, '+8.0f')} {_f(r.gco2 / 1e6 if r.gco2 is not None else None, '9.4f')} "
-            f"{_f(r.vs(fifo), '+7.1f')}% {_f(r.vs(greedy), '+8.1f')}% {_f(s.gap_pct(r), '+7.1f')}"
+            f"{_pct(r.vs(fifo), '+7.1f')} {_pct(r.vs(greedy), '+8.1f')} {_f(s.gap_pct(r), '+7.1f')}"
             f"{'%' if s.bound_covers(r) else '*'} "
             f"{r.deadline_misses:>6} {len(r.violations):>5}")
     lp = s.lp
@@ -88,7 +93,7 @@ def replan_table(label: str, rows: list[dict], bounds: dict[int, float], forced:
         gap = None if not bound_g else 100 * (r["gco2"] - bound_g) / bound_g
         mark = "*" if bounds and budget not in bounds else " "
         lines.append(f"{r['tick']:>4} {r['started']:>7} {r['replanned']:>9} {r['wall_s']:7.1f} "
-                     f"{r['gco2'] / 1e6:9.4f} {_f(vs, '+8.1f')}% {_f(gap, '+6.1f')}%{mark}{r['deadline_misses']:>5} "
+                     f"{r['gco2'] / 1e6:9.4f} {_pct(vs, '+8.1f')} {_pct(gap, '+6.1f')}{mark}{r['deadline_misses']:>5} "
                      f"{r['violations']:>5}")
     return "\n".join(lines)
 
