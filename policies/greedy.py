@@ -106,21 +106,23 @@ class GreedyState:
             stale.clear()
         return cs
 
-    def upper_feasible(self, j: int, ends: np.ndarray) -> np.ndarray:
+    def upper_feasible(self, j: int, ends: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """(groups x slots): True where job j fits the group and some pool of it may hold
         its k GPUs over the whole run (the per-slot maximum over the group's pools never
-        drops below k), with watts left under the zone's cap. `ends` from `run_ends`."""
+        drops below k), with watts left under the zone's cap. `ends` from `run_ends` (for
+        the starts `lo` to `hi` only, when given)."""
         p = self.problem
         S = p.n_slots
+        hi = S if hi is None else hi
         k = int(p.job_k[j])
         cs = self._blocked(k)
-        ok = cs.ravel()[ends] == cs[:, :S]
+        ok = cs.ravel()[ends] == cs[:, lo:hi]
         ok &= p.job_fit[j][:, None]
         for zone, cap in self.power.items():
             for g in self._zone_groups[zone]:
                 bad = np.zeros(S + 1, dtype=np.int32)
                 np.cumsum(cap < p.job_power_w[j, g] - _TOL, out=bad[1:])
-                ok[g] &= bad[ends[g] - g * (S + 1)] == bad[:S]
+                ok[g] &= bad[ends[g] - g * (S + 1)] == bad[lo:hi]
         return ok
 
     def fits_at(self, pool: int, slot: int, k: int, dur: int, power_w: float) -> bool:
@@ -170,46 +172,44 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
 
     `table` is the job's row of `problem.cost_tables` (all groups; computed when None).
     """
-    return _place(problem, state, j, table)[0]
-
-
-def _place(problem: Problem, state: GreedyState, j: int,
-           table: np.ndarray | None) -> tuple[Pick | str, np.ndarray | None]:
-    """`place_job`, plus the job's `in_window` mask (for its explanation)."""
     if not problem.job_fit[j].any():
         jo = problem.job_options(j)
         if jo.excluded:
-            return "fits no GPU model: " + ", ".join(f"{m} ({r})" for m, r in sorted(jo.excluded.items())), None
-        return "no usable GPUs", None
+            return "fits no GPU model: " + ", ".join(f"{m} ({r})" for m, r in sorted(jo.excluded.items()))
+        return "no usable GPUs"
     S = problem.n_slots
     lo = int(problem.job_earliest[j])
     if lo >= S:
-        return "released after the planning horizon", None
+        return "released after the planning horizon"
     if table is None:
         table = problem.cost_tables([j])[0]
-    ends = run_ends(problem, j)
-    ok = state.upper_feasible(j, ends)
-    win = in_window(problem, j)
-    ok &= win
-    masked = np.where(ok, table, np.inf).ravel()
-    # successive minima: all (group, start) pairs at the cheapest cost, earliest start first
-    # (then group order); at half load the first one is usually free on some pool
-    while True:
-        best = masked.min()
-        if not np.isfinite(best):
-            break
-        # equal up to float noise (a flat curve's prefix sums differ in the last bits from slot
-        # to slot): otherwise "the cheapest" start on a flat curve is a random later one
-        ties = np.flatnonzero(masked <= best + 1e-9 * max(1.0, abs(best)))
-        if ties.size > 1:
-            ties = ties[np.lexsort((ties, ties % S))]
-        for idx in ties.tolist():
-            g, s = divmod(idx, S)
-            pool = state.free_pool(j, g, s)
-            if pool is not None:
-                return Pick(j, pool, s), win
-        masked[ties] = np.inf
-    return _as_soon_as_possible(problem, state, j, table, lo, ends), win
+    # only the slots of the job's window (on some group it fits) are looked at: at 0-24 h of
+    # slack a window is about a quarter of the horizon, and the per-job array work shrinks with it
+    latest = problem.job_latest[j]
+    hi = min(S, int(latest[problem.job_fit[j]].max()) + 1)
+    if hi > lo:
+        W = hi - lo
+        ok = state.upper_feasible(j, run_ends(problem, j, lo, hi), lo, hi)
+        ok &= problem.slot_index[lo:hi] <= latest[:, None]
+        masked = np.where(ok, table[:, lo:hi], np.inf).ravel()
+        # successive minima: all (group, start) pairs at the cheapest cost, earliest start first
+        # (then group order); at half load the first one is usually free on some pool
+        while True:
+            best = masked.min()
+            if not np.isfinite(best):
+                break
+            # equal up to float noise (a flat curve's prefix sums differ in the last bits from slot
+            # to slot): otherwise "the cheapest" start on a flat curve is a random later one
+            ties = np.flatnonzero(masked <= best + 1e-9 * max(1.0, abs(best)))
+            if ties.size > 1:
+                ties = ties[np.lexsort((ties, ties % W))]
+            for idx in ties.tolist():
+                g, s = divmod(idx, W)
+                pool = state.free_pool(j, g, lo + s)
+                if pool is not None:
+                    return Pick(j, pool, lo + s)
+            masked[ties] = np.inf
+    return _as_soon_as_possible(problem, state, j, table, lo, run_ends(problem, j))
 
 
 def in_window(problem: Problem, j: int) -> np.ndarray:
@@ -218,11 +218,12 @@ def in_window(problem: Problem, j: int) -> np.ndarray:
     return (slots[None, :] >= problem.job_earliest[j]) & (slots[None, :] <= problem.job_latest[j][:, None])
 
 
-def run_ends(problem: Problem, j: int) -> np.ndarray:
+def run_ends(problem: Problem, j: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """(groups x slots) flat indices into a (groups x slots+1) prefix-sum array of the end
-    of job j's run started at each slot: `g * (S + 1) + min(s + duration, S)`."""
+    of job j's run started at each slot: `g * (S + 1) + min(s + duration, S)`; for the
+    starts `lo` to `hi` (exclusive) only, when given."""
     S = problem.n_slots
-    ends = np.minimum(problem.slot_index[None, :] + problem.job_duration[j][:, None], S)
+    ends = np.minimum(problem.slot_index[lo:hi][None, :] + problem.job_duration[j][:, None], S)
     ends += problem.group_row_offsets[:, None]
     return ends
 
@@ -242,9 +243,9 @@ def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np
 
 
 class ChunkNotes:
-    """Explanation inputs for a chunk of jobs, vectorised where it pays: what running each
-    job on the first free GPUs would cost (`gco2_if_now`); the cheapest in-window and
-    in-horizon costs (for the binding constraint) are taken per pick."""
+    """Explanation inputs for a chunk of jobs, vectorised: what running each job on the
+    first free GPUs would cost (`gco2_if_now`), and its cheapest in-window and in-horizon
+    costs (for the binding constraint)."""
 
     def __init__(self, problem: Problem, js: np.ndarray, tables: np.ndarray) -> None:
         S = problem.n_slots
@@ -264,8 +265,17 @@ class ChunkNotes:
         self.now_gco2 = np.full(len(js), np.nan)
         rows = np.flatnonzero(self.now_ok)
         self.now_gco2[rows] = tables[rows, self.now_group[rows], self.now_slot[rows]]
+        # the cheapest start in each job's window (and its group), and from its release on
+        slots = problem.slot_index
+        after = slots[None, None, :] >= lo[:, None, None]
+        per_group = np.where(after & (slots[None, None, :] <= problem.job_latest[js][:, :, None]), tables,
+                             np.inf).min(axis=2)
+        self.best_window = per_group.min(axis=1) if per_group.shape[1] else np.full(len(js), np.inf)
+        self.best_window_group = per_group.argmin(axis=1) if per_group.shape[1] else np.zeros(len(js), np.int64)
+        self.best_after = np.where(after, tables, np.inf).min(axis=(1, 2)) if per_group.shape[1] else \
+            np.full(len(js), np.inf)
 
-    def notes(self, i: int, j: int, pick: Pick, table: np.ndarray, win: np.ndarray) -> Notes:
+    def notes(self, i: int, j: int, pick: Pick, table: np.ndarray) -> Notes:
         """The Notes of pick (job j, row i of the chunk)."""
         p = self.problem
         g = int(p.pool_group[pick.pool])
@@ -275,10 +285,9 @@ class ChunkNotes:
             now_pool, now_slot, now_gco2 = p.first_pool_free(ng, int(p.job_k[j]), ns), ns, float(self.now_gco2[i])
         else:
             now_pool, now_slot, now_gco2 = -1, -1, math.nan
-        return Notes(gco2, now_pool, now_slot, now_gco2, self._binding(i, j, pick, gco2, table, win))
+        return Notes(gco2, now_pool, now_slot, now_gco2, self._binding(i, j, pick, gco2))
 
-    def _binding(self, i: int, j: int, pick: Pick, chosen: float, table: np.ndarray,
-                 win: np.ndarray) -> str | None:
+    def _binding(self, i: int, j: int, pick: Pick, chosen: float) -> str | None:
         """The constraint that kept the job from a cheaper start (None: it got the cheapest)."""
         if pick.deadline_miss:
             return "deadline"
@@ -287,13 +296,12 @@ class ChunkNotes:
         lo = int(p.job_earliest[j])
         if lo >= p.n_slots:
             return None
-        window = np.where(win, table, np.inf)
-        best_window = float(window.min())
+        best_window = float(self.best_window[i])
         tol = 1e-6 * max(1.0, abs(chosen))
         if chosen > best_window + tol:
-            zone = p.groups[int(np.argmin(window.min(axis=1)))].zone
+            zone = p.groups[int(self.best_window_group[i])].zone
             return "power cap" if zone in p.capped_zones else "capacity"
-        if best_window > float(table[:, lo:].min()) + tol:
+        if best_window > float(self.best_after[i]) + tol:
             if job.deadline is not None:
                 return "deadline"
             if job.max_delay_s is not None:
@@ -322,7 +330,7 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
         chunk_notes = ChunkNotes(problem, js, tables) if notes is not None else None
         choose = tables if price is None else priced_tables(problem, js, tables, price)
         for i, j in enumerate(js.tolist()):
-            res, win = _place(problem, state, j, choose[i])
+            res = place_job(problem, state, j, choose[i])
             if isinstance(res, str):
                 unplaced[problem.jobs[j].id] = res
                 continue
@@ -333,7 +341,7 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
             if costs is not None:
                 costs[j] = float(tables[i, g, res.slot])
             if chunk_notes is not None:
-                notes[j] = chunk_notes.notes(i, j, res, tables[i], win)
+                notes[j] = chunk_notes.notes(i, j, res, tables[i])
     return picks, unplaced
 
 
@@ -359,7 +367,7 @@ def notes_for_picks(problem: Problem, picks: list[Pick]) -> dict[int, Notes]:
         tables = problem.cost_tables(js)
         cn = ChunkNotes(problem, js, tables)
         for i, pick in enumerate(chunk):
-            out[pick.j] = cn.notes(i, pick.j, pick, tables[i], in_window(problem, pick.j))
+            out[pick.j] = cn.notes(i, pick.j, pick, tables[i])
     return out
 
 
