@@ -29,9 +29,14 @@ from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snaps
 class FifoPolicy:
     name: str = "fifo"
 
-    def plan(self, snapshot: Snapshot, explain: bool = True) -> Plan:
+    def plan(self, snapshot: Snapshot, explain: bool = True, beat: tuple[int, int] | None = None) -> Plan | None:
         """fifo's plan. `explain=False` leaves out what only a reader needs (the "if run now"
-        alternative, the explanation text): enough to score the plan, at about half the cost."""
+        alternative, the explanation text): enough to score the plan, at about half the cost.
+
+        `beat`: the (unplaced jobs, deadline misses) of a plan fifo's is compared with (see
+        `placement.Score`): None is returned once fifo's own unplaced jobs and misses (which
+        only grow as it goes) show its plan cannot be better. A policy that meets every
+        deadline learns so from fifo's first miss instead of its whole pass."""
         now = snapshot.now
         book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
         pinned = {j.id: snapshot.pinned[j.id] for j in snapshot.jobs
@@ -79,9 +84,12 @@ class FifoPolicy:
 
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
+        misses = 0
         for job in sorted(snapshot.jobs, key=lambda j: (j.submitted_at, j.id)):
             if job.id in pinned:
                 continue
+            if beat is not None and _cannot_beat(len(unplaced), misses, beat):
+                return None
             k = max(1, job.gpus)
             release_s = max(0.0, (job.submitted_at - now).total_seconds())
             ok = (size >= k) & (mem >= job.gpu_mem_gib)
@@ -108,6 +116,7 @@ class FifoPolicy:
             pue = float(snapshot.pue.get(zone, 1.0))
             gco2 = _gco2(integrators.get(zone), start, shape, pue)
             miss = job.deadline is not None and finish > job.deadline
+            misses += miss
             if not explain:
                 assignments.append(Assignment(
                     job_id=job.id, node=keys[p][0], gpu_ids=gpu_ids, start_at=start,
@@ -140,7 +149,15 @@ class FifoPolicy:
                     ),
                 )
             )
+        if beat is not None and _cannot_beat(len(unplaced), misses, beat):
+            return None
         return Plan(assignments=tuple(assignments), unplaced=unplaced)
+
+
+def _cannot_beat(unplaced: int, misses: int, beat: tuple[int, int]) -> bool:
+    """Whether a plan with at least these unplaced jobs and misses ranks below `beat`'s
+    (unplaced, misses), whatever its grams (`placement.Score` compares in that order)."""
+    return unplaced > beat[0] or (unplaced >= beat[0] and misses > beat[1])
 
 
 def _still_valid_keeps(snapshot: Snapshot, pinned: dict[int, Assignment]) -> dict[int, Assignment]:

@@ -395,8 +395,13 @@ def _fifo_if_better(snapshot: Snapshot, plan: Plan, policy: str, score, problem)
     breaks no hard constraint of `problem()` (compiled only then); else `plan`."""
     from policies.fifo import FifoPolicy
 
-    fifo = FifoPolicy().plan(snapshot, explain=False)  # explained only if it wins
-    fifo_score, own = score(fifo), score(plan)
+    own = score(plan)
+    # explained only if it wins; given up as soon as its unplaced jobs and misses so far (a
+    # lower bound of what `score` counts) show it cannot win
+    fifo = FifoPolicy().plan(snapshot, explain=False, beat=(own.unplaced, own.deadline_misses))
+    if fifo is None:
+        return plan
+    fifo_score = score(fifo)
     if not fifo_score.better_than(own):
         return plan
     fifo = FifoPolicy().plan(snapshot)

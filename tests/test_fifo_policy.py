@@ -330,3 +330,20 @@ def test_random_snapshots_the_head_of_the_queue_gets_the_earliest_possible_start
                 free[(g.node, g.model)].append(max(g.busy_until or snapshot.now, snapshot.now))
         best = min(sorted(ts)[first.gpus - 1] for ts in free.values() if len(ts) >= first.gpus)
         assert get_policy("fifo").plan(snapshot).by_job()[first.id].start_at == best
+
+
+def test_fifo_gives_up_once_it_cannot_beat_the_plan_it_is_compared_with():
+    """Three 2 h jobs due in 3 h on one GPU: fifo misses the last two deadlines. Compared with
+    a plan that misses none it gives up (None); with one that misses more, or places fewer,
+    it returns its whole plan, the same as without the comparison."""
+    from policies.fifo import FifoPolicy
+
+    jobs = tuple(QueuedJob(id=i, gpus=1, gpu_mem_gib=0.0, submitted_at=NOW - timedelta(minutes=10 - i),
+                           est_runtime_s=2 * 3600.0, deadline=NOW + 3 * HOUR) for i in (1, 2, 3))
+    snapshot = Snapshot(now=NOW, jobs=jobs, gpus=(gpu(1),))
+    full = FifoPolicy().plan(snapshot, explain=False)
+    assert sum(a.estimate.deadline_miss for a in full.assignments) == 2
+    assert FifoPolicy().plan(snapshot, explain=False, beat=(0, 0)) is None
+    assert FifoPolicy().plan(snapshot, explain=False, beat=(0, 1)) is None
+    for beat in ((0, 2), (0, 5), (1, 0)):  # as many misses, more, or an unplaced job: fifo may still win
+        assert FifoPolicy().plan(snapshot, explain=False, beat=beat) == full
