@@ -62,10 +62,12 @@ Measured (bench/planner, seed 1, `max_time_s` 30, 1 worker, 2 cores; gCO2 judged
 bench/planner/check.py; the LP bound is the on-time LP, converged; session 5):
 
   size        fifo      greedy    cpsat-30s  vs greedy  LP bound   gap    without prices (session 4)
-  200x64      0.2865 t  0.1810 t  0.1437 t   -20.6 %    0.1388 t   3.5 %  0.1443 t (LP guidance only)
-  1000x256    1.4483 t  1.0754 t  0.9501 t   -11.7 %    0.9344 t   1.7 %  0.9741 t
-  2000x512    2.5444 t  1.5854 t  1.3006 t   -18.0 %    1.2486 t   4.2 %  1.4112 t
-  5000x1024   4.7218 t  3.5792 t  3.3354 t   -6.8 %     3.2458 t   2.8 %  3.4176 t
+  200x64      0.2865 t  0.1810 t  0.1423 t   -21.4 %    0.1388 t   2.5 %  0.1443 t (LP guidance only)
+  1000x256    1.4483 t  1.0754 t  0.9519 t   -11.5 %    0.9344 t   1.9 %  0.9741 t
+  2000x512    2.5444 t  1.5854 t  1.3035 t   -17.8 %    1.2486 t   4.4 %  1.4112 t
+  5000x1024   4.7218 t  3.5792 t  3.3294 t   -7.0 %     3.2458 t   2.6 %  3.4176 t
+
+(single runs: cpsat-30s varies by up to 1 % from run to run.)
 
 cpsat's first plan (`max_time_s` 2, no prices): -17 % at 200 jobs, -9 % at 1,000 and 2,000;
 at 5,000 it is greedy's EDF plan (no time for a second pass). With the daemon's budget
