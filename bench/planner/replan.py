@@ -6,9 +6,10 @@ with a perfect forecast (the same curves every tick), so any improvement comes f
 re-planning itself: tick 0 plans everything; at tick i (now + i x 15 min) the jobs whose
 planned start is before the new `now` have started (their GPUs are busy until their end),
 and the policy re-plans the others from the new `now`, given their last plan as a starting
-point (`Snapshot.previous`, as in the daemon; `warm=False`: from scratch). After each tick the cost of the
-whole schedule (started jobs + the current plan) is judged by `check.check_plan` against
-the original snapshot, so it is comparable with the single-shot runs and the LP bound.
+point (`Snapshot.previous`, as in the daemon; `warm=False`: from scratch). After each tick
+the cost of the whole schedule (started jobs + the current plan) is judged by
+`check.check_plan` against the original snapshot, so it is comparable with the single-shot
+runs and the LP bound.
 """
 
 from __future__ import annotations
