@@ -270,10 +270,9 @@ class ChunkNotes:
         after = slots[None, None, :] >= lo[:, None, None]
         per_group = np.where(after & (slots[None, None, :] <= problem.job_latest[js][:, :, None]), tables,
                              np.inf).min(axis=2)
-        self.best_window = per_group.min(axis=1) if per_group.shape[1] else np.full(len(js), np.inf)
+        self.best_window = per_group.min(axis=1, initial=np.inf)  # inf: no usable GPU at all
+        self.best_after = np.where(after, tables, np.inf).min(axis=(1, 2), initial=np.inf)
         self.best_window_group = per_group.argmin(axis=1) if per_group.shape[1] else np.zeros(len(js), np.int64)
-        self.best_after = np.where(after, tables, np.inf).min(axis=(1, 2)) if per_group.shape[1] else \
-            np.full(len(js), np.inf)
 
     def notes(self, i: int, j: int, pick: Pick, table: np.ndarray) -> Notes:
         """The Notes of pick (job j, row i of the chunk)."""
