@@ -5,7 +5,7 @@ For each database (SQLite, PostgreSQL or both) it starts a real daemon subproces
 store, then measures over the real Unix socket:
 
 1. submissions: C client processes (default 16), each with one kept-alive
-   `scheduler.client.Client`, submit N jobs in total (default 3000) as fast as they can;
+   `scheduler.cli.client.Client`, submit N jobs in total (default 3000) as fast as they can;
    every request's latency is recorded. Four long "blocker" jobs are submitted and running
    first, so the emulated GPUs are busy and the measured `true` jobs queue behind them
    (the daemon keeps planning on every submit, as in production, but does not churn
@@ -99,7 +99,7 @@ def _submit_worker(index: int, socket_path: str, n: int, body: dict, barrier, co
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (the parent's handler came along with fork)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    from scheduler.client import ApiError, Client, DaemonUnreachable
+    from scheduler.cli.client import ApiError, Client, DaemonUnreachable
 
     client = Client(socket_path, timeout=120.0)
     latencies: list[float] = []
@@ -220,7 +220,7 @@ class Bench:
         self._wait_healthy(timeout_s=90.0)
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        from scheduler.client import ApiError, Client, DaemonUnreachable
+        from scheduler.cli.client import ApiError, Client, DaemonUnreachable
 
         deadline = time.monotonic() + timeout_s
         t0 = time.monotonic()
@@ -262,7 +262,7 @@ class Bench:
 
     def _kill_leftover_supervisors(self) -> None:
         """Job supervisors outlive the daemon by design; end the ones this run started."""
-        from scheduler.executor import _lock_held
+        from scheduler.node.executor import _lock_held
 
         run_root = self.tmp / "run"
         alive: list[tuple[int, int | None, Path]] = []
@@ -332,7 +332,7 @@ class Bench:
     # helpers ---------------------------------------------------------------------------
 
     def client(self):
-        from scheduler.client import Client
+        from scheduler.cli.client import Client
 
         return Client(self.socket, timeout=120.0)
 
@@ -377,7 +377,7 @@ class Bench:
         say(f"{self.kind}: {N_GPUS} blocker jobs running on the emulated {EMULATED_FLEET}")
 
     def cancel_active(self) -> None:
-        from scheduler.client import ApiError
+        from scheduler.cli.client import ApiError
 
         c = self.client()
         try:
@@ -491,8 +491,8 @@ class Bench:
         """Top the store up to `target` active jobs: insert directly, then one API submit."""
         from sqlalchemy import func, insert, select
 
+        from scheduler.daemon.service import Caller, JobService, ServiceConfig
         from scheduler.lifecycle import ACTIVE
-        from scheduler.service import Caller, JobService, ServiceConfig
         from scheduler.store import Store
         from scheduler.store.models import job_events, jobs
 

@@ -125,7 +125,7 @@ def timed(fn, repeats: int) -> tuple[float, list[float]]:
 
 def bench(kind: str, url: str, args) -> dict:
     from scheduler.accounting import GROUPINGS, Accountant
-    from scheduler.planner import SiteConfig
+    from scheduler.daemon.planner import SiteConfig
     from scheduler.store import Store
 
     store = Store(url)
@@ -167,13 +167,12 @@ def bench(kind: str, url: str, args) -> dict:
 
     # What users run: the CLI asks the daemon's API (here an ApiServer with the daemon's
     # accounting routes, in this process) over its Unix socket.
-    from scheduler.accounting import api_routes
-    from scheduler.api import ApiServer
-    from scheduler.service import JobService, ServiceConfig
+    from scheduler.daemon.api import ApiServer, accounting_routes
+    from scheduler.daemon.service import JobService, ServiceConfig
 
     with tempfile.TemporaryDirectory(prefix="cs-report-api-") as tmp:
         service = JobService(store, ServiceConfig(daemon_uid=os.geteuid()), log_dir=Path(tmp) / "logs")
-        api = ApiServer(Path(tmp) / "s.sock", service, extra_routes=api_routes(acc, service))
+        api = ApiServer(Path(tmp) / "s.sock", service, extra_routes=accounting_routes(acc, service))
         api.start()
         try:
             sock_cmd = [sys.executable, "-m", "scheduler", "--socket", str(Path(tmp) / "s.sock"), "report",

@@ -420,7 +420,7 @@ class NotFound(LookupError):
 class Accountant:
     """Prices finished jobs, builds receipts, reports and exports over one store.
 
-    `site` gives PUE per zone (scheduler.planner.SiteConfig, anything with `.pue(zone)`);
+    `site` gives PUE per zone (scheduler.daemon.planner.SiteConfig, anything with `.pue(zone)`);
     `carbon` the signal per zone (scheduler.carbon.CarbonSignals, anything with
     `.signal_of(zone)` and `.config.static`), else one is built on first use from
     `carbon_config` (a CarbonConfig, or the parsed config file); all optional (PUE 1.0,
@@ -976,7 +976,7 @@ def record_actual_carbon(store: Store, job_id: int, *, site: Any = None, carbon:
 
 
 def energy_note_of(per_gpu: Mapping[int, Any]) -> str | None:
-    """One line from `scheduler.samples.JobEnergy.per_gpu`: why GPUs were not measured by
+    """One line from `scheduler.node.samples.JobEnergy.per_gpu`: why GPUs were not measured by
     their counter (for `record_actual_carbon(energy_note=...)`)."""
     notes = [f"GPU {gid}: {e.note}" for gid, e in sorted(per_gpu.items())
              if getattr(e, "note", "") and getattr(e, "method", "") != "counter"]
@@ -1008,47 +1008,3 @@ def parse_period(since: str | None, until: str | None, now: datetime, *,
     if end <= start:
         raise ValueError(f"the period is empty: since {iso(start)} is not before until {iso(end)}")
     return start, end
-
-
-def api_routes(accountant: Accountant, service: Any) -> dict:
-    """Routes for `ApiServer(extra_routes=...)`: GET /v1/report, /v1/export, /v1/receipt.
-
-    A user sees only their own jobs, root or an admin group everyone's, as with `queue`
-    (`service.is_admin`, `service.get_job` for the receipt's access check).
-    """
-    from scheduler.service import RequestError
-
-    def scope(caller) -> int | None:
-        return None if service.is_admin(caller) else caller.uid
-
-    def period(query: dict) -> tuple[datetime, datetime]:
-        try:
-            return parse_period(query.get("since", [None])[0], query.get("until", [None])[0],
-                                accountant._clock())
-        except ValueError as e:
-            raise RequestError(400, str(e)) from None
-
-    def report(caller, query: dict) -> dict:
-        since, until = period(query)
-        by = query.get("by", ["user"])[0]
-        if by not in GROUPINGS:
-            raise RequestError(400, f"unknown grouping {by!r}; use one of {', '.join(GROUPINGS)}")
-        return accountant.report(since, until, by=by, owner_uid=scope(caller))
-
-    def export(caller, query: dict) -> dict:
-        since, until = period(query)
-        return accountant.export(since, until, owner_uid=scope(caller))
-
-    def receipt(caller, query: dict) -> dict:
-        raw = query.get("job", [None])[0]
-        try:
-            job_id = int(raw)
-        except (TypeError, ValueError):
-            raise RequestError(400, f"receipt needs ?job=ID (got {raw!r})") from None
-        service.get_job(caller, job_id)  # 404 / 403 exactly as `show`
-        try:
-            return accountant.receipt(job_id)
-        except NotFound as e:
-            raise RequestError(404, str(e)) from None
-
-    return {("GET", "report"): report, ("GET", "export"): export, ("GET", "receipt"): receipt}

@@ -26,8 +26,8 @@ from scheduler.accounting import (
     run_carbon,
 )
 from scheduler.carbon import CarbonConfig, CarbonSignals, ZoneConfig
-from scheduler.planner import SiteConfig
-from scheduler.samples import SampleStore, StoredSample
+from scheduler.daemon.planner import SiteConfig
+from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.grid.readings import IntensityReading
 from telemetry.grid.static import STATIC_YEARLY_GCO2_PER_KWH

@@ -13,12 +13,12 @@ from sqlalchemy import select, update
 
 from policies import get_policy
 from policies.catalog import parse_fleet
-from scheduler.agent import Agent, AgentConfig
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.watchdog import NodeReaper
 from scheduler.lifecycle import utcnow
-from scheduler.planner import Planner
-from scheduler.service import Caller, JobService, ServiceConfig
+from scheduler.node.agent import Agent, AgentConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes
-from scheduler.watchdog import NodeReaper
 from telemetry.energy import Sample, integrate_power
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 
@@ -195,7 +195,7 @@ def test_a_gpu_lost_mid_run_is_taken_out_of_service_and_its_job_failed_or_requeu
 
 
 def test_a_full_log_disk_stops_new_jobs_on_the_node_until_space_is_freed(cluster, store, monkeypatch):
-    import scheduler.agent as agent_module
+    import scheduler.node.agent as agent_module
 
     agent, service, planner = cluster
     free = {"bytes": 10 * 2**20}
@@ -219,7 +219,7 @@ def test_a_full_log_disk_stops_new_jobs_on_the_node_until_space_is_freed(cluster
 def test_a_supervisor_waits_out_a_full_disk_to_record_how_the_job_ended(tmp_path, monkeypatch):
     import errno
 
-    import scheduler.supervise as supervise
+    import scheduler.node.supervise as supervise
 
     real = supervise.write_json_atomic
     failures = {"left": 3}

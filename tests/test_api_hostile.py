@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.api import ApiServer, UidLimits, _UidGate
-from scheduler.client import ApiError, Client
-from scheduler.service import JobService, RequestError, ServiceConfig
+from scheduler.cli.client import ApiError, Client
+from scheduler.daemon.api import ApiServer, UidLimits, _UidGate
+from scheduler.daemon.service import JobService, RequestError, ServiceConfig
 from scheduler.store import Store
 from scheduler.store.models import jobs
 

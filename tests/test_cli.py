@@ -1,6 +1,6 @@
 """The `carbonsched` command line, run as a real subprocess, for everything that needs no daemon.
 
-Contract (see scheduler/cli.py): usage mistakes exit 2, an unreachable daemon exits 3, and a
+Contract (see scheduler/cli/main.py): usage mistakes exit 2, an unreachable daemon exits 3, and a
 user always gets one clear line on stderr, never a Python traceback.
 """
 
@@ -210,7 +210,7 @@ def test_the_daemon_help_names_cpsat_as_the_default_policy(cli_env):
 
 
 def test_the_plan_table_totals_planned_against_run_now_grams():
-    from scheduler.output import plan_table
+    from scheduler.cli.output import plan_table
 
     plan = [
         {"job": 1, "node": "gb1", "gpus": [0], "start": "2026-12-01T02:00:00Z", "gco2": 30.0,
@@ -233,7 +233,7 @@ def test_the_plan_table_totals_planned_against_run_now_grams():
 
 
 def test_show_prints_the_explanation_the_estimates_per_prompt_and_the_saving():
-    from scheduler.output import job_detail
+    from scheduler.cli.output import job_detail
 
     job = {"id": 7, "name": "infer", "state": "PLANNED", "reason": "planned", "owner": "alice",
            "owner_uid": 1000, "argv": ["python", "infer.py"], "cwd": "/tmp", "gpus_requested": 1,

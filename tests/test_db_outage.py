@@ -9,7 +9,7 @@ import threading
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from scheduler.daemon import DB_BACKOFF_MAX_S, CoalescedJob, is_unreachable
+from scheduler.process import DB_BACKOFF_MAX_S, CoalescedJob, is_unreachable
 
 
 def outage() -> OperationalError:
@@ -40,7 +40,7 @@ def test_a_tick_backs_off_while_the_database_is_down_and_logs_it_once(caplog):
 
     job = CoalescedJob(FakeScheduler(), "dispatch", tick, min_gap_s=0.0, stopping=threading.Event(),
                        clock=lambda: now[0])
-    caplog.set_level(logging.DEBUG, logger="scheduler.daemon")
+    caplog.set_level(logging.DEBUG, logger="scheduler.process")
     tried_at = []
     while now[0] < 120:
         before = calls["n"]

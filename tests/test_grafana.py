@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import insert
 
 from policies.catalog import parse_fleet
-from scheduler.agent import Agent, AgentConfig
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
+from scheduler.node.agent import Agent, AgentConfig
 from scheduler.store import Store
 from scheduler.store.models import jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel

@@ -13,11 +13,11 @@ from sqlalchemy import insert, select, update
 
 from policies.model import PowerCap
 from scheduler.carbon import CarbonSignals, ForecastPoint
-from scheduler.daemon import plan_preview
-from scheduler.planner import (CarbonCurves, Planner, SiteConfig, curve_from_forecast, make_policy,
+from scheduler.daemon.main import plan_preview
+from scheduler.daemon.planner import (CarbonCurves, Planner, SiteConfig, curve_from_forecast, make_policy,
                                preview_rows)
+from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.profiles import CompletedRun, fold_run
-from scheduler.service import Caller, JobService, ServiceConfig
 from scheduler.store.models import gpus, jobs, nodes
 
 from tests.conftest import DATA_DIR
@@ -105,7 +105,7 @@ def test_a_zone_without_any_carbon_data_gets_no_curve_and_is_logged_as_carbon_bl
     add_node(store, "de1", "DE")
     add_node(store, "lab", "LAB-1")  # no rows, no static value
     planner = planner_for(store, "fifo")
-    with caplog.at_level(logging.WARNING, logger="scheduler.planner"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.daemon.planner"):
         with store.read() as conn:
             snap, _ = planner.snapshot(conn)
     assert set(snap.carbon) == {"DE"}
@@ -229,7 +229,7 @@ def test_cpsat_gets_a_time_limit_scaled_to_the_plan_interval():
 
 
 def test_the_daemon_plans_with_cpsat_by_default():
-    from scheduler.daemon import DaemonConfig
+    from scheduler.daemon.main import DaemonConfig
 
     assert DaemonConfig(db_url="sqlite://", socket_path=None, state_dir=None).policy == "cpsat"
 
@@ -447,7 +447,7 @@ def test_an_unchanged_snapshot_is_not_planned_again_but_any_change_is(store, ser
 
 
 def test_an_unchanged_snapshot_is_still_planned_again_after_a_while(store, service, monkeypatch):
-    import scheduler.planner as planner_module
+    import scheduler.daemon.planner as planner_module
 
     import_carbon(store, DE)
     add_node(store, "de1", "DE")

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from scheduler.carbon import CarbonSignals
-from scheduler.planner import Planner, make_policy
-from scheduler.planner_process import PlannerSpec, build_planner
-from scheduler.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.planner import Planner, make_policy
+from scheduler.daemon.planner_process import PlannerSpec, build_planner
+from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.grid.readings import IntensityReading
 
@@ -237,7 +237,7 @@ def test_the_log_line_says_incremental_and_how_many_were_kept(store, service, cl
     planner.tick()
     submit(service)
     clocks.advance(60)
-    with caplog.at_level(logging.INFO, logger="scheduler.planner"):
+    with caplog.at_level(logging.INFO, logger="scheduler.daemon.planner"):
         planner.tick()
     assert any("incremental" in r.getMessage() and "1 of 1 earlier plans kept" in r.getMessage() for r in caplog.records)
 

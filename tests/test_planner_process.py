@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from scheduler.planner_process import PlannerProcess, PlannerSpec
-from scheduler.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec
+from scheduler.daemon.service import Caller, JobService, ServiceConfig
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def planned(store, tmp_path):
 def test_a_wake_up_plans_queued_jobs_in_the_child_and_reports_back(planned, store, tmp_path):
     proc, ticks, done = planned
     # A node with one GPU so that fifo can place the job.
-    from scheduler.agent import Agent, AgentConfig
+    from scheduler.node.agent import Agent, AgentConfig
     from telemetry.gpu import EmulatedBackend, EmulatedModel
 
     agent = Agent(store, EmulatedBackend([EmulatedModel("H100", "nvidia", 80, 70, 700)], node="n1"),
@@ -61,8 +61,8 @@ def test_a_plan_preview_runs_in_a_worker_process_with_the_daemons_policy_and_sit
     from sqlalchemy import insert, select
 
     from scheduler.carbon import CarbonSignals
-    from scheduler.planner import SiteConfig
-    from scheduler.planner_process import PreviewProcess
+    from scheduler.daemon.planner import SiteConfig
+    from scheduler.daemon.planner_process import PreviewProcess
     from scheduler.store.models import gpus, jobs, nodes
 
     # Carbon rows for zone GB up to now (a constant series: the estimate depends on PUE only).

@@ -156,11 +156,11 @@ def test_a_database_error_while_learning_is_logged_and_never_raised(store, caplo
 
 
 def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
-    from policies.catalog import parse_fleet
     from policies import get_policy
-    from scheduler.agent import Agent, AgentConfig
-    from scheduler.planner import Planner
-    from scheduler.service import Caller, JobService, ServiceConfig
+    from policies.catalog import parse_fleet
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.node.agent import Agent, AgentConfig
     from telemetry.gpu import EmulatedBackend, EmulatedModel
 
     backend = EmulatedBackend([EmulatedModel(m.name, m.vendor, m.memory_gib, m.idle_w, m.tdp_w)

@@ -25,11 +25,12 @@ import pytest
 from sqlalchemy import insert, select
 
 from policies.catalog import catalog
-from scheduler import cli
-from scheduler.accounting import Accountant, api_routes
-from scheduler.api import ApiServer
+from scheduler.accounting import Accountant
 from scheduler.carbon import CarbonSignals
-from scheduler.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.cli import main as cli
+from scheduler.cli.common import EXIT_USAGE
+from scheduler.daemon.api import ApiServer, accounting_routes
+from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.grid.readings import IntensityReading
 
@@ -162,7 +163,7 @@ def test_the_report_prices_finished_jobs_that_were_never_accounted(fleet):
 def test_users_see_only_their_own_jobs_and_admins_everyone(fleet, tmp_path):
     store, ids = fleet
     service = JobService(store, ServiceConfig(daemon_uid=999_999), log_dir=tmp_path)
-    routes = api_routes(Accountant(store), service)
+    routes = accounting_routes(Accountant(store), service)
     report, export, receipt = routes[("GET", "report")], routes[("GET", "export")], routes[("GET", "receipt")]
     q = {"since": ["2026-03-01"], "until": ["2026-04-01"], "by": ["user"]}
     assert set(_groups(report(ALICE, q))) == {"alice"}
@@ -242,7 +243,7 @@ def test_report_cli_formats(db, capsys, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     code, _, err = run_cli(capsys, "report", "--db", url, "--since", "2026-04-01", "--until", "2026-03-01")
-    assert code == cli.EXIT_USAGE and "empty" in err
+    assert code == EXIT_USAGE and "empty" in err
 
 
 def test_export_cli_writes_json_and_csv(db, capsys, tmp_path):
@@ -266,7 +267,7 @@ def test_report_and_show_through_the_daemon_socket(db, capsys, tmp_path):
 
     store = Store(url)
     service = JobService(store, ServiceConfig(daemon_uid=os.geteuid()), log_dir=tmp_path / "logs")
-    api = ApiServer(tmp_path / "s.sock", service, extra_routes=api_routes(Accountant(store), service))
+    api = ApiServer(tmp_path / "s.sock", service, extra_routes=accounting_routes(Accountant(store), service))
     api.start()
     try:
         sock = str(tmp_path / "s.sock")

@@ -7,7 +7,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from scheduler.samples import SampleStore, StoredSample
+from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.store.telemetry_models import gpu_power_minutes, gpu_samples
 from telemetry.energy import Sample
 

@@ -1,4 +1,4 @@
-"""scheduler.service.JobService, called directly (no socket) against the `store` fixture.
+"""scheduler.daemon.service.JobService, called directly (no socket) against the `store` fixture.
 
 The service is the API edge: it validates every request, decides who may see and change
 which job, and a rejected request changes nothing. Callers are built by hand, the way the
@@ -12,8 +12,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, insert, select, update
 
+from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.lifecycle import TERMINAL, State
-from scheduler.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from policies.model import Assignment, Plan, Snapshot
-from scheduler.cli import main
+from scheduler.cli.main import main
 from scheduler.simulate.cluster import cluster_from_dict, load_cluster
 from scheduler.simulate.forecasts import parse_forecast
 from scheduler.simulate.intensity import load_zone_files

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import insert, select
 
 from scheduler.carbon import CarbonSignals
-from scheduler.cli import main
+from scheduler.cli.main import main
 from scheduler.simulate.scenario import demo_dir
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_intensity

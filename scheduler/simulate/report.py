@@ -178,7 +178,7 @@ def _hours(seconds: float | None) -> str:
 
 def table(summaries: dict[str, dict], comparison: dict[str, dict]) -> str:
     """The side-by-side text table: one column per policy."""
-    from scheduler.output import table as text_table
+    from scheduler.text_table import table as text_table
 
     names = list(summaries)
     rows: list[list[str]] = []

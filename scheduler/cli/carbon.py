@@ -7,8 +7,9 @@ These verbs talk to the store directly (no daemon needed), resolving the databas
     carbonsched carbon show --zone Z [--at T] [--hours N] [--as-of T] [--refresh] [--json]
     carbonsched carbon zones [--json]
 
-Only the standard library is imported at module level (the CLI starts fast, and
-scheduler.cli can import this module up front); everything else is imported in `run`.
+Only the standard library and `scheduler.cli.common` are imported at module level (the
+CLI starts fast, and scheduler.cli.main imports this module up front); everything else is
+imported in `run`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from scheduler.cli.common import EXIT_OK, EXIT_USAGE, CliError, db_url, register
 from scheduler.settings import env_help
 
 FORMATS = ("electricitymaps", "watttime", "plain")
@@ -34,7 +36,7 @@ def _db_flags(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers) -> None:
     """Add the `carbon` verb and its actions to the top-level subparsers.
 
-    Also registers `run` as the handler of the `carbon` verb in scheduler.cli.VERBS, so
+    Also registers `run` as the handler of the `carbon` verb in scheduler.cli.common.VERBS, so
     wiring it into the CLI takes just the import and this call.
     """
     c = subparsers.add_parser("carbon", help="grid carbon intensity: import traces, show values and forecasts",
@@ -68,18 +70,15 @@ def add_parser(subparsers) -> None:
     zs.add_argument("--json", action="store_true")
     _db_flags(zs)
 
-    import scheduler.cli as cli
-
-    cli.VERBS.setdefault("carbon", run)
+    register("carbon", run)
 
 
 # -- run ----------------------------------------------------------------------------------
 
 def run(args, config: dict) -> int:
-    """Run one `carbon` action; raise scheduler.cli.CliError with one clear line on failure."""
+    """Run one `carbon` action; raise scheduler.cli.common.CliError with one clear line on failure."""
     import logging
 
-    from scheduler.cli import EXIT_USAGE, CliError
 
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     from scheduler.carbon import CarbonConfig
@@ -99,13 +98,12 @@ def _open(args, config, *, create: bool):
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    from scheduler.cli import CliError, _db_url
     from scheduler.store import SchemaError, Store
 
     if not create and _is_missing_sqlite(args, config):
         return None
     try:
-        store = Store(_db_url(args, config))
+        store = Store(db_url(args, config))
     except (SQLAlchemyError, ImportError, ValueError) as e:
         raise CliError(f"cannot open the database: {type(e).__name__}: {e}") from None
     try:
@@ -137,7 +135,7 @@ def _print_json(data: Any) -> None:
 
 
 def _local(t: datetime | None, with_date: bool = True) -> str:
-    from scheduler.output import local_time
+    from scheduler.cli.output import local_time
 
     return local_time(_iso(t), with_date)
 
@@ -169,7 +167,6 @@ def _progress_printer(path: str):
 
 def _import(args, config, carbon_config) -> int:
     from scheduler.carbon import CarbonSignals
-    from scheduler.cli import EXIT_OK, EXIT_USAGE, CliError
     from telemetry.grid.readings import CsvFormatError
 
     store = _open(args, config, create=True)
@@ -232,7 +229,6 @@ def _age(seconds: float | None) -> str:
 
 def _show(args, config, carbon_config) -> int:
     from scheduler.carbon import CarbonSignals
-    from scheduler.cli import EXIT_OK, EXIT_USAGE, CliError
     from scheduler.timeparse import parse_time
     from telemetry.grid.static import static_intensity
 
@@ -310,7 +306,7 @@ def _show(args, config, carbon_config) -> int:
 
 
 def _show_text(args, at, as_of, now, value, fc, fresh, status, static) -> str:
-    from scheduler.output import table
+    from scheduler.text_table import table
 
     lines = [f"zone {args.zone} ({fc.signal} signal), at {_local(at)}"
              + (f", as known at {_local(as_of)}" if abs((as_of - now).total_seconds()) > 60 else "")]
@@ -357,8 +353,7 @@ def _show_text(args, at, as_of, now, value, fc, fresh, status, static) -> str:
 
 def _zones(args, config, carbon_config) -> int:
     from scheduler.carbon import CarbonSignals
-    from scheduler.cli import EXIT_OK
-    from scheduler.output import table
+    from scheduler.text_table import table
 
     store = _open(args, config, create=False)
     zones: list[dict] = []
@@ -395,9 +390,8 @@ def _is_missing_sqlite(args, config) -> bool:
     """Whether the database is a SQLite file that does not exist yet (nothing imported)."""
     from pathlib import Path
 
-    from scheduler.cli import _db_url
 
-    url = _db_url(args, config)
+    url = db_url(args, config)
     if not url.startswith("sqlite:///"):
         return False
     path = url[len("sqlite:///"):]

@@ -21,13 +21,14 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from scheduler.cli.common import EXIT_OK, EXIT_USAGE, CliError, db_url, register
 from scheduler.settings import env_help
 
 FORMATS = ("gaia", "alibaba", "llm", "generic")
 
 
 def add_parser(subparsers) -> None:
-    """Add the `simulate` verb and register `run` as its handler in scheduler.cli.VERBS."""
+    """Add the `simulate` verb and register `run` as its handler in scheduler.cli.common.VERBS."""
     s = subparsers.add_parser(
         "simulate", help="replay job and carbon traces through policies and compare them",
         description="Replay a job trace on a simulated cluster through the daemon's own policies, with "
@@ -88,16 +89,13 @@ def add_parser(subparsers) -> None:
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: on a terminal, off with --json)")
 
-    import scheduler.cli as cli
-
-    cli.VERBS.setdefault("simulate", run)
+    register("simulate", run)
 
 
 def run(args, config: dict) -> int:
-    """Run `carbonsched simulate`; raise scheduler.cli.CliError with one clear line on failure."""
+    """Run `carbonsched simulate`; raise scheduler.cli.common.CliError with one clear line on failure."""
     import logging
 
-    from scheduler.cli import EXIT_USAGE, CliError
 
     logging.basicConfig(level=os.environ.get("CARBONSCHED_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
@@ -112,7 +110,6 @@ def run(args, config: dict) -> int:
 
 
 def _duration(text: str | None, flag: str) -> float | None:
-    from scheduler.cli import EXIT_USAGE, CliError
     from scheduler.timeparse import parse_duration
 
     if text is None or str(text).strip().lower() in ("none", "off"):
@@ -124,7 +121,6 @@ def _duration(text: str | None, flag: str) -> float | None:
 
 
 def _start(text: str | None) -> datetime | None:
-    from scheduler.cli import EXIT_USAGE, CliError
 
     if not text:
         return None
@@ -138,7 +134,6 @@ def _start(text: str | None) -> datetime | None:
 
 
 def _run(args, config: dict) -> int:
-    from scheduler.cli import EXIT_OK, EXIT_USAGE, CliError
     from scheduler.simulate.model import SimSettings
     from scheduler.simulate.report import table, write_report
     from scheduler.simulate.runner import parse_policies, run_policies
@@ -243,7 +238,6 @@ def _default_policies(preferred: str) -> str:
 
 
 def _out_dir(text: str | None) -> Path:
-    from scheduler.cli import CliError
 
     if text:
         path = Path(text)
@@ -260,10 +254,9 @@ def _with_store(args, config: dict, use):
     """`use(store)` on the store named by --db / the config, with clear errors; closed after."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from scheduler.cli import CliError, _db_url
     from scheduler.store import Store
 
-    url = _db_url(args, config)
+    url = db_url(args, config)
     try:
         store = Store(url)
     except (SQLAlchemyError, ImportError, ValueError) as e:
@@ -287,7 +280,6 @@ def _past(text: str, now: datetime, flag: str) -> datetime:
     """A moment in the past: a duration ago (`7d`) or an ISO 8601 time (local if no zone)."""
     from datetime import timedelta
 
-    from scheduler.cli import EXIT_USAGE, CliError
     from scheduler.timeparse import parse_duration, parse_time
 
     try:

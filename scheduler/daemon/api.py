@@ -17,13 +17,15 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from scheduler.service import Caller, JobService, RequestError
+from scheduler.accounting import GROUPINGS, Accountant, NotFound, parse_period
+from scheduler.daemon.service import Caller, JobService, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -366,3 +368,45 @@ def _remove_stale_socket(path: Path) -> None:
     finally:
         probe.close()
     raise RuntimeError(f"another carbonsched daemon is already listening on {path}")
+
+
+def accounting_routes(accountant: Accountant, service: JobService) -> dict:
+    """Routes for `ApiServer(extra_routes=...)`: GET /v1/report, /v1/export, /v1/receipt.
+
+    A user sees only their own jobs, root or an admin group everyone's, as with `queue`
+    (`service.is_admin`, `service.get_job` for the receipt's access check).
+    """
+    def scope(caller) -> int | None:
+        return None if service.is_admin(caller) else caller.uid
+
+    def period(query: dict) -> tuple[datetime, datetime]:
+        try:
+            return parse_period(query.get("since", [None])[0], query.get("until", [None])[0],
+                                accountant._clock())
+        except ValueError as e:
+            raise RequestError(400, str(e)) from None
+
+    def report(caller, query: dict) -> dict:
+        since, until = period(query)
+        by = query.get("by", ["user"])[0]
+        if by not in GROUPINGS:
+            raise RequestError(400, f"unknown grouping {by!r}; use one of {', '.join(GROUPINGS)}")
+        return accountant.report(since, until, by=by, owner_uid=scope(caller))
+
+    def export(caller, query: dict) -> dict:
+        since, until = period(query)
+        return accountant.export(since, until, owner_uid=scope(caller))
+
+    def receipt(caller, query: dict) -> dict:
+        raw = query.get("job", [None])[0]
+        try:
+            job_id = int(raw)
+        except (TypeError, ValueError):
+            raise RequestError(400, f"receipt needs ?job=ID (got {raw!r})") from None
+        service.get_job(caller, job_id)  # 404 / 403 exactly as `show`
+        try:
+            return accountant.receipt(job_id)
+        except NotFound as e:
+            raise RequestError(404, str(e)) from None
+
+    return {("GET", "report"): report, ("GET", "export"): export, ("GET", "receipt"): receipt}

@@ -1,4 +1,4 @@
-"""The per-job supervisor: `python -m scheduler.supervise RUN_DIR LOCK_FD`.
+"""The per-job supervisor: `python -m scheduler.node.supervise RUN_DIR LOCK_FD`.
 
 The agent starts one supervisor per job in a new session. The supervisor outlives the
 daemon: it starts the command as its owner in its own process group, enforces the time
@@ -161,7 +161,7 @@ def _write_result_patiently(run_dir: Path, result: dict) -> None:
 
 def main() -> None:
     if len(sys.argv) != 3:
-        print("usage: python -m scheduler.supervise RUN_DIR LOCK_FD", file=sys.stderr)
+        print("usage: python -m scheduler.node.supervise RUN_DIR LOCK_FD", file=sys.stderr)
         raise SystemExit(2)
     lock_fd = int(sys.argv[2])  # held (flocked) for as long as this process lives
     os.set_inheritable(lock_fd, False)

@@ -38,14 +38,14 @@ class PlannerSpec:
     log_level: int = logging.INFO
     plan_interval_s: float = 15.0
     carbon: dict[str, Any] = field(default_factory=dict)  # the config file's [carbon] table
-    site: Any = None  # scheduler.planner.SiteConfig; None: PUE 1.0, no power caps
+    site: Any = None  # scheduler.daemon.planner.SiteConfig; None: PUE 1.0, no power caps
     full_replan_s: float | None = None  # incremental planning between full re-plans; None: off
 
 
 def build_planner(spec: PlannerSpec, store) -> Any:
     """The Planner a spec describes: its policy tuned to the interval, carbon from the store."""
     from scheduler.carbon import CarbonConfig, CarbonSignals
-    from scheduler.planner import Planner, make_policy
+    from scheduler.daemon.planner import Planner, make_policy
 
     signals = CarbonSignals(store, CarbonConfig.from_config({"carbon": spec.carbon}))
     return Planner(store, make_policy(spec.policy, plan_interval_s=spec.plan_interval_s),
@@ -106,7 +106,7 @@ def _preview_init(spec: PlannerSpec) -> None:
 
 
 def _preview_run() -> list[dict]:
-    from scheduler.planner import preview_rows
+    from scheduler.daemon.planner import preview_rows
 
     return preview_rows(_preview_planner)
 

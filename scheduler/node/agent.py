@@ -20,10 +20,10 @@ from sqlalchemy import Connection, case, insert, select, update
 
 from policies.catalog import match_device_name
 from scheduler.accounting import energy_note_of
-from scheduler.executor import Executor, LaunchSpec, RunState, RunStatus
-from scheduler.profiles import learn_from_job
 from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
-from scheduler.samples import SampleStore, StoredSample
+from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus
+from scheduler.node.samples import SampleStore, StoredSample
+from scheduler.profiles import learn_from_job
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.energy import Sample

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from scheduler.text_table import table
 from scheduler.timeparse import format_duration
 
 
@@ -15,15 +16,6 @@ def local_time(text: str | None, with_date: bool = False) -> str:
     if with_date or t.date() != today:
         return t.strftime("%Y-%m-%d %H:%M:%S")
     return t.strftime("%H:%M:%S")
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [len(h) for h in headers]
-    for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    return "\n".join(lines)
 
 
 def _energy(j: float | None) -> str:

@@ -1,4 +1,6 @@
-"""`carbonsched` command line: parse arguments, call the daemon or the store, print.
+"""`carbonsched` command line: the parser, the built-in verbs (daemon, agent, submit, queue,
+show, cancel, logs, nodes, plan, db, config, drain, resume) and the dispatch to every verb
+registered in `scheduler.cli.common.VERBS` (also `carbon`, `report`, `export`, `simulate`).
 
 Exit codes (for scripts): 0 ok · 1 error · 2 bad usage or request · 3 daemon unreachable ·
 4 no such job · 5 not allowed (another user's job) · 6 conflict (e.g. job already ended).
@@ -11,59 +13,15 @@ import argparse
 import json
 import os
 import sys
-import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from scheduler import cli_carbon, cli_report, cli_simulate, settings
+from scheduler import settings
+from scheduler.cli import carbon, report, simulate
+from scheduler.cli.common import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_NOT_FOUND, EXIT_OK,
+                                  EXIT_UNREACHABLE, EXIT_USAGE, VERBS, CliError, api_client, config_path,
+                                  db_url, load_config, register)
 from scheduler.settings import env_help
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_FORBIDDEN, EXIT_CONFLICT = range(7)
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# -- configuration: flag > environment > config file > default ---------------------------
-
-def config_path(path: str | None) -> str | None:
-    """The config file in use: --config, $CARBONSCHED_CONFIG, else the default if it exists."""
-    path = path or os.environ.get("CARBONSCHED_CONFIG")
-    if path:
-        return path
-    for default in (settings.DEFAULT_CONFIG_PATH, Path("/etc/carbonsched/carbonsched.toml")):
-        if default.exists():
-            return str(default)
-    return None
-
-
-def load_config(path: str | None) -> dict:
-    path = config_path(path)
-    if not path:
-        return {}
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise CliError(f"config file {path} not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise CliError(f"config file {path} is not valid TOML: {e}") from None
-    return data.get("carbonsched", data)
-
-
-def setting(args, config: dict, name: str, env: str | None, default=None):
-    value = getattr(args, name, None)
-    if value is not None:
-        return value
-    if env and os.environ.get(env):
-        return os.environ[env]
-    if name in config:
-        return config[name]
-    return default
-
 
 # -- argument parsing --------------------------------------------------------------------
 
@@ -146,33 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--db", help=env_help("database URL", "CARBONSCHED_DB"))
     db.add_argument("--state-dir", help=env_help("state directory (for the default SQLite URL)",
                                                   "CARBONSCHED_STATE_DIR"))
-    cli_carbon.add_parser(sub)
-    cli_simulate.add_parser(sub)
-    cli_report.add_parser(sub)
+    carbon.add_parser(sub)
+    simulate.add_parser(sub)
+    report.add_parser(sub)
     return p
 
 
 # -- verbs -------------------------------------------------------------------------------
-
-def _client(args, config):
-    from scheduler.client import Client, default_socket_path
-
-    path = setting(args, config, "socket", "CARBONSCHED_SOCKET") or default_socket_path()
-    return Client(path)
-
-
-def _state_dir(args, config) -> Path:
-    from scheduler.client import default_state_dir
-
-    value = setting(args, config, "state_dir", "CARBONSCHED_STATE_DIR")
-    return Path(value) if value else default_state_dir()
-
-
-def _db_url(args, config) -> str:
-    from scheduler.store.engine import default_db_url
-
-    return setting(args, config, "db", "CARBONSCHED_DB") or default_db_url(_state_dir(args, config))
-
 
 def _setup_logging(level: str) -> None:
     import logging
@@ -186,7 +124,7 @@ def _register_config_tables() -> None:
     """Nested config tables are checked by the code that owns them."""
     from scheduler.accounting import AccountingConfig
     from scheduler.carbon import CarbonConfig
-    from scheduler.planner import SiteConfig
+    from scheduler.daemon.planner import SiteConfig
 
     def owner_check(build):
         def check(table, whole) -> list[str]:
@@ -220,9 +158,10 @@ def resolve_settings(args, config, scope: str) -> settings.Resolved:
 
 
 def cmd_agent(args, config) -> int:
-    from scheduler.agent import default_node_name
-    from scheduler.client import default_state_dir
-    from scheduler.daemon import AgentRunConfig, AgentRunner, DaemonError
+    from scheduler.cli.client import default_state_dir
+    from scheduler.node.agent import default_node_name
+    from scheduler.node.main import AgentRunConfig, AgentRunner
+    from scheduler.process import DaemonError
 
     r = resolve_settings(args, config, settings.AGENT)
     _setup_logging(r["log_level"])
@@ -245,10 +184,11 @@ def cmd_agent(args, config) -> int:
 
 def cmd_daemon(args, config) -> int:
     from scheduler.accounting import AccountingConfig
-    from scheduler.api import UidLimits
-    from scheduler.client import default_state_dir
-    from scheduler.daemon import Daemon, DaemonConfig, DaemonError
-    from scheduler.planner import SiteConfig, make_policy
+    from scheduler.cli.client import default_state_dir
+    from scheduler.daemon.api import UidLimits
+    from scheduler.daemon.main import Daemon, DaemonConfig
+    from scheduler.daemon.planner import SiteConfig, make_policy
+    from scheduler.process import DaemonError
     from scheduler.store.engine import default_db_url
 
     r = resolve_settings(args, config, settings.DAEMON)
@@ -302,7 +242,7 @@ def cmd_drain(args, config) -> int:
     body = {"target": args.target}
     if getattr(args, "reason", None):
         body["reason"] = args.reason
-    result = _client(args, config).request("POST", f"/{args.verb}", body)
+    result = api_client(args, config).request("POST", f"/{args.verb}", body)
     if args.json:
         _print_json(result)
     else:
@@ -322,10 +262,10 @@ def cmd_config(args, config) -> int:
         if args.json:
             _print_json({"config_file": path, "settings": rows})
         else:
-            from scheduler import output
+            from scheduler.text_table import table
 
             print(f"config file: {path or '(none)'}")
-            print(output.table(["SETTING", "VALUE", "FROM"], [[x["key"], x["value"], x["source"]] for x in rows]))
+            print(table(["SETTING", "VALUE", "FROM"], [[x["key"], x["value"], x["source"]] for x in rows]))
         return EXIT_OK
     _register_config_tables()
     scopes = [settings.DAEMON, settings.AGENT] if args.scope == "both" else [args.scope]
@@ -379,7 +319,7 @@ def cmd_submit(args, config) -> int:
         else:
             raise CliError(f"--env {key}: not set in your environment; use --env {key}=VALUE", EXIT_USAGE)
     body["env"] = env
-    result = _client(args, config).submit(**body)
+    result = api_client(args, config).submit(**body)
     if args.json:
         _print_json({"id": result["id"]})
     else:
@@ -389,34 +329,34 @@ def cmd_submit(args, config) -> int:
 
 def cmd_queue(args, config) -> int:
     states = [s.upper() for v in (args.state or []) for s in v.split(",")]
-    client = _client(args, config)
+    client = api_client(args, config)
     if args.json:  # the daemon's JSON as is: no decode and re-encode of thousands of jobs
         sys.stdout.buffer.write(client.jobs_raw(include_done=args.all, states=states or None) + b"\n")
         return EXIT_OK
     jobs = client.jobs(include_done=args.all, states=states or None)
-    from scheduler import output
+    from scheduler.cli import output
 
     print(output.jobs_table(jobs))
     return EXIT_OK
 
 
 def cmd_show(args, config) -> int:
-    client = _client(args, config)
+    client = api_client(args, config)
     job = client.job(args.job)
-    receipt = cli_report.fetch_receipt(client, args.job) if job.get("ended_at") else None
+    receipt = report.fetch_receipt(client, args.job) if job.get("ended_at") else None
     if args.json:
         _print_json({**job, "receipt": receipt})
     else:
-        from scheduler import output
+        from scheduler.cli import output
 
         print(output.job_detail(job))
         if receipt is not None:
-            print("\n" + cli_report.receipt_text(receipt))
+            print("\n" + report.receipt_text(receipt))
     return EXIT_OK
 
 
 def cmd_cancel(args, config) -> int:
-    results = _client(args, config).cancel(args.jobs)
+    results = api_client(args, config).cancel(args.jobs)
     if args.json:
         _print_json(results)
     else:
@@ -427,29 +367,29 @@ def cmd_cancel(args, config) -> int:
 
 
 def cmd_logs(args, config) -> int:
-    r = _client(args, config).logs(args.job, "stderr" if args.stderr else "stdout", args.tail_bytes)
+    r = api_client(args, config).logs(args.job, "stderr" if args.stderr else "stdout", args.tail_bytes)
     sys.stdout.write(r["text"])
     sys.stdout.flush()
     return EXIT_OK
 
 
 def cmd_nodes(args, config) -> int:
-    nodes = _client(args, config).nodes()
+    nodes = api_client(args, config).nodes()
     if args.json:
         _print_json(nodes)
     else:
-        from scheduler import output
+        from scheduler.cli import output
 
         print(output.nodes_table(nodes))
     return EXIT_OK
 
 
 def cmd_plan(args, config) -> int:
-    plan = _client(args, config).plan()
+    plan = api_client(args, config).plan()
     if args.json:
         _print_json(plan)
     else:
-        from scheduler import output
+        from scheduler.cli import output
 
         print(output.plan_table(plan))
     return EXIT_OK
@@ -461,7 +401,7 @@ def cmd_db(args, config) -> int:
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     from scheduler.store import Store
 
-    store = Store(_db_url(args, config))
+    store = Store(db_url(args, config))
     try:
         if args.action == "upgrade":
             before = store.schema_revision()
@@ -482,9 +422,11 @@ def cmd_db(args, config) -> int:
         store.dispose()
 
 
-VERBS = {"daemon": cmd_daemon, "agent": cmd_agent, "submit": cmd_submit, "queue": cmd_queue, "show": cmd_show,
-         "cancel": cmd_cancel, "logs": cmd_logs, "nodes": cmd_nodes, "plan": cmd_plan, "db": cmd_db, "config": cmd_config,
-         "drain": cmd_drain, "resume": cmd_drain}
+for _verb, _handler in {"daemon": cmd_daemon, "agent": cmd_agent, "submit": cmd_submit, "queue": cmd_queue,
+                         "show": cmd_show, "cancel": cmd_cancel, "logs": cmd_logs, "nodes": cmd_nodes,
+                         "plan": cmd_plan, "db": cmd_db, "config": cmd_config, "drain": cmd_drain,
+                         "resume": cmd_drain}.items():
+    register(_verb, _handler)
 
 
 def _print_json(data) -> None:
@@ -495,7 +437,7 @@ def _print_json(data) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from scheduler.client import ApiError, DaemonUnreachable
+    from scheduler.cli.client import ApiError, DaemonUnreachable
 
     try:
         config = load_config(args.config)

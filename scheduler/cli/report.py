@@ -14,18 +14,18 @@ job). Only the standard library is imported at module level.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
 import sys
 from datetime import datetime, timezone
+from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
 
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
 
 
 def add_parser(subparsers) -> None:
-    """Add the `report` and `export` verbs; registers their handlers in scheduler.cli.VERBS."""
+    """Add the `report` and `export` verbs; registers their handlers in scheduler.cli.common.VERBS."""
     r = subparsers.add_parser(
         "report", help="fleet energy, CO2, cost and savings over a period, grouped",
         description="Jobs that ended in the period: GPU-hours, kWh, kgCO2, gCO2/prompt, tokens/J, "
@@ -49,16 +49,14 @@ def add_parser(subparsers) -> None:
     e.add_argument("--out", metavar="FILE", help="write here instead of standard output")
     e.add_argument("--db", help="read this database directly instead of asking the daemon (operators)")
 
-    import scheduler.cli as cli
-
-    cli.VERBS.setdefault("report", cmd_report)
-    cli.VERBS.setdefault("export", cmd_export)
+    register("report", cmd_report)
+    register("export", cmd_export)
 
 
 # -- getting the data -------------------------------------------------------------------------
 
 class _Site:
-    """The config file's PUE per zone (scheduler.planner.SiteConfig), parsed on first use:
+    """The config file's PUE per zone (scheduler.daemon.planner.SiteConfig), parsed on first use:
     a report over jobs already priced never needs it, and the planner is slow to import."""
 
     def __init__(self, config: dict) -> None:
@@ -67,7 +65,7 @@ class _Site:
 
     def pue(self, zone: str) -> float:
         if self._site is None:
-            from scheduler.planner import SiteConfig
+            from scheduler.daemon.planner import SiteConfig
 
             self._site = SiteConfig.from_config(self._config)
         return self._site.pue(zone)
@@ -88,7 +86,6 @@ def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
     query = {k: v for k, v in (("since", args.since), ("until", args.until), ("by", by)) if v}
     if args.db:
         from scheduler.accounting import parse_period
-        from scheduler.cli import EXIT_USAGE, CliError
 
         store, acc = _direct(args, config)
         try:
@@ -100,9 +97,8 @@ def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
             raise CliError(str(e), EXIT_USAGE) from None
         finally:
             store.dispose()
-    from scheduler.cli import _client
 
-    return _client(args, config).request("GET", f"/{what}", query=query)
+    return api_client(args, config).request("GET", f"/{what}", query=query)
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -134,7 +130,8 @@ def _num(v, fmt: str) -> str:
 
 
 def report_table(data: dict) -> str:
-    from scheduler.output import local_time, table
+    from scheduler.cli.output import local_time
+    from scheduler.text_table import table
 
     tokens = any(g.get("tokens") for g in data["groups"])
     headers = [data["by"].upper(), "JOBS", "GPU-H", "KWH", "KGCO2", "G/KWH", "GCO2/PROMPT"]
@@ -244,7 +241,7 @@ def cmd_export(args, config: dict) -> int:
 
 def fetch_receipt(client, job_id: int) -> dict | None:
     """The job's carbon receipt from the daemon; None from a daemon without receipts."""
-    from scheduler.client import ApiError
+    from scheduler.cli.client import ApiError
 
     try:
         return client.request("GET", "/receipt", query={"job": str(job_id)})
@@ -262,7 +259,7 @@ def _g(v: float | None) -> str:
 
 def receipt_text(r: dict) -> str:
     """The receipt as lines for people (times local)."""
-    from scheduler.output import local_time
+    from scheduler.cli.output import local_time
     from scheduler.timeparse import format_duration
 
     m = r["measurement"]

@@ -1,7 +1,7 @@
 """Starting job processes through their supervisors, and reading back what happened.
 
 One run directory per job (`STATE_DIR/run/JOB_ID/`) is the only thing shared between
-an agent and the supervisors it starts; see `scheduler.supervise` for the protocol. The
+an agent and the supervisors it starts; see `scheduler.node.supervise` for the protocol. The
 states a run can be found in after any crash are:
 
 - NOT_LAUNCHED: no supervisor ever held the lock and no `launched.json`: the command never
@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scheduler.supervise import write_json_atomic
+from scheduler.node.supervise import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Executor:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             proc = subprocess.Popen(
-                [sys.executable, "-m", "scheduler.supervise", str(run_dir), str(lock_fd)],
+                [sys.executable, "-m", "scheduler.node.supervise", str(run_dir), str(lock_fd)],
                 pass_fds=(lock_fd,),
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,

@@ -1,0 +1,102 @@
+"""What every `carbonsched` verb shares: exit codes, `CliError`, the verb registry, and how a
+verb finds its configuration, the daemon's socket and the database.
+
+Verb modules (`carbon`, `report`, `simulate`, and the built-in verbs in `main`) register
+their handlers in `VERBS`; `scheduler.cli.main` builds the parser from them and dispatches.
+Nothing here imports `main` or a verb module, so the package has no import cycle.
+Only the standard library is imported up front so user commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from scheduler import settings
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_FORBIDDEN, EXIT_CONFLICT = range(7)
+
+Verb = Callable[[argparse.Namespace, dict], int]
+VERBS: dict[str, Verb] = {}
+"""Handler of each verb by name: `handler(args, config) -> exit code`."""
+
+
+def register(verb: str, handler: Verb) -> None:
+    """Make `handler` run `carbonsched VERB`; registering a verb twice is a programming error."""
+    if VERBS.get(verb, handler) is not handler:
+        raise ValueError(f"verb {verb!r} is registered twice")
+    VERBS[verb] = handler
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- configuration: flag > environment > config file > default ---------------------------
+
+def config_path(path: str | None) -> str | None:
+    """The config file in use: --config, $CARBONSCHED_CONFIG, else the default if it exists."""
+    path = path or os.environ.get("CARBONSCHED_CONFIG")
+    if path:
+        return path
+    for default in (settings.DEFAULT_CONFIG_PATH, Path("/etc/carbonsched/carbonsched.toml")):
+        if default.exists():
+            return str(default)
+    return None
+
+
+def load_config(path: str | None) -> dict:
+    """The config file's settings (its `[carbonsched]` table if it has one); {} without a file."""
+    path = config_path(path)
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise CliError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CliError(f"config file {path} is not valid TOML: {e}") from None
+    return data.get("carbonsched", data)
+
+
+def setting(args, config: dict, name: str, env: str | None, default=None):
+    """One setting: the flag, else the environment variable, else the config file, else `default`."""
+    value = getattr(args, name, None)
+    if value is not None:
+        return value
+    if env and os.environ.get(env):
+        return os.environ[env]
+    if name in config:
+        return config[name]
+    return default
+
+
+# -- where a verb finds the daemon and the store ------------------------------------------
+
+def api_client(args, config):
+    """A client of the daemon's API socket: --socket, $CARBONSCHED_SOCKET, config, default."""
+    from scheduler.cli.client import Client, default_socket_path
+
+    path = setting(args, config, "socket", "CARBONSCHED_SOCKET") or default_socket_path()
+    return Client(path)
+
+
+def state_dir(args, config) -> Path:
+    """The state directory: --state-dir, $CARBONSCHED_STATE_DIR, config, default."""
+    from scheduler.cli.client import default_state_dir
+
+    value = setting(args, config, "state_dir", "CARBONSCHED_STATE_DIR")
+    return Path(value) if value else default_state_dir()
+
+
+def db_url(args, config) -> str:
+    """The database URL: --db, $CARBONSCHED_DB, config, else SQLite in the state directory."""
+    from scheduler.store.engine import default_db_url
+
+    return setting(args, config, "db", "CARBONSCHED_DB") or default_db_url(state_dir(args, config))

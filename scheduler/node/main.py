@@ -1,0 +1,114 @@
+"""`carbonsched agent`: the process of one GPU node in a multi-node cluster, sharing only
+the store with the head-node daemon: its GPU backend, the agent, the dispatch tick,
+Prometheus metrics and systemd notifications."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from policies.catalog import parse_fleet
+from scheduler.metrics import GpuCollector, Metrics
+from scheduler.node.agent import Agent, AgentConfig
+from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
+from scheduler.sdnotify import Watchdog, notify as sd_notify
+from scheduler.store import SchemaError
+from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
+from telemetry.gpu.detect import probe_backends
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EMULATED_FLEET = "2xMI300X,2xH100"
+
+
+def make_backend(emulate: str | None, node: str) -> GpuBackend:
+    """The GPU backend for the local agent: --emulate, else real GPUs, else a loud emulation."""
+    if emulate:
+        spec = emulate
+    else:
+        backend, broken = probe_backends()
+        if backend is not None:
+            return backend
+        if broken:
+            names = ", ".join(f"{name} ({err})" for name, err in broken)
+            raise DaemonError(f"GPU backend installed but broken: {names}. Fix the driver, or pass "
+                              "--emulate SPEC to run an emulated fleet deliberately")
+        spec = DEFAULT_EMULATED_FLEET
+        log.warning("no GPU found (no NVML or amdsmi device): EMULATING a fleet of %s. "
+                    "Power and energy figures are modelled, not measured.", spec)
+    models = [EmulatedModel(model=m.name, vendor=m.vendor, memory_gib=m.memory_gib,
+                            idle_w=m.idle_w, tdp_w=m.tdp_w) for m in parse_fleet(spec)]
+    log.warning("EMULATED GPUs on node %s: %s (no real hardware is measured)", node, spec)
+    return EmulatedBackend(models, node=node)
+
+
+@dataclass
+class AgentRunConfig:
+    db_url: str
+    state_dir: Path
+    node: str
+    zone: str
+    emulate: str | None = None
+    sample_hz: float = 1.0
+    dispatch_interval_s: float = 1.0
+    metrics_port: int | None = None
+    grace_s: float = 10.0
+    node_static_w: float = 0.0
+    min_free_disk_mib: float = 256.0
+
+
+class AgentRunner(ServiceProcess):
+    """`carbonsched agent`: one GPU node of a multi-node cluster, sharing only the store."""
+
+    lock_name = "agent.lock"
+
+    def __init__(self, config: AgentRunConfig) -> None:
+        super().__init__(config.state_dir)
+        self.config = config
+
+    def run(self) -> None:
+        cfg = self.config
+        store = self._open(cfg.db_url)
+        try:
+            store.require_current(f"carbonsched db upgrade --db {store.url}")
+        except SchemaError as e:
+            raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
+        backend = make_backend(cfg.emulate, cfg.node)
+        agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone, state_dir=cfg.state_dir,
+                                                  grace_s=cfg.grace_s, sample_hz=cfg.sample_hz,
+                                                  node_static_w=cfg.node_static_w,
+                                                  min_free_disk_mib=cfg.min_free_disk_mib))
+        agent.register()
+        agent.startup_reconcile()
+        metrics = Metrics()
+        metrics.add(GpuCollector(agent))
+        scheduler = new_scheduler()
+        tick = CoalescedJob(scheduler, "dispatch", agent.tick, min_gap_s=0.05, max_gap_s=0.5,
+                            stopping=self.stop_event)
+        scheduler.add_job(tick.run, "interval", seconds=cfg.dispatch_interval_s, id="dispatch",
+                          next_run_time=datetime.now(timezone.utc))
+        self._install_signals()
+        agent.start_sampling()
+        scheduler.start()
+        if cfg.metrics_port is not None:
+            metrics.serve(cfg.metrics_port)
+        watchdog = Watchdog()
+        watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")
+        watchdog.add_check("dispatch", lambda: stalled(tick, cfg.dispatch_interval_s))
+        sd_notify("READY=1\nSTATUS=agent serving")
+        log.info("carbonsched agent ready: node=%s zone=%s db=%s sampling at %g Hz", cfg.node,
+                 cfg.zone, store.url, cfg.sample_hz)
+        try:
+            while not self.stop_event.wait(watchdog.ping_every_s):
+                watchdog.ping_if_healthy()
+        finally:
+            sd_notify("STOPPING=1")
+            log.info("stopping agent: running jobs keep running and are adopted on restart")
+            metrics.stop()
+            scheduler.shutdown(wait=True)
+            agent.stop()
+            backend.close()
+            store.dispose()
+            self._release_instance_lock()

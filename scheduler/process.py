@@ -1,0 +1,207 @@
+"""What both long-running processes share: the head-node daemon (`scheduler.daemon.main`) and
+the node agent (`scheduler.node.main`). One instance per state directory, SIGTERM/SIGINT stop
+cleanly, APScheduler for periodic work with ticks that coalesce and back off while the
+database is unreachable, and the stall check their systemd watchdog relies on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from scheduler.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class DaemonError(RuntimeError):
+    """The daemon or the agent cannot start; the message says why and what to do."""
+
+
+DB_BACKOFF_MAX_S = 30.0
+
+
+def is_unreachable(e: BaseException) -> bool:
+    """Whether an error means the database cannot be reached (server down or restarting,
+    network gone), as opposed to a bug or a bad row."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+    if isinstance(e, DBAPIError) and e.connection_invalidated:
+        return True
+    if isinstance(e, (OperationalError, InterfaceError)):
+        text = str(getattr(e, "orig", e)).lower()
+        return not ("database is locked" in text or "no such table" in text or "syntax" in text)
+    return False
+
+
+class CoalescedJob:
+    """Runs `fn` from APScheduler on its interval and on demand.
+
+    Wake-ups that arrive while it runs are folded into one more run, after a gap that grows
+    with how long the last run took (so a slow planner over a long queue is not re-run
+    back to back while submissions pour in). Once `stopping` is set it neither runs nor
+    asks the scheduler for anything, so shutdown never waits on it.
+    """
+
+    def __init__(self, scheduler: BackgroundScheduler, job_id: str, fn, *, min_gap_s: float,
+                 stopping: threading.Event, max_gap_s: float = 5.0, gap_factor: float = 2.0,
+                 clock=time.monotonic) -> None:
+        self._scheduler = scheduler
+        self._clock = clock
+        self._id = job_id
+        self._fn = fn
+        self._min_gap_s = min_gap_s
+        self._max_gap_s = max_gap_s
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self._dirty = False
+        self._running = False
+        self._wake_pending = False
+        self._gap_s = min_gap_s
+        self._gap_factor = gap_factor
+        self.last_end = self._clock()  # when a run last finished (watchdog liveness)
+        # While the database is unreachable, runs back off (1 s doubling to DB_BACKOFF_MAX_S)
+        # and the outage is logged once, not once per tick.
+        self._db_failures = 0
+        self._retry_at = 0.0
+        self._outage_logged_at = 0.0
+
+    @property
+    def job_id(self) -> str:
+        return self._id
+
+    def run(self) -> None:
+        with self._lock:
+            if self._running:  # an interval run while a wake-up run is going: fold it in
+                self._dirty = True
+                return
+            self._running = True
+            self._wake_pending = False
+        try:
+            while not self._stopping.is_set():
+                with self._lock:
+                    self._dirty = False
+                started = self._clock()
+                if started < self._retry_at:  # backing off from a database outage
+                    self.last_end = started  # alive, just waiting: not a reason to restart us
+                    return
+                try:
+                    self._fn()
+                except Exception as e:
+                    self._on_failure(e)
+                else:
+                    if self._db_failures:
+                        log.warning("%s: database reachable again after %d failed attempt(s)",
+                                    self._id, self._db_failures)
+                        self._db_failures, self._retry_at = 0, 0.0
+                self.last_end = self._clock()
+                took = self.last_end - started
+                self._gap_s = min(self._max_gap_s, max(self._min_gap_s, self._gap_factor * took))
+                with self._lock:
+                    if not self._dirty:
+                        return
+                self._stopping.wait(self._gap_s)  # a wake-up came in while running: coalesce
+        finally:
+            with self._lock:
+                self._running = False
+
+    def _on_failure(self, e: Exception) -> None:
+        if not is_unreachable(e):
+            log.exception("%s tick failed; will retry on the next tick", self._id)
+            return
+        self._db_failures += 1
+        now = self._clock()
+        self._retry_at = now + min(DB_BACKOFF_MAX_S, 2.0 ** (self._db_failures - 1))
+        if self._db_failures == 1:
+            lines = str(getattr(e, "orig", None) or e).strip().splitlines()
+            log.error("%s: database unreachable (%s); running jobs continue, retrying with back-off",
+                      self._id, lines[0] if lines else type(e).__name__)
+            self._outage_logged_at = now
+        elif now - self._outage_logged_at >= 60.0:
+            log.warning("%s: database still unreachable after %d attempts", self._id, self._db_failures)
+            self._outage_logged_at = now
+
+    def wake(self) -> None:
+        if self._stopping.is_set():
+            return
+        with self._lock:
+            self._dirty = True
+            if self._running or self._wake_pending:
+                return
+            self._wake_pending = True
+        when = datetime.now(timezone.utc) + timedelta(seconds=self._gap_s)
+        try:
+            self._scheduler.modify_job(self._id, next_run_time=when)
+        except Exception as e:  # the scheduler is not running (starting up or shut down)
+            log.debug("could not wake %s: %s", self._id, e)
+            with self._lock:
+                self._wake_pending = False
+
+
+DISPATCH_STALL_S = 120.0
+
+
+def stalled(job: CoalescedJob, interval_s: float) -> str | None:
+    """Why a periodic tick looks wedged (no run finished for far longer than its interval)."""
+    idle_s = time.monotonic() - job.last_end
+    limit_s = max(DISPATCH_STALL_S, 20 * interval_s)
+    return f"no {job.job_id} tick finished for {idle_s:.0f}s" if idle_s > limit_s else None
+
+
+def new_scheduler() -> BackgroundScheduler:
+    """APScheduler for periodic work: late runs coalesce into one, never pile up."""
+    return BackgroundScheduler(timezone=timezone.utc,
+                               job_defaults={"coalesce": True, "max_instances": 2,
+                                             "misfire_grace_time": None})
+
+
+class ServiceProcess:
+    """What the daemon and the standalone agent share: one instance per state directory,
+    SIGTERM/SIGINT stop cleanly."""
+
+    lock_name = "service.lock"
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.stop_event = threading.Event()
+        self._lock_fd: int | None = None
+
+    def _install_signals(self) -> None:
+        def stop(signum, frame):
+            log.info("received %s", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def _take_instance_lock(self) -> None:
+        path = self.state_dir / self.lock_name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DaemonError(f"another carbonsched {self.lock_name.split('.')[0]} is using "
+                              f"{self.state_dir}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _open(self, db_url: str) -> Store:
+        """Claim the state directory (one instance per directory) and open the store."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._take_instance_lock()
+        return Store(db_url)
+
+    def _release_instance_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
