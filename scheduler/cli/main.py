@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")
     s.add_argument("--latency-slo", metavar="MS", type=float, help="per-request latency objective, ms")
     s.add_argument("--workload", metavar="CLASS", help="workload class, e.g. llm-inference, finetune")
-    s.add_argument("--prompts", type=int, help="number of prompts the job serves (for gCO2/prompt)")
+    s.add_argument("--prompts", type=int, help="number of prompts the job serves (for gCO2/prompt; "
+                                               "the job may report the real count, see README)")
+    s.add_argument("--tokens", type=int, help="output tokens the job generates (for gCO2 per 1k tokens)")
     s.add_argument("--est-runtime", metavar="DUR", help="expected runtime, e.g. 90m")
     s.add_argument("--max-delay", metavar="DUR", help="start within this long of submission, e.g. 4h "
                                                       "(default: any time that meets the deadline)")
@@ -306,7 +308,7 @@ def cmd_submit(args, config) -> int:
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     for key, value in (("latency_slo_ms", args.latency_slo), ("workload", args.workload),
-                       ("prompts", args.prompts), ("name", args.name)):
+                       ("prompts", args.prompts), ("tokens", args.tokens), ("name", args.name)):
         if value is not None:
             body[key] = value
     env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}

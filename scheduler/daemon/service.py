@@ -55,8 +55,8 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
 # Set by carbonsched itself; a user may not override them.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "HOME", "USER",
-                "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH"}
+                "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "CARBONSCHED_METRICS_FILE",
+                "HOME", "USER", "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH"}
 
 
 class RequestError(Exception):
@@ -139,7 +139,7 @@ class JobService:
         if not isinstance(body, dict):
             raise RequestError(400, "request body must be a JSON object")
         known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "workload",
-                 "prompts", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s"}
+                 "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s"}
         unknown = sorted(set(body) - known)
         if unknown:
             raise RequestError(400, f"unknown field(s) in submit request: {', '.join(unknown)}")
@@ -201,6 +201,11 @@ class JobService:
             prompts = _int(prompts, "prompts")
             if not 1 <= prompts <= 10**12:
                 raise RequestError(400, f"--prompts must be between 1 and 10^12 (got {prompts})")
+        tokens = body.get("tokens")
+        if tokens is not None:
+            tokens = _int(tokens, "tokens")
+            if not 1 <= tokens <= 10**15:
+                raise RequestError(400, f"--tokens must be between 1 and 10^15 (got {tokens})")
         retries = _int(body.get("max_retries", 0), "max_retries")
         if not 0 <= retries <= 10:
             raise RequestError(400, "--retries must be between 0 and 10")
@@ -224,7 +229,7 @@ class JobService:
             owner_uid=caller.uid, owner_gid=caller.gid,
             owner_groups=groups, owner_name=owner,
             argv=argv, cwd=cwd, env=env, gpus=n_gpus, gpu_mem_gib=mem, deadline=deadline,
-            latency_slo_ms=slo, workload=workload, prompts=prompts, est_runtime_s=est,
+            latency_slo_ms=slo, workload=workload, prompts=prompts, tokens=tokens, est_runtime_s=est,
             time_limit_s=limit, max_retries=retries, attempts=0, submitted_at=now, plan_rev=0,
             max_delay_s=max_delay,
         )

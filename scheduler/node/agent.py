@@ -21,6 +21,7 @@ from sqlalchemy import Connection, case, insert, select, update
 from policies.catalog import match_device_name
 from scheduler.accounting import energy_note_of
 from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
+from scheduler.node import job_metrics
 from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus
 from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
@@ -305,11 +306,15 @@ class Agent:
             to, why = State.FAILED, f"exit code {code}"
         ended = _parse_time(result.get("ended_at")) or self._clock()
         energy_j, method, energy_note = self._job_energy(job, status, ended)
+        work = self._reported_work(job, status)
+        if work.note:
+            why = f"{why}; {work.note}"
 
         actor = job.cancel_requested_by if to is State.CANCELLED else None
         self.store.transact(lambda conn: end_run(
             conn, job.id, to, actor_uid=actor, reason=why,
-            values=dict(ended_at=ended, exit_code=code, energy_j=energy_j, energy_method=method)))
+            values=dict(ended_at=ended, exit_code=code, energy_j=energy_j, energy_method=method,
+                        **work.values())))
         self._release_gpus(job.gpu_ids or [])
         self.executor.forget(job.id)
         self._signalled.discard(job.id)
@@ -320,6 +325,19 @@ class Agent:
             self._on_finished(job.id, energy_note)
         except Exception:
             log.exception("job %s: pricing its carbon failed; the accounting backfill will retry", job.id)
+
+    def _reported_work(self, job, status: RunStatus) -> job_metrics.ReportedWork:
+        """The prompts and tokens the job wrote into its metrics file (none for a run
+        launched before metrics files existed). Never fails the job's end."""
+        spec = status.spec or {}
+        path = spec.get("metrics_file")
+        if not path:
+            return job_metrics.ReportedWork()
+        try:
+            return job_metrics.read(Path(path), int(spec["uid"]))
+        except OSError as e:
+            log.warning("job %s: reading its metrics file %s failed: %s", job.id, path, e)
+            return job_metrics.ReportedWork(note=f"metrics file not read: {e.strerror or e}")
 
     def _learn_profile(self, job, ended: datetime, energy_j: float, method: str | None) -> None:
         """Fold a completed job's measured runtime and GPU energy into its workload profile
@@ -429,10 +447,12 @@ class Agent:
         env.update(visible_devices_env(vendor, indices))
         env["CARBONSCHED_JOB_ID"] = str(job.id)
         env["CARBONSCHED_NODE"] = self.config.node
+        metrics = self.executor.metrics_path(job.id)
+        env[job_metrics.ENV_VAR] = str(metrics)
         return LaunchSpec(job_id=job.id, argv=list(job.argv), cwd=job.cwd, env=env,
                           uid=job.owner_uid, gid=job.owner_gid, groups=list(job.owner_groups or []),
                           time_limit_s=job.time_limit_s, grace_s=self.config.grace_s,
-                          stdout=str(out), stderr=str(err),
+                          stdout=str(out), stderr=str(err), metrics_file=str(metrics),
                           extra={"start_readings": energy_start})
 
     # -- energy and GPU state -----------------------------------------------------------

@@ -26,6 +26,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from scheduler.node.job_metrics import metrics_path
 from scheduler.node.supervise import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class LaunchSpec:
     grace_s: float
     stdout: str
     stderr: str
+    metrics_file: str | None = None  # created for the job by its supervisor (node.job_metrics)
     extra: dict = field(default_factory=dict)
 
 
@@ -74,6 +76,10 @@ class Executor:
 
     def log_paths(self, job_id: int) -> tuple[Path, Path]:
         return self.log_root / f"{job_id}.out", self.log_root / f"{job_id}.err"
+
+    def metrics_path(self, job_id: int) -> Path:
+        """Where the job reports its prompts and tokens (`scheduler.node.job_metrics`)."""
+        return metrics_path(self.log_root, job_id)
 
     def run_dir(self, job_id: int) -> Path:
         return self.run_root / str(job_id)

@@ -10,7 +10,8 @@ PIDs, which the kernel reuses.
 
 Files in RUN_DIR: spec.json (input), launched.json (written just before the command is
 started: from then on the job may have run), result.json (the outcome, atomically).
-Only the standard library is imported here so it starts fast.
+Only the standard library (and `job_metrics`, which needs no more) is imported here so it
+starts fast.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from scheduler.node import job_metrics
 
 
 def _now() -> str:
@@ -76,6 +79,8 @@ def supervise(run_dir: Path) -> int:
     uid, gid = spec["uid"], spec["gid"]
     out_fd = _open_log(spec["stdout"], uid, gid)
     err_fd = _open_log(spec["stderr"], uid, gid)
+    if spec.get("metrics_file"):
+        job_metrics.create(Path(spec["metrics_file"]), uid, gid)
     as_other = os.geteuid() == 0 and uid != 0  # a non-root daemon only runs its own jobs
     result: dict = {"exit_code": None, "signal": None, "timed_out": False, "cancelled": False,
                     "error": None}

@@ -168,7 +168,13 @@ class Job(Base):
     # priced, and when; re-checked while actual intensity data may still arrive.
     zone: Mapped[str | None] = mapped_column(String(64), nullable=True)
     gpu_model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Output tokens: declared at submit (`--tokens`), the planning hint beside `prompts`.
     tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # What the job itself reported in its metrics file (scheduler/node/job_metrics.py);
+    # NULL: not reported. Receipts and reports prefer these to the declared figures.
+    reported_prompts: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    reported_input_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    reported_output_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     pue: Mapped[float | None] = mapped_column(Float, nullable=True)
     gco2_signal: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # actual | mixed (gaps priced at the static yearly mean) | static; NULL: no figure.
