@@ -103,9 +103,13 @@ class FifoPolicy:
             if job.latency_slo_ms is not None:
                 slo_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
                 ok &= np.array([slo_ok[m] for m in models], dtype=bool) if keys else ok
-            if job.time_limit_s is not None and keys:
+            if job.time_limit_s is not None and ok.any():
                 limit_ok = {m: within_time_limit(job, m, book, snapshot.default_runtime_s) for m in set(models)}
                 ok &= np.array([limit_ok[m] for m in models], dtype=bool)
+                if not ok.any():
+                    unplaced[job.id] = (f"runs longer than its time limit ({job.time_limit_s:g}s) on every GPU "
+                                        "model that can take it")
+                    continue
             if not ok.any():
                 unplaced[job.id] = _why_unplaceable(job, by_node, book)
                 continue
