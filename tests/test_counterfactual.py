@@ -153,3 +153,35 @@ def test_a_counterfactual_fixed_at_first_planning_is_kept(policy):
     a = plan(policy, later).by_job()[1]
     assert a.estimate.gco2_if_now == first
     assert "if run at submission" in a.explanation or policy == "fifo"
+
+
+# -- the daemon: the figure plan, show, receipts and reports compare with (SQLite and PostgreSQL) --
+
+def test_the_stored_counterfactual_is_the_one_of_the_first_plan_in_every_later_plan_and_preview(store, tmp_path):
+    """A job planned in DE is moved when a cleaner GB node joins an hour later; it is still
+    compared with running it at submission (DE only), in the store and in `plan`'s preview."""
+    from scheduler.planner import preview_rows
+    from scheduler.service import JobService, ServiceConfig
+    from tests.test_planner_carbon import DE, GB, T, add_node, import_carbon, job_row, planner_for, submit
+
+    import_carbon(store, DE, GB)
+    add_node(store, "de1", "DE")
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs", clock=lambda: T)
+    job_id = submit(service, est_runtime_s=3600, deadline=(T + timedelta(hours=30)).isoformat())
+    planner_for(store).tick()
+    first = job_row(store, job_id)
+    assert first.planned_node == "de1" and first.est_gco2_if_now is not None
+
+    add_node(store, "gb1", "GB")
+    from sqlalchemy import update
+
+    from scheduler.store.models import nodes
+    with store.write() as conn:  # an hour on, both nodes alive
+        conn.execute(update(nodes).values(last_heartbeat=T + timedelta(hours=1)))
+    later = planner_for(store, clock=lambda: T + timedelta(hours=1))
+    later.tick()
+    moved = job_row(store, job_id)
+    assert moved.planned_node == "gb1"
+    assert moved.est_gco2_if_now == first.est_gco2_if_now
+    assert "if run at submission" in moved.explanation
+    assert preview_rows(later)[0]["gco2_if_now"] == first.est_gco2_if_now
