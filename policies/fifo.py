@@ -9,8 +9,12 @@ current plan, and so do the kept plans of incremental planning. FIFO ignores dea
 that will finish late is flagged) and site power caps: it is the "run it as soon as possible" yardstick.
 
 Each assignment carries a full estimate from the energy model (runtime on the chosen
-model, energy, gCO2 at that start), so its gCO2 compares fairly with the carbon-aware
-policies; `gco2_if_now` is the same job on the first free GPUs with the queue ignored.
+model, energy, gCO2 at that start, a zone without a forecast priced by `policies.blind`), so
+its gCO2 compares fairly with the carbon-aware policies; `gco2_if_now` is the counterfactual
+of `policies.counterfactual` (the job alone on the earliest free, fastest GPUs; ties
+averaged). Which of several equally early GPUs fifo itself takes is arbitrary (node order):
+it is the carbon-blind scheduler. An explicit time limit (`QueuedJob.time_limit_s`) rules
+out models the job would overrun.
 """
 
 from __future__ import annotations

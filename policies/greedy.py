@@ -244,8 +244,8 @@ def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np
 
 
 class ChunkNotes:
-    """Explanation inputs for a chunk of jobs, vectorised: what running each job on the
-    first free GPUs would cost (`gco2_if_now`), and its cheapest in-window and in-horizon
+    """Explanation inputs for a chunk of jobs, vectorised: each job's "if run now"
+    counterfactual (`policies.counterfactual`), and its cheapest in-window and in-horizon
     costs (for the binding constraint)."""
 
     def __init__(self, problem: Problem, js: np.ndarray, tables: np.ndarray) -> None:

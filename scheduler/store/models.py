@@ -148,7 +148,8 @@ class Job(Base):
     plan_rev: Mapped[int] = mapped_column(Integer, default=0)
     est_energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     est_gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # The same job run now on the first free GPUs: what waiting or moving saves.
+    # The "if run now" counterfactual (policies.counterfactual), fixed when first planned:
+    # what waiting or moving saves.
     est_gco2_if_now: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The runtime the plan expects on its chosen GPUs (profile or catalog estimate).
     est_runtime_planned_s: Mapped[float | None] = mapped_column(Float, nullable=True)
