@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from policies.blind import blind_price, priced_curves
-from policies.counterfactual import START_TOL_S, choose
+from policies.counterfactual import choose
 from policies.energy import (J_PER_KWH, ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles,
                              within_time_limit)
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
@@ -211,6 +211,25 @@ def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: np.ndarray
     return power_w * pue * (steps(x1) - steps(x0)) * step / J_PER_KWH
 
 
+def _if_now(job: QueuedJob, options: list, alone: dict[int, _Timeline], release: float, horizon_end: float,
+            curves: Mapping[str, CarbonCurve], snapshot: Snapshot):
+    """The job's "if run now" counterfactual (`policies.counterfactual`) over its options (one
+    per (zone, model)): each one's earliest start with the job alone (`alone`: running and
+    pinned jobs only), then the earliest, the fastest, the mean of the tied grams."""
+    found = []
+    for kind, shape in options:
+        h = _earliest_on_nodes(kind, alone, job.gpus, shape.runtime_s, release, horizon_end)
+        if h is not None:
+            found.append((kind, shape, h[0]))
+    if not found:
+        return None
+    tz = snapshot.now.tzinfo
+    return choose([(k.zone, k.model) for k, _, _ in found], np.array([t for _, _, t in found]),
+                  np.array([sh.runtime_s for _, sh, _ in found]),
+                  np.array([job_gco2(curves[k.zone], datetime.fromtimestamp(t, tz), sh.runtime_s, sh.power_w,
+                                     snapshot.pue.get(k.zone, 1.0)) for k, sh, t in found]))
+
+
 def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s: float, lo: float,
                        hi: float) -> tuple[float, str, tuple[int, ...]] | None:
     """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run (no
@@ -289,6 +308,19 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             if gid in usable_ids:
                 per_gpu[gid].append((t0, t0 + run_s))
     lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
+    # the GPUs as the "if run now" counterfactual sees them: the job alone, only running and
+    # pinned jobs hold GPUs (policies.counterfactual)
+    alone_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for g in usable:
+        if g.busy_until is not None and g.busy_until > now:
+            alone_spans[g.id].append((t_now - 1.0, g.busy_until.timestamp()))
+    for a in snapshot.pinned.values():
+        e = a.estimate
+        run_s = e.runtime_s if e.runtime_s is not None else snapshot.default_runtime_s
+        for gid in a.gpu_ids:
+            if gid in usable_ids:
+                alone_spans[gid].append((a.start_at.timestamp(), a.start_at.timestamp() + run_s))
+    alone: dict[int, _Timeline] = _Timelines(alone_spans)
 
     # power drawn per zone over time, for the caps: (start, end, watts)
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
@@ -409,18 +441,14 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             return h if h is not None and h[0] <= hi else None
 
         # the earliest feasible start anywhere (where a job that cannot meet its window runs):
-        # one scan per option over the horizon, stopping at its first fit; the options that
-        # start about as early are the candidates of the "if run now" counterfactual
+        # one scan per option over the whole horizon, stopping at its first fit
         asap = None
-        found: list[tuple[int, float]] = []  # (option, its earliest start) near the earliest so far
         for o, (kind, shape) in enumerate(options):
-            hi = horizon_end if asap is None else min(horizon_end, asap[0][0] + START_TOL_S)
+            hi = horizon_end if asap is None else min(horizon_end, asap[0][0] - 1e-6)
             h = start_in(kind, job.gpus, shape.runtime_s, shape.power_w, release, hi)
             if h is not None:
-                found.append((o, h[0]))
-                if asap is None or h[0] < asap[0][0]:
-                    col = min(table.shape[1] - 1, max(0, int((h[0] - t_now) // slot_s) - first_slot))
-                    asap = (h, o, col)
+                col = min(table.shape[1] - 1, max(0, int((h[0] - t_now) // slot_s) - first_slot))
+                asap = (h, o, col)
         if asap is None:
             unplaced[job.id] = "no GPUs free long enough within the planning horizon" + (
                 f" ({', '.join(sorted(reasons))})" if reasons else "")
@@ -472,14 +500,11 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         start = datetime.fromtimestamp(t, now.tzinfo)
         pue = snapshot.pue.get(kind.zone, 1.0)
         cost = job_gco2(curves[kind.zone], start, shape.runtime_s, shape.power_w, pue)
-        now_cost, now_where = job.gco2_if_now, "at submission"
+        now_cost, now_where = job.gco2_if_now, "if run at submission"
         if now_cost is None:
-            cf = choose([(options[o2][0].zone, options[o2][0].model) for o2, _ in found],
-                        np.array([t2 for _, t2 in found]), np.array([options[o2][1].runtime_s for o2, _ in found]),
-                        np.array([job_gco2(curves[options[o2][0].zone], datetime.fromtimestamp(t2, now.tzinfo),
-                                           options[o2][1].runtime_s, options[o2][1].power_w,
-                                           snapshot.pue.get(options[o2][0].zone, 1.0)) for o2, t2 in found]))
-            now_cost, now_where = cf.gco2, f"at the earliest on {cf.where()}"
+            cf = _if_now(job, options, alone, release, horizon_end, curves, snapshot)
+            now_cost, now_where = (cf.gco2, f"now on {cf.where()}" if cf.start - t_now < 1 else
+                                   f"at the earliest on {cf.where()}") if cf else (None, "")
         finish = start + timedelta(seconds=shape.runtime_s)
         deadline_miss = job.deadline is not None and finish > job.deadline
         binding = None
@@ -497,5 +522,6 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                               time_limit_s=shape.runtime_s * job.time_limit_factor
                               if job.time_limit_factor else None),
             explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs "
-                         f"{now_cost:.2g} g {now_where} ({why})")))
+                         + (f"{now_cost:.2g} g {now_where}" if now_cost is not None else "no free GPU alone")
+                         + f" ({why})")))
     return placed, unplaced

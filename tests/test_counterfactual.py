@@ -68,6 +68,21 @@ def test_fifo_compares_its_own_carbon_blind_pick_with_the_same_counterfactual():
     assert a.estimate.gco2_if_now == pytest.approx(a.estimate.energy_j / 3.6e6 * 275.0)
 
 
+@pytest.mark.parametrize("policy", ["fifo", "greedy", "cpsat"])
+@pytest.mark.parametrize("runtime_s", [300.0, 3600.0], ids=["short", "long"])
+def test_each_job_is_compared_with_running_it_alone_whatever_the_queue_does(policy, runtime_s):
+    """Three equal jobs on two H100s (500 g and 50 g zones): each job's counterfactual is the
+    same, the job alone on the free GPUs, however the plan shares the GPUs among them."""
+    s = two_h100s(dirty="A", clean="B")
+    from dataclasses import replace
+
+    s = replace(s, jobs=tuple(QueuedJob(i, 1, 0.0, NOW, est_runtime_s=runtime_s) for i in (1, 2, 3)))
+    placed = plan(policy, s).by_job()
+    assert len(placed) == 3
+    per_kwh = {round(a.estimate.gco2_if_now / (a.estimate.energy_j / 3.6e6), 6) for a in placed.values()}
+    assert per_kwh == {275.0}
+
+
 def test_the_tie_rule_earliest_then_fastest_then_the_mean_over_zone_model_pairs():
     kinds = [("A", "H100"), ("B", "H100"), ("C", "A100"), ("D", "H100")]
     start = [0.0, 0.0, 0.0, 900.0]
