@@ -228,6 +228,15 @@ def fits(job: QueuedJob, model_name: str, memory_gib: float, book: ProfileBook) 
     return None
 
 
+def within_time_limit(job: QueuedJob, model_name: str, book: ProfileBook, default_runtime_s: float) -> bool:
+    """Whether the job's estimated runtime on `model_name` fits its explicit time limit
+    (`QueuedJob.time_limit_s`; no limit: True). A plan past it would end as TIMEOUT by the
+    planner's own estimate, so such a model is not an option."""
+    if job.time_limit_s is None:
+        return True
+    return job_shape(job, model_name, book, default_runtime_s).runtime_s <= job.time_limit_s * (1 + 1e-9)
+
+
 class CurveIntegrator:
     """Integrals of one forecast curve by prefix sums: O(n) once, O(1) per query."""
 

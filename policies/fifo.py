@@ -9,8 +9,12 @@ current plan, and so do the kept plans of incremental planning. FIFO ignores dea
 that will finish late is flagged) and site power caps: it is the "run it as soon as possible" yardstick.
 
 Each assignment carries a full estimate from the energy model (runtime on the chosen
-model, energy, gCO2 at that start), so its gCO2 compares fairly with the carbon-aware
-policies; `gco2_if_now` is the same job on the first free GPUs with the queue ignored.
+model, energy, gCO2 at that start, a zone without a forecast priced by `policies.blind`), so
+its gCO2 compares fairly with the carbon-aware policies; `gco2_if_now` is the counterfactual
+of `policies.counterfactual` (the job alone on the earliest free, fastest GPUs; ties
+averaged). Which of several equally early GPUs fifo itself takes is arbitrary (node order):
+it is the carbon-blind scheduler. An explicit time limit (`QueuedJob.time_limit_s`) rules
+out models the job would overrun.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from policies.energy import CurveIntegrator, JobShape, ProfileBook, fits, job_shape, seed_profiles
+from policies.blind import blind_price, priced_curves
+from policies.counterfactual import START_TOL_S, choose
+from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, job_shape, seed_profiles,
+                             within_time_limit)
 from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
 
@@ -80,7 +87,11 @@ class FifoPolicy:
         mem = np.array([k[2] for k in keys])
         models = [k[1] for k in keys]
         zone_of = {k: pools[k][0].zone for k in keys}
-        integrators = {z: CurveIntegrator(c) for z, c in snapshot.carbon.items()}
+        curves = priced_curves(snapshot)  # blind zones priced by the one rule (policies.blind)
+        integrators = {z: CurveIntegrator(c) for z, c in curves.items()}
+        blind = {z for z, c in curves.items() if c.signal == "blind"}
+        price = blind_price(snapshot) if blind else None
+        kind_of = [(zone_of[key], key[1]) for key in keys]
 
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
@@ -96,6 +107,13 @@ class FifoPolicy:
             if job.latency_slo_ms is not None:
                 slo_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
                 ok &= np.array([slo_ok[m] for m in models], dtype=bool) if keys else ok
+            if job.time_limit_s is not None and ok.any():
+                limit_ok = {m: within_time_limit(job, m, book, snapshot.default_runtime_s) for m in set(models)}
+                ok &= np.array([limit_ok[m] for m in models], dtype=bool)
+                if not ok.any():
+                    unplaced[job.id] = (f"runs longer than its time limit ({job.time_limit_s:g}s) on every GPU "
+                                        "model that can take it")
+                    continue
             if not ok.any():
                 unplaced[job.id] = _why_unplaceable(job, by_node, book)
                 continue
@@ -121,18 +139,17 @@ class FifoPolicy:
                 assignments.append(Assignment(
                     job_id=job.id, node=keys[p][0], gpu_ids=gpu_ids, start_at=start,
                     estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
-                                      runtime_s=shape.runtime_s, deadline_miss=miss)))
+                                      runtime_s=shape.runtime_s, deadline_miss=miss,
+                                      time_limit_s=shape.runtime_s * job.time_limit_factor
+                                      if job.time_limit_factor else None)))
                 continue
-            alone = np.where(ok, np.maximum(first_free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
-            q = int(np.argmin(alone))
-            alone_shape = shape if models[q] == model else job_shape(job, models[q], book,
-                                                                     snapshot.default_runtime_s)
-            q_zone = zone_of[keys[q]]
-            gco2_now = _gco2(integrators.get(q_zone), now + timedelta(seconds=float(alone[q])), alone_shape,
-                             float(snapshot.pue.get(q_zone, 1.0)))
+            gco2_now = job.gco2_if_now
+            if gco2_now is None:
+                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, integrators, now,
+                                   book, snapshot)
             wait_s = start_s
             when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
-            cost = "no forecast" if gco2 is None else f"{gco2:.0f} g"
+            cost = f"{gco2:.0f} g" + (f" {price.note()}" if zone in blind and price is not None else "")
             assignments.append(
                 Assignment(
                     job_id=job.id,
@@ -141,7 +158,10 @@ class FifoPolicy:
                     start_at=start,
                     estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
                                       gco2_if_now=gco2_now, runtime_s=shape.runtime_s, prompts=job.prompts,
-                                      binding="deadline" if miss else None, deadline_miss=miss),
+                                      binding="deadline" if miss else None, deadline_miss=miss,
+                                      blind_g_per_kwh=price.g_per_kwh if zone in blind and price else None,
+                                      time_limit_s=shape.runtime_s * job.time_limit_factor
+                                      if job.time_limit_factor else None),
                     explanation=(
                         f"fifo: {k}x{model} on {keys[p][0]} in {zone} {when}, {cost}; "
                         "first free GPUs in submission order"
@@ -178,8 +198,32 @@ def _still_valid_keeps(snapshot: Snapshot, pinned: dict[int, Assignment]) -> dic
     return out
 
 
+def _if_now(job: QueuedJob, ok: np.ndarray, first_free: np.ndarray, width: int, k: int, release_s: float,
+            models: list[str], kind_of: list[tuple[str, str]], integrators: dict[str, CurveIntegrator],
+            now: datetime, book: ProfileBook, snapshot: Snapshot) -> float | None:
+    """The job's "if run now" counterfactual (`policies.counterfactual`): alone on the pools'
+    first free GPUs (the queue ignored), the earliest, then the fastest, then the mean over the
+    tied (zone, model) pairs."""
+    alone = np.where(ok, np.maximum(first_free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
+    if not np.isfinite(alone).any():
+        return None
+    # only the equally early pools can be chosen, and one per (zone, model): the same grams
+    early = np.flatnonzero(alone <= alone.min() + START_TOL_S)
+    first: dict[tuple[str, str], int] = {}
+    for p in early[np.argsort(alone[early], kind="stable")].tolist():
+        first.setdefault(kind_of[p], p)
+    cand = np.array(sorted(first.values()), dtype=np.int64)
+    shapes = {m: job_shape(job, m, book, snapshot.default_runtime_s) for m in {models[p] for p in cand.tolist()}}
+    runtime = np.array([shapes[models[p]].runtime_s for p in cand.tolist()])
+    grams = np.array([float(_gco2(integrators[kind_of[p][0]], now + timedelta(seconds=float(alone[p])),
+                                  shapes[models[p]], float(snapshot.pue.get(kind_of[p][0], 1.0))))
+                      for p in cand.tolist()])
+    cf = choose([kind_of[p] for p in cand.tolist()], alone[cand], runtime, grams)
+    return None if cf is None else cf.gco2
+
+
 def _gco2(integrator: "CurveIntegrator | None", start: datetime, shape: JobShape, pue: float) -> float | None:
-    if integrator is None:
+    if integrator is None:  # a zone of no GPU of the snapshot (every GPU zone has a priced curve)
         return None
     return shape.power_w * pue * integrator.integral(start, start + timedelta(seconds=shape.runtime_s)) / 3.6e6
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies.counterfactual import RUNTIME_TOL, Counterfactual
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
 from policies.problem import Problem, compile_problem
@@ -243,28 +244,41 @@ def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np
 
 
 class ChunkNotes:
-    """Explanation inputs for a chunk of jobs, vectorised: what running each job on the
-    first free GPUs would cost (`gco2_if_now`), and its cheapest in-window and in-horizon
+    """Explanation inputs for a chunk of jobs, vectorised: each job's "if run now"
+    counterfactual (`policies.counterfactual`), and its cheapest in-window and in-horizon
     costs (for the binding constraint)."""
 
     def __init__(self, problem: Problem, js: np.ndarray, tables: np.ndarray) -> None:
         S = problem.n_slots
         self.problem = problem
         lo = problem.job_earliest[js]
-        # if now: per group the first slot with k GPUs free on one of its pools
+        # if now (policies.counterfactual): per group the first slot with k GPUs free on one of
+        # its pools; the earliest of them, then the fastest groups there, then the mean over the
+        # tied (zone, model) pairs (groups are sorted by zone and model: pairs are contiguous)
         k = problem.job_k[js]
         width = problem.group_kth_free_slot.shape[1]
         first_free = problem.group_kth_free_slot[:, np.minimum(k, width) - 1].T
         now_slot = np.maximum(lo[:, None], first_free)  # (c, G)
-        now_slot = np.where(problem.job_fit[js], now_slot, np.iinfo(np.int64).max)
+        never = np.iinfo(np.int64).max
+        now_slot = np.where(problem.job_fit[js], now_slot, never)
         if not problem.groups:  # no usable GPU at all: nothing is placed
-            now_slot = np.full((len(js), 1), np.iinfo(np.int64).max)
-        self.now_group = np.argmin(now_slot, axis=1)
-        self.now_slot = now_slot[np.arange(len(js)), self.now_group]
+            now_slot = np.full((len(js), 1), never)
+        self.now_slot = now_slot.min(axis=1)
         self.now_ok = self.now_slot < S
         self.now_gco2 = np.full(len(js), np.nan)
+        self.now_tied = np.zeros((len(js), len(problem.groups)), dtype=bool)
         rows = np.flatnonzero(self.now_ok)
-        self.now_gco2[rows] = tables[rows, self.now_group[rows], self.now_slot[rows]]
+        if rows.size:
+            early = now_slot[rows] == self.now_slot[rows, None]
+            runtime = np.where(early, problem.job_runtime_s[js[rows]], np.inf)
+            fastest = runtime.min(axis=1, keepdims=True)
+            tied = early & (runtime <= fastest * (1 + RUNTIME_TOL))
+            grams = tables[rows[:, None], np.arange(tables.shape[1])[None, :], self.now_slot[rows, None]]  # (r, G)
+            starts = problem.group_kind_starts
+            kind_tied = np.logical_or.reduceat(tied, starts, axis=1)
+            kind_grams = np.maximum.reduceat(np.where(tied, grams, -np.inf), starts, axis=1)
+            self.now_gco2[rows] = np.where(kind_tied, kind_grams, 0.0).sum(axis=1) / kind_tied.sum(axis=1)
+            self.now_tied[rows] = tied
         # the cheapest start in each job's window (and its group), and from its release on
         slots = problem.slot_index
         after = slots[None, None, :] >= lo[:, None, None]
@@ -279,12 +293,11 @@ class ChunkNotes:
         p = self.problem
         g = int(p.pool_group[pick.pool])
         gco2 = float(table[g, pick.slot])
+        now = None
         if self.now_ok[i]:
-            ng, ns = int(self.now_group[i]), int(self.now_slot[i])
-            now_pool, now_slot, now_gco2 = p.first_pool_free(ng, int(p.job_k[j]), ns), ns, float(self.now_gco2[i])
-        else:
-            now_pool, now_slot, now_gco2 = -1, -1, math.nan
-        return Notes(gco2, now_pool, now_slot, now_gco2, self._binding(i, j, pick, gco2))
+            kinds = tuple(sorted({(p.groups[q].zone, p.groups[q].model) for q in np.flatnonzero(self.now_tied[i])}))
+            now = Counterfactual(float(self.now_slot[i]), float(self.now_gco2[i]), kinds)
+        return Notes(gco2, now, self._binding(i, j, pick, gco2))
 
     def _binding(self, i: int, j: int, pick: Pick, chosen: float) -> str | None:
         """The constraint that kept the job from a cheaper start (None: it got the cheapest)."""

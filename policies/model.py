@@ -26,6 +26,16 @@ class QueuedJob:
     prompts: int | None = None
     max_delay_s: float | None = None  # start no later than submitted_at + this
     pinned: bool = False  # its start falls in the current tick: keep its GPUs and start
+    # The user's explicit --time-limit: binding, no option whose estimated runtime exceeds it.
+    time_limit_s: float | None = None
+    # A limit derived from --est-runtime follows the plan: runtime on the chosen GPUs x this
+    # (the estimate's `time_limit_s`); it never constrains the plan.
+    time_limit_factor: float | None = None
+    # The "if run now" counterfactual fixed when the job was first planned
+    # (policies.counterfactual); None: not planned yet, the policy computes it. It changes no
+    # plan, only what the plan is compared with, so it is left out of equality and hashing
+    # (an unchanged queue still skips a re-plan once the figure is stored).
+    gco2_if_now: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,12 @@ class Estimate:
     prompts: int | None = None
     binding: str | None = None  # the constraint that shaped this choice (deadline, slo, memory, ...)
     deadline_miss: bool = False  # no feasible placement meets the deadline: runs ASAP, flagged
+    # The zone had no forecast: gco2 is priced at this flat intensity (policies.blind), not
+    # forecast. None: priced from the zone's forecast.
+    blind_g_per_kwh: float | None = None
+    # A time limit that follows the plan: the runtime estimated on the chosen GPUs x the job's
+    # `QueuedJob.time_limit_factor` (None: the job has none, or an explicit one).
+    time_limit_s: float | None = None
 
     @property
     def gco2_per_prompt(self) -> float | None:
@@ -125,8 +141,8 @@ class Assignment:
 class Snapshot:
     """Everything a policy may look at: the queue, the GPUs, carbon forecasts, profiles, now.
 
-    `carbon` maps zone -> forecast curve; a zone without one is planned carbon-blind (its
-    gCO2 estimates are None and the explanation says so). `pue` maps zone -> PUE (default
+    `carbon` maps zone -> forecast curve; a zone without one is priced blind (see
+    `policies.blind`: one rule for every policy, never 0), and the explanation says so. `pue` maps zone -> PUE (default
     1.0). `profiles` are the workload profiles known now (seeded + learned; when empty the
     policies use `energy.seed_profiles()`); a job whose workload has no profile for a model
     is estimated from the catalog. Start times fall on `slot_s` slots from `now` within

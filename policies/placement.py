@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.energy import fits, job_shape
+from policies.counterfactual import Counterfactual, choose
+from policies.energy import fits, job_shape, within_time_limit
 from policies.model import Assignment, Estimate, Plan
 from policies.problem import Problem
 
@@ -78,32 +79,31 @@ def gpu_ids_with_kept(problem: Problem, picks: Iterable[Pick]) -> tuple[dict[int
     return out, kept
 
 
-def if_now(problem: Problem, j: int, table: np.ndarray) -> tuple[int, int, float]:
-    """(pool, slot, internal gCO2) of running job j on the first free fitting GPUs alone
-    (what fifo would do for it on an otherwise idle queue); pool -1 when none is free."""
+def if_now(problem: Problem, j: int, table: np.ndarray) -> Counterfactual | None:
+    """Job j's "if run now" counterfactual (`policies.counterfactual`: alone, on the earliest
+    free fitting GPUs, the fastest of them, the mean over tied (zone, model) pairs), with its
+    start as a slot; None when no fitting GPUs are free within the horizon. `table`: the
+    job's `cost_table` (rows in `job_options(j).groups` order)."""
     jo = problem.job_options(j)
-    if jo.pool.size == 0:
-        return -1, -1, math.nan
+    if jo.groups.size == 0:
+        return None
     k = max(1, problem.jobs[j].gpus)
-    slots = np.maximum(jo.earliest, problem.kth_free_slot[jo.pool, k - 1])
-    o = int(np.argmin(slots))  # first minimum: pools are in (node, model) order like fifo
-    slot = int(slots[o])
-    if slot >= problem.n_slots:
-        return -1, -1, math.nan
-    return int(jo.pool[o]), slot, float(table[_row(jo, int(jo.group[o])), slot])
-
-
-def _row(jo, group: int) -> int:
-    return int(np.searchsorted(jo.groups, group))
+    width = problem.group_kth_free_slot.shape[1]
+    slots = np.maximum(jo.earliest, problem.group_kth_free_slot[jo.groups, min(k, width) - 1]).astype(float)
+    slots[slots >= problem.n_slots] = np.inf
+    if not np.isfinite(slots).any():
+        return None
+    at = np.where(np.isfinite(slots), slots, 0).astype(np.int64)
+    grams = table[np.arange(jo.groups.size), at]
+    kinds = [(problem.groups[int(g)].zone, problem.groups[int(g)].model) for g in jo.groups.tolist()]
+    return choose(kinds, slots, problem.job_runtime_s[j, jo.groups], grams, start_tol=0.5)
 
 
 class Notes(NamedTuple):
     """What an explanation needs from the job's cost table (taken while it is at hand)."""
 
     gco2: float
-    now_pool: int
-    now_slot: int
-    now_gco2: float
+    now: Counterfactual | None  # the "if run now" counterfactual, start in slots (None: no free GPUs)
     binding: str | None
 
 
@@ -114,8 +114,11 @@ def notes_for(problem: Problem, pick: Pick, table: np.ndarray | None = None) -> 
     jo = problem.job_options(pick.j)
     pool = problem.pools[pick.pool]
     gco2 = float(table[_row(jo, pool.group), pick.slot])
-    now_pool, now_slot, now_cost = if_now(problem, pick.j, table)
-    return Notes(gco2, now_pool, now_slot, now_cost, _binding(problem, pick.j, pick, gco2, table))
+    return Notes(gco2, if_now(problem, pick.j, table), _binding(problem, pick.j, pick, gco2, table))
+
+
+def _row(jo, group: int) -> int:
+    return int(np.searchsorted(jo.groups, group))
 
 
 def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], policy: str,
@@ -129,40 +132,41 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
     runtime_s = float(problem.job_runtime_s[j, pool.group])
     energy_j = float(problem.job_power_w[j, pool.group]) * runtime_s
     start = problem.slot_time(pick.slot)
-    gco2_model, now_pool, now_slot, now_cost, binding = notes
+    gco2_model, now, binding = notes
     blind = pool.zone in problem.blind_zones
-    now_blind = now_pool < 0 or problem.pools[now_pool].zone in problem.blind_zones
     finish = start + timedelta(seconds=runtime_s)
     # a pick outside its window (pick.deadline_miss) ran as soon as possible; the estimate
     # flags a miss only when it really finishes after the deadline
     miss = job.deadline is not None and finish > job.deadline
     if pick.deadline_miss and not miss:
         binding = "max delay" if job.max_delay_s is not None else "capacity"
+    now_cost = job.gco2_if_now if job.gco2_if_now is not None else (None if now is None else now.gco2)
+    price = problem.blind_price
     estimate = Estimate(
         finish_at=finish,
         energy_j=energy_j,
-        gco2=None if blind else gco2_model,
-        gco2_if_now=None if now_blind else now_cost,
+        gco2=gco2_model,
+        gco2_if_now=now_cost,
         runtime_s=runtime_s,
         prompts=job.prompts,
         binding=binding,
         deadline_miss=miss,
+        blind_g_per_kwh=price.g_per_kwh if blind and price is not None else None,
+        time_limit_s=runtime_s * job.time_limit_factor if job.time_limit_factor else None,
     )
     when = _when(problem.now, start)
-    if blind:
-        cost = f"no forecast for {pool.zone}, {energy_j / 3.6e6:.2f} kWh"
-    else:
-        cost = f"{gco2_model:.0f} g"
-        if job.prompts:
-            cost += f" ({gco2_model / job.prompts:.3g} g/prompt)"
-    if now_pool >= 0:
-        np_ = problem.pools[now_pool]
-        alt_cost = "no forecast" if now_blind else f"{now_cost:.0f} g"
-        alt = f"{alt_cost} {_when(problem.now, problem.slot_time(now_slot)).replace('at ', '')} " \
-              f"on {np_.model} in {np_.zone}"
-        alt = alt.replace(" now now", " now")
-        if now_slot == 0:
-            alt = f"{alt_cost} now on {np_.model} in {np_.zone}"
+    cost = f"{gco2_model:.0f} g"
+    if job.prompts:
+        cost += f" ({gco2_model / job.prompts:.3g} g/prompt)"
+    if blind and price is not None:
+        cost += f" {price.note()}"
+    if job.gco2_if_now is not None:
+        alt = f"{job.gco2_if_now:.0f} g if run at submission"
+    elif now is not None:
+        now_blind = any(z in problem.blind_zones for z, _ in now.kinds)
+        alt_cost = f"{now.gco2:.0f} g" + (" priced blind" if now_blind else "")
+        at = "now" if now.start < 0.5 else _when(problem.now, problem.slot_time(int(now.start))).replace("at ", "")
+        alt = f"{alt_cost} {at} on {now.where()}"
     else:
         alt = "no free GPU within the horizon"
     why = f"{binding} cannot be met: as soon as possible" if pick.deadline_miss else \
@@ -225,7 +229,7 @@ def picks_to_plan(problem: Problem, picks: list[Pick], unplaced: dict[int, str],
         assignments.append(a if a.gpu_ids == ids_now else replace(a, gpu_ids=ids_now))
     for p in sorted(picks, key=lambda p: p.j):
         n = notes.get(p.j)
-        if n is None or n.gco2 != n.gco2:  # missing or stale
+        if n is None or n.gco2 != n.gco2:  # missing or stale (nan)
             n = None
         assignments.append(build_assignment(problem, p, ids[p.j], policy, n))
     return Plan(assignments=tuple(assignments), unplaced=dict(unplaced))
@@ -286,8 +290,8 @@ def estimate_score(problem: Problem, plan: Plan) -> Score:
 
 
 def plan_violations(problem: Problem, plan: Plan) -> list[str]:
-    """Hard constraints a plan breaks (memory, SLO, gang, usable GPUs, overlaps, release,
-    max delay, power caps). Deadlines are soft (flagged), so they are not listed."""
+    """Hard constraints a plan breaks (memory, SLO, explicit time limit, gang, usable GPUs,
+    overlaps, release, max delay, power caps). Deadlines are soft (flagged), so they are not listed."""
     snap = problem.snapshot
     gpu = {g.id: g for g in snap.gpus}
     jobs = {j.id: j for j in snap.jobs}
@@ -314,6 +318,8 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         why = fits(job, g0.model, min(g.memory_gib for g in gs), problem.book)
         if why is not None:
             out.append(f"job {job.id}: {why} does not fit {g0.model}")
+        if not within_time_limit(job, g0.model, problem.book, snap.default_runtime_s):
+            out.append(f"job {job.id}: runs longer than its time limit on {g0.model}")
         release = max(snap.now, job.submitted_at)
         if a.start_at < release - timedelta(seconds=1):
             out.append(f"job {job.id}: starts before its release")

@@ -35,9 +35,8 @@ arrivals); `latest_slot` is the last start that finishes by the deadline, starts
 `max_delay_s` of submission, and lies in the horizon. `latest_slot < earliest_slot` means the
 option cannot meet the deadline (policies then place the job as soon as possible, flagged).
 
-A zone without a forecast is planned carbon-blind: its internal cost uses the mean intensity
-of the zones that have one (or 1 g/kWh when none does, which makes the cost proportional to
-energy), and its estimates report gCO2 as None.
+A zone without a forecast is priced blind (`policies.blind`: the highest intensity in the
+snapshot, never 0); its estimates carry that price in `Estimate.blind_g_per_kwh`.
 
 Pinned jobs (`QueuedJob.pinned` with a current plan in `Snapshot.pinned`) are not decision
 variables: their GPUs are busy until their planned finish, their power counts against the
@@ -65,12 +64,13 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles, shape_arrays
+from policies.blind import BlindPrice, blind_price, priced_curves
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
 
 _FAR_S = 1e9  # flat extension of a forecast beyond its ends, in seconds
-_WHY = {1: "memory", 2: "slo", 3: "gang"}  # Problem.job_why codes
+_WHY = {1: "memory", 2: "slo", 3: "gang", 4: "time limit"}  # Problem.job_why codes
 
 
 class Pool(NamedTuple):
@@ -170,23 +170,14 @@ class Problem:
         snap = self.snapshot
         zones = sorted({g.zone for g in snap.gpus})
         self.zones: list[str] = zones
-        self.blind_zones: set[str] = {z for z in zones if z not in snap.carbon}
-        known = [c for z, c in snap.carbon.items() if c.values_g_per_kwh]
-        if known:
-            end = self.now + timedelta(seconds=self.n_slots * self.slot_s)
-            fallback = float(np.mean([_curve_mean(c, self.now, end) for c in known]))
-        else:
-            fallback = 1.0
+        priced = priced_curves(snap)  # blind zones: flat at the one blind price (policies.blind)
+        self.blind_zones: set[str] = {z for z in zones if priced[z].signal == "blind"}
+        self.blind_price: BlindPrice | None = blind_price(snap) if self.blind_zones else None
         self.curves: dict[str, CarbonCurve] = {}
         self._knots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for zone in zones:
-            curve = snap.carbon.get(zone)
-            if curve is None or not curve.values_g_per_kwh:
-                curve = CarbonCurve(zone=zone, start=self.now, step_s=self.slot_s,
-                                    values_g_per_kwh=(fallback,), signal="blind",
-                                    source="no forecast: mean of the other zones")
-            self.curves[zone] = curve
-            self._knots[zone] = _cumulative_knots(curve, self.now)
+            self.curves[zone] = priced[zone]
+            self._knots[zone] = _cumulative_knots(priced[zone], self.now)
         self._base_integral = {z: np.interp(self.slot_offsets_s, *self._knots[z]) for z in zones}
         self._zone_knots = [self._knots[z] for z in zones]
         self._zone_base = [self._base_integral[z] for z in zones]
@@ -240,6 +231,10 @@ class Problem:
         self.pools: list[Pool] = [pool._replace(free_slot=tuple(row[:len(pool.gpu_ids)]))
                                   for pool, row in zip(topo.pools, free_mat.tolist())]
         self.groups: list[Group] = list(topo.groups)
+        # where each run of groups with one (zone, model) starts (groups are sorted by both)
+        pairs = [(g.zone, g.model) for g in self.groups]
+        self.group_kind_starts = np.array([i for i, pair in enumerate(pairs) if i == 0 or pairs[i - 1] != pair],
+                                          dtype=np.int64)
         self.pool_size = topo.pool_size
         self.pool_group = topo.pool_group
         n_pools = len(self.pools)
@@ -348,8 +343,9 @@ class Problem:
     def _compile_jobs(self) -> None:
         """Every job against every group at once, as (jobs x groups) arrays.
 
-        `job_fit[j, g]`: the job can run on pools of group g (memory, latency SLO, and some
-        pool with at least k usable GPUs); `job_why` says why not (1 memory, 2 slo, 3 gang).
+        `job_fit[j, g]`: the job can run on pools of group g (memory, latency SLO, its
+        explicit time limit, and some pool with at least k usable GPUs); `job_why` says why
+        not (1 memory, 2 slo, 3 gang, 4 time limit).
         `job_runtime_s`, `job_power_w` (IT, k GPUs), `job_scale` (power x PUE / 3.6e6),
         `job_duration` (slots) and `job_latest` (last start slot) hold for every pair, fit or
         not; `job_earliest` and `job_k` are per job.
@@ -374,6 +370,9 @@ class Problem:
         with np.errstate(invalid="ignore"):
             why[p95 > slo[:, None]] = 2  # nan (no SLO, no profile) compares False
         why[group_mem[None, :] < mem[:, None]] = 1  # memory is checked first
+        # an explicit time limit binds: no option that runs longer by the model's own estimate
+        limit_s = np.array([np.inf if j.time_limit_s is None else j.time_limit_s for j in jobs], dtype=np.float64)
+        why[(why == 0) & (self.job_runtime_s > limit_s[:, None] * (1 + 1e-9))] = 4
         largest = np.array([int(self.pool_size[list(g.pools)].max()) for g in groups], dtype=np.int64)
         why[(why == 0) & (largest[None, :] < self.job_k[:, None])] = 3
         self.job_why: np.ndarray = why
@@ -667,8 +666,3 @@ def _cumulative_knots(curve: CarbonCurve, now: datetime) -> tuple[np.ndarray, np
     gk = np.concatenate([[-_FAR_S * values[0]], gk, [gk[-1] + _FAR_S * values[-1]]])
     return tk, gk
 
-
-def _curve_mean(curve: CarbonCurve, start: datetime, end: datetime) -> float:
-    tk, gk = _cumulative_knots(curve, start)
-    span = (end - start).total_seconds()
-    return float((np.interp(span, tk, gk) - np.interp(0.0, tk, gk)) / span)

@@ -35,7 +35,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from policies.energy import J_PER_KWH, ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
+from policies.blind import blind_price, priced_curves
+from policies.counterfactual import choose
+from policies.energy import (J_PER_KWH, ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles,
+                             within_time_limit)
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 from policies.placement import Score
 
@@ -97,9 +100,13 @@ def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Pla
 
 
 def whole_score(plan: Plan) -> Score:
-    """A whole plan's Score from its own estimates (every job of the snapshot in it)."""
+    """A whole plan's Score from its own estimates (every job of the snapshot in it).
+
+    Every policy's estimate has grams (a zone without a forecast is priced blind by
+    `policies.blind`, never 0); only a pinned plan stored without an estimate has none, and it
+    is the same in every plan compared, so it adds nothing to either."""
     return Score(len(plan.unplaced), sum(a.estimate.deadline_miss for a in plan.assignments),
-                 sum(a.estimate.gco2 or 0.0 for a in plan.assignments))
+                 sum(a.estimate.gco2 for a in plan.assignments if a.estimate.gco2 is not None))
 
 
 class _Timeline:
@@ -204,6 +211,25 @@ def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: np.ndarray
     return power_w * pue * (steps(x1) - steps(x0)) * step / J_PER_KWH
 
 
+def _if_now(job: QueuedJob, options: list, alone: dict[int, _Timeline], release: float, horizon_end: float,
+            curves: Mapping[str, CarbonCurve], snapshot: Snapshot):
+    """The job's "if run now" counterfactual (`policies.counterfactual`) over its options (one
+    per (zone, model)): each one's earliest start with the job alone (`alone`: running and
+    pinned jobs only), then the earliest, the fastest, the mean of the tied grams."""
+    found = []
+    for kind, shape in options:
+        h = _earliest_on_nodes(kind, alone, job.gpus, shape.runtime_s, release, horizon_end)
+        if h is not None:
+            found.append((kind, shape, h[0]))
+    if not found:
+        return None
+    tz = snapshot.now.tzinfo
+    return choose([(k.zone, k.model) for k, _, _ in found], np.array([t for _, _, t in found]),
+                  np.array([sh.runtime_s for _, sh, _ in found]),
+                  np.array([job_gco2(curves[k.zone], datetime.fromtimestamp(t, tz), sh.runtime_s, sh.power_w,
+                                     snapshot.pue.get(k.zone, 1.0)) for k, sh, t in found]))
+
+
 def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s: float, lo: float,
                        hi: float) -> tuple[float, str, tuple[int, ...]] | None:
     """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run (no
@@ -248,11 +274,16 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     Per job, the start slots of every (zone, model) that can take it are costed at once
     (numpy); they are then tried cheapest first until one has k GPUs of one node free for
     the run somewhere in the slot, and the earliest start within `DELAY_WORTH` of that cost
-    is taken. The earliest feasible start anywhere is the "if run now" alternative.
+    is taken. The "if run now" counterfactual follows `policies.counterfactual` (the options
+    that start earliest, the fastest of them, their grams averaged); a zone without a forecast
+    is priced by `policies.blind`.
     """
     now = snapshot.now
     t_now = now.timestamp()
     horizon_end = t_now + snapshot.horizon_s
+    curves = priced_curves(snapshot)  # a zone without a forecast is priced blind (policies.blind)
+    blind = {z for z, c in curves.items() if c.signal == "blind"}
+    price = blind_price(snapshot) if blind else None
     slot_s = snapshot.slot_s
     n_slots = int(math.ceil(snapshot.horizon_s / slot_s))
     slot_starts = t_now + slot_s * np.arange(n_slots)
@@ -277,6 +308,19 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             if gid in usable_ids:
                 per_gpu[gid].append((t0, t0 + run_s))
     lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
+    # the GPUs as the "if run now" counterfactual sees them: the job alone, only running and
+    # pinned jobs hold GPUs (policies.counterfactual)
+    alone_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for g in usable:
+        if g.busy_until is not None and g.busy_until > now:
+            alone_spans[g.id].append((t_now - 1.0, g.busy_until.timestamp()))
+    for a in snapshot.pinned.values():
+        e = a.estimate
+        run_s = e.runtime_s if e.runtime_s is not None else snapshot.default_runtime_s
+        for gid in a.gpu_ids:
+            if gid in usable_ids:
+                alone_spans[gid].append((a.start_at.timestamp(), a.start_at.timestamp() + run_s))
+    alone: dict[int, _Timeline] = _Timelines(alone_spans)
 
     # power drawn per zone over time, for the caps: (start, end, watts)
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
@@ -354,6 +398,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         reasons = set()
         for kind in kinds.values():
             why = fits(job, kind.model, kind.memory_gib, book)
+            if why is None and not within_time_limit(job, kind.model, book, snapshot.default_runtime_s):
+                why = "time limit"
             if why is not None:
                 reasons.add(why)
                 continue
@@ -372,7 +418,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         for o, (kind, _) in enumerate(options):
             by_zone[kind.zone].append(o)
         for zone, os_ in by_zone.items():
-            table[os_] = _slot_costs(snapshot.carbon.get(zone), starts,
+            table[os_] = _slot_costs(curves[zone], starts,
                                      np.array([options[o][1].runtime_s for o in os_]),
                                      np.array([options[o][1].power_w for o in os_]), snapshot.pue.get(zone, 1.0))
         slots = first_slot + np.arange(table.shape[1])
@@ -394,8 +440,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             earliest[o].append((lo, h))
             return h if h is not None and h[0] <= hi else None
 
-        # the earliest feasible start anywhere (also the "if run now" alternative): one scan
-        # per option over the whole horizon, stopping at its first fit
+        # the earliest feasible start anywhere (where a job that cannot meet its window runs):
+        # one scan per option over the whole horizon, stopping at its first fit
         asap = None
         for o, (kind, shape) in enumerate(options):
             hi = horizon_end if asap is None else min(horizon_end, asap[0][0] - 1e-6)
@@ -452,27 +498,30 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         if kind.zone in capped:
             draws[kind.zone].append((t, t + shape.runtime_s, shape.power_w))
         start = datetime.fromtimestamp(t, now.tzinfo)
-        curve = snapshot.carbon.get(kind.zone)
         pue = snapshot.pue.get(kind.zone, 1.0)
-        cost = job_gco2(curve, start, shape.runtime_s, shape.power_w, pue)
-        (t_asap, _, _), o_asap, _ = asap
-        kind_asap, shape_asap = options[o_asap]
-        now_cost = job_gco2(snapshot.carbon.get(kind_asap.zone), datetime.fromtimestamp(t_asap, now.tzinfo),
-                            shape_asap.runtime_s, shape_asap.power_w, snapshot.pue.get(kind_asap.zone, 1.0))
+        cost = job_gco2(curves[kind.zone], start, shape.runtime_s, shape.power_w, pue)
+        now_cost, now_where = job.gco2_if_now, "if run at submission"
+        if now_cost is None:
+            cf = _if_now(job, options, alone, release, horizon_end, curves, snapshot)
+            now_cost, now_where = (cf.gco2, f"now on {cf.where()}" if cf.start - t_now < 1 else
+                                   f"at the earliest on {cf.where()}") if cf else (None, "")
         finish = start + timedelta(seconds=shape.runtime_s)
         deadline_miss = job.deadline is not None and finish > job.deadline
         binding = None
         if miss:  # which limit could not be kept
             binding = "max delay" if t > latest + 1e-6 else "deadline" if job.deadline else "capacity"
         when = "now" if t - t_now < 1 else f"at {start:%H:%M:%S}" if t - t_now < 86400 else f"at {start:%Y-%m-%d %H:%M}"
-        cost_txt = "no forecast" if cost is None else f"{cost:.2g} g"
-        alt_txt = "no forecast" if now_cost is None else f"{now_cost:.2g} g"
+        cost_txt = f"{cost:.2g} g" + (f" {price.note()}" if kind.zone in blind else "")
         why = f"{binding} cannot be met: as soon as possible" if miss else "short job packed between longer ones"
         placed.append(Assignment(
             job_id=job.id, node=node, gpu_ids=chosen, start_at=start,
             estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=cost, gco2_if_now=now_cost,
                               runtime_s=shape.runtime_s, prompts=job.prompts, binding=binding,
-                              deadline_miss=deadline_miss),
-            explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs {alt_txt} "
-                         f"at the earliest ({why})")))
+                              deadline_miss=deadline_miss,
+                              blind_g_per_kwh=price.g_per_kwh if kind.zone in blind else None,
+                              time_limit_s=shape.runtime_s * job.time_limit_factor
+                              if job.time_limit_factor else None),
+            explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs "
+                         + (f"{now_cost:.2g} g {now_where}" if now_cost is not None else "no free GPU alone")
+                         + f" ({why})")))
     return placed, unplaced

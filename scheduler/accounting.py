@@ -48,6 +48,7 @@ from sqlalchemy import (
     update,
 )
 
+from policies.counterfactual import RULE_SHORT
 from scheduler.lifecycle import TERMINAL, State, utcnow
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_intensity
@@ -347,19 +348,20 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     gco2 = run.gco2 if run is not None else job.get("gco2")
     prompts, tokens = job.get("prompts"), job.get("tokens")
     est, cf_est = job.get("est_gco2"), job.get("est_gco2_if_now")
-    # "Had it run at once": the plan compared its choice (est_gco2) with running at once on the
-    # first free GPUs (est_gco2_if_now), both on its own model. Measured emissions are scaled
+    # "Had it run at once": the plan compared its choice (est_gco2) with the counterfactual of
+    # policies.counterfactual (est_gco2_if_now: the job alone at submission on the earliest free,
+    # fastest fitting GPUs, tied zones/models averaged), both by its own model. Measured emissions are scaled
     # by that ratio, so a receipt never compares a measurement with an estimate (energy
     # estimates are off by tens of % for short jobs); without the plan's own estimate the raw
     # if-now estimate is all there is, and the receipt says so.
     if cf_est is not None and gco2 is not None and est:
         counterfactual = gco2 * cf_est / est
-        cf_what = ("the measured gCO2 x the plan's estimate of running at once on the first free "
-                   f"GPUs over its estimate of the chosen plan ({cf_est:.3g} g / {est:.3g} g)")
+        cf_what = (f"the measured gCO2 x the plan's estimate of {RULE_SHORT} over its estimate of "
+                   f"the chosen plan ({cf_est:.3g} g / {est:.3g} g)")
     else:
         counterfactual = cf_est
-        cf_what = ("the plan's estimate of running at once on the first free GPUs (no estimate of "
-                   "the chosen plan to scale it by)") if cf_est is not None \
+        cf_what = (f"the plan's estimate of {RULE_SHORT} (no estimate of the chosen plan to scale it "
+                   "by)") if cf_est is not None \
             else "no plan estimate of running at once was recorded"
     saving = counterfactual - gco2 if counterfactual is not None and gco2 is not None else None
     receipt = {
@@ -903,6 +905,8 @@ class Accountant:
                 "signal": "average (consumption-based) or marginal, per zone, as named per system; never "
                           "mixed within a figure",
                 "emission_factor": self._emission_factor(),
+                "saving_counterfactual": f"measured gCO2 x the plan's estimate of {RULE_SHORT} / its "
+                                         "estimate of the chosen plan",
                 "pue": "per zone from the site configuration ([site] pue, [zones.ZONE] pue), default 1.0",
                 "gaps": "periods without recorded intensity are priced at the zone's static yearly mean "
                         "(basis mixed/static) or left unpriced (jobs_without_emissions); never zero",

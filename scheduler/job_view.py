@@ -20,7 +20,8 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "started_at", "ended_at", "deadline", "est_runtime_s", "time_limit_s", "latency_slo_ms",
             "workload", "prompts", "exit_code", "energy_j", "energy_method", "gco2", "est_energy_j",
             "est_gco2", "explanation", "attempts", "argv", "cwd", "cancel_requested_at",
-            "max_delay_s", "est_gco2_if_now", "est_runtime_planned_s", "binding", "deadline_miss")
+            "max_delay_s", "est_gco2_if_now", "est_runtime_planned_s", "binding", "deadline_miss",
+            "time_limit_factor")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
 
@@ -67,7 +68,7 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          planned_node, submitted, planned_start, started, ended, deadline, est, limit, slo,
          workload, prompts, exit_code, energy, method, gco2, est_energy, est_gco2, explanation,
          attempts, argv, cwd, cancel_at, max_delay, est_gco2_now, est_runtime_planned, binding,
-         deadline_miss) in rows:
+         deadline_miss, limit_factor) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -85,11 +86,14 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "est_energy_j": est_energy, "est_gco2": est_gco2, "explanation": explanation,
             "attempts": attempts, "argv": _json_raw(argv), "cwd": cwd,
             "cancel_requested": cancel_at is not None,
-            # The plan's estimate: on its chosen GPUs and start, and run now on the first free
-            # GPUs instead; per prompt where the job gave a prompt count.
+            # The plan's estimate: on its chosen GPUs and start, and the "if run now"
+            # counterfactual (policies.counterfactual); per prompt where the job gave a prompt
+            # count. time_limit_factor: the time limit is derived (runtime on the planned GPUs x
+            # this); null: an explicit --time-limit (or none).
             "max_delay_s": max_delay, "est_runtime_planned_s": est_runtime_planned,
             "est_gco2_per_prompt": _per(est_gco2, prompts),
             "est_gco2_if_now": est_gco2_now, "est_gco2_if_now_per_prompt": _per(est_gco2_now, prompts),
             "binding": binding, "deadline_miss": bool(deadline_miss),
+            "time_limit_factor": limit_factor,
         })
     return out

@@ -218,8 +218,9 @@ def test_the_plan_table_totals_planned_against_run_now_grams():
         {"job": 2, "node": "de1", "gpus": [0, 1], "start": "2026-12-01T03:00:00Z", "gco2": 10.0,
          "gco2_if_now": 10.0, "reason": "runs now", "model": "H100", "zone": "DE",
          "deadline_miss": True},
-        {"job": 3, "node": "lab", "gpus": [0], "start": "2026-12-01T03:00:00Z", "gco2": None,
-         "gco2_if_now": None, "reason": "carbon-blind", "model": "A100", "zone": "LAB"},
+        {"job": 3, "node": "lab", "gpus": [0], "start": "2026-12-01T03:00:00Z", "gco2": 50.0,
+         "gco2_if_now": 50.0, "reason": "priced blind", "model": "A100", "zone": "LAB",
+         "priced_blind_g_per_kwh": 300.0},
         {"job": 4, "node": None, "gpus": None, "start": None, "gco2": None, "gco2_if_now": None,
          "reason": "needs 16 GPUs of one model on one node"},
     ]
@@ -228,8 +229,8 @@ def test_the_plan_table_totals_planned_against_run_now_grams():
     assert "H200@GB" in lines[1] and "30.0 g" in lines[1] and "90.0 g" in lines[1]
     assert "DEADLINE-MISS" in lines[2]
     total = lines[-1]
-    assert total.startswith("total: 40.0 g planned vs 100.0 g if run now (saving 60.0%)")
-    assert "over 2 of 4 jobs" in total and "1 without a carbon estimate" in total and "1 not placed" in total
+    assert total.startswith("total: 90.0 g planned vs 150.0 g if run now (saving 40.0%)")
+    assert "over 3 of 4 jobs" in total and "1 priced blind at 300 g/kWh" in total and "1 not placed" in total
 
 
 def test_show_prints_the_explanation_the_estimates_per_prompt_and_the_saving():

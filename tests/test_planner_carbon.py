@@ -353,19 +353,23 @@ def test_planned_jobs_store_the_estimate_and_explanation_the_policy_gave(store, 
     assert shown["explanation"] == a.explanation
 
 
-def test_a_withdrawn_plan_clears_its_estimate(store, service):
+def test_a_withdrawn_plan_clears_its_estimate_but_keeps_its_counterfactual(store, service):
+    """The "if run now" figure is fixed when the job is first planned (policies.counterfactual):
+    it stays for the job's next plan; the plan's own estimate goes with the plan."""
     import_carbon(store, GB)
     (gb,) = add_node(store, "gb1", "GB")
     planner = planner_for(store)
     job = submit(service, est_runtime_s=3600)
     planner.tick()
-    assert job_row(store, job).est_gco2 is not None
+    planned = job_row(store, job)
+    assert planned.est_gco2 is not None and planned.est_gco2_if_now is not None
     with store.write() as conn:
         conn.execute(update(gpus).where(gpus.c.id == gb).values(healthy=False))
     planner.tick()
     row = job_row(store, job)
     assert row.state == "PENDING"
-    assert (row.est_gco2, row.est_gco2_if_now, row.binding, row.deadline_miss) == (None, None, None, False)
+    assert (row.est_gco2, row.binding, row.deadline_miss) == (None, None, False)
+    assert row.est_gco2_if_now == planned.est_gco2_if_now
 
 
 def test_plan_preview_gives_the_documented_keys_and_writes_nothing(store, service):

@@ -1,7 +1,7 @@
 """job reported work: prompts and tokens a job wrote into its metrics file
 
 Revision ID: 5b2e9d7c4a10
-Revises: 07dcb1e63119
+Revises: 3f1d6c2a8e47
 Create Date: 2026-12-01 11:10:00.000000
 """
 from alembic import op
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = '5b2e9d7c4a10'
-down_revision = '07dcb1e63119'
+down_revision = '3f1d6c2a8e47'
 branch_labels = None
 depends_on = None
 

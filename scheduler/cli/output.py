@@ -78,6 +78,17 @@ def _saving(planned: float | None, now: float | None) -> str:
     return f"; the plan saves {100 * (now - planned) / now:.0f}%"
 
 
+def _time_limit(job: dict) -> str:
+    """The limit and where it comes from: explicit (binds the plan) or derived (follows it)."""
+    limit, factor = job.get("time_limit_s"), job.get("time_limit_factor")
+    if limit is None:
+        return "-"
+    if factor is None:
+        return f"{format_duration(limit)} (--time-limit: no plan runs longer)"
+    basis = "the planned GPUs' runtime" if job.get("est_runtime_planned_s") else "--est-runtime until planned"
+    return f"{format_duration(limit)} ({factor:g} x {basis})"
+
+
 def job_detail(job: dict) -> str:
     runtime = None
     if job["started_at"] and job["ended_at"]:
@@ -94,7 +105,7 @@ def job_detail(job: dict) -> str:
          + (f" (planned GPUs: {format_duration(job['est_runtime_planned_s'])})"
             if job.get("est_runtime_planned_s") else "")),
         ("max delay", format_duration(job.get("max_delay_s"))),
-        ("time limit", format_duration(job.get("time_limit_s"))),
+        ("time limit", _time_limit(job)),
         ("deadline", local_time(job.get("deadline"), True)),
         ("submitted", local_time(job["submitted_at"], True)),
         ("planned start", local_time(job["planned_start"], True)),
@@ -145,8 +156,8 @@ def nodes_table(nodes: list[dict]) -> str:
 
 
 def plan_table(plan: list[dict]) -> str:
-    """The policy's plan, one job a line, and a total: planned gCO2 against running every
-    job now on the first free GPUs (over the jobs with both figures)."""
+    """The policy's plan, one job a line, and a total: planned gCO2 against each job's "if run
+    now" counterfactual (over the jobs with both figures)."""
     if not plan:
         return "nothing queued"
     rows = []
@@ -167,9 +178,10 @@ def plan_table(plan: list[dict]) -> str:
         total += f" (saving {100 * (now - planned) / now:.1f}%)"
     total += f" over {len(both)} of {len(plan)} jobs"
     unplaced = sum(1 for p in plan if p["node"] is None)
-    blind = sum(1 for p in plan if p["node"] is not None and p.get("gco2") is None)
+    blind = [p for p in plan if p["node"] is not None and p.get("priced_blind_g_per_kwh") is not None]
     if blind:
-        total += f"; {blind} without a carbon estimate (zone planned carbon-blind)"
+        price = blind[0]["priced_blind_g_per_kwh"]
+        total += f"; {len(blind)} priced blind at {price:.0f} g/kWh (no carbon data for their zone)"
     if unplaced:
         total += f"; {unplaced} not placed"
     lines.append(total)

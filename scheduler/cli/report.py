@@ -21,6 +21,8 @@ import sys
 from datetime import datetime, timezone
 from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
 
+from policies.counterfactual import RULE_SHORT
+
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
 
 
@@ -158,7 +160,7 @@ def report_table(data: dict) -> str:
                  f"${a['energy_price_usd_per_kwh']:g}/kWh"
                  + (" (zone prices: " + ", ".join(f"{z} ${p:g}" for z, p in a["zone_energy_price_usd_per_kwh"].items())
                     + ")" if a["zone_energy_price_usd_per_kwh"] else "")
-                 + "; saved: against running at once on the first free GPUs (measured gCO2 x the plan's if-now / chosen estimates)")
+                 + "; saved: against " + RULE_SHORT + " (measured gCO2 x the plan's if-now / chosen estimates)")
     if data["jobs_without_gco2"]:
         lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
                      "data for their run): left out of KGCO2 and savings")
@@ -286,8 +288,10 @@ def receipt_text(r: dict) -> str:
     cf = r["counterfactual"]
     scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
     lines.append(("if run at once", _g(cf["gco2"]) + (
-        " (measured, scaled by the plan's estimate for the first free GPUs now)" if scaled
-        else " (plan estimate, first free GPUs)" if cf["gco2"] is not None else "")))
+        " (measured, scaled by the plan's estimates: the job alone at submission on the earliest free, "
+        "fastest GPUs vs its plan)" if scaled
+        else " (plan estimate: the job alone at submission on the earliest free, fastest GPUs)"
+        if cf["gco2"] is not None else "")))
     if r["saving_gco2"] is not None:
         lines.append(("saved", _g(r["saving_gco2"]) + (f" ({r['saving_pct']:.0f}%)" if r["saving_pct"] is not None
                                                        else "")))

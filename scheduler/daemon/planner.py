@@ -418,7 +418,10 @@ class Planner:
         carbon = self.curves.for_zones(zones, now)
         jobs_ = tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, self._runtime_estimate(r),
                                 r.deadline, r.latency_slo_ms, r.workload, r.prompts,
-                                max_delay_s=r.max_delay_s, pinned=r.id in pinned)
+                                max_delay_s=r.max_delay_s, pinned=r.id in pinned,
+                                # an explicit --time-limit binds; a derived one follows the plan
+                                time_limit_s=r.time_limit_s if r.time_limit_factor is None else None,
+                                time_limit_factor=r.time_limit_factor, gco2_if_now=r.est_gco2_if_now)
                       for r in queued.values())
         snapshot = Snapshot(
             now=now,
@@ -539,14 +542,17 @@ def plan_rows(snapshot: Snapshot, plan: Plan, blind_zones: Iterable[str] = ()) -
 
     DESIGN.md's `job, node, gpus, start, gco2, gco2_if_now, reason`, plus the GPU model and
     zone, estimated energy, runtime, finish and gCO2 per prompt, the binding constraint,
-    whether the deadline is missed, whether the zone is planned carbon-blind, and whether
-    the job is pinned (it starts before the next tick, so its plan no longer moves).
+    whether the deadline is missed, whether the zone is planned carbon-blind and the
+    intensity it is priced blind at (`policies.blind`), the time limit (an explicit one, or
+    one derived from the runtime on the chosen GPUs), and whether the job is pinned (it
+    starts before the next tick, so its plan no longer moves).
     Unplaced jobs have nulls and the reason. GPUs are node-local indices.
     """
     from scheduler.timeparse import iso
 
     by_id = {g.id: g for g in snapshot.gpus}
     pinned = {j.id for j in snapshot.jobs if j.pinned}
+    queued = {j.id: j for j in snapshot.jobs}
     blind = set(blind_zones)
     out = []
     for a in plan.assignments:
@@ -561,11 +567,14 @@ def plan_rows(snapshot: Snapshot, plan: Plan, blind_zones: Iterable[str] = ()) -
                     "finish": iso(e.finish_at) if e.finish_at else None, "runtime_s": e.runtime_s,
                     "energy_j": e.energy_j, "prompts": e.prompts, "gco2_per_prompt": e.gco2_per_prompt,
                     "binding": e.binding, "deadline_miss": bool(e.deadline_miss),
-                    "pinned": a.job_id in pinned})
+                    "pinned": a.job_id in pinned, "priced_blind_g_per_kwh": e.blind_g_per_kwh,
+                    "time_limit_s": e.time_limit_s if e.time_limit_s is not None
+                    else getattr(queued.get(a.job_id), "time_limit_s", None)})
     out += [{"job": job_id, "node": None, "gpus": None, "start": None, "gco2": None,
              "gco2_if_now": None, "reason": why, "model": None, "zone": None, "carbon_blind": False,
              "finish": None, "runtime_s": None, "energy_j": None, "prompts": None,
-             "gco2_per_prompt": None, "binding": None, "deadline_miss": False, "pinned": False}
+             "gco2_per_prompt": None, "binding": None, "deadline_miss": False, "pinned": False,
+             "priced_blind_g_per_kwh": None, "time_limit_s": getattr(queued.get(job_id), "time_limit_s", None)}
             for job_id, why in plan.unplaced.items()]
     return sorted(out, key=lambda p: p["job"])
 
@@ -626,6 +635,8 @@ class QueuedRow(NamedTuple):
     est_gco2: float | None
     deadline_miss: bool | None
     time_limit_s: float | None
+    time_limit_factor: float | None  # set: the limit is derived and follows the plan
+    est_gco2_if_now: float | None  # the counterfactual fixed when the job was first planned
 
 
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
@@ -647,7 +658,7 @@ def _read_queue(conn: Connection) -> dict[int, QueuedRow]:
     for r in conn.execute(q):
         if raw:
             r = QueuedRow(r[0], r[1], r[2], r[3], _utc(r[4]), r[5], _utc(r[6]), r[7], r[8], r[9],
-                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), r[13], r[14], r[15], r[16], r[17], r[18])
+                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), *r[13:])
         else:
             r = QueuedRow(*r)
         out[r.id] = r
@@ -685,7 +696,7 @@ def _estimate_changed(row, a) -> bool:
 
 
 _ESTIMATE_FIELDS = ("explanation", "est_energy_j", "est_gco2", "est_gco2_if_now",
-                    "est_runtime_planned_s", "binding", "deadline_miss", "reason")
+                    "est_runtime_planned_s", "binding", "deadline_miss", "reason", "time_limit_s")
 _PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "state") + _ESTIMATE_FIELDS
 _UPDATE_PLAN = (update(jobs).where(jobs.c.id == bindparam("b_id"))
                 .values({f: bindparam(f"b_{f}") for f in _PLAN_FIELDS}))
@@ -738,14 +749,20 @@ def _apply(conn: Connection, batch: list, now) -> dict[str, int]:
 
 
 def _plan_row(row, a, state: State, why: str) -> dict:
+    """The columns a plan (or its withdrawal, `a` None) writes. The "if run now" counterfactual,
+    once set, is kept (the policy hands it back; a withdrawn job keeps it for its next plan),
+    and a derived time limit follows the plan's runtime on its chosen GPUs."""
+    limit = a.estimate.time_limit_s if a is not None and a.estimate.time_limit_s is not None else row.time_limit_s
+    if_now = a.estimate.gco2_if_now if a is not None and row.est_gco2_if_now is None else row.est_gco2_if_now
     return {"b_id": row.id, "b_state": state.value, "b_reason": why, "b_plan_rev": row.plan_rev + 1,
+            "b_time_limit_s": limit,
             "b_planned_node": a.node if a else None,
             "b_planned_gpu_ids": list(a.gpu_ids) if a else None,
             "b_planned_start": a.start_at if a else None,
             "b_explanation": a.explanation if a else None,
             "b_est_energy_j": a.estimate.energy_j if a else None,
             "b_est_gco2": a.estimate.gco2 if a else None,
-            "b_est_gco2_if_now": a.estimate.gco2_if_now if a else None,
+            "b_est_gco2_if_now": if_now,
             "b_est_runtime_planned_s": a.estimate.runtime_s if a else None,
             "b_binding": a.estimate.binding if a else None,
             "b_deadline_miss": bool(a.estimate.deadline_miss) if a else False}

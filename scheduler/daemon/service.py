@@ -172,8 +172,10 @@ class JobService:
         limit = _optional_number(body.get("time_limit_s"), "time_limit_s")
         if limit is not None and not 0 < limit <= MAX_RUNTIME_S:
             raise RequestError(400, f"--time-limit must be between 1s and 30d (got {limit:g}s)")
-        if limit is None and est is not None:
-            limit = est * self.config.time_limit_factor
+        factor = None
+        if limit is None and est is not None:  # derived: follows the GPUs the planner chooses
+            factor = self.config.time_limit_factor
+            limit = est * factor
 
         deadline = None
         if body.get("deadline") is not None:
@@ -230,7 +232,8 @@ class JobService:
             owner_groups=groups, owner_name=owner,
             argv=argv, cwd=cwd, env=env, gpus=n_gpus, gpu_mem_gib=mem, deadline=deadline,
             latency_slo_ms=slo, workload=workload, prompts=prompts, tokens=tokens, est_runtime_s=est,
-            time_limit_s=limit, max_retries=retries, attempts=0, submitted_at=now, plan_rev=0,
+            time_limit_s=limit, time_limit_factor=factor, max_retries=retries, attempts=0, submitted_at=now,
+            plan_rev=0,
             max_delay_s=max_delay,
         )
 

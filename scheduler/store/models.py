@@ -132,7 +132,11 @@ class Job(Base):
     est_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Start no later than submitted_at + this (None: any time that meets the deadline).
     max_delay_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The run's time limit: the user's --time-limit (binding for the planner), or one derived
+    # from --est-runtime, re-derived by the planner from the runtime on the chosen GPUs x
+    # `time_limit_factor` (NULL for an explicit limit).
     time_limit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    time_limit_factor: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_retries: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     submitted_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -144,7 +148,8 @@ class Job(Base):
     plan_rev: Mapped[int] = mapped_column(Integer, default=0)
     est_energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     est_gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # The same job run now on the first free GPUs: what waiting or moving saves.
+    # The "if run now" counterfactual (policies.counterfactual), fixed when first planned:
+    # what waiting or moving saves.
     est_gco2_if_now: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The runtime the plan expects on its chosen GPUs (profile or catalog estimate).
     est_runtime_planned_s: Mapped[float | None] = mapped_column(Float, nullable=True)
