@@ -21,7 +21,8 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "workload", "prompts", "exit_code", "energy_j", "energy_method", "gco2", "est_energy_j",
             "est_gco2", "explanation", "attempts", "argv", "cwd", "cancel_requested_at",
             "max_delay_s", "est_gco2_if_now", "est_runtime_planned_s", "binding", "deadline_miss",
-            "time_limit_factor")
+            "time_limit_factor", "tokens", "reported_prompts", "reported_input_tokens",
+            "reported_output_tokens")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
 
@@ -68,7 +69,7 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          planned_node, submitted, planned_start, started, ended, deadline, est, limit, slo,
          workload, prompts, exit_code, energy, method, gco2, est_energy, est_gco2, explanation,
          attempts, argv, cwd, cancel_at, max_delay, est_gco2_now, est_runtime_planned, binding,
-         deadline_miss, limit_factor) in rows:
+         deadline_miss, limit_factor, tokens, reported_prompts, reported_in, reported_out) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -95,5 +96,12 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "est_gco2_if_now": est_gco2_now, "est_gco2_if_now_per_prompt": _per(est_gco2_now, prompts),
             "binding": binding, "deadline_miss": bool(deadline_miss),
             "time_limit_factor": limit_factor,
+            # Work done: declared at submit (`prompts`, `tokens`: output tokens) and what the
+            # job reported in its metrics file (null: not reported). The measured gCO2 per
+            # prompt divides by the reported count where there is one, and says which it used.
+            "tokens": tokens, "reported_prompts": reported_prompts,
+            "reported_input_tokens": reported_in, "reported_output_tokens": reported_out,
+            "gco2_per_prompt": _per(gco2, reported_prompts if reported_prompts else prompts),
+            "prompts_source": "reported" if reported_prompts else ("declared" if prompts else None),
         })
     return out

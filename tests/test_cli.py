@@ -252,3 +252,22 @@ def test_show_prints_the_explanation_the_estimates_per_prompt_and_the_saving():
     assert "118.0 g (0.118 g/prompt); the plan saves 65%" in text
     assert "binding: deadline" in text
     assert "DEADLINE" in text and "2.00 kWh" in text
+
+
+def test_show_gives_reported_work_beside_declared_and_divides_by_the_reported_prompts():
+    from scheduler.cli.output import job_detail
+
+    job = {"id": 8, "name": "batch", "state": "COMPLETED", "reason": "exit code 0", "owner": "alice",
+           "owner_uid": 1000, "argv": ["python", "batch.py"], "cwd": "/tmp", "gpus_requested": 1,
+           "gpu_mem_gib": 0.0, "gpus": [0], "gpu_model": "H100", "node": "de1", "workload": "llm-inference",
+           "prompts": 1000, "tokens": 50000, "reported_prompts": 1200, "reported_input_tokens": 60000,
+           "reported_output_tokens": 48000, "est_runtime_s": 60.0, "time_limit_s": 120.0, "deadline": None,
+           "submitted_at": "2026-12-01T00:00:00Z", "planned_start": "2026-12-01T00:00:00Z",
+           "started_at": "2026-12-01T00:00:00Z", "ended_at": "2026-12-01T00:01:00Z", "exit_code": 0,
+           "energy_j": 3.6e6, "energy_method": "counter", "gco2": 120.0, "gco2_per_prompt": 0.1,
+           "prompts_source": "reported", "explanation": "-", "est_energy_j": None, "est_gco2": None,
+           "est_gco2_if_now": None, "binding": None, "deadline_miss": False}
+    text = job_detail(job)
+    assert ("work: 1,200 prompts, 60,000 input tokens, 48,000 output tokens (reported); "
+            "1,000 prompts, 50,000 output tokens (declared)") in text
+    assert "120.0 g (0.1 g/prompt, reported)" in text

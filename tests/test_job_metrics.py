@@ -166,6 +166,9 @@ def test_what_a_job_writes_is_stored_beside_what_was_declared(node, store):
     assert row.state == "COMPLETED" and last == "exit code 0"
     assert (row.reported_prompts, row.reported_input_tokens, row.reported_output_tokens) == (12, 4000, 3000)
     assert (row.prompts, row.tokens) == (100, 20000)  # the declared planning hints stay
+    shown = node[1].get_job(ROOT, row.id)
+    assert (shown["reported_prompts"], shown["reported_input_tokens"], shown["reported_output_tokens"],
+            shown["prompts"], shown["tokens"], shown["prompts_source"]) == (12, 4000, 3000, 100, 20000, "reported")
 
 
 def test_a_job_that_writes_garbage_still_ends_as_it_ran_with_a_note(node, store):

@@ -89,6 +89,20 @@ def _time_limit(job: dict) -> str:
     return f"{format_duration(limit)} ({factor:g} x {basis})"
 
 
+def _work(job: dict) -> str:
+    """Prompts and tokens: what the job reported in its metrics file, and what was declared."""
+    def count(n: int | None, what: str) -> str | None:
+        return None if n is None else f"{n:,} {what}"
+
+    reported = [c for c in (count(job.get("reported_prompts"), "prompts"),
+                            count(job.get("reported_input_tokens"), "input tokens"),
+                            count(job.get("reported_output_tokens"), "output tokens")) if c]
+    declared = [c for c in (count(job.get("prompts"), "prompts"), count(job.get("tokens"), "output tokens")) if c]
+    parts = ([", ".join(reported) + " (reported)"] if reported else []) + \
+        ([", ".join(declared) + " (declared)"] if declared else [])
+    return "; ".join(parts) or "-"
+
+
 def job_detail(job: dict) -> str:
     runtime = None
     if job["started_at"] and job["ended_at"]:
@@ -100,7 +114,7 @@ def job_detail(job: dict) -> str:
         ("command", " ".join(job["argv"])), ("directory", job["cwd"]),
         ("gpus", f"{job['gpus_requested']} x >= {job['gpu_mem_gib']:g} GiB"
                  + (f" -> {_gpus(job)}" if job.get("gpus") else "")),
-        ("workload", job.get("workload") or "-"), ("prompts", str(job.get("prompts") or "-")),
+        ("workload", job.get("workload") or "-"), ("work", _work(job)),
         ("est. runtime", format_duration(job.get("est_runtime_s"))
          + (f" (planned GPUs: {format_duration(job['est_runtime_planned_s'])})"
             if job.get("est_runtime_planned_s") else "")),
@@ -115,7 +129,8 @@ def job_detail(job: dict) -> str:
         ("exit code", "-" if job["exit_code"] is None else str(job["exit_code"])),
         ("energy", _energy(job["energy_j"]) + (f" ({job['energy_method']})" if job.get("energy_method") else "")),
         ("gCO2", "-" if job["gco2"] is None else f"{job['gco2']:.1f} g"
-         + (f" ({job['gco2'] / job['prompts']:.3g} g/prompt)" if job.get("prompts") else "")),
+         + (f" ({job['gco2_per_prompt']:.3g} g/prompt, {job['prompts_source']})"
+            if job.get("gco2_per_prompt") is not None else "")),
         ("plan", job.get("explanation") or "-"),
         ("est. energy", _energy(job.get("est_energy_j"))),
         ("est. gCO2", _estimate_line(job.get("est_gco2"), job.get("est_gco2_per_prompt"))),
