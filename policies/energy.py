@@ -20,10 +20,8 @@ Rules (documented here because every policy and the benchmark rely on them):
   (job, model) pairs per tick.
 * **Carbon**: gCO2 = power_w x PUE x integral of intensity over [start, start + runtime]
   / 3.6e6 (W x s = J; J / 3.6e6 = kWh; kWh x g/kWh = g). The forecast is a step function.
-* **Learning** (`learn`): a measured completed run is folded into the profile with weight
-  `max(1 / (n + 1), LEARN_MIN_WEIGHT)` (a seed profile counts as one run): a sample-count-weighted mean for the first few
-  runs, then an EWMA, so the estimate converges to what this cluster does and keeps
-  following it when it drifts (driver update, power cap, other batch sizes).
+* **Learning** from this cluster's completed runs: `policies.learning` (a median over the
+  recent runs, so it converges in a few runs, ignores a stalled one and follows a drift).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ import logging
 import math
 import tomllib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from importlib import resources
@@ -48,7 +46,6 @@ log = logging.getLogger(__name__)
 
 REFERENCE_MODEL = "H100"
 GENERIC_UTILISATION = 0.8  # share of (TDP - idle) a generic batch job draws on average
-LEARN_MIN_WEIGHT = 0.2  # after 4 samples, each new run counts 20% (EWMA)
 J_PER_KWH = 3.6e6
 
 
@@ -297,33 +294,3 @@ def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power
         return None
     integral = curve_integral_g_per_kwh_s(curve, start, start + timedelta(seconds=runtime_s))
     return power_w * pue * integral / J_PER_KWH
-
-
-def learn(prior: Profile | None, *, workload: str, model: str, gpus: int, runtime_s: float,
-          energy_j: float, prompts: int) -> Profile:
-    """Fold one measured completed run into the profile of (workload, model).
-
-    Throughput per GPU = prompts / (gpus x runtime); power per GPU = energy / (gpus x runtime).
-    Weight of the new run: max(1/(n+1), LEARN_MIN_WEIGHT). Latencies scale inversely with
-    throughput (a slower cluster serves each prompt proportionally slower).
-    """
-    if gpus <= 0 or runtime_s <= 0 or prompts <= 0 or energy_j < 0:
-        raise ValueError(f"cannot learn from gpus={gpus} runtime_s={runtime_s} prompts={prompts} "
-                         f"energy_j={energy_j}")
-    pps = prompts / (gpus * runtime_s)
-    power_w = energy_j / (gpus * runtime_s)
-    if prior is None:
-        latency_ms = math.nan  # unknown until a prior (seed) gives its shape
-        return Profile(workload=workload, model=_canonical_model(model), prompts_per_s=pps,
-                       power_w=power_w, latency_p50_ms=latency_ms, latency_p95_ms=latency_ms,
-                       source="measured here (n=1)", samples=1)
-    n = prior.samples
-    seed_weight = 1 if n == 0 else 0  # a seed (public measurement) counts as one run
-    w = max(1.0 / (n + seed_weight + 1), LEARN_MIN_WEIGHT)
-    new_pps = (1 - w) * prior.prompts_per_s + w * pps
-    new_power = (1 - w) * prior.power_w + w * power_w
-    scale = prior.prompts_per_s / new_pps if new_pps > 0 else 1.0
-    return replace(prior, prompts_per_s=new_pps, power_w=new_power,
-                   latency_p50_ms=prior.latency_p50_ms * scale,
-                   latency_p95_ms=prior.latency_p95_ms * scale,
-                   source=f"measured here (n={n + 1})", samples=n + 1)

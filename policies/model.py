@@ -6,6 +6,8 @@ seconds in fields named `*_s`; memory is GiB in fields named `*_gib`.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from datetime import datetime
@@ -97,6 +99,7 @@ class Profile:
     latency_p95_ms: float
     source: str = ""
     samples: int = 0
+    rel_uncertainty: float = math.nan  # of prompts_per_s, learned profiles (policies.learning)
 
 
 @dataclass(frozen=True)

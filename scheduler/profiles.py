@@ -3,9 +3,11 @@
 The planner estimates a job's runtime and power from a profile per (workload class, GPU
 model). The packaged seed profiles (`policies.energy.seed_profiles()`) come from public
 measurements or a roofline scaling; every COMPLETED job with a workload class, a prompt
-count and measured energy on one GPU model is folded into the learned profile of its
-(workload, model) with `policies.energy.learn`, so estimates converge to what this
-cluster really does. The planner lays the learned rows over the seeds.
+count (the one the job reported, else the declared one) and measured energy on one GPU model
+adds a run to its (workload, model) row, and `policies.learning.estimate` turns the recent
+runs into the profile (a median, so one stalled run does not drag it). What a workload
+taught on some GPU models corrects its seeds on the others until they have runs of their
+own. The planner lays these profiles over the seeds.
 
 Learning is bookkeeping next to a job's completion: it never fails the completion, and a
 profile row is updated read-modify-write under a row lock (PostgreSQL) or the single
@@ -17,12 +19,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
+from types import SimpleNamespace
 
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from policies.learning import WINDOW, Run, estimate, shared_ratios
 from policies.model import Profile
 from scheduler.lifecycle import State, utcnow
 from scheduler.store import Store
@@ -36,7 +40,7 @@ MIN_LEARN_RUNTIME_S = 1.0
 
 @dataclass(frozen=True)
 class CompletedRun:
-    """What one completed job measured, as `policies.energy.learn` takes it."""
+    """What one completed job measured: its GPUs, runtime, energy and prompts."""
 
     job_id: int
     workload: str
@@ -48,17 +52,48 @@ class CompletedRun:
 
 
 def learned_profiles(conn: Connection) -> tuple[Profile, ...]:
-    """Every learned profile in the store, ordered by (workload, model)."""
-    rows = conn.execute(select(workload_profiles).order_by(workload_profiles.c.workload,
-                                                           workload_profiles.c.model))
-    return tuple(_profile(r) for r in rows)
+    """Every learned profile, ordered by (workload, model): one per stored row, and one per
+    seeded GPU model of a workload that has runs on other models only (its seed corrected
+    by those runs)."""
+    from policies.energy import seed_profiles
+
+    rows = list(conn.execute(select(workload_profiles).order_by(workload_profiles.c.workload,
+                                                                workload_profiles.c.model)))
+    seeds = {(p.workload, p.model): p for p in seed_profiles()}
+    by_workload: dict[str, dict[str, object]] = {}
+    for r in rows:
+        by_workload.setdefault(r.workload, {})[r.model] = r
+    out = []
+    for workload, here in by_workload.items():
+        models = set(here) | {m for (w, m) in seeds if w == workload}
+        for model in sorted(models):
+            row = here.get(model)
+            profile = _estimate(workload, model, row, here, seeds)
+            if profile is not None:
+                out.append(profile)
+    return tuple(out)
 
 
-def _profile(r) -> Profile:
-    return Profile(workload=r.workload, model=r.model, prompts_per_s=r.prompts_per_s,
-                   power_w=r.power_w, latency_p50_ms=_nan_if_none(r.latency_p50_ms),
-                   latency_p95_ms=_nan_if_none(r.latency_p95_ms), source=r.source or "measured here",
-                   samples=r.samples)
+def _runs(row) -> list[Run]:
+    if row is None:
+        return []
+    if row.runs is None:  # learned before runs were kept: its figures stand for one run
+        return [Run(row.prompts_per_s, row.power_w)] if row.samples else []
+    return [Run(float(a), float(b)) for a, b in row.runs]
+
+
+def _estimate(workload: str, model: str, row, rows_of_workload: dict, seeds: dict) -> Profile | None:
+    """The profile of (workload, model) from its row's runs, its seed and the workload's runs
+    on other models; None when there is nothing learned to say."""
+    seed = seeds.get((workload, model))
+    others = [(seeds[(workload, m)], _runs(r)) for m, r in rows_of_workload.items()
+              if m != model and (workload, m) in seeds]
+    shared = shared_ratios(others) if seed is not None else None
+    runs = _runs(row)
+    if not runs and shared is None:
+        return None
+    p = estimate(seed, runs, workload=workload, model=model, shared=shared)
+    return replace(p, samples=row.samples if row is not None else 0)
 
 
 def _nan_if_none(v: float | None) -> float:
@@ -69,22 +104,17 @@ def _none_if_nan(v: float) -> float | None:
     return None if v is None or math.isnan(v) else v
 
 
-def _seed(workload: str, model: str) -> Profile | None:
-    from policies.energy import ProfileBook, seed_profiles
-
-    return ProfileBook(seed_profiles()).get(workload, model)
-
-
 def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None = None) -> CompletedRun | None:
     """The measurement a completed job offers for learning, or None when it offers none
     (not COMPLETED, no workload class or prompts, no measured energy, mixed GPU models)."""
-    job = conn.execute(select(jobs.c.state, jobs.c.workload, jobs.c.prompts, jobs.c.gpu_ids,
-                              jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j)
+    job = conn.execute(select(jobs.c.state, jobs.c.workload, jobs.c.prompts, jobs.c.reported_prompts,
+                              jobs.c.gpu_ids, jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j)
                        .where(jobs.c.id == job_id)).first()
     if job is None or job.state != State.COMPLETED.value:
         return None
     energy_j = gpu_energy_j if gpu_energy_j is not None else job.energy_j
-    if not job.workload or not job.prompts or not energy_j or energy_j <= 0:
+    prompts = job.reported_prompts or job.prompts
+    if not job.workload or not prompts or not energy_j or energy_j <= 0:
         return None
     if job.started_at is None or job.ended_at is None or not job.gpu_ids:
         return None
@@ -96,29 +126,29 @@ def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None =
         return None
     return CompletedRun(job_id=job_id, workload=job.workload, model=models.pop(),
                         gpus=len(job.gpu_ids), runtime_s=runtime_s, energy_j=float(energy_j),
-                        prompts=int(job.prompts))
+                        prompts=int(prompts))
 
 
 def fold_run(conn: Connection, run: CompletedRun, now: datetime) -> Profile:
-    """Fold one measured run into its (workload, model) profile in the store; return it.
+    """Add one measured run to its (workload, model) row in the store and return the
+    profile it now gives (`policies.learning.estimate` over the row's recent runs)."""
+    from policies.energy import seed_profiles
 
-    The prior is the learned row if there is one, else the seed profile (so the first run
-    refines the public figure instead of replacing it outright; `learn` decides the weights).
-    """
-    from policies.energy import learn
-
-    q = select(workload_profiles).where(workload_profiles.c.workload == run.workload,
-                                        workload_profiles.c.model == run.model)
+    q = select(workload_profiles).where(workload_profiles.c.workload == run.workload)
     if conn.dialect.name == "postgresql":
         q = q.with_for_update()
-    row = conn.execute(q).first()
-    prior = _profile(row) if row is not None else _seed(run.workload, run.model)
-    new = learn(prior, workload=run.workload, model=run.model, gpus=run.gpus,
-                runtime_s=run.runtime_s, energy_j=run.energy_j, prompts=run.prompts)
+    rows = {r.model: r for r in conn.execute(q)}
+    row = rows.get(run.model)
+    measured = Run.of(gpus=run.gpus, runtime_s=run.runtime_s, energy_j=run.energy_j, prompts=run.prompts)
+    runs = (_runs(row) + [measured])[-WINDOW:]
+    seeds = {(p.workload, p.model): p for p in seed_profiles()}
+    samples = (row.samples if row is not None else 0) + 1
+    pending = SimpleNamespace(runs=[[r.prompts_per_s, r.power_w] for r in runs], samples=samples)
+    new = _estimate(run.workload, run.model, pending, rows, seeds)
     values = dict(prompts_per_s=new.prompts_per_s, power_w=new.power_w,
                   latency_p50_ms=_none_if_nan(new.latency_p50_ms),
                   latency_p95_ms=_none_if_nan(new.latency_p95_ms),
-                  samples=new.samples, source=new.source, updated_at=now)
+                  samples=samples, source=new.source, updated_at=now, runs=pending.runs)
     if row is None:
         conn.execute(insert(workload_profiles).values(workload=run.workload, model=run.model, **values))
     else:

@@ -8,7 +8,7 @@ import pytest
 
 from policies.catalog import catalog
 from policies.energy import (ProfileBook, curve_integral_g_per_kwh_s, fits, generic_runtime_scale, job_gco2,
-                             job_shape, learn, seed_profiles, shape_arrays)
+                             job_shape, seed_profiles, shape_arrays)
 from policies.model import CarbonCurve, Profile, QueuedJob
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
@@ -88,28 +88,6 @@ def test_integral_over_an_intensity_step_is_hand_computable():
     assert curve_integral_g_per_kwh_s(c, NOW + timedelta(hours=5), NOW + timedelta(hours=6)) == \
         pytest.approx(300 * 3600)
     assert job_gco2(None, start, 3600.0, 1000.0) is None
-
-
-def test_learning_converges_to_what_this_cluster_measures():
-    seed = Profile("w", "H100", prompts_per_s=10.0, power_w=600.0, latency_p50_ms=100.0, latency_p95_ms=200.0)
-    p = seed
-    for _ in range(40):  # this cluster does 4 prompts/s per GPU at 450 W
-        p = learn(p, workload="w", model="H100", gpus=2, runtime_s=1000.0, energy_j=2 * 1000.0 * 450.0,
-                  prompts=8000)
-    assert p.prompts_per_s == pytest.approx(4.0, rel=1e-3)
-    assert p.power_w == pytest.approx(450.0, rel=1e-3)
-    assert p.samples == 40 and "measured here (n=40)" in p.source
-    assert p.latency_p95_ms == pytest.approx(200.0 * 10.0 / 4.0, rel=1e-3)  # slower throughput, slower prompts
-
-
-def test_learning_without_a_prior_takes_the_measurement():
-    p = learn(None, workload="w", model="mi300x", gpus=1, runtime_s=100.0, energy_j=50000.0, prompts=300)
-    assert (p.model, p.prompts_per_s, p.power_w, p.samples) == ("MI300X", 3.0, 500.0, 1)
-
-
-def test_learning_rejects_impossible_measurements():
-    with pytest.raises(ValueError):
-        learn(None, workload="w", model="H100", gpus=1, runtime_s=0.0, energy_j=1.0, prompts=1)
 
 
 def test_catalog_rows_carry_fp8_throughput_and_their_data_sheet():

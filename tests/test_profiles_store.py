@@ -9,9 +9,10 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import insert, select, text, update
 
-from policies.energy import ProfileBook, learn, seed_profiles
+from policies.energy import ProfileBook, seed_profiles
+from policies.learning import Run, estimate
 from scheduler.lifecycle import State
 from scheduler.profiles import completed_run, learn_from_job, learned_profiles
 from scheduler.store.models import gpus, jobs, nodes, workload_profiles
@@ -23,6 +24,11 @@ def seeded_pair() -> tuple[str, str]:
     """A (workload, model) pair the packaged seed profiles cover."""
     p = seed_profiles()[0]
     return p.workload, p.model
+
+
+def learned_for(conn, workload: str, model: str):
+    """The learned profile of (workload, model); others of the workload may be listed too."""
+    return {(p.workload, p.model): p for p in learned_profiles(conn)}[(workload, model)]
 
 
 def add_gpus(store, node: str, model: str, n: int, memory_gib: float = 80.0) -> list[int]:
@@ -68,11 +74,11 @@ def test_a_completed_job_is_folded_into_the_seed_profile_of_its_workload_and_mod
 
     learned = learn_from_job(store, job, clock=lambda: T0)
 
-    expected = learn(seed, workload=workload, model=model, gpus=2, runtime_s=runtime_s,
-                     energy_j=2 * 300.0 * runtime_s, prompts=prompts)
+    expected = estimate(seed, [Run.of(gpus=2, runtime_s=runtime_s, energy_j=2 * 300.0 * runtime_s,
+                                      prompts=prompts)], workload=workload, model=model)
     assert learned == expected
     with store.read() as conn:
-        (stored,) = learned_profiles(conn)
+        stored = learned_for(conn, workload, model)
         row = conn.execute(select(workload_profiles)).one()
     assert (stored.workload, stored.model, stored.samples) == (workload, model, 1)
     assert stored.prompts_per_s == pytest.approx(expected.prompts_per_s)
@@ -93,7 +99,7 @@ def test_each_completed_job_counts_once_more_and_the_estimate_converges_to_the_m
                                prompts=int(measured_pps * 600.0), workload=workload)
         assert learn_from_job(store, job).samples == n
     with store.read() as conn:
-        (p,) = learned_profiles(conn)
+        p = learned_for(conn, workload, model)
     assert p.samples == 15
     assert p.prompts_per_s == pytest.approx(measured_pps, rel=0.02)
     assert p.power_w == pytest.approx(400.0, rel=0.02)
@@ -194,3 +200,49 @@ def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
         assert p.power_w == pytest.approx(row.energy_j / runtime_s, rel=1e-6)
     finally:
         agent.stop()
+
+
+def test_a_workload_learned_on_one_model_corrects_its_seeds_on_the_others(store):
+    seeds = seed_profiles()
+    workload = seeds[0].workload
+    models = [p.model for p in seeds if p.workload == workload]
+    assert len(models) >= 2
+    first, other = models[0], models[1]
+    seed_first = ProfileBook(seeds).get(workload, first)
+    seed_other = ProfileBook(seeds).get(workload, other)
+    ids = add_gpus(store, "n1", first, 1)
+    for _ in range(3):  # this workload runs at half its seed's throughput on `first`
+        job = add_finished_job(store, gpu_ids=ids, runtime_s=1000.0, energy_j=seed_first.power_w * 1000.0,
+                               prompts=int(seed_first.prompts_per_s * 0.5 * 1000.0), workload=workload)
+        learn_from_job(store, job)
+    with store.read() as conn:
+        learned = {p.model: p for p in learned_profiles(conn)}
+    assert learned[first].samples == 3
+    assert learned[first].prompts_per_s == pytest.approx(seed_first.prompts_per_s * 0.5, rel=0.01)
+    assert learned[other].samples == 0 and "other GPU models" in learned[other].source
+    assert learned[other].prompts_per_s == pytest.approx(seed_other.prompts_per_s * 0.5, rel=0.01)
+
+
+def test_a_profile_learned_before_runs_were_kept_counts_as_one_run(store):
+    workload, model = seeded_pair()
+    seed = ProfileBook(seed_profiles()).get(workload, model)
+    with store.write() as conn:
+        conn.execute(insert(workload_profiles).values(
+            workload=workload, model=model, prompts_per_s=2 * seed.prompts_per_s, power_w=seed.power_w,
+            samples=7, source="measured here (n=7)", updated_at=T0, runs=None))
+    ids = add_gpus(store, "n1", model, 1)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=1000.0, energy_j=seed.power_w * 1000.0,
+                           prompts=int(2 * seed.prompts_per_s * 1000.0), workload=workload)
+    p = learn_from_job(store, job)
+    assert p.samples == 8 and p.prompts_per_s == pytest.approx(2 * seed.prompts_per_s, rel=0.01)
+    with store.read() as conn:
+        assert len(conn.execute(select(workload_profiles.c.runs)).scalar_one()) == 2
+
+
+def test_the_prompts_a_job_reported_are_what_it_teaches(store):
+    ids = add_gpus(store, "n1", "H100", 1)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=100.0, energy_j=50_000.0, prompts=1000,
+                           workload="site-specific-eval")
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job).values(reported_prompts=2500))
+    assert learn_from_job(store, job).prompts_per_s == pytest.approx(25.0)

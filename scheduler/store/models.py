@@ -228,6 +228,9 @@ class WorkloadProfile(Base):
     samples: Mapped[int] = mapped_column(Integer, default=0)
     source: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The last `policies.learning.WINDOW` runs, oldest first: [[prompts_per_s, power_w], ...] per
+    # GPU. The figures above are the estimate from them; NULL: learned before runs were kept.
+    runs: Mapped[list | None] = mapped_column(JSON, nullable=True)
 
 
 jobs = Job.__table__
