@@ -48,7 +48,7 @@ from sqlalchemy import Connection, Float, Integer, and_, bindparam, cast, extrac
 
 from scheduler.store import Store
 from scheduler.lifecycle import utcnow
-from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status
+from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status, carbon_zone_versions
 from scheduler.timeparse import utc_aware
 from telemetry.grid.csv_import import ParsedTrace, read_trace
 from telemetry.grid.forecast import (
@@ -451,6 +451,7 @@ class CarbonSignals:
         self._clients: dict[str, Any] = dict(clients or {})
         self._track_status = track_status
         self._signal_cache: dict[str, tuple[float, str | None]] = {}
+        self._seen_versions: dict[str, int] = {}  # data_versions' last answer per zone
         self._levels: dict[tuple[str, str], str] = {}
         self._levels_lock = threading.Lock()
         self._q = _Queries(store.dialect)
@@ -685,8 +686,12 @@ class CarbonSignals:
         rows = list(by_key.values())
         if not rows:
             return 0
+        zones = sorted({r["zone"] for r in rows})
         if self.store.dialect == "postgresql" and len(rows) >= COPY_MIN_ROWS:
-            n = self.store.transact(lambda conn: _copy_upsert(conn, rows, progress))
+            def write(conn: Connection) -> int:
+                n = _copy_upsert(conn, rows, progress)
+                self._bump_versions(conn, zones)
+                return n
         else:
             stmt = self._upsert_statement()
 
@@ -695,12 +700,46 @@ class CarbonSignals:
                     conn.execute(stmt, rows[i:i + INSERT_CHUNK_ROWS])
                     if progress is not None:
                         progress(min(i + INSERT_CHUNK_ROWS, len(rows)), len(rows))
+                self._bump_versions(conn, zones)
                 return len(rows)
 
-            n = self.store.transact(write)
-        for zone in {r["zone"] for r in rows}:
+        n = self.store.transact(write)
+        for zone in zones:
             self._signal_cache.pop(zone, None)
         return n
+
+    def _bump_versions(self, conn: Connection, zones: Iterable[str]) -> None:
+        """Count one more change of each zone's carbon data, in the writing transaction, so
+        readers in other processes (the planner) notice it (`data_versions`)."""
+        if self.store.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        now = utcnow()
+        stmt = dialect_insert(carbon_zone_versions)
+        stmt = stmt.on_conflict_do_update(index_elements=[carbon_zone_versions.c.zone], set_={
+            "version": carbon_zone_versions.c.version + 1, "updated_at": stmt.excluded.updated_at})
+        conn.execute(stmt, [{"zone": z, "version": 1, "updated_at": now} for z in zones])
+
+    def data_versions(self, zones: Iterable[str]) -> dict[str, int]:
+        """How often each zone's carbon data has changed (0: never written), one small query.
+
+        Anything that caches what it read of a zone (the planner's curves) compares these
+        between uses: an import or a provider refresh in any process changes them. A zone
+        whose version moved since the last call also drops its cached signal here.
+        """
+        wanted = sorted(set(zones))
+        if not wanted:
+            return {}
+        with self.store.read() as conn:
+            got = dict(conn.execute(select(carbon_zone_versions.c.zone, carbon_zone_versions.c.version)
+                                    .where(carbon_zone_versions.c.zone.in_(wanted))).all())
+        out = {z: int(got.get(z, 0)) for z in wanted}
+        for z, v in out.items():
+            if self._seen_versions.get(z, v) != v:
+                self._signal_cache.pop(z, None)
+            self._seen_versions[z] = v
+        return out
 
     def _upsert_statement(self):
         if self.store.dialect == "postgresql":

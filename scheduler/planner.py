@@ -10,7 +10,10 @@ forecasts fetched by the daemon's refresh job, the own forecast, the static tabl
 never waits on a provider. A zone with no value at all gets no curve and is planned
 carbon-blind, which the tick logs once and the policy's explanations say. Curves are
 cached for `carbon_ttl_s` (and at most until the next slot starts), so a tick over a long
-queue does not re-read the forecasts every time a submission wakes it.
+queue does not re-read the forecasts every time a submission wakes it; but every tick
+first reads the zones' data versions (`CarbonSignals.data_versions`, one small query),
+and any change to a zone's carbon data since (a `carbonsched carbon import` in another
+process, a provider refresh) rebuilds the curves, so the next plan sees it.
 
 A PLANNED job whose start falls before the next tick (now + plan interval) is pinned: the
 policy keeps its GPUs and start, so the agent can start it without the plan moving under
@@ -214,7 +217,8 @@ class CarbonCurves:
         self.ttl_s = ttl_s
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._cache: tuple[float, datetime, frozenset[str], dict[str, ZoneCarbon]] | None = None
+        # (monotonic time, slot start, zones, their data versions, curves)
+        self._cache: tuple[float, datetime, frozenset[str], Any, dict[str, ZoneCarbon]] | None = None
         self._blind_logged: set[str] = set()
 
     def invalidate(self) -> None:
@@ -222,17 +226,20 @@ class CarbonCurves:
             self._cache = None
 
     def for_zones(self, zones: Iterable[str], now: datetime) -> dict[str, ZoneCarbon]:
-        """Curves for `zones` starting at the slot that holds `now` (cached briefly)."""
+        """Curves for `zones` starting at the slot that holds `now` (cached briefly, and only
+        while no zone's carbon data has changed)."""
         wanted = frozenset(zones)
         start = _slot_floor(now, self.slot_s)
         mono = self._monotonic()
+        versions = self._versions(wanted)
         with self._lock:
             hit = self._cache
-            if (hit is not None and mono - hit[0] < self.ttl_s and hit[1] == start and hit[2] == wanted):
-                return hit[3]
+            if (hit is not None and versions is not None and mono - hit[0] < self.ttl_s and hit[1] == start
+                    and hit[2] == wanted and hit[3] == versions):
+                return hit[4]
         out = self._build(sorted(wanted), start, now)
         with self._lock:
-            self._cache = (mono, start, wanted, out)
+            self._cache = (mono, start, wanted, versions, out)
         for z, zc in out.items():
             if zc.curve is None and z not in self._blind_logged:
                 self._blind_logged.add(z)
@@ -241,6 +248,17 @@ class CarbonCurves:
                 self._blind_logged.discard(z)
                 log.info("zone %s has carbon data again (%s)", z, zc.curve.source)
         return out
+
+    def _versions(self, zones: frozenset[str]) -> tuple[tuple[str, int], ...] | None:
+        """The zones' carbon data versions; None (no cache hit) when they cannot be read."""
+        read = getattr(self.signals, "data_versions", None)
+        if read is None:
+            return ()  # a signal source without versions (a fake): the TTL alone decides
+        try:
+            return tuple(sorted(read(zones).items()))
+        except SQLAlchemyError as e:
+            log.warning("carbon data versions unreadable, re-reading the curves: %s", e)
+            return None
 
     def _build(self, zones: list[str], start: datetime, now: datetime) -> dict[str, ZoneCarbon]:
         if self.signals is None:

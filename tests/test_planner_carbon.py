@@ -471,3 +471,43 @@ def test_a_job_with_only_a_short_time_limit_is_planned_for_that_long_not_the_def
     est = {j.id: j.est_runtime_s for j in snap.jobs}
     assert est[limited] == 30.0
     assert est[unknown] is None  # the default runtime applies
+
+
+def test_carbon_imported_by_another_process_reaches_the_very_next_plan(store, service, db_url, tmp_path):
+    """Issue 16 defect 4: the curves are cached (60 s TTL), but an import in another process
+    (here: another Store and CarbonSignals on the same database) must not wait for it. A job
+    submitted right after the import is planned into the imported forecast's valley."""
+    from scheduler.store import Store
+
+    add_node(store, "lab1", "LAB-1")  # no carbon data, no static value: planned blind
+    planner = planner_for(store)
+    planner.curves.ttl_s = 3600.0  # the cache alone would keep the blind curve for an hour
+    assert planner.tick().blind_zones == ("LAB-1",)
+
+    # 400 g/kWh for a day, but 50 g/kWh from 5 h to 6 h from now: a forecast issued now
+    csv = tmp_path / "lab.csv"
+    csv.write_text("time,gco2_per_kwh,zone,issued_at\n" + "".join(
+        f"{(T + timedelta(hours=h)).isoformat()},{50 if h == 5 else 400},LAB-1,{T.isoformat()}\n"
+        for h in range(24)))
+    other = Store(db_url)
+    try:
+        CarbonSignals(other, track_status=False).import_file(csv)
+    finally:
+        other.dispose()
+
+    job = submit(service, est_runtime_s=3600, deadline=(T + timedelta(hours=12)).isoformat())
+    stats = planner.tick()
+    assert stats.blind_zones == ()
+    row = job_row(store, job)
+    assert row.planned_start == T + timedelta(hours=5)
+    assert row.est_gco2 is not None and row.est_gco2 < row.est_gco2_if_now / 4
+
+
+def test_every_write_of_a_zones_carbon_data_moves_its_version(store, tmp_path):
+    signals = CarbonSignals(store, track_status=False)
+    assert signals.data_versions(["DE", "GB"]) == {"DE": 0, "GB": 0}
+    signals.import_file(DE)
+    after_import = signals.data_versions(["DE", "GB"])
+    assert after_import["DE"] > 0 and after_import["GB"] == 0
+    signals.import_file(DE)  # the same values again (an upsert) still counts as a change
+    assert signals.data_versions(["DE"])["DE"] > after_import["DE"]
