@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -196,6 +196,15 @@ class ImportResult:
     first: datetime | None
     last: datetime | None
     elapsed_s: float
+    # Values without an issue time whose period had not ended at import time (`imported_at`).
+    # As actuals (the default) they count as known only when their period ends, so no plan
+    # and no `carbon show` uses them before that; with `as_forecast` they were stored as a
+    # forecast issued at `imported_at` instead.
+    future_values: int = 0
+    future_first: datetime | None = None
+    future_last: datetime | None = None
+    as_forecast: bool = False
+    imported_at: datetime | None = None
 
 
 @dataclass
@@ -753,19 +762,37 @@ class CarbonSignals:
             "estimated": stmt.excluded.estimated})
 
     def import_file(self, path: str | Path, *, fmt: str | None = None, zone: str | None = None,
-                    tz: str = "UTC", progress: Callable[[str, int, int], None] | None = None
-                    ) -> ImportResult:
-        """Read a trace file (CsvFormatError if malformed) and store it; see telemetry.grid.csv_import."""
+                    tz: str = "UTC", progress: Callable[[str, int, int], None] | None = None,
+                    as_forecast: bool = False) -> ImportResult:
+        """Read a trace file (CsvFormatError if malformed) and store it; see telemetry.grid.csv_import.
+
+        A row without an issue time is an actual, known at the end of its period. Rows whose
+        period has not ended yet (now: the clock) are counted in `future_values`: as actuals
+        nothing uses them before their period ends. `as_forecast` stores those rows as a
+        forecast issued now instead, which plans and `carbon show` use at once; rows already
+        over stay actuals, and rows with their own issue time keep it.
+        """
         t0 = time.perf_counter()
+        now = self._clock()
         parse_progress = (lambda done, total: progress("read", done, total)) if progress else None
         trace: ParsedTrace = read_trace(path, fmt=fmt, zone=zone, tz=tz, progress=parse_progress)
+        future = [i for i, r in enumerate(trace.readings) if r.kind == KIND_ACTUAL and r.issued_at > now]
+        readings = trace.readings
+        if as_forecast and future:
+            readings = list(readings)
+            for i in future:
+                readings[i] = replace(readings[i], kind=KIND_FORECAST, issued_at=now)
         store_progress = (lambda done, total: progress("store", done, total)) if progress else None
-        stored = self.store_readings(trace.readings, store_progress)
+        stored = self.store_readings(readings, store_progress)
         return ImportResult(path=trace.path, fmt=trace.fmt, zones=trace.zones, signals=trace.signals,
                             rows_read=trace.rows, rows_stored=stored, duplicates=trace.duplicates,
                             conflicting_duplicates=trace.conflicting_duplicates,
                             out_of_order=trace.out_of_order, missing=trace.missing, first=trace.first,
-                            last=trace.last, elapsed_s=time.perf_counter() - t0)
+                            last=trace.last, elapsed_s=time.perf_counter() - t0,
+                            future_values=len(future),
+                            future_first=min((trace.readings[i].at for i in future), default=None),
+                            future_last=max((trace.readings[i].at for i in future), default=None),
+                            as_forecast=as_forecast, imported_at=now)
 
     # -- live providers ---------------------------------------------------------------------
 
