@@ -26,7 +26,7 @@ from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transiti
 from scheduler.samples import SampleStore, StoredSample
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
-from telemetry.energy import Sample
+from telemetry.energy import MODELLED, Sample
 from telemetry.gpu import GpuBackend, GpuError
 from telemetry.sampler import Reading, Sampler
 
@@ -471,6 +471,8 @@ class Agent:
         if measured.energy_j is None:
             return None, None, None
         energy, method = measured.energy_j, measured.method
+        if self.backend.emulated:  # the emulator's power model, not a meter: never "counter"
+            method = MODELLED
         if self.config.node_static_w > 0 and self._uuid_of:
             share = len(gpu_ids) / len(self._uuid_of)
             energy += self.config.node_static_w * share * max(0.0, end_s - start_s)
