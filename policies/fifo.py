@@ -113,7 +113,7 @@ class FifoPolicy:
             free[p], ids[p], index[p] = free[p, order], ids[p, order], index[p, order]
 
             zone = zone_of[keys[p]]
-            pue = float(snapshot.pue.get(zone, 1.0))
+            pue = snapshot.gpu_pue(pools[keys[p]][0])
             gco2 = _gco2(integrators.get(zone), start, shape, pue)
             miss = job.deadline is not None and finish > job.deadline
             misses += miss
@@ -129,7 +129,7 @@ class FifoPolicy:
                                                                      snapshot.default_runtime_s)
             q_zone = zone_of[keys[q]]
             gco2_now = _gco2(integrators.get(q_zone), now + timedelta(seconds=float(alone[q])), alone_shape,
-                             float(snapshot.pue.get(q_zone, 1.0)))
+                             snapshot.gpu_pue(pools[keys[q]][0]))
             wait_s = start_s
             when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
             cost = "no forecast" if gco2 is None else f"{gco2:.0f} g"

@@ -233,12 +233,13 @@ def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s
 
 @dataclass
 class _Kind:
-    """The GPUs of one (zone, model), by node: a short job's cost depends on these only."""
+    """The GPUs of one (zone, model, site PUE), by node: a short job's cost depends on these only."""
 
     zone: str
     model: str
     memory_gib: float
     nodes: list[tuple[str, list[GpuSlot]]]
+    pue: float = 1.0
 
 
 def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBook,
@@ -309,9 +310,10 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     by_node: dict[tuple[str, str, str], list[GpuSlot]] = defaultdict(list)
     for g in usable:
         by_node[(g.zone, g.model, g.node)].append(g)
-    kinds: dict[tuple[str, str], _Kind] = {}
+    kinds: dict[tuple[str, str, float], _Kind] = {}
     for (zone, model, node), members in sorted(by_node.items()):
-        kind = kinds.setdefault((zone, model), _Kind(zone, model, members[0].memory_gib, []))
+        pue = snapshot.gpu_pue(members[0])
+        kind = kinds.setdefault((zone, model, pue), _Kind(zone, model, members[0].memory_gib, [], pue))
         kind.nodes.append((node, members))
 
     def start_in(kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
@@ -368,13 +370,13 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             continue
         starts = np.maximum(slot_starts[first_slot:], release)
         table = np.empty((len(options), len(starts)))  # options x slots, costed per zone at once
-        by_zone: dict[str, list[int]] = defaultdict(list)
+        by_zone: dict[tuple[str, float], list[int]] = defaultdict(list)
         for o, (kind, _) in enumerate(options):
-            by_zone[kind.zone].append(o)
-        for zone, os_ in by_zone.items():
+            by_zone[(kind.zone, kind.pue)].append(o)
+        for (zone, pue), os_ in by_zone.items():
             table[os_] = _slot_costs(snapshot.carbon.get(zone), starts,
                                      np.array([options[o][1].runtime_s for o in os_]),
-                                     np.array([options[o][1].power_w for o in os_]), snapshot.pue.get(zone, 1.0))
+                                     np.array([options[o][1].power_w for o in os_]), pue)
         slots = first_slot + np.arange(table.shape[1])
 
         # earliest[o]: known answers (lo, start) of "the earliest feasible start of option o
@@ -453,12 +455,11 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             draws[kind.zone].append((t, t + shape.runtime_s, shape.power_w))
         start = datetime.fromtimestamp(t, now.tzinfo)
         curve = snapshot.carbon.get(kind.zone)
-        pue = snapshot.pue.get(kind.zone, 1.0)
-        cost = job_gco2(curve, start, shape.runtime_s, shape.power_w, pue)
+        cost = job_gco2(curve, start, shape.runtime_s, shape.power_w, kind.pue)
         (t_asap, _, _), o_asap, _ = asap
         kind_asap, shape_asap = options[o_asap]
         now_cost = job_gco2(snapshot.carbon.get(kind_asap.zone), datetime.fromtimestamp(t_asap, now.tzinfo),
-                            shape_asap.runtime_s, shape_asap.power_w, snapshot.pue.get(kind_asap.zone, 1.0))
+                            shape_asap.runtime_s, shape_asap.power_w, kind_asap.pue)
         finish = start + timedelta(seconds=shape.runtime_s)
         deadline_miss = job.deadline is not None and finish > job.deadline
         binding = None

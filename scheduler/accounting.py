@@ -431,7 +431,8 @@ class NotFound(LookupError):
 class Accountant:
     """Prices finished jobs, builds receipts, reports and exports over one store.
 
-    `site` gives PUE per zone (scheduler.planner.SiteConfig, anything with `.pue(zone)`);
+    `site` gives the PUE of a job's node (scheduler.planner.SiteConfig, anything with
+    `.pue(zone, node)`: the node's site, else its zone's default);
     `carbon` the signal per zone (scheduler.carbon.CarbonSignals, anything with
     `.signal_of(zone)` and `.config.static`), else one is built on first use from
     `carbon_config` (a CarbonConfig, or the parsed config file); all optional (PUE 1.0,
@@ -481,10 +482,11 @@ class Accountant:
             model = conn.execute(select(gpus.c.model).where(gpus.c.id == int(job["gpu_ids"][0]))).scalar()
         return zone, model
 
-    def _pue(self, zone: str | None) -> float:
-        if self.site is None or zone is None:
-            return float(getattr(self.site, "site_pue", 1.0)) if self.site is not None else 1.0
-        return float(self.site.pue(zone))
+    def _pue(self, zone: str | None, node: str | None = None) -> float:
+        """The PUE of the site of the job's node (its zone's default when the site has none)."""
+        if self.site is None:
+            return 1.0
+        return float(self.site.pue(zone, node))
 
     def _signal(self, zone: str | None) -> str | None:
         if zone is None:
@@ -579,7 +581,7 @@ class Accountant:
     def price_job(self, conn: Connection, job: dict) -> tuple[RunCarbon | None, dict]:
         """The carbon of a job's run and the column values that record it."""
         zone, model = self._placement(conn, job)
-        pue = self._pue(zone)
+        pue = self._pue(zone, job.get("node"))
         signal = self._signal(zone)
         values: dict[str, Any] = {"zone": zone, "gpu_model": model, "pue": pue, "gco2_signal": signal}
         started, ended, energy_j = job.get("started_at"), job.get("ended_at"), job.get("energy_j")
@@ -924,7 +926,8 @@ class Accountant:
                 "signal": "average (consumption-based) or marginal, per zone, as named per system; never "
                           "mixed within a figure",
                 "emission_factor": self._emission_factor(),
-                "pue": "per zone from the site configuration ([site] pue, [zones.ZONE] pue), default 1.0",
+                "pue": "per node's site from the configuration: [nodes.NODE] pue, else the [sites.SITE] "
+                       "listing the node, else [zones.ZONE] pue, else [site] pue, else 1.0",
                 "gaps": "periods without recorded intensity are priced at the zone's static yearly mean "
                         "(basis mixed/static) or left unpriced (jobs_without_emissions); never zero",
                 "data_sources": self._sources(zones, since, until),

@@ -58,19 +58,19 @@ def add_parser(subparsers) -> None:
 # -- getting the data -------------------------------------------------------------------------
 
 class _Site:
-    """The config file's PUE per zone (scheduler.planner.SiteConfig), parsed on first use:
+    """The config file's PUE per node's site (scheduler.planner.SiteConfig), parsed on first use:
     a report over jobs already priced never needs it, and the planner is slow to import."""
 
     def __init__(self, config: dict) -> None:
         self._config = config
         self._site = None
 
-    def pue(self, zone: str) -> float:
+    def pue(self, zone: str | None, node: str | None = None) -> float:
         if self._site is None:
             from scheduler.planner import SiteConfig
 
             self._site = SiteConfig.from_config(self._config)
-        return self._site.pue(zone)
+        return self._site.pue(zone, node)
 
 
 def _direct(args, config: dict):
