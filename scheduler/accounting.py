@@ -326,7 +326,7 @@ def describe_measurement(method: str | None, note: str | None) -> dict:
 
 
 MODELLED_DESCRIPTION = ("MODELLED, not measured: emulated GPUs, energy from the emulator's power model "
-                        "(hardware catalog TDP and idle power)")
+                        "of catalog TDP and idle power")
 
 
 def is_modelled(method: str | None) -> bool:

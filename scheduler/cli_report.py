@@ -297,7 +297,8 @@ def receipt_text(r: dict) -> str:
     cf = r["counterfactual"]
     scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
     lines.append(("if run at once", _g(cf["gco2"]) + (
-        " (measured, scaled by the plan's estimate for the first free GPUs now)" if scaled
+        f" ({'modelled' if m.get('modelled') else 'measured'}, scaled by the plan's estimate for the first "
+        "free GPUs now)" if scaled
         else " (plan estimate, first free GPUs)" if cf["gco2"] is not None else "")))
     if r["saving_gco2"] is not None:
         lines.append(("saved", _g(r["saving_gco2"]) + (f" ({r['saving_pct']:.0f}%)" if r["saving_pct"] is not None

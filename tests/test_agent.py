@@ -299,6 +299,7 @@ def test_energy_on_emulated_gpus_is_labelled_modelled_in_the_receipt_report_expo
     assert receipt["measurement"]["modelled"] is True
     text = receipt_text(receipt)
     assert "MODELLED, not measured" in text and "hardware energy counter" not in text
+    assert "measured, scaled" not in text
 
     now = utcnow()
     report = acc.report(now - timedelta(hours=1), now + timedelta(minutes=1), by="node")
