@@ -49,9 +49,10 @@ class Counterfactual(NamedTuple):
 
 def choose(kinds: Sequence[tuple[str, str]], start: np.ndarray, runtime_s: np.ndarray, gco2: np.ndarray,
            start_tol: float = START_TOL_S) -> Counterfactual | None:
-    """The counterfactual among candidates (one per (zone, model) kind, or several per kind
-    with equal figures): the earliest `start` (inf: cannot start), then the shortest
-    `runtime_s`, then the mean `gco2` over the distinct tied kinds. None: no candidate."""
+    """The counterfactual among candidates (one or more per (zone, model) kind, e.g. sites of
+    different PUE): the earliest `start` (inf: cannot start), then the shortest `runtime_s`,
+    then the mean `gco2` over the distinct tied kinds, each kind the mean of its tied
+    candidates. None: no candidate."""
     start = np.asarray(start, dtype=float)
     if start.size == 0 or not np.isfinite(start).any():
         return None
@@ -61,7 +62,8 @@ def choose(kinds: Sequence[tuple[str, str]], start: np.ndarray, runtime_s: np.nd
     early = start <= s0 + start_tol
     r0 = float(runtime_s[early].min())
     tied = early & (runtime_s <= r0 * (1 + RUNTIME_TOL))
-    by_kind: dict[tuple[str, str], float] = {}
+    by_kind: dict[tuple[str, str], list[float]] = {}
     for i in np.flatnonzero(tied).tolist():
-        by_kind.setdefault(tuple(kinds[i]), float(gco2[i]))
-    return Counterfactual(s0, float(np.mean(list(by_kind.values()))), tuple(sorted(by_kind)))
+        by_kind.setdefault(tuple(kinds[i]), []).append(float(gco2[i]))
+    # each tied kind counts once; candidates within a kind (sites of different PUE) average
+    return Counterfactual(s0, float(np.mean([np.mean(g) for g in by_kind.values()])), tuple(sorted(by_kind)))

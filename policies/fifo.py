@@ -92,6 +92,7 @@ class FifoPolicy:
         blind = {z for z, c in curves.items() if c.signal == "blind"}
         price = blind_price(snapshot) if blind else None
         kind_of = [(zone_of[key], key[1]) for key in keys]
+        pue_of = [snapshot.gpu_pue(pools[key][0]) for key in keys]
 
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
@@ -131,7 +132,7 @@ class FifoPolicy:
             free[p], ids[p], index[p] = free[p, order], ids[p, order], index[p, order]
 
             zone = zone_of[keys[p]]
-            pue = float(snapshot.pue.get(zone, 1.0))
+            pue = snapshot.gpu_pue(pools[keys[p]][0])
             gco2 = _gco2(integrators.get(zone), start, shape, pue)
             miss = job.deadline is not None and finish > job.deadline
             misses += miss
@@ -145,7 +146,7 @@ class FifoPolicy:
                 continue
             gco2_now = job.gco2_if_now
             if gco2_now is None:
-                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, integrators, now,
+                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, pue_of, integrators, now,
                                    book, snapshot)
             wait_s = start_s
             when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
@@ -199,24 +200,26 @@ def _still_valid_keeps(snapshot: Snapshot, pinned: dict[int, Assignment]) -> dic
 
 
 def _if_now(job: QueuedJob, ok: np.ndarray, first_free: np.ndarray, width: int, k: int, release_s: float,
-            models: list[str], kind_of: list[tuple[str, str]], integrators: dict[str, CurveIntegrator],
-            now: datetime, book: ProfileBook, snapshot: Snapshot) -> float | None:
+            models: list[str], kind_of: list[tuple[str, str]], pue_of: list[float],
+            integrators: dict[str, CurveIntegrator], now: datetime, book: ProfileBook,
+            snapshot: Snapshot) -> float | None:
     """The job's "if run now" counterfactual (`policies.counterfactual`): alone on the pools'
     first free GPUs (the queue ignored), the earliest, then the fastest, then the mean over the
     tied (zone, model) pairs."""
     alone = np.where(ok, np.maximum(first_free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
     if not np.isfinite(alone).any():
         return None
-    # only the equally early pools can be chosen, and one per (zone, model): the same grams
+    # only the equally early pools can be chosen, and one per (zone, model, site PUE): the same
+    # grams (pools of one kind at sites of different PUE are averaged by `choose`)
     early = np.flatnonzero(alone <= alone.min() + START_TOL_S)
-    first: dict[tuple[str, str], int] = {}
+    first: dict[tuple[tuple[str, str], float], int] = {}
     for p in early[np.argsort(alone[early], kind="stable")].tolist():
-        first.setdefault(kind_of[p], p)
+        first.setdefault((kind_of[p], pue_of[p]), p)
     cand = np.array(sorted(first.values()), dtype=np.int64)
     shapes = {m: job_shape(job, m, book, snapshot.default_runtime_s) for m in {models[p] for p in cand.tolist()}}
     runtime = np.array([shapes[models[p]].runtime_s for p in cand.tolist()])
     grams = np.array([float(_gco2(integrators[kind_of[p][0]], now + timedelta(seconds=float(alone[p])),
-                                  shapes[models[p]], float(snapshot.pue.get(kind_of[p][0], 1.0))))
+                                  shapes[models[p]], pue_of[p]))
                       for p in cand.tolist()])
     cf = choose([kind_of[p] for p in cand.tolist()], alone[cand], runtime, grams)
     return None if cf is None else cf.gco2

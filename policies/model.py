@@ -53,6 +53,9 @@ class GpuSlot:
     healthy: bool = True
     busy_until: datetime | None = None  # None: free now
     drained: bool = False  # healthy but closed to new work by an operator
+    # The PUE of the site (data centre) the GPU's node is in; None: its zone's default in
+    # `Snapshot.pue`. One grid zone can hold sites with different PUEs.
+    pue: float | None = None
 
 
 @dataclass(frozen=True)
@@ -145,8 +148,10 @@ class Snapshot:
     """Everything a policy may look at: the queue, the GPUs, carbon forecasts, profiles, now.
 
     `carbon` maps zone -> forecast curve; a zone without one is priced blind (see
-    `policies.blind`: one rule for every policy, never 0), and the explanation says so. `pue` maps zone -> PUE (default
-    1.0). `profiles` are the workload profiles known now (seeded + learned; when empty the
+    `policies.blind`: one rule for every policy, never 0), and the explanation says so. `pue`
+    maps zone -> default PUE (1.0 when missing), for GPUs without a PUE of their own site
+    (`GpuSlot.pue`); policies read a GPU's PUE through `gpu_pue`. `profiles` are the workload
+    profiles known now (seeded + learned; when empty the
     policies use `energy.seed_profiles()`); a job whose workload has no profile for a model
     is estimated from the catalog. Start times fall on `slot_s` slots from `now` within
     `horizon_s`.
@@ -175,6 +180,10 @@ class Snapshot:
     # not a constraint. cpsat tries them first, where they still fit, so a re-plan goes on
     # from the last tick's answer instead of starting over.
     previous: Mapping[int, Assignment] = field(default_factory=dict)
+
+    def gpu_pue(self, gpu: GpuSlot) -> float:
+        """The PUE a GPU's energy is scaled by: its site's, else its zone's default, else 1.0."""
+        return float(gpu.pue) if gpu.pue is not None else float(self.pue.get(gpu.zone, 1.0))
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,7 @@ def plan_score(problem: Problem, plan: Plan) -> Score:
         g = gpu[a.gpu_ids[0]]
         shape = job_shape(job, g.model, problem.book, problem.snapshot.default_runtime_s)
         total += problem.gco2_at(g.zone, a.start_at, shape.runtime_s, shape.power_w,
-                                 float(problem.snapshot.pue.get(g.zone, 1.0)))
+                                 problem.snapshot.gpu_pue(g))
         if job.deadline is not None and a.start_at + timedelta(seconds=shape.runtime_s) > job.deadline:
             misses += 1
     placed = {a.job_id for a in plan.assignments}

@@ -604,21 +604,23 @@ _TOPOLOGIES: dict[tuple, _Topology] = {}
 def _topology(snap: Snapshot) -> _Topology:
     """The snapshot's `_Topology`, from a small cache keyed by everything it depends on."""
     gpus = snap.gpus
-    key = (tuple((g.id, g.node, g.zone, g.model, g.index, float(g.memory_gib), g.healthy and not g.drained)
-                 for g in gpus), tuple(sorted(snap.pue.items())))
+    key = (tuple((g.id, g.node, g.zone, g.model, g.index, float(g.memory_gib), g.healthy and not g.drained,
+                  g.pue) for g in gpus), tuple(sorted(snap.pue.items())))
     hit = _TOPOLOGIES.get(key)
     if hit is not None:
         return hit
     by_key: dict[tuple[str, str, str, float], list[tuple[int, int, int]]] = defaultdict(list)
+    pue_of: dict[str, float] = {}  # node -> the PUE of its site (one per node)
     for i, g in enumerate(gpus):
         if g.healthy and not g.drained:
             by_key[(g.node, g.zone, g.model, float(g.memory_gib))].append((g.index, g.id, i))
+            pue_of.setdefault(g.node, snap.gpu_pue(g))
     groups: dict[tuple[str, str, float, float], list[int]] = defaultdict(list)
     pools: list[Pool] = []
     positions: list[list[int]] = []
     for (node, zone, model, mem), gs in sorted(by_key.items()):
         gs.sort()
-        pue = float(snap.pue.get(zone, 1.0))
+        pue = pue_of[node]
         groups[(zone, model, mem, pue)].append(len(pools))
         pools.append(Pool(node=node, zone=zone, model=model, memory_gib=mem, gpu_ids=tuple(g[1] for g in gs),
                           pue=pue, free_slot=()))

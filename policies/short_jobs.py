@@ -214,7 +214,7 @@ def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: np.ndarray
 def _if_now(job: QueuedJob, options: list, alone: dict[int, _Timeline], release: float, horizon_end: float,
             curves: Mapping[str, CarbonCurve], snapshot: Snapshot):
     """The job's "if run now" counterfactual (`policies.counterfactual`) over its options (one
-    per (zone, model)): each one's earliest start with the job alone (`alone`: running and
+    per (zone, model, site PUE)): each one's earliest start with the job alone (`alone`: running and
     pinned jobs only), then the earliest, the fastest, the mean of the tied grams."""
     found = []
     for kind, shape in options:
@@ -227,7 +227,7 @@ def _if_now(job: QueuedJob, options: list, alone: dict[int, _Timeline], release:
     return choose([(k.zone, k.model) for k, _, _ in found], np.array([t for _, _, t in found]),
                   np.array([sh.runtime_s for _, sh, _ in found]),
                   np.array([job_gco2(curves[k.zone], datetime.fromtimestamp(t, tz), sh.runtime_s, sh.power_w,
-                                     snapshot.pue.get(k.zone, 1.0)) for k, sh, t in found]))
+                                     k.pue) for k, sh, t in found]))
 
 
 def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s: float, lo: float,
@@ -259,12 +259,13 @@ def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s
 
 @dataclass
 class _Kind:
-    """The GPUs of one (zone, model), by node: a short job's cost depends on these only."""
+    """The GPUs of one (zone, model, site PUE), by node: a short job's cost depends on these only."""
 
     zone: str
     model: str
     memory_gib: float
     nodes: list[tuple[str, list[GpuSlot]]]
+    pue: float = 1.0
 
 
 def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBook,
@@ -353,9 +354,10 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     by_node: dict[tuple[str, str, str], list[GpuSlot]] = defaultdict(list)
     for g in usable:
         by_node[(g.zone, g.model, g.node)].append(g)
-    kinds: dict[tuple[str, str], _Kind] = {}
+    kinds: dict[tuple[str, str, float], _Kind] = {}
     for (zone, model, node), members in sorted(by_node.items()):
-        kind = kinds.setdefault((zone, model), _Kind(zone, model, members[0].memory_gib, []))
+        pue = snapshot.gpu_pue(members[0])
+        kind = kinds.setdefault((zone, model, pue), _Kind(zone, model, members[0].memory_gib, [], pue))
         kind.nodes.append((node, members))
 
     def start_in(kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
@@ -414,13 +416,13 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             continue
         starts = np.maximum(slot_starts[first_slot:], release)
         table = np.empty((len(options), len(starts)))  # options x slots, costed per zone at once
-        by_zone: dict[str, list[int]] = defaultdict(list)
+        by_zone: dict[tuple[str, float], list[int]] = defaultdict(list)
         for o, (kind, _) in enumerate(options):
-            by_zone[kind.zone].append(o)
-        for zone, os_ in by_zone.items():
+            by_zone[(kind.zone, kind.pue)].append(o)
+        for (zone, pue), os_ in by_zone.items():
             table[os_] = _slot_costs(curves[zone], starts,
                                      np.array([options[o][1].runtime_s for o in os_]),
-                                     np.array([options[o][1].power_w for o in os_]), snapshot.pue.get(zone, 1.0))
+                                     np.array([options[o][1].power_w for o in os_]), pue)
         slots = first_slot + np.arange(table.shape[1])
 
         # earliest[o]: known answers (lo, start) of "the earliest feasible start of option o
@@ -498,8 +500,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         if kind.zone in capped:
             draws[kind.zone].append((t, t + shape.runtime_s, shape.power_w))
         start = datetime.fromtimestamp(t, now.tzinfo)
-        pue = snapshot.pue.get(kind.zone, 1.0)
-        cost = job_gco2(curves[kind.zone], start, shape.runtime_s, shape.power_w, pue)
+        cost = job_gco2(curves[kind.zone], start, shape.runtime_s, shape.power_w, kind.pue)
         now_cost, now_where = job.gco2_if_now, "if run at submission"
         if now_cost is None:
             cf = _if_now(job, options, alone, release, horizon_end, curves, snapshot)

@@ -55,7 +55,7 @@ from scheduler.store.carbon_models import carbon_intensity
 from scheduler.store.models import UTCDateTime, gpus, jobs, nodes
 from scheduler.store.telemetry_models import gpu_power_minutes, gpu_samples
 from scheduler.timeparse import utc_aware
-from telemetry.energy import Sample, clip_window, window_energy
+from telemetry.energy import MODELLED, Sample, clip_window, window_energy
 from telemetry.grid.readings import KIND_ACTUAL, SIGNAL_AVERAGE
 from telemetry.grid.static import static_intensity
 
@@ -306,11 +306,12 @@ def describe_measurement(method: str | None, note: str | None) -> dict:
     """How a job's energy was measured: the stored method, whether a counter fault forced the
     integral, and one line for people."""
     if not method:
-        return {"method": None, "counter_fault": False, "static_share": False,
+        return {"method": None, "counter_fault": False, "static_share": False, "modelled": False,
                 "description": "not measured (no GPU readings for the run)"}
     base, _, extra = method.partition("+")
     fault = base == "integral" and bool(note) and "counter" in note and "no energy counter" not in note
     text = {
+        "modelled": MODELLED_DESCRIPTION,
         "counter": "GPU hardware energy counter, cross-checked against integrated power",
         "counter-unverified": "GPU hardware energy counter (too few power samples to cross-check it)",
         "integral": ("integral of sampled GPU power after a counter fault" if fault
@@ -321,7 +322,17 @@ def describe_measurement(method: str | None, note: str | None) -> dict:
         text += f" ({note})"
     if extra == "static":
         text += ", plus the job's share of the node's static power"
-    return {"method": method, "counter_fault": fault, "static_share": extra == "static", "description": text}
+    return {"method": method, "counter_fault": fault, "static_share": extra == "static",
+            "modelled": is_modelled(method), "description": text}
+
+
+MODELLED_DESCRIPTION = ("MODELLED, not measured: emulated GPUs, energy from the emulator's power model "
+                        "of catalog TDP and idle power")
+
+
+def is_modelled(method: str | None) -> bool:
+    """Whether a stored energy method is a model's figure (emulated GPUs), not a measurement."""
+    return bool(method) and method.partition("+")[0] == MODELLED
 
 
 # -- receipts -------------------------------------------------------------------------------
@@ -422,7 +433,8 @@ class NotFound(LookupError):
 class Accountant:
     """Prices finished jobs, builds receipts, reports and exports over one store.
 
-    `site` gives PUE per zone (scheduler.daemon.planner.SiteConfig, anything with `.pue(zone)`);
+    `site` gives the PUE of a job's node (scheduler.daemon.planner.SiteConfig, anything with
+    `.pue(zone, node)`: the node's site, else its zone's default);
     `carbon` the signal per zone (scheduler.carbon.CarbonSignals, anything with
     `.signal_of(zone)` and `.config.static`), else one is built on first use from
     `carbon_config` (a CarbonConfig, or the parsed config file); all optional (PUE 1.0,
@@ -472,10 +484,11 @@ class Accountant:
             model = conn.execute(select(gpus.c.model).where(gpus.c.id == int(job["gpu_ids"][0]))).scalar()
         return zone, model
 
-    def _pue(self, zone: str | None) -> float:
-        if self.site is None or zone is None:
-            return float(getattr(self.site, "site_pue", 1.0)) if self.site is not None else 1.0
-        return float(self.site.pue(zone))
+    def _pue(self, zone: str | None, node: str | None = None) -> float:
+        """The PUE of the site of the job's node (its zone's default when the site has none)."""
+        if self.site is None:
+            return 1.0
+        return float(self.site.pue(zone, node))
 
     def _signal(self, zone: str | None) -> str | None:
         if zone is None:
@@ -570,7 +583,7 @@ class Accountant:
     def price_job(self, conn: Connection, job: dict) -> tuple[RunCarbon | None, dict]:
         """The carbon of a job's run and the column values that record it."""
         zone, model = self._placement(conn, job)
-        pue = self._pue(zone)
+        pue = self._pue(zone, job.get("node"))
         signal = self._signal(zone)
         values: dict[str, Any] = {"zone": zone, "gpu_model": model, "pue": pue, "gco2_signal": signal}
         started, ended, energy_j = job.get("started_at"), job.get("ended_at"), job.get("energy_j")
@@ -770,6 +783,7 @@ class Accountant:
         with_prompts = and_(priced, j.prompts > 0)
         with_tokens = and_(j.tokens > 0, j.energy_j.is_not(None))
         both = and_(priced, j.est_gco2_if_now.is_not(None))
+        modelled = or_(j.energy_method == MODELLED, j.energy_method.like(MODELLED + "+%"))
         # the counterfactual of each job as its receipt has it: measured x (if-now / planned
         # estimate), or the raw if-now estimate where the plan's own estimate is missing
         scaled_cf = case((j.est_gco2 > 0, j.gco2 * j.est_gco2_if_now / j.est_gco2), else_=j.est_gco2_if_now)
@@ -784,6 +798,7 @@ class Accountant:
             func.sum(j.gpus * runtime).label("gpu_s"),
             func.sum(j.energy_j).label("energy_j"),
             func.count(j.energy_j).label("measured"),
+            when(modelled, j.energy_j).label("modelled_j"), when(modelled, 1).label("modelled"),
             func.sum(j.energy_j * func.coalesce(j.pue, 1.0)).label("facility_j"),
             func.sum(j.gco2).label("gco2"),
             func.count(j.gco2).label("priced"),
@@ -818,6 +833,8 @@ class Accountant:
             "facility_energy_kwh": f("facility_j") / J_PER_KWH,
             "kgco2": f("gco2") / 1000.0,
             "jobs_measured": int(r.get("measured") or 0), "jobs_with_gco2": int(r.get("priced") or 0),
+            # energy from emulated GPUs' power model: included in the figures, but not measured
+            "jobs_modelled": int(r.get("modelled") or 0), "modelled_energy_kwh": f("modelled_j") / J_PER_KWH,
             "intensity_g_per_kwh": f("gco2") / (f("priced_j") / J_PER_KWH) if r.get("priced_j") else None,
             "prompts": int(r["prompts"]) if r.get("prompts") is not None else None,
             "tokens": int(r["tokens"]) if r.get("tokens") is not None else None,
@@ -867,6 +884,9 @@ class Accountant:
                 "intensity_basis_shares": _shares(parts, "basis", "energy_j"),
                 "jobs_without_measurement": fig["jobs"] - fig["jobs_measured"],
                 "jobs_without_emissions": fig["jobs"] - fig["jobs_with_gco2"],
+                "jobs_modelled": fig["jobs_modelled"], "modelled_energy_kwh": fig["modelled_energy_kwh"],
+                "energy": "modelled" if fig["jobs_modelled"] == fig["jobs_measured"] and fig["jobs_modelled"]
+                else "partly modelled" if fig["jobs_modelled"] else "measured",
             })
         total = self._figures(_sum_rows(rows))
         zones = sorted({s["zone"] for s in out_systems if s["zone"]})
@@ -887,6 +907,7 @@ class Accountant:
                        "emissions_kgco2e": total["kgco2"],
                        "jobs_without_measurement": total["jobs"] - total["jobs_measured"],
                        "jobs_without_emissions": total["jobs"] - total["jobs_with_gco2"],
+                       "jobs_modelled": total["jobs_modelled"], "modelled_energy_kwh": total["modelled_energy_kwh"],
                        "measurement_shares": _shares(rows, "method", "energy_j"),
                        "intensity_basis_shares": _shares(rows, "basis", "energy_j")},
             "methodology": {
@@ -899,6 +920,8 @@ class Accountant:
                     "integral": "trapezoid integral of sampled GPU power (default 1 Hz); also used after a "
                                 "counter fault",
                     "+static": "plus the job's share of the node's configured static power",
+                    "modelled": "NOT MEASURED: emulated GPUs (no GPU hardware), energy from the emulator's "
+                                "power model; systems with modelled_energy_kwh > 0 include such figures",
                 },
                 "emissions": "sum over the run of energy x grid carbon intensity of the zone at that time "
                              "x PUE; each part of a run weighted by its own measured energy",
@@ -907,7 +930,8 @@ class Accountant:
                 "emission_factor": self._emission_factor(),
                 "saving_counterfactual": f"measured gCO2 x the plan's estimate of {RULE_SHORT} / its "
                                          "estimate of the chosen plan",
-                "pue": "per zone from the site configuration ([site] pue, [zones.ZONE] pue), default 1.0",
+                "pue": "per node's site from the configuration: [nodes.NODE] pue, else the [sites.SITE] "
+                       "listing the node, else [zones.ZONE] pue, else [site] pue, else 1.0",
                 "gaps": "periods without recorded intensity are priced at the zone's static yearly mean "
                         "(basis mixed/static) or left unpriced (jobs_without_emissions); never zero",
                 "data_sources": self._sources(zones, since, until),

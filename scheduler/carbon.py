@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from sqlalchemy import Connection, Float, Integer, and_, bindparam, cast, extrac
 
 from scheduler.store import Store
 from scheduler.lifecycle import utcnow
-from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status
+from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status, carbon_zone_versions
 from scheduler.timeparse import utc_aware
 from telemetry.grid.csv_import import ParsedTrace, read_trace
 from telemetry.grid.forecast import (
@@ -196,6 +196,15 @@ class ImportResult:
     first: datetime | None
     last: datetime | None
     elapsed_s: float
+    # Values without an issue time whose period had not ended at import time (`imported_at`).
+    # As actuals (the default) they count as known only when their period ends, so no plan
+    # and no `carbon show` uses them before that; with `as_forecast` they were stored as a
+    # forecast issued at `imported_at` instead.
+    future_values: int = 0
+    future_first: datetime | None = None
+    future_last: datetime | None = None
+    as_forecast: bool = False
+    imported_at: datetime | None = None
 
 
 @dataclass
@@ -451,6 +460,7 @@ class CarbonSignals:
         self._clients: dict[str, Any] = dict(clients or {})
         self._track_status = track_status
         self._signal_cache: dict[str, tuple[float, str | None]] = {}
+        self._seen_versions: dict[str, int] = {}  # data_versions' last answer per zone
         self._levels: dict[tuple[str, str], str] = {}
         self._levels_lock = threading.Lock()
         self._q = _Queries(store.dialect)
@@ -685,8 +695,12 @@ class CarbonSignals:
         rows = list(by_key.values())
         if not rows:
             return 0
+        zones = sorted({r["zone"] for r in rows})
         if self.store.dialect == "postgresql" and len(rows) >= COPY_MIN_ROWS:
-            n = self.store.transact(lambda conn: _copy_upsert(conn, rows, progress))
+            def write(conn: Connection) -> int:
+                n = _copy_upsert(conn, rows, progress)
+                self._bump_versions(conn, zones)
+                return n
         else:
             stmt = self._upsert_statement()
 
@@ -695,12 +709,46 @@ class CarbonSignals:
                     conn.execute(stmt, rows[i:i + INSERT_CHUNK_ROWS])
                     if progress is not None:
                         progress(min(i + INSERT_CHUNK_ROWS, len(rows)), len(rows))
+                self._bump_versions(conn, zones)
                 return len(rows)
 
-            n = self.store.transact(write)
-        for zone in {r["zone"] for r in rows}:
+        n = self.store.transact(write)
+        for zone in zones:
             self._signal_cache.pop(zone, None)
         return n
+
+    def _bump_versions(self, conn: Connection, zones: Iterable[str]) -> None:
+        """Count one more change of each zone's carbon data, in the writing transaction, so
+        readers in other processes (the planner) notice it (`data_versions`)."""
+        if self.store.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        now = utcnow()
+        stmt = dialect_insert(carbon_zone_versions)
+        stmt = stmt.on_conflict_do_update(index_elements=[carbon_zone_versions.c.zone], set_={
+            "version": carbon_zone_versions.c.version + 1, "updated_at": stmt.excluded.updated_at})
+        conn.execute(stmt, [{"zone": z, "version": 1, "updated_at": now} for z in zones])
+
+    def data_versions(self, zones: Iterable[str]) -> dict[str, int]:
+        """How often each zone's carbon data has changed (0: never written), one small query.
+
+        Anything that caches what it read of a zone (the planner's curves) compares these
+        between uses: an import or a provider refresh in any process changes them. A zone
+        whose version moved since the last call also drops its cached signal here.
+        """
+        wanted = sorted(set(zones))
+        if not wanted:
+            return {}
+        with self.store.read() as conn:
+            got = dict(conn.execute(select(carbon_zone_versions.c.zone, carbon_zone_versions.c.version)
+                                    .where(carbon_zone_versions.c.zone.in_(wanted))).all())
+        out = {z: int(got.get(z, 0)) for z in wanted}
+        for z, v in out.items():
+            if self._seen_versions.get(z, v) != v:
+                self._signal_cache.pop(z, None)
+            self._seen_versions[z] = v
+        return out
 
     def _upsert_statement(self):
         if self.store.dialect == "postgresql":
@@ -714,19 +762,37 @@ class CarbonSignals:
             "estimated": stmt.excluded.estimated})
 
     def import_file(self, path: str | Path, *, fmt: str | None = None, zone: str | None = None,
-                    tz: str = "UTC", progress: Callable[[str, int, int], None] | None = None
-                    ) -> ImportResult:
-        """Read a trace file (CsvFormatError if malformed) and store it; see telemetry.grid.csv_import."""
+                    tz: str = "UTC", progress: Callable[[str, int, int], None] | None = None,
+                    as_forecast: bool = False) -> ImportResult:
+        """Read a trace file (CsvFormatError if malformed) and store it; see telemetry.grid.csv_import.
+
+        A row without an issue time is an actual, known at the end of its period. Rows whose
+        period has not ended yet (now: the clock) are counted in `future_values`: as actuals
+        nothing uses them before their period ends. `as_forecast` stores those rows as a
+        forecast issued now instead, which plans and `carbon show` use at once; rows already
+        over stay actuals, and rows with their own issue time keep it.
+        """
         t0 = time.perf_counter()
+        now = self._clock()
         parse_progress = (lambda done, total: progress("read", done, total)) if progress else None
         trace: ParsedTrace = read_trace(path, fmt=fmt, zone=zone, tz=tz, progress=parse_progress)
+        future = [i for i, r in enumerate(trace.readings) if r.kind == KIND_ACTUAL and r.issued_at > now]
+        readings = trace.readings
+        if as_forecast and future:
+            readings = list(readings)
+            for i in future:
+                readings[i] = replace(readings[i], kind=KIND_FORECAST, issued_at=now)
         store_progress = (lambda done, total: progress("store", done, total)) if progress else None
-        stored = self.store_readings(trace.readings, store_progress)
+        stored = self.store_readings(readings, store_progress)
         return ImportResult(path=trace.path, fmt=trace.fmt, zones=trace.zones, signals=trace.signals,
                             rows_read=trace.rows, rows_stored=stored, duplicates=trace.duplicates,
                             conflicting_duplicates=trace.conflicting_duplicates,
                             out_of_order=trace.out_of_order, missing=trace.missing, first=trace.first,
-                            last=trace.last, elapsed_s=time.perf_counter() - t0)
+                            last=trace.last, elapsed_s=time.perf_counter() - t0,
+                            future_values=len(future),
+                            future_first=min((trace.readings[i].at for i in future), default=None),
+                            future_last=max((trace.readings[i].at for i in future), default=None),
+                            as_forecast=as_forecast, imported_at=now)
 
     # -- live providers ---------------------------------------------------------------------
 

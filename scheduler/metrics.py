@@ -3,20 +3,24 @@
 Names follow the exporter conventions: a `carbonsched_` prefix, base units in the name
 (`_watts`, `_joules`, `_grams`, `_seconds`, `_ratio`), `_total` on counters.
 
+`method` says whether a figure is `measured` (a real GPU's readings) or `modelled` (an
+emulated GPU: the emulator's power model, not a measurement), so no dashboard can present
+an emulated fleet's watts, joules or grams as measured.
+
 | metric | type | labels | meaning |
 |---|---|---|---|
-| carbonsched_gpu_power_watts | gauge | node, gpu, uuid, model | latest power reading |
-| carbonsched_gpu_energy_joules_total | counter | node, gpu, uuid, model | the device's energy counter |
-| carbonsched_gpu_utilization_ratio | gauge | node, gpu, uuid, model | busy fraction, 0-1 |
-| carbonsched_gpu_healthy | gauge | node, gpu, uuid, model | 1 healthy, 0 lost |
+| carbonsched_gpu_power_watts | gauge | node, gpu, uuid, model, method | latest power reading |
+| carbonsched_gpu_energy_joules_total | counter | node, gpu, uuid, model, method | the device's energy counter |
+| carbonsched_gpu_utilization_ratio | gauge | node, gpu, uuid, model, method | busy fraction, 0-1 |
+| carbonsched_gpu_healthy | gauge | node, gpu, uuid, model, method | 1 healthy, 0 lost |
 | carbonsched_gpu_sampler_reads_total | counter | node | device reads by the sampler |
 | carbonsched_gpu_sampler_errors_total | counter | node | failed device reads |
 | carbonsched_gpu_sampler_cpu_seconds_total | counter | node | CPU time of the sampling thread |
 | carbonsched_jobs | gauge | state | jobs in the store by state (daemon) |
-| carbonsched_job_energy_joules_total | counter | | measured energy of finished jobs (daemon) |
-| carbonsched_job_gco2_grams_total | counter | | gCO2 of finished jobs (daemon) |
-| carbonsched_job_prompts_total | counter | | prompts of finished jobs with a gCO2 figure (daemon) |
-| carbonsched_job_prompts_gco2_grams_total | counter | | gCO2 of those same jobs: the ratio of the two rates is gCO2 per prompt (daemon) |
+| carbonsched_job_energy_joules_total | counter | method | energy of finished jobs (daemon) |
+| carbonsched_job_gco2_grams_total | counter | method | gCO2 of finished jobs (daemon) |
+| carbonsched_job_prompts_total | counter | method | prompts of finished jobs with a gCO2 figure (daemon) |
+| carbonsched_job_prompts_gco2_grams_total | counter | method | gCO2 of those same jobs: the ratio of the two rates is gCO2 per prompt (daemon) |
 | carbonsched_planner_duration_seconds | histogram | policy | planner tick wall time (daemon) |
 """
 
@@ -26,11 +30,12 @@ import logging
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from sqlalchemy import and_, case, func, select
+from sqlalchemy import and_, case, func, or_, select
 
 from scheduler.lifecycle import State
 from scheduler.store import Store
 from scheduler.store.models import jobs
+from telemetry.energy import MODELLED
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,8 @@ class GpuCollector:
         self.agent = agent
 
     def collect(self):
-        labels = ["node", "gpu", "uuid", "model"]
+        labels = ["node", "gpu", "uuid", "model", "method"]
+        method = "modelled" if getattr(self.agent.backend, "emulated", False) else "measured"
         power = GaugeMetricFamily("carbonsched_gpu_power_watts", "Latest GPU power reading", labels=labels)
         energy = CounterMetricFamily("carbonsched_gpu_energy_joules", "GPU energy counter", labels=labels)
         util = GaugeMetricFamily("carbonsched_gpu_utilization_ratio", "GPU busy fraction", labels=labels)
@@ -51,7 +57,7 @@ class GpuCollector:
         latest = self.agent.sampler.latest()
         lost = self.agent.sampler.lost()
         for d in self.agent.devices:  # as registered: a lost GPU stays visible, unhealthy
-            lv = [node, f"{d.vendor}:{d.index}", d.uuid, d.model]
+            lv = [node, f"{d.vendor}:{d.index}", d.uuid, d.model, method]
             healthy.add_metric(lv, 0.0 if d.uuid in lost else 1.0)
             r = latest.get(d.uuid)
             if r is None:
@@ -84,20 +90,34 @@ class StoreCollector:
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
             prompted = and_(jobs.c.gco2.is_not(None), jobs.c.prompts > 0)
-            energy, gco2, prompts, prompts_gco2 = conn.execute(select(
-                func.coalesce(func.sum(jobs.c.energy_j), 0.0), func.coalesce(func.sum(jobs.c.gco2), 0.0),
-                func.coalesce(func.sum(case((prompted, jobs.c.prompts), else_=0)), 0),
-                func.coalesce(func.sum(case((prompted, jobs.c.gco2), else_=0.0)), 0.0))).one()
+            modelled = or_(jobs.c.energy_method == MODELLED, jobs.c.energy_method.like(MODELLED + "+%"))
+            by_method = {m: (0.0, 0.0) for m in ("measured", "modelled")}
+            for is_modelled, energy, gco2 in conn.execute(select(
+                    case((modelled, 1), else_=0).label("m"), func.coalesce(func.sum(jobs.c.energy_j), 0.0),
+                    func.coalesce(func.sum(jobs.c.gco2), 0.0)).group_by("m")):
+                by_method["modelled" if is_modelled else "measured"] = (float(energy), float(gco2))
+            prompted_by = {m: (0, 0.0) for m in ("measured", "modelled")}
+            for is_modelled, prompts, prompts_gco2 in conn.execute(select(
+                    case((modelled, 1), else_=0).label("m"),
+                    func.coalesce(func.sum(case((prompted, jobs.c.prompts), else_=0)), 0),
+                    func.coalesce(func.sum(case((prompted, jobs.c.gco2), else_=0.0)), 0.0)).group_by("m")):
+                prompted_by["modelled" if is_modelled else "measured"] = (int(prompts), float(prompts_gco2))
         for state in State:
             depth.add_metric([state.value], counts.get(state.value, 0))
-        e = CounterMetricFamily("carbonsched_job_energy_joules", "Measured energy of finished jobs")
-        e.add_metric([], float(energy))
-        g = CounterMetricFamily("carbonsched_job_gco2_grams", "gCO2 of finished jobs")
-        g.add_metric([], float(gco2))
-        p = CounterMetricFamily("carbonsched_job_prompts", "Prompts of finished jobs with a gCO2 figure")
-        p.add_metric([], float(prompts))
-        pg = CounterMetricFamily("carbonsched_job_prompts_gco2_grams", "gCO2 of finished jobs that count prompts")
-        pg.add_metric([], float(prompts_gco2))
+        e = CounterMetricFamily("carbonsched_job_energy_joules", "Energy of finished jobs, measured or "
+                                "modelled (emulated GPUs)", labels=["method"])
+        g = CounterMetricFamily("carbonsched_job_gco2_grams", "gCO2 of finished jobs, from measured or "
+                                "modelled (emulated GPUs) energy", labels=["method"])
+        for m, (energy, gco2) in by_method.items():
+            e.add_metric([m], energy)
+            g.add_metric([m], gco2)
+        p = CounterMetricFamily("carbonsched_job_prompts", "Prompts of finished jobs with a gCO2 figure",
+                                labels=["method"])
+        pg = CounterMetricFamily("carbonsched_job_prompts_gco2_grams", "gCO2 of finished jobs that count prompts",
+                                 labels=["method"])
+        for m, (prompts, prompts_gco2) in prompted_by.items():
+            p.add_metric([m], float(prompts))
+            pg.add_metric([m], prompts_gco2)
         yield from (depth, e, g, p, pg)
 
 

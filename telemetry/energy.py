@@ -5,6 +5,10 @@ most accurate source, but some parts misbehave: counters that go backwards, stic
 zero (the odd die of an MI250). So a counter is only trusted when it moves forward, and when
 it agrees with the trapezoid integral of power over the same window within a tolerance;
 otherwise the integral is used. The method that produced each figure is always reported.
+
+An emulated GPU has no meter: its "counter" and power are the emulator's power model. A
+job's energy on emulated GPUs is labelled `modelled` (MODELLED), whichever of the model's
+readings produced the figure, so no receipt, report or export presents it as measured.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ DEFAULT_TOLERANCE = 0.10  # counter vs integral, relative
 # NVML's power reading is a 1 s average on Ampere and later, so over short windows the two
 # legitimately differ; below this many joules a disagreement is not evidence of a bad counter.
 MIN_CHECKABLE_J = 500.0
+# The method of energy read from an emulated GPU (a power model, not a measurement).
+MODELLED = "modelled"
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,7 @@ class Sample:
 @dataclass(frozen=True)
 class EnergyEstimate:
     energy_j: float | None
-    method: str  # "counter", "integral", "counter-unverified" or "none"
+    method: str  # "counter", "integral", "counter-unverified" or "none" ("modelled": see MODELLED)
     counter_j: float | None = None
     integral_j: float | None = None
     note: str = ""
@@ -105,7 +111,7 @@ def window_energy(samples: Sequence[Sample], *, tolerance: float = DEFAULT_TOLER
 
 def combine_methods(methods: Sequence[str]) -> str:
     """One label for a job measured on several GPUs: the weakest method used on any of them."""
-    order = ["none", "counter-unverified", "integral", "counter"]
+    order = ["none", MODELLED, "counter-unverified", "integral", "counter"]
     if not methods:
         return "none"
     return min(methods, key=order.index)

@@ -204,6 +204,32 @@ def test_periods_take_iso_times_or_durations_back_from_now():
 
 # -- receipts from the store ----------------------------------------------------------------
 
+def test_receipts_and_reports_use_the_pue_of_the_nodes_site_not_one_per_zone(store):
+    """Issue 16 defect 6: two data centres in DE. The same run costs 1.05 x in the new hall
+    (its site) and 1.6 x in the old one (the node's own value), not DE's 1.2 for both."""
+    new = add_node(store, "de-new", "DE", "H100")
+    old = add_node(store, "de-old", "DE", "H100")
+    add_intensity(store, "DE", [(at(10), 100.0), (at(11), 400.0)])
+    site = SiteConfig.from_config({"zones": {"DE": {"pue": 1.2}}, "sites": {"fra": {"pue": 1.05, "nodes": ["de-new"]}},
+                                   "nodes": {"de-old": {"pue": 1.6}}})
+    acc = Accountant(store, site=site)
+    jobs_ = {name: add_job(store, node=name, gpu_ids=[g[0]], start=at(10, 30), end=at(11, 30),
+                           energy_j=STEP_ENERGY_J) for name, g in (("de-new", new), ("de-old", old))}
+    for job in jobs_.values():
+        acc.account(job)
+    flat = (0.5 * 100.0 + 0.5 * 400.0) * STEP_ENERGY_J / 3.6e6  # no samples: time-weighted
+    for name, pue in (("de-new", 1.05), ("de-old", 1.6)):
+        r = acc.receipt(jobs_[name])
+        assert r["pue"] == pue and r["gco2"] == pytest.approx(flat * pue)
+    report = acc.report(at(10), at(12), by="node")
+    facility = {g["group"]: g["facility_energy_kwh"] for g in report["groups"]}
+    assert facility == {"de-new": pytest.approx(0.4 * 1.05), "de-old": pytest.approx(0.4 * 1.6)}
+    doc = acc.export(at(10), at(12))
+    assert {s["node"]: s["pue"] for s in doc["systems"]} == {"de-new": [1.05], "de-old": [1.6]}
+    assert "[sites.SITE]" in doc["methodology"]["pue"]
+
+
+
 def test_receipt_of_a_run_across_an_intensity_change_from_stored_samples(store):
     g = add_node(store, "de1", "DE", "H100")
     SampleStore(store).write([StoredSample(g[0], t, p, None) for t, p in STEP_POWER])

@@ -86,7 +86,7 @@ def test_measured_job_energy_matches_the_power_model_integral_within_2_percent(c
     assert row.gpu_indices == [0]
     start, end = row.started_at.timestamp(), row.ended_at.timestamp()
     model_j = integrate_power([s for s in trace if start <= s.t_s <= end])
-    assert row.energy_method == "counter"
+    assert row.energy_method == "modelled"  # an emulated GPU's figure is its power model's, not a meter's
     assert row.energy_j == pytest.approx(model_j, rel=0.02)
     # And it is a busy H100's draw (70-95% of TDP above idle), not idle power.
     assert 400 * (end - start) < row.energy_j < 700 * (end - start)
@@ -277,3 +277,43 @@ def test_an_agent_never_starts_a_job_on_a_gpu_drained_after_it_was_planned(clust
     for _ in range(3):
         agent.tick()
     assert job_row(store, job).state == "PLANNED"
+
+
+def test_energy_on_emulated_gpus_is_labelled_modelled_in_the_receipt_report_export_and_metrics(cluster, store):
+    """Issue 16 defect 7: the emulated backend's readings used to be stored as method
+    `counter` and the receipt said "GPU hardware energy counter, cross-checked against
+    integrated power". Every figure that includes them now says they are modelled."""
+    from scheduler.accounting import Accountant
+    from scheduler.cli.report import export_csv, receipt_text, report_table
+    from scheduler.metrics import GpuCollector, StoreCollector
+
+    agent, service, planner = cluster
+    agent.start_sampling()
+    job = service.submit(ROOT, {"argv": ["sleep", "1"], "gpus": 1, "est_runtime_s": 5})["id"]
+    assert run_until(agent, planner, store, job, {"COMPLETED"}) == "COMPLETED"
+    assert job_row(store, job).energy_method == "modelled"
+
+    acc = Accountant(store)
+    acc.account(job)
+    receipt = acc.receipt(job)
+    assert receipt["measurement"]["modelled"] is True
+    text = receipt_text(receipt)
+    assert "MODELLED, not measured" in text and "hardware energy counter" not in text
+    assert "measured, scaled" not in text
+
+    now = utcnow()
+    report = acc.report(now - timedelta(hours=1), now + timedelta(minutes=1), by="node")
+    assert report["total"]["jobs_modelled"] == 1
+    assert report["total"]["modelled_energy_kwh"] == pytest.approx(report["total"]["energy_kwh"])
+    assert "MODELLED, not measured: 1 of 1 job(s) ran on emulated GPUs" in report_table(report)
+
+    doc = acc.export(now - timedelta(hours=1), now + timedelta(minutes=1))
+    (system,) = doc["systems"]
+    assert system["energy"] == "modelled" and system["measurement_shares"] == {"modelled": 1.0}
+    assert "modelled" in doc["methodology"]["energy_measurement"]
+    header, row = export_csv(doc).splitlines()
+    assert dict(zip(header.split(","), row.split(",")))["energy"] == "modelled"
+
+    samples = [s for c in (StoreCollector(store), GpuCollector(agent)) for f in c.collect() for s in f.samples
+               if s.name in ("carbonsched_job_energy_joules_total", "carbonsched_gpu_power_watts")]
+    assert samples and all(s.labels["method"] == "modelled" for s in samples if s.value)

@@ -55,6 +55,66 @@ def show_json(capsys, *argv: str) -> dict:
 
 # -- import ---------------------------------------------------------------------------------
 
+
+def _plain_csv_around_now(path: Path) -> list[tuple]:
+    """A plain CSV without issued_at: hourly rows from 24 h ago to 26 h ahead (51 rows), the
+    value 123 from 3 h ahead on. Returns (period start, value) per row."""
+    from datetime import datetime, timedelta, timezone
+
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    rows = [(hour + timedelta(hours=k), 300.0 if k < 3 else 123.0) for k in range(-24, 27)]
+    path.write_text("time,gco2_per_kwh\n" + "".join(f"{t.isoformat()},{v}\n" for t, v in rows))
+    return rows
+
+
+def test_an_import_says_how_many_rows_lie_in_the_future_and_that_they_are_unused_as_actuals(env, tmp_path, capsys):
+    """Issue 16 defect 5: future rows without issued_at used to be imported silently as
+    actuals that are "not known yet"; the import said only "imported 51 values"."""
+    from datetime import datetime, timedelta
+
+    rows = _plain_csv_around_now(tmp_path / "lab.csv")
+    assert carbon("import", str(tmp_path / "lab.csv"), "--zone", "LAB-1", "--json") == 0
+    result = json.loads(capsys.readouterr().out)
+    imported_at = datetime.fromisoformat(result["imported_at"].replace("Z", "+00:00"))
+    future = [t for t, _ in rows if t + timedelta(hours=1) > imported_at]
+    assert result["rows_stored"] == len(rows) == 51
+    assert result["future_values"] == len(future) > 0
+    assert result["future_stored_as"] == "actual"
+    assert carbon("import", str(tmp_path / "lab.csv"), "--zone", "LAB-1") == 0
+    out = capsys.readouterr().out
+    assert f"{len(future)} of them lie in the future" in out
+    assert "stored as actuals" in out and "--as-forecast" in out
+    # ... and as actuals they are indeed not used: three hours ahead is not the file's 123
+    ahead = show_json(capsys, "--zone", "LAB-1", "--at", "3h")
+    assert ahead["gco2_per_kwh"] != 123.0
+
+
+def test_as_forecast_stores_the_future_rows_as_a_forecast_issued_at_import_time(env, tmp_path, capsys):
+    from datetime import datetime, timedelta
+
+    rows = _plain_csv_around_now(tmp_path / "lab.csv")
+    assert carbon("import", str(tmp_path / "lab.csv"), "--zone", "LAB-1", "--as-forecast", "--json") == 0
+    result = json.loads(capsys.readouterr().out)
+    imported_at = datetime.fromisoformat(result["imported_at"].replace("Z", "+00:00"))
+    assert result["future_stored_as"] == "forecast"
+    assert result["future_values"] == sum(1 for t, _ in rows if t + timedelta(hours=1) > imported_at)
+    ahead = show_json(capsys, "--zone", "LAB-1", "--at", "3h")
+    assert (ahead["kind"], ahead["source"], ahead["gco2_per_kwh"]) == ("forecast", "csv", 123.0)
+    assert all(p["issued_at"] == result["imported_at"] for p in ahead["forecast"] if p["kind"] == "forecast")
+    # the rows already over stay actuals, known at the end of their hour
+    past = show_json(capsys, "--zone", "LAB-1", "--at", (rows[0][0] + timedelta(minutes=30)).isoformat())
+    assert (past["kind"], past["gco2_per_kwh"]) == ("actual", 300.0)
+    capsys.readouterr()
+    assert carbon("import", str(tmp_path / "lab.csv"), "--zone", "LAB-1", "--as-forecast") == 0
+    assert "stored as a forecast issued now" in capsys.readouterr().out
+
+
+def test_import_help_documents_issued_at_and_as_forecast(env, capsys):
+    with pytest.raises(SystemExit):
+        carbon("import", "--help")
+    text = capsys.readouterr().out
+    assert "issued_at" in text and "--as-forecast" in text and "time,gco2_per_kwh" in text
+
 def test_import_reports_what_it_stored(env, capsys):
     assert carbon("import", str(DE)) == 0
     out = capsys.readouterr().out

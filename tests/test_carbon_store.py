@@ -336,3 +336,24 @@ def test_a_big_batch_is_bulk_upserted_with_progress(store):
     assert row_count(store) == n
     assert s.intensity("ZZ", start + timedelta(minutes=1)).gco2_per_kwh == 100.0   # the later repeat wins
     assert s.intensity("ZZ", start + timedelta(hours=6)).gco2_per_kwh == 107.0
+
+
+def test_future_rows_without_an_issue_time_are_counted_and_as_forecast_makes_them_usable_now(store, tmp_path):
+    """Issue 16 defect 5, at the store: an import at 10 Jan 12:30 of hourly rows from 11:00 to
+    16:00. The 11:00 hour ended at 12:00, so it is an actual either way; 12:00 (ends 13:00)
+    and later lie in the future."""
+    now = at(10, 12, 30)
+    csv = tmp_path / "z.csv"
+    csv.write_text("time,gco2_per_kwh\n" + "".join(f"{at(10, h).isoformat()},{100 * h}\n" for h in range(11, 17)))
+    plain = CarbonSignals(store, track_status=False, clock=lambda: now)
+    result = plain.import_file(csv, zone="Z1")
+    assert (result.future_values, result.future_first, result.future_last) == (5, at(10, 12), at(10, 16))
+    fc = plain.forecast("Z1", at(10, 13), at(10, 15), as_of=now)
+    assert all(p.kind != "forecast" or p.source != "csv" for p in fc.points)
+
+    result = plain.import_file(csv, zone="Z2", as_forecast=True)
+    assert result.future_values == 5 and result.as_forecast
+    fc = plain.forecast("Z2", at(10, 13), at(10, 15), as_of=now)
+    assert [(p.kind, p.source, p.gco2_per_kwh, p.issued_at) for p in fc.points] == [
+        ("forecast", "csv", 1300.0, now), ("forecast", "csv", 1400.0, now)]
+    assert plain.intensity("Z2", at(10, 11, 30), as_of=now).gco2_per_kwh == 1100.0  # over: an actual

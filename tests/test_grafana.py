@@ -130,3 +130,20 @@ def test_gco2_per_prompt_is_the_ratio_of_the_two_counters(emitted):
     assert values["carbonsched_job_prompts_total"] == 300
     assert values["carbonsched_job_prompts_gco2_grams_total"] == pytest.approx(42.0)
     assert values["carbonsched_job_gco2_grams_total"] == pytest.approx(47.0)
+
+
+def test_every_panel_of_power_energy_or_grams_shows_whether_they_are_measured_or_modelled():
+    """Issue 16 defect 7: an emulated fleet's figures come from a power model; each panel that
+    can include them keeps the `method` label apart and says what `modelled` means."""
+    dash = json.loads(DASHBOARD.read_text())
+    physical = ("carbonsched_gpu_power_watts", "carbonsched_gpu_energy_joules", "carbonsched_job_energy_joules",
+                "carbonsched_job_gco2_grams", "carbonsched_job_prompts")
+    checked = 0
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            if any(m in target.get("expr", "") for m in physical):
+                checked += 1
+                assert "{{method}}" in target.get("legendFormat", ""), panel["title"]
+                assert "modelled" in panel.get("description", "") and "NOT measured" in panel["description"]
+    assert checked >= 8
+

@@ -475,3 +475,114 @@ def test_a_job_with_only_a_short_time_limit_is_planned_for_that_long_not_the_def
     est = {j.id: j.est_runtime_s for j in snap.jobs}
     assert est[limited] == 30.0
     assert est[unknown] is None  # the default runtime applies
+
+
+def test_carbon_imported_by_another_process_reaches_the_very_next_plan(store, service, db_url, tmp_path):
+    """Issue 16 defect 4: the curves are cached (60 s TTL), but an import in another process
+    (here: another Store and CarbonSignals on the same database) must not wait for it. A job
+    submitted right after the import is planned into the imported forecast's valley."""
+    from scheduler.store import Store
+
+    add_node(store, "lab1", "LAB-1")  # no carbon data, no static value: planned blind
+    planner = planner_for(store)
+    planner.curves.ttl_s = 3600.0  # the cache alone would keep the blind curve for an hour
+    assert planner.tick().blind_zones == ("LAB-1",)
+
+    # 400 g/kWh for a day, but 50 g/kWh from 5 h to 6 h from now: a forecast issued now
+    csv = tmp_path / "lab.csv"
+    csv.write_text("time,gco2_per_kwh,zone,issued_at\n" + "".join(
+        f"{(T + timedelta(hours=h)).isoformat()},{50 if h == 5 else 400},LAB-1,{T.isoformat()}\n"
+        for h in range(24)))
+    other = Store(db_url)
+    try:
+        CarbonSignals(other, track_status=False).import_file(csv)
+    finally:
+        other.dispose()
+
+    job = submit(service, est_runtime_s=3600, deadline=(T + timedelta(hours=12)).isoformat())
+    stats = planner.tick()
+    assert stats.blind_zones == ()
+    row = job_row(store, job)
+    assert row.planned_start == T + timedelta(hours=5)
+    assert row.est_gco2 is not None and row.est_gco2 < row.est_gco2_if_now / 4
+
+
+def test_every_write_of_a_zones_carbon_data_moves_its_version(store, tmp_path):
+    signals = CarbonSignals(store, track_status=False)
+    assert signals.data_versions(["DE", "GB"]) == {"DE": 0, "GB": 0}
+    signals.import_file(DE)
+    after_import = signals.data_versions(["DE", "GB"])
+    assert after_import["DE"] > 0 and after_import["GB"] == 0
+    signals.import_file(DE)  # the same values again (an upsert) still counts as a change
+    assert signals.data_versions(["DE"])["DE"] > after_import["DE"]
+
+
+SITES_CONFIG = """
+[carbonsched.site]
+pue = 1.3
+[carbonsched.zones.DE]
+pue = 1.2
+[carbonsched.sites.fra-new]
+pue = 1.05
+nodes = ["z-new-hall"]
+[carbonsched.nodes.a-old-hall]
+pue = 1.6
+"""
+
+
+def test_pue_belongs_to_the_nodes_site_not_only_to_its_zone():
+    """Issue 16 defect 6: [nodes.N] pue, then the [sites.S] listing the node, then [zones.Z]
+    pue, then [site] pue."""
+    import tomllib
+
+    site = SiteConfig.from_config(tomllib.loads(SITES_CONFIG)["carbonsched"])
+    assert site.pue("DE", "a-old-hall") == 1.6 and site.pue_source("DE", "a-old-hall") == "nodes.a-old-hall"
+    assert site.pue("DE", "z-new-hall") == 1.05 and site.pue_source("DE", "z-new-hall") == "sites.fra-new"
+    assert site.pue("DE", "other") == 1.2 and site.pue_source("DE", "other") == "zones.DE"
+    assert site.pue("GB", "other") == 1.3 and site.pue("GB") == 1.3
+    assert site.node_site_pue("other") is None
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ({"sites": {"fra": {"nodes": ["a"]}}}, "sites.fra.pue"),
+    ({"sites": {"fra": {"pue": 1.1, "nodes": "a"}}}, "sites.fra.nodes"),
+    ({"sites": {"fra": {"pue": 1.1, "nodes": ["a"]}, "muc": {"pue": 1.2, "nodes": ["a"]}}}, "already in site"),
+    ({"sites": {"fra": {"pue": 1.1, "hall": 2}}}, "unknown key"),
+    ({"nodes": {"a": {"pue": 0.5}}}, "nodes.a.pue"),
+    ({"nodes": {"a": {"peu": 1.5}}}, "unknown key"),
+])
+def test_bad_site_or_node_pue_settings_are_refused_naming_the_key(config, fragment):
+    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+        SiteConfig.from_config(config)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "cpsat"])
+def test_the_planner_prices_each_gpu_at_its_own_sites_pue_and_prefers_the_efficient_hall(store, service, policy):
+    import tomllib
+
+    import_carbon(store, DE)
+    add_node(store, "a-old-hall", "DE")
+    add_node(store, "z-new-hall", "DE")
+    add_node(store, "m-zone-default", "DE")
+    site = SiteConfig.from_config(tomllib.loads(SITES_CONFIG)["carbonsched"])
+    planner = planner_for(store, policy, site=site)
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert {g.node: snap.gpu_pue(g) for g in snap.gpus} == {"a-old-hall": 1.6, "z-new-hall": 1.05,
+                                                            "m-zone-default": 1.2}
+    job = submit(service, est_runtime_s=3600, deadline=(T + timedelta(hours=2)).isoformat())
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    planner.tick()
+    row = job_row(store, job)
+    assert row.planned_node == "z-new-hall"
+    # the same run on the old hall costs 1.6 / 1.05 times as much: the estimate scales with PUE
+    from policies.placement import plan_score
+    from policies.problem import compile_problem
+    from policies.model import Assignment, Plan
+
+    old_gpu = next(g.id for g in snap.gpus if g.node == "a-old-hall")
+    problem = compile_problem(snap)
+    here = plan_score(problem, Plan((Assignment(job, "z-new-hall", tuple(row.planned_gpu_ids), row.planned_start),)))
+    there = plan_score(problem, Plan((Assignment(job, "a-old-hall", (old_gpu,), row.planned_start),)))
+    assert there.gco2 / here.gco2 == pytest.approx(1.6 / 1.05)

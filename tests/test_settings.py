@@ -163,3 +163,15 @@ def test_config_show_says_where_each_value_comes_from(tmp_path):
     shown = {x["key"]: x for x in json.loads(proc.stdout)["settings"]}
     assert shown["grace"]["value"] == 30.0 and "config key `grace`" in shown["grace"]["source"]
     assert shown["plan_interval"]["source"] == "default"
+
+
+def test_config_check_knows_the_site_and_node_pue_tables(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('[carbonsched.sites.fra]\npue = 1.1\nnodes = ["a", "b"]\n[carbonsched.nodes.c]\npue = 1.4\n')
+    proc = config_cli("--config", str(good), "config", "check")
+    assert proc.returncode == 0, proc.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[carbonsched.sites.fra]\npue = 1.1\nnodes = ["a"]\n[carbonsched.nodes.a]\npue = 0.7\n')
+    proc = config_cli("--config", str(bad), "config", "check")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len([x for x in proc.stderr.splitlines() if "nodes.a.pue" in x]) == 1

@@ -338,3 +338,43 @@ def test_incremental_planning_keeps_plans_between_full_replans_and_loses_no_job(
             assert last_full is not None and t.at_s - last_full < 6 * 3600
     grams = lambda run: sum(r.gco2 for r in run.records)  # noqa: E731
     assert grams(inc) == pytest.approx(grams(full), rel=0.10)
+
+
+def test_nodes_of_one_zone_in_sites_with_different_pue_each_pay_their_own(tmp_path):
+    """Issue 16 defect 6: a zone can hold two data centres. The cluster file used to be
+    refused ("a policy sees one PUE per zone"); now each node's PUE (own, else [zone.Z] pue,
+    else [site] pue) scales its own jobs, and the site meters still add up to the jobs."""
+    cluster = cluster_from_dict({
+        "site": {"pue": 1.3},
+        "zone": {"DE": {"pue": 1.2}},
+        "node": [{"name": "a-old-hall", "zone": "DE", "gpus": "8xH100", "pue": 1.6},
+                 {"name": "b-new-hall", "zone": "DE", "gpus": "8xH100", "pue": 1.05},
+                 {"name": "c-default", "zone": "DE", "gpus": "8xH100"},
+                 {"name": "gb", "zone": "GB", "gpus": "8xH100"}]})
+    assert {n.name: n.pue for n in cluster.nodes} == {"a-old-hall": 1.6, "b-new-hall": 1.05, "c-default": 1.2,
+                                                      "gb": 1.3}
+    assert {g.node: g.pue for g in cluster.gpu_slots()} == {n.name: n.pue for n in cluster.nodes}
+    # simulated on the German halls alone, so the choice is between sites, not zones
+    cluster = cluster_from_dict({"zone": {"DE": {"pue": 1.2}}, "node": [
+        {"name": n.name, "zone": "DE", "gpus": "8xH100", "pue": n.pue} for n in cluster.nodes if n.zone == "DE"]})
+    carbon = {"DE": load_zone_files("DE", [DEMO / ZONE_FILES["DE"]])}
+    sc = build_scenario(cluster, read_jobs(pai_slice(tmp_path, 40)), carbon, start=START)
+    result = run_policies(sc, ["fifo", "greedy"])
+    hours = {"DE": hourly_intensity(DEMO / ZONE_FILES["DE"])}
+    pue_of = {n.name: n.pue for n in cluster.nodes}
+    for name, run in result.runs.items():
+        done = [r for r in run.records if r.state == "done"]
+        assert done
+        for r in done:
+            assert r.pue == pue_of[r.node]
+            start, end = (datetime.fromtimestamp(t, timezone.utc) for t in (r.start_s, r.end_s))
+            assert r.gco2 == pytest.approx(r.power_w * pue_of[r.node]
+                                           * integral_g_per_kwh_s(hours[r.zone], start, end) / 3.6e6, rel=1e-6)
+        # conservation: the zone meters (facility power x intensity) hold exactly the jobs' grams
+        assert sum(m.gco2 for m in run.meters.values()) == pytest.approx(sum(r.gco2 for r in done), rel=1e-9)
+        summary = result.summaries[name]
+        facility = sum(r.energy_j * r.pue for r in done) / 3.6e6
+        assert summary["facility_energy_kwh"] == pytest.approx(facility, rel=1e-9)
+    # the carbon-aware policy prefers the efficient hall of the same zone over the old one
+    greedy_de = [r.node for r in result.runs["greedy"].records if r.zone == "DE"]
+    assert greedy_de.count("b-new-hall") > greedy_de.count("a-old-hall")

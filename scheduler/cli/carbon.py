@@ -3,7 +3,7 @@
 These verbs talk to the store directly (no daemon needed), resolving the database like the
 `db` verbs: --db, CARBONSCHED_DB, the config file, else the SQLite file under the state dir.
 
-    carbonsched carbon import FILE [--zone Z] [--format F] [--timezone TZ] [--json]
+    carbonsched carbon import FILE [--zone Z] [--format F] [--timezone TZ] [--as-forecast] [--json]
     carbonsched carbon show --zone Z [--at T] [--hours N] [--as-of T] [--refresh] [--json]
     carbonsched carbon zones [--json]
 
@@ -43,14 +43,26 @@ def add_parser(subparsers) -> None:
                               description="Grid carbon intensity per zone, from the store.")
     sub = c.add_subparsers(dest="carbon_action", metavar="ACTION", required=True)
 
-    imp = sub.add_parser("import", help="import a carbon-intensity trace file into the store",
-                         description="Import an Electricity Maps hourly export, a WattTime MOER file "
-                                     "(lbs/MWh, stored as marginal gCO2/kWh) or a plain time,gco2_per_kwh CSV.")
+    imp = sub.add_parser(
+        "import", help="import a carbon-intensity trace file into the store",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Import an Electricity Maps hourly export, a WattTime MOER file (lbs/MWh, stored as\n"
+                    "marginal gCO2/kWh) or a plain CSV with the columns\n"
+                    "  time,gco2_per_kwh[,zone][,signal][,issued_at]\n"
+                    "signal is average (default) or marginal. issued_at is when a value was forecast:\n"
+                    "a row with it is a forecast, used by plans from that time on. A row without it is\n"
+                    "an actual (a measured value), known only once its period has ended: rows that lie\n"
+                    "in the future are then not used by any plan or `carbon show` until they are past.\n"
+                    "The import says how many rows lie in the future; --as-forecast stores those as a\n"
+                    "forecast issued at import time instead.")
     imp.add_argument("file", help="the CSV file")
     imp.add_argument("--zone", help="zone id to store under (default: the file's own zone column)")
     imp.add_argument("--format", dest="fmt", choices=FORMATS, help="file format (default: from the header)")
     imp.add_argument("--timezone", default="UTC", metavar="TZ",
                      help="time zone of timestamps without an offset in plain files (default UTC)")
+    imp.add_argument("--as-forecast", action="store_true",
+                     help="store rows without issued_at whose period has not ended yet as a forecast "
+                          "issued now (default: actuals, unused until their period is past)")
     imp.add_argument("--json", action="store_true")
     _db_flags(imp)
 
@@ -174,7 +186,7 @@ def _import(args, config, carbon_config) -> int:
         signals = CarbonSignals(store, carbon_config, track_status=False)
         try:
             result = signals.import_file(args.file, fmt=args.fmt, zone=args.zone, tz=args.timezone,
-                                         progress=_progress_printer(args.file))
+                                         progress=_progress_printer(args.file), as_forecast=args.as_forecast)
         except CsvFormatError as e:
             raise CliError(f"cannot import {e}", EXIT_USAGE) from None
         except ValueError as e:
@@ -188,7 +200,12 @@ def _import(args, config, carbon_config) -> int:
                      "conflicting_duplicates": result.conflicting_duplicates,
                      "out_of_order": result.out_of_order, "empty_values": result.missing,
                      "first": _iso(result.first), "last": _iso(result.last),
-                     "elapsed_s": round(result.elapsed_s, 3), "db": store.url})
+                     "elapsed_s": round(result.elapsed_s, 3), "db": store.url,
+                     "future_values": result.future_values, "future_first": _iso(result.future_first),
+                     "future_last": _iso(result.future_last),
+                     "future_stored_as": ("forecast" if result.as_forecast else "actual")
+                     if result.future_values else None,
+                     "imported_at": _iso(result.imported_at)})
         return EXIT_OK
     if not result.rows_stored:
         print(f"{result.path}: no values to import ({result.missing} empty values)")
@@ -207,7 +224,25 @@ def _import(args, config, carbon_config) -> int:
           f"to {_iso(result.last)} in {result.elapsed_s:.2f} s")
     for note in notes:
         print(f"  note: {note}")
+    for line in _future_lines(result):
+        print(line)
     return EXIT_OK
+
+
+def _future_lines(result) -> list[str]:
+    """What became of the imported values that lie in the future (issue 16: they were
+    silently stored as actuals that are "not known yet")."""
+    n = result.future_values
+    if not n:
+        return []
+    span = f"{_iso(result.future_first)} .. {_iso(result.future_last)}"
+    if result.as_forecast:
+        return [f"  {n:,} of them lie in the future ({span}): stored as a forecast issued now "
+                f"({_iso(result.imported_at)}), used by the next plan and by `carbon show`"]
+    return [f"  warning: {n:,} of them lie in the future ({span}) and have no issued_at: stored as "
+            "actuals, which count as known only once each period is over, so no plan and no "
+            "`carbon show` uses them before then",
+            "  to use them as a forecast now, import again with --as-forecast (or add an issued_at column)"]
 
 
 # -- show ---------------------------------------------------------------------------------

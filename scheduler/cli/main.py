@@ -138,8 +138,10 @@ def _register_config_tables() -> None:
         return check
 
     site = owner_check(SiteConfig.from_config)
-    settings.register_table("site", site)
-    settings.register_table("zones", lambda table, whole: [] if "site" in whole else site(table, whole))
+    site_tables = ("site", "zones", "sites", "nodes")  # checked together, reported by the first present
+    for name in site_tables:
+        settings.register_table(name, lambda table, whole, name=name: site(table, whole) if name == next(
+            t for t in site_tables if t in whole) else [])
     settings.register_table("carbon", owner_check(lambda whole: CarbonConfig.from_config(
         {"carbon": whole.get("carbon", {})})))
     settings.register_table("accounting", owner_check(AccountingConfig.from_config))

@@ -127,7 +127,10 @@ def job_detail(job: dict) -> str:
         ("ended", local_time(job["ended_at"], True)),
         ("runtime", format_duration(runtime)),
         ("exit code", "-" if job["exit_code"] is None else str(job["exit_code"])),
-        ("energy", _energy(job["energy_j"]) + (f" ({job['energy_method']})" if job.get("energy_method") else "")),
+        ("energy", _energy(job["energy_j"]) + (f" ({job['energy_method']}"
+                                               + (", emulated GPUs: not measured" if
+                                                  job["energy_method"].startswith("modelled") else "") + ")"
+                                               if job.get("energy_method") else "")),
         ("gCO2", "-" if job["gco2"] is None else f"{job['gco2']:.1f} g"
          + (f" ({job['gco2_per_prompt']:.3g} g/prompt, {job['prompts_source']})"
             if job.get("gco2_per_prompt") is not None else "")),

@@ -58,19 +58,19 @@ def add_parser(subparsers) -> None:
 # -- getting the data -------------------------------------------------------------------------
 
 class _Site:
-    """The config file's PUE per zone (scheduler.daemon.planner.SiteConfig), parsed on first use:
+    """The config file's PUE per node's site (scheduler.daemon.planner.SiteConfig), parsed on first use:
     a report over jobs already priced never needs it, and the planner is slow to import."""
 
     def __init__(self, config: dict) -> None:
         self._config = config
         self._site = None
 
-    def pue(self, zone: str) -> float:
+    def pue(self, zone: str | None, node: str | None = None) -> float:
         if self._site is None:
             from scheduler.daemon.planner import SiteConfig
 
             self._site = SiteConfig.from_config(self._config)
-        return self._site.pue(zone)
+        return self._site.pue(zone, node)
 
 
 def _direct(args, config: dict):
@@ -124,7 +124,8 @@ def cmd_report(args, config: dict) -> int:
 
 FIGURES = ("jobs", "completed", "deadline_misses", "gpu_hours", "energy_kwh", "facility_energy_kwh", "kgco2",
            "intensity_g_per_kwh", "gco2_per_prompt", "prompts", "tokens", "tokens_per_j", "usd", "usd_per_mtok",
-           "counterfactual_kgco2", "saving_kgco2", "saving_pct", "jobs_measured", "jobs_with_gco2")
+           "counterfactual_kgco2", "saving_kgco2", "saving_pct", "jobs_measured", "jobs_with_gco2",
+           "jobs_modelled", "modelled_energy_kwh")
 
 
 def _num(v, fmt: str) -> str:
@@ -142,7 +143,8 @@ def report_table(data: dict) -> str:
     headers += ["USD", "SAVED KGCO2"]
 
     def row(name: str, g: dict) -> list[str]:
-        cells = [name, str(g["jobs"]), _num(g["gpu_hours"], ".4g"), _num(g["energy_kwh"], ".4g"),
+        kwh = _num(g["energy_kwh"], ".4g") + ("*" if g.get("jobs_modelled") else "")
+        cells = [name, str(g["jobs"]), _num(g["gpu_hours"], ".4g"), kwh,
                  _num(g["kgco2"], ".4g"), _num(g["intensity_g_per_kwh"], ".0f"), _num(g["gco2_per_prompt"], ".3g")]
         if tokens:
             cells += [_num(g["tokens_per_j"], ".3g"), _num(g["usd_per_mtok"], ".3g")]
@@ -161,6 +163,11 @@ def report_table(data: dict) -> str:
                  + (" (zone prices: " + ", ".join(f"{z} ${p:g}" for z, p in a["zone_energy_price_usd_per_kwh"].items())
                     + ")" if a["zone_energy_price_usd_per_kwh"] else "")
                  + "; saved: against " + RULE_SHORT + " (measured gCO2 x the plan's if-now / chosen estimates)")
+    total = data["total"]
+    if total.get("jobs_modelled"):
+        lines.append(f"*: MODELLED, not measured: {total['jobs_modelled']} of {total['jobs']} job(s) ran on "
+                     f"emulated GPUs; their energy ({total['modelled_energy_kwh']:.4g} kWh) and gCO2 come from "
+                     "the emulator's power model")
     if data["jobs_without_gco2"]:
         lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
                      "data for their run): left out of KGCO2 and savings")
@@ -205,7 +212,8 @@ def plot_daily(data: dict, path: str) -> None:
 EXPORT_COLUMNS = ("period_start", "period_end", "node", "gpu_model", "zone", "jobs", "gpu_hours", "it_energy_kwh",
                   "facility_energy_kwh", "emissions_kgco2e", "intensity_g_per_kwh", "pue", "signal",
                   "measurement_shares", "intensity_basis_shares", "jobs_without_measurement",
-                  "jobs_without_emissions", "data_sources", "generated_at", "generator")
+                  "jobs_without_emissions", "energy", "jobs_modelled", "modelled_energy_kwh", "data_sources",
+                  "generated_at", "generator")
 
 
 def export_csv(doc: dict) -> str:
@@ -288,8 +296,8 @@ def receipt_text(r: dict) -> str:
     cf = r["counterfactual"]
     scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
     lines.append(("if run at once", _g(cf["gco2"]) + (
-        " (measured, scaled by the plan's estimates: the job alone at submission on the earliest free, "
-        "fastest GPUs vs its plan)" if scaled
+        f" ({'modelled' if m.get('modelled') else 'measured'}, scaled by the plan's estimates: the job "
+        "alone at submission on the earliest free, fastest GPUs vs its plan)" if scaled
         else " (plan estimate: the job alone at submission on the earliest free, fastest GPUs)"
         if cf["gco2"] is not None else "")))
     if r["saving_gco2"] is not None:

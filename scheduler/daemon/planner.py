@@ -10,7 +10,10 @@ forecasts fetched by the daemon's refresh job, the own forecast, the static tabl
 never waits on a provider. A zone with no value at all gets no curve and is planned
 carbon-blind, which the tick logs once and the policy's explanations say. Curves are
 cached for `carbon_ttl_s` (and at most until the next slot starts), so a tick over a long
-queue does not re-read the forecasts every time a submission wakes it.
+queue does not re-read the forecasts every time a submission wakes it; but every tick
+first reads the zones' data versions (`CarbonSignals.data_versions`, one small query),
+and any change to a zone's carbon data since (a `carbonsched carbon import` in another
+process, a provider refresh) rebuilds the curves, so the next plan sees it.
 
 A PLANNED job whose start falls before the next tick (now + plan interval) is pinned: the
 policy keeps its GPUs and start, so the agent can start it without the plan moving under
@@ -117,14 +120,23 @@ def make_policy(name: str, *, plan_interval_s: float = 15.0) -> Policy:
 
 @dataclass(frozen=True)
 class SiteConfig:
-    """PUE and GPU power caps per zone, from the config file.
+    """PUE per node's site (with zone and global defaults) and GPU power caps per zone.
+
+    PUE belongs to a data centre, not to a grid zone: one zone can hold several sites with
+    different PUEs. A node's PUE is, first found: its own `[nodes.NAME] pue`, the PUE of
+    the `[sites.S]` listing it, its zone's `[zones.Z] pue`, `[site] pue`, 1.0.
 
     ```toml
     [site]
-    pue = 1.3                # every zone without its own value (default 1.0)
+    pue = 1.3                # every node without a more specific value (default 1.0)
     [zones.DE]
-    pue = 1.15
+    pue = 1.15               # default of the zone's nodes
     power_cap_w = 40000      # at most this much GPU power at once in the zone
+    [sites.fra-dc2]          # a data centre: its PUE and its nodes
+    pue = 1.08
+    nodes = ["de-gpu-1", "de-gpu-2"]
+    [nodes.de-gpu-9]
+    pue = 1.4                # one node's own value
     ```
     (Inside `[carbonsched]` when the file uses that table.) ValueError on a bad value.
     """
@@ -132,6 +144,9 @@ class SiteConfig:
     site_pue: float = 1.0
     zone_pue: Mapping[str, float] = field(default_factory=dict)
     zone_power_cap_w: Mapping[str, float] = field(default_factory=dict)
+    node_pue: Mapping[str, float] = field(default_factory=dict)  # [nodes.NAME] pue
+    sites_pue: Mapping[str, float] = field(default_factory=dict)  # [sites.S] pue
+    site_of: Mapping[str, str] = field(default_factory=dict)  # node -> its [sites.S]
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> SiteConfig:
@@ -163,16 +178,84 @@ class SiteConfig:
                     raise ValueError(f"config zones.{zone}.power_cap_w: a positive number of watts "
                                      f"(got {cap!r})")
                 caps[str(zone)] = float(cap)
-        return cls(site_pue=site_pue, zone_pue=pue, zone_power_cap_w=caps)
+        sites_pue, site_of = _sites(config.get("sites") or {})
+        node_pue = _nodes(config.get("nodes") or {})
+        return cls(site_pue=site_pue, zone_pue=pue, zone_power_cap_w=caps, node_pue=node_pue,
+                   sites_pue=sites_pue, site_of=site_of)
 
-    def pue(self, zone: str) -> float:
-        return self.zone_pue.get(zone, self.site_pue)
+    def pue(self, zone: str | None, node: str | None = None) -> float:
+        """The PUE of `node` (in `zone`): its own, its site's, its zone's, else the default."""
+        own = self.node_site_pue(node)
+        if own is not None:
+            return own
+        return self.zone_pue.get(zone, self.site_pue) if zone is not None else self.site_pue
+
+    def node_site_pue(self, node: str | None) -> float | None:
+        """The PUE set for `node` itself or for its site; None when only defaults apply."""
+        if node is None:
+            return None
+        if node in self.node_pue:
+            return self.node_pue[node]
+        site = self.site_of.get(node)
+        return self.sites_pue[site] if site is not None else None
+
+    def pue_source(self, zone: str | None, node: str | None = None) -> str:
+        """Where `pue(zone, node)` comes from, in the config's words (for receipts and exports)."""
+        if node is not None and node in self.node_pue:
+            return f"nodes.{node}"
+        if node is not None and node in self.site_of:
+            return f"sites.{self.site_of[node]}"
+        if zone is not None and zone in self.zone_pue:
+            return f"zones.{zone}"
+        return "site"
 
     def power_caps(self, zones: Iterable[str] | None = None) -> tuple[PowerCap, ...]:
         """The caps of `zones` (all configured zones when None), always in force."""
         wanted = None if zones is None else set(zones)
         return tuple(PowerCap(zone=z, cap_w=w) for z, w in sorted(self.zone_power_cap_w.items())
                      if wanted is None or z in wanted)
+
+
+def _sites(table: object) -> tuple[dict[str, float], dict[str, str]]:
+    """`[sites.S] pue = X, nodes = [...]`: PUE per site and the site of each node."""
+    if not isinstance(table, Mapping):
+        raise ValueError("config [sites]: expected a table of sites, e.g. [sites.fra-dc2]")
+    pue: dict[str, float] = {}
+    site_of: dict[str, str] = {}
+    for site, sc in table.items():
+        if not isinstance(sc, Mapping):
+            raise ValueError(f"config sites.{site}: expected a table with pue and nodes")
+        unknown = sorted(set(sc) - {"pue", "nodes"})
+        if unknown:
+            raise ValueError(f"config sites.{site}: unknown key(s) {', '.join(unknown)} (known: pue, nodes)")
+        if "pue" not in sc:
+            raise ValueError(f"config sites.{site}.pue: missing (the site's PUE)")
+        pue[str(site)] = _pue(sc["pue"], f"sites.{site}.pue")
+        members = sc.get("nodes", [])
+        if not isinstance(members, list) or not all(isinstance(n, str) and n.strip() for n in members):
+            raise ValueError(f"config sites.{site}.nodes: a list of node names (got {members!r})")
+        for n in members:
+            if n.strip() in site_of:
+                raise ValueError(f"config sites.{site}.nodes: node {n.strip()!r} is already in site "
+                                 f"{site_of[n.strip()]!r}; a node is in one site")
+            site_of[n.strip()] = str(site)
+    return pue, site_of
+
+
+def _nodes(table: object) -> dict[str, float]:
+    """`[nodes.NAME] pue = X`: a node's own PUE."""
+    if not isinstance(table, Mapping):
+        raise ValueError("config [nodes]: expected a table of nodes, e.g. [nodes.gpu-7]")
+    out: dict[str, float] = {}
+    for node, nc in table.items():
+        if not isinstance(nc, Mapping):
+            raise ValueError(f"config nodes.{node}: expected a table with pue")
+        unknown = sorted(set(nc) - {"pue"})
+        if unknown:
+            raise ValueError(f"config nodes.{node}: unknown key(s) {', '.join(unknown)} (known: pue)")
+        if "pue" in nc:
+            out[str(node)] = _pue(nc["pue"], f"nodes.{node}.pue")
+    return out
 
 
 def _pue(value: object, name: str) -> float:
@@ -214,7 +297,8 @@ class CarbonCurves:
         self.ttl_s = ttl_s
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._cache: tuple[float, datetime, frozenset[str], dict[str, ZoneCarbon]] | None = None
+        # (monotonic time, slot start, zones, their data versions, curves)
+        self._cache: tuple[float, datetime, frozenset[str], Any, dict[str, ZoneCarbon]] | None = None
         self._blind_logged: set[str] = set()
 
     def invalidate(self) -> None:
@@ -222,17 +306,20 @@ class CarbonCurves:
             self._cache = None
 
     def for_zones(self, zones: Iterable[str], now: datetime) -> dict[str, ZoneCarbon]:
-        """Curves for `zones` starting at the slot that holds `now` (cached briefly)."""
+        """Curves for `zones` starting at the slot that holds `now` (cached briefly, and only
+        while no zone's carbon data has changed)."""
         wanted = frozenset(zones)
         start = _slot_floor(now, self.slot_s)
         mono = self._monotonic()
+        versions = self._versions(wanted)
         with self._lock:
             hit = self._cache
-            if (hit is not None and mono - hit[0] < self.ttl_s and hit[1] == start and hit[2] == wanted):
-                return hit[3]
+            if (hit is not None and versions is not None and mono - hit[0] < self.ttl_s and hit[1] == start
+                    and hit[2] == wanted and hit[3] == versions):
+                return hit[4]
         out = self._build(sorted(wanted), start, now)
         with self._lock:
-            self._cache = (mono, start, wanted, out)
+            self._cache = (mono, start, wanted, versions, out)
         for z, zc in out.items():
             if zc.curve is None and z not in self._blind_logged:
                 self._blind_logged.add(z)
@@ -241,6 +328,17 @@ class CarbonCurves:
                 self._blind_logged.discard(z)
                 log.info("zone %s has carbon data again (%s)", z, zc.curve.source)
         return out
+
+    def _versions(self, zones: frozenset[str]) -> tuple[tuple[str, int], ...] | None:
+        """The zones' carbon data versions; None (no cache hit) when they cannot be read."""
+        read = getattr(self.signals, "data_versions", None)
+        if read is None:
+            return ()  # a signal source without versions (a fake): the TTL alone decides
+        try:
+            return tuple(sorted(read(zones).items()))
+        except SQLAlchemyError as e:
+            log.warning("carbon data versions unreadable, re-reading the curves: %s", e)
+            return None
 
     def _build(self, zones: list[str], start: datetime, now: datetime) -> dict[str, ZoneCarbon]:
         if self.signals is None:
@@ -392,7 +490,7 @@ class Planner:
             slots.append(GpuSlot(id=g.id, node=g.node_name, zone=node.zone if node else "?",
                                  index=g.index, model=g.model, memory_gib=g.memory_gib,
                                  healthy=bool(g.healthy) and alive, busy_until=busy_until,
-                                 drained=bool(g.drained)))
+                                 drained=bool(g.drained), pue=self.site.node_site_pue(g.node_name)))
         queued = _read_queue(conn)
         usable = {s.id for s in slots if s.healthy and not s.drained}
         pin_before = now + timedelta(seconds=self.plan_interval_s)
@@ -429,7 +527,7 @@ class Planner:
             gpus=tuple(slots),
             default_runtime_s=self.default_runtime_s,
             carbon={z: zc.curve for z, zc in carbon.items() if zc.curve is not None},
-            pue={z: self.site.pue(z) for z in zones},
+            pue={z: self.site.pue(z) for z in zones},  # zone defaults; a GPU's own site: GpuSlot.pue
             profiles=self.seed_profiles() + learned,
             power_caps=self.site.power_caps(zones),
             slot_s=self.slot_s,

@@ -27,7 +27,7 @@ from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
-from telemetry.energy import Sample
+from telemetry.energy import MODELLED, Sample
 from telemetry.gpu import GpuBackend, GpuError
 from telemetry.sampler import Reading, Sampler
 
@@ -491,6 +491,8 @@ class Agent:
         if measured.energy_j is None:
             return None, None, None
         energy, method = measured.energy_j, measured.method
+        if self.backend.emulated:  # the emulator's power model, not a meter: never "counter"
+            method = MODELLED
         if self.config.node_static_w > 0 and self._uuid_of:
             share = len(gpu_ids) / len(self._uuid_of)
             energy += self.config.node_static_w * share * max(0.0, end_s - start_s)

@@ -11,15 +11,17 @@ Format (DESIGN.md, plus optional site-wide settings):
     [zone.DE]                           # optional per-zone overrides
     energy_price_usd_per_kwh = 0.30
     power_cap_w = 20000
+    pue = 1.15                          # default PUE of the zone's nodes without their own
 
     [[node]]
     name = "de-mi300x-1"                # unique
     zone = "DE"                         # carbon zone id (must match a --carbon ZONE=FILE)
     gpus = "8xMI300X"                   # count x catalog model ("4xH100,4xA100" mixes)
-    pue = 1.2                           # optional, default [site] pue or 1.0
+    pue = 1.2                           # optional, default [zone.Z] pue, [site] pue or 1.0
     count = 4                           # optional: that many identical nodes, named NAME-1..NAME-4
 
-A policy sees one PUE per zone, so the nodes of one zone must share their PUE.
+PUE is a property of the node's site (data centre), not of its grid zone: nodes of one zone
+may have different PUEs (two data centres in Germany), and each GPU carries its node's.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class ClusterSpec:
     energy_price_usd_per_kwh: dict[str, float] = field(default_factory=dict)
     power_caps: tuple[PowerCap, ...] = ()
     path: str = ""
+    zone_pue: dict[str, float] = field(default_factory=dict)  # [zone.Z] pue, else [site] pue
 
     @property
     def zones(self) -> list[str]:
@@ -65,7 +68,13 @@ class ClusterSpec:
 
     @property
     def pue(self) -> dict[str, float]:
-        return {n.zone: n.pue for n in self.nodes}
+        """Each zone's PUE where all its nodes share one, else the zone's default (each GPU
+        carries its own node's PUE: `gpu_slots()`)."""
+        out: dict[str, float] = {}
+        for z in self.zones:
+            values = {n.pue for n in self.nodes if n.zone == z}
+            out[z] = values.pop() if len(values) == 1 else self.zone_pue.get(z, 1.0)
+        return out
 
     def gpu_slots(self) -> tuple[GpuSlot, ...]:
         """All GPUs, ids 0..N-1 in node order, free and healthy."""
@@ -74,7 +83,7 @@ class ClusterSpec:
             for index, model in enumerate(node.models):
                 spec = lookup(model)
                 slots.append(GpuSlot(id=len(slots), node=node.name, zone=node.zone, index=index,
-                                     model=spec.name, memory_gib=spec.memory_gib))
+                                     model=spec.name, memory_gib=spec.memory_gib, pue=node.pue))
         return tuple(slots)
 
     def gpus_by_model(self) -> dict[str, int]:
@@ -128,6 +137,15 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
     if site_pue < 1.0:
         raise fail(f"site pue {site_pue} is below 1.0")
 
+    if not isinstance(zone_tables, dict) or not all(isinstance(t, dict) for t in zone_tables.values()):
+        raise fail("[zone.X] entries must be tables")
+    zone_pue: dict[str, float] = {}
+    for zone, zt in zone_tables.items():
+        if "pue" in zt:
+            zone_pue[zone] = _positive(zt["pue"], f"zone {zone} pue", fail)
+            if zone_pue[zone] < 1.0:
+                raise fail(f"zone {zone} pue {zone_pue[zone]} is below 1.0")
+
     nodes: list[NodeSpec] = []
     seen: set[str] = set()
     for i, raw in enumerate(nodes_raw, 1):
@@ -144,7 +162,7 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             models = tuple(m.name for m in parse_fleet(raw["gpus"]))
         except ValueError as e:
             raise fail(f"{where} ({raw['name']}): {e}") from None
-        pue = _positive(raw.get("pue", site_pue), f"{where} pue", fail)
+        pue = _positive(raw.get("pue", zone_pue.get(str(raw["zone"]).strip(), site_pue)), f"{where} pue", fail)
         if pue < 1.0:
             raise fail(f"{where}: pue {pue} is below 1.0")
         count = raw.get("count", 1)
@@ -157,18 +175,14 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             seen.add(name)
             nodes.append(NodeSpec(name=name, zone=raw["zone"].strip(), models=models, pue=float(pue)))
 
-    by_zone: dict[str, float] = {}
-    for n in nodes:
-        if by_zone.setdefault(n.zone, n.pue) != n.pue:
-            raise fail(f"zone {n.zone} has nodes with different PUE ({by_zone[n.zone]} and {n.pue}); "
-                       "a policy sees one PUE per zone")
+    by_zone = {n.zone for n in nodes}
     for zone in zone_tables:
         if zone not in by_zone:
             raise fail(f"[zone.{zone}] names a zone without nodes")
 
     prices: dict[str, float] = {}
     caps: list[PowerCap] = []
-    for zone in by_zone:
+    for zone in sorted(by_zone):
         zt = zone_tables.get(zone, {})
         price = zt.get("energy_price_usd_per_kwh", site.get("energy_price_usd_per_kwh", 0.0))
         prices[zone] = _non_negative(price, f"zone {zone} energy_price_usd_per_kwh", fail)
@@ -177,7 +191,8 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             caps.append(PowerCap(zone=zone, cap_w=_positive(cap, f"zone {zone} power_cap_w", fail)))
     years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
     return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
-                       power_caps=tuple(caps), path=path)
+                       power_caps=tuple(caps), path=path,
+                       zone_pue={z: zone_pue.get(z, site_pue) for z in sorted(by_zone)})
 
 
 def _positive(value, what: str, fail) -> float:

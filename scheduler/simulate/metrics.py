@@ -45,7 +45,7 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
     unfinished = [r for r in run.records if r.state != "done"]
     gco2 = sum(m.gco2 for m in run.meters.values())
     energy_j = sum(m.energy_j for m in run.meters.values())
-    facility_j = sum(m.energy_j * m.pue for m in run.meters.values())
+    facility_j = sum(m.facility_j for m in run.meters.values())
     waits = [r.start_s - r.arrival_s for r in done]
     prompt_jobs = [r for r in done if r.job.prompts]
     prompts = sum(r.job.prompts for r in prompt_jobs)
@@ -63,7 +63,7 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
         capex += gpu_s * lookup(r.model).list_price_usd / (cluster.amortization_years * YEAR_S)
     counts = cluster.gpus_by_model()
     utilization = {m: busy_by_model.get(m, 0.0) / (n * span_s) for m, n in sorted(counts.items())}
-    energy_cost = sum(m.energy_j * m.pue / J_PER_KWH * cluster.energy_price_usd_per_kwh.get(z, 0.0)
+    energy_cost = sum(m.facility_j / J_PER_KWH * cluster.energy_price_usd_per_kwh.get(z, 0.0)
                       for z, m in run.meters.items())
     plan_times = [t.plan_s for t in run.ticks]
     return {

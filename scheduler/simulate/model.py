@@ -110,36 +110,46 @@ class JobRecord:
 
 @dataclass
 class ZoneMeter:
-    """Integrates a zone's simulated GPU power over time, and its emissions at actual intensity."""
+    """Integrates a zone's simulated GPU power over time, and its emissions at actual intensity.
+
+    The nodes of one zone may sit in sites with different PUEs: each change of power carries
+    its node's PUE, and the meter integrates the facility power (GPU power x PUE) beside the
+    GPU power. `pue` is the zone's default, for changes that name none.
+    """
 
     zone: str
     pue: float
     intensity: ZoneIntensity
     power_w: float = 0.0
+    facility_w: float = 0.0
     last_s: float = 0.0
     energy_j: float = 0.0
+    facility_j: float = 0.0
     gco2: float = 0.0
     peak_w: float = 0.0
     over_cap_s: float = 0.0
     cap_w: float | None = None
-    timeline: list[tuple[float, float]] = field(default_factory=list)  # (time, power after change)
+    # (time, GPU power after the change, facility power after the change)
+    timeline: list[tuple[float, float, float]] = field(default_factory=list)
 
     def advance(self, now_s: float) -> None:
         dt = now_s - self.last_s
         if dt > 0 and self.power_w:
             self.energy_j += self.power_w * dt
-            self.gco2 += self.power_w * self.pue * self.intensity.integral_g_per_kwh_s(self.last_s, now_s) / J_PER_KWH
+            self.facility_j += self.facility_w * dt
+            self.gco2 += self.facility_w * self.intensity.integral_g_per_kwh_s(self.last_s, now_s) / J_PER_KWH
             if self.cap_w is not None and self.power_w > self.cap_w + EPS_S:
                 self.over_cap_s += dt
         self.last_s = now_s
 
-    def change(self, now_s: float, delta_w: float) -> None:
+    def change(self, now_s: float, delta_w: float, pue: float | None = None) -> None:
         self.advance(now_s)
         self.power_w += delta_w
+        self.facility_w += delta_w * (self.pue if pue is None else pue)
         if abs(self.power_w) < 1e-6:
-            self.power_w = 0.0
+            self.power_w = self.facility_w = 0.0
         self.peak_w = max(self.peak_w, self.power_w)
-        self.timeline.append((now_s, self.power_w))
+        self.timeline.append((now_s, self.power_w, self.facility_w))
 
 
 @dataclass
@@ -319,7 +329,7 @@ class Simulation:
             if key != self._busy_key[g]:
                 s = slots[g]
                 slots[g] = GpuSlot(id=s.id, node=s.node, zone=s.zone, index=s.index, model=s.model,
-                                   memory_gib=s.memory_gib, healthy=self.healthy[g],
+                                   memory_gib=s.memory_gib, healthy=self.healthy[g], pue=s.pue,
                                    busy_until=_dt(fa) if (key is not None and key != "down") else None)
                 self._busy_key[g] = key
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
@@ -431,7 +441,7 @@ class Simulation:
         shape = self._shape(job, first.model)
         r.state = "committed"
         r.node, r.zone, r.model, r.gpu_ids = first.node, first.zone, first.model, tuple(ids)
-        r.runtime_s, r.power_w, r.pue = shape.runtime_s, shape.power_w, self.pue.get(first.zone, 1.0)
+        r.runtime_s, r.power_w, r.pue = shape.runtime_s, shape.power_w, self._gpu_pue(first)
         r.start_s = start_s
         r.est_gco2 = a.estimate.gco2
         r.explanation = a.explanation
@@ -447,6 +457,10 @@ class Simulation:
         ev.callbacks.append(lambda _e, idx=idx, token=token: self._start(idx, token))
         return 1
 
+    def _gpu_pue(self, gpu: GpuSlot) -> float:
+        """The PUE of the site of a GPU's node (its zone's default when it has none)."""
+        return float(gpu.pue) if gpu.pue is not None else float(self.pue.get(gpu.zone, 1.0))
+
     def _reject(self, a: Assignment, why: str) -> int:
         self.rejected += 1
         log.debug("assignment of job %s rejected: %s", a.job_id, why)
@@ -461,7 +475,7 @@ class Simulation:
         self.events += 1
         r.state = "running"
         r.attempts += 1
-        self.meters[r.zone].change(self.env.now, r.power_w)
+        self.meters[r.zone].change(self.env.now, r.power_w, r.pue)
         ev = self.env.timeout(r.runtime_s)
         ev.callbacks.append(lambda _e, idx=idx, token=token: self._finish(idx, token))
 
@@ -471,7 +485,7 @@ class Simulation:
             return
         self.events += 1
         now = self.env.now
-        self.meters[r.zone].change(now, -r.power_w)
+        self.meters[r.zone].change(now, -r.power_w, r.pue)
         r.state = "done"
         r.end_s = now
         r.energy_j = r.power_w * (now - r.start_s)
@@ -489,7 +503,7 @@ class Simulation:
         """Stop or un-commit a job whose GPU failed; it goes back to the queue."""
         r = self.records[idx]
         if r.state == "running":
-            self.meters[r.zone].change(now_s, -r.power_w)
+            self.meters[r.zone].change(now_s, -r.power_w, r.pue)
             ran = now_s - r.start_s
             r.lost_energy_j += r.power_w * ran
             r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, now_s) / J_PER_KWH

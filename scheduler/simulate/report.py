@@ -61,12 +61,12 @@ def cumulative_emissions(run: PolicyRun, grid_s: list[float]) -> list[float]:
         acc = 0.0
         for gi, t in enumerate(grid_s):
             while k < len(timeline) and timeline[k][0] <= t:
-                at, p = timeline[k]
-                acc += power * meter.pue * meter.intensity.integral_g_per_kwh_s(last, at) / J_PER_KWH
+                at, _, p = timeline[k]  # facility power (GPU power x each job's PUE)
+                acc += power * meter.intensity.integral_g_per_kwh_s(last, at) / J_PER_KWH
                 power, last = p, at
                 k += 1
             if t > last:
-                acc += power * meter.pue * meter.intensity.integral_g_per_kwh_s(last, t) / J_PER_KWH
+                acc += power * meter.intensity.integral_g_per_kwh_s(last, t) / J_PER_KWH
                 last = t
             total[gi] += acc / 1000.0
     return total

@@ -8,6 +8,9 @@
   (daemon, agents, CLI) within the providers' call limits.
 - `carbon_zone_status`: the fallback level a zone's forecasts currently come from (live,
   own, static, none) and why, written on each change, shown by `carbonsched carbon show`.
+- `carbon_zone_versions`: a counter per zone bumped in the same transaction as every write
+  of its carbon data (an import, a provider refresh), so a planner in another process sees
+  in one small query per tick that the curves it holds are stale.
 """
 
 from __future__ import annotations
@@ -65,6 +68,15 @@ class CarbonZoneStatus(Base):
     since: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class CarbonZoneVersion(Base):
+    __tablename__ = "carbon_zone_versions"
+
+    zone: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 carbon_intensity = CarbonIntensity.__table__
 carbon_fetches = CarbonFetch.__table__
 carbon_zone_status = CarbonZoneStatus.__table__
+carbon_zone_versions = CarbonZoneVersion.__table__
