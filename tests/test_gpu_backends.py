@@ -458,7 +458,7 @@ def test_amdsmi_microwatt_power_is_detected_by_magnitude(monkeypatch):
 def test_power_unit_rule_separates_watts_from_microwatts():
     assert power_watts(1400, cap_w=1400.0) == 1400  # an MI355X at its cap, in watts
     assert power_watts(90_000_000, cap_w=750.0) == pytest.approx(90.0)  # idle, in microwatts
-    assert power_watts(5_000, cap_w=None) == 5_000
+    assert power_watts(2_500, cap_w=None) == 2_500
     assert power_watts(250_000_000, cap_w=None) == pytest.approx(250.0)
     assert power_watts("N/A", cap_w=750.0) is None
     assert cap_watts(750_000_000) == pytest.approx(750.0) and cap_watts(750) == 750.0
