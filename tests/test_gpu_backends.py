@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from fakes import fake_pynvml
-from fakes.fake_amdsmi import FakeAmdGpu, FakeAmdSmi
-from fakes.fake_pynvml import FakeNvml, FakeNvmlGpu
+from fakes.fake_amdsmi import UINT16_MAX, UINT32_MAX, UINT64_MAX, FakeAmdGpu, FakeAmdSmi
+from fakes.fake_pynvml import REPORTED, FakeNvml, FakeNvmlGpu
 from telemetry.gpu import (
     EmulatedBackend,
     EmulatedModel,
@@ -90,12 +90,12 @@ class Harness:
 def nvml_gpus() -> list[FakeNvmlGpu]:
     return [FakeNvmlGpu(uuid="GPU-aaaa1111-0000-0000-0000-000000000000", pci=(0, 0x1B, 0)),
             FakeNvmlGpu(uuid="GPU-bbbb2222-0000-0000-0000-000000000000", pci=(0, 0x3B, 0),
-                        name="NVIDIA H200", memory_total_b=141 * 2**30)]
+                        name=REPORTED["H200"][0], memory_total_b=REPORTED["H200"][1])]
 
 
 def amd_gpus() -> list[FakeAmdGpu]:
     return [FakeAmdGpu(uuid="11111111-0000-1000-8000-000000000000", hip_id=0),
-            FakeAmdGpu(uuid="22222222-0000-1000-8000-000000000000", hip_id=1,
+            FakeAmdGpu(uuid="22222222-0000-1000-8000-000000000000", hip_id=1, asic_serial="0x5F3A1C0DE0000002",
                        market_name="AMD Instinct MI325X", vram_b=256 * 2**30, cap_w=1000.0)]
 
 
@@ -520,6 +520,116 @@ def test_amdsmi_unexpected_status_is_our_generic_error(amd):
         b.read(amd.gpus[0].uuid)
     assert type(e.value) is GpuError
     assert isinstance(e.value.__cause__, amd.module.AmdSmiLibraryException)
+
+
+# -- the validity gate (issue 17) ---------------------------------------------------------
+
+
+def test_amdsmi_sentinel_in_average_power_is_not_read_as_4295_watts(monkeypatch):
+    """amdsmi 7.0.2 passes 0xFFFFFFFF on (only 0xFFFF becomes "N/A"): on an MI300X the
+    unsupported average_socket_power must not become 4294.97 W."""
+    g = FakeAmdGpu(power_w=512.0)
+    g.overrides[("amdsmi_get_power_info", "average_socket_power")] = UINT32_MAX
+    g.overrides[("amdsmi_get_power_info", "socket_power")] = UINT32_MAX
+    fake = FakeAmdSmi([g])
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={})
+    assert b.capabilities(g.uuid).power_kind == "instant"
+    assert b.read(g.uuid).power_w == 512.0
+
+
+@pytest.mark.parametrize("raw", [UINT16_MAX, UINT32_MAX, UINT64_MAX, "N/A", -5])
+def test_amdsmi_invalid_power_is_a_gap_never_a_number(monkeypatch, raw):
+    g = FakeAmdGpu(power_w=300.0)
+    fake = FakeAmdSmi([g])
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={})
+    g.overrides[("amdsmi_get_power_info", "current_socket_power")] = raw
+    r = b.read(g.uuid)
+    assert r.power_w is None and r.instant_power_w is None
+    assert r.energy_j is not None  # the counter is still read
+
+
+def test_amdsmi_power_impossible_for_the_catalog_tdp_is_a_gap(monkeypatch):
+    """No cap reported, so only the catalog TDP the agent passes in bounds the reading."""
+    g = FakeAmdGpu(power_w=300.0, unsupported={"amdsmi_get_power_cap_info"})
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    b = AmdSmiBackend(env={})
+    b.set_rated_power_w(g.uuid, 750.0)
+    assert b.read(g.uuid).power_w == 300.0
+    g.power_w = 2000.0  # in watts: more than 1.5 x 750 W
+    assert b.read(g.uuid).power_w is None
+
+
+@pytest.mark.parametrize("fn, key, raw", [
+    ("amdsmi_get_energy_count", "energy_accumulator", UINT64_MAX),
+    ("amdsmi_get_gpu_activity", "gfx_activity", UINT16_MAX),
+    ("amdsmi_get_gpu_activity", "gfx_activity", 250),
+])
+def test_amdsmi_invalid_counter_and_activity_are_gaps(monkeypatch, fn, key, raw):
+    g = FakeAmdGpu(gfx_activity=40)
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    b = AmdSmiBackend(env={})
+    g.overrides[(fn, key)] = raw
+    r = b.read(g.uuid)
+    assert (r.energy_j if fn == "amdsmi_get_energy_count" else r.utilization_pct) is None
+    assert r.power_w == 140.0
+
+
+def test_amdsmi_sentinel_power_caps_are_no_cap(monkeypatch):
+    g = FakeAmdGpu()
+    g.overrides[("amdsmi_get_power_cap_info", "max_power_cap")] = UINT64_MAX
+    g.overrides[("amdsmi_get_power_cap_info", "min_power_cap")] = UINT32_MAX
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    limit = AmdSmiBackend(env={}).power_limit(g.uuid)
+    assert (limit.current_w, limit.min_w, limit.max_w) == (pytest.approx(750.0), None, None)
+
+
+def test_a_sentinel_power_never_outvotes_a_healthy_amd_counter(monkeypatch):
+    """End to end: the backend's readings through the energy code keep the counter."""
+    from telemetry.energy import Sample, window_energy
+
+    g = FakeAmdGpu(power_w=600.0)
+    fake = FakeAmdSmi([g])
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    clock = Clock()
+    b = AmdSmiBackend(env={}, clock=clock)
+    samples = []
+    for step in range(600):
+        g.overrides.pop(("amdsmi_get_power_info", "current_socket_power"), None)
+        if step % 5 == 1:  # firmware hiccup: the field reads all-ones
+            g.overrides[("amdsmi_get_power_info", "current_socket_power")] = UINT32_MAX
+        r = b.read(g.uuid)
+        samples.append(Sample(r.timestamp_s, r.power_w, r.energy_j))
+        clock.now += 0.1
+        fake.advance(0.1)
+    est = window_energy(samples)
+    assert est.method == "counter"
+    assert est.energy_j == pytest.approx(600.0 * 59.9, rel=0.01)
+
+
+@pytest.mark.parametrize("fn, raw, field", [
+    ("nvmlDeviceGetPowerUsage", 0xFFFFFFFF, "power_w"),
+    ("nvmlDeviceGetPowerUsage", 4_000_000, "power_w"),  # 4 kW on a 700 W board
+    ("nvmlDeviceGetTotalEnergyConsumption", 0xFFFFFFFFFFFFFFFF, "energy_j"),
+    ("nvmlDeviceGetUtilizationRates", 0xFFFFFFFF, "utilization_pct"),
+])
+def test_nvml_invalid_readings_are_gaps(monkeypatch, fn, raw, field):
+    g = FakeNvmlGpu(uuid="GPU-x", util_pct=30, unsupported={"instant"})
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([g]).module)
+    b = NvmlBackend(env={})
+    g.raw[fn] = raw
+    r = b.read("GPU-x")
+    assert getattr(r, field) is None
+    assert r.timestamp_s is not None
+
+
+def test_nvml_sentinel_power_limit_is_no_limit(monkeypatch):
+    g = FakeNvmlGpu(uuid="GPU-x")
+    g.raw["nvmlDeviceGetEnforcedPowerLimit"] = 0xFFFFFFFF
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([g]).module)
+    limit = NvmlBackend(env={}).power_limit("GPU-x")
+    assert limit.current_w is None and limit.max_w == 700.0
 
 
 def test_the_amd_module_is_not_named_like_the_vendor_package():
