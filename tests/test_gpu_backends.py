@@ -6,11 +6,13 @@ sys.modules: nothing here needs a GPU.
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.util
 import inspect
 import io
 import logging
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import fake_pynvml
+from fakes import fake_amdsmi, fake_pynvml
 from fakes.fake_amdsmi import UINT16_MAX, UINT32_MAX, UINT64_MAX, FakeAmdGpu, FakeAmdSmi
 from fakes.fake_pynvml import REPORTED, FakeNvml, FakeNvmlGpu
 from telemetry.gpu import (
@@ -397,6 +399,114 @@ def test_fake_pynvml_matches_the_real_bindings():
 
 
 # -- amdsmi ---------------------------------------------------------------------------
+
+
+class RealAmdSmi:
+    """The installed amdsmi package, read from its source (amdsmi_interface.py,
+    amdsmi_exception.py, amdsmi_wrapper.py) without importing it: its import needs
+    libamd_smi.so, which a machine without ROCm does not have."""
+
+    def __init__(self) -> None:
+        spec = importlib.util.find_spec("amdsmi")
+        assert spec is not None and spec.origin, "the amdsmi package (dev extra) is not installed"
+        pkg = Path(spec.origin).parent
+        self.interface = ast.parse((pkg / "amdsmi_interface.py").read_text())
+        self.exceptions = ast.parse((pkg / "amdsmi_exception.py").read_text())
+        wrapper = (pkg / "amdsmi_wrapper.py").read_text()
+        self.status = {m[1]: int(m[2]) for m in re.finditer(r"^(AMDSMI_STATUS_\w+) = (\d+)$", wrapper, re.M)}
+        self.functions = {n.name: n for n in self.interface.body if isinstance(n, ast.FunctionDef)}
+        self.classes = {n.name: n for tree in (self.interface, self.exceptions)
+                        for n in tree.body if isinstance(n, ast.ClassDef)}
+
+    def params(self, name: str) -> list[str]:
+        args = self.functions[name].args
+        return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+
+    def result_keys(self, name: str) -> set[str]:
+        """Every string used as a dict key (literal or subscript) in the function's body."""
+        keys = set()
+        for node in ast.walk(self.functions[name]):
+            if isinstance(node, ast.Dict):
+                keys |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                    and isinstance(node.slice.value, str):
+                keys.add(node.slice.value)
+        return keys
+
+    def members(self, cls: str) -> set[str]:
+        return {t.id for n in self.classes[cls].body if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Name)}
+
+    def init_params(self, cls: str) -> list[str] | None:
+        for n in self.classes[cls].body:
+            if isinstance(n, ast.FunctionDef) and n.name == "__init__":
+                return [a.arg for a in n.args.args[1:]]
+        return None
+
+    def bases(self, cls: str) -> list[str]:
+        return [b.id for b in self.classes[cls].bases if isinstance(b, ast.Name)]
+
+
+def amdsmi_names_used_by_the_backend() -> set[str]:
+    text = (REPO / "telemetry" / "gpu" / "amd.py").read_text()
+    return set(re.findall(r"\b(amdsmi_(?:get|init|shut)\w*)", text)) - {"amdsmi_wrapper"}
+
+
+def test_every_amdsmi_function_the_backend_calls_exists_in_the_real_package_and_the_fake():
+    real, fake = RealAmdSmi(), FakeAmdSmi([]).module
+    used = amdsmi_names_used_by_the_backend()
+    assert {"amdsmi_get_power_info", "amdsmi_get_energy_count", "amdsmi_get_power_cap_info"} <= used
+    for name in used:
+        assert name in real.functions, f"{name} is not in the installed amdsmi"
+        assert hasattr(fake, name), f"{name} is not in the fake"
+
+
+def test_fake_amdsmi_signatures_match_the_real_package():
+    real, fake = RealAmdSmi(), FakeAmdSmi([]).module
+    for name in (n for n in vars(fake) if n.startswith("amdsmi_") and n != "amdsmi_wrapper"):
+        assert name in real.functions, name
+        assert list(inspect.signature(getattr(fake, name)).parameters) == real.params(name), name
+
+
+def test_fake_amdsmi_result_keys_are_the_real_packages():
+    """Each dict the fake returns uses only keys the real function builds."""
+    real = RealAmdSmi()
+    fake = FakeAmdSmi([FakeAmdGpu()])
+    m = fake.module
+    m.amdsmi_init(m.AmdSmiInitFlags.INIT_AMD_GPUS)
+    handle = m.amdsmi_get_processor_handles()[0]
+    checked = 0
+    for name in (n for n in vars(m) if n.startswith("amdsmi_get_")):
+        params = inspect.signature(getattr(m, name)).parameters
+        args = [handle] if "processor_handle" in params else []
+        if "mem_type" in params:
+            args.append(m.AmdSmiMemoryType.VRAM)
+        result = getattr(m, name)(*args)
+        if isinstance(result, dict):
+            assert set(result) <= real.result_keys(name), (name, set(result) - real.result_keys(name))
+            checked += 1
+    assert checked >= 9
+
+
+def test_fake_amdsmi_exceptions_enums_and_status_codes_match_the_real_package():
+    real = RealAmdSmi()
+    for cls in ("AmdSmiException", "AmdSmiLibraryException", "AmdSmiRetryException",
+                "AmdSmiTimeoutException", "AmdSmiParameterException"):
+        ours = getattr(fake_amdsmi, cls)
+        assert cls in real.classes, cls
+        assert [b.__name__ for b in ours.__bases__] == real.bases(cls), cls
+        real_init = real.init_params(cls)
+        if real_init is not None:
+            assert list(inspect.signature(ours.__init__).parameters)[1:] == real_init, cls
+    for name, code in fake_amdsmi.STATUS.items():
+        assert real.status[name] == code, name
+    assert {"INIT_AMD_GPUS"} <= real.members("AmdSmiInitFlags")
+    assert {m.name for m in fake_amdsmi.AmdSmiMemoryType} <= real.members("AmdSmiMemoryType")
+    # The backend's own fallback status table agrees with the package too.
+    from telemetry.gpu.amd import _STATUS_DEFAULTS
+    for name, code in _STATUS_DEFAULTS.items():
+        assert real.status[f"AMDSMI_STATUS_{name}"] == code, name
+
 
 
 def test_amdsmi_missing_python_package_is_library_missing(monkeypatch):
