@@ -41,6 +41,7 @@ class GpuSlot:
     healthy: bool = True
     busy_until: datetime | None = None  # None: free now
     drained: bool = False  # healthy but closed to new work by an operator
+    power_limit_w: float | None = None  # the board power limit now: no estimate draws more
 
 
 @dataclass(frozen=True)
