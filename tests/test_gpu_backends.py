@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fakes import fake_amdsmi, fake_pynvml
-from fakes.fake_amdsmi import UINT16_MAX, UINT32_MAX, UINT64_MAX, FakeAmdGpu, FakeAmdSmi
+from fakes.fake_amdsmi import MI300X_VRAM_B, UINT16_MAX, UINT32_MAX, UINT64_MAX, FakeAmdGpu, FakeAmdSmi
 from fakes.fake_pynvml import REPORTED, FakeNvml, FakeNvmlGpu
 from telemetry.gpu import (
     EmulatedBackend,
@@ -881,3 +881,72 @@ def test_gpu_check_reports_cost_overhead_and_agreement():
     assert code == 0
     assert "median" in text and "p99" in text and "% of one core" in text
     assert "counter vs integrated power" in text
+
+
+# -- MI300X compute partitions (issue 17) ----------------------------------------------
+
+
+def partitioned_card(mode: str, n: int, power_w: float = 560.0, serial: str = "0xCAFE") -> list[FakeAmdGpu]:
+    """One MI300X in `mode`: n handles sharing one ASIC serial; partition 0 reports the socket."""
+    return [FakeAmdGpu(uuid=f"{serial}-{i}", hip_id=i, partition=mode, partition_id=i, asic_serial=serial,
+                       bdf=f"0000:0c:00.{i}", vram_b=MI300X_VRAM_B // n, power_w=power_w) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode, n", [("DPX", 2), ("QPX", 4), ("CPX", 8)])
+def test_each_partition_is_a_gpu_with_an_equal_share_of_the_cards_power_and_cap(monkeypatch, mode, n):
+    fake = FakeAmdSmi(partitioned_card(mode, n))
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={})
+    devices = b.devices()
+    assert len(devices) == n
+    for d in devices:
+        assert (d.partition_mode, d.partitions, d.model) == (mode, n, "AMD Instinct MI300X")
+        assert d.capabilities.power and d.capabilities.energy_counter
+        assert b.read(d.uuid).power_w == pytest.approx(560.0 / n)
+        assert b.power_limit(d.uuid).current_w == pytest.approx(750.0 / n)
+
+
+def test_partition_energy_adds_up_to_the_card_and_agrees_with_its_power(monkeypatch):
+    gpus = partitioned_card("CPX", 8)
+    fake = FakeAmdSmi(gpus)
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    clock = Clock()
+    b = AmdSmiBackend(env={}, clock=clock)
+    uuids = [d.uuid for d in b.devices()]
+    first = {u: b.read(u) for u in uuids}
+    readings = {u: [first[u]] for u in uuids}
+    card_before = gpus[0].energy_uj
+    for _ in range(100):
+        clock.now += 0.1
+        fake.advance(0.1)
+        for u in uuids:
+            readings[u].append(b.read(u))
+    card_j = (gpus[0].energy_uj - card_before) / 1e6
+    deltas = [readings[u][-1].energy_j - readings[u][0].energy_j for u in uuids]
+    assert sum(deltas) == pytest.approx(card_j, rel=1e-3)  # no partition counted twice
+    for u in uuids:
+        assert trapezoid_j(readings[u]) == pytest.approx(deltas[0], rel=0.01)
+
+
+def test_a_partition_reads_its_cards_socket_even_when_partition_0_is_not_visible(monkeypatch):
+    fake = FakeAmdSmi(partitioned_card("CPX", 8))
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={"ROCR_VISIBLE_DEVICES": "5"})
+    (d,) = b.devices()
+    assert d.index == 5 and d.partitions == 8
+    assert b.read(d.uuid).power_w == pytest.approx(70.0)
+
+
+def test_two_partitioned_cards_are_kept_apart(monkeypatch):
+    gpus = partitioned_card("DPX", 2, power_w=400.0, serial="0xA") + partitioned_card("DPX", 2, power_w=600.0,
+                                                                                      serial="0xB")
+    for i, g in enumerate(gpus):
+        g.hip_id = i
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(gpus).module)
+    b = AmdSmiBackend(env={})
+    assert [b.read(d.uuid).power_w for d in b.devices()] == [200.0, 200.0, 300.0, 300.0]
+
+
+def test_spx_cards_are_whole_gpus(amd):
+    b = AmdSmiBackend(env={})
+    assert all(d.partitions == 1 and d.partition_mode is None for d in b.devices())
