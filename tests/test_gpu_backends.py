@@ -950,3 +950,50 @@ def test_two_partitioned_cards_are_kept_apart(monkeypatch):
 def test_spx_cards_are_whole_gpus(amd):
     b = AmdSmiBackend(env={})
     assert all(d.partitions == 1 and d.partition_mode is None for d in b.devices())
+
+
+class SkewedCounter(GpuBackend):
+    """A backend whose energy counter runs `factor` times faster than its power says."""
+
+    def __init__(self, inner: GpuBackend, factor: float) -> None:
+        self.inner, self.factor, self.name = inner, factor, inner.name
+
+    def devices(self):
+        return self.inner.devices()
+
+    def read(self, uuid):
+        from dataclasses import replace
+
+        r = self.inner.read(uuid)
+        return replace(r, energy_j=None if r.energy_j is None else r.energy_j * self.factor)
+
+    def power_limit(self, uuid):
+        return self.inner.power_limit(uuid)
+
+    def versions(self):
+        return self.inner.versions()
+
+
+def test_gpu_check_prints_versions_and_each_fields_validity(monkeypatch):
+    g = FakeNvmlGpu(uuid="GPU-x", unsupported={"instant"})
+    g.raw["nvmlDeviceGetUtilizationRates"] = 0xFFFFFFFF
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([g]).module)
+    check = load_gpu_check()
+    out = io.StringIO()
+    with NvmlBackend(env={}) as b:
+        check.run_check(b, seconds=0.2, hz=20, use_load=False, out=out)
+    text = out.getvalue()
+    assert "driver 580.95.05" in text
+    assert re.search(r"power\s+70 W ok", text)
+    assert re.search(r"utilization\s+GAP", text) and re.search(r"instant power\s+GAP", text)
+    assert re.search(r"power limit max\s+700 W ok", text)
+
+
+def test_gpu_check_fails_when_counter_and_integral_disagree_by_more_than_3_percent():
+    check = load_gpu_check()
+    for factor, expected in ((1.0, 0), (1.02, 0), (1.05, 3)):
+        inner = EmulatedBackend([EmulatedModel("H100", "nvidia", 80, 700, 700)], seed=5)
+        out = io.StringIO()
+        code = check.run_check(SkewedCounter(inner, factor), seconds=1.0, hz=50, use_load=False, out=out)
+        assert code == expected, (factor, out.getvalue())
+        assert ("DISAGREE" in out.getvalue()) == (expected == 3)
