@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -21,13 +22,18 @@ class GpuModel:
     list_price_usd: float
     fp8_dense_tflops: float = 0.0  # 0: no FP8 tensor cores (A100)
     source: str = ""  # the data sheet the figures come from
+    driver_names: tuple[str, ...] = ()  # what the drivers print for this part (see catalog.toml)
 
 
 @cache
 def catalog() -> dict[str, GpuModel]:
     """All known GPU models by canonical name (e.g. "MI300X", "H100")."""
     text = resources.files("policies").joinpath("data/catalog.toml").read_text("utf-8")
-    return {name: GpuModel(name=name, **fields) for name, fields in tomllib.loads(text).items()}
+    out = {}
+    for name, fields in tomllib.loads(text).items():
+        fields["driver_names"] = tuple(fields.get("driver_names", ()))
+        out[name] = GpuModel(name=name, **fields)
+    return out
 
 
 @cache
@@ -43,16 +49,53 @@ def lookup(model: str) -> GpuModel:
     return spec
 
 
+_VENDOR_PREFIX = re.compile(r"^(?:NVIDIA\s+|AMD\s+)?(?:INSTINCT\s+)?")
+
+
+def _driver_key(name: str) -> str:
+    """A driver's name for matching: upper case, blanks collapsed, vendor prefixes dropped."""
+    return _VENDOR_PREFIX.sub("", " ".join(name.upper().split()))
+
+
+@cache
+def _by_driver_name() -> dict[str, GpuModel]:
+    table: dict[str, GpuModel] = {}
+    for spec in catalog().values():
+        for alias in (spec.name, *spec.driver_names):
+            key = _driver_key(alias)
+            if key in table and table[key] is not spec:
+                raise ValueError(f"catalog: driver name {alias!r} is claimed by {table[key].name} "
+                                 f"and {spec.name}")
+            table[key] = spec
+    return table
+
+
 def match_device_name(device_name: str) -> GpuModel | None:
-    """Map a vendor's marketing name ("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X") to a model."""
-    upper = device_name.upper()
-    for name in sorted(catalog(), key=len, reverse=True):
-        if re.search(rf"(?<![A-Z0-9]){re.escape(name)}(?![0-9])", upper):
-            return catalog()[name]
-    return None
+    """The catalog part a driver's name denotes, or None for a part the catalog does not know.
+
+    Only exact names count (a row's own name or one of its `driver_names`, without vendor
+    prefixes, case-insensitively): "NVIDIA H100 80GB HBM3" is the H100 (SXM), "NVIDIA H100
+    PCIe" the H100-PCIe, "AMD Instinct MI300X VF" the MI300X. A name merely containing a
+    known one ("NVIDIA H100 XYZ") is unknown: planning it as another part would be wrong.
+    """
+    return _by_driver_name().get(_driver_key(device_name))
 
 
-_SPEC_PART = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9]+)\s*$")
+def nominal_memory_gib(spec: GpuModel | None, reported_gib: float, partitions: int = 1) -> float:
+    """The capacity `submit --gpu-mem` (GiB) is matched against, for one GPU or partition.
+
+    A catalog part: its data-sheet capacity (memory_gib), divided among the compute
+    partitions of its card. Drivers report a little less than the data sheet (an H100 80GB
+    shows 81,559 MiB = 79.6 GiB; the rest is reserved), so the reported figure would refuse
+    `--gpu-mem 80` on an 80 GB card. An unknown part: the reported figure rounded up to a
+    whole GiB (no data sheet to go by; at most 1 GiB above what the driver reports).
+    """
+    if spec is not None:
+        return round(spec.memory_gib / max(1, partitions), 2)
+    return float(math.ceil(round(reported_gib, 2)))
+
+
+_SPEC_PART = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9-]*)\s*$")
 
 
 def parse_fleet(spec: str) -> list[GpuModel]:

@@ -15,6 +15,15 @@ Rules (documented here because every policy and the benchmark rely on them):
   by the geometric mean of the BF16 TFLOP/s and HBM TB/s ratios: a generic batch job is taken
   as half compute-bound, half memory-bound. Power per GPU is
   `idle_w + GENERIC_UTILISATION * (tdp_w - idle_w)`.
+* **Power limits**: a GPU's power per job never exceeds its current board power limit
+  (`GpuSlot.power_limit_w`, read from the driver): a GPU capped at 500 W is estimated at
+  most at 500 W, whatever its profile or TDP says. Runtime is not stretched for the cap
+  (the profiles hold no power-performance curve); the energy estimate is so a lower bound
+  for a job that a cap slows down.
+* **Unknown parts** (a driver name the catalog does not know): runtime as on the reference
+  GPU, power from what the driver reports, `UNKNOWN_IDLE_SHARE` of the power limit idle plus
+  `GENERIC_UTILISATION` of the rest; with no power limit either, the reference GPU's
+  generic power (the only figure left).
 * **Many jobs at once**: `shape_arrays` is `job_shape` vectorised over jobs and models (the
   same arithmetic, bit for bit; a test checks it), for planners that compile thousands of
   (job, model) pairs per tick.
@@ -46,6 +55,7 @@ log = logging.getLogger(__name__)
 
 REFERENCE_MODEL = "H100"
 GENERIC_UTILISATION = 0.8  # share of (TDP - idle) a generic batch job draws on average
+UNKNOWN_IDLE_SHARE = 0.15  # an unknown part's idle power, as a share of its power limit
 J_PER_KWH = 3.6e6
 
 
@@ -132,16 +142,26 @@ def generic_runtime_scale(model: str) -> float:
 
 
 @cache
-def generic_power_w(model: str) -> float:
-    """Mean power of one GPU of `model` running a generic batch job."""
+def generic_power_w(model: str, power_limit_w: float | None = None) -> float:
+    """Mean power of one GPU of `model` running a generic batch job, under its power limit."""
     spec = _spec(model)
+    if spec is None and power_limit_w:
+        idle = UNKNOWN_IDLE_SHARE * power_limit_w
+        return idle + GENERIC_UTILISATION * (power_limit_w - idle)
     if spec is None:
         spec = catalog()[REFERENCE_MODEL]
-    return spec.idle_w + GENERIC_UTILISATION * (spec.tdp_w - spec.idle_w)
+    return capped_w(spec.idle_w + GENERIC_UTILISATION * (spec.tdp_w - spec.idle_w), power_limit_w)
 
 
-def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: float) -> JobShape:
-    """How `job` would run on `job.gpus` GPUs of `model` (rules in the module docstring)."""
+def capped_w(per_gpu_w: float, power_limit_w: float | None) -> float:
+    """One GPU's power under its board power limit (None or 0: no limit known)."""
+    return min(per_gpu_w, power_limit_w) if power_limit_w else per_gpu_w
+
+
+def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: float,
+              power_limit_w: float | None = None) -> JobShape:
+    """How `job` would run on `job.gpus` GPUs of `model` capped at `power_limit_w` each
+    (rules in the module docstring)."""
     k = max(1, job.gpus)
     profile = book.get(job.workload, model)
     if profile is not None and profile.prompts_per_s > 0:
@@ -151,13 +171,13 @@ def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: 
             ref = book.get(job.workload, REFERENCE_MODEL)
             base_s = job.est_runtime_s or default_runtime_s
             runtime_s = base_s * (ref.prompts_per_s / profile.prompts_per_s if ref else 1.0)
-        power_w = k * profile.power_w
+        power_w = k * capped_w(profile.power_w, power_limit_w)
         p95 = profile.latency_p95_ms if math.isfinite(profile.latency_p95_ms) else None
         source = f"profile {job.workload}/{profile.model}: {profile.source}"
     else:
         base_s = job.est_runtime_s or default_runtime_s
         runtime_s = base_s * generic_runtime_scale(model)
-        power_w = k * generic_power_w(model)
+        power_w = k * generic_power_w(model, power_limit_w)
         p95 = None
         source = f"catalog: {'est-runtime' if job.est_runtime_s else 'default runtime'} on {REFERENCE_MODEL} scaled"
     runtime_s = max(1.0, runtime_s)
@@ -174,7 +194,8 @@ class ShapeArrays(NamedTuple):
 
 
 def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: ProfileBook,
-                 default_runtime_s: float) -> ShapeArrays:
+                 default_runtime_s: float,
+                 power_limits_w: Sequence[float | None] | None = None) -> ShapeArrays:
     """`job_shape(job, model, ...)` for every job and model, vectorised over the jobs of each
     workload class (the same arithmetic in the same order, so the floats are identical).
 
@@ -192,7 +213,8 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
     for i, j in enumerate(jobs):
         by_workload.setdefault(j.workload, []).append(i)
     for c, model in enumerate(models):
-        generic_scale, generic_w = generic_runtime_scale(model), generic_power_w(model)
+        cap = power_limits_w[c] if power_limits_w is not None else None
+        generic_scale, generic_w = generic_runtime_scale(model), generic_power_w(model, cap)
         for workload, rows_l in by_workload.items():
             rows = np.array(rows_l, dtype=np.int64)
             profile = book.get(workload, model)
@@ -205,7 +227,7 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
                 with np.errstate(divide="ignore", invalid="ignore"):
                     by_prompts = pr / (kr * profile.prompts_per_s)
                 runtime[rows, c] = np.where(pr != 0, by_prompts, base[rows] * ratio)
-                power[rows, c] = kr * profile.power_w
+                power[rows, c] = kr * capped_w(profile.power_w, cap)
             else:
                 runtime[rows, c] = base[rows] * generic_scale
                 power[rows, c] = k[rows] * generic_w

@@ -69,6 +69,7 @@ class FifoPolicy:
             by_node[gpu.node].append(gpu)
             pools[(gpu.node, gpu.model, float(gpu.memory_gib))].append(gpu)
         keys = sorted(pools)
+        limit_of = {g.id: g.power_limit_w for g in snapshot.gpus}
         width = max((len(v) for v in pools.values()), default=1)
         # free[p, i]: seconds from now when the i-th GPU of pool p is free, rows kept sorted
         free = np.full((len(keys), width), np.inf)
@@ -122,9 +123,9 @@ class FifoPolicy:
             p = int(np.argmin(starts))
             start_s = float(starts[p])
             model = models[p]
-            shape = job_shape(job, model, book, snapshot.default_runtime_s)
             chosen = sorted(range(k), key=lambda i: index[p, i])
             gpu_ids = tuple(int(ids[p, i]) for i in chosen)
+            shape = job_shape(job, model, book, snapshot.default_runtime_s, _power_limit_w(gpu_ids, limit_of))
             start = now + timedelta(seconds=start_s)
             finish = start + timedelta(seconds=shape.runtime_s)
             free[p, :k] = (finish - now).total_seconds()  # via datetimes: exact microseconds
@@ -251,3 +252,10 @@ def _human(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f}m"
     return f"{seconds / 3600:.1f}h"
+
+
+def _power_limit_w(gpu_ids: tuple[int, ...], limit_of: dict[int, float | None]) -> float | None:
+    """The power limit a job on these GPUs is estimated under: the highest of theirs (all of
+    them must report one; else none is applied)."""
+    limits = [limit_of.get(g) for g in gpu_ids]
+    return None if not limits or None in limits else max(limits)

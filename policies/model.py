@@ -56,6 +56,7 @@ class GpuSlot:
     # The PUE of the site (data centre) the GPU's node is in; None: its zone's default in
     # `Snapshot.pue`. One grid zone can hold sites with different PUEs.
     pue: float | None = None
+    power_limit_w: float | None = None  # the board power limit now: no estimate draws more
 
 
 @dataclass(frozen=True)

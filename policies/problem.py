@@ -63,8 +63,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles, shape_arrays
 from policies.blind import BlindPrice, blind_price, priced_curves
+from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles, shape_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,7 @@ class Pool(NamedTuple):
     pue: float
     free_slot: tuple[int, ...]
     group: int = 0  # index into Problem.groups
+    power_limit_w: float | None = None  # its GPUs' board power limit (None: not reported)
 
 
 class Option(NamedTuple):
@@ -106,6 +107,7 @@ class Group(NamedTuple):
     memory_gib: float
     pue: float
     pools: tuple[int, ...]
+    power_limit_w: float | None = None  # its GPUs' board power limit: estimates never exceed it
 
 
 class JobOptions(NamedTuple):
@@ -190,6 +192,7 @@ class Problem:
         if self.pinned:
             zone_of_gpu = {g.id: g.zone for g in snap.gpus}
             model_of_gpu = {g.id: g.model for g in snap.gpus}
+            limit_of_gpu = {g.id: g.power_limit_w for g in snap.gpus}
             jobs_by_id = {j.id: j for j in snap.jobs}
             busy_until = {g.id: g.busy_until for g in snap.gpus if g.busy_until is not None}
         for a in self.pinned:
@@ -197,7 +200,8 @@ class Problem:
             if runtime_s is None and a.estimate.finish_at is not None:
                 runtime_s = (a.estimate.finish_at - a.start_at).total_seconds()
             model = model_of_gpu.get(a.gpu_ids[0], "H100") if a.gpu_ids else "H100"
-            shape = job_shape(jobs_by_id[a.job_id], model, self.book, snap.default_runtime_s)
+            cap = limit_of_gpu.get(a.gpu_ids[0]) if a.gpu_ids else None
+            shape = job_shape(jobs_by_id[a.job_id], model, self.book, snap.default_runtime_s, cap)
             if runtime_s is None:
                 runtime_s = shape.runtime_s
             end = a.start_at + timedelta(seconds=runtime_s)
@@ -218,7 +222,7 @@ class Problem:
             for g in gpus:
                 if g.zone in capped and g.busy_until is not None and g.busy_until > now:  # running, even if unhealthy now
                     self._running_power.append((g.zone, min(n_slots, self._slot_ceil(g.busy_until)),
-                                                generic_power_w(g.model)))
+                                                generic_power_w(g.model, g.power_limit_w)))
         topo = self._topology = _topology(snap)
         # the slot each GPU is free from (as _slot_ceil); the last entry pads the pool rows
         free = np.zeros(len(gpus) + 1, dtype=np.int64)
@@ -299,7 +303,8 @@ class Problem:
                 pool = self.pools[pool_i]
                 if fits(job, pool.model, pool.memory_gib, self.book) is not None:
                     continue
-                shape = job_shape(job, pool.model, self.book, self.snapshot.default_runtime_s)
+                shape = job_shape(job, pool.model, self.book, self.snapshot.default_runtime_s,
+                                  pool.power_limit_w)
                 runtime_s, power_w = shape.runtime_s, shape.power_w
             t = a.start_at.timestamp()
             start = (t - now_s) / slot_s
@@ -352,10 +357,12 @@ class Problem:
         """
         jobs, groups = self.jobs, self.groups
         n_jobs, n_groups = len(jobs), len(groups)
-        models = sorted({g.model for g in groups})
-        model_index = {m: i for i, m in enumerate(models)}
-        gm = np.array([model_index[g.model] for g in groups], dtype=np.int64)
-        shapes = shape_arrays(jobs, models, self.book, self.snapshot.default_runtime_s)
+        # one column per (model, power limit): a capped GPU never draws more than its cap
+        kinds = sorted({(g.model, g.power_limit_w or 0.0) for g in groups})
+        kind_index = {m: i for i, m in enumerate(kinds)}
+        gm = np.array([kind_index[(g.model, g.power_limit_w or 0.0)] for g in groups], dtype=np.int64)
+        shapes = shape_arrays(jobs, [m for m, _ in kinds], self.book, self.snapshot.default_runtime_s,
+                              [cap or None for _, cap in kinds])
         self.job_runtime_s: np.ndarray = shapes.runtime_s[:, gm].reshape(n_jobs, n_groups)
         self.job_power_w: np.ndarray = shapes.power_w[:, gm].reshape(n_jobs, n_groups)
         pue = np.array([g.pue for g in groups], dtype=np.float64)
@@ -409,7 +416,8 @@ class Problem:
         for gi in gis.tolist():
             model = self.groups[gi].model
             if model not in shapes:
-                shapes[model] = job_shape(job, model, self.book, self.snapshot.default_runtime_s)
+                shapes[model] = job_shape(job, model, self.book, self.snapshot.default_runtime_s,
+                                          self.groups[gi].power_limit_w)
         for model in shapes:
             excluded.pop(model, None)
         earliest = int(self.job_earliest[j])
@@ -605,31 +613,34 @@ def _topology(snap: Snapshot) -> _Topology:
     """The snapshot's `_Topology`, from a small cache keyed by everything it depends on."""
     gpus = snap.gpus
     key = (tuple((g.id, g.node, g.zone, g.model, g.index, float(g.memory_gib), g.healthy and not g.drained,
-                  g.pue) for g in gpus), tuple(sorted(snap.pue.items())))
+                  g.pue, g.power_limit_w) for g in gpus), tuple(sorted(snap.pue.items())))
     hit = _TOPOLOGIES.get(key)
     if hit is not None:
         return hit
-    by_key: dict[tuple[str, str, str, float], list[tuple[int, int, int]]] = defaultdict(list)
+    # GPUs with different power limits are different pools (0.0: no limit reported)
+    by_key: dict[tuple[str, str, str, float, float], list[tuple[int, int, int]]] = defaultdict(list)
     pue_of: dict[str, float] = {}  # node -> the PUE of its site (one per node)
     for i, g in enumerate(gpus):
         if g.healthy and not g.drained:
-            by_key[(g.node, g.zone, g.model, float(g.memory_gib))].append((g.index, g.id, i))
+            by_key[(g.node, g.zone, g.model, float(g.memory_gib), float(g.power_limit_w or 0.0))].append(
+                (g.index, g.id, i))
             pue_of.setdefault(g.node, snap.gpu_pue(g))
-    groups: dict[tuple[str, str, float, float], list[int]] = defaultdict(list)
+    groups: dict[tuple[str, str, float, float, float], list[int]] = defaultdict(list)
     pools: list[Pool] = []
     positions: list[list[int]] = []
-    for (node, zone, model, mem), gs in sorted(by_key.items()):
+    for (node, zone, model, mem, cap), gs in sorted(by_key.items()):
         gs.sort()
         pue = pue_of[node]
-        groups[(zone, model, mem, pue)].append(len(pools))
+        groups[(zone, model, mem, pue, cap)].append(len(pools))
         pools.append(Pool(node=node, zone=zone, model=model, memory_gib=mem, gpu_ids=tuple(g[1] for g in gs),
-                          pue=pue, free_slot=()))
+                          pue=pue, free_slot=(), power_limit_w=cap or None))
         positions.append([g[2] for g in gs])
     group_list: list[Group] = []
     for gkey, members in sorted(groups.items()):
         for p in members:
             pools[p] = pools[p]._replace(group=len(group_list))
-        group_list.append(Group(zone=gkey[0], model=gkey[1], memory_gib=gkey[2], pue=gkey[3], pools=tuple(members)))
+        group_list.append(Group(zone=gkey[0], model=gkey[1], memory_gib=gkey[2], pue=gkey[3], pools=tuple(members),
+                                power_limit_w=gkey[4] or None))
     width = max((len(p) for p in positions), default=1)
     gpu_pos = np.full((len(pools), width), len(gpus), dtype=np.int64)
     for r, pos in enumerate(positions):
@@ -638,6 +649,7 @@ def _topology(snap: Snapshot) -> _Topology:
     sizes = [len(g.pools) for g in group_list]
     pool_index = {(p.node, p.model): i for i, p in enumerate(pools)}
     pool_of_gpu = {g.id: pool_index[(g.node, g.model)] for g in gpus if (g.node, g.model) in pool_index}
+    pool_of_gpu.update({gid: r for r, p in enumerate(pools) for gid in p.gpu_ids})  # split by power limit
     topo = _Topology(pools=tuple(pools), groups=tuple(group_list), gpu_pos=gpu_pos,
                      pool_size=np.array([len(p.gpu_ids) for p in pools], dtype=np.int64),
                      pool_group=np.array([p.group for p in pools], dtype=np.int64),

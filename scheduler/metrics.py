@@ -13,6 +13,9 @@ an emulated fleet's watts, joules or grams as measured.
 | carbonsched_gpu_energy_joules_total | counter | node, gpu, uuid, model, method | the device's energy counter |
 | carbonsched_gpu_utilization_ratio | gauge | node, gpu, uuid, model, method | busy fraction, 0-1 |
 | carbonsched_gpu_healthy | gauge | node, gpu, uuid, model, method | 1 healthy, 0 lost |
+| carbonsched_gpu_power_limit_watts | gauge | node, gpu, uuid, model, method | enforced board power limit now |
+| carbonsched_gpu_power_limit_min_watts | gauge | node, gpu, uuid, model, method | lowest settable power limit |
+| carbonsched_gpu_power_limit_max_watts | gauge | node, gpu, uuid, model, method | highest settable power limit |
 | carbonsched_gpu_sampler_reads_total | counter | node | device reads by the sampler |
 | carbonsched_gpu_sampler_errors_total | counter | node | failed device reads |
 | carbonsched_gpu_sampler_cpu_seconds_total | counter | node | CPU time of the sampling thread |
@@ -53,12 +56,24 @@ class GpuCollector:
         energy = CounterMetricFamily("carbonsched_gpu_energy_joules", "GPU energy counter", labels=labels)
         util = GaugeMetricFamily("carbonsched_gpu_utilization_ratio", "GPU busy fraction", labels=labels)
         healthy = GaugeMetricFamily("carbonsched_gpu_healthy", "1 if the GPU is usable", labels=labels)
+        limit_now = GaugeMetricFamily("carbonsched_gpu_power_limit_watts", "Enforced board power limit",
+                                      labels=labels)
+        limit_min = GaugeMetricFamily("carbonsched_gpu_power_limit_min_watts", "Lowest settable power limit",
+                                      labels=labels)
+        limit_max = GaugeMetricFamily("carbonsched_gpu_power_limit_max_watts", "Highest settable power limit",
+                                      labels=labels)
+        limits = self.agent.power_limits
         node = self.agent.config.node
         latest = self.agent.sampler.latest()
         lost = self.agent.sampler.lost()
         for d in self.agent.devices:  # as registered: a lost GPU stays visible, unhealthy
             lv = [node, f"{d.vendor}:{d.index}", d.uuid, d.model, method]
             healthy.add_metric(lv, 0.0 if d.uuid in lost else 1.0)
+            limit = limits.get(d.uuid)
+            for family, value in ((limit_now, limit and limit.current_w), (limit_min, limit and limit.min_w),
+                                  (limit_max, limit and limit.max_w)):
+                if value is not None:
+                    family.add_metric(lv, value)
             r = latest.get(d.uuid)
             if r is None:
                 continue
@@ -76,7 +91,7 @@ class GpuCollector:
         cpu = CounterMetricFamily("carbonsched_gpu_sampler_cpu_seconds", "Sampler thread CPU time",
                                   labels=["node"])
         cpu.add_metric([node], stats.cpu_s)
-        yield from (power, energy, util, healthy, reads, errors, cpu)
+        yield from (power, energy, util, healthy, limit_now, limit_min, limit_max, reads, errors, cpu)
 
 
 class StoreCollector:

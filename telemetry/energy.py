@@ -9,6 +9,14 @@ otherwise the integral is used. The method that produced each figure is always r
 An emulated GPU has no meter: its "counter" and power are the emulator's power model. A
 job's energy on emulated GPUs is labelled `modelled` (MODELLED), whichever of the model's
 readings produced the figure, so no receipt, report or export presents it as measured.
+
+An invalid power reading is a gap, never a number: a sample whose power is None (the
+backend's validity gate dropped a sentinel or "N/A"), negative, not finite or above
+`max_power_w` (impossible for the part) has no power. The cross-check compares the counter
+with integrated power only over the intervals where power is valid at both ends, so a gap
+cannot make a healthy counter look wrong; when valid power covers less than
+MIN_POWER_COVERAGE of the window, the counter is used unverified rather than outvoted.
+Without a usable counter, the integral bridges gaps (the best figure there is) and says so.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ DEFAULT_TOLERANCE = 0.10  # counter vs integral, relative
 MIN_CHECKABLE_J = 500.0
 # The method of energy read from an emulated GPU (a power model, not a measurement).
 MODELLED = "modelled"
+
+# Below this share of the window covered by valid power readings, integrated power is no
+# witness against the counter.
+MIN_POWER_COVERAGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,12 +80,27 @@ def _interpolate(a: Sample, b: Sample, t_s: float) -> Sample:
     return Sample(t_s, lerp(a.power_w, b.power_w), lerp(a.energy_j, b.energy_j))
 
 
-def integrate_power(samples: Sequence[Sample]) -> float | None:
-    """Trapezoid integral of power over the samples' span, in joules (None: < 2 readings)."""
-    pts = [(s.t_s, s.power_w) for s in samples if s.power_w is not None]
+def _valid_power(p: float | None, max_power_w: float | None) -> float | None:
+    if p is None or p != p or p < 0 or p == float("inf"):
+        return None
+    if max_power_w is not None and p > max_power_w:
+        return None
+    return p
+
+
+def _valid_samples(samples: Sequence[Sample], max_power_w: float | None) -> list[Sample]:
+    """The samples in time order, with invalid power readings turned into gaps (None)."""
+    return [Sample(s.t_s, _valid_power(s.power_w, max_power_w), s.energy_j)
+            for s in sorted(samples, key=lambda s: s.t_s)]
+
+
+def integrate_power(samples: Sequence[Sample], *, max_power_w: float | None = None) -> float | None:
+    """Trapezoid integral of power over the samples' span, in joules (None: < 2 valid readings).
+
+    Gaps (invalid readings) are bridged linearly between the valid readings around them."""
+    pts = [(s.t_s, s.power_w) for s in _valid_samples(samples, max_power_w) if s.power_w is not None]
     if len(pts) < 2:
         return None
-    pts.sort()
     return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:]))
 
 
@@ -90,22 +117,48 @@ def counter_delta(samples: Sequence[Sample]) -> tuple[float | None, str]:
     return values[-1] - values[0], ""
 
 
-def window_energy(samples: Sequence[Sample], *, tolerance: float = DEFAULT_TOLERANCE) -> EnergyEstimate:
-    """The best energy figure for one GPU over the samples' span, with the method used."""
-    integral = integrate_power(samples)
-    counter, why_not = counter_delta(samples)
+def _covered(samples: list[Sample]) -> tuple[float, float, float, float]:
+    """Over the intervals between consecutive samples with valid power and counter at both
+    ends: (integrated power J, counter delta J, covered seconds, span seconds)."""
+    integral = counter = covered = 0.0
+    for a, b in zip(samples, samples[1:]):
+        if None in (a.power_w, b.power_w, a.energy_j, b.energy_j):
+            continue
+        dt = b.t_s - a.t_s
+        integral += dt * (a.power_w + b.power_w) / 2
+        counter += b.energy_j - a.energy_j
+        covered += dt
+    span = samples[-1].t_s - samples[0].t_s if samples else 0.0
+    return integral, counter, covered, span
+
+
+def window_energy(samples: Sequence[Sample], *, tolerance: float = DEFAULT_TOLERANCE,
+                  max_power_w: float | None = None) -> EnergyEstimate:
+    """The best energy figure for one GPU over the samples' span, with the method used.
+
+    `max_power_w`: power readings above it are impossible for the GPU (a sentinel or a unit
+    mix-up that got through) and count as gaps."""
+    pts = _valid_samples(samples, max_power_w)
+    integral = integrate_power(pts)
+    counter, why_not = counter_delta(pts)
     if counter is None:
         if integral is None:
             return EnergyEstimate(None, "none", note=why_not or "too few samples")
         return EnergyEstimate(integral, "integral", None, integral, note=why_not)
     if integral is None:
         return EnergyEstimate(counter, "counter-unverified", counter, None,
-                              note="too few power samples to cross-check the counter")
-    scale = max(counter, integral)
-    if scale >= MIN_CHECKABLE_J and abs(counter - integral) > tolerance * scale:
+                              note="too few valid power samples to cross-check the counter")
+    covered_integral, covered_counter, covered_s, span_s = _covered(pts)
+    if span_s <= 0 or covered_s < MIN_POWER_COVERAGE * span_s:
+        share = covered_s / span_s if span_s > 0 else 0.0
+        return EnergyEstimate(counter, "counter-unverified", counter, integral,
+                              note=f"valid power readings cover {share:.0%} of the window: "
+                                   f"too little to cross-check the counter")
+    scale = max(covered_counter, covered_integral)
+    if scale >= MIN_CHECKABLE_J and abs(covered_counter - covered_integral) > tolerance * scale:
         return EnergyEstimate(integral, "integral", counter, integral,
                               note=f"counter disagrees with integrated power by "
-                                   f"{abs(counter - integral) / scale:.0%}")
+                                   f"{abs(covered_counter - covered_integral) / scale:.0%}")
     return EnergyEstimate(counter, "counter", counter, integral)
 
 

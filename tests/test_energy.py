@@ -97,3 +97,49 @@ def test_a_window_is_cut_exactly_at_its_edges_by_interpolation():
     clipped = clip_window(samples, 3.0, 7.0)
     assert [s.t_s for s in clipped] == [3.0, 4.0, 6.0, 7.0]
     assert window_energy(clipped).energy_j == pytest.approx(400.0)
+
+
+# -- invalid power readings are gaps (issue 17) ------------------------------------------
+
+
+def load_step_with_a_power_gap(gap=(15, 55)):
+    """70 W idle until t=20 s, 700 W after, for 100 s at 1 Hz; the counter is right all along,
+    but the power reading is invalid (None: a sentinel the backend dropped) during `gap`."""
+    samples, energy = [], 1e6
+    for t in range(101):
+        p = 70.0 if t < 20 else 700.0
+        if t:
+            energy += (70.0 if t <= 20 else 700.0)
+        samples.append(Sample(float(t), None if gap[0] <= t < gap[1] else p, energy))
+    return samples
+
+
+def test_a_gap_in_power_readings_does_not_outvote_a_healthy_counter():
+    est = window_energy(load_step_with_a_power_gap())
+    assert est.method == "counter"
+    assert est.energy_j == pytest.approx(20 * 70 + 80 * 700)
+
+
+def test_power_readings_impossible_for_the_gpu_are_gaps_not_numbers():
+    """A UINT32_MAX taken as microwatts (4294.97 W) slipped through on every 4th sample."""
+    samples = steady(600.0, 120)
+    samples = [Sample(s.t_s, 4294.967295 if i % 4 == 1 else s.power_w, s.energy_j)
+               for i, s in enumerate(samples)]
+    est = window_energy(samples, max_power_w=1.5 * 750)
+    assert est.method == "counter" and est.energy_j == pytest.approx(72_000.0)
+    assert est.integral_j == pytest.approx(72_000.0)
+    assert integrate_power(samples, max_power_w=1.5 * 750) == pytest.approx(72_000.0)
+
+
+def test_too_few_valid_power_readings_leave_the_counter_unverified_not_replaced():
+    samples = [Sample(s.t_s, s.power_w if s.t_s < 10 else None, s.energy_j) for s in steady(500.0, 60)]
+    est = window_energy(samples)
+    assert est.method == "counter-unverified"
+    assert est.energy_j == pytest.approx(30_000.0)
+    assert "cover" in est.note
+
+
+def test_negative_or_nan_power_is_a_gap():
+    samples = [Sample(s.t_s, -1.0 if s.t_s == 5 else float("nan") if s.t_s == 6 else s.power_w, None)
+               for s in steady(100.0, 10)]
+    assert integrate_power(samples) == pytest.approx(1000.0)

@@ -6,11 +6,13 @@ sys.modules: nothing here needs a GPU.
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.util
 import inspect
 import io
 import logging
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from fakes import fake_pynvml
-from fakes.fake_amdsmi import FakeAmdGpu, FakeAmdSmi
-from fakes.fake_pynvml import FakeNvml, FakeNvmlGpu
+from fakes import fake_amdsmi, fake_pynvml
+from fakes.fake_amdsmi import MI300X_VRAM_B, UINT16_MAX, UINT32_MAX, UINT64_MAX, FakeAmdGpu, FakeAmdSmi
+from fakes.fake_pynvml import REPORTED, FakeNvml, FakeNvmlGpu
 from telemetry.gpu import (
     EmulatedBackend,
     EmulatedModel,
@@ -90,12 +92,12 @@ class Harness:
 def nvml_gpus() -> list[FakeNvmlGpu]:
     return [FakeNvmlGpu(uuid="GPU-aaaa1111-0000-0000-0000-000000000000", pci=(0, 0x1B, 0)),
             FakeNvmlGpu(uuid="GPU-bbbb2222-0000-0000-0000-000000000000", pci=(0, 0x3B, 0),
-                        name="NVIDIA H200", memory_total_b=141 * 2**30)]
+                        name=REPORTED["H200"][0], memory_total_b=REPORTED["H200"][1])]
 
 
 def amd_gpus() -> list[FakeAmdGpu]:
     return [FakeAmdGpu(uuid="11111111-0000-1000-8000-000000000000", hip_id=0),
-            FakeAmdGpu(uuid="22222222-0000-1000-8000-000000000000", hip_id=1,
+            FakeAmdGpu(uuid="22222222-0000-1000-8000-000000000000", hip_id=1, asic_serial="0x5F3A1C0DE0000002",
                        market_name="AMD Instinct MI325X", vram_b=256 * 2**30, cap_w=1000.0)]
 
 
@@ -399,6 +401,115 @@ def test_fake_pynvml_matches_the_real_bindings():
 # -- amdsmi ---------------------------------------------------------------------------
 
 
+class RealAmdSmi:
+    """The installed amdsmi package, read from its source (amdsmi_interface.py,
+    amdsmi_exception.py, amdsmi_wrapper.py) without importing it: its import needs
+    libamd_smi.so, which a machine without ROCm does not have."""
+
+    def __init__(self) -> None:
+        spec = importlib.util.find_spec("amdsmi")
+        assert spec is not None and spec.origin, "the amdsmi package (dev extra) is not installed"
+        pkg = Path(spec.origin).parent
+        self.interface = ast.parse((pkg / "amdsmi_interface.py").read_text())
+        self.exceptions = ast.parse((pkg / "amdsmi_exception.py").read_text())
+        wrapper = (pkg / "amdsmi_wrapper.py").read_text()
+        self.status = {m[1]: int(m[2]) for m in re.finditer(r"^(AMDSMI_STATUS_\w+) = (\d+)$", wrapper, re.M)}
+        self.functions = {n.name: n for n in self.interface.body if isinstance(n, ast.FunctionDef)}
+        self.classes = {n.name: n for tree in (self.interface, self.exceptions)
+                        for n in tree.body if isinstance(n, ast.ClassDef)}
+
+    def params(self, name: str) -> list[str]:
+        args = self.functions[name].args
+        return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+
+    def result_keys(self, name: str) -> set[str]:
+        """Every string used as a dict key (literal or subscript) in the function's body."""
+        keys = set()
+        for node in ast.walk(self.functions[name]):
+            if isinstance(node, ast.Dict):
+                keys |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                    and isinstance(node.slice.value, str):
+                keys.add(node.slice.value)
+        return keys
+
+    def members(self, cls: str) -> set[str]:
+        return {t.id for n in self.classes[cls].body if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Name)}
+
+    def init_params(self, cls: str) -> list[str] | None:
+        for n in self.classes[cls].body:
+            if isinstance(n, ast.FunctionDef) and n.name == "__init__":
+                return [a.arg for a in n.args.args[1:]]
+        return None
+
+    def bases(self, cls: str) -> list[str]:
+        return [b.id for b in self.classes[cls].bases if isinstance(b, ast.Name)]
+
+
+def amdsmi_names_used_by_the_backend() -> set[str]:
+    text = (REPO / "telemetry" / "gpu" / "amd.py").read_text()
+    return set(re.findall(r"\b(amdsmi_(?:get|init|shut)\w*)", text)) - {"amdsmi_wrapper"}
+
+
+def test_every_amdsmi_function_the_backend_calls_exists_in_the_real_package_and_the_fake():
+    real, fake = RealAmdSmi(), FakeAmdSmi([]).module
+    used = amdsmi_names_used_by_the_backend()
+    assert {"amdsmi_get_power_info", "amdsmi_get_energy_count", "amdsmi_get_power_cap_info"} <= used
+    for name in used:
+        assert name in real.functions, f"{name} is not in the installed amdsmi"
+        assert hasattr(fake, name), f"{name} is not in the fake"
+
+
+def test_fake_amdsmi_signatures_match_the_real_package():
+    real, fake = RealAmdSmi(), FakeAmdSmi([]).module
+    for name in (n for n in vars(fake) if n.startswith("amdsmi_") and n != "amdsmi_wrapper"):
+        assert name in real.functions, name
+        assert list(inspect.signature(getattr(fake, name)).parameters) == real.params(name), name
+
+
+def test_fake_amdsmi_result_keys_are_the_real_packages():
+    """Each dict the fake returns has exactly the keys the real function builds (a key the
+    real package dropped, renamed or added is a failure here, not on the first real node)."""
+    real = RealAmdSmi()
+    fake = FakeAmdSmi([FakeAmdGpu()])
+    m = fake.module
+    m.amdsmi_init(m.AmdSmiInitFlags.INIT_AMD_GPUS)
+    handle = m.amdsmi_get_processor_handles()[0]
+    checked = 0
+    for name in (n for n in vars(m) if n.startswith("amdsmi_get_")):
+        params = inspect.signature(getattr(m, name)).parameters
+        args = [handle] if "processor_handle" in params else []
+        if "mem_type" in params:
+            args.append(m.AmdSmiMemoryType.VRAM)
+        result = getattr(m, name)(*args)
+        if isinstance(result, dict):
+            assert set(result) == real.result_keys(name), (name, set(result) ^ real.result_keys(name))
+            checked += 1
+    assert checked >= 9
+
+
+def test_fake_amdsmi_exceptions_enums_and_status_codes_match_the_real_package():
+    real = RealAmdSmi()
+    for cls in ("AmdSmiException", "AmdSmiLibraryException", "AmdSmiRetryException",
+                "AmdSmiTimeoutException", "AmdSmiParameterException"):
+        ours = getattr(fake_amdsmi, cls)
+        assert cls in real.classes, cls
+        assert [b.__name__ for b in ours.__bases__] == real.bases(cls), cls
+        real_init = real.init_params(cls)
+        if real_init is not None:
+            assert list(inspect.signature(ours.__init__).parameters)[1:] == real_init, cls
+    for name, code in fake_amdsmi.STATUS.items():
+        assert real.status[name] == code, name
+    assert {"INIT_AMD_GPUS"} <= real.members("AmdSmiInitFlags")
+    assert {m.name for m in fake_amdsmi.AmdSmiMemoryType} <= real.members("AmdSmiMemoryType")
+    # The backend's own fallback status table agrees with the package too.
+    from telemetry.gpu.amd import _STATUS_DEFAULTS
+    for name, code in _STATUS_DEFAULTS.items():
+        assert real.status[f"AMDSMI_STATUS_{name}"] == code, name
+
+
+
 def test_amdsmi_missing_python_package_is_library_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "amdsmi", None)
     with pytest.raises(GpuLibraryMissing):
@@ -458,7 +569,7 @@ def test_amdsmi_microwatt_power_is_detected_by_magnitude(monkeypatch):
 def test_power_unit_rule_separates_watts_from_microwatts():
     assert power_watts(1400, cap_w=1400.0) == 1400  # an MI355X at its cap, in watts
     assert power_watts(90_000_000, cap_w=750.0) == pytest.approx(90.0)  # idle, in microwatts
-    assert power_watts(5_000, cap_w=None) == 5_000
+    assert power_watts(2_500, cap_w=None) == 2_500
     assert power_watts(250_000_000, cap_w=None) == pytest.approx(250.0)
     assert power_watts("N/A", cap_w=750.0) is None
     assert cap_watts(750_000_000) == pytest.approx(750.0) and cap_watts(750) == 750.0
@@ -520,6 +631,116 @@ def test_amdsmi_unexpected_status_is_our_generic_error(amd):
         b.read(amd.gpus[0].uuid)
     assert type(e.value) is GpuError
     assert isinstance(e.value.__cause__, amd.module.AmdSmiLibraryException)
+
+
+# -- the validity gate (issue 17) ---------------------------------------------------------
+
+
+def test_amdsmi_sentinel_in_average_power_is_not_read_as_4295_watts(monkeypatch):
+    """amdsmi 7.0.2 passes 0xFFFFFFFF on (only 0xFFFF becomes "N/A"): on an MI300X the
+    unsupported average_socket_power must not become 4294.97 W."""
+    g = FakeAmdGpu(power_w=512.0)
+    g.overrides[("amdsmi_get_power_info", "average_socket_power")] = UINT32_MAX
+    g.overrides[("amdsmi_get_power_info", "socket_power")] = UINT32_MAX
+    fake = FakeAmdSmi([g])
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={})
+    assert b.capabilities(g.uuid).power_kind == "instant"
+    assert b.read(g.uuid).power_w == 512.0
+
+
+@pytest.mark.parametrize("raw", [UINT16_MAX, UINT32_MAX, UINT64_MAX, "N/A", -5])
+def test_amdsmi_invalid_power_is_a_gap_never_a_number(monkeypatch, raw):
+    g = FakeAmdGpu(power_w=300.0)
+    fake = FakeAmdSmi([g])
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={})
+    g.overrides[("amdsmi_get_power_info", "current_socket_power")] = raw
+    r = b.read(g.uuid)
+    assert r.power_w is None and r.instant_power_w is None
+    assert r.energy_j is not None  # the counter is still read
+
+
+def test_amdsmi_power_impossible_for_the_catalog_tdp_is_a_gap(monkeypatch):
+    """No cap reported, so only the catalog TDP the agent passes in bounds the reading."""
+    g = FakeAmdGpu(power_w=300.0, unsupported={"amdsmi_get_power_cap_info"})
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    b = AmdSmiBackend(env={})
+    b.set_rated_power_w(g.uuid, 750.0)
+    assert b.read(g.uuid).power_w == 300.0
+    g.power_w = 2000.0  # in watts: more than 1.5 x 750 W
+    assert b.read(g.uuid).power_w is None
+
+
+@pytest.mark.parametrize("fn, key, raw", [
+    ("amdsmi_get_energy_count", "energy_accumulator", UINT64_MAX),
+    ("amdsmi_get_gpu_activity", "gfx_activity", UINT16_MAX),
+    ("amdsmi_get_gpu_activity", "gfx_activity", 250),
+])
+def test_amdsmi_invalid_counter_and_activity_are_gaps(monkeypatch, fn, key, raw):
+    g = FakeAmdGpu(gfx_activity=40)
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    b = AmdSmiBackend(env={})
+    g.overrides[(fn, key)] = raw
+    r = b.read(g.uuid)
+    assert (r.energy_j if fn == "amdsmi_get_energy_count" else r.utilization_pct) is None
+    assert r.power_w == 140.0
+
+
+def test_amdsmi_sentinel_power_caps_are_no_cap(monkeypatch):
+    g = FakeAmdGpu()
+    g.overrides[("amdsmi_get_power_cap_info", "max_power_cap")] = UINT64_MAX
+    g.overrides[("amdsmi_get_power_cap_info", "min_power_cap")] = UINT32_MAX
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([g]).module)
+    limit = AmdSmiBackend(env={}).power_limit(g.uuid)
+    assert (limit.current_w, limit.min_w, limit.max_w) == (pytest.approx(750.0), None, None)
+
+
+def test_a_sentinel_power_never_outvotes_a_healthy_amd_counter(monkeypatch):
+    """End to end: the backend's readings through the energy code keep the counter."""
+    from telemetry.energy import Sample, window_energy
+
+    g = FakeAmdGpu(power_w=600.0)
+    fake = FakeAmdSmi([g])
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    clock = Clock()
+    b = AmdSmiBackend(env={}, clock=clock)
+    samples = []
+    for step in range(600):
+        g.overrides.pop(("amdsmi_get_power_info", "current_socket_power"), None)
+        if step % 5 == 1:  # firmware hiccup: the field reads all-ones
+            g.overrides[("amdsmi_get_power_info", "current_socket_power")] = UINT32_MAX
+        r = b.read(g.uuid)
+        samples.append(Sample(r.timestamp_s, r.power_w, r.energy_j))
+        clock.now += 0.1
+        fake.advance(0.1)
+    est = window_energy(samples)
+    assert est.method == "counter"
+    assert est.energy_j == pytest.approx(600.0 * 59.9, rel=0.01)
+
+
+@pytest.mark.parametrize("fn, raw, field", [
+    ("nvmlDeviceGetPowerUsage", 0xFFFFFFFF, "power_w"),
+    ("nvmlDeviceGetPowerUsage", 4_000_000, "power_w"),  # 4 kW on a 700 W board
+    ("nvmlDeviceGetTotalEnergyConsumption", 0xFFFFFFFFFFFFFFFF, "energy_j"),
+    ("nvmlDeviceGetUtilizationRates", 0xFFFFFFFF, "utilization_pct"),
+])
+def test_nvml_invalid_readings_are_gaps(monkeypatch, fn, raw, field):
+    g = FakeNvmlGpu(uuid="GPU-x", util_pct=30, unsupported={"instant"})
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([g]).module)
+    b = NvmlBackend(env={})
+    g.raw[fn] = raw
+    r = b.read("GPU-x")
+    assert getattr(r, field) is None
+    assert r.timestamp_s is not None
+
+
+def test_nvml_sentinel_power_limit_is_no_limit(monkeypatch):
+    g = FakeNvmlGpu(uuid="GPU-x")
+    g.raw["nvmlDeviceGetEnforcedPowerLimit"] = 0xFFFFFFFF
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([g]).module)
+    limit = NvmlBackend(env={}).power_limit("GPU-x")
+    assert limit.current_w is None and limit.max_w == 700.0
 
 
 def test_the_amd_module_is_not_named_like_the_vendor_package():
@@ -661,3 +882,119 @@ def test_gpu_check_reports_cost_overhead_and_agreement():
     assert code == 0
     assert "median" in text and "p99" in text and "% of one core" in text
     assert "counter vs integrated power" in text
+
+
+# -- MI300X compute partitions (issue 17) ----------------------------------------------
+
+
+def partitioned_card(mode: str, n: int, power_w: float = 560.0, serial: str = "0xCAFE") -> list[FakeAmdGpu]:
+    """One MI300X in `mode`: n handles sharing one ASIC serial; partition 0 reports the socket."""
+    return [FakeAmdGpu(uuid=f"{serial}-{i}", hip_id=i, partition=mode, partition_id=i, asic_serial=serial,
+                       bdf=f"0000:0c:00.{i}", vram_b=MI300X_VRAM_B // n, power_w=power_w) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode, n", [("DPX", 2), ("QPX", 4), ("CPX", 8)])
+def test_each_partition_is_a_gpu_with_an_equal_share_of_the_cards_power_and_cap(monkeypatch, mode, n):
+    fake = FakeAmdSmi(partitioned_card(mode, n))
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={})
+    devices = b.devices()
+    assert len(devices) == n
+    for d in devices:
+        assert (d.partition_mode, d.partitions, d.model) == (mode, n, "AMD Instinct MI300X")
+        assert d.capabilities.power and d.capabilities.energy_counter
+        assert b.read(d.uuid).power_w == pytest.approx(560.0 / n)
+        assert b.power_limit(d.uuid).current_w == pytest.approx(750.0 / n)
+
+
+def test_partition_energy_adds_up_to_the_card_and_agrees_with_its_power(monkeypatch):
+    gpus = partitioned_card("CPX", 8)
+    fake = FakeAmdSmi(gpus)
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    clock = Clock()
+    b = AmdSmiBackend(env={}, clock=clock)
+    uuids = [d.uuid for d in b.devices()]
+    first = {u: b.read(u) for u in uuids}
+    readings = {u: [first[u]] for u in uuids}
+    card_before = gpus[0].energy_uj
+    for _ in range(100):
+        clock.now += 0.1
+        fake.advance(0.1)
+        for u in uuids:
+            readings[u].append(b.read(u))
+    card_j = (gpus[0].energy_uj - card_before) / 1e6
+    deltas = [readings[u][-1].energy_j - readings[u][0].energy_j for u in uuids]
+    assert sum(deltas) == pytest.approx(card_j, rel=1e-3)  # no partition counted twice
+    for u in uuids:
+        assert trapezoid_j(readings[u]) == pytest.approx(deltas[0], rel=0.01)
+
+
+def test_a_partition_reads_its_cards_socket_even_when_partition_0_is_not_visible(monkeypatch):
+    fake = FakeAmdSmi(partitioned_card("CPX", 8))
+    monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+    b = AmdSmiBackend(env={"ROCR_VISIBLE_DEVICES": "5"})
+    (d,) = b.devices()
+    assert d.index == 5 and d.partitions == 8
+    assert b.read(d.uuid).power_w == pytest.approx(70.0)
+
+
+def test_two_partitioned_cards_are_kept_apart(monkeypatch):
+    gpus = partitioned_card("DPX", 2, power_w=400.0, serial="0xA") + partitioned_card("DPX", 2, power_w=600.0,
+                                                                                      serial="0xB")
+    for i, g in enumerate(gpus):
+        g.hip_id = i
+    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(gpus).module)
+    b = AmdSmiBackend(env={})
+    assert [b.read(d.uuid).power_w for d in b.devices()] == [200.0, 200.0, 300.0, 300.0]
+
+
+def test_spx_cards_are_whole_gpus(amd):
+    b = AmdSmiBackend(env={})
+    assert all(d.partitions == 1 and d.partition_mode is None for d in b.devices())
+
+
+class SkewedCounter(GpuBackend):
+    """A backend whose energy counter runs `factor` times faster than its power says."""
+
+    def __init__(self, inner: GpuBackend, factor: float) -> None:
+        self.inner, self.factor, self.name = inner, factor, inner.name
+
+    def devices(self):
+        return self.inner.devices()
+
+    def read(self, uuid):
+        from dataclasses import replace
+
+        r = self.inner.read(uuid)
+        return replace(r, energy_j=None if r.energy_j is None else r.energy_j * self.factor)
+
+    def power_limit(self, uuid):
+        return self.inner.power_limit(uuid)
+
+    def versions(self):
+        return self.inner.versions()
+
+
+def test_gpu_check_prints_versions_and_each_fields_validity(monkeypatch):
+    g = FakeNvmlGpu(uuid="GPU-x", unsupported={"instant"})
+    g.raw["nvmlDeviceGetUtilizationRates"] = 0xFFFFFFFF
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([g]).module)
+    check = load_gpu_check()
+    out = io.StringIO()
+    with NvmlBackend(env={}) as b:
+        check.run_check(b, seconds=0.2, hz=20, use_load=False, out=out)
+    text = out.getvalue()
+    assert "driver 580.95.05" in text
+    assert re.search(r"power\s+70 W ok", text)
+    assert re.search(r"utilization\s+GAP", text) and re.search(r"instant power\s+GAP", text)
+    assert re.search(r"power limit max\s+700 W ok", text)
+
+
+def test_gpu_check_fails_when_counter_and_integral_disagree_by_more_than_3_percent():
+    check = load_gpu_check()
+    for factor, expected in ((1.0, 0), (1.02, 0), (1.05, 3)):
+        inner = EmulatedBackend([EmulatedModel("H100", "nvidia", 80, 700, 700)], seed=5)
+        out = io.StringIO()
+        code = check.run_check(SkewedCounter(inner, factor), seconds=1.0, hz=50, use_load=False, out=out)
+        assert code == expected, (factor, out.getvalue())
+        assert ("DISAGREE" in out.getvalue()) == (expected == 3)

@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="queue a job: carbonsched submit [options] -- CMD [ARG...]")
     s.add_argument("--gpus", type=int, default=1, help="GPUs on one node (default 1)")
-    s.add_argument("--gpu-mem", metavar="GIB", type=float, default=0.0, help="GPU memory needed per GPU, GiB")
+    s.add_argument("--gpu-mem", metavar="GIB", type=float, default=0.0, help="GPU memory needed per GPU, in GiB, matched against each GPU's "
+                   "nominal capacity (the data sheet's: 80 fits an H100 80GB, whose driver "
+                   "reports 79.6 GiB)")
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")
     s.add_argument("--latency-slo", metavar="MS", type=float, help="per-request latency objective, ms")
     s.add_argument("--workload", metavar="CLASS", help="workload class, e.g. llm-inference, finetune")

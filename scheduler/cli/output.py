@@ -165,12 +165,14 @@ def nodes_table(nodes: list[dict]) -> str:
         for g in n["gpus"]:
             job = str(g["job"]) if g["job"] is not None else ("busy" if g.get("busy") else "-")
             util = g.get("utilization_pct")
+            limit = g.get("power_limit_w")
             rows.append([n["name"] + tag, n["zone"], status, f"{g['vendor']}:{g['index']}", g["model"],
                          f"{g['memory_gib']:g}", "-" if g["power_w"] is None else f"{g['power_w']:.0f}",
+                         "-" if limit is None else f"{limit:.0f}",
                          "-" if util is None else f"{util:.0f}%", _energy(g.get("energy_today_j")),
                          "yes" if g["healthy"] else "NO", job])
-    return table(["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "UTIL", "TODAY",
-                  "HEALTHY", "JOB"], rows)
+    return table(["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "LIMIT_W", "UTIL",
+                  "TODAY", "HEALTHY", "JOB"], rows)
 
 
 def plan_table(plan: list[dict]) -> str:

@@ -490,7 +490,8 @@ class Planner:
             slots.append(GpuSlot(id=g.id, node=g.node_name, zone=node.zone if node else "?",
                                  index=g.index, model=g.model, memory_gib=g.memory_gib,
                                  healthy=bool(g.healthy) and alive, busy_until=busy_until,
-                                 drained=bool(g.drained), pue=self.site.node_site_pue(g.node_name)))
+                                 drained=bool(g.drained), pue=self.site.node_site_pue(g.node_name),
+                                 power_limit_w=g.power_limit_w))
         queued = _read_queue(conn)
         usable = {s.id for s in slots if s.healthy and not s.drained}
         pin_before = now + timedelta(seconds=self.plan_interval_s)

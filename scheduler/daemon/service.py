@@ -354,7 +354,10 @@ class JobService:
                 "up": up, "last_heartbeat": iso(n.last_heartbeat),
                 "gpus": [
                     {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
-                     "vendor": g.vendor, "memory_gib": g.memory_gib, "power_w": g.power_w,
+                     "vendor": g.vendor, "memory_gib": g.memory_gib,
+                     "memory_reported_gib": g.memory_reported_gib, "power_w": g.power_w,
+                     "power_limit_w": g.power_limit_w, "power_limit_min_w": g.power_limit_min_w,
+                     "power_limit_max_w": g.power_limit_max_w,
                      "energy_j": g.energy_j, "utilization_pct": g.utilization_pct,
                      "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
                      "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, case, insert, select, update
 
-from policies.catalog import match_device_name
+from policies.catalog import match_device_name, nominal_memory_gib
 from scheduler.accounting import energy_note_of
 from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
 from scheduler.node import job_metrics
@@ -40,6 +40,8 @@ MAX_UNWRITTEN_SAMPLES = 64 * 3600
 # where a 1 Hz series would misjudge energy the most.
 BURST_HZ = 10.0
 BURST_S = 5.0
+# How often the heartbeat re-reads the GPUs' power limits (an operator may change them).
+POWER_LIMIT_REFRESH_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ class Agent:
         self._prev_reading: dict[str, Reading] = {}
         self._day_j: dict[int, float] = {}
         self._disk_full = False
+        self._limits_read_at: datetime | None = None
+        # The latest power limit of each GPU (by UUID), for the metrics.
+        self.power_limits: dict[str, object] = {}
+        self._warned_unknown: set[str] = set()
         self._unwritten: list[StoredSample] = []
         self.dropped_samples = 0
 
@@ -110,10 +116,8 @@ class Agent:
             seen = set()
             for d in devices:
                 seen.add(d.uuid)
-                known_model = match_device_name(d.model) or match_device_name(d.name)
-                fields = dict(node_name=self.config.node, index=d.index,
-                              model=known_model.name if known_model else d.model,
-                              vendor=d.vendor, memory_gib=d.memory_gib, healthy=True)
+                fields = dict(node_name=self.config.node, index=d.index, vendor=d.vendor,
+                              healthy=True, **self._describe(d))
                 if d.uuid in known:
                     conn.execute(update(gpus).where(gpus.c.uuid == d.uuid).values(**fields))
                 else:
@@ -135,6 +139,42 @@ class Agent:
         self._last_heartbeat = None  # the first tick reports power readings right away
         log.info("node %s registered in zone %s with %d GPUs (%s backend)",
                  self.config.node, self.config.zone, len(devices), self.backend.name)
+
+    def _describe(self, d) -> dict:
+        """The store's view of one device: its catalog part (or its driver name when the
+        catalog does not know it), nominal and reported memory, and power limits. Tells the
+        backend the part's rated power so impossible readings are dropped."""
+        known = match_device_name(d.model) or match_device_name(d.name)
+        if known is None and d.name not in self._warned_unknown:
+            self._warned_unknown.add(d.name)
+            limit = d.power_limit.current_w if d.power_limit else None
+            log.warning("GPU model %r is not in the catalog: it is planned generically from what "
+                        "the driver reports (%.1f GiB, power limit %s), never as another part; add "
+                        "a row to policies/data/catalog.toml for accurate plans", d.name,
+                        d.memory_gib, f"{limit:.0f} W" if limit else "unknown")
+        self.backend.set_rated_power_w(d.uuid, known.tdp_w / max(1, d.partitions) if known else None)
+        limit = d.power_limit
+        if limit is not None:
+            self.power_limits[d.uuid] = limit
+        return dict(model=known.name if known else d.name,
+                    memory_gib=nominal_memory_gib(known, d.memory_gib, d.partitions),
+                    memory_reported_gib=d.memory_gib,
+                    power_limit_w=limit.current_w if limit else None,
+                    power_limit_min_w=limit.min_w if limit else None,
+                    power_limit_max_w=limit.max_w if limit else None)
+
+    def _fresh_power_limits(self, now: datetime) -> dict[str, object]:
+        """The GPUs' current power limits, read at most every POWER_LIMIT_REFRESH_S."""
+        if self._limits_read_at and (now - self._limits_read_at).total_seconds() < POWER_LIMIT_REFRESH_S:
+            return {}
+        self._limits_read_at = now
+        out: dict[str, object] = {}
+        for uuid in self._gpu_of:
+            try:
+                out[uuid] = self.power_limits[uuid] = self.backend.power_limit(uuid)
+            except GpuError:
+                continue  # not reported, or the GPU is failing: its reads report that
+        return out
 
     # -- the periodic work --------------------------------------------------------------
 
@@ -517,6 +557,7 @@ class Agent:
             latest = {r.uuid: r for r in self.sampler.sample_once()}
         day = now.astimezone().date().isoformat()
         increments, self._day_j = self._day_j, {}
+        limits = self._fresh_power_limits(now)
 
         def tx(conn: Connection) -> None:
             conn.execute(update(nodes).where(nodes.c.name == self.config.node)
@@ -526,10 +567,15 @@ class Agent:
                 if gid is None:
                     continue
                 inc = increments.get(gid, 0.0)
+                limit = limits.get(uuid)
+                extra = {} if limit is None else dict(
+                    power_limit_w=limit.current_w, power_limit_min_w=limit.min_w,
+                    power_limit_max_w=limit.max_w)
                 conn.execute(update(gpus).where(gpus.c.id == gid).values(
                     power_w=r.power_w, energy_j=r.energy_j, utilization_pct=r.utilization_pct,
                     energy_day=day,
-                    energy_day_j=case((gpus.c.energy_day == day, gpus.c.energy_day_j + inc), else_=inc)))
+                    energy_day_j=case((gpus.c.energy_day == day, gpus.c.energy_day_j + inc), else_=inc),
+                    **extra))
 
         self.store.transact(tx)
         self._last_heartbeat = now

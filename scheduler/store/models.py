@@ -82,7 +82,16 @@ class Gpu(Base):
     uuid: Mapped[str] = mapped_column(String(128), unique=True)
     model: Mapped[str] = mapped_column(String(64))
     vendor: Mapped[str] = mapped_column(String(16))
+    # The nominal capacity `submit --gpu-mem` is matched against (the data sheet's, see
+    # policies.catalog.nominal_memory_gib), and what the driver reported, in GiB.
     memory_gib: Mapped[float] = mapped_column(Float)
+    memory_reported_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The board power limit the driver enforces now, and the range it may be set to, in W
+    # (a compute partition's equal share of its card's). The energy model never estimates a
+    # GPU above its current limit.
+    power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    power_limit_min_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    power_limit_max_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     # Healthy but closed to new work by an operator (maintenance); running jobs finish.
     drained: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

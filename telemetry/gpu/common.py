@@ -17,9 +17,43 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+_log = log
+
+# All-ones values that vendor libraries return for "not supported / no data" in unsigned
+# fields: amdsmi.amdsmi_interface.MaxUIntegerTypes (UINT16_T, UINT32_T, UINT64_T; the 7.0.2
+# wrapper turns only some of them into "N/A", e.g. amdsmi_get_power_info only 0xFFFF) and
+# NVML's unsigned returns (NVML_VALUE_NOT_AVAILABLE is 0xFFFFFFFF / ULL all-ones in nvml.h).
+SENTINELS = frozenset({0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
+# A board never draws more than this multiple of its rated power (its power cap, or the
+# catalog's TDP); above it a reading is a unit mix-up or garbage, and is dropped.
+MAX_POWER_OVER_RATED = 1.5
+# With nothing to compare against, no accelerator board draws this much (MI355X: 1.4 kW).
+MAX_PLAUSIBLE_POWER_W = 3000.0
 
 
-_log = logging.getLogger(__name__)
+def valid_number(value: Any, *, low: float = 0.0, high: float | None = None) -> float | None:
+    """The one validity gate every vendor reading passes through: a float, or None (a gap).
+
+    None for: anything not a real number ("N/A", None, bools, strings), NaN/inf, the
+    all-ones sentinels in SENTINELS, values below `low` (negative counters and powers are
+    impossible) and, when given, values above `high` (physically impossible for the part).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and value in SENTINELS:
+        return None
+    number = float(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        return None
+    if number < low or (high is not None and number > high):
+        return None
+    return number
+
+
+def power_ceiling_w(*rated_w: float | None) -> float:
+    """The highest power reading accepted for a board rated at `rated_w` (cap, TDP, ...)."""
+    known = [r for r in rated_w if r]
+    return MAX_POWER_OVER_RATED * max(known) if known else MAX_PLAUSIBLE_POWER_W
 
 class GpuError(Exception):
     """Base of every error a GPU backend raises."""
@@ -91,6 +125,11 @@ class GpuDevice:
     pci_bus_id: str | None = None
     power_limit: PowerLimit | None = None
     capabilities: GpuCapabilities | None = None
+    # A compute partition of a larger card (AMD MI300 CPX/DPX/QPX): the mode, and how many
+    # partitions the card is split into. Power, energy and the power limit reported for a
+    # partition are its equal share of the card's (see telemetry.gpu.amd).
+    partition_mode: str | None = None
+    partitions: int = 1
 
 
 @dataclass(frozen=True)
@@ -199,6 +238,23 @@ class GpuBackend(abc.ABC):
     def power_limit(self, uuid: str) -> PowerLimit:
         """The board power limit now (an operator may have changed it since start)."""
         raise GpuNotSupported(f"the {self.name} backend does not report power limits")
+
+    def set_rated_power_w(self, uuid: str, rated_w: float | None) -> None:
+        """Tell the backend the part's rated power (the catalog's TDP), which telemetry cannot
+        look up itself: power readings above MAX_POWER_OVER_RATED times the larger of this and
+        the board's own cap are dropped as impossible. The agent calls it at registration."""
+        rated = getattr(self, "_rated_w", None)
+        if rated is None:
+            rated = self._rated_w = {}
+        rated[uuid] = rated_w
+
+    def rated_power_w(self, uuid: str) -> float | None:
+        """What `set_rated_power_w` said for this GPU (None: nothing known)."""
+        return getattr(self, "_rated_w", {}).get(uuid)
+
+    def versions(self) -> dict[str, str]:
+        """The vendor library's and driver's versions, for diagnostics ({} when unknown)."""
+        return {}
 
     def check(self, uuid: str) -> None:
         """Raise GpuLost if the GPU stopped answering (or GpuError); return quietly if fine."""

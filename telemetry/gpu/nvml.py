@@ -12,6 +12,11 @@ Power: nvmlDeviceGetPowerUsage (mW) is a 1 s average on Ampere and later except 
 (A100/A30), and instantaneous before; where the driver supports the NVML_FI_DEV_POWER_INSTANT
 field the instantaneous value is also read. Energy: nvmlDeviceGetTotalEnergyConsumption,
 mJ since the driver was loaded (Volta and later).
+
+Validity: every number read from NVML goes through `telemetry.gpu.common.valid_number`:
+all-ones values (NVML_VALUE_NOT_AVAILABLE, 0xFFFFFFFF and its 16/64-bit forms), negative
+values and a power above MAX_POWER_OVER_RATED times the larger of the enforced power limit
+and the catalog TDP (passed in by the agent) are gaps (None), never numbers.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from telemetry.gpu.common import (
     PowerLimit,
     PowerReading,
     VendorBackend,
+    power_ceiling_w,
     translate_vendor_errors,
+    valid_number,
 )
 from telemetry.gpu.visible import select_visible
 
@@ -190,10 +197,13 @@ class NvmlBackend(VendorBackend):
         notes: list[str] = []
         name = _text(self._call(nv.nvmlDeviceGetName, handle))
         mem = self._optional(notes, "memory", nv.nvmlDeviceGetMemoryInfo, handle)
+        total_b = valid_number(mem.total) if mem is not None else None
+        if mem is not None and not total_b:
+            notes.append(f"memory: total {mem.total!r} is not a valid byte count")
         limit = self._limits(handle, notes)
         caps = self._probe(handle, name, notes, has_limit=limit is not None)
-        return GpuDevice(index=index, uuid=uuid, name=name, model=name, vendor="nvidia",
-                         memory_gib=round(mem.total / 2**30, 1) if mem is not None else 0.0,
+        return GpuDevice(index=index, uuid=uuid, name=name.strip(), model=name.strip(), vendor="nvidia",
+                         memory_gib=round(total_b / 2**30, 2) if total_b else 0.0,
                          pci_bus_id=_text(pci.busId) if pci is not None else None,
                          power_limit=limit, capabilities=caps)
 
@@ -232,10 +242,12 @@ class NvmlBackend(VendorBackend):
                                 nv.nvmlDeviceGetPowerManagementLimitConstraints, handle)
         default = self._optional(None, "default power limit",
                                  nv.nvmlDeviceGetPowerManagementDefaultLimit, handle)
-        if current is None and bounds is None and default is None:
-            return None
         lo, hi = bounds if bounds is not None else (None, None)
-        return PowerLimit(*(None if v is None else v / 1000.0 for v in (current, lo, hi, default)))
+        # Milliwatts; 0 or a sentinel is "no limit reported".
+        watts = [None if not valid_number(v) else v / 1000.0 for v in (current, lo, hi, default)]
+        if all(w is None for w in watts):
+            return None
+        return PowerLimit(*watts)
 
     def _instant_w(self, handle: Any) -> float | None:
         """NVML_FI_DEV_POWER_INSTANT in watts; the call succeeds even when the field fails."""
@@ -248,7 +260,8 @@ class NvmlBackend(VendorBackend):
             raise self._translate(nv.NVMLError(fv.nvmlReturn), "field POWER_INSTANT")
         for type_name, attr in _VALUE_FIELDS.items():
             if fv.valueType == getattr(nv, type_name, None):
-                return getattr(fv.value, attr) / 1000.0
+                milliwatts = valid_number(getattr(fv.value, attr))
+                return None if milliwatts is None else milliwatts / 1000.0
         raise GpuNotSupported(f"field POWER_INSTANT has unknown value type {fv.valueType}")
 
     # -- the interface --------------------------------------------------------------------
@@ -279,12 +292,18 @@ class NvmlBackend(VendorBackend):
                 instant_w = self._instant_w(h)
             except GpuNotSupported:
                 instant_w = None
-        energy_mj = maybe(caps.energy_counter, nv.nvmlDeviceGetTotalEnergyConsumption)
+        energy_mj = valid_number(maybe(caps.energy_counter, nv.nvmlDeviceGetTotalEnergyConsumption))
         util = maybe(caps.utilization, nv.nvmlDeviceGetUtilizationRates)
+        limit = dev.info.power_limit
+        ceiling = power_ceiling_w(limit.current_w if limit else None, limit.max_w if limit else None,
+                                  self.rated_power_w(dev.info.uuid))
+        power_mw = valid_number(power_mw, high=1000.0 * ceiling)
+        instant_w = valid_number(instant_w, high=ceiling)
         power_w = power_mw / 1000.0 if power_mw is not None else instant_w
         energy_j = energy_mj / 1000.0 if energy_mj is not None else None
+        util_pct = valid_number(util.gpu, high=100) if util is not None else None
         return PowerReading(uuid=dev.info.uuid, power_w=power_w, energy_j=energy_j,
-                            utilization_pct=float(util.gpu) if util is not None else None,
+                            utilization_pct=util_pct,
                             instant_power_w=instant_w, timestamp_s=t,
                             energy_reset=self._watch.observe(dev.info.uuid, energy_j))
 
@@ -298,6 +317,17 @@ class NvmlBackend(VendorBackend):
         if limit is None:
             raise GpuNotSupported(f"NVIDIA GPU {uuid} does not report a power limit")
         return limit
+
+    def versions(self) -> dict[str, str]:
+        """NVIDIA driver, NVML library and CUDA driver API versions, as far as NVML tells."""
+        nv, out = self._nv, {}
+        for key, fn in (("driver", "nvmlSystemGetDriverVersion"), ("nvml", "nvmlSystemGetNVMLVersion"),
+                        ("cuda driver api", "nvmlSystemGetCudaDriverVersion")):
+            call = getattr(nv, fn, None)
+            value = self._optional(None, "", call) if call is not None else None
+            if value is not None:
+                out[key] = _text(value) if not isinstance(value, int) else f"{value // 1000}.{value % 1000 // 10}"
+        return out
 
     def close(self) -> None:
         with self._lock:

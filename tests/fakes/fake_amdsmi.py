@@ -1,11 +1,28 @@
-"""A fake `amdsmi` (AMD SMI Python package, ROCm 6.x) over scripted GPUs, for tests.
+"""A fake `amdsmi` (AMD SMI Python package) over scripted GPUs, for tests.
 
 Only the vendor module is faked: carbonsched's own amdsmi backend runs unchanged on top of
-it. It follows the real package's behaviour where it varies: power fields by chip generation
-("N/A" where unsupported), watts or microwatts, the energy counter's key by version
-('power' before ROCm 6.2.1, 'energy_accumulator' after) in ticks of `counter_resolution`
-microjoules, caps in microwatts, AmdSmiLibraryException carrying `err_code`, handles checked
-by type as the real interface does.
+it. Its shapes follow the amdsmi 7.0.2 package from PyPI (amdsmi/amdsmi_interface.py,
+amdsmi_exception.py, amdsmi_wrapper.py), and tests/test_gpu_backends.py checks every
+function, parameter list, result key, exception class and status code used here against the
+installed package's source:
+
+- `amdsmi_get_power_info(processor_handle)` returns socket_power, current_socket_power,
+  average_socket_power, gfx/soc/mem_voltage and power_limit, and turns only 0xFFFF into
+  "N/A" (the wrapper's own loop): an unsupported 32-bit field arrives as 0xFFFFFFFF.
+  MI300-class chips have current_socket_power (average is unsupported), MI200 the average.
+- `amdsmi_get_energy_count` returns energy_accumulator (ticks of counter_resolution µJ) and
+  timestamp; ROCm before 6.2.1 named the ticks `power` (energy_key="power").
+- power caps (`amdsmi_get_power_cap_info`) are in microwatts and are not validated by the
+  wrapper; `amdsmi_get_gpu_vram_info` gives vram_size in MiB, `amdsmi_get_gpu_memory_total`
+  bytes; `amdsmi_get_gpu_activity` turns 0xFFFF into "N/A".
+- compute partitions: `amdsmi_get_gpu_compute_partition` returns "SPX", "DPX", "QPX" or
+  "CPX"; `amdsmi_get_gpu_kfd_info` gives current_partition_id. Socket power and energy are
+  reported on partition 0 only ("N/A"/sentinel on the others), as on real MI300X in CPX mode.
+- AmdSmiLibraryException carries `err_code`; handles are checked by type as the real
+  interface does (AmdSmiParameterException).
+
+Memory sizes default to what real drivers report (see the GPU byte counts in
+tests/test_gpu_backends.py, each with its public source).
 
     fake = FakeAmdSmi([FakeAmdGpu(...), ...])
     monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
@@ -19,10 +36,13 @@ from dataclasses import dataclass, field
 
 NA = "N/A"
 
+UINT16_MAX, UINT32_MAX, UINT64_MAX = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+MI300X_VRAM_B = 206141652992  # 196,592 MiB: 8 x the 25,767,706,624 B a CPX partition reports
+
 STATUS = {
     "AMDSMI_STATUS_SUCCESS": 0, "AMDSMI_STATUS_INVAL": 1, "AMDSMI_STATUS_NOT_SUPPORTED": 2,
     "AMDSMI_STATUS_NOT_YET_IMPLEMENTED": 3, "AMDSMI_STATUS_FAIL_LOAD_MODULE": 4,
-    "AMDSMI_STATUS_FAIL_LOAD_SYMBOL": 5, "AMDSMI_STATUS_DRM_ERROR": 6, "AMDSMI_STATUS_TIMEOUT": 8,
+    "AMDSMI_STATUS_FAIL_LOAD_SYMBOL": 5, "AMDSMI_STATUS_DRM_ERROR": 6, "AMDSMI_STATUS_TIMEOUT": 8, "AMDSMI_STATUS_RETRY": 9,
     "AMDSMI_STATUS_NO_PERM": 10, "AMDSMI_STATUS_IO": 12, "AMDSMI_STATUS_FILE_ERROR": 14,
     "AMDSMI_STATUS_INIT_ERROR": 18, "AMDSMI_STATUS_BUSY": 30, "AMDSMI_STATUS_NOT_FOUND": 31,
     "AMDSMI_STATUS_NOT_INIT": 32, "AMDSMI_STATUS_DRIVER_NOT_LOADED": 34,
@@ -62,9 +82,19 @@ class AmdSmiLibraryException(AmdSmiException):
         return f"An error occured with code: {self.err_code}({self.err_info})"
 
 
+class AmdSmiRetryException(AmdSmiLibraryException):
+    def __init__(self) -> None:
+        super().__init__(STATUS["AMDSMI_STATUS_RETRY"])
+
+
+class AmdSmiTimeoutException(AmdSmiLibraryException):
+    def __init__(self) -> None:
+        super().__init__(STATUS["AMDSMI_STATUS_TIMEOUT"])
+
+
 class AmdSmiParameterException(AmdSmiException):
-    def __init__(self, received: object, expected: type) -> None:
-        super().__init__(f"Invalid parameter: {type(received)} (expected {expected})")
+    def __init__(self, receivedValue: object, expectedType: type, msg: str | None = None) -> None:
+        super().__init__(msg or f"Invalid parameter: {type(receivedValue)} (expected {expectedType})")
 
 
 class ProcessorHandle:
@@ -76,12 +106,18 @@ class ProcessorHandle:
 
 @dataclass
 class FakeAmdGpu:
-    """One scripted GPU.
+    """One scripted GPU (or one compute partition of a card).
 
-    `generation`: "mi300" (current_socket_power; average is N/A), "mi200" (average only) or
-    "rocm7" (socket_power only). `power_unit`: "W" or "uW". `energy_key`: "energy_accumulator"
-    or "power". Lower `energy_uj` to make the counter go backwards; set `lost` to make calls
-    fail with `lost_status` (`lost_failures` times, then work again; None: forever).
+    `generation`: "mi300" (current_socket_power; average is unsupported), "mi200" (average
+    only) or "rocm7" (socket_power only). `unsupported_power` is what an unsupported power
+    field holds: 0xFFFFFFFF (as the 7.0.2 wrapper passes it on) or 0xFFFF (which it turns
+    into "N/A"). `power_unit`: "W" or "uW". `energy_key`: "energy_accumulator" or "power".
+    Lower `energy_uj` to make the counter go backwards; set `lost` to make calls fail with
+    `lost_status` (`lost_failures` times, then work again; None: forever). `overrides` maps
+    a (function, key) to the raw value that call returns, to script odd firmware.
+
+    Partitions: `partition` ("SPX", "DPX", "QPX", "CPX") and `partition_id`; the GPUs of one
+    card share `asic_serial` and the card's power and counter are those of its partition 0.
     """
 
     market_name: str = "AMD Instinct MI300X"
@@ -89,8 +125,9 @@ class FakeAmdGpu:
     hip_id: int | None = 0
     kfd_node_id: int | None = None
     bdf: str = "0000:0c:00.0"
-    vram_b: int = 192 * 2**30
+    vram_b: int = MI300X_VRAM_B
     generation: str = "mi300"
+    unsupported_power: int = UINT32_MAX
     power_w: float = 140.0
     power_unit: str = "W"
     cap_w: float = 750.0
@@ -98,6 +135,10 @@ class FakeAmdGpu:
     counter_resolution_uj: float = 15.259
     energy_uj: float = 9e9
     gfx_activity: int = 0
+    asic_serial: str = "0x5F3A1C0DE0000001"
+    partition: str = "SPX"
+    partition_id: int = 0
+    overrides: dict[tuple[str, str], object] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
     lost_status: str = "AMDSMI_STATUS_FILE_ERROR"
@@ -120,9 +161,10 @@ class FakeAmdSmi:
         self.module = self._build_module()
 
     def advance(self, seconds: float) -> None:
-        """Let time pass: every GPU's accumulator grows by its power over `seconds`."""
+        """Let time pass: every card's accumulator grows by its power over `seconds`."""
         for g in self.gpus:
-            g.energy_uj += g.power_w * seconds * 1e6
+            if self._primary(g) is g:
+                g.energy_uj += g.power_w * seconds * 1e6
 
     # -- the module -----------------------------------------------------------------------
 
@@ -143,6 +185,21 @@ class FakeAmdSmi:
             raise AmdSmiLibraryException(STATUS["AMDSMI_STATUS_NOT_SUPPORTED"])
         return g
 
+    def _primary(self, g: FakeAmdGpu) -> FakeAmdGpu:
+        """The partition of g's card that reports the socket's power and energy."""
+        if g.partition == "SPX":
+            return g
+        card = [o for o in self.gpus if o.asic_serial == g.asic_serial and o.partition == g.partition]
+        return min(card, key=lambda o: o.partition_id)
+
+    @staticmethod
+    def _script(g: FakeAmdGpu, fn: str, result: dict) -> dict:
+        """The result with any of the GPU's scripted raw values for this call put in."""
+        for (name, key), raw in g.overrides.items():
+            if name == fn:
+                result[key] = raw
+        return result
+
     @staticmethod
     def _power(g: FakeAmdGpu, watts: float) -> float | int:
         return int(watts * 1e6) if g.power_unit == "uW" else int(round(watts))
@@ -156,6 +213,9 @@ class FakeAmdSmi:
         m.AmdSmiException = AmdSmiException
         m.AmdSmiLibraryException = AmdSmiLibraryException
         m.AmdSmiParameterException = AmdSmiParameterException
+        m.AmdSmiRetryException = AmdSmiRetryException
+        m.AmdSmiTimeoutException = AmdSmiTimeoutException
+        m.__version__ = "7.0.2"
 
         def amdsmi_init(flag=AmdSmiInitFlags.INIT_AMD_GPUS):
             if not isinstance(flag, AmdSmiInitFlags):
@@ -186,54 +246,81 @@ class FakeAmdSmi:
         def amdsmi_get_gpu_kfd_info(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_gpu_kfd_info")
             return {"kfd_id": 1, "node_id": NA if g.kfd_node_id is None else g.kfd_node_id,
-                    "current_partition_id": 0}
+                    "current_partition_id": g.partition_id}
 
         def amdsmi_get_gpu_device_bdf(processor_handle):
             return fake._gpu(processor_handle, "amdsmi_get_gpu_device_bdf").bdf
 
         def amdsmi_get_gpu_asic_info(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_gpu_asic_info")
-            return {"market_name": g.market_name, "vendor_id": "0x1002", "vendor_name": "AMD",
-                    "device_id": "0x74a1", "rev_id": "0x00", "asic_serial": "N/A", "oam_id": 0}
+            return fake._script(g, "amdsmi_get_gpu_asic_info", {
+                "market_name": g.market_name, "vendor_id": "0x1002", "vendor_name": "Advanced Micro Devices Inc. [AMD/ATI]",
+                "subvendor_id": "0x1002", "device_id": "0x74a1", "rev_id": "0x00",
+                "asic_serial": g.asic_serial, "oam_id": 0, "num_compute_units": 304,
+                "target_graphics_version": "gfx942", "subsystem_id": "0x74a1"})
 
         def amdsmi_get_gpu_memory_total(processor_handle, mem_type):
             g = fake._gpu(processor_handle, "amdsmi_get_gpu_memory_total")
             if not isinstance(mem_type, AmdSmiMemoryType):
                 raise AmdSmiParameterException(mem_type, AmdSmiMemoryType)
-            return g.vram_b
+            return g.overrides.get(("amdsmi_get_gpu_memory_total", ""), g.vram_b)
 
         def amdsmi_get_gpu_vram_info(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_gpu_vram_info")
-            return {"vram_type": 0, "vram_vendor": 0, "vram_size": g.vram_b // 2**20}
+            return fake._script(g, "amdsmi_get_gpu_vram_info", {
+                "vram_type": 0, "vram_vendor": "SAMSUNG", "vram_size": g.vram_b // 2**20,
+                "vram_bit_width": 8192, "vram_max_bandwidth": NA})
 
-        def amdsmi_get_power_info(processor_handle, sensor_ind=0):
+        def amdsmi_get_power_info(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_power_info")
-            value = fake._power(g, g.power_w)
-            info = {"current_socket_power": NA, "average_socket_power": NA,
-                    "gfx_voltage": 800, "soc_voltage": 900, "mem_voltage": 1100,
-                    "power_limit": fake._power(g, g.cap_w)}
-            if g.generation == "mi300":
-                info["current_socket_power"] = value
-            elif g.generation == "mi200":
-                info["average_socket_power"] = value
-            else:
-                info["socket_power"] = value
-            return info
+            primary = fake._primary(g)
+            value = fake._power(g, primary.power_w)
+            off = g.unsupported_power
+            info = {"socket_power": off, "current_socket_power": off,
+                    "average_socket_power": off, "gfx_voltage": 800, "soc_voltage": 900,
+                    "mem_voltage": 1100, "power_limit": fake._power(g, g.cap_w)}
+            if g is primary:
+                if g.generation == "mi300":
+                    info["current_socket_power"] = value
+                elif g.generation == "mi200":
+                    info["average_socket_power"] = value
+                else:
+                    info["socket_power"] = value
+            info = fake._script(g, "amdsmi_get_power_info", info)
+            # The 7.0.2 wrapper's own clean-up: only 0xFFFF becomes "N/A".
+            return {k: NA if v == 0xFFFF else v for k, v in info.items()}
 
         def amdsmi_get_energy_count(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_energy_count")
-            return {g.energy_key: int(g.energy_uj / g.counter_resolution_uj),
-                    "counter_resolution": g.counter_resolution_uj, "timestamp": 1}
+            primary = fake._primary(g)
+            if g is not primary:  # per socket: the other partitions read nothing
+                return {g.energy_key: 0, "counter_resolution": 0.0, "timestamp": 0}
+            return fake._script(g, "amdsmi_get_energy_count", {
+                g.energy_key: int(g.energy_uj / g.counter_resolution_uj),
+                "counter_resolution": g.counter_resolution_uj, "timestamp": 1})
 
         def amdsmi_get_gpu_activity(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_gpu_activity")
-            return {"gfx_activity": g.gfx_activity, "umc_activity": 0, "mm_activity": NA}
+            info = fake._script(g, "amdsmi_get_gpu_activity",
+                                {"gfx_activity": g.gfx_activity, "umc_activity": 0, "mm_activity": 0xFFFF})
+            return {k: NA if v == 0xFFFF else v for k, v in info.items()}
 
         def amdsmi_get_power_cap_info(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_power_cap_info")
             uw = int(g.cap_w * 1e6)
-            return {"power_cap": uw, "default_power_cap": uw, "dpm_cap": 0,
-                    "min_power_cap": int(0.3 * uw), "max_power_cap": uw}
+            return fake._script(g, "amdsmi_get_power_cap_info", {
+                "power_cap": uw, "default_power_cap": uw, "dpm_cap": 0,
+                "min_power_cap": int(0.3 * uw), "max_power_cap": uw})
+
+        def amdsmi_get_gpu_compute_partition(processor_handle):
+            return fake._gpu(processor_handle, "amdsmi_get_gpu_compute_partition").partition
+
+        def amdsmi_get_lib_version():
+            return {"major": 25, "minor": 5, "release": 1, "build": "fake"}
+
+        def amdsmi_get_gpu_driver_info(processor_handle):
+            fake._gpu(processor_handle, "amdsmi_get_gpu_driver_info")
+            return {"driver_name": "amdgpu", "driver_version": "6.12.12", "driver_date": "N/A"}
 
         optional = {"amdsmi_get_gpu_enumeration_info": fake.enumeration_info,
                     "amdsmi_get_gpu_kfd_info": fake.kfd_info}

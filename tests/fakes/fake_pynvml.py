@@ -6,6 +6,9 @@ by tests/test_gpu_backends.py), and the fake behaves like the driver where it ma
 milliwatts and millijoules, an energy counter that advances with `advance()`, per-field
 return codes from nvmlDeviceGetFieldValues, NVMLError carrying `.value`.
 
+Names and memory totals are what the driver reports (nvidia-smi shows nvmlDeviceGetName and
+nvmlDeviceGetMemoryInfo.total): see REPORTED below, each with its public source.
+
     fake = FakeNvml([FakeNvmlGpu(...), ...])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module)
 """
@@ -48,6 +51,24 @@ NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
 
 CONSTANTS = {k: v for k, v in dict(globals()).items() if k.startswith("NVML_")}
 
+MIB = 2**20
+# (name as nvmlDeviceGetName returns it, memory total in bytes as nvmlDeviceGetMemoryInfo
+# returns it, enforced power limit in mW). Sources: public nvidia-smi output.
+REPORTED = {
+    # NVIDIA/nccl#1264, wilicc/gpu-burn#114: "NVIDIA H100 80GB HBM3 ... 81559MiB ... 700W"
+    "H100": ("NVIDIA H100 80GB HBM3", 81559 * MIB, 700_000),
+    # modal-labs/modal-client#2797: A100 80GB 81920MiB, A100 40GB 40960MiB
+    "A100": ("NVIDIA A100-SXM4-80GB", 81920 * MIB, 400_000),
+    "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40960 * MIB, 400_000),
+    # fastfetch-cli/fastfetch#1658: "NVIDIA H100 NVL", dedicated total 99961274368 B
+    "H100-NVL": ("NVIDIA H100 NVL", 99961274368, 400_000),
+    # NVIDIA/TensorRT-LLM#10278: "NVIDIA B200 ... 183359MiB ... 1000W"
+    "B200": ("NVIDIA B200", 183359 * MIB, 1_000_000),
+    # NVIDIA/mig-parted#120 gives the name "NVIDIA H200"; its memory total was not found in
+    # public output here: 143771 MiB is an assumption (141 GB of HBM3e less a reserve).
+    "H200": ("NVIDIA H200", 143771 * MIB, 700_000),
+}
+
 
 class NVMLError(Exception):
     """Like pynvml.NVMLError: the return code is `.value`."""
@@ -71,7 +92,10 @@ class FakeNvmlGpu:
     uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
     pci: tuple[int, int, int] = (0, 0x1B, 0)
     arch: int = NVML_DEVICE_ARCH_HOPPER
-    memory_total_b: int = 80 * 2**30
+    memory_total_b: int = 81559 * 2**20  # what an H100 80GB HBM3 reports (see REPORTED)
+    # Raw values a call returns instead of the modelled one, by function name (sentinels,
+    # odd firmware): e.g. {"nvmlDeviceGetPowerUsage": 0xFFFFFFFF}.
+    raw: dict[str, object] = field(default_factory=dict)
     power_w: float = 70.0
     instant_w: float | None = None  # None: equal to power_w
     energy_mj: float = 5_000_000.0
@@ -173,7 +197,8 @@ class FakeNvml:
             return fake._gpu(device, "nvmlDeviceGetArchitecture").arch
 
         def nvmlDeviceGetPowerUsage(handle):
-            return int(round(fake._gpu(handle, "nvmlDeviceGetPowerUsage").power_w * 1000))
+            g = fake._gpu(handle, "nvmlDeviceGetPowerUsage")
+            return g.raw.get("nvmlDeviceGetPowerUsage", int(round(g.power_w * 1000)))
 
         def nvmlDeviceGetFieldValues(handle, fieldIds):
             g = fake._gpu(handle, "nvmlDeviceGetFieldValues")
@@ -191,14 +216,31 @@ class FakeNvml:
             return out
 
         def nvmlDeviceGetTotalEnergyConsumption(handle):
-            return int(fake._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj)
+            g = fake._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption")
+            return g.raw.get("nvmlDeviceGetTotalEnergyConsumption", int(g.energy_mj))
 
         def nvmlDeviceGetUtilizationRates(handle):
             g = fake._gpu(handle, "nvmlDeviceGetUtilizationRates")
-            return SimpleNamespace(gpu=g.util_pct, memory=0)
+            return SimpleNamespace(gpu=g.raw.get("nvmlDeviceGetUtilizationRates", g.util_pct), memory=0)
 
         def nvmlDeviceGetEnforcedPowerLimit(handle):
-            return fake._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").limit_mw
+            g = fake._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")
+            return g.raw.get("nvmlDeviceGetEnforcedPowerLimit", g.limit_mw)
+
+        def nvmlSystemGetDriverVersion():
+            if not fake.initialized:
+                raise NVMLError(NVML_ERROR_UNINITIALIZED)
+            return fake._text("580.95.05")
+
+        def nvmlSystemGetNVMLVersion():
+            if not fake.initialized:
+                raise NVMLError(NVML_ERROR_UNINITIALIZED)
+            return fake._text("13.580.95.05")
+
+        def nvmlSystemGetCudaDriverVersion():
+            if not fake.initialized:
+                raise NVMLError(NVML_ERROR_UNINITIALIZED)
+            return 13000
 
         def nvmlDeviceGetPowerManagementLimit(handle):
             return fake._gpu(handle, "nvmlDeviceGetPowerManagementLimit").limit_mw

@@ -1,0 +1,82 @@
+"""Power limits (issue 17): read from the driver, stored per GPU, shown, and obeyed by the
+energy model: a GPU capped at 500 W is never estimated above 500 W, whatever its profile or
+TDP say, and an unknown part is planned from the limit its driver reports."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from policies import GpuSlot, QueuedJob, Snapshot, get_policy
+from policies.catalog import catalog
+from policies.energy import ProfileBook, generic_power_w, job_shape, seed_profiles, shape_arrays
+from policies.model import CarbonCurve
+
+NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
+
+
+def h100s(n: int, power_limit_w: float | None, model: str = "H100") -> list[GpuSlot]:
+    return [GpuSlot(id=i + 1, node="n1", zone="Z", index=i, model=model, memory_gib=80,
+                    power_limit_w=power_limit_w) for i in range(n)]
+
+
+def jobs() -> list[QueuedJob]:
+    return [QueuedJob(id=1, gpus=2, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=3600),  # generic
+            QueuedJob(id=2, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="train", est_runtime_s=3600),
+            QueuedJob(id=3, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", prompts=50_000)]
+
+
+def test_job_shape_never_draws_more_than_the_power_limit():
+    book = ProfileBook(seed_profiles())
+    for job in jobs():
+        free = job_shape(job, "H100", book, 3600.0)
+        capped = job_shape(job, "H100", book, 3600.0, power_limit_w=500.0)
+        assert free.power_w > 500.0 * job.gpus  # the uncapped estimate would exceed the cap
+        assert capped.power_w == pytest.approx(500.0 * job.gpus)
+        assert capped.runtime_s == free.runtime_s
+
+
+def test_shape_arrays_apply_the_same_cap_as_job_shape():
+    book = ProfileBook(seed_profiles())
+    arrays = shape_arrays(jobs(), ["H100", "H100"], book, 3600.0, [None, 500.0])
+    for i, job in enumerate(jobs()):
+        assert arrays.power_w[i, 0] == job_shape(job, "H100", book, 3600.0).power_w
+        assert arrays.power_w[i, 1] == job_shape(job, "H100", book, 3600.0, 500.0).power_w
+
+
+def test_an_unknown_part_is_planned_from_its_own_power_limit_not_as_the_reference_gpu():
+    assert generic_power_w("NVIDIA H800", 350.0) < 350.0
+    assert generic_power_w("NVIDIA H800", 350.0) != generic_power_w("H100")
+    assert generic_power_w("NVIDIA H800", 350.0) > 0.5 * 350.0
+
+
+@pytest.mark.parametrize("policy", ["fifo", "greedy", "cpsat"])
+def test_plans_on_capped_gpus_estimate_at_most_the_cap(policy):
+    curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
+    params = {"max_time_s": 1.0} if policy == "cpsat" else {}
+    estimates = {}
+    for limit in (None, 500.0):
+        snap = Snapshot(now=NOW, jobs=tuple(jobs()), gpus=tuple(h100s(4, limit)), carbon={"Z": curve})
+        plan = get_policy(policy, **params).plan(snap)
+        assert {a.job_id for a in plan.assignments} == {1, 2, 3}
+        estimates[limit] = {a.job_id: (a.estimate, len(a.gpu_ids)) for a in plan.assignments}
+    for job_id, (est, k) in estimates[500.0].items():
+        uncapped, _ = estimates[None][job_id]
+        assert est.energy_j / est.runtime_s <= 500.0 * k + 1e-6, (policy, job_id)
+        assert uncapped.energy_j / uncapped.runtime_s > 500.0 * k  # the cap changed the estimate
+        assert est.gco2 < uncapped.gco2
+
+
+def test_gpus_with_different_caps_are_estimated_each_at_its_own():
+    """Two H100s on one node, one capped at 300 W: a 1-GPU job on it is estimated at 300 W."""
+    curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
+    gpus = (GpuSlot(id=1, node="n1", zone="Z", index=0, model="H100", memory_gib=80, power_limit_w=300.0,
+                    busy_until=None),
+            GpuSlot(id=2, node="n1", zone="Z", index=1, model="H100", memory_gib=80, power_limit_w=700.0,
+                    busy_until=NOW + timedelta(hours=30)))
+    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=3600)
+    plan = get_policy("greedy").plan(Snapshot(now=NOW, jobs=(job,), gpus=gpus, carbon={"Z": curve}))
+    (a,) = plan.assignments
+    assert a.gpu_ids == (1,)
+    assert a.estimate.energy_j / a.estimate.runtime_s == pytest.approx(300.0)
