@@ -113,3 +113,16 @@ def test_the_walk_would_catch_a_cycle(tmp_path):
     verb.parent.mkdir(parents=True)
     verb.write_text("def run():\n    from scheduler.cli.main import main\n    from . import main as m\n")
     assert {"scheduler.cli.main", "scheduler.cli.main.main"} <= imports_of(verb, "scheduler.cli.verb")
+
+
+def test_the_command_line_starts_on_the_standard_library_alone():
+    """`carbonsched VERB` imports only the standard library and the CLI's own modules before
+    a verb runs: user commands start fast, even where numpy or SQLAlchemy are slow to load."""
+    import subprocess
+    import sys
+
+    code = ("import sys, scheduler.cli.main as m; m.build_parser(); "
+            "print(sorted({n.split('.')[0] for n in sys.modules} & {'numpy', 'sqlalchemy', 'ortools', 'policies', "
+            "'telemetry', 'simpy', 'apscheduler', 'prometheus_client', 'matplotlib'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -19,9 +19,8 @@ import io
 import json
 import sys
 from datetime import datetime, timezone
-from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
 
-from policies.counterfactual import RULE_SHORT
+from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
 
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
 
@@ -133,6 +132,7 @@ def _num(v, fmt: str) -> str:
 
 
 def report_table(data: dict) -> str:
+    from policies.counterfactual import RULE_SHORT
     from scheduler.cli.output import local_time
     from scheduler.text_table import table
 
