@@ -9,8 +9,9 @@ the file it came from, so each figure the model is fitted on can be traced:
 * ML.ENERGY v3 (`mlenergy_v3/tasks/<task>.json`, H100 and B200, vLLM, BF16): output
   tokens/s, mean GPU power summed over the GPUs, J per output token, median/p95 ITL,
   achieved and configured batch, GPUs and tensor-parallel degree, mean output length.
-* ML.ENERGY v2 (`mlenergy_v2/llm_text_generation/chat/A100-SXM4-40GB/...`): the A100 rows
-  (the v3 summaries have no A100). v2 gives a mean TPOT only, so no p95 ITL; its power is
+* ML.ENERGY v2 (`mlenergy_v2/llm_text_generation/chat/{A100-SXM4-40GB,H100 80GB HBM3}/...`):
+  the A100 rows (the v3 summaries have no A100), and the H100 rows of the same models, which
+  let the fit tell v2's older serving software from the A100 itself. v2 gives a mean TPOT only, so no p95 ITL; its power is
   derived as J/request x requests/s, i.e. J/request x tokens/s / mean output tokens.
 """
 
@@ -30,6 +31,7 @@ V2 = {  # v2 model dir -> the v3 model id with the same weights
     "meta-llama/Meta-Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B-Instruct",
     "meta-llama/Meta-Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B-Instruct",
 }
+V2_GPU = {"A100-SXM4-40GB": "A100-SXM4-40GB", "H100 80GB HBM3": "H100"}
 
 
 def v3_rows(energy_dir: Path) -> list[dict]:
@@ -55,7 +57,13 @@ def v3_rows(energy_dir: Path) -> list[dict]:
 
 def v2_rows(energy_dir: Path) -> list[dict]:
     rows = []
-    base = energy_dir / "mlenergy_v2" / "llm_text_generation" / "chat" / "A100-SXM4-40GB"
+    for gpu_dir, gpu in V2_GPU.items():
+        rows += _v2_gpu_rows(energy_dir / "mlenergy_v2" / "llm_text_generation" / "chat" / gpu_dir, gpu_dir, gpu)
+    return rows
+
+
+def _v2_gpu_rows(base: Path, gpu_dir: str, gpu: str) -> list[dict]:
+    rows = []
     for v2_id, model_id in V2.items():
         for f in sorted((base / v2_id).glob("*.json")):
             r = json.loads(f.read_text("utf-8"))
@@ -63,13 +71,13 @@ def v2_rows(energy_dir: Path) -> list[dict]:
             out_len = r["Avg Output Tokens"]
             tput = r["Token tput (tok/s)"]
             rows.append({
-                "dataset": "mlenergy-v2", "task": "chat", "model_id": model_id, "gpu": "A100-SXM4-40GB",
+                "dataset": "mlenergy-v2", "task": "chat", "model_id": model_id, "gpu": gpu,
                 "num_gpus": n, "tensor_parallel": r["TP"], "precision": "bf16",
                 "max_num_seqs": r["Max BS (reqs)"], "avg_batch_size": r["Avg BS (reqs)"],
                 "output_tokens_per_s": tput, "power_w_all_gpus": r["Energy/req (J)"] * tput / out_len,
                 "j_per_output_token": r["Energy/req (J)"] / out_len,
                 "itl_mean_ms": r["Avg TPOT (s)"] * 1000, "mean_output_tokens": out_len,
-                "source": f"mlenergy_v2/llm_text_generation/chat/A100-SXM4-40GB/{v2_id}/{f.name}",
+                "source": f"mlenergy_v2/llm_text_generation/chat/{gpu_dir}/{v2_id}/{f.name}",
             })
     return rows
 
