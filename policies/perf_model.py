@@ -15,8 +15,11 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
     FLOPs         F = 2 x active x B x (1 + input/output) / tp      (decode + amortised prefill)
     step time     t = t0 + (W + K) / (eta_mem x HBM bandwidth) + F / (eta_compute x peak(precision))
     tokens/s      = B / t;  prompts/s = tokens/s / output;  TPOT p50/p95 = k50/k95 x t
-    power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x F / t, capped at the TDP
-                  (a capped GPU runs slower: t = dynamic energy / (TDP - p_static))
+    power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x w x F / t, capped at the TDP;
+                  w = operand width / 16 bits (FP8 1/2, FP4 1/4): an assumption, not fitted
+                  (every fitted row is BF16), the first-order rule that a multiply's energy
+                  scales with its width, so a GPU at full FP8 rate draws what it does at BF16
+                  (a capped GPU runs at its TDP for longer: t x P / TDP, same energy per step)
     J/token       = P x tp x t / B
     TTFT          = t + 2 x active x input / tp / (eta_compute x peak)   (p95: input x spread)
 
@@ -240,6 +243,7 @@ class _Step:
     flops: float
     mem_s: float  # bytes / bandwidth at eta 1
     compute_s: float  # flops / peak at eta 1
+    flop_energy_scale: float = 1.0  # energy per FLOP relative to BF16 (operand width / 16 bits)
 
 
 def _step(w: Workload, p: Part, batch: float, precision: str, tp: int, input_tokens: float) -> _Step:
@@ -248,7 +252,8 @@ def _step(w: Workload, p: Part, batch: float, precision: str, tp: int, input_tok
     wb = min(w.total_params_b, w.active_params_b * batch) * 1e9 * bpp / tp
     kv = batch * (input_tokens + out / 2) * w.kv_bytes() / tp
     fl = 2 * w.active_params_b * 1e9 * batch * (1 + input_tokens / out) / tp
-    return _Step(wb, kv, fl, (wb + kv) / (p.hbm_tb_per_s * 1e12), fl / (p.peak_tflops[precision] * 1e12))
+    return _Step(wb, kv, fl, (wb + kv) / (p.hbm_tb_per_s * 1e12), fl / (p.peak_tflops[precision] * 1e12),
+                 bpp / BYTES_PER_PARAM["bf16"])
 
 
 def _step_time_s(s: _Step, f: Fit) -> float:
@@ -256,17 +261,18 @@ def _step_time_s(s: _Step, f: Fit) -> float:
 
 
 def _power_w(s: _Step, t: float, f: Fit) -> float:
-    return f.p_static_w + (f.e_byte_pj * (s.weight_bytes + s.kv_bytes) + f.e_flop_pj * s.flops) * 1e-12 / t
+    dynamic_pj = f.e_byte_pj * (s.weight_bytes + s.kv_bytes) + f.e_flop_pj * s.flop_energy_scale * s.flops
+    return f.p_static_w + dynamic_pj * 1e-12 / t
 
 
 def _capped(s: _Step, t: float, p: Part, f: Fit) -> tuple[float, float]:
-    """(step time, power per GPU), with the power cap: a GPU over its TDP clocks down until
-    its dynamic energy per step fits in TDP - p_static."""
+    """(step time, power per GPU), with the power cap: a GPU whose predicted power exceeds its
+    TDP runs at the TDP and takes proportionally longer, spending the same energy per step
+    (a conservative reading of clock throttling, which in practice also saves some energy)."""
     power = _power_w(s, t, f)
-    if power <= p.tdp_w or p.tdp_w <= f.p_static_w:
+    if power <= p.tdp_w:
         return t, power
-    dynamic_j = (f.e_byte_pj * (s.weight_bytes + s.kv_bytes) + f.e_flop_pj * s.flops) * 1e-12
-    return dynamic_j / (p.tdp_w - f.p_static_w), p.tdp_w
+    return t * power / p.tdp_w, p.tdp_w
 
 
 def memory_needed_gib(w: Workload, point: OperatingPoint) -> float:
@@ -470,7 +476,10 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     Step time: bounded linear least squares in relative error for (t0, 1/eta_mem,
     1/eta_compute), inside a coordinate search over each task's effective input tokens and
     the v2 software factor. Power: bounded least squares in relative error for (p_static,
-    e_byte, e_flop) on the same rows, given the fitted step times."""
+    e_byte, e_flop) on the v3 rows, given their measured step times. v2 publishes energy per
+    request, not power; the power it implies (J/request x requests/s) counts the gaps of
+    its older harness and disagrees with v3's measured power on the same H100 and model by
+    up to 2x, so it is used for speed only."""
     rows = [r for r in fit_rows() if r["gpu"] != exclude_gpu]
     tasks = sorted({r["task"] for r in rows})
     inputs = {t: 256.0 for t in tasks}
@@ -492,7 +501,7 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     t0_ms, eta_mem, eta_c = coef[0] * 1e3, 1 / coef[1], 1 / coef[2]
     # power: P = p_static + e_byte * bytes/t + e_flop * flops/t, relative error
     x, y = [], []
-    for r in rows:
+    for r in (r for r in rows if r["dataset"] == "mlenergy-v3"):
         s = _row_step(r, inputs[r["task"]])
         t = _step_target_s(r)
         pw = r["power_w_all_gpus"] / r["num_gpus"]
