@@ -113,9 +113,10 @@ class Fit:
     e_byte_pj: float
     e_flop_pj: float
     step_rel_rms: float
-    power_rel_rms: float
+    power_rel_rms: float  # in-sample relative RMS of the power fit
     rows: int
     gpus: tuple[str, ...]
+    power_transfer_rel: float = 0.0  # the power fit's error on a GPU it has not seen (see fit())
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class Prediction:
     tpot_p50_ms: float
     tpot_p95_ms: float
     latency_p95_ms: float  # per prompt: TTFT + p95 output length x TPOT p50
-    power_uncertainty_rel: float  # 1 sigma, relative, from the power fit's residuals
+    power_uncertainty_rel: float  # relative: the fit's RMS on measured GPUs, its held-out error elsewhere
     sources: dict[str, str] = field(default_factory=dict)  # figure group -> source kind
 
 
@@ -338,7 +339,7 @@ def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurem
         w.name, gpu, point, need <= avail, need, avail, tokens_s / w.mean_output_tokens, tokens_s, power_all,
         j_token * w.mean_output_tokens, j_token, ttft50, ttft95, tpot50, tpot95,
         ttft50 + spread["output_p95_over_mean"] * w.mean_output_tokens * tpot50,
-        f.power_rel_rms, sources)
+        f.power_rel_rms if measured_gpu else f.power_transfer_rel, sources)
 
 
 def _predict_train(w: Workload, p: Part, point: OperatingPoint, need: float, avail: float, f: Fit) -> Prediction:
@@ -353,7 +354,7 @@ def _predict_train(w: Workload, p: Part, point: OperatingPoint, need: float, ava
     j_token = power / tokens_s
     return Prediction(w.name, p.name, point, need <= avail, need, avail, tokens_s / sample_tokens, tokens_s,
                       power, j_token * sample_tokens, j_token, step_ms, step_ms, step_ms, step_ms, step_ms,
-                      f.power_rel_rms, {k: "nominal" for k in ("throughput", "latency", "power", "ttft", "memory")})
+                      f.power_transfer_rel, {k: "nominal" for k in ("throughput", "latency", "power", "ttft", "memory")})
 
 
 def frontier(w: Workload, gpu: str, *, max_tp: int = 8,
@@ -483,7 +484,7 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     rows = [r for r in fit_rows() if r["gpu"] != exclude_gpu]
     tasks = sorted({r["task"] for r in rows})
     inputs = {t: 256.0 for t in tasks}
-    v2 = 1.0 if any(r["dataset"] == "mlenergy-v2" for r in rows) else 1.0
+    v2 = 1.0
     has_v2_pair = {r["gpu"] for r in rows if r["dataset"] == "mlenergy-v2"}
     best = _fit_step(rows, inputs, v2)
     for _ in range(3):
@@ -498,7 +499,7 @@ def fit(exclude_gpu: str | None = None) -> Fit:
                 if trial[1] < best[1]:
                     best, v2 = trial, v
     coef, step_rms = best
-    t0_ms, eta_mem, eta_c = coef[0] * 1e3, 1 / coef[1], 1 / coef[2]
+    t0_ms, eta_mem, eta_c = float(coef[0]) * 1e3, 1 / float(coef[1]), 1 / float(coef[2])
     # power: P = p_static + e_byte * bytes/t + e_flop * flops/t, relative error
     x, y = [], []
     for r in (r for r in rows if r["dataset"] == "mlenergy-v3"):
@@ -516,9 +517,19 @@ def fit(exclude_gpu: str | None = None) -> Fit:
             t = _step_target_s(r) * 1e3
             ratios50.append(r["itl_p50_ms"] / t)
             ratios95.append(r["itl_p95_ms"] / t)
-    return Fit(t0_ms, eta_mem, eta_c, inputs, v2, float(np.median(ratios50)), float(np.median(ratios95)),
-               float(pc[0]), float(pc[1]), float(pc[2]), step_rms, power_rms, len(rows),
-               tuple(sorted({r["gpu"] for r in rows})))
+    f = Fit(t0_ms, eta_mem, eta_c, inputs, v2, float(np.median(ratios50)), float(np.median(ratios95)),
+            float(pc[0]), float(pc[1]), float(pc[2]), step_rms, power_rms, len(rows),
+            tuple(sorted({r["gpu"] for r in rows})))
+    if exclude_gpu is not None:
+        return f
+    # Uncertainty of power on a part the fit has not seen (the AMD parts, H200): for each
+    # GPU with measured power, the median |error| of a fit without it on its rows; the worst.
+    transfer = []
+    for gpu in sorted({r["gpu"] for r in rows if r["dataset"] == "mlenergy-v3"}):
+        held = fit(exclude_gpu=gpu)
+        transfer.append(float(np.median([abs(reproduce_row(r, held)["power_w"] / r["power_w_all_gpus"] - 1)
+                                         for r in rows if r["gpu"] == gpu and r["dataset"] == "mlenergy-v3"])))
+    return replace(f, power_transfer_rel=max(transfer))
 
 
 def reproduce_row(r: dict, f: Fit | None = None) -> dict[str, float]:

@@ -155,6 +155,7 @@ def test_unmeasured_gpus_say_roofline_and_measured_ones_fitted():
     point = pm.OperatingPoint(100, "bf16", 1)  # a batch limit no row has
     assert pm.predict(w, "MI325X", point).sources["throughput"] == "roofline"
     assert pm.predict(w, "MI325X", point).sources["power"] == "power-model"
+    assert pm.predict(w, "MI325X", point).power_uncertainty_rel >= pm.fit().power_rel_rms > 0
     assert pm.predict(w, "H100", point).sources["throughput"] == "fitted"
 
 
