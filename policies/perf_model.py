@@ -13,7 +13,7 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
     weight bytes  W = min(total, active x B) x bytes/param(precision) / tp
     KV bytes      K = B x (input + output/2) x kv_bytes_per_token / tp
     FLOPs         F = 2 x active x B x (1 + input/output) / tp      (decode + amortised prefill)
-    step time     t = t0 + (W + K) / (eta_mem x HBM bandwidth) + F / (eta_compute x peak(precision))
+    step time     t = t0 + c_seq x B + (W + K) / (eta_mem x HBM bandwidth) + F / (eta_compute x peak(precision))
     tokens/s      = B / t;  prompts/s = tokens/s / output;  TPOT p50/p95 = k50/k95 x t
     power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x w x F / t, capped at the TDP;
                   w = operand width / 16 bits (FP8 1/2, FP4 1/4): an assumption, not fitted
@@ -23,10 +23,14 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
     J/token       = P x tp x t / B
     TTFT          = t + 2 x active x input / tp / (eta_compute x peak)   (p95: input x spread)
 
-Fitted (see `fit()`): t0, eta_mem, eta_compute (global), the effective input tokens of each
-ML.ENERGY task (the summaries do not publish prompt lengths), a step-time factor for the
-older serving software of ML.ENERGY v2, k50/k95 (ITL percentile over mean step time), and
-p_static, e_byte, e_flop of the power model. Memory: weights + KV cache of the whole context
+Fitted (see `fit()`): t0, c_seq (the serving engine's per-sequence cost per step: its
+scheduler and sampler, the same on every GPU), eta_mem, eta_compute (global), the effective
+input tokens of each ML.ENERGY task (the summaries do not publish prompt lengths; being
+per-sequence too, these trade off against c_seq, so read them as fit parameters, not
+lengths), a step-time factor for the older serving software of ML.ENERGY v2, k50/k95 (ITL
+percentile over mean step time), p_static, e_byte, e_flop of the power model, and one
+speed factor of the MLPerf submitters' serving stacks against the fitted vLLM rows (used
+only to reproduce MLPerf results: predictions are for a vLLM-like engine). Memory: weights + KV cache of the whole context
 at that batch must fit in 90 % of the GPUs' memory (vLLM's default gpu_memory_utilization).
 Each figure says where it comes from: "measured" (that exact point is in the data),
 "fitted" (the fit, on a GPU that was measured), "roofline" (the fit, on a GPU that was not),
@@ -103,6 +107,7 @@ class Fit:
     """The fitted constants of the model, and how well they reproduce their data."""
 
     t0_ms: float
+    per_seq_us: float  # serving overhead per sequence per step (scheduler, sampler), any GPU
     eta_mem: float
     eta_compute: float
     input_tokens: dict[str, float]  # effective input tokens per ML.ENERGY task
@@ -117,6 +122,7 @@ class Fit:
     rows: int
     gpus: tuple[str, ...]
     power_transfer_rel: float = 0.0  # the power fit's error on a GPU it has not seen (see fit())
+    mlperf_stack_factor: float = 1.0  # MLPerf's serving stacks' speed over the fitted vLLM rows'
 
 
 @dataclass(frozen=True)
@@ -210,13 +216,7 @@ def presets() -> dict[str, Workload]:
                              task=task, note=f"{model_id}; {note}; output length measured, input fitted")
     for alias, (target, note) in _ALIASES.items():
         out[alias] = replace(out[target], name=alias, note=note)
-    a = _architecture("meta-llama/Llama-2-70b-chat-hf")
-    mlperf = [m for m in measurements()["mlperf"] if m["benchmark"].startswith("llama2-70b")]
-    out["mlperf-llama2-70b"] = Workload(
-        "mlperf-llama2-70b", a["total_params_b"], a["active_params_b"], f.input_tokens["lm-arena-chat"],
-        float(np.mean([m["tokens_per_s"] / m["samples_per_s"] for m in mlperf])), a["kv_bytes_per_token_bf16"],
-        "fp8", note="MLPerf llama2-70b (OpenOrca); output = tokens/samples of the results; input length "
-                    "not published: lm-arena-chat's fitted value")
+    out["mlperf-llama2-70b"] = mlperf_workload()
     for name in ("train", "finetune"):
         a = _architecture("meta-llama/Llama-3.1-8B-Instruct")
         out[name] = Workload(name, a["total_params_b"], a["active_params_b"], 1024, 1,
@@ -224,6 +224,37 @@ def presets() -> dict[str, Workload]:
                              note="nominal: an 8B model, 1024-token samples, MFU "
                                   f"{NOMINAL_TRAIN_MFU} (no MLPerf Training figure found)")
     return out
+
+
+def mlperf_workload() -> Workload:
+    """MLPerf's llama2-70b: Llama-2-70b-chat, FP8; mean output = tokens / samples of the
+    results; mean input not found, so the Azure conv trace's mean prompt stands in."""
+    a = _architecture("meta-llama/Llama-2-70b-chat-hf")
+    mlperf = [m for m in measurements()["mlperf"] if m["benchmark"].startswith("llama2-70b")]
+    return Workload(
+        "mlperf-llama2-70b", a["total_params_b"], a["active_params_b"],
+        measurements()["length_spread"]["input_mean_tokens"],
+        float(np.mean([m["tokens_per_s"] / m["samples_per_s"] for m in mlperf])), a["kv_bytes_per_token_bf16"],
+        "fp8", note="MLPerf llama2-70b (OpenOrca); output = tokens/samples of the results; input length "
+                    "not found: the Azure conv trace's mean prompt stands in")
+
+
+def mlperf_best_tokens_per_gpu_s(m: dict, f: Fit, stack_factor: float = 1.0) -> float:
+    """The model's best per-GPU output tokens/s for one MLPerf result's part, precision and
+    scenario: over TP degrees up to its accelerator count and batch limits that fit; Server
+    also keeps TPOT p95 <= 200 ms and TTFT p95 <= 2 s. `stack_factor` divides the step time
+    (MLPerf's serving stacks against the vLLM of the fitted rows)."""
+    best = 0.0
+    for tp in (1, 2, 4, 8):
+        for b in (16, 32, 64, 128, 256, 384, 512, 768, 1024):
+            if tp > m["accelerators"]:
+                continue
+            p = predict(mlperf_workload(), m["part"], OperatingPoint(b, m["precision"], tp), f=f)
+            if not p.fits or (m["scenario"] == "Server" and (p.tpot_p95_ms / stack_factor > 200
+                                                            or p.ttft_p95_ms / stack_factor > 2000)):
+                continue
+            best = max(best, p.output_tokens_per_s * stack_factor / tp)
+    return best
 
 
 def preset(name: str) -> Workload:
@@ -245,6 +276,7 @@ class _Step:
     mem_s: float  # bytes / bandwidth at eta 1
     compute_s: float  # flops / peak at eta 1
     flop_energy_scale: float = 1.0  # energy per FLOP relative to BF16 (operand width / 16 bits)
+    batch: float = 1.0
 
 
 def _step(w: Workload, p: Part, batch: float, precision: str, tp: int, input_tokens: float) -> _Step:
@@ -254,11 +286,11 @@ def _step(w: Workload, p: Part, batch: float, precision: str, tp: int, input_tok
     kv = batch * (input_tokens + out / 2) * w.kv_bytes() / tp
     fl = 2 * w.active_params_b * 1e9 * batch * (1 + input_tokens / out) / tp
     return _Step(wb, kv, fl, (wb + kv) / (p.hbm_tb_per_s * 1e12), fl / (p.peak_tflops[precision] * 1e12),
-                 bpp / BYTES_PER_PARAM["bf16"])
+                 bpp / BYTES_PER_PARAM["bf16"], batch)
 
 
 def _step_time_s(s: _Step, f: Fit) -> float:
-    return f.t0_ms / 1e3 + s.mem_s / f.eta_mem + s.compute_s / f.eta_compute
+    return (f.t0_ms + f.per_seq_us * s.batch / 1e3) / 1e3 + s.mem_s / f.eta_mem + s.compute_s / f.eta_compute
 
 
 def _power_w(s: _Step, t: float, f: Fit) -> float:
@@ -463,10 +495,10 @@ def _fit_step(rows: list[dict], inputs: dict[str, float], v2: float) -> tuple[np
     for r in rows:
         s = _row_step(r, inputs[r["task"]])
         scale = (v2 if r["dataset"] == "mlenergy-v2" else 1.0) / _step_target_s(r)
-        x.append([scale, s.mem_s * scale, s.compute_s * scale])
+        x.append([scale, s.batch * scale, s.mem_s * scale, s.compute_s * scale])
         y.append(1.0)
     xa, ya = np.array(x), np.array(y)
-    coef = _bounded_lsq(xa, ya, np.array([0.0, 1.0, 1.0]))  # efficiencies at most 100 %
+    coef = _bounded_lsq(xa, ya, np.array([0.0, 0.0, 1.0, 1.0]))  # efficiencies at most 100 %
     return coef, float(np.sqrt(np.mean((xa @ coef - ya) ** 2)))
 
 
@@ -499,7 +531,8 @@ def fit(exclude_gpu: str | None = None) -> Fit:
                 if trial[1] < best[1]:
                     best, v2 = trial, v
     coef, step_rms = best
-    t0_ms, eta_mem, eta_c = float(coef[0]) * 1e3, 1 / float(coef[1]), 1 / float(coef[2])
+    t0_ms, per_seq_us = float(coef[0]) * 1e3, float(coef[1]) * 1e6
+    eta_mem, eta_c = 1 / float(coef[2]), 1 / float(coef[3])
     # power: P = p_static + e_byte * bytes/t + e_flop * flops/t, relative error
     x, y = [], []
     for r in (r for r in rows if r["dataset"] == "mlenergy-v3"):
@@ -517,9 +550,15 @@ def fit(exclude_gpu: str | None = None) -> Fit:
             t = _step_target_s(r) * 1e3
             ratios50.append(r["itl_p50_ms"] / t)
             ratios95.append(r["itl_p95_ms"] / t)
-    f = Fit(t0_ms, eta_mem, eta_c, inputs, v2, float(np.median(ratios50)), float(np.median(ratios95)),
+    f = Fit(t0_ms, per_seq_us, eta_mem, eta_c, inputs, v2, float(np.median(ratios50)), float(np.median(ratios95)),
             float(pc[0]), float(pc[1]), float(pc[2]), step_rms, power_rms, len(rows),
             tuple(sorted({r["gpu"] for r in rows})))
+    # One factor for MLPerf's serving stacks (TensorRT-LLM, AMD's tuned vLLM): the geometric
+    # mean of measured over predicted best per-GPU throughput of the Offline results on the
+    # GPUs this fit may see. GPU-independent, so it moves every part alike.
+    offline = [m for m in measurements()["mlperf"] if m["scenario"] == "Offline" and m["part"] != exclude_gpu]
+    ratios = [m["tokens_per_s"] / m["accelerators"] / mlperf_best_tokens_per_gpu_s(m, f) for m in offline]
+    f = replace(f, mlperf_stack_factor=float(np.exp(np.mean(np.log(ratios)))))
     if exclude_gpu is not None:
         return f
     # Uncertainty of power on a part the fit has not seen (the AMD parts, H200): for each

@@ -195,3 +195,24 @@ def test_a_parametric_workload_needs_no_preset():
                         pm.OperatingPoint(16, "bf16", 1))
     assert bigger.output_tokens_per_s < small.output_tokens_per_s
     assert bigger.memory_needed_gib > small.memory_needed_gib
+
+
+def test_every_public_figure_carries_its_source():
+    data = pm.measurements()
+    for m in data["mlperf"]:
+        assert {"round", "submitter", "system", "part", "accelerators", "benchmark", "scenario", "precision",
+                "tokens_per_s", "source"} <= set(m)
+        assert m["part"] in pm.parts() and m["accelerators"] >= 1
+    for section in ("datasheet", "architecture"):
+        assert all(entry["source"] for entry in data[section])
+    assert data["length_spread"]["source"] and data["missing"]["figures"]
+    for r in pm.mlenergy_rows():
+        assert r["source"].startswith(("mlenergy_v3/tasks/", "mlenergy_v2/llm_text_generation/"))
+        assert r["gpu"] in pm.parts()
+
+
+def test_mlperf_results_are_reproduced_by_one_gpu_independent_stack_factor():
+    f = pm.fit()
+    assert f.mlperf_stack_factor > 0
+    for m in pm.measurements()["mlperf"]:
+        assert pm.mlperf_best_tokens_per_gpu_s(m, f, f.mlperf_stack_factor) > 0
