@@ -389,20 +389,33 @@ def _predict_train(w: Workload, p: Part, point: OperatingPoint, need: float, ava
                       f.power_transfer_rel, {k: "nominal" for k in ("throughput", "latency", "power", "ttft", "memory")})
 
 
-def frontier(w: Workload, gpu: str, *, max_tp: int = 8,
+def frontier(w: Workload, gpu: str, *, max_tp: int = 8, precisions: tuple[str, ...] | None = None,
              batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)) -> list[Prediction]:
-    """Every operating point of `w` on `gpu` that fits in memory: each supported precision
-    (the workload's own and lower ones), TP 1..max_tp (powers of two), each batch limit."""
+    """Every operating point of `w` on `gpu` that fits in memory: each precision in
+    `precisions` the part supports (default: only the workload's own; quantising is the job
+    owner's call, not the planner's), TP 1..max_tp (powers of two), each batch limit."""
     p = parts()[gpu]
-    order = ["bf16", "fp8", "fp4"]
-    precisions = [x for x in order[order.index(w.precision):] if p.supports(x)]
+    wanted = precisions if precisions is not None else (w.precision,)
     out = []
-    for prec, tp, b in itertools.product(precisions, (1, 2, 4, 8), batches):
+    for prec, tp, b in itertools.product([x for x in wanted if p.supports(x)], (1, 2, 4, 8), batches):
         if tp <= max_tp:
             pred = predict(replace(w, precision=prec), gpu, OperatingPoint(b, prec, tp))
             if pred.fits:
                 out.append(pred)
     return out
+
+
+def best_point(w: Workload, gpu: str, *, ttft_p95_ms: float | None = None, tpot_p95_ms: float | None = None,
+               latency_p95_ms: float | None = None, max_tp: int = 8,
+               precisions: tuple[str, ...] | None = None) -> Prediction | None:
+    """The most energy-efficient operating point (lowest J per prompt) of `w` on `gpu` that
+    fits in memory and meets every latency limit given (None: no limit); None when no point
+    does. This is the planner's question per candidate GPU model (issue 18, item 6)."""
+    ok = [p for p in frontier(w, gpu, max_tp=max_tp, precisions=precisions)
+          if (ttft_p95_ms is None or p.ttft_p95_ms <= ttft_p95_ms)
+          and (tpot_p95_ms is None or p.tpot_p95_ms <= tpot_p95_ms)
+          and (latency_p95_ms is None or p.latency_p95_ms <= latency_p95_ms)]
+    return min(ok, key=lambda p: (p.j_per_prompt, p.point.tp, p.point.max_batch), default=None)
 
 
 # ---------------------------------------------------------------------------- the fit

@@ -124,7 +124,7 @@ def test_train_and_finetune_are_labelled_nominal_everywhere():
 
 def test_no_figure_is_nan_or_infinite_on_any_part_and_frontier_point():
     for w, gpu in itertools.product(pm.presets().values(), pm.parts()):
-        points = pm.frontier(w, gpu) if w.kind == "inference" else [
+        points = pm.frontier(w, gpu, precisions=("bf16", "fp8", "fp4")) if w.kind == "inference" else [
             pm.predict(w, gpu, pm.OperatingPoint(8, "bf16", 8))]
         for p in points:
             for f in fields(p):
@@ -216,3 +216,18 @@ def test_mlperf_results_are_reproduced_by_one_gpu_independent_stack_factor():
     assert f.mlperf_stack_factor > 0
     for m in pm.measurements()["mlperf"]:
         assert pm.mlperf_best_tokens_per_gpu_s(m, f, f.mlperf_stack_factor) > 0
+
+
+def test_best_point_meets_every_latency_limit_and_a_tighter_limit_costs_energy():
+    w = pm.preset("llm-chat-70b")
+    loose = pm.best_point(w, "MI300X", tpot_p95_ms=200)
+    tight = pm.best_point(w, "MI300X", tpot_p95_ms=40)
+    assert loose is not None and tight is not None
+    assert loose.tpot_p95_ms <= 200 and tight.tpot_p95_ms <= 40 and tight.fits and loose.fits
+    assert tight.j_per_prompt >= loose.j_per_prompt
+    assert pm.best_point(w, "MI300X", tpot_p95_ms=0.001) is None
+    unconstrained = pm.best_point(w, "MI300X")
+    assert unconstrained is not None and unconstrained.j_per_prompt <= loose.j_per_prompt
+    assert {p.point.precision for p in pm.frontier(w, "MI300X")} == {"bf16"}  # no silent quantisation
+    fp8 = pm.best_point(w, "MI300X", tpot_p95_ms=200, precisions=("bf16", "fp8"))
+    assert fp8 is not None and fp8.j_per_prompt <= loose.j_per_prompt
