@@ -35,6 +35,10 @@ at that batch must fit in 90 % of the GPUs' memory (vLLM's default gpu_memory_ut
 Each figure says where it comes from: "measured" (that exact point is in the data),
 "fitted" (the fit, on a GPU that was measured), "roofline" (the fit, on a GPU that was not),
 "nominal" (training: no public per-accelerator figure found; a nominal MFU).
+
+Measured figures are data and keep their noise: a measured H100 point can beat the model's
+H200 at the same point although the model never ranks H100 above H200. Comparisons across
+GPU models that must respect the hardware order use `predict(..., use_measurements=False)`.
 """
 
 from __future__ import annotations
