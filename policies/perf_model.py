@@ -380,11 +380,14 @@ def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurem
 
 def _predict_train(w: Workload, p: Part, point: OperatingPoint, need: float, avail: float, f: Fit) -> Prediction:
     """Nominal training: 6 x params FLOPs per token at NOMINAL_TRAIN_MFU; power from the
-    fitted power model at that FLOP rate (no KV cache; weights, grads, Adam: 16 bytes/param)."""
+    fitted power model at that FLOP rate, with the same TDP throttle as inference (no KV
+    cache; weights, gradients and Adam state: 16 bytes/param)."""
     need = w.total_params_b * 1e9 * 16 / point.tp / GIB
     flops_s = NOMINAL_TRAIN_MFU * p.peak_tflops[point.precision] * 1e12 * point.tp
-    tokens_s = flops_s / (6 * w.total_params_b * 1e9)
-    power = min(p.tdp_w, f.p_static_w + f.e_flop_pj * 1e-12 * flops_s / point.tp) * point.tp
+    power_gpu = f.p_static_w + f.e_flop_pj * BYTES_PER_PARAM[point.precision] / 2 * 1e-12 * flops_s / point.tp
+    throttle = max(1.0, power_gpu / p.tdp_w)  # over the TDP: runs at the TDP, as much longer
+    tokens_s = flops_s / (6 * w.total_params_b * 1e9) / throttle
+    power = power_gpu / throttle * point.tp
     sample_tokens = w.mean_input_tokens + w.mean_output_tokens
     step_ms = sample_tokens * point.max_batch / tokens_s * 1e3
     j_token = power / tokens_s

@@ -47,7 +47,7 @@ def test_dominating_catalog_parts_are_never_worse_at_any_operating_point():
     parts = [p for p in pm.parts().values()]
     pairs = [(a, b) for a, b in itertools.permutations(parts, 2) if dominates(a, b)]
     assert len(pairs) >= 5, "the catalog should hold several dominating pairs (e.g. H200 over H100)"
-    for (a, b), w, batch, tp in itertools.product(pairs, inference_presets(), BATCHES, (1, 2, 8)):
+    for (a, b), w, batch, tp in itertools.product(pairs, pm.presets().values(), BATCHES, (1, 2, 8)):
         for precision in b.peak_tflops:
             point = pm.OperatingPoint(batch, precision, tp)
             assert_no_worse(pm.predict(w, a, point, use_measurements=False),
