@@ -1,0 +1,241 @@
+"""`python -m bench.model`: how well policies/perf_model.py reproduces the public figures.
+
+Prints (a) every ML.ENERGY row of the fit reproduced at its own configuration, with the
+error per row (target <= 10 %), the rows the fit leaves out and why, and every MLPerf
+Inference result (which sets one factor of the fit, the MLPerf stacks' speed), also from a
+fit that never saw that GPU model; (b) leave-one-GPU-out: each measured GPU
+predicted from a fit on the others, median and worst error per workload (target median
+<= 20 %); (c) per preset workload and GPU model, the most energy-efficient operating point
+with TPOT p95 <= 100 ms and TTFT p95 <= 2 s at the smallest TP degree that has one:
+prompts/s, W, J/prompt, TTFT/TPOT p95, source.
+
+Exit status: 0 both targets met, 2 a target missed. `--json FILE` also writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from policies import perf_model as pm  # noqa: E402
+
+ROW_TARGET = 0.10
+LOO_MEDIAN_TARGET = 0.20
+TPOT_P95_LIMIT_MS = 100.0
+TTFT_P95_LIMIT_MS = 2000.0
+PRESET_OF = {(m, t): name for name, (m, t, _) in pm._PRESET_MODELS.items()}
+SHORT_GPU = {"A100-SXM4-40GB": "A100-40G"}
+
+
+def _err(pred: float, meas: float) -> float:
+    return pred / meas - 1
+
+
+def _workload_of(r: dict) -> str:
+    return PRESET_OF.get((r["model_id"], r["task"]), f"{r['model_id'].split('/')[-1]} ({r['task']})")
+
+
+def table_a() -> tuple[list[dict], list[dict], list[dict]]:
+    """(fit rows reproduced, rows left out, MLPerf cross-check)."""
+    f = pm.fit()
+    used = {id(r) for r in pm.fit_rows()}
+    rows, left = [], []
+    for r in pm.mlenergy_rows():
+        if id(r) not in used:
+            left.append(r)
+            continue
+        p = pm.reproduce_row(r, f)
+        rows.append({"source": r["source"], "workload": _workload_of(r), "dataset": r["dataset"], "gpu": r["gpu"],
+                     "gpus": r["num_gpus"], "batch": r["avg_batch_size"],
+                     "tokens_per_s": r["output_tokens_per_s"], "tokens_per_s_pred": p["tokens_per_s"],
+                     "power_w": r["power_w_all_gpus"], "power_w_pred": p["power_w"],
+                     "j_per_token": r["j_per_output_token"], "j_per_token_pred": p["j_per_token"],
+                     "err_tokens": _err(p["tokens_per_s"], r["output_tokens_per_s"]),
+                     "err_power": _err(p["power_w"], r["power_w_all_gpus"]),
+                     "err_j": _err(p["j_per_token"], r["j_per_output_token"]),
+                     "power_in_fit": r["dataset"] == "mlenergy-v3"})
+    return rows, left, mlperf_check()
+
+
+def mlperf_check() -> list[dict]:
+    """Each MLPerf result's per-GPU tokens/s against the model's best per-GPU tokens/s for
+    llama2-70b at that precision (Server: TPOT p95 <= 200 ms, TTFT p95 <= 2 s), raw and with
+    the one fitted stack factor; and against a fit that never saw that result's GPU model."""
+    f = pm.fit()
+    out = []
+    for m in pm.measurements()["mlperf"]:
+        per_gpu = m["tokens_per_s"] / m["accelerators"]
+        raw = pm.mlperf_best_tokens_per_gpu_s(m, f)
+        scaled = pm.mlperf_best_tokens_per_gpu_s(m, f, f.mlperf_stack_factor)
+        held = pm.fit(exclude_gpu=m["part"])
+        loo = pm.mlperf_best_tokens_per_gpu_s(m, held, held.mlperf_stack_factor)
+        out.append({"round": m["round"], "submitter": m["submitter"], "system": m["system"], "part": m["part"],
+                    "accelerators": m["accelerators"], "scenario": m["scenario"], "precision": m["precision"],
+                    "tokens_per_s_per_gpu": per_gpu, "pred_raw": raw, "pred": scaled, "pred_loo": loo,
+                    "err_raw": _err(raw, per_gpu), "err": _err(scaled, per_gpu), "err_loo": _err(loo, per_gpu)})
+    return out
+
+
+def table_b() -> list[dict]:
+    """Leave-one-GPU-out errors per (GPU, workload)."""
+    out = []
+    for gpu in pm.fit().gpus:
+        f = pm.fit(exclude_gpu=gpu)
+        by_workload: dict[str, list[tuple[float, float, float]]] = {}
+        for r in pm.fit_rows():
+            if r["gpu"] != gpu:
+                continue
+            p = pm.reproduce_row(r, f)
+            by_workload.setdefault(_workload_of(r), []).append((
+                abs(_err(p["tokens_per_s"], r["output_tokens_per_s"])), abs(_err(p["power_w"], r["power_w_all_gpus"])),
+                abs(_err(p["j_per_token"], r["j_per_output_token"]))))
+        for wl, errs in sorted(by_workload.items()):
+            cols = list(zip(*errs))
+            out.append({"gpu": gpu, "workload": wl, "rows": len(errs), "power_in_fit": wl in pm._PRESET_MODELS,
+                        **{f"{k}_median": statistics.median(c) for k, c in zip(("tokens", "power", "j"), cols)},
+                        **{f"{k}_worst": max(c) for k, c in zip(("tokens", "power", "j"), cols)}})
+    return out
+
+
+def table_c() -> list[dict]:
+    """Per preset and GPU model: the lowest-J/prompt point meeting the latency limits, at the
+    smallest tensor-parallel degree that has one (more GPUs are then data-parallel replicas:
+    the model has no TP communication cost, so a larger TP would look free)."""
+    out = []
+    for name, w in pm.presets().items():
+        for gpu in pm.parts():
+            if gpu == "A100-SXM4-40GB":
+                continue
+            if w.kind == "train":
+                points = [pm.predict(w, gpu, pm.OperatingPoint(8, "bf16", 8))]
+            else:
+                points = [p for p in pm.frontier(w, gpu) if p.point.precision == w.precision
+                          and p.tpot_p95_ms <= TPOT_P95_LIMIT_MS and p.ttft_p95_ms <= TTFT_P95_LIMIT_MS]
+                points = [p for p in points if p.point.tp == min((q.point.tp for q in points), default=0)]
+            if not points:
+                out.append({"workload": name, "gpu": gpu, "point": None})
+                continue
+            best = min(points, key=lambda p: p.j_per_prompt)
+            out.append({"workload": name, "gpu": gpu,
+                        "point": {"max_batch": best.point.max_batch, "precision": best.point.precision,
+                                  "tp": best.point.tp},
+                        "prompts_per_s_per_gpu": best.prompts_per_s / best.point.tp,
+                        "power_w_per_gpu": best.power_w / best.point.tp, "j_per_prompt": best.j_per_prompt,
+                        "ttft_p95_ms": best.ttft_p95_ms, "tpot_p95_ms": best.tpot_p95_ms,
+                        "latency_p95_ms": best.latency_p95_ms, "memory_gib_per_gpu": best.memory_needed_gib,
+                        "power_uncertainty_rel": best.power_uncertainty_rel, "sources": best.sources})
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+6.1f}%"
+
+
+def print_report(a: tuple[list[dict], list[dict], list[dict]], b: list[dict], c: list[dict]) -> tuple[bool, bool]:
+    f = pm.fit()
+    rows, left, mlperf = a
+    print("perf_model fit:")
+    print(f"  step time  t = {f.t0_ms:.2f} ms + {f.per_seq_us:.1f} us x batch + bytes / ({f.eta_mem:.3f} x HBM BW) "
+          f"+ FLOPs / ({f.eta_compute:.3f} x peak)")
+    print(f"  power/GPU  P = {f.p_static_w:.1f} W + {f.e_byte_pj:.1f} pJ/byte + {f.e_flop_pj:.3f} pJ/FLOP "
+          f"(capped at TDP); relative RMS {100 * f.power_rel_rms:.1f} %")
+    print("  effective input tokens per task: " + ", ".join(f"{k} {v:.0f}" for k, v in f.input_tokens.items()))
+    print(f"  v2 software factor {f.v2_software_factor:.2f}; ITL p50/p95 = {f.itl_p50_over_step:.3f}/"
+          f"{f.itl_p95_over_step:.3f} x step; step-time relative RMS {100 * f.step_rel_rms:.1f} %; "
+          f"{f.rows} rows on {', '.join(f.gpus)}")
+    print()
+    print("(a) every ML.ENERGY row of the fit, reproduced at its own configuration (pred vs measured)")
+    print(f"{'workload':<14}{'data':<4}{'GPU':<9}{'n':>2}{'batch':>6}{'tok/s':>8}{'pred':>8}{'err':>8}"
+          f"{'W':>7}{'pred':>7}{'err':>8}{'J/tok':>7}{'pred':>7}{'err':>8}")
+    for r in rows:
+        mark = "" if r["power_in_fit"] else "*"
+        print(f"{r['workload']:<14}{r['dataset'][-2:]:<4}{SHORT_GPU.get(r['gpu'], r['gpu']):<9}{r['gpus']:>2}"
+              f"{r['batch']:>6.0f}{r['tokens_per_s']:>8.0f}{r['tokens_per_s_pred']:>8.0f}{_pct(r['err_tokens']):>8}"
+              f"{r['power_w']:>7.0f}{r['power_w_pred']:>7.0f}{_pct(r['err_power']) + mark:>8}"
+              f"{r['j_per_token']:>7.3f}{r['j_per_token_pred']:>7.3f}{_pct(r['err_j']) + mark:>8}")
+    powered = [r for r in rows if r["power_in_fit"]]
+    within = {"err_tokens": sum(abs(r["err_tokens"]) <= ROW_TARGET for r in rows),
+              **{k: sum(abs(r[k]) <= ROW_TARGET for r in powered) for k in ("err_power", "err_j")}}
+    med = {"err_tokens": statistics.median(abs(r["err_tokens"]) for r in rows),
+           **{k: statistics.median(abs(r[k]) for r in powered) for k in ("err_power", "err_j")}}
+    print("* v2 row: its power (J/request x requests/s) is not used by the power fit (see perf_model.fit)")
+    print(f"rows within {100 * ROW_TARGET:.0f} %: tokens/s {within['err_tokens']}/{len(rows)}, "
+          f"W {within['err_power']}/{len(powered)}, J/token {within['err_j']}/{len(powered)}; median |error| "
+          f"tokens/s {100 * med['err_tokens']:.1f} %, W {100 * med['err_power']:.1f} %, J/token {100 * med['err_j']:.1f} %")
+    print(f"left out of the fit ({len(left)} rows; rules in perf_model.fit_rows):")
+    for r in left:
+        print(f"  {r['source']}: {r['gpu']} {_workload_of(r)} batch {r['avg_batch_size']:.0f}, "
+              f"{r['output_tokens_per_s']:.0f} tok/s")
+    print()
+    print(f"(a') MLPerf Inference llama2-70b official results, per GPU (system / accelerators): the model's best "
+          f"per-GPU point, raw and x the one fitted stack factor {f.mlperf_stack_factor:.2f} (fitted on Offline "
+          f"rows); 'held out': factor and fit without that GPU model")
+    print(f"{'round':<6}{'submitter':<10}{'system':<31}{'GPUs':>4} {'scenario':<9}{'prec':<5}{'tok/s/GPU':>10}"
+          f"{'raw':>7}{'err':>8}{'fitted':>7}{'err':>8}{'held out':>9}{'err':>8}")
+    for m in mlperf:
+        print(f"{m['round']:<6}{m['submitter']:<10}{m['system']:<31}{m['accelerators']:>4} {m['scenario']:<9}"
+              f"{m['precision']:<5}{m['tokens_per_s_per_gpu']:>10.0f}{m['pred_raw']:>7.0f}{_pct(m['err_raw']):>8}"
+              f"{m['pred']:>7.0f}{_pct(m['err']):>8}{m['pred_loo']:>9.0f}{_pct(m['err_loo']):>8}")
+    print(f"MLPerf rows within {100 * ROW_TARGET:.0f} %: {sum(abs(m['err']) <= ROW_TARGET for m in mlperf)}/{len(mlperf)}"
+          f" (median |error| {100 * statistics.median(abs(m['err']) for m in mlperf):.1f} %; held out: "
+          f"{100 * statistics.median(abs(m['err_loo']) for m in mlperf):.1f} %)")
+    print()
+    print("(b) leave-one-GPU-out: each measured GPU predicted from a fit on the others (|error|)")
+    print(f"{'GPU':<16}{'workload':<30}{'rows':>5}{'tok/s med':>10}{'worst':>8}{'W med':>8}{'worst':>8}"
+          f"{'J/tok med':>10}{'worst':>8}")
+    for r in b:
+        m = "%" if r["power_in_fit"] else "*"
+        print(f"{r['gpu']:<16}{r['workload']:<30}{r['rows']:>5}{100 * r['tokens_median']:>9.1f}%"
+              f"{100 * r['tokens_worst']:>7.1f}%{100 * r['power_median']:>7.1f}{m}{100 * r['power_worst']:>7.1f}{m}"
+              f"{100 * r['j_median']:>9.1f}{m}{100 * r['j_worst']:>7.1f}{m}")
+    print("* against v2's implied power, which the power fit does not use")
+    print()
+    print(f"(c) per preset: the lowest-J/prompt operating point with TPOT p95 <= {TPOT_P95_LIMIT_MS:.0f} ms and "
+          f"TTFT p95 <= {TTFT_P95_LIMIT_MS / 1000:.0f} s, smallest TP with one (train/finetune: nominal, 8 GPUs)")
+    for name in pm.presets():
+        print(f"-- {name}: {pm.preset(name).note}")
+        print(f"   {'GPU':<8}{'batch':>6}{'TP':>3}{'prec':>5}{'prompts/s/GPU':>14}{'W/GPU':>7}{'J/prompt':>10}"
+              f"{'TTFT p95':>10}{'TPOT p95':>10}{'GiB/GPU':>8}  source (throughput/power)")
+        for r in c:
+            if r["workload"] != name:
+                continue
+            if r["point"] is None:
+                print(f"   {r['gpu']:<8} no operating point meets the limits")
+                continue
+            pt, src = r["point"], r["sources"]
+            print(f"   {r['gpu']:<8}{pt['max_batch']:>6}{pt['tp']:>3}{pt['precision']:>5}"
+                  f"{r['prompts_per_s_per_gpu']:>14.3f}{r['power_w_per_gpu']:>7.0f}{r['j_per_prompt']:>10.1f}"
+                  f"{r['ttft_p95_ms']:>8.0f}ms{r['tpot_p95_ms']:>8.1f}ms{r['memory_gib_per_gpu']:>8.1f}  "
+                  f"{src['throughput']}/{src['power']} (W +/-{100 * r['power_uncertainty_rel']:.0f} %)")
+    ok_a = within["err_tokens"] == len(rows)
+    loo_medians = [r["tokens_median"] for r in b]
+    ok_b = all(x <= LOO_MEDIAN_TARGET for x in loo_medians)
+    print()
+    print(f"target (a) every row within {100 * ROW_TARGET:.0f} % (tokens/s): {'met' if ok_a else 'MISSED'}; "
+          f"target (b) leave-one-GPU-out median <= {100 * LOO_MEDIAN_TARGET:.0f} % for every (GPU, workload): "
+          f"{'met' if ok_b else 'MISSED'}")
+    return ok_a, ok_b
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="also write the three tables as JSON to this file")
+    args = ap.parse_args(argv)
+    a, b, c = table_a(), table_b(), table_c()
+    ok_a, ok_b = print_report(a, b, c)
+    if args.json:
+        args.json.write_text(json.dumps({"a_rows": a[0], "a_left_out": [r["source"] for r in a[1]],
+                                         "a_mlperf": a[2], "b_leave_one_gpu_out": b, "c_presets": c},
+                                        indent=1, default=float), "utf-8")
+    return 0 if ok_a and ok_b else 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

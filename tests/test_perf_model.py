@@ -1,0 +1,233 @@
+"""The cross-vendor performance and energy model (policies/perf_model.py), as a specification.
+
+- A part no worse in bandwidth, compute (every precision), memory and power limit is never
+  predicted slower, later to first token, or less energy-efficient per token.
+- Memory: a 70B model in BF16 does not fit on one 80 GB GPU and fits on one MI300X.
+- Every named workload (profile classes, CLI names) has a preset; no figure is NaN.
+- Measured points come back as measured; unmeasured GPUs say roofline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from dataclasses import fields, replace
+from importlib import resources
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import perf_model as pm
+
+BATCHES = (1, 8, 64, 256)
+
+
+def dominates(a: pm.Part, b: pm.Part) -> bool:
+    """a is no worse than b in bandwidth, every precision's compute, memory and power limit."""
+    return (a.hbm_tb_per_s >= b.hbm_tb_per_s and a.memory_gib >= b.memory_gib and a.tdp_w >= b.tdp_w
+            and all(a.peak_tflops.get(k, 0.0) >= v for k, v in b.peak_tflops.items()))
+
+
+def assert_no_worse(better: pm.Prediction, worse: pm.Prediction) -> None:
+    tol = 1e-9
+    assert better.output_tokens_per_s >= worse.output_tokens_per_s * (1 - tol)
+    assert better.j_per_token <= worse.j_per_token * (1 + tol)
+    assert better.tpot_p95_ms <= worse.tpot_p95_ms * (1 + tol)
+    assert better.ttft_p95_ms <= worse.ttft_p95_ms * (1 + tol)
+    assert better.fits or not worse.fits
+
+
+def inference_presets() -> list[pm.Workload]:
+    return [w for w in pm.presets().values() if w.kind == "inference"]
+
+
+def test_dominating_catalog_parts_are_never_worse_at_any_operating_point():
+    parts = [p for p in pm.parts().values()]
+    pairs = [(a, b) for a, b in itertools.permutations(parts, 2) if dominates(a, b)]
+    assert len(pairs) >= 5, "the catalog should hold several dominating pairs (e.g. H200 over H100)"
+    for (a, b), w, batch, tp in itertools.product(pairs, pm.presets().values(), BATCHES, (1, 2, 8)):
+        for precision in b.peak_tflops:
+            point = pm.OperatingPoint(batch, precision, tp)
+            assert_no_worse(pm.predict(w, a, point, use_measurements=False),
+                            pm.predict(w, b, point, use_measurements=False))
+
+
+def test_the_inversions_of_issue_18_are_gone():
+    for name in ("llm-chat-8b", "llm-chat-70b", "llm-code", "llm-reason"):
+        w = pm.preset(name)
+        point = pm.OperatingPoint(64, "bf16", 4 if name == "llm-chat-70b" else 1)
+        mi300x, mi325x, mi355x = (pm.predict(w, g, point) for g in ("MI300X", "MI325X", "MI355X"))
+        assert mi325x.prompts_per_s >= mi300x.prompts_per_s and mi355x.prompts_per_s >= mi325x.prompts_per_s
+        assert mi325x.j_per_prompt <= mi300x.j_per_prompt and mi355x.j_per_prompt <= mi325x.j_per_prompt
+
+
+part_figures = st.tuples(st.floats(0.5, 10.0), st.floats(50.0, 5000.0), st.floats(16.0, 512.0),
+                         st.floats(200.0, 2000.0), st.booleans())
+
+
+def make_part(name: str, bw: float, bf16: float, mem: float, tdp: float, fp8: bool) -> pm.Part:
+    peak = {"bf16": bf16, "fp8": 2 * bf16} if fp8 else {"bf16": bf16}
+    return pm.Part(name, mem, bw, peak, tdp)
+
+
+@settings(max_examples=150, deadline=None)
+@given(base=part_figures, gains=st.tuples(*(st.floats(1.0, 3.0) for _ in range(4))), fp8_gain=st.booleans(),
+       workload=st.sampled_from(sorted(n for n, w in pm.presets().items() if w.kind == "inference")),
+       batch=st.sampled_from((1, 4, 32, 128, 512, 2048)), tp=st.sampled_from((1, 2, 4, 8)))
+def test_a_part_better_in_every_figure_is_never_predicted_worse(base, gains, fp8_gain, workload, batch, tp):
+    bw, bf16, mem, tdp, fp8 = base
+    worse = make_part("worse", bw, bf16, mem, tdp, fp8)
+    better = make_part("better", bw * gains[0], bf16 * gains[1], mem * gains[2], tdp * gains[3], fp8 or fp8_gain)
+    assert dominates(better, worse)
+    w = pm.preset(workload)
+    for precision in worse.peak_tflops:
+        point = pm.OperatingPoint(batch, precision, tp)
+        assert_no_worse(pm.predict(w, better, point), pm.predict(w, worse, point))
+
+
+def test_70b_bf16_does_not_fit_on_one_80gb_gpu_but_fits_on_one_mi300x():
+    w = pm.preset("llm-chat-70b")
+    one = pm.OperatingPoint(1, "bf16", 1)
+    for gpu in ("H100", "A100"):
+        p = pm.predict(w, gpu, one)
+        assert not p.fits and p.memory_needed_gib > p.memory_available_gib
+    assert pm.predict(w, "MI300X", one).fits
+    assert pm.predict(w, "H100", pm.OperatingPoint(1, "bf16", 2)).fits
+    assert pm.predict(w, "H100", pm.OperatingPoint(1, "fp8", 1)).fits  # 70 GB of FP8 weights
+
+
+def test_memory_need_grows_with_batch_until_it_no_longer_fits():
+    w = pm.preset("llm-chat-70b")
+    needs = [pm.memory_needed_gib(w, pm.OperatingPoint(b, "bf16", 1)) for b in (1, 64, 4096)]
+    assert needs[0] < needs[1] < needs[2]
+    assert pm.predict(w, "MI300X", pm.OperatingPoint(1, "bf16", 1)).fits
+    assert not pm.predict(w, "MI300X", pm.OperatingPoint(4096, "bf16", 1)).fits
+
+
+def test_every_profile_class_and_cli_workload_name_has_a_preset():
+    text = resources.files("policies").joinpath("data/profiles.toml").read_text("utf-8")
+    classes = {p["workload"] for p in tomllib.loads(text)["profile"]}
+    for name in classes | {"llm-inference", "finetune", "eval"}:
+        w = pm.preset(name)
+        assert w.mean_output_tokens > 0 and w.total_params_b >= w.active_params_b > 0
+    with pytest.raises(ValueError, match="known: "):
+        pm.preset("llm-chat-9000b")
+
+
+def test_train_and_finetune_are_labelled_nominal_everywhere():
+    for name in ("train", "finetune"):
+        p = pm.predict(pm.preset(name), "H100", pm.OperatingPoint(8, "bf16", 8))
+        assert set(p.sources.values()) == {"nominal"}
+
+
+def test_no_figure_is_nan_or_infinite_on_any_part_and_frontier_point():
+    for w, gpu in itertools.product(pm.presets().values(), pm.parts()):
+        points = pm.frontier(w, gpu, precisions=("bf16", "fp8", "fp4")) if w.kind == "inference" else [
+            pm.predict(w, gpu, pm.OperatingPoint(8, "bf16", 8))]
+        for p in points:
+            for f in fields(p):
+                v = getattr(p, f.name)
+                if isinstance(v, float):
+                    assert math.isfinite(v) and v >= 0, (w.name, gpu, p.point, f.name, v)
+
+
+def test_a_precision_the_part_lacks_is_refused():
+    with pytest.raises(ValueError, match="no fp8"):
+        pm.predict(pm.preset("llm-chat-8b"), "A100", pm.OperatingPoint(8, "fp8", 1))
+    with pytest.raises(ValueError, match="no fp4"):
+        pm.predict(pm.preset("llm-chat-8b"), "MI300X", pm.OperatingPoint(8, "fp4", 1))
+    assert pm.predict(pm.preset("llm-chat-8b"), "MI355X", pm.OperatingPoint(8, "fp4", 1)).fits
+
+
+def test_a_measured_point_returns_the_measurement_and_says_so():
+    row = next(r for r in pm.fit_rows() if r["dataset"] == "mlenergy-v3" and r["gpu"] == "H100"
+               and r["model_id"] == "meta-llama/Llama-3.1-8B-Instruct")
+    p = pm.predict(pm.preset("llm-chat-8b"), "H100", pm.OperatingPoint(row["max_num_seqs"], "bf16", 1))
+    assert p.output_tokens_per_s == row["output_tokens_per_s"]
+    assert p.tpot_p95_ms == row["itl_p95_ms"]
+    assert p.sources["throughput"] == p.sources["power"] == "measured"
+
+
+def test_unmeasured_gpus_say_roofline_and_measured_ones_fitted():
+    w = pm.preset("llm-chat-8b")
+    point = pm.OperatingPoint(100, "bf16", 1)  # a batch limit no row has
+    assert pm.predict(w, "MI325X", point).sources["throughput"] == "roofline"
+    assert pm.predict(w, "MI325X", point).sources["power"] == "power-model"
+    assert pm.predict(w, "MI325X", point).power_uncertainty_rel >= pm.fit().power_rel_rms > 0
+    assert pm.predict(w, "H100", point).sources["throughput"] == "fitted"
+
+
+def test_more_batch_gives_more_throughput_and_longer_tpot():
+    w = pm.preset("llm-chat-8b")
+    small, big = (pm.predict(w, "MI300X", pm.OperatingPoint(b, "bf16", 1)) for b in (8, 256))
+    assert big.output_tokens_per_s > small.output_tokens_per_s
+    assert big.tpot_p50_ms > small.tpot_p50_ms
+    assert big.j_per_token < small.j_per_token
+
+
+def test_the_fit_is_physical():
+    f = pm.fit()
+    assert 0 < f.eta_mem <= 1 and 0 < f.eta_compute <= 1
+    assert f.t0_ms >= 0 and f.p_static_w >= 0 and f.e_byte_pj >= 0 and f.e_flop_pj >= 0
+    assert f.itl_p95_over_step >= f.itl_p50_over_step > 0
+    assert set(f.gpus) == {"A100-SXM4-40GB", "B200", "H100"}
+
+
+def test_leave_one_gpu_out_fits_exclude_that_gpu():
+    for gpu in pm.fit().gpus:
+        assert gpu not in pm.fit(exclude_gpu=gpu).gpus
+
+
+def test_p95_latency_uses_the_output_length_spread():
+    w = pm.preset("llm-chat-8b")
+    p = pm.predict(w, "H200", pm.OperatingPoint(32, "bf16", 1))
+    spread = pm.measurements()["length_spread"]["output_p95_over_mean"]
+    assert p.latency_p95_ms == pytest.approx(p.ttft_p50_ms + spread * w.mean_output_tokens * p.tpot_p50_ms)
+    assert p.ttft_p95_ms > p.ttft_p50_ms and p.tpot_p95_ms > p.tpot_p50_ms
+
+
+def test_a_parametric_workload_needs_no_preset():
+    w = pm.Workload("my-13b", 13.0, 13.0, mean_input_tokens=500, mean_output_tokens=200)
+    small = pm.predict(w, "MI300X", pm.OperatingPoint(16, "bf16", 1))
+    bigger = pm.predict(replace(w, total_params_b=26.0, active_params_b=26.0), "MI300X",
+                        pm.OperatingPoint(16, "bf16", 1))
+    assert bigger.output_tokens_per_s < small.output_tokens_per_s
+    assert bigger.memory_needed_gib > small.memory_needed_gib
+
+
+def test_every_public_figure_carries_its_source():
+    data = pm.measurements()
+    for m in data["mlperf"]:
+        assert {"round", "submitter", "system", "part", "accelerators", "benchmark", "scenario", "precision",
+                "tokens_per_s", "source"} <= set(m)
+        assert m["part"] in pm.parts() and m["accelerators"] >= 1
+    for section in ("datasheet", "architecture"):
+        assert all(entry["source"] for entry in data[section])
+    assert data["length_spread"]["source"] and data["missing"]["figures"]
+    for r in pm.mlenergy_rows():
+        assert r["source"].startswith(("mlenergy_v3/tasks/", "mlenergy_v2/llm_text_generation/"))
+        assert r["gpu"] in pm.parts()
+
+
+def test_mlperf_results_are_reproduced_by_one_gpu_independent_stack_factor():
+    f = pm.fit()
+    assert f.mlperf_stack_factor > 0
+    for m in pm.measurements()["mlperf"]:
+        assert pm.mlperf_best_tokens_per_gpu_s(m, f, f.mlperf_stack_factor) > 0
+
+
+def test_best_point_meets_every_latency_limit_and_a_tighter_limit_costs_energy():
+    w = pm.preset("llm-chat-70b")
+    loose = pm.best_point(w, "MI300X", tpot_p95_ms=200)
+    tight = pm.best_point(w, "MI300X", tpot_p95_ms=40)
+    assert loose is not None and tight is not None
+    assert loose.tpot_p95_ms <= 200 and tight.tpot_p95_ms <= 40 and tight.fits and loose.fits
+    assert tight.j_per_prompt >= loose.j_per_prompt
+    assert pm.best_point(w, "MI300X", tpot_p95_ms=0.001) is None
+    unconstrained = pm.best_point(w, "MI300X")
+    assert unconstrained is not None and unconstrained.j_per_prompt <= loose.j_per_prompt
+    assert {p.point.precision for p in pm.frontier(w, "MI300X")} == {"bf16"}  # no silent quantisation
+    fp8 = pm.best_point(w, "MI300X", tpot_p95_ms=200, precisions=("bf16", "fp8"))
+    assert fp8 is not None and fp8.j_per_prompt <= loose.j_per_prompt
