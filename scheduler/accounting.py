@@ -345,6 +345,21 @@ def _per(value: float | None, count: float | None, scale: float = 1.0) -> float 
     return value / count * scale if value is not None and count else None
 
 
+def _work(reported: int | None, declared: int | None) -> tuple[int | None, str | None]:
+    """The count a figure divides by and where it comes from: reported beats declared."""
+    if reported is not None:
+        return reported, "reported"
+    return (declared, "declared") if declared is not None else (None, None)
+
+
+def _source(reported: int | None, counted: int | None) -> str | None:
+    """'reported', 'declared' or 'partly reported' over a group of jobs; None: no counts."""
+    reported, counted = int(reported or 0), int(counted or 0)
+    if not counted:
+        return None
+    return "reported" if reported == counted else "partly reported" if reported else "declared"
+
+
 def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str | None,
                   shift: RunCarbon | None = None, cost_usd: float | None = None) -> dict:
     """The carbon receipt of one finished job, as plain JSON-ready data.
@@ -357,7 +372,10 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     submitted, started, ended = job.get("submitted_at"), job.get("started_at"), job.get("ended_at")
     deadline = job.get("deadline")
     gco2 = run.gco2 if run is not None else job.get("gco2")
-    prompts, tokens = job.get("prompts"), job.get("tokens")
+    # The work done: what the job reported in its metrics file, else what was declared at
+    # submit (scheduler/node/job_metrics.py); tokens are output tokens.
+    prompts, prompts_source = _work(job.get("reported_prompts"), job.get("prompts"))
+    tokens, tokens_source = _work(job.get("reported_output_tokens"), job.get("tokens"))
     est, cf_est = job.get("est_gco2"), job.get("est_gco2_if_now")
     # "Had it run at once": the plan compared its choice (est_gco2) with the counterfactual of
     # policies.counterfactual (est_gco2_if_now: the job alone at submission on the earliest free,
@@ -399,10 +417,16 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
                     "gco2_per_kwh": p.gco2_per_kwh, "kind": p.kind, "source": p.source, "gco2": p.gco2}
                    for p in run.pieces] if run is not None else [],
         "prompts": prompts, "tokens": tokens,
+        "prompts_source": prompts_source, "tokens_source": tokens_source,
+        "declared_prompts": job.get("prompts"), "declared_tokens": job.get("tokens"),
+        "reported_prompts": job.get("reported_prompts"),
+        "reported_input_tokens": job.get("reported_input_tokens"),
+        "reported_output_tokens": job.get("reported_output_tokens"),
         "gco2_per_prompt": _per(gco2, prompts),
         "gco2_per_1k_tokens": _per(gco2, tokens, 1000.0),
         "tokens_per_j": _per(tokens, energy_j),
         "cost_usd": cost_usd,
+        "usd_per_mtok": _per(cost_usd, tokens, 1e6),
         "est_energy_j": job.get("est_energy_j"), "est_gco2": est,
         "counterfactual": {
             "gco2": counterfactual,
@@ -422,6 +446,7 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
 
 _JOB_COLUMNS = ("id", "name", "state", "owner_uid", "owner_name", "workload", "gpus", "gpu_ids", "node",
                 "zone", "gpu_model", "submitted_at", "started_at", "ended_at", "deadline", "prompts", "tokens",
+                "reported_prompts", "reported_input_tokens", "reported_output_tokens",
                 "energy_j", "energy_method", "energy_note", "gco2", "pue", "gco2_signal", "gco2_basis",
                 "gco2_coverage", "est_energy_j", "est_gco2", "est_gco2_if_now", "explanation", "accounted_at")
 
@@ -780,8 +805,11 @@ class Accountant:
         runtime = self._runtime_s()
         cost = self._cost_expr(runtime)
         priced = j.gco2.is_not(None)
-        with_prompts = and_(priced, j.prompts > 0)
-        with_tokens = and_(j.tokens > 0, j.energy_j.is_not(None))
+        # the work done: reported by the job, else declared at submit (receipts say the same)
+        prompts = func.coalesce(j.reported_prompts, j.prompts)
+        tokens = func.coalesce(j.reported_output_tokens, j.tokens)
+        with_prompts = and_(priced, prompts > 0)
+        with_tokens = and_(tokens > 0, j.energy_j.is_not(None))
         both = and_(priced, j.est_gco2_if_now.is_not(None))
         modelled = or_(j.energy_method == MODELLED, j.energy_method.like(MODELLED + "+%"))
         # the counterfactual of each job as its receipt has it: measured x (if-now / planned
@@ -803,11 +831,17 @@ class Accountant:
             func.sum(j.gco2).label("gco2"),
             func.count(j.gco2).label("priced"),
             func.sum(case((and_(priced, j.energy_j.is_not(None)), j.energy_j), else_=None)).label("priced_j"),
-            when(with_prompts, j.gco2).label("gco2_p"), when(with_prompts, j.prompts).label("prompts_p"),
-            func.sum(j.prompts).label("prompts"), func.sum(j.tokens).label("tokens"),
-            when(with_tokens, j.energy_j).label("energy_t"), when(with_tokens, j.tokens).label("tokens_e"),
-            func.sum(cost).label("usd"), when(j.tokens > 0, cost).label("usd_t"),
-            when(j.tokens > 0, j.tokens).label("tokens_c"),
+            when(with_prompts, j.gco2).label("gco2_p"), when(with_prompts, prompts).label("prompts_p"),
+            func.sum(prompts).label("prompts"), func.sum(tokens).label("tokens"),
+            func.sum(case((j.reported_prompts.is_not(None), 1), else_=0)).label("prompts_reported"),
+            func.count(prompts).label("prompts_counted"),
+            func.sum(case((j.reported_output_tokens.is_not(None), 1), else_=0)).label("tokens_reported"),
+            func.count(tokens).label("tokens_counted"),
+            when(with_tokens, j.energy_j).label("energy_t"), when(with_tokens, tokens).label("tokens_e"),
+            func.sum(cost).label("usd"), when(tokens > 0, cost).label("usd_t"),
+            when(tokens > 0, tokens).label("tokens_c"),
+            when(and_(priced, tokens > 0), j.gco2).label("gco2_t"),
+            when(and_(priced, tokens > 0), tokens).label("tokens_g"),
             when(both, scaled_cf).label("cf"), when(both, j.gco2).label("cf_actual"),
             func.sum(case((and_(j.deadline.is_not(None), j.ended_at > j.deadline), 1), else_=0)).label("late"),
             func.sum(case((or_(j.accounted_at.is_(None), and_(j.energy_j.is_not(None), j.gco2.is_(None))), 1),
@@ -838,7 +872,11 @@ class Accountant:
             "intensity_g_per_kwh": f("gco2") / (f("priced_j") / J_PER_KWH) if r.get("priced_j") else None,
             "prompts": int(r["prompts"]) if r.get("prompts") is not None else None,
             "tokens": int(r["tokens"]) if r.get("tokens") is not None else None,
+            # how many of the jobs with a prompt / token count reported it themselves
+            "prompts_source": _source(r.get("prompts_reported"), r.get("prompts_counted")),
+            "tokens_source": _source(r.get("tokens_reported"), r.get("tokens_counted")),
             "gco2_per_prompt": f("gco2_p") / f("prompts_p") if r.get("prompts_p") else None,
+            "gco2_per_1k_tokens": f("gco2_t") / f("tokens_g") * 1000.0 if r.get("tokens_g") else None,
             "tokens_per_j": f("tokens_e") / f("energy_t") if r.get("energy_t") else None,
             "usd": f("usd"),
             "usd_per_mtok": f("usd_t") / f("tokens_c") * 1e6 if r.get("tokens_c") else None,
@@ -887,6 +925,7 @@ class Accountant:
                 "jobs_modelled": fig["jobs_modelled"], "modelled_energy_kwh": fig["modelled_energy_kwh"],
                 "energy": "modelled" if fig["jobs_modelled"] == fig["jobs_measured"] and fig["jobs_modelled"]
                 else "partly modelled" if fig["jobs_modelled"] else "measured",
+                **_work_figures(fig),
             })
         total = self._figures(_sum_rows(rows))
         zones = sorted({s["zone"] for s in out_systems if s["zone"]})
@@ -909,10 +948,14 @@ class Accountant:
                        "jobs_without_emissions": total["jobs"] - total["jobs_with_gco2"],
                        "jobs_modelled": total["jobs_modelled"], "modelled_energy_kwh": total["modelled_energy_kwh"],
                        "measurement_shares": _shares(rows, "method", "energy_j"),
-                       "intensity_basis_shares": _shares(rows, "basis", "energy_j")},
+                       "intensity_basis_shares": _shares(rows, "basis", "energy_j"),
+                       **_work_figures(total)},
             "methodology": {
                 "boundary": "GPU energy of batch jobs scheduled by carbonsched (scope 2, operational, "
                             "location-based); facility overhead by PUE; embodied emissions excluded",
+                "work": "prompts and output tokens as each job reported them in its metrics file, else as "
+                        "declared at submit (prompts_source / tokens_source: reported, declared or partly "
+                        "reported); per-prompt and per-token figures count only jobs with that count",
                 "energy_measurement": {
                     "counter": "GPU hardware energy counter (NVML total energy / AMD SMI accumulator), "
                                "used when it moves forward and agrees with integrated power within 10%",
@@ -960,6 +1003,12 @@ class Accountant:
         out.append({"source": "gpu-telemetry", "provider": "carbonsched agents (NVML / AMD SMI / emulated)",
                     "licence": "own measurement", "zones": zones, "signals": [], "rows": None})
         return out
+
+
+def _work_figures(fig: Mapping[str, Any]) -> dict:
+    """The per-prompt and per-token figures of a group, for the export."""
+    return {k: fig[k] for k in ("prompts", "prompts_source", "gco2_per_prompt", "tokens", "tokens_source",
+                                "gco2_per_1k_tokens", "tokens_per_j", "usd_per_mtok")}
 
 
 def _sum_rows(rows: Sequence[Mapping[str, Any]]) -> dict:

@@ -22,8 +22,11 @@ an emulated fleet's watts, joules or grams as measured.
 | carbonsched_jobs | gauge | state | jobs in the store by state (daemon) |
 | carbonsched_job_energy_joules_total | counter | method | energy of finished jobs (daemon) |
 | carbonsched_job_gco2_grams_total | counter | method | gCO2 of finished jobs (daemon) |
-| carbonsched_job_prompts_total | counter | method | prompts of finished jobs with a gCO2 figure (daemon) |
-| carbonsched_job_prompts_gco2_grams_total | counter | method | gCO2 of those same jobs: the ratio of the two rates is gCO2 per prompt (daemon) |
+| carbonsched_job_prompts_total | counter | method, source | prompts of finished jobs with a gCO2 figure, reported by the job or declared at submit (daemon) |
+| carbonsched_job_prompts_gco2_grams_total | counter | method, source | gCO2 of those same jobs: the ratio of the two rates is gCO2 per prompt (daemon) |
+| carbonsched_job_output_tokens_total | counter | method, source | output tokens of finished jobs with a gCO2 figure (daemon) |
+| carbonsched_job_tokens_gco2_grams_total | counter | method, source | gCO2 of those jobs: with the tokens, gCO2 per 1k tokens (daemon) |
+| carbonsched_job_tokens_energy_joules_total | counter | method, source | their energy: with the tokens, tokens per joule (daemon) |
 | carbonsched_planner_duration_seconds | histogram | policy | planner tick wall time (daemon) |
 """
 
@@ -104,19 +107,25 @@ class StoreCollector:
         depth = GaugeMetricFamily("carbonsched_jobs", "Jobs by state", labels=["state"])
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
-            prompted = and_(jobs.c.gco2.is_not(None), jobs.c.prompts > 0)
             modelled = or_(jobs.c.energy_method == MODELLED, jobs.c.energy_method.like(MODELLED + "+%"))
             by_method = {m: (0.0, 0.0) for m in ("measured", "modelled")}
             for is_modelled, energy, gco2 in conn.execute(select(
                     case((modelled, 1), else_=0).label("m"), func.coalesce(func.sum(jobs.c.energy_j), 0.0),
                     func.coalesce(func.sum(jobs.c.gco2), 0.0)).group_by("m")):
                 by_method["modelled" if is_modelled else "measured"] = (float(energy), float(gco2))
-            prompted_by = {m: (0, 0.0) for m in ("measured", "modelled")}
-            for is_modelled, prompts, prompts_gco2 in conn.execute(select(
-                    case((modelled, 1), else_=0).label("m"),
-                    func.coalesce(func.sum(case((prompted, jobs.c.prompts), else_=0)), 0),
-                    func.coalesce(func.sum(case((prompted, jobs.c.gco2), else_=0.0)), 0.0)).group_by("m")):
-                prompted_by["modelled" if is_modelled else "measured"] = (int(prompts), float(prompts_gco2))
+            # the work done: reported by the job (its metrics file), else declared at submit
+            work = {}
+            for what, reported, declared in (("prompts", jobs.c.reported_prompts, jobs.c.prompts),
+                                             ("tokens", jobs.c.reported_output_tokens, jobs.c.tokens)):
+                count = func.coalesce(reported, declared)
+                counted = and_(jobs.c.gco2.is_not(None), count > 0)
+                work[what] = conn.execute(select(
+                    case((modelled, "modelled"), else_="measured").label("m"),
+                    case((reported.is_not(None), "reported"), else_="declared").label("s"),
+                    func.coalesce(func.sum(case((counted, count), else_=0)), 0),
+                    func.coalesce(func.sum(case((counted, jobs.c.gco2), else_=0.0)), 0.0),
+                    func.coalesce(func.sum(case((counted, jobs.c.energy_j), else_=0.0)), 0.0),
+                ).group_by("m", "s")).all()
         for state in State:
             depth.add_metric([state.value], counts.get(state.value, 0))
         e = CounterMetricFamily("carbonsched_job_energy_joules", "Energy of finished jobs, measured or "
@@ -126,14 +135,28 @@ class StoreCollector:
         for m, (energy, gco2) in by_method.items():
             e.add_metric([m], energy)
             g.add_metric([m], gco2)
-        p = CounterMetricFamily("carbonsched_job_prompts", "Prompts of finished jobs with a gCO2 figure",
-                                labels=["method"])
+        labels = ["method", "source"]
+        p = CounterMetricFamily("carbonsched_job_prompts", "Prompts of finished jobs with a gCO2 figure, as "
+                                "reported by the job or declared at submit", labels=labels)
         pg = CounterMetricFamily("carbonsched_job_prompts_gco2_grams", "gCO2 of finished jobs that count prompts",
-                                 labels=["method"])
-        for m, (prompts, prompts_gco2) in prompted_by.items():
-            p.add_metric([m], float(prompts))
-            pg.add_metric([m], prompts_gco2)
-        yield from (depth, e, g, p, pg)
+                                 labels=labels)
+        t = CounterMetricFamily("carbonsched_job_output_tokens", "Output tokens of finished jobs with a gCO2 "
+                                "figure, as reported by the job or declared at submit", labels=labels)
+        tg = CounterMetricFamily("carbonsched_job_tokens_gco2_grams", "gCO2 of finished jobs that count tokens",
+                                 labels=labels)
+        tj = CounterMetricFamily("carbonsched_job_tokens_energy_joules", "Energy of finished jobs that count "
+                                 "tokens", labels=labels)
+        sums = {(what, m, src): (n, grams, joules) for what, rows in work.items() for m, src, n, grams, joules in rows}
+        for m in ("measured", "modelled"):  # every series exists from the start, at 0
+            for src in ("reported", "declared"):
+                n, grams, _ = sums.get(("prompts", m, src), (0, 0.0, 0.0))
+                p.add_metric([m, src], float(n))
+                pg.add_metric([m, src], float(grams))
+                n, grams, joules = sums.get(("tokens", m, src), (0, 0.0, 0.0))
+                t.add_metric([m, src], float(n))
+                tg.add_metric([m, src], float(grams))
+                tj.add_metric([m, src], float(joules))
+        yield from (depth, e, g, p, pg, t, tg, tj)
 
 
 class Metrics:

@@ -91,9 +91,10 @@ def main() -> int:
         r = cs("submit", "--gpus", "64", "--", "true", quiet=True)
         print(r.stderr.strip(), f"(exit code {r.returncode})")
         print("\n# carbon accounting: a job that must start now, its carbon receipt, and the fleet report")
+        # the job reports what it served in $CARBONSCHED_METRICS_FILE (examples/jobs/tiny_batch.py)
         r = cs("submit", "--json", "--name", "receipt-demo", "--workload", "llm-inference", "--prompts", "20000",
-               "--gpus", "1", "--est-runtime", "3s", "--max-delay", "1s", "--", "sh", "-c",
-               "echo served 20000 prompts; sleep 3")
+               "--gpus", "1", "--est-runtime", "3s", "--max-delay", "1s", "--", "python3",
+               str(REPO / "examples" / "jobs" / "tiny_batch.py"), "--prompts", "19500", "--seconds", "3")
         if r.returncode != 0:
             return 1
         job = int(r.stdout.split(":")[1].strip(" }\n"))

@@ -22,13 +22,14 @@ import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 
 from policies.catalog import catalog
 from scheduler.accounting import Accountant
 from scheduler.carbon import CarbonSignals
 from scheduler.cli import main as cli
 from scheduler.cli.common import EXIT_USAGE
+from scheduler.cli.report import export_csv, receipt_text
 from scheduler.daemon.api import ApiServer, accounting_routes
 from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.store.models import gpus, jobs, nodes
@@ -285,3 +286,64 @@ def test_report_and_show_through_the_daemon_socket(db, capsys, tmp_path):
     finally:
         api.stop()
         store.dispose()
+
+
+def test_what_jobs_reported_beats_what_was_declared_and_every_figure_says_which(fleet):
+    """Job 1 reports 1250 prompts and 800k output tokens itself (it declared 1000 and 1e6);
+    job 4 reports nothing: alice's per-prompt figures mix reported and declared counts."""
+    store, ids = fleet
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == ids[0]).values(
+            reported_prompts=1250, reported_input_tokens=300_000, reported_output_tokens=800_000))
+    acc = Accountant(store)
+    r = acc.receipt(ids[0])
+    assert (r["prompts"], r["prompts_source"], r["declared_prompts"]) == (1250, "reported", 1000)
+    assert (r["tokens"], r["tokens_source"], r["reported_input_tokens"]) == (800_000, "reported", 300_000)
+    assert r["gco2_per_prompt"] == pytest.approx(100 / 1250)
+    assert r["gco2_per_1k_tokens"] == pytest.approx(100 / 800)
+    assert r["tokens_per_j"] == pytest.approx(800_000 / KWH)
+    assert r["usd_per_mtok"] == pytest.approx(r["cost_usd"] / 0.8)
+    declared = acc.receipt(ids[3])
+    assert (declared["prompts"], declared["prompts_source"], declared["tokens_source"]) == (1000, "declared", "declared")
+    text = receipt_text(r)
+    assert "per prompt: 0.08 g (1,250 prompts, reported)" in text
+    assert "(800,000 output tokens, reported); 0.222 tokens/J; $" in text
+
+    a = _groups(acc.report(SINCE, UNTIL, by="user"))["alice"]
+    assert a["prompts"] == 1250 + 1000 and a["prompts_source"] == "partly reported"
+    assert a["gco2_per_prompt"] == pytest.approx((100 + 100) / 2250)
+    assert a["tokens"] == 800_000 + 500_000 and a["tokens_per_j"] == pytest.approx(1_300_000 / (1.5 * KWH))
+    assert a["gco2_per_1k_tokens"] == pytest.approx(200 / 1300)
+    b = _groups(acc.report(SINCE, UNTIL, by="user"))["bob"]
+    assert b["prompts_source"] == "declared" and b["tokens_source"] is None
+
+    doc = acc.export(SINCE, UNTIL)
+    assert doc["totals"]["prompts_source"] == "partly reported" and doc["totals"]["prompts"] == 1250 + 1000 + 4000
+    de1 = next(s for s in doc["systems"] if s["node"] == "de1")
+    assert de1["tokens_source"] == "partly reported" and de1["usd_per_mtok"] is not None
+    assert "reported" in doc["methodology"]["work"]
+    rows = list(csv.DictReader(io.StringIO(export_csv(doc))))
+    assert {r["prompts_source"] for r in rows} == {"partly reported", "declared"}
+
+
+def test_prometheus_counts_reported_and_declared_work_apart(fleet):
+    from scheduler.metrics import StoreCollector
+
+    store, ids = fleet
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == ids[0]).values(reported_prompts=1250,
+                                                                     reported_output_tokens=800_000))
+    Accountant(store).report(SINCE, UNTIL)  # prices the March jobs
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for family in StoreCollector(store).collect() for s in family.samples}
+
+    def of(name: str, source: str) -> float:
+        return value[(name, (("method", "measured"), ("source", source)))]
+
+    # jobs count once they have a gCO2 figure (the February job has none: no carbon data then)
+    assert of("carbonsched_job_prompts_total", "reported") == 1250
+    assert of("carbonsched_job_prompts_total", "declared") == 4000 + 1000
+    assert of("carbonsched_job_output_tokens_total", "reported") == 800_000
+    assert of("carbonsched_job_output_tokens_total", "declared") == 500_000
+    assert of("carbonsched_job_tokens_energy_joules_total", "reported") == pytest.approx(KWH)
+    assert of("carbonsched_job_tokens_gco2_grams_total", "declared") == pytest.approx(100)

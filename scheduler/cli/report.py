@@ -168,6 +168,11 @@ def report_table(data: dict) -> str:
         lines.append(f"*: MODELLED, not measured: {total['jobs_modelled']} of {total['jobs']} job(s) ran on "
                      f"emulated GPUs; their energy ({total['modelled_energy_kwh']:.4g} kWh) and gCO2 come from "
                      "the emulator's power model")
+    sources = {k: total.get(k) for k in ("prompts_source", "tokens_source")}
+    if any(v and v != "reported" for v in sources.values()):
+        lines.append("GCO2/PROMPT, TOK/J, $/MTOK: prompts " + (sources["prompts_source"] or "-") + ", tokens "
+                     + (sources["tokens_source"] or "-") + " (reported: by the jobs' metrics files; declared: "
+                     "at submit)")
     if data["jobs_without_gco2"]:
         lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
                      "data for their run): left out of KGCO2 and savings")
@@ -212,8 +217,9 @@ def plot_daily(data: dict, path: str) -> None:
 EXPORT_COLUMNS = ("period_start", "period_end", "node", "gpu_model", "zone", "jobs", "gpu_hours", "it_energy_kwh",
                   "facility_energy_kwh", "emissions_kgco2e", "intensity_g_per_kwh", "pue", "signal",
                   "measurement_shares", "intensity_basis_shares", "jobs_without_measurement",
-                  "jobs_without_emissions", "energy", "jobs_modelled", "modelled_energy_kwh", "data_sources",
-                  "generated_at", "generator")
+                  "jobs_without_emissions", "energy", "jobs_modelled", "modelled_energy_kwh", "prompts",
+                  "prompts_source", "gco2_per_prompt", "tokens", "tokens_source", "gco2_per_1k_tokens",
+                  "tokens_per_j", "usd_per_mtok", "data_sources", "generated_at", "generator")
 
 
 def export_csv(doc: dict) -> str:
@@ -289,10 +295,13 @@ def receipt_text(r: dict) -> str:
         lines.append(("gap", f"{local_time(gap['start'], True)} .. {local_time(gap['end'], True)} "
                              + ("priced at the static yearly mean" if gap["filled_by"] == "static" else "unpriced")))
     if r["gco2_per_prompt"] is not None:
-        lines.append(("per prompt", _g(r["gco2_per_prompt"]) + f" ({r['prompts']:,} prompts)"))
+        lines.append(("per prompt", _g(r["gco2_per_prompt"])
+                      + f" ({r['prompts']:,} prompts, {r.get('prompts_source') or 'declared'})"))
     if r["gco2_per_1k_tokens"] is not None:
         lines.append(("per 1k tokens", _g(r["gco2_per_1k_tokens"])
-                      + (f"; {r['tokens_per_j']:.3g} tokens/J" if r["tokens_per_j"] else "")))
+                      + f" ({r['tokens']:,} output tokens, {r.get('tokens_source') or 'declared'})"
+                      + (f"; {r['tokens_per_j']:.3g} tokens/J" if r["tokens_per_j"] else "")
+                      + (f"; ${r['usd_per_mtok']:.3g}/Mtok" if r.get("usd_per_mtok") else "")))
     cf = r["counterfactual"]
     scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
     lines.append(("if run at once", _g(cf["gco2"]) + (
