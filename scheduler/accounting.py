@@ -345,6 +345,15 @@ def _per(value: float | None, count: float | None, scale: float = 1.0) -> float 
     return value / count * scale if value is not None and count else None
 
 
+def _difference(a: float | None, b: float | None) -> float | None:
+    """a - b, with rounding noise (two estimates of the same choice computed along different
+    paths) shown as the 0 it is rather than as -2.8e-17 g."""
+    if a is None or b is None:
+        return None
+    d = a - b
+    return 0.0 if abs(d) <= 1e-9 * max(abs(a), abs(b)) else d
+
+
 def _work(reported: int | None, declared: int | None) -> tuple[int | None, str | None]:
     """The count a figure divides by and where it comes from: reported beats declared."""
     if reported is not None:
@@ -392,7 +401,7 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         cf_what = (f"the plan's estimate of {RULE_SHORT} (no estimate of the chosen plan to scale it "
                    "by)") if cf_est is not None \
             else "no plan estimate of running at once was recorded"
-    saving = counterfactual - gco2 if counterfactual is not None and gco2 is not None else None
+    saving = _difference(counterfactual, gco2)
     receipt = {
         "job": job["id"], "name": job.get("name"), "owner": job.get("owner_name"), "state": job.get("state"),
         "workload": job.get("workload"), "gpu_model": job.get("gpu_model"), "gpus": job.get("gpus"),
@@ -436,7 +445,7 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         },
         "saving_gco2": saving,
         "saving_pct": _per(saving, counterfactual, 100.0) if counterfactual else None,
-        "plan_saving_gco2": cf_est - est if cf_est is not None and est is not None else None,
+        "plan_saving_gco2": _difference(cf_est, est),
         "gco2_if_started_at_submit": shift.gco2 if shift is not None else None,
     }
     return receipt
@@ -858,7 +867,7 @@ class Accountant:
             return float(r.get(name) or 0.0)
 
         cf, cf_actual = r.get("cf"), r.get("cf_actual")
-        saving = (cf - cf_actual) if cf is not None and cf_actual is not None else None
+        saving = _difference(cf, cf_actual)
         return {
             "jobs": int(r.get("jobs") or 0), "completed": int(r.get("completed") or 0),
             "deadline_misses": int(r.get("late") or 0),

@@ -419,3 +419,11 @@ def test_the_agent_path_records_gco2_for_a_job_it_ran(store):
     record_actual_carbon(store, job, tokens=123)
     row = job_row(store, job)
     assert row.gco2 == pytest.approx(100.0) and row.tokens == 123
+
+
+def test_a_saving_that_is_rounding_noise_is_reported_as_zero():
+    from scheduler.accounting import _difference
+
+    assert _difference(0.233, 0.233 + 2.78e-17) == 0.0
+    assert _difference(150.0, 100.0) == 50.0
+    assert _difference(None, 1.0) is None
