@@ -259,7 +259,7 @@ def plan_score(problem: Problem, plan: Plan) -> Score:
             continue
         job = jobs[a.job_id]
         g = gpu[a.gpu_ids[0]]
-        shape = job_shape(job, g.model, problem.book, problem.snapshot.default_runtime_s)
+        shape = job_shape(job, g.model, problem.book, problem.snapshot.default_runtime_s, g.power_limit_w)
         total += problem.gco2_at(g.zone, a.start_at, shape.runtime_s, shape.power_w,
                                  problem.snapshot.gpu_pue(g))
         if job.deadline is not None and a.start_at + timedelta(seconds=shape.runtime_s) > job.deadline:
@@ -326,7 +326,9 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         if job.max_delay_s is not None and not a.estimate.deadline_miss and a.estimate.binding != "max delay" and \
                 a.start_at > job.submitted_at + timedelta(seconds=job.max_delay_s + 1):
             out.append(f"job {job.id}: starts after its maximum delay")
-        shape = job_shape(job, g0.model, problem.book, snap.default_runtime_s)
+        limits = [g.power_limit_w for g in gs]  # as fifo and the pools: all report one, the highest
+        shape = job_shape(job, g0.model, problem.book, snap.default_runtime_s,
+                          None if None in limits else max(limits))
         end = a.start_at + timedelta(seconds=shape.runtime_s)
         for g in gs:
             busy[g.id].append((a.start_at, end))
@@ -357,6 +359,8 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
 
 
 def _running_w(g) -> float:
+    """What a running GPU is taken to draw: its model's generic power, never above its limit."""
     from policies.energy import generic_power_w
 
-    return generic_power_w(g.model)
+    w = generic_power_w(g.model)
+    return min(w, g.power_limit_w) if g.power_limit_w else w

@@ -80,3 +80,17 @@ def test_gpus_with_different_caps_are_estimated_each_at_its_own():
     (a,) = plan.assignments
     assert a.gpu_ids == (1,)
     assert a.estimate.energy_j / a.estimate.runtime_s == pytest.approx(300.0)
+
+
+def test_a_plan_is_scored_and_checked_at_its_gpus_cap_as_it_was_estimated():
+    """Plans are compared (greedy vs cpsat vs fifo) by `plan_score`: it must price capped GPUs
+    as the estimates do, or a policy is judged by grams its plan will not emit."""
+    from policies.placement import plan_score, plan_violations
+    from policies.problem import compile_problem
+
+    curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
+    snap = Snapshot(now=NOW, jobs=tuple(jobs()), gpus=tuple(h100s(4, 500.0)), carbon={"Z": curve})
+    plan = get_policy("greedy").plan(snap)
+    problem = compile_problem(snap)
+    assert plan_score(problem, plan).gco2 == pytest.approx(sum(a.estimate.gco2 for a in plan.assignments))
+    assert plan_violations(problem, plan) == []
