@@ -94,6 +94,7 @@ class FifoPolicy:
         price = blind_price(snapshot) if blind else None
         kind_of = [(zone_of[key], key[1]) for key in keys]
         pue_of = [snapshot.gpu_pue(pools[key][0]) for key in keys]
+        cap_of = [_power_limit_w(tuple(g.id for g in pools[key]), limit_of) for key in keys]
 
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
@@ -147,7 +148,7 @@ class FifoPolicy:
                 continue
             gco2_now = job.gco2_if_now
             if gco2_now is None:
-                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, pue_of, integrators, now,
+                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, pue_of, cap_of, integrators, now,
                                    book, snapshot)
             wait_s = start_s
             when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
@@ -202,7 +203,7 @@ def _still_valid_keeps(snapshot: Snapshot, pinned: dict[int, Assignment]) -> dic
 
 def _if_now(job: QueuedJob, ok: np.ndarray, first_free: np.ndarray, width: int, k: int, release_s: float,
             models: list[str], kind_of: list[tuple[str, str]], pue_of: list[float],
-            integrators: dict[str, CurveIntegrator], now: datetime, book: ProfileBook,
+            cap_of: list[float | None], integrators: dict[str, CurveIntegrator], now: datetime, book: ProfileBook,
             snapshot: Snapshot) -> float | None:
     """The job's "if run now" counterfactual (`policies.counterfactual`): alone on the pools'
     first free GPUs (the queue ignored), the earliest, then the fastest, then the mean over the
@@ -210,17 +211,18 @@ def _if_now(job: QueuedJob, ok: np.ndarray, first_free: np.ndarray, width: int, 
     alone = np.where(ok, np.maximum(first_free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
     if not np.isfinite(alone).any():
         return None
-    # only the equally early pools can be chosen, and one per (zone, model, site PUE): the same
-    # grams (pools of one kind at sites of different PUE are averaged by `choose`)
+    # only the equally early pools can be chosen, and one per (zone, model, site PUE, power
+    # limit): the same grams (pools of one kind that differ in PUE or limit are averaged by `choose`)
     early = np.flatnonzero(alone <= alone.min() + START_TOL_S)
-    first: dict[tuple[tuple[str, str], float], int] = {}
+    first: dict[tuple[tuple[str, str], float, float | None], int] = {}
     for p in early[np.argsort(alone[early], kind="stable")].tolist():
-        first.setdefault((kind_of[p], pue_of[p]), p)
+        first.setdefault((kind_of[p], pue_of[p], cap_of[p]), p)
     cand = np.array(sorted(first.values()), dtype=np.int64)
-    shapes = {m: job_shape(job, m, book, snapshot.default_runtime_s) for m in {models[p] for p in cand.tolist()}}
-    runtime = np.array([shapes[models[p]].runtime_s for p in cand.tolist()])
+    shapes = {(models[p], cap_of[p]): job_shape(job, models[p], book, snapshot.default_runtime_s, cap_of[p])
+              for p in cand.tolist()}
+    runtime = np.array([shapes[models[p], cap_of[p]].runtime_s for p in cand.tolist()])
     grams = np.array([float(_gco2(integrators[kind_of[p][0]], now + timedelta(seconds=float(alone[p])),
-                                  shapes[models[p]], pue_of[p]))
+                                  shapes[models[p], cap_of[p]], pue_of[p]))
                       for p in cand.tolist()])
     cf = choose([kind_of[p] for p in cand.tolist()], alone[cand], runtime, grams)
     return None if cf is None else cf.gco2

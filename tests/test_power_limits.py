@@ -94,3 +94,17 @@ def test_a_plan_is_scored_and_checked_at_its_gpus_cap_as_it_was_estimated():
     problem = compile_problem(snap)
     assert plan_score(problem, plan).gco2 == pytest.approx(sum(a.estimate.gco2 for a in plan.assignments))
     assert plan_violations(problem, plan) == []
+
+
+@pytest.mark.parametrize("policy", ["fifo", "greedy", "cpsat"])
+@pytest.mark.parametrize("runtime_s", [3600.0, 300.0])  # a slot-planned job and a short, packed one
+def test_the_if_now_counterfactual_is_priced_at_the_cap_too(policy, runtime_s):
+    """One job, one capped GPU, a flat grid: running now is the plan itself, so the
+    counterfactual must cost exactly the plan's grams, both at 500 W."""
+    curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
+    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=runtime_s, workload="train")
+    params = {"max_time_s": 1.0} if policy == "cpsat" else {}
+    snap = Snapshot(now=NOW, jobs=(job,), gpus=tuple(h100s(1, 500.0)), carbon={"Z": curve})
+    (a,) = get_policy(policy, **params).plan(snap).assignments
+    assert a.estimate.energy_j / a.estimate.runtime_s == pytest.approx(500.0)
+    assert a.estimate.gco2_if_now == pytest.approx(a.estimate.gco2)
