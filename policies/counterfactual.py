@@ -19,9 +19,10 @@ does not shrink the saving.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Starts closer than this (seconds) are equally early; runtimes closer than this share of the
 #: shorter one are equally fast.
@@ -52,6 +53,8 @@ def choose(kinds: Sequence[tuple[str, str]], start: np.ndarray, runtime_s: np.nd
     """The counterfactual among candidates (one per (zone, model) kind, or several per kind
     with equal figures): the earliest `start` (inf: cannot start), then the shortest
     `runtime_s`, then the mean `gco2` over the distinct tied kinds. None: no candidate."""
+    import numpy as np  # here, not at the top: the CLI (any user's python) imports RULE_SHORT only
+
     start = np.asarray(start, dtype=float)
     if start.size == 0 or not np.isfinite(start).any():
         return None
