@@ -18,6 +18,7 @@ does not shrink the saving.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -43,9 +44,14 @@ class Counterfactual(NamedTuple):
 
     def where(self) -> str:
         """ "H100 in DE", or "H100 in A/B (mean of 2)" for a tie."""
-        models = "/".join(sorted({m for _, m in self.kinds}))
-        zones = "/".join(sorted({z for z, _ in self.kinds}))
-        return f"{models} in {zones}" + (f" (mean of {len(self.kinds)})" if len(self.kinds) > 1 else "")
+        return _where(self.kinds)
+
+
+@functools.lru_cache(maxsize=256)
+def _where(kinds: tuple[tuple[str, str], ...]) -> str:
+    models = "/".join(sorted({m for _, m in kinds}))
+    zones = "/".join(sorted({z for z, _ in kinds}))
+    return f"{models} in {zones}" + (f" (mean of {len(kinds)})" if len(kinds) > 1 else "")
 
 
 def choose(kinds: Sequence[tuple[str, str]], start: np.ndarray, runtime_s: np.ndarray, gco2: np.ndarray,
