@@ -18,10 +18,12 @@ does not shrink the saving.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Starts closer than this (seconds) are equally early; runtimes closer than this share of the
 #: shorter one are equally fast.
@@ -42,9 +44,14 @@ class Counterfactual(NamedTuple):
 
     def where(self) -> str:
         """ "H100 in DE", or "H100 in A/B (mean of 2)" for a tie."""
-        models = "/".join(sorted({m for _, m in self.kinds}))
-        zones = "/".join(sorted({z for z, _ in self.kinds}))
-        return f"{models} in {zones}" + (f" (mean of {len(self.kinds)})" if len(self.kinds) > 1 else "")
+        return _where(self.kinds)
+
+
+@functools.lru_cache(maxsize=256)
+def _where(kinds: tuple[tuple[str, str], ...]) -> str:
+    models = "/".join(sorted({m for _, m in kinds}))
+    zones = "/".join(sorted({z for z, _ in kinds}))
+    return f"{models} in {zones}" + (f" (mean of {len(kinds)})" if len(kinds) > 1 else "")
 
 
 def choose(kinds: Sequence[tuple[str, str]], start: np.ndarray, runtime_s: np.ndarray, gco2: np.ndarray,
@@ -53,6 +60,8 @@ def choose(kinds: Sequence[tuple[str, str]], start: np.ndarray, runtime_s: np.nd
     different PUE): the earliest `start` (inf: cannot start), then the shortest `runtime_s`,
     then the mean `gco2` over the distinct tied kinds, each kind the mean of its tied
     candidates. None: no candidate."""
+    import numpy as np  # here, not at the top: the CLI (any user's python) imports RULE_SHORT only
+
     start = np.asarray(start, dtype=float)
     if start.size == 0 or not np.isfinite(start).any():
         return None

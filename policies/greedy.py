@@ -279,6 +279,7 @@ class ChunkNotes:
             kind_grams = np.maximum.reduceat(np.where(tied, grams, -np.inf), starts, axis=1)
             self.now_gco2[rows] = np.where(kind_tied, kind_grams, 0.0).sum(axis=1) / kind_tied.sum(axis=1)
             self.now_tied[rows] = tied
+        self._kinds: dict[bytes, tuple[tuple[str, str], ...]] = {}
         # the cheapest start in each job's window (and its group), and from its release on
         slots = problem.slot_index
         after = slots[None, None, :] >= lo[:, None, None]
@@ -295,7 +296,11 @@ class ChunkNotes:
         gco2 = float(table[g, pick.slot])
         now = None
         if self.now_ok[i]:
-            kinds = tuple(sorted({(p.groups[q].zone, p.groups[q].model) for q in np.flatnonzero(self.now_tied[i])}))
+            key = self.now_tied[i].tobytes()
+            kinds = self._kinds.get(key)
+            if kinds is None:  # a few distinct tie sets per chunk
+                kinds = self._kinds[key] = tuple(sorted({(p.groups[q].zone, p.groups[q].model)
+                                                         for q in np.flatnonzero(self.now_tied[i]).tolist()}))
             now = Counterfactual(float(self.now_slot[i]), float(self.now_gco2[i]), kinds)
         return Notes(gco2, now, self._binding(i, j, pick, gco2))
 

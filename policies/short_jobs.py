@@ -211,16 +211,34 @@ def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: np.ndarray
     return power_w * pue * (steps(x1) - steps(x0)) * step / J_PER_KWH
 
 
-def _if_now(job: QueuedJob, options: list, alone: dict[int, _Timeline], release: float, horizon_end: float,
+class _AloneStarts:
+    """The first moment k GPUs of one node of a kind are free for good, with only running and
+    pinned jobs holding GPUs (cached per (kind, k): the same for every job of a tick)."""
+
+    def __init__(self, free_at: Mapping[int, float]) -> None:
+        self.free_at = free_at
+        self._cache: dict[tuple[str, str, int], float] = {}
+
+    def first(self, kind: "_Kind", k: int) -> float:
+        key = (kind.zone, kind.model, k)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = min((sorted(self.free_at[g.id] for g in members)[k - 1]
+                       for _, members in kind.nodes if len(members) >= k), default=math.inf)
+            self._cache[key] = hit
+        return hit
+
+
+def _if_now(job: QueuedJob, options: list, alone: _AloneStarts, release: float, horizon_end: float,
             curves: Mapping[str, CarbonCurve], snapshot: Snapshot):
     """The job's "if run now" counterfactual (`policies.counterfactual`) over its options (one
-    per (zone, model, site PUE)): each one's earliest start with the job alone (`alone`: running and
-    pinned jobs only), then the earliest, the fastest, the mean of the tied grams."""
+    per (zone, model, site PUE)): each one's earliest start with the job alone (`alone`), then
+    the earliest, the fastest, the mean of the tied grams."""
     found = []
     for kind, shape in options:
-        h = _earliest_on_nodes(kind, alone, job.gpus, shape.runtime_s, release, horizon_end)
-        if h is not None:
-            found.append((kind, shape, h[0]))
+        t = max(release, alone.first(kind, max(1, job.gpus)))
+        if t <= horizon_end:
+            found.append((kind, shape, t))
     if not found:
         return None
     tz = snapshot.now.tzinfo
@@ -309,19 +327,20 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             if gid in usable_ids:
                 per_gpu[gid].append((t0, t0 + run_s))
     lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
-    # the GPUs as the "if run now" counterfactual sees them: the job alone, only running and
-    # pinned jobs hold GPUs (policies.counterfactual)
-    alone_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    # when each GPU is free as the "if run now" counterfactual sees it (policies.counterfactual):
+    # the job alone, only running and pinned jobs hold GPUs, until their end (as in the slot
+    # planner's `Problem`)
+    free_alone: dict[int, float] = {g.id: t_now for g in usable}
     for g in usable:
         if g.busy_until is not None and g.busy_until > now:
-            alone_spans[g.id].append((t_now - 1.0, g.busy_until.timestamp()))
+            free_alone[g.id] = g.busy_until.timestamp()
     for a in snapshot.pinned.values():
         e = a.estimate
-        run_s = e.runtime_s if e.runtime_s is not None else snapshot.default_runtime_s
+        end = a.start_at.timestamp() + (e.runtime_s if e.runtime_s is not None else snapshot.default_runtime_s)
         for gid in a.gpu_ids:
-            if gid in usable_ids:
-                alone_spans[gid].append((a.start_at.timestamp(), a.start_at.timestamp() + run_s))
-    alone: dict[int, _Timeline] = _Timelines(alone_spans)
+            if gid in free_alone:
+                free_alone[gid] = max(free_alone[gid], end)
+    alone = _AloneStarts(free_alone)
 
     # power drawn per zone over time, for the caps: (start, end, watts)
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
