@@ -277,13 +277,15 @@ def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s
 
 @dataclass
 class _Kind:
-    """The GPUs of one (zone, model, site PUE), by node: a short job's cost depends on these only."""
+    """The GPUs of one (zone, model, site PUE, power limit), by node: a short job's cost depends
+    on these only."""
 
     zone: str
     model: str
     memory_gib: float
     nodes: list[tuple[str, list[GpuSlot]]]
     pue: float = 1.0
+    power_limit_w: float | None = None  # each node's GPUs all report one: the highest
 
 
 def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBook,
@@ -373,10 +375,12 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     by_node: dict[tuple[str, str, str], list[GpuSlot]] = defaultdict(list)
     for g in usable:
         by_node[(g.zone, g.model, g.node)].append(g)
-    kinds: dict[tuple[str, str, float], _Kind] = {}
+    kinds: dict[tuple[str, str, float, float | None], _Kind] = {}
     for (zone, model, node), members in sorted(by_node.items()):
         pue = snapshot.gpu_pue(members[0])
-        kind = kinds.setdefault((zone, model, pue), _Kind(zone, model, members[0].memory_gib, [], pue))
+        limits = [g.power_limit_w for g in members]  # as fifo and the slot planner's pools
+        cap = None if None in limits else max(limits)
+        kind = kinds.setdefault((zone, model, pue, cap), _Kind(zone, model, members[0].memory_gib, [], pue, cap))
         kind.nodes.append((node, members))
 
     def start_in(kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
@@ -427,7 +431,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             if all(len(m) < job.gpus for _, m in kind.nodes):
                 reasons.add("gpus")
                 continue
-            shape = job_shape(job, kind.model, book, snapshot.default_runtime_s)
+            shape = job_shape(job, kind.model, book, snapshot.default_runtime_s, kind.power_limit_w)
             options.append((kind, shape))
         if not options:
             unplaced[job.id] = ("no GPU model can take it (" + ", ".join(sorted(reasons)) + ")") if reasons \

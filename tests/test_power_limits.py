@@ -108,3 +108,17 @@ def test_the_if_now_counterfactual_is_priced_at_the_cap_too(policy, runtime_s):
     (a,) = get_policy(policy, **params).plan(snap).assignments
     assert a.estimate.energy_j / a.estimate.runtime_s == pytest.approx(500.0)
     assert a.estimate.gco2_if_now == pytest.approx(a.estimate.gco2)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "cpsat"])
+def test_a_short_job_packed_into_a_valley_is_estimated_at_the_cap(policy):
+    """A 5-minute job (short-job packing) waits for the valley two hours out on a capped H100:
+    its estimate, and the grams it is compared with, draw 500 W, not the profile's 700."""
+    curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(500.0, 500.0) + (100.0,) * 46)
+    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=300, workload="train")
+    params = {"max_time_s": 1.0} if policy == "cpsat" else {}
+    snap = Snapshot(now=NOW, jobs=(job,), gpus=tuple(h100s(1, 500.0)), carbon={"Z": curve})
+    (a,) = get_policy(policy, **params).plan(snap).assignments
+    assert a.start_at >= NOW + timedelta(hours=2)
+    assert a.estimate.energy_j / a.estimate.runtime_s == pytest.approx(500.0)
+    assert a.estimate.gco2_if_now == pytest.approx(a.estimate.gco2 * 5.0)
