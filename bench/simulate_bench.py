@@ -68,15 +68,18 @@ def bench_gap(args) -> dict:
     from scheduler.simulate.traces import read_jobs
 
     cluster = load_cluster(ROOT / "examples" / "cluster-4zone.toml")
+    from scheduler.simulate.scenario import parse_mix
+
     scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon(cluster.zones), start=GAIA_START,
-                              slack_s=24 * 3600.0)
+                              slack_s=24 * 3600.0, mix=parse_mix(args.mix))
     settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
-                           full_replan_s=args.full_replan)
+                           full_replan_s=args.full_replan, truth=args.truth, learn=args.learn)
     result = _run(scenario, args.policies or f"fifo,greedy,cpsat:max_time_s={args.cpsat_s},oracle", settings,
                   args.forecast)
     _print(result)
     return {"scenario": "gap", "cluster": "examples/cluster-4zone.toml", "start": GAIA_START.isoformat(),
-            "slack_h": 24, "forecast": args.forecast, "plan_interval_s": args.plan_interval,
+            "slack_h": 24, "forecast": args.forecast, "truth": args.truth, "learn": args.learn, "mix": args.mix,
+            "plan_interval_s": args.plan_interval,
             "wake_on_submit": args.wake, "summaries": result.summaries, "comparison": result.comparison}
 
 
@@ -177,6 +180,11 @@ def main() -> None:
     p.add_argument("--policies", help="policy specs (default per scenario)")
     p.add_argument("--cpsat-s", type=float, default=1.0, help="cpsat time budget per planner call (default 1)")
     p.add_argument("--forecast", default="perfect")
+    p.add_argument("--truth", default="perfect", help="gap: how jobs really run (perfect, noisy:SIGMA, "
+                                                        "profiles:FILE)")
+    p.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
+                   help="gap: the planner learns from finished jobs (default on)")
+    p.add_argument("--mix", help="gap: give the trace's jobs workload classes, e.g. llm-chat-8b=1.0")
     p.add_argument("--plan-interval", type=float, default=3600.0, help="planner tick in seconds (default 3600)")
     p.add_argument("--wake", action="store_true", help="also plan at every submit")
     p.add_argument("--full-replan", type=float, default=None, metavar="S",

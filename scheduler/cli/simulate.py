@@ -2,6 +2,7 @@
 
     carbonsched simulate --cluster FILE.toml --jobs FILE [--jobs-format F] --carbon ZONE=FILE ...
                          [--start ISO-DATE] [--slack DUR] --policy a,b,... [--forecast F]
+                         [--truth perfect|noisy:SIGMA|profiles:FILE] [--[no-]learn]
                          [--seed N] [--out DIR] [--json]
     carbonsched simulate --from-store [--since T] [--until T] [--db URL] --policy a,b,...
     carbonsched simulate                      # the bundled demo scenario (real data)
@@ -72,6 +73,13 @@ def add_parser(subparsers) -> None:
     m.add_argument("--forecast", default="perfect", metavar="F",
                    help="forecast model: perfect, noisy:SIGMA (relative, e.g. noisy:0.1), persistence, "
                         "model (the project's own forecaster); default perfect")
+    m.add_argument("--truth", default="perfect", metavar="T",
+                   help="how jobs really run: perfect (as the planner estimates), noisy:SIGMA (per workload "
+                        "and GPU model a lognormal error on runtime and power, e.g. noisy:0.3), "
+                        "profiles:FILE (profiles.toml format); the planner never sees it. Default perfect")
+    m.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
+                   help="fold finished jobs' measured runtime and energy into the planner's profiles, as "
+                        "the daemon does (default on)")
     m.add_argument("--seed", type=int, default=0, help="seed of noise and failures (default 0)")
     m.add_argument("--plan-interval", metavar="DUR", help="planner tick (default 15m; the demo: 1h)")
     m.add_argument("--wake-on-submit", action=argparse.BooleanOptionalAction, default=None,
@@ -138,6 +146,7 @@ def _run(args, config: dict) -> int:
     from scheduler.simulate.report import table, write_report
     from scheduler.simulate.runner import parse_policies, run_policies
     from scheduler.simulate.scenario import DEMO_POLICIES, build_scenario, parse_mix
+    from scheduler.simulate.truth import TruthError, parse_truth
 
     trace_args = [a for a in ("cluster", "jobs") if getattr(args, a)] + (["carbon"] if args.carbon else [])
     demo = not trace_args and not args.from_store
@@ -150,7 +159,12 @@ def _run(args, config: dict) -> int:
     settings = SimSettings(plan_interval_s=plan_interval, wake_on_submit=wake,
                            horizon_s=horizon, gpu_mtbf_s=_duration(args.gpu_mtbf, "--gpu-mtbf"),
                            full_replan_s=_duration(args.full_replan, "--full-replan"),
-                           gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed)
+                           gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed,
+                           truth=args.truth, learn=args.learn)
+    try:
+        parse_truth(args.truth, seed=args.seed)  # a bad spec or file fails before any work
+    except TruthError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     policies = parse_policies(args.policy or _default_policies(DEMO_POLICIES if demo else "fifo,greedy,cpsat"))
     slack_s = _duration(args.slack, "--slack")
     max_wait_s = _duration(args.max_wait, "--max-wait")
@@ -199,14 +213,15 @@ def _run(args, config: dict) -> int:
 
     progress = args.progress if args.progress is not None else (not args.json and sys.stderr.isatty())
     if not args.json:
-        print(f"simulating {what}; policies {', '.join(p.label for p in policies)}; forecast {args.forecast}",
+        print(f"simulating {what}; policies {', '.join(p.label for p in policies)}; forecast {args.forecast}; "
+              f"truth {args.truth}{' (learning)' if args.learn else ''}",
               file=sys.stderr)
     result = run_policies(scenario, policies, forecast=args.forecast, settings=settings, progress=progress)
     out = _out_dir(args.out)
     info = scenario.describe()
     info.update({"policies": [p.label for p in policies],
                  "policy_params": {p.label: dict(p.params) for p in policies}, "forecast": args.forecast,
-                 "seed": args.seed,
+                 "seed": args.seed, "truth": args.truth, "learn": args.learn,
                  "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
                  "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit,
                  "demo": demo, "from_store": bool(args.from_store)})

@@ -21,6 +21,7 @@ Definitions (the report and the JSON use these names):
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 
 from policies.catalog import lookup
@@ -101,6 +102,8 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
                       "power_cap_w": m.cap_w, "over_cap_s": m.over_cap_s}
                   for z, m in sorted(run.meters.items())},
         "forecast": run.forecast,
+        # how wrong the planner's energy estimate was at commit (median over finished jobs)
+        "estimate_error_pct": _estimate_error_pct(done),
         "span_s": span_s,
         "events": run.events,
         "wall_s": run.wall_s,
@@ -133,3 +136,10 @@ def compare(summaries: dict[str, dict]) -> dict[str, dict]:
             entry["of_oracle_savings_pct"] = (base - kg) / (base - oracle) * 100.0
         out[name] = entry
     return out
+
+
+def _estimate_error_pct(done: list) -> float | None:
+    """Median |actual / planned - 1| of the finished jobs' energy, in % (0 with a perfect truth)."""
+    errors = [abs(r.runtime_s * r.power_w / (r.planned_runtime_s * r.planned_power_w) - 1.0) * 100.0
+              for r in done if r.planned_runtime_s > 0 and r.planned_power_w > 0]
+    return statistics.median(errors) if errors else None

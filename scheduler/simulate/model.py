@@ -21,9 +21,14 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
   `Snapshot.keep`; the policy keeps those that still fit (node and start) and places only
   the new jobs around them. Every `full_replan_s` a tick re-plans every queued job. It
   trades plan freshness for planner time (the whole pai-100k year: see bench/README.md).
-- **Execution**: a committed job starts at its planned time on its planned GPUs and runs for
-  the runtime, at the mean power, of `policies.energy.job_shape` (the energy model the
-  policies plan with). A site meter per zone integrates the simulated power over time;
+- **Execution**: a committed job starts at its planned time on its planned GPUs, once they
+  are free (a job that overran holds them, as on a real node), and runs for the runtime, at
+  the mean power, that the *truth* gives (`scheduler.simulate.truth`: by default the energy
+  model the policies plan with, `policies.energy.job_shape`; `noisy:SIGMA` or a profiles file
+  make the planner's estimates wrong). The planner sees a GPU busy until the job's *planned*
+  end (then, while it overruns, for another minute at a time, as the daemon does), and with
+  `learn` each finished job's measured runtime and energy are folded into the profiles it
+  plans with (`policies.learning`), as the daemon's agents do. A site meter per zone integrates the simulated power over time;
   emissions are that power x PUE x the zone's *actual* intensity. Decisions only ever see
   the *forecast*.
 - **GPU failures** (optional, `gpu_mtbf_s`): each GPU fails after an exponential time
@@ -55,11 +60,13 @@ from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
+from scheduler.simulate.truth import parse_truth
 
 log = logging.getLogger(__name__)
 
 J_PER_KWH = 3.6e6
 EPS_S = 1e-6
+OVERRUN_BUSY_S = 60.0  # a job running past its estimate looks busy this much longer (the daemon's rule)
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,11 @@ class SimSettings:
     # previous tick's plans that still fit (node and start) and plans only the other jobs
     # (`Snapshot.keep`). None: every tick re-plans every queued job (the daemon's way).
     full_replan_s: float | None = None
+    # How jobs really run (scheduler.simulate.truth): perfect, noisy:SIGMA or profiles:FILE.
+    truth: str = "perfect"
+    # Fold each finished job's measured runtime and energy into the profiles the planner uses
+    # (policies.learning), as the daemon's agents do.
+    learn: bool = True
 
 
 @dataclass(slots=True)
@@ -95,8 +107,10 @@ class JobRecord:
     zone: str | None = None
     model: str | None = None
     gpu_ids: tuple[int, ...] = ()
-    runtime_s: float = 0.0
-    power_w: float = 0.0
+    runtime_s: float = 0.0  # how long it really runs (the truth)
+    power_w: float = 0.0  # what it really draws
+    planned_runtime_s: float = 0.0  # what the planner expected when it was committed
+    planned_power_w: float = 0.0
     pue: float = 1.0
     energy_j: float = 0.0
     gco2: float = 0.0
@@ -203,6 +217,10 @@ class Simulation:
         self.carbon = carbon
         self.profiles = tuple(profiles) or seed_profiles()
         self.book = ProfileBook(self.profiles)
+        self._seeds = {(p.workload, p.model): p for p in self.profiles}
+        self.truth = parse_truth(settings.truth, seed=settings.seed)  # execution only: never planned with
+        self._runs: dict[tuple[str, str], list] = {}  # (workload, model) -> learning.Run, oldest first
+        self.learned = 0
         self.progress = progress
         self.pue = cluster.pue
         self.power_caps = cluster.power_caps
@@ -212,6 +230,8 @@ class Simulation:
         self.free_at = [-math.inf] * n
         self.healthy = [True] * n
         self.reservations: list[list[int]] = [[] for _ in range(n)]  # job indices in commit order
+        self.running_on: list[int | None] = [None] * n  # the job really running on each GPU
+        self.waiting: dict[int, list[tuple[int, int]]] = {}  # GPU -> jobs due there but blocked
         self.records = [JobRecord(job=j, arrival_s=j.submitted_at.timestamp(),
                                   deadline_s=j.deadline.timestamp() if j.deadline else None) for j in jobs]
         self.records.sort(key=lambda r: (r.arrival_s, r.job.id))
@@ -323,6 +343,8 @@ class Simulation:
         slots = self.slots
         for g in range(len(slots)):
             fa = self.free_at[g]
+            if self.running_on[g] is not None and fa <= now_s + EPS_S:
+                fa = now_s + OVERRUN_BUSY_S  # running past its estimate: "ends soon", as the daemon says
             key = fa if fa > now_s + EPS_S else None
             if not self.healthy[g]:
                 key = "down"
@@ -441,7 +463,9 @@ class Simulation:
         shape = self._shape(job, first.model)
         r.state = "committed"
         r.node, r.zone, r.model, r.gpu_ids = first.node, first.zone, first.model, tuple(ids)
-        r.runtime_s, r.power_w, r.pue = shape.runtime_s, shape.power_w, self._gpu_pue(first)
+        r.planned_runtime_s, r.planned_power_w = shape.runtime_s, shape.power_w
+        r.runtime_s, r.power_w = self.truth.actual(job, first.model, shape, self.settings.default_runtime_s)
+        r.pue = self._gpu_pue(first)
         r.start_s = start_s
         r.est_gco2 = a.estimate.gco2
         r.explanation = a.explanation
@@ -472,7 +496,17 @@ class Simulation:
         r = self.records[idx]
         if r.token != token or r.state != "committed":
             return
+        blocked = next((g for g in r.gpu_ids if self.running_on[g] not in (None, idx)), None)
+        if blocked is not None:  # the job before it overran: start when it ends
+            self.waiting.setdefault(blocked, []).append((idx, token))
+            return
         self.events += 1
+        now = self.env.now
+        for g in r.gpu_ids:
+            self.running_on[g] = idx
+            if now > r.start_s + EPS_S:  # started late: the planner's view moves with it
+                self.free_at[g] = max(self.free_at[g], now + r.planned_runtime_s)
+        r.start_s = now
         r.state = "running"
         r.attempts += 1
         self.meters[r.zone].change(self.env.now, r.power_w, r.pue)
@@ -491,13 +525,64 @@ class Simulation:
         r.energy_j = r.power_w * (now - r.start_s)
         integral = self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, now)
         r.gco2 = r.power_w * r.pue * integral / J_PER_KWH
+        self._release(idx, now)
+        if self.settings.learn:
+            self._learn(r)
+        self.done += 1
+        if self.done == len(self.records) and not self._all_done.triggered:
+            self._all_done.succeed()
+
+    def _release(self, idx: int, now_s: float) -> None:
+        """Free a job's GPUs (done or evicted): the planner's view goes back to the planned
+        ends of the jobs still reserved there, and jobs waiting for them start."""
+        r = self.records[idx]
         for g in r.gpu_ids:
             res = self.reservations[g]
             if idx in res:
                 res.remove(idx)
-        self.done += 1
-        if self.done == len(self.records) and not self._all_done.triggered:
-            self._all_done.succeed()
+            ends = [self.records[i].start_s + self.records[i].planned_runtime_s for i in res
+                    if self.records[i].start_s is not None]
+            self.free_at[g] = max(ends + [now_s])
+            if self.running_on[g] == idx:
+                self.running_on[g] = None
+        for g in r.gpu_ids:
+            for w_idx, w_token in self.waiting.pop(g, []):
+                self._start(w_idx, w_token)
+
+    def _learn(self, r: JobRecord) -> None:
+        """Fold a finished job's measured runtime and energy into the profiles the planner
+        uses, as the daemon's agents do (only jobs with a workload class and prompts teach)."""
+        from policies.energy import ProfileBook
+        from policies.learning import Run, estimate, shared_ratios
+
+        job = r.job
+        run_s = (r.end_s or 0.0) - (r.start_s or 0.0)
+        if not job.workload or not job.prompts or run_s < 1.0 or r.model is None:
+            return
+        runs = self._runs.setdefault((job.workload, r.model), [])
+        runs.append(Run.of(gpus=max(1, job.gpus), runtime_s=run_s, energy_j=r.energy_j, prompts=job.prompts))
+        learned = {}
+        for (w, m), rs in self._runs.items():
+            if w != job.workload:
+                continue
+            seed = self._seeds.get((w, m))
+            others = [(self._seeds[(w, o)], ro) for (wo, o), ro in self._runs.items()
+                      if wo == w and o != m and (w, o) in self._seeds]
+            learned[(w, m)] = estimate(seed, rs, workload=w, model=m,
+                                       shared=shared_ratios(others) if seed is not None else None)
+        for (w, m), seed in self._seeds.items():  # seeds of models this workload has not run on
+            if w == job.workload and (w, m) not in learned:
+                others = [(self._seeds[(w, o)], ro) for (wo, o), ro in self._runs.items()
+                          if wo == w and (w, o) in self._seeds]
+                learned[(w, m)] = estimate(seed, [], workload=w, model=m, shared=shared_ratios(others))
+        self.profiles = tuple(learned.values()) + tuple(p for p in self.profiles
+                                                       if (p.workload, p.model) not in learned)
+        self.book = ProfileBook(self.profiles)
+        self._shapes = {k: v for k, v in self._shapes.items() if self.index_job(k[0]).workload != job.workload}
+        self.learned += 1
+
+    def index_job(self, job_id: int) -> QueuedJob:
+        return self.records[self.index[job_id]].job
 
     def _evict(self, idx: int, now_s: float, why: str) -> None:
         """Stop or un-commit a job whose GPU failed; it goes back to the queue."""
@@ -507,12 +592,7 @@ class Simulation:
             ran = now_s - r.start_s
             r.lost_energy_j += r.power_w * ran
             r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, now_s) / J_PER_KWH
-        for g in r.gpu_ids:
-            res = self.reservations[g]
-            if idx in res:
-                res.remove(idx)
-            ends = [self.records[i].start_s + self.records[i].runtime_s for i in res]
-            self.free_at[g] = max(ends) if ends else now_s
+        self._release(idx, now_s)
         log.debug("job %s back to the queue: %s", r.job.id, why)
         r.state = "queued"
         r.token += 1

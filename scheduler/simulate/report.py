@@ -198,6 +198,8 @@ def table(summaries: dict[str, dict], comparison: dict[str, dict]) -> str:
     row("mean wait", lambda s, c: _hours(s["mean_wait_s"]))
     row("p95 wait", lambda s, c: _hours(s["p95_wait_s"]))
     row("deadline misses", lambda s, c: f"{s['deadline_misses']} ({_hours(s['lateness_s'])} late)")
+    row("energy estimate error", lambda s, c: "-" if s.get("estimate_error_pct") is None
+        else f"{s['estimate_error_pct']:.1f}% (median)")
     row("finished/jobs", lambda s, c: f"{s['finished']}/{s['jobs']}")
     models = sorted({m for s in summaries.values() for m in s["gpu_utilization"]})
     for m in models:
