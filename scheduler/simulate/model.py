@@ -56,6 +56,7 @@ from datetime import datetime, timezone
 import simpy
 
 from policies.base import Policy
+from policies.energy import job_shape
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.forecasts import ForecastModel
@@ -218,6 +219,7 @@ class Simulation:
         self.profiles = tuple(profiles) or seed_profiles()
         self.book = ProfileBook(self.profiles)
         self._seeds = {(p.workload, p.model): p for p in self.profiles}
+        self._base_book = self.book  # what the truth is relative to (learning changes self.book)
         self.truth = parse_truth(settings.truth, seed=settings.seed)  # execution only: never planned with
         self._runs: dict[tuple[str, str], list] = {}  # (workload, model) -> learning.Run, oldest first
         self.learned = 0
@@ -427,8 +429,6 @@ class Simulation:
         return max(self._shape(job, m).runtime_s for m in models)
 
     def _shape(self, job: QueuedJob, model: str):
-        from policies.energy import job_shape
-
         key = (job.id, model)
         shape = self._shapes.get(key)
         if shape is None:
@@ -464,7 +464,10 @@ class Simulation:
         r.state = "committed"
         r.node, r.zone, r.model, r.gpu_ids = first.node, first.zone, first.model, tuple(ids)
         r.planned_runtime_s, r.planned_power_w = shape.runtime_s, shape.power_w
-        r.runtime_s, r.power_w = self.truth.actual(job, first.model, shape, self.settings.default_runtime_s)
+        # the truth is anchored on the scenario's own profiles, never on what was learned since
+        base = shape if not self.learned else job_shape(job, first.model, self._base_book,
+                                                        self.settings.default_runtime_s)
+        r.runtime_s, r.power_w = self.truth.actual(job, first.model, base, self.settings.default_runtime_s)
         r.pue = self._gpu_pue(first)
         r.start_s = start_s
         r.est_gco2 = a.estimate.gco2

@@ -34,7 +34,9 @@ class TruthError(ValueError):
 
 @dataclass
 class Truth:
-    """The runtime and power a job really has on `model` (the planner estimated `planned`)."""
+    """The runtime and power a job really has on `model`. `planned` is the job's shape by the
+    scenario's own profiles (the planner's estimate before it learned anything), so a truth
+    never drifts with what the planner learns."""
 
     name: str = "perfect"
 
