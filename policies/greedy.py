@@ -48,7 +48,6 @@ the carbon-agnostic baseline.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np

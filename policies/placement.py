@@ -7,7 +7,6 @@ Shared by greedy, cpsat and oracle so their plans read and compare alike.
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace

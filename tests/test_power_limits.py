@@ -9,7 +9,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.catalog import catalog
 from policies.energy import ProfileBook, generic_power_w, job_shape, seed_profiles, shape_arrays
 from policies.model import CarbonCurve
 
