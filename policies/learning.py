@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from policies.model import Profile
@@ -100,3 +100,20 @@ def estimate(seed: Profile | None, runs: Sequence[Run], *, workload: str, model:
                    latency_p95_ms=seed.latency_p95_ms * math.exp(-x),
                    source=where, samples=len(runs),
                    rel_uncertainty=_uncertainty([r.throughput for r in own]))
+
+
+def learned_by_model(workload: str, runs: Mapping[str, Sequence[Run]],
+                      seeds: Mapping[tuple[str, str], Profile]) -> dict[str, Profile]:
+    """Every learned profile of one workload, by GPU model: each model with runs (its seed, if
+    it has one, corrected by its own runs and the workload's ratios on the other models), and
+    each seeded model without runs corrected by the workload's runs elsewhere. Empty without
+    runs. The daemon's store and the simulator both learn through this."""
+    out: dict[str, Profile] = {}
+    for model in sorted(set(runs) | {m for (w, m) in seeds if w == workload}):
+        own = list(runs.get(model, ()))
+        seed = seeds.get((workload, model))
+        shared = shared_ratios((seeds[(workload, m)], rs) for m, rs in runs.items()
+                               if m != model and (workload, m) in seeds) if seed is not None else None
+        if own or shared is not None:
+            out[model] = estimate(seed, own, workload=workload, model=model, shared=shared)
+    return out

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from policies.learning import WINDOW, Run, estimate, shared_ratios
+from policies.learning import WINDOW, Run, learned_by_model
 from policies.model import Profile
 from scheduler.lifecycle import State, utcnow
 from scheduler.store import Store
@@ -57,21 +57,14 @@ def learned_profiles(conn: Connection) -> tuple[Profile, ...]:
     by those runs)."""
     from policies.energy import seed_profiles
 
-    rows = list(conn.execute(select(workload_profiles).order_by(workload_profiles.c.workload,
-                                                                workload_profiles.c.model)))
+    rows = conn.execute(select(workload_profiles).order_by(workload_profiles.c.workload,
+                                                           workload_profiles.c.model))
     seeds = {(p.workload, p.model): p for p in seed_profiles()}
     by_workload: dict[str, dict[str, object]] = {}
     for r in rows:
         by_workload.setdefault(r.workload, {})[r.model] = r
-    out = []
-    for workload, here in by_workload.items():
-        models = set(here) | {m for (w, m) in seeds if w == workload}
-        for model in sorted(models):
-            row = here.get(model)
-            profile = _estimate(workload, model, row, here, seeds)
-            if profile is not None:
-                out.append(profile)
-    return tuple(out)
+    return tuple(p for workload, here in by_workload.items()
+                 for p in _profiles_of(workload, here, seeds).values())
 
 
 def _runs(row) -> list[Run]:
@@ -82,18 +75,11 @@ def _runs(row) -> list[Run]:
     return [Run(float(a), float(b)) for a, b in row.runs]
 
 
-def _estimate(workload: str, model: str, row, rows_of_workload: dict, seeds: dict) -> Profile | None:
-    """The profile of (workload, model) from its row's runs, its seed and the workload's runs
-    on other models; None when there is nothing learned to say."""
-    seed = seeds.get((workload, model))
-    others = [(seeds[(workload, m)], _runs(r)) for m, r in rows_of_workload.items()
-              if m != model and (workload, m) in seeds]
-    shared = shared_ratios(others) if seed is not None else None
-    runs = _runs(row)
-    if not runs and shared is None:
-        return None
-    p = estimate(seed, runs, workload=workload, model=model, shared=shared)
-    return replace(p, samples=row.samples if row is not None else 0)
+def _profiles_of(workload: str, rows: dict, seeds: dict) -> dict[str, Profile]:
+    """`policies.learning.learned_by_model` over the workload's stored rows, each profile
+    counting the row's runs ever (0: a seed corrected by the other models' runs)."""
+    learned = learned_by_model(workload, {m: _runs(r) for m, r in rows.items()}, seeds)
+    return {m: replace(p, samples=rows[m].samples if m in rows else 0) for m, p in learned.items()}
 
 
 def _nan_if_none(v: float | None) -> float:
@@ -144,7 +130,7 @@ def fold_run(conn: Connection, run: CompletedRun, now: datetime) -> Profile:
     seeds = {(p.workload, p.model): p for p in seed_profiles()}
     samples = (row.samples if row is not None else 0) + 1
     pending = SimpleNamespace(runs=[[r.prompts_per_s, r.power_w] for r in runs], samples=samples)
-    new = _estimate(run.workload, run.model, pending, rows, seeds)
+    new = _profiles_of(run.workload, {**rows, run.model: pending}, seeds)[run.model]
     values = dict(prompts_per_s=new.prompts_per_s, power_w=new.power_w,
                   latency_p50_ms=_none_if_nan(new.latency_p50_ms),
                   latency_p95_ms=_none_if_nan(new.latency_p95_ms),

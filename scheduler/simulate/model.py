@@ -556,7 +556,7 @@ class Simulation:
         """Fold a finished job's measured runtime and energy into the profiles the planner
         uses, as the daemon's agents do (only jobs with a workload class and prompts teach)."""
         from policies.energy import ProfileBook
-        from policies.learning import Run, estimate, shared_ratios
+        from policies.learning import Run, learned_by_model
 
         job = r.job
         run_s = (r.end_s or 0.0) - (r.start_s or 0.0)
@@ -564,20 +564,8 @@ class Simulation:
             return
         runs = self._runs.setdefault((job.workload, r.model), [])
         runs.append(Run.of(gpus=max(1, job.gpus), runtime_s=run_s, energy_j=r.energy_j, prompts=job.prompts))
-        learned = {}
-        for (w, m), rs in self._runs.items():
-            if w != job.workload:
-                continue
-            seed = self._seeds.get((w, m))
-            others = [(self._seeds[(w, o)], ro) for (wo, o), ro in self._runs.items()
-                      if wo == w and o != m and (w, o) in self._seeds]
-            learned[(w, m)] = estimate(seed, rs, workload=w, model=m,
-                                       shared=shared_ratios(others) if seed is not None else None)
-        for (w, m), seed in self._seeds.items():  # seeds of models this workload has not run on
-            if w == job.workload and (w, m) not in learned:
-                others = [(self._seeds[(w, o)], ro) for (wo, o), ro in self._runs.items()
-                          if wo == w and (w, o) in self._seeds]
-                learned[(w, m)] = estimate(seed, [], workload=w, model=m, shared=shared_ratios(others))
+        learned = {(job.workload, m): p for m, p in learned_by_model(
+            job.workload, {m: rs for (w, m), rs in self._runs.items() if w == job.workload}, self._seeds).items()}
         self.profiles = tuple(learned.values()) + tuple(p for p in self.profiles
                                                        if (p.workload, p.model) not in learned)
         self.book = ProfileBook(self.profiles)
