@@ -153,6 +153,13 @@ def generic_power_w(model: str, power_limit_w: float | None = None) -> float:
     return capped_w(spec.idle_w + GENERIC_UTILISATION * (spec.tdp_w - spec.idle_w), power_limit_w)
 
 
+def gang_power_limit_w(limits: Iterable[float | None]) -> float | None:
+    """The power limit a job on these GPUs is estimated under: the highest of theirs when
+    all of them report one, else none."""
+    limits = list(limits)
+    return None if not limits or None in limits else max(limits)
+
+
 def capped_w(per_gpu_w: float, power_limit_w: float | None) -> float:
     """One GPU's power under its board power limit (None or 0: no limit known)."""
     return min(per_gpu_w, power_limit_w) if power_limit_w else per_gpu_w

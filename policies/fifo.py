@@ -27,8 +27,8 @@ import numpy as np
 
 from policies.blind import blind_price, priced_curves
 from policies.counterfactual import START_TOL_S, choose
-from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, job_shape, seed_profiles,
-                             within_time_limit)
+from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, gang_power_limit_w, job_shape,
+                             seed_profiles, within_time_limit)
 from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
 
@@ -94,7 +94,7 @@ class FifoPolicy:
         price = blind_price(snapshot) if blind else None
         kind_of = [(zone_of[key], key[1]) for key in keys]
         pue_of = [snapshot.gpu_pue(pools[key][0]) for key in keys]
-        cap_of = [_power_limit_w(tuple(g.id for g in pools[key]), limit_of) for key in keys]
+        cap_of = [gang_power_limit_w(g.power_limit_w for g in pools[key]) for key in keys]
 
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
@@ -126,7 +126,8 @@ class FifoPolicy:
             model = models[p]
             chosen = sorted(range(k), key=lambda i: index[p, i])
             gpu_ids = tuple(int(ids[p, i]) for i in chosen)
-            shape = job_shape(job, model, book, snapshot.default_runtime_s, _power_limit_w(gpu_ids, limit_of))
+            shape = job_shape(job, model, book, snapshot.default_runtime_s,
+                              gang_power_limit_w(limit_of.get(g) for g in gpu_ids))
             start = now + timedelta(seconds=start_s)
             finish = start + timedelta(seconds=shape.runtime_s)
             free[p, :k] = (finish - now).total_seconds()  # via datetimes: exact microseconds
@@ -148,8 +149,8 @@ class FifoPolicy:
                 continue
             gco2_now = job.gco2_if_now
             if gco2_now is None:
-                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, pue_of, cap_of, integrators, now,
-                                   book, snapshot)
+                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, pue_of, cap_of,
+                                   integrators, now, book, snapshot)
             wait_s = start_s
             when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
             cost = f"{gco2:.0f} g" + (f" {price.note()}" if zone in blind and price is not None else "")
@@ -254,10 +255,3 @@ def _human(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f}m"
     return f"{seconds / 3600:.1f}h"
-
-
-def _power_limit_w(gpu_ids: tuple[int, ...], limit_of: dict[int, float | None]) -> float | None:
-    """The power limit a job on these GPUs is estimated under: the highest of theirs (all of
-    them must report one; else none is applied)."""
-    limits = [limit_of.get(g) for g in gpu_ids]
-    return None if not limits or None in limits else max(limits)

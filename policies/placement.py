@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.counterfactual import Counterfactual, choose
-from policies.energy import fits, job_shape, within_time_limit
+from policies.energy import fits, gang_power_limit_w, job_shape, within_time_limit
 from policies.model import Assignment, Estimate, Plan
 from policies.problem import Problem
 
@@ -325,9 +325,8 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         if job.max_delay_s is not None and not a.estimate.deadline_miss and a.estimate.binding != "max delay" and \
                 a.start_at > job.submitted_at + timedelta(seconds=job.max_delay_s + 1):
             out.append(f"job {job.id}: starts after its maximum delay")
-        limits = [g.power_limit_w for g in gs]  # as fifo and the pools: all report one, the highest
         shape = job_shape(job, g0.model, problem.book, snap.default_runtime_s,
-                          None if None in limits else max(limits))
+                          gang_power_limit_w(g.power_limit_w for g in gs))
         end = a.start_at + timedelta(seconds=shape.runtime_s)
         for g in gs:
             busy[g.id].append((a.start_at, end))

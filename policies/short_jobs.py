@@ -37,8 +37,8 @@ from datetime import datetime, timedelta
 
 from policies.blind import blind_price, priced_curves
 from policies.counterfactual import choose
-from policies.energy import (J_PER_KWH, ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles,
-                             within_time_limit)
+from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
+                             seed_profiles, within_time_limit)
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 from policies.placement import Score
 
@@ -378,8 +378,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     kinds: dict[tuple[str, str, float, float | None], _Kind] = {}
     for (zone, model, node), members in sorted(by_node.items()):
         pue = snapshot.gpu_pue(members[0])
-        limits = [g.power_limit_w for g in members]  # as fifo and the slot planner's pools
-        cap = None if None in limits else max(limits)
+        cap = gang_power_limit_w(g.power_limit_w for g in members)
         kind = kinds.setdefault((zone, model, pue, cap), _Kind(zone, model, members[0].memory_gib, [], pue, cap))
         kind.nodes.append((node, members))
 
