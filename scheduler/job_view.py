@@ -101,7 +101,8 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             # prompt divides by the reported count where there is one, and says which it used.
             "tokens": tokens, "reported_prompts": reported_prompts,
             "reported_input_tokens": reported_in, "reported_output_tokens": reported_out,
-            "gco2_per_prompt": _per(gco2, reported_prompts if reported_prompts else prompts),
-            "prompts_source": "reported" if reported_prompts else ("declared" if prompts else None),
+            "gco2_per_prompt": _per(gco2, reported_prompts if reported_prompts is not None else prompts),
+            "prompts_source": ("reported" if reported_prompts is not None
+                               else "declared" if prompts is not None else None),
         })
     return out
