@@ -98,9 +98,13 @@ def test_as_forecast_stores_the_future_rows_as_a_forecast_issued_at_import_time(
     imported_at = datetime.fromisoformat(result["imported_at"].replace("Z", "+00:00"))
     assert result["future_stored_as"] == "forecast"
     assert result["future_values"] == sum(1 for t, _ in rows if t + timedelta(hours=1) > imported_at)
-    ahead = show_json(capsys, "--zone", "LAB-1", "--at", "3h")
+    # a window that lies inside the file (its rows end 27 h after the current hour began): past
+    # the file the own forecast would fill in, issued at the moment of `show`, not of the import
+    ahead = show_json(capsys, "--zone", "LAB-1", "--at", "3h", "--hours", "20")
     assert (ahead["kind"], ahead["source"], ahead["gco2_per_kwh"]) == ("forecast", "csv", 123.0)
-    assert all(p["issued_at"] == result["imported_at"] for p in ahead["forecast"] if p["kind"] == "forecast")
+    assert len(ahead["forecast"]) >= 20
+    assert all((p["kind"], p["source"], p["issued_at"]) == ("forecast", "csv", result["imported_at"])
+               for p in ahead["forecast"])
     # the rows already over stay actuals, known at the end of their hour
     past = show_json(capsys, "--zone", "LAB-1", "--at", (rows[0][0] + timedelta(minutes=30)).isoformat())
     assert (past["kind"], past["gco2_per_kwh"]) == ("actual", 300.0)
