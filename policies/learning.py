@@ -15,7 +15,9 @@ of five runs at all. After two agreeing runs the estimate is theirs. Without a s
 the median of the runs' own figures is the estimate.
 
 The confidence of an estimate is its run count and `rel_uncertainty`: the standard error of a
-median, 1.253 x 1.4826 x MAD / sqrt(n), as a relative figure (NaN below two runs).
+median, 1.253 x 1.4826 x MAD / sqrt(n), as a relative figure (NaN below two runs); how far
+one run strays from it is `rel_spread`, 1.4826 x MAD as a relative figure (the deadline
+margin of `policies.margin` plans with both).
 """
 
 from __future__ import annotations
@@ -75,6 +77,13 @@ def _uncertainty(values: Sequence[float]) -> float:
     return math.expm1(1.253 * 1.4826 * mad / math.sqrt(len(values)))
 
 
+def _spread(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return math.nan
+    m = statistics.median(values)
+    return math.expm1(1.4826 * statistics.median(abs(v - m) for v in values))
+
+
 def estimate(seed: Profile | None, runs: Sequence[Run], *, workload: str, model: str,
              shared: Ratios | None = None) -> Profile:
     """The profile of (workload, model) from its seed, its recent runs (oldest first; only the
@@ -87,7 +96,8 @@ def estimate(seed: Profile | None, runs: Sequence[Run], *, workload: str, model:
         return Profile(workload=workload, model=model, prompts_per_s=tput,
                        power_w=statistics.median(r.power_w for r in runs), latency_p50_ms=math.nan,
                        latency_p95_ms=math.nan, source=f"measured here (n={len(runs)})", samples=len(runs),
-                       rel_uncertainty=_uncertainty([math.log(r.prompts_per_s) for r in runs]))
+                       rel_uncertainty=_uncertainty([math.log(r.prompts_per_s) for r in runs]),
+                       rel_spread=_spread([math.log(r.prompts_per_s) for r in runs]))
     prior = shared or Ratios(0.0, 0.0)
     own = ratios(runs, seed)
     x = statistics.median([prior.throughput] + [r.throughput for r in own])
@@ -99,7 +109,8 @@ def estimate(seed: Profile | None, runs: Sequence[Run], *, workload: str, model:
                    latency_p50_ms=seed.latency_p50_ms * math.exp(-x),
                    latency_p95_ms=seed.latency_p95_ms * math.exp(-x),
                    source=where, samples=len(runs),
-                   rel_uncertainty=_uncertainty([r.throughput for r in own]))
+                   rel_uncertainty=_uncertainty([r.throughput for r in own]),
+                   rel_spread=_spread([r.throughput for r in own]))
 
 
 def learned_by_model(workload: str, runs: Mapping[str, Sequence[Run]],

@@ -104,6 +104,7 @@ class Profile:
     source: str = ""
     samples: int = 0
     rel_uncertainty: float = math.nan  # of prompts_per_s, learned profiles (policies.learning)
+    rel_spread: float = math.nan  # of one run's prompts_per_s around it (policies.learning, margin)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ used in every slot, a sweep in start order gives every job the same GPUs for its
 
 Windows: a job never starts before `max(now, submitted_at)` (the oracle plans future
 arrivals); `latest_slot` is the last start that finishes by the deadline, starts within
-`max_delay_s` of submission, and lies in the horizon. `latest_slot < earliest_slot` means the
+`max_delay_s` of submission, and lies in the horizon; the deadline is met with a margin for
+the estimate's uncertainty (`policies.margin`). `latest_slot < earliest_slot` means the
 option cannot meet the deadline (policies then place the job as soon as possible, flagged).
 
 A zone without a forecast is priced blind (`policies.blind`: the highest intensity in the
@@ -65,6 +66,7 @@ import numpy as np
 
 from policies.blind import BlindPrice, blind_price, priced_curves
 from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles, shape_arrays
+from policies.margin import latest_start_slots, margin_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
@@ -398,7 +400,9 @@ class Problem:
         rt = self.job_runtime_s
         self.job_duration: np.ndarray = np.maximum(1, np.ceil(rt / self.slot_s - 1e-9)).astype(np.int64)
         has = ~np.isnan(deadline_s)
-        by_deadline = np.floor((np.where(has, deadline_s, 0.0)[:, None] - rt) / self.slot_s + 1e-9)
+        # the deadline with a margin for the estimate's uncertainty (policies.margin)
+        margin = margin_arrays(jobs, [m for m, _ in kinds], self.book)[:, gm].reshape(n_jobs, n_groups)
+        by_deadline = latest_start_slots(deadline_s, rt, margin, earliest, self.slot_s)
         by_deadline = np.where(has[:, None], by_deadline, float(self.n_slots))
         self.job_latest: np.ndarray = np.minimum(limit[:, None], by_deadline).astype(np.int64)
         self.group_row_offsets = np.arange(n_groups, dtype=np.int64) * (self.n_slots + 1)

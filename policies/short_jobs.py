@@ -39,6 +39,7 @@ from policies.blind import blind_price, priced_curves
 from policies.counterfactual import choose
 from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
                              seed_profiles, within_time_limit)
+from policies.margin import job_margin, latest_start_s
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 from policies.placement import Score
 
@@ -482,7 +483,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             _, shape = options[o]
             limit = latest
             if job.deadline is not None:
-                limit = min(limit, job.deadline.timestamp() - shape.runtime_s)
+                limit = min(limit, latest_start_s(job.deadline.timestamp(), shape.runtime_s,
+                                                  job_margin(job, shape.model, book), release))
             return limit
 
         # cheapest feasible within the window, then the earliest start about as cheap

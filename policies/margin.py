@@ -1,0 +1,99 @@
+"""How much longer than estimated a job may run before it misses its deadline: the margin a
+plan keeps between a job's estimated end and its deadline.
+
+A plan that starts a job at the last slot its *point* estimate allows misses the deadline
+whenever the job runs a little longer than estimated, and carbon-aware plans do start jobs
+late in their windows (that is where the clean hours are). So the last start of a job is
+computed with its runtime stretched by the estimate's uncertainty:
+
+    planned runtime for the deadline = runtime_s x (1 + Z x u)
+
+where `u` is the relative uncertainty of *one run's* throughput on that GPU model:
+
+* a profile learned from this cluster's runs (`Profile.samples` >= 2, `Profile.rel_spread`
+  known): the runs' own spread, pooled with the prior as `PRIOR_RUNS` pseudo-runs, plus the
+  standard error of the estimate itself (`Profile.rel_uncertainty`):
+  u^2 = (PRIOR_RUNS x PRIOR^2 + n x spread^2) / (PRIOR_RUNS + n) + se^2
+* a seed profile (public measurement or roofline scaling, never checked here) or a learned
+  one with fewer than two runs: `PRIOR_REL_UNCERTAINTY`;
+* a job without a profile (no workload class, or none for the model): no margin. Its runtime
+  is the user's own `--est-runtime`, which its time limit already takes as a bound.
+
+Z = 2 leaves about a 2.5 % chance (one-sided, normal in log space) that a job run at its
+last start misses. The margin never turns a job that fits by its point estimate into a
+flagged miss: at worst the job must start at its earliest slot (`latest_start_slots`).
+
+Pure and vectorised like `policies.energy.shape_arrays`; `policies.problem` (slot planners)
+and `policies.short_jobs` (short-job packing) both take their deadlines through here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from policies.learning import WINDOW
+from policies.model import Profile, QueuedJob
+
+Z = 2.0
+# One run's relative runtime error against a seed profile, one sigma: the spread between
+# public measurements and a given cluster's prompts, batch sizes and software (issue 19's
+# noisy truth draws its systematic errors with sigma 0.3).
+PRIOR_REL_UNCERTAINTY = 0.25
+PRIOR_RUNS = 2.0  # the prior's weight against the runs, in runs
+
+
+def run_rel_uncertainty(profile: Profile | None) -> float:
+    """The relative uncertainty of one run's runtime under `profile` (0: no profile, no margin)."""
+    if profile is None:
+        return 0.0
+    spread = profile.rel_spread
+    if profile.samples < 2 or not math.isfinite(spread):
+        return PRIOR_REL_UNCERTAINTY
+    n = float(min(profile.samples, WINDOW))
+    se = profile.rel_uncertainty if math.isfinite(profile.rel_uncertainty) else 0.0
+    pooled = (PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + n * spread ** 2) / (PRIOR_RUNS + n)
+    return math.sqrt(pooled + se ** 2)
+
+
+def runtime_margin(profile: Profile | None) -> float:
+    """The factor (>= 1) a runtime estimated from `profile` is stretched by for its deadline."""
+    return 1.0 + Z * run_rel_uncertainty(profile)
+
+
+def job_margin(job: QueuedJob, model: str, book) -> float:
+    """`runtime_margin` of `job` on `model` by the planner's `ProfileBook` (1: no profile)."""
+    profile = book.get(job.workload, model)
+    return runtime_margin(profile) if profile is not None and profile.prompts_per_s > 0 else 1.0
+
+
+def latest_start_s(deadline_s: float, runtime_s: float, margin: float, earliest_s: float) -> float:
+    """`latest_start_slots` for one job and option in continuous time (epoch seconds)."""
+    return max(deadline_s - runtime_s * margin, min(earliest_s, deadline_s - runtime_s))
+
+
+def margin_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book) -> np.ndarray:
+    """`runtime_margin` of every (job, model) pair, shape (jobs, models); `book` is the
+    planner's `policies.energy.ProfileBook`."""
+    out = np.ones((len(jobs), len(models)))
+    by_workload: dict[str | None, list[int]] = {}
+    for i, j in enumerate(jobs):
+        by_workload.setdefault(j.workload, []).append(i)
+    for c, model in enumerate(models):
+        for workload, rows in by_workload.items():
+            out[rows, c] = job_margin(jobs[rows[0]], model, book)
+    return out
+
+
+def latest_start_slots(deadline_s: np.ndarray, runtime_s: np.ndarray, margin: np.ndarray,
+                       earliest_slot: np.ndarray, slot_s: float) -> np.ndarray:
+    """The last start slot (floats, floored) that ends by the deadline with the margin, per
+    (job, option); `deadline_s` is seconds from the planning origin per job (NaN: none, the
+    caller bounds those). Where the margin empties a window that the point estimate leaves
+    open, the earliest slot: start as soon as possible, not a flagged miss."""
+    d = np.where(np.isnan(deadline_s), 0.0, deadline_s)[:, None]
+    plain = np.floor((d - runtime_s) / slot_s + 1e-9)
+    kept = np.floor((d - runtime_s * margin) / slot_s + 1e-9)
+    return np.maximum(kept, np.minimum(earliest_slot[:, None].astype(np.float64), plain))
