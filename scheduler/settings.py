@@ -118,6 +118,13 @@ def _fleet(v: Any) -> str:
     return _text(v)
 
 
+def _truth(v: Any) -> str:
+    from scheduler.simulate.truth import parse_truth
+
+    parse_truth(_text(v))
+    return _text(v)
+
+
 def _policy(v: Any) -> str:
     from policies.base import policy_names
 
@@ -185,6 +192,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("zone", _text, "local", "carbon zone of this node, e.g. DE or US-CAL-CISO", _BOTH, "ZONE"),
     Setting("emulate", _fleet, None, "emulate a GPU fleet where none exists, e.g. 4xMI300X,2xH100",
             _BOTH, "SPEC"),
+    Setting("truth", _truth, None, "with --emulate: how jobs really run on the emulated GPUs, hidden "
+            "from the planner: perfect, noisy:SIGMA or profiles:FILE; jobs are told their pace by "
+            "CARBONSCHED_EMULATED_S_PER_PROMPT (default: none, GPUs draw 70-95 percent of TDP)", _BOTH, "SPEC"),
     Setting("policy", _policy, "cpsat", "planning policy: fifo, greedy or cpsat", _HEAD, "NAME"),
     Setting("plan_interval", _duration, 15.0, "planner period (a submit also wakes it)", _HEAD, "DUR", _dur),
     Setting("full_replan", _duration, None, "incremental planning: between full re-plans at most this "

@@ -177,7 +177,7 @@ def cmd_agent(args, config) -> int:
     try:
         cfg = AgentRunConfig(
             db_url=r["db"], state_dir=r["state_dir"] or default_state_dir(),
-            node=r["node"] or default_node_name(), zone=r["zone"], emulate=r["emulate"],
+            node=r["node"] or default_node_name(), zone=r["zone"], emulate=r["emulate"], truth=r["truth"],
             sample_hz=r["sample_hz"], dispatch_interval_s=r["dispatch_interval"],
             metrics_port=r["metrics_port"], grace_s=r["grace"], node_static_w=r["node_static_w"],
             min_free_disk_mib=r["min_free_disk_mib"],
@@ -209,6 +209,7 @@ def cmd_daemon(args, config) -> int:
             socket_path=Path(sock),
             state_dir=state_dir,
             emulate=r["emulate"],
+            truth=r["truth"],
             zone=r["zone"],
             policy=r["policy"],
             plan_interval_s=r["plan_interval"],

@@ -22,6 +22,7 @@ from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gi
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.node.agent import Agent, AgentConfig, default_node_name
+from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import make_backend
 from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
@@ -39,6 +40,7 @@ class DaemonConfig:
     socket_path: Path
     state_dir: Path
     emulate: str | None = None
+    truth: str | None = None  # the local agent's emulated truth (scheduler.node.emulation)
     zone: str = "local"
     policy: str = "cpsat"
     plan_interval_s: float = 15.0
@@ -154,13 +156,18 @@ class Daemon(ServiceProcess):
             local = store.dialect == "sqlite" or cfg.emulate is not None
         if local:
             backend = make_backend(cfg.emulate, cfg.node)
+            try:
+                emulation = make_emulation(cfg.truth, backend)
+            except EmulationError as e:
+                raise DaemonError(str(e)) from None
             agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone,
                                                       state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                                                       sample_hz=cfg.sample_hz,
                                                       node_static_w=cfg.node_static_w,
                                                       min_free_disk_mib=cfg.min_free_disk_mib),
                           on_change=plan_proc.wake,
-                          on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note))
+                          on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note),
+                          emulation=emulation)
             agent.register()
             agent.startup_reconcile()
             metrics.add(GpuCollector(agent))

@@ -65,9 +65,12 @@ class Agent:
 
     def __init__(self, store: Store, backend: GpuBackend, config: AgentConfig, *,
                  on_change: Callable[[], None] | None = None,
-                 on_finished: Callable[[int, str | None], None] | None = None, clock=utcnow) -> None:
+                 on_finished: Callable[[int, str | None], None] | None = None, clock=utcnow,
+                 emulation=None) -> None:
         self.store = store
         self.backend = backend
+        # An emulated fleet's hidden truth (scheduler.node.emulation.JobEmulation), or None.
+        self._emulation = emulation
         self.config = config
         self.executor = Executor(config.state_dir, grace_s=config.grace_s)
         self._on_change = on_change or (lambda: None)
@@ -468,8 +471,10 @@ class Agent:
         if not self.store.transact(tx):
             return False
         energy_start = self._read_now(gpu_ids)
+        emulated_env = {} if self._emulation is None else self._emulation.begin(
+            job, gpu_rows[gpu_ids[0]].model, [self._uuid_of[g] for g in gpu_ids if g in self._uuid_of])
         try:
-            self.executor.launch(self._launch_spec(job, vendor, indices, energy_start))
+            self.executor.launch(self._launch_spec(job, vendor, indices, energy_start, emulated_env))
         except OSError as e:
             log.error("job %s: could not start its supervisor: %s", job.id, e)
             # Nothing was launched: the next tick finds NOT_LAUNCHED and re-queues it.
@@ -480,9 +485,11 @@ class Agent:
         log.info("job %s started on %s GPUs %s", job.id, self.config.node, indices)
         return True
 
-    def _launch_spec(self, job, vendor: str, indices: list[int], energy_start: dict) -> LaunchSpec:
+    def _launch_spec(self, job, vendor: str, indices: list[int], energy_start: dict,
+                     emulated_env: dict[str, str] | None = None) -> LaunchSpec:
         out, err = self.executor.log_paths(job.id)
         env = dict(job.env or {})
+        env.update(emulated_env or {})  # the emulation seam (scheduler.node.emulation)
         env.update(_identity_env(job.owner_uid, job.owner_name))
         env.update(visible_devices_env(vendor, indices))
         env["CARBONSCHED_JOB_ID"] = str(job.id)

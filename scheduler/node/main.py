@@ -12,6 +12,7 @@ from pathlib import Path
 from policies.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
 from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.store import SchemaError
@@ -51,6 +52,7 @@ class AgentRunConfig:
     node: str
     zone: str
     emulate: str | None = None
+    truth: str | None = None  # the emulated fleet's hidden truth (scheduler.node.emulation)
     sample_hz: float = 1.0
     dispatch_interval_s: float = 1.0
     metrics_port: int | None = None
@@ -76,10 +78,15 @@ class AgentRunner(ServiceProcess):
         except SchemaError as e:
             raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
         backend = make_backend(cfg.emulate, cfg.node)
+        try:
+            emulation = make_emulation(cfg.truth, backend)
+        except EmulationError as e:
+            raise DaemonError(str(e)) from None
         agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone, state_dir=cfg.state_dir,
                                                   grace_s=cfg.grace_s, sample_hz=cfg.sample_hz,
                                                   node_static_w=cfg.node_static_w,
-                                                  min_free_disk_mib=cfg.min_free_disk_mib))
+                                                  min_free_disk_mib=cfg.min_free_disk_mib),
+                      emulation=emulation)
         agent.register()
         agent.startup_reconcile()
         metrics = Metrics()

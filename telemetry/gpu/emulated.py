@@ -1,7 +1,9 @@
 """An emulated GPU fleet for machines without GPUs.
 
 Each device draws its idle power when free and a load-dependent power between 70% and 95%
-of TDP while a job runs, with ±2% noise per reading. The energy counter advances only when
+of TDP while a job runs, with ±2% noise per reading. A caller that knows what the job really
+draws (the agent's emulated truth, `scheduler.node.emulation`) sets it with
+`set_busy_power_w` before `set_busy`: the GPU then draws that (within idle..TDP) instead. The energy counter advances only when
 the GPU is read, by the trapezoid of the previous and the new power reading over the time
 between them, so it equals exactly the trapezoid integral of the power a single reader
 sees: a test that compares the counter with integrated power checks the consumer, not the
@@ -62,6 +64,7 @@ class _State:
     last_s: float = 0.0
     lost: bool = False
     fault: str | None = None
+    busy_w: float | None = None  # what the next busy period draws (None: the load model)
 
 
 class EmulatedBackend(GpuBackend):
@@ -110,7 +113,19 @@ class EmulatedBackend(GpuBackend):
         with self._lock:
             s = self._get(uuid)
             s.busy = busy
-            s.load = self._rng.uniform(0.70, 0.95) if busy else 0.0
+            if busy and s.busy_w is not None:
+                s.load = (s.busy_w - s.model.idle_w) / max(1e-9, s.model.tdp_w - s.model.idle_w)
+            else:
+                s.load = self._rng.uniform(0.70, 0.95) if busy else 0.0
+            if not busy:
+                s.busy_w = None
+
+    def set_busy_power_w(self, uuid: str, power_w: float | None) -> None:
+        """The power the GPU draws in its next busy period (clamped to idle..TDP); None: the
+        load model's 70-95 % of TDP. Cleared when the GPU goes idle."""
+        with self._lock:
+            s = self._get(uuid)
+            s.busy_w = None if power_w is None else min(s.model.tdp_w, max(s.model.idle_w, power_w))
 
     def read(self, uuid: str) -> PowerReading:
         with self._lock:
