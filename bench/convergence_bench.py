@@ -51,7 +51,6 @@ class RunRow:
     run: int
     job: int
     prompts: int
-    runtime_s: float
     predicted_j: float
     measured_j: float
 
@@ -106,18 +105,11 @@ def converge(db_url: str, *, runs: int = 5, seconds: float = 2.5, root: Path | N
                                        f"(energy {j['energy_j']}, estimate {j['est_energy_j']})\n{d.log()}")
                 if j["node"] != NODE or model not in (j.get("explanation") or ""):
                     raise RuntimeError(f"job {job} did not run on the {model}: {j.get('explanation')}")
-                runtime_s = _seconds_between(j["started_at"], j["ended_at"])
-                rows.append(RunRow(model, i, job, prompts, runtime_s, float(j["est_energy_j"]),
+                rows.append(RunRow(model, i, job, prompts, float(j["est_energy_j"]),
                                    float(j["energy_j"])))
         return rows
     finally:
         d.cleanup()
-
-
-def _seconds_between(a: str, b: str) -> float:
-    from datetime import datetime
-
-    return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
 
 
 def first_within(rows: list[RunRow], model: str, target: float = TARGET_REL_ERROR) -> int | None:
@@ -132,10 +124,10 @@ def first_within(rows: list[RunRow], model: str, target: float = TARGET_REL_ERRO
 def table(rows: list[RunRow]) -> str:
     lines = [f"truth: {WORKLOAD} on {SLOW} runs x{RUNTIME_FACTOR} longer, on {FRUGAL} draws x{POWER_FACTOR} "
              "the power of the seed profile",
-             "| model | run | job | prompts | runtime s | predicted kJ | measured kJ | error |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | run | job | prompts | predicted kJ | measured kJ | error |",
+             "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r.model, r.run)):
-        lines.append(f"| {r.model} | {r.run} | {r.job} | {r.prompts} | {r.runtime_s:.2f} | "
+        lines.append(f"| {r.model} | {r.run} | {r.job} | {r.prompts} | "
                      f"{r.predicted_j / 1e3:.2f} | {r.measured_j / 1e3:.2f} | {100 * r.rel_error:+.1f} % |")
     for model in (SLOW, FRUGAL):
         k = first_within(rows, model)
