@@ -26,7 +26,8 @@ When the agent starts a job on emulated GPUs, `JobEmulation.begin`:
   only the power follows the truth. Real GPUs never get these variables.
 
 The runtime the agent measures is the job's real wall time (start-up included), as on a real
-cluster; the energy is the emulator's integral of the truth's power over it.
+cluster; the energy is the emulator's integral of the truth's power over it. A job adopted
+after an agent restart draws the load model's power (the truth is applied at launch only).
 """
 
 from __future__ import annotations
@@ -86,7 +87,12 @@ class JobEmulation:
         """Set the job's GPUs to draw the truth's power in their busy period (the agent marks
         them busy once the job is launched) and return the environment the job is told its
         pace by."""
-        run = self.run_of(job, model, len(uuids))
+        try:
+            run = self.run_of(job, model, len(uuids))
+        except (ValueError, ArithmeticError) as e:  # never fail a launch over the emulation
+            log.error("job %s: the truth %s cannot describe it (%s); its GPUs draw the load model's power",
+                      job.id, self.truth.name, e)
+            return {}
         for uuid in uuids:
             self.backend.set_busy_power_w(uuid, run.power_w_per_gpu)
         log.info("job %s on emulated %s: by the truth (%s) %.1f s at %.0f W per GPU", job.id, model,
