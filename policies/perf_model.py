@@ -12,16 +12,17 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
 
     weight bytes  W = weights read x bytes/param(precision) / tp, where weights read is
                   min(total, active x B) for a dense model, and for a mixture of experts
-                  (n experts, k routed per token) dense + experts x (1 - (1 - k/n)^B): the
+                  (n experts, k routed per token) shared + experts x (1 - (1 - k/n)^B): the
                   expected share of experts a batch of B tokens routes to (uniform routing);
                   at B = 1 it is the active count, for large B all of them
     KV bytes      K = B x (input + output/2) x kv_bytes_per_token / tp
-    FLOPs         F = 2 x active x B x (1 + input/output) / tp      (decode + amortised prefill)
+    FLOPs         F_dec = 2 x active x B / tp;  F_pre = F_dec x input / output  (amortised prefill)
     step time     t = per_layer x L + allreduce x L x [tp > 1] + t0 + c_seq x B
-                      + (W + K) / (eta_mem x HBM bandwidth) + F / (eta_compute x peak(precision))
+                      + max((W + K) / (eta_mem x BW), F_dec / (eta_compute x peak(precision)))
+                      + F_pre / (eta_compute x peak(precision))
     tokens/s      = B / t;  prompts/s = tokens/s / output;  TPOT p50/p95 = k50/k95 x t
-    power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x w x F / t + e_seq x B / t,
-                  capped at the TDP;
+    power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x w x (F_dec + F_pre) / t
+                      + e_seq x B / t, capped at the TDP;
                   w = operand width / 16 bits (FP8 1/2, FP4 1/4): an assumption, not fitted
                   (every fitted row is BF16), the first-order rule that a multiply's energy
                   scales with its width, so a GPU at full FP8 rate draws what it does at BF16
@@ -32,43 +33,61 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
 Why each step-time term (all fitted once, on every GPU's rows together, and the same on
 every GPU, so a part better in every data-sheet figure is never predicted worse):
 
+* The roofline: a decode pass reads the weights and the KV cache once and does the decode
+  FLOPs; the two overlap, so it takes as long as the slower (memory at small batch,
+  compute at large). Prefill runs in steps (vLLM v0, ML.ENERGY v2) or chunks (vLLM v1,
+  v3) of hundreds to thousands of tokens, which are compute-bound, so it adds its FLOPs'
+  time, amortised over the output tokens. (Tried: the plain sum of memory and compute
+  time, and one max over decode and prefill together; see "What is not in the model".)
 * per_layer x L: a decode step runs a fixed sequence of ~10 kernels per layer; at small
-  batch each of them is too short to reach full bandwidth, and launch gaps add up. This is
-  why a 70B model (80 layers) takes ~6 ms more per step than the bytes explain, an 8B
-  model (32 layers) ~3 ms, on H100 and B200 alike.
+  batch each is too short to reach full bandwidth, and launch gaps add up. This is why a
+  70B model (80 layers) takes several ms more per step than its bytes explain, an 8B
+  model (32 layers) fewer, on H100 and B200 alike. (It takes up the bandwidth shortfall
+  of short kernels: eta_mem, fitted jointly, sits at its bound 1.)
 * allreduce x L x [tp > 1]: with tensor parallelism every layer ends in two all-reduces of
   the activations; at decode sizes (kilobytes) their cost is latency, not link bandwidth,
   and vLLM's one-shot all-reduce has about the same latency at TP 2, 4 or 8.
 * c_seq x B: per sequence and step, what the bytes and FLOPs above leave out: the serving
   engine's scheduler, sampler and detokenizer, and attention over the paged KV cache,
   whose kernels run far below the bandwidth that streaming weights reaches. Its energy is
-  e_seq per sequence and step (attention and sampling kernels run on the GPU and draw power;
-  without it the power of a large batch, which spends most of its step here, came out
-  ~18 % low on H100).
+  e_seq per sequence and step: attention and sampling kernels run on the GPU and draw
+  power (without it, a large batch, which spends most of its step here, came out ~18 %
+  low in power on H100).
 * ML.ENERGY v2 (an older vLLM, used for speed only, and for the A100 it alone measured)
-  adds v2_t0 + v2_per_seq x B + v2_per_worker x (tp - 1): its CPU-side per-sequence cost
-  (~0.27 ms, five times v3's: its GPUs drew under half their TDP) and a per-step cost per
-  extra tensor-parallel worker (its inputs were broadcast to each worker process every
-  step). These are properties of that software, fitted on both v2 GPUs' rows; predictions
-  are for the v3 engine.
+  adds v2_t0 + v2_per_seq x B + v2_per_worker x (tp - 1): its CPU-side cost per sequence
+  (several times v3's: its GPUs drew under half their TDP) and a per-step cost per extra
+  tensor-parallel worker (its inputs were broadcast to each worker process every step).
+  These are properties of that software, fitted on both v2 GPUs' rows (replacing the one
+  step-time factor of before); predictions are for the v3 engine.
 
-Fitted (see `fit()`): per_layer, allreduce, t0, c_seq (in the step), eta_mem, eta_compute,
-the three v2 terms, the effective input tokens of each ML.ENERGY task (the summaries do not
-publish prompt lengths; being per-sequence too, these trade off against c_seq, so read them
-as fit parameters, not lengths), k50/k95 (ITL percentile over mean step time), p_static,
-e_byte, e_flop, e_seq of the power model, and one speed factor of the MLPerf submitters'
-serving stacks against the fitted vLLM rows (used only to reproduce MLPerf results:
-predictions are for a vLLM-like engine). Memory: weights + KV cache of the whole context
-at that batch must fit in 90 % of the GPUs' memory (vLLM's default gpu_memory_utilization).
-Each figure says where it comes from: "measured" (that exact point is in the data),
-"fitted" (the fit, on a GPU that was measured), "roofline" (the fit, on a GPU that was not),
-"nominal" (training: no public per-accelerator figure found; a nominal MFU).
+Fitted (see `fit()`): per_layer, allreduce, t0, c_seq, eta_mem and eta_compute (a search
+over their ratio), the three v2 terms, the effective input tokens of each ML.ENERGY task
+(the summaries do not publish prompt lengths; being per-sequence too, these trade off
+against c_seq, so read them as fit parameters, not lengths), k50/k95 (ITL percentile over
+mean step time), p_static, e_byte, e_flop, e_seq of the power model, and one speed factor
+of the MLPerf submitters' serving stacks against the fitted vLLM rows (used only to
+reproduce MLPerf results: predictions are for a vLLM-like engine). Memory: weights + KV
+cache of the whole context at that batch must fit in 90 % of the GPUs' memory (vLLM's
+default gpu_memory_utilization). Each figure says where it comes from: "measured" (that
+exact point is in the data), "fitted" (the fit, on a GPU that was measured), "roofline"
+(the fit, on a GPU that was not), "nominal" (training: no public per-accelerator figure
+found; a nominal MFU).
 
-What is not in the model, and why: a per-GPU static power (the catalog's idle_w, or a share
-of the TDP) was tried: it moved the in-sample power fit from 39 to 42 of 68 rows within
-10 % but cannot be fitted when one GPU is held out (with one v3 GPU left it is collinear
-with p_static) and made the held-out power error worse; idle_w also has no data-sheet
-source. A TP link-bandwidth term is negligible at decode sizes.
+What is not in the model, and why (figures from `python -m bench.model` when each was tried):
+
+* A per-GPU static power (the catalog's idle_w, or a share of the TDP): in-sample power
+  within 10 % went from 39 to 42-44 of 68 rows, but with one v3 GPU held out it is
+  collinear with p_static, so the held-out power error got worse (H100 llm-chat-8b
+  13 % -> 29-36 %); idle_w also has no data-sheet source; and it would make a part with a
+  higher TDP and equal bandwidth and compute less efficient, against the invariant. Nor a
+  power term per TP group or per layer (fitted to 0).
+* Memory and compute time summed (no overlap): 75 of 95 rows' tokens/s within 10 %, but
+  held out three (GPU, workload) medians above 20 % (A100 v2 8B 26.5 %, B200 8B 22.9 %,
+  B200 llm-code 20.1 %). One max over memory and all FLOPs (prefill fused into the
+  roofline): every held-out median within 20 %, but J/token within 10 % on 34 of 68 rows
+  (46 here) and B200 llm-chat-70b's held-out J/token 22 %; energy per prompt is what the
+  planner minimises. p-norms between them (p = 2 .. 6) did no better.
+* A TP link-bandwidth term: negligible at decode sizes.
 
 Measured figures are data and keep their noise: a measured H100 point can beat the model's
 H200 at the same point although the model never ranks H100 above H200. Comparisons across
@@ -351,6 +370,7 @@ class _Step:
     batch: float = 1.0
     layers: float = 0.0
     tp: int = 1
+    decode_compute_s: float = 0.0  # compute_s without the prefill share (the decode FLOPs')
 
 
 def _step(w: Workload, p: Part, batch: float, precision: str, tp: int, input_tokens: float) -> _Step:
@@ -360,7 +380,8 @@ def _step(w: Workload, p: Part, batch: float, precision: str, tp: int, input_tok
     kv = batch * (input_tokens + out / 2) * w.kv_bytes() / tp
     fl = 2 * w.active_params_b * 1e9 * batch * (1 + input_tokens / out) / tp
     return _Step(wb, kv, fl, (wb + kv) / (p.hbm_tb_per_s * 1e12), fl / (p.peak_tflops[precision] * 1e12),
-                 bpp / BYTES_PER_PARAM["bf16"], batch, w.n_layers(), tp)
+                 bpp / BYTES_PER_PARAM["bf16"], batch, w.n_layers(), tp,
+                 2 * w.active_params_b * 1e9 * batch / tp / (p.peak_tflops[precision] * 1e12))
 
 
 def _overhead_s(s: _Step, f: Fit) -> float:
@@ -370,7 +391,12 @@ def _overhead_s(s: _Step, f: Fit) -> float:
 
 
 def _step_time_s(s: _Step, f: Fit) -> float:
-    return _overhead_s(s, f) + s.mem_s / f.eta_mem + s.compute_s / f.eta_compute
+    """Overheads + the decode roofline (a decode pass reads the weights and KV once and does
+    the decode FLOPs: it lasts as long as the slower of the two) + the prefill, amortised
+    over the output tokens, at the compute roofline (prefill runs in steps or chunks of
+    hundreds to thousands of tokens, which are compute-bound)."""
+    return (_overhead_s(s, f) + max(s.mem_s / f.eta_mem, s.decode_compute_s / f.eta_compute)
+            + (s.compute_s - s.decode_compute_s) / f.eta_compute)
 
 
 def _v2_extra_s(s: _Step, f: Fit) -> float:
@@ -597,8 +623,8 @@ def _bounded_lsq(x: np.ndarray, y: np.ndarray, lower: np.ndarray) -> np.ndarray:
 
 
 _INPUT_GRID = tuple(float(v) for v in np.unique(np.round(np.geomspace(16, 8192, 40))))
-_STEP_TERMS = ("t0", "per_layer", "allreduce", "per_seq", "v2_t0", "v2_per_seq", "v2_per_worker",
-               "inv_eta_mem", "inv_eta_compute")
+_STEP_TERMS = ("t0", "per_layer", "allreduce", "per_seq", "v2_t0", "v2_per_seq", "v2_per_worker", "inv_eta_mem")
+_RATIO_GRID = tuple(float(v) for v in np.arange(1.0, 3.001, 0.05))  # eta_mem / eta_compute
 
 
 @dataclass(frozen=True)
@@ -614,9 +640,14 @@ class _StepDesign:
     comp1: np.ndarray
     task: tuple[str, ...]
 
-    def matrix(self, inputs: dict[str, float]) -> np.ndarray:
+    def matrix(self, inputs: dict[str, float], ratio: float) -> np.ndarray:
+        """Columns: the fixed terms, then the decode roofline max(memory s, ratio x decode
+        compute s) + ratio x prefill compute s, at eta_mem 1 (its coefficient is 1 / eta_mem;
+        eta_compute = eta_mem / ratio). comp0 is the decode compute (input 0), comp1 x input
+        the prefill's."""
         tokens = np.array([inputs[t] for t in self.task])
-        return np.column_stack([self.fixed, self.mem0 + self.mem1 * tokens, self.comp0 + self.comp1 * tokens])
+        roof = np.maximum(self.mem0 + self.mem1 * tokens, ratio * self.comp0) + ratio * self.comp1 * tokens
+        return np.column_stack([self.fixed, roof])
 
 
 def _step_design(rows: list[dict]) -> _StepDesign:
@@ -635,13 +666,14 @@ def _step_design(rows: list[dict]) -> _StepDesign:
                        tuple(r["task"] for r in rows))
 
 
-_STEP_LOWER = np.array([0.0] * 7 + [1.0, 1.0])  # every cost >= 0; efficiencies at most 100 %
+_STEP_LOWER = np.array([0.0] * 7 + [1.0])  # every cost >= 0; eta_mem at most 100 %
 
 
-def _fit_step(design: _StepDesign, inputs: dict[str, float]) -> tuple[np.ndarray, float]:
+def _fit_step(design: _StepDesign, inputs: dict[str, float], ratio: float) -> tuple[np.ndarray, float]:
     """The step-time coefficients (seconds, in _STEP_TERMS order) minimising the relative
-    error of every row's step time, given each task's input tokens; and that RMS error."""
-    x = design.matrix(inputs)
+    error of every row's step time, given each task's input tokens and the efficiency
+    ratio; and that RMS error."""
+    x = design.matrix(inputs, ratio)
     y = np.ones(len(x))
     coef = _bounded_lsq(x, y, _STEP_LOWER)
     return coef, float(np.sqrt(np.mean((x @ coef - y) ** 2)))
@@ -662,17 +694,23 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     rows = [r for r in fit_rows() if r["gpu"] != exclude_gpu]
     tasks = sorted({r["task"] for r in rows})
     inputs = {t: 256.0 for t in tasks}
+    ratio = 1.0
     design = _step_design(rows)
-    best = _fit_step(design, inputs)
+    best = _fit_step(design, inputs, ratio)
     for _ in range(3):
         for t in tasks:
             for v in _INPUT_GRID:
-                trial = _fit_step(design, {**inputs, t: v})
+                trial = _fit_step(design, {**inputs, t: v}, ratio)
                 if trial[1] < best[1]:
                     best, inputs = trial, {**inputs, t: v}
+        for v in _RATIO_GRID:
+            trial = _fit_step(design, inputs, v)
+            if trial[1] < best[1]:
+                best, ratio = trial, v
     coef, step_rms = best
     c = dict(zip(_STEP_TERMS, (float(v) for v in coef)))
-    f = Fit(c["t0"] * 1e3, c["per_seq"] * 1e6, 1 / c["inv_eta_mem"], 1 / c["inv_eta_compute"], inputs, 1.0,
+    eta_mem = 1 / c["inv_eta_mem"]
+    f = Fit(c["t0"] * 1e3, c["per_seq"] * 1e6, eta_mem, eta_mem / ratio, inputs, 1.0,
             0.0, 0.0, 0.0, 0.0, 0.0, step_rms, 0.0, len(rows), tuple(sorted({r["gpu"] for r in rows})),
             per_layer_us=c["per_layer"] * 1e6, allreduce_us=c["allreduce"] * 1e6, v2_t0_ms=c["v2_t0"] * 1e3,
             v2_per_seq_us=c["v2_per_seq"] * 1e6, v2_per_worker_ms=c["v2_per_worker"] * 1e3)
