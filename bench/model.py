@@ -145,8 +145,9 @@ def print_report(a: tuple[list[dict], list[dict], list[dict]], b: list[dict], c:
     print("perf_model fit:")
     print(f"  step time  t = {f.per_layer_us:.1f} us x layers + {f.allreduce_us:.1f} us x layers (TP > 1) + "
           f"{f.t0_ms:.2f} ms + {f.per_seq_us:.1f} us x batch")
-    print(f"                 + max(bytes / ({f.eta_mem:.3f} x HBM BW), decode FLOPs / ({f.eta_compute:.3f} x peak)) "
-          f"+ prefill FLOPs / ({f.eta_compute:.3f} x peak)")
+    print(f"                 + (m^p + c^p)^(1/p), p = {f.overlap_p:g}, m = bytes / ({f.eta_mem:.3f} x HBM BW), "
+          f"c = decode FLOPs / ({f.eta_compute:.3f} x peak)")
+    print(f"                 + prefill FLOPs / ({f.eta_compute:.3f} x peak)")
     print(f"  power/GPU  P = {f.p_static_w:.1f} W + {f.e_byte_pj:.1f} pJ/byte + {f.e_flop_pj:.3f} pJ/FLOP "
           f"+ {f.e_seq_mj:.1f} mJ per sequence-step (capped at TDP); relative RMS {100 * f.power_rel_rms:.1f} %; "
           f"held-out GPU {100 * f.power_transfer_rel:.1f} %")

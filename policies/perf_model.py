@@ -18,8 +18,9 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
     KV bytes      K = B x (input + output/2) x kv_bytes_per_token / tp
     FLOPs         F_dec = 2 x active x B / tp;  F_pre = F_dec x input / output  (amortised prefill)
     step time     t = per_layer x L + allreduce x L x [tp > 1] + t0 + c_seq x B
-                      + max((W + K) / (eta_mem x BW), F_dec / (eta_compute x peak(precision)))
-                      + F_pre / (eta_compute x peak(precision))
+                      + overlap_p((W + K) / (eta_mem x BW), F_dec / (eta_compute x peak(precision)))
+                      + F_pre / (eta_compute x peak(precision)),
+                  overlap_p(m, c) = (m^p + c^p)^(1/p)
     tokens/s      = B / t;  prompts/s = tokens/s / output;  TPOT p50/p95 = k50/k95 x t
     power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x w x (F_dec + F_pre) / t
                       + e_seq x B / t, capped at the TDP;
@@ -34,11 +35,12 @@ Why each step-time term (all fitted once, on every GPU's rows together, and the 
 every GPU, so a part better in every data-sheet figure is never predicted worse):
 
 * The roofline: a decode pass reads the weights and the KV cache once and does the decode
-  FLOPs; the two overlap, so it takes as long as the slower (memory at small batch,
-  compute at large). Prefill runs in steps (vLLM v0, ML.ENERGY v2) or chunks (vLLM v1,
-  v3) of hundreds to thousands of tokens, which are compute-bound, so it adds its FLOPs'
-  time, amortised over the output tokens. (Tried: the plain sum of memory and compute
-  time, and one max over decode and prefill together; see "What is not in the model".)
+  FLOPs. With full overlap it would take as long as the slower of the two (p = inf: memory
+  at small batch, compute at large); kernels overlap them only in part, most of all near
+  the ridge where both matter, so p is fitted (a grid from 1, no overlap, to inf; the fit
+  picks ~1.25). Prefill runs in steps (vLLM v0, ML.ENERGY v2) or chunks (vLLM v1, v3) of
+  hundreds to thousands of tokens, which are compute-bound, so it adds its FLOPs' time,
+  amortised over the output tokens.
 * per_layer x L: a decode step runs a fixed sequence of ~10 kernels per layer; at small
   batch each is too short to reach full bandwidth, and launch gaps add up. This is why a
   70B model (80 layers) takes several ms more per step than its bytes explain, an 8B
@@ -61,7 +63,7 @@ every GPU, so a part better in every data-sheet figure is never predicted worse)
   step-time factor of before); predictions are for the v3 engine.
 
 Fitted (see `fit()`): per_layer, allreduce, t0, c_seq, eta_mem and eta_compute (a search
-over their ratio), the three v2 terms, the effective input tokens of each ML.ENERGY task
+over their ratio), the overlap exponent p, the three v2 terms, the effective input tokens of each ML.ENERGY task
 (the summaries do not publish prompt lengths; being per-sequence too, these trade off
 against c_seq, so read them as fit parameters, not lengths), k50/k95 (ITL percentile over
 mean step time), p_static, e_byte, e_flop, e_seq of the power model, and one speed factor
@@ -81,12 +83,13 @@ What is not in the model, and why (figures from `python -m bench.model` when eac
   13 % -> 29-36 %); idle_w also has no data-sheet source; and it would make a part with a
   higher TDP and equal bandwidth and compute less efficient, against the invariant. Nor a
   power term per TP group or per layer (fitted to 0).
-* Memory and compute time summed (no overlap): 75 of 95 rows' tokens/s within 10 %, but
-  held out three (GPU, workload) medians above 20 % (A100 v2 8B 26.5 %, B200 8B 22.9 %,
-  B200 llm-code 20.1 %). One max over memory and all FLOPs (prefill fused into the
-  roofline): every held-out median within 20 %, but J/token within 10 % on 34 of 68 rows
-  (46 here) and B200 llm-chat-70b's held-out J/token 22 %; energy per prompt is what the
-  planner minimises. p-norms between them (p = 2 .. 6) did no better.
+* Other roofline shapes: memory and all compute time summed (no overlap, prefill
+  included): 75 of 95 rows' tokens/s within 10 %, but three held-out (GPU, workload)
+  medians above 20 % (A100 v2 8B 26.5 %, B200 8B 22.9 %, B200 llm-code 20.1 %). One max
+  over memory and all FLOPs (prefill fused into the roofline): every held-out median
+  within 20 %, but J/token within 10 % on only 34 of 68 rows and B200 llm-chat-70b's
+  held-out J/token 22 %; energy per prompt is what the planner minimises. A fixed p = inf
+  for the decode roofline here: 66 of 95 rows, two v2 held-out medians above 20 %.
 * A TP link-bandwidth term: negligible at decode sizes.
 
 Measured figures are data and keep their noise: a measured H100 point can beat the model's
@@ -207,6 +210,7 @@ class Fit:
     v2_t0_ms: float = 0.0  # ML.ENERGY v2's stack: extra cost per step
     v2_per_seq_us: float = 0.0  # ML.ENERGY v2's stack: extra cost per sequence per step
     v2_per_worker_ms: float = 0.0  # ML.ENERGY v2's stack: cost per step per extra TP worker
+    overlap_p: float = math.inf  # decode roofline (mem^p + compute^p)^(1/p): 1 no overlap, inf full
 
 
 @dataclass(frozen=True)
@@ -395,8 +399,17 @@ def _step_time_s(s: _Step, f: Fit) -> float:
     the decode FLOPs: it lasts as long as the slower of the two) + the prefill, amortised
     over the output tokens, at the compute roofline (prefill runs in steps or chunks of
     hundreds to thousands of tokens, which are compute-bound)."""
-    return (_overhead_s(s, f) + max(s.mem_s / f.eta_mem, s.decode_compute_s / f.eta_compute)
+    return (_overhead_s(s, f) + float(_overlap(s.mem_s / f.eta_mem, s.decode_compute_s / f.eta_compute, f.overlap_p))
             + (s.compute_s - s.decode_compute_s) / f.eta_compute)
+
+
+def _overlap(mem_s: np.ndarray | float, compute_s: np.ndarray | float, p: float) -> np.ndarray:
+    """The decode roofline with partial overlap: (mem^p + compute^p)^(1/p); p = 1 adds the
+    two (no overlap), p = inf is max (full overlap); between, the slower one dominates more
+    the further apart they are. Increasing in both, so more bandwidth or compute never hurts."""
+    if math.isinf(p):
+        return np.maximum(mem_s, compute_s)
+    return (np.asarray(mem_s) ** p + np.asarray(compute_s) ** p) ** (1 / p)
 
 
 def _v2_extra_s(s: _Step, f: Fit) -> float:
@@ -631,6 +644,7 @@ def _bounded_lsq(x: np.ndarray, y: np.ndarray, lower: np.ndarray) -> np.ndarray:
 _INPUT_GRID = tuple(float(v) for v in np.unique(np.round(np.geomspace(16, 8192, 40))))
 _STEP_TERMS = ("t0", "per_layer", "allreduce", "per_seq", "v2_t0", "v2_per_seq", "v2_per_worker", "inv_eta_mem")
 _RATIO_GRID = tuple(float(v) for v in np.arange(1.0, 3.001, 0.05))  # eta_mem / eta_compute
+_OVERLAP_GRID = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0, math.inf)  # the roofline's overlap exponent p
 
 
 @dataclass(frozen=True)
@@ -646,13 +660,13 @@ class _StepDesign:
     comp1: np.ndarray
     task: tuple[str, ...]
 
-    def matrix(self, inputs: dict[str, float], ratio: float) -> np.ndarray:
-        """Columns: the fixed terms, then the decode roofline max(memory s, ratio x decode
-        compute s) + ratio x prefill compute s, at eta_mem 1 (its coefficient is 1 / eta_mem;
+    def matrix(self, inputs: dict[str, float], ratio: float, p: float) -> np.ndarray:
+        """Columns: the fixed terms, then the decode roofline overlap(memory s, ratio x decode
+        compute s, p) + ratio x prefill compute s, at eta_mem 1 (its coefficient is 1 / eta_mem;
         eta_compute = eta_mem / ratio). comp0 is the decode compute (input 0), comp1 x input
         the prefill's."""
         tokens = np.array([inputs[t] for t in self.task])
-        roof = np.maximum(self.mem0 + self.mem1 * tokens, ratio * self.comp0) + ratio * self.comp1 * tokens
+        roof = _overlap(self.mem0 + self.mem1 * tokens, ratio * self.comp0, p) + ratio * self.comp1 * tokens
         return np.column_stack([self.fixed, roof])
 
 
@@ -675,11 +689,11 @@ def _step_design(rows: list[dict]) -> _StepDesign:
 _STEP_LOWER = np.array([0.0] * 7 + [1.0])  # every cost >= 0; eta_mem at most 100 %
 
 
-def _fit_step(design: _StepDesign, inputs: dict[str, float], ratio: float) -> tuple[np.ndarray, float]:
+def _fit_step(design: _StepDesign, inputs: dict[str, float], ratio: float, p: float) -> tuple[np.ndarray, float]:
     """The step-time coefficients (seconds, in _STEP_TERMS order) minimising the relative
-    error of every row's step time, given each task's input tokens and the efficiency
-    ratio; and that RMS error."""
-    x = design.matrix(inputs, ratio)
+    error of every row's step time, given each task's input tokens, the efficiency ratio
+    and the overlap exponent; and that RMS error."""
+    x = design.matrix(inputs, ratio, p)
     y = np.ones(len(x))
     coef = _bounded_lsq(x, y, _STEP_LOWER)
     return coef, float(np.sqrt(np.mean((x @ coef - y) ** 2)))
@@ -700,21 +714,25 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     rows = [r for r in fit_rows() if r["gpu"] != exclude_gpu]
     tasks = sorted({r["task"] for r in rows})
     inputs = {t: 256.0 for t in tasks}
-    ratio = 1.0
+    ratio, p = 1.0, math.inf
     design = _step_design(rows)
-    best = _fit_step(design, inputs, ratio)
+    best = _fit_step(design, inputs, ratio, p)
     for _ in range(4):  # coordinate search; stops when a round changes nothing
-        before = (dict(inputs), ratio)
+        before = (dict(inputs), ratio, p)
         for t in tasks:
             for v in _INPUT_GRID:
-                trial = _fit_step(design, {**inputs, t: v}, ratio)
+                trial = _fit_step(design, {**inputs, t: v}, ratio, p)
                 if trial[1] < best[1]:
                     best, inputs = trial, {**inputs, t: v}
         for v in _RATIO_GRID:
-            trial = _fit_step(design, inputs, v)
+            trial = _fit_step(design, inputs, v, p)
             if trial[1] < best[1]:
                 best, ratio = trial, v
-        if (inputs, ratio) == before:
+        for v in _OVERLAP_GRID:
+            trial = _fit_step(design, inputs, ratio, v)
+            if trial[1] < best[1]:
+                best, p = trial, v
+        if (inputs, ratio, p) == before:
             break
     coef, step_rms = best
     c = dict(zip(_STEP_TERMS, (float(v) for v in coef)))
@@ -722,7 +740,7 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     f = Fit(c["t0"] * 1e3, c["per_seq"] * 1e6, eta_mem, eta_mem / ratio, inputs, 1.0,
             0.0, 0.0, 0.0, 0.0, 0.0, step_rms, 0.0, len(rows), tuple(sorted({r["gpu"] for r in rows})),
             per_layer_us=c["per_layer"] * 1e6, allreduce_us=c["allreduce"] * 1e6, v2_t0_ms=c["v2_t0"] * 1e3,
-            v2_per_seq_us=c["v2_per_seq"] * 1e6, v2_per_worker_ms=c["v2_per_worker"] * 1e3)
+            v2_per_seq_us=c["v2_per_seq"] * 1e6, v2_per_worker_ms=c["v2_per_worker"] * 1e3, overlap_p=p)
     # power: P = p_static + e_byte * bytes/t + e_flop * flops/t + e_seq * batch/t, relative error
     x, y = [], []
     for r in (r for r in rows if r["dataset"] == "mlenergy-v3"):
