@@ -65,7 +65,10 @@ every GPU, so a part better in every data-sheet figure is never predicted worse)
 Fitted (see `fit()`): per_layer, allreduce, t0, c_seq, eta_mem and eta_compute (a search
 over their ratio), the overlap exponent p, the three v2 terms, the effective input tokens of each ML.ENERGY task
 (the summaries do not publish prompt lengths; being per-sequence too, these trade off
-against c_seq, so read them as fit parameters, not lengths), k50/k95 (ITL percentile over
+against c_seq, so read them as fit parameters, not lengths; v2's is capped by what its
+measured batches leave room for in the KV cache, see `_max_input_tokens`, which is what
+separates v2's prefill from its CPU cost per sequence when one of its two GPUs is held
+out), k50/k95 (ITL percentile over
 mean step time), p_static, e_byte, e_flop, e_seq of the power model, and one speed factor
 of the MLPerf submitters' serving stacks against the fitted vLLM rows (used only to
 reproduce MLPerf results: predictions are for a vLLM-like engine). Memory: weights + KV
@@ -689,6 +692,24 @@ def _step_design(rows: list[dict]) -> _StepDesign:
 _STEP_LOWER = np.array([0.0] * 7 + [1.0])  # every cost >= 0; eta_mem at most 100 %
 
 
+def _max_input_tokens(rows: list[dict]) -> float:
+    """The longest mean input with which every row's measured batch fits in its GPUs' KV
+    cache: (MEMORY_UTILIZATION x memory x GPUs - weights) / KV bytes per token / batch -
+    output / 2 (a sequence is on average half-way through its output); inf for no rows.
+    The effective input of ML.ENERGY v2's task is searched only up to this over its v2
+    rows: that engine (vLLM v0, no prefix caching by default) could not have run the batch
+    otherwise. Not for v3: vLLM v1 caches shared prefixes (system prompts, a repository's
+    context), so sequences share KV blocks and skip their prefill, and its effective input
+    is the uncached part."""
+    out = math.inf
+    for r in rows:
+        a = _architecture(r["model_id"])
+        kv_bytes = (MEMORY_UTILIZATION * parts()[r["gpu"]].memory_gib * GIB * r["num_gpus"]
+                    - a["total_params_b"] * 1e9 * BYTES_PER_PARAM[r["precision"]])
+        out = min(out, kv_bytes / a["kv_bytes_per_token_bf16"] / r["avg_batch_size"] - r["mean_output_tokens"] / 2)
+    return out
+
+
 def _fit_step(design: _StepDesign, inputs: dict[str, float], ratio: float, p: float) -> tuple[np.ndarray, float]:
     """The step-time coefficients (seconds, in _STEP_TERMS order) minimising the relative
     error of every row's step time, given each task's input tokens, the efficiency ratio
@@ -713,14 +734,17 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     GPU's rows enter nothing: not the step, power, ITL or MLPerf factor fits."""
     rows = [r for r in fit_rows() if r["gpu"] != exclude_gpu]
     tasks = sorted({r["task"] for r in rows})
-    inputs = {t: 256.0 for t in tasks}
+    ceiling = {t: _max_input_tokens([r for r in rows if r["task"] == t and r["dataset"] == "mlenergy-v2"])
+               for t in tasks}
+    grid = {t: [v for v in _INPUT_GRID if v <= ceiling[t]] or [_INPUT_GRID[0]] for t in tasks}
+    inputs = {t: min(256.0, grid[t][-1]) for t in tasks}
     ratio, p = 1.0, math.inf
     design = _step_design(rows)
     best = _fit_step(design, inputs, ratio, p)
     for _ in range(4):  # coordinate search; stops when a round changes nothing
         before = (dict(inputs), ratio, p)
         for t in tasks:
-            for v in _INPUT_GRID:
+            for v in grid[t]:
                 trial = _fit_step(design, {**inputs, t: v}, ratio, p)
                 if trial[1] < best[1]:
                     best, inputs = trial, {**inputs, t: v}

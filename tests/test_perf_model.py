@@ -339,3 +339,20 @@ def test_the_fit_reproduces_its_rows_and_predicts_held_out_gpus():
                 by_model.setdefault((r["model_id"], r["dataset"]), []).append(
                     abs(pm.reproduce_row(r, held)["tokens_per_s"] / r["output_tokens_per_s"] - 1))
         assert all(statistics.median(v) < 0.25 for v in by_model.values()), (gpu, by_model)
+
+
+def test_ml_energy_v2s_effective_input_lets_its_measured_batches_fit_in_memory():
+    v2 = [r for r in pm.fit_rows() if r["dataset"] == "mlenergy-v2"]
+    for gpu in (None, "H100", "A100-SXM4-40GB"):
+        f = pm.fit(exclude_gpu=gpu)
+        for r in v2:
+            if r["gpu"] == gpu:
+                continue
+            w = pm._row_workload(r, f.input_tokens["chat"])
+            context = f.input_tokens["chat"] + r["mean_output_tokens"] / 2
+            kv_gib = r["avg_batch_size"] * context * w.kv_bytes() / pm.GIB
+            weights_gib = w.total_params_b * 1e9 * 2 / pm.GIB
+            assert weights_gib + kv_gib <= pm.MEMORY_UTILIZATION * pm.parts()[r["gpu"]].memory_gib * r["num_gpus"]
+    # the ceiling binds somewhere: a row it comes from would not fit one grid step higher
+    assert pm._max_input_tokens(v2) < pm._INPUT_GRID[-1]
+    assert pm._max_input_tokens([]) == math.inf
