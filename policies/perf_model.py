@@ -63,22 +63,23 @@ every GPU, so a part better in every data-sheet figure is never predicted worse)
   step-time factor of before); predictions are for the v3 engine.
 
 Fitted (see `fit()`): per_layer, allreduce, t0, c_seq, eta_mem and eta_compute (a search
-over their ratio), the overlap exponent p, the three v2 terms, the effective input tokens of each ML.ENERGY task
-(the summaries do not publish prompt lengths; being per-sequence too, these trade off
-against c_seq, so read them as fit parameters, not lengths; v2's is capped by what its
-measured batches leave room for in the KV cache, see `_max_input_tokens`, which is what
-separates v2's prefill from its CPU cost per sequence when one of its two GPUs is held
-out), k50/k95 (ITL percentile over
-mean step time), p_static, e_byte, e_flop, e_seq of the power model, and one speed factor
-of the MLPerf submitters' serving stacks against the fitted vLLM rows (used only to
-reproduce MLPerf results: predictions are for a vLLM-like engine). Memory: weights + KV
-cache of the whole context at that batch must fit in 90 % of the GPUs' memory (vLLM's
-default gpu_memory_utilization). Each figure says where it comes from: "measured" (that
-exact point is in the data), "fitted" (the fit, on a GPU that was measured), "roofline"
-(the fit, on a GPU that was not), "nominal" (training: no public per-accelerator figure
-found; a nominal MFU).
+over their ratio), the overlap exponent p, the three v2 terms, the effective input tokens
+of each ML.ENERGY task (the summaries do not publish prompt lengths; being per-sequence
+too, these trade off against c_seq, so read them as fit parameters, not lengths; v2's is
+capped by what its measured batches leave room for in the KV cache, see
+`_max_input_tokens`, which is what separates v2's prefill from its CPU cost per sequence
+when one of its two GPUs is held out), k50/k95 (ITL percentile over mean step time),
+p_static, e_byte, e_flop, e_seq of the power model, and one speed factor of the MLPerf
+submitters' serving stacks against the fitted vLLM rows (used only to reproduce MLPerf
+results: predictions are for a vLLM-like engine). Memory: weights + KV cache of the whole
+context at that batch must fit in 90 % of the GPUs' memory (vLLM's default
+gpu_memory_utilization). Each figure says where it comes from: "measured" (that exact
+point is in the data), "fitted" (the fit, on a GPU that was measured), "roofline" (the
+fit, on a GPU that was not), "nominal" (training: no public per-accelerator figure found;
+a nominal MFU).
 
-What is not in the model, and why (figures from `python -m bench.model` when each was tried):
+What is not in the model, and why (each tried while building this one; the figures are
+those of the fit it was tried in, before later terms were added):
 
 * A per-GPU static power (the catalog's idle_w, or a share of the TDP): in-sample power
   within 10 % went from 39 to 42-44 of 68 rows, but with one v3 GPU held out it is
