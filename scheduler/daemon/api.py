@@ -26,6 +26,8 @@ import orjson
 
 from scheduler.accounting import GROUPINGS, Accountant, NotFound, parse_period
 from scheduler.daemon.service import Caller, JobService, RequestError
+from scheduler.profiles import learned_view
+from scheduler.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -410,3 +412,18 @@ def accounting_routes(accountant: Accountant, service: JobService) -> dict:
             raise RequestError(404, str(e)) from None
 
     return {("GET", "report"): report, ("GET", "export"): export, ("GET", "receipt"): receipt}
+
+
+def profile_routes(store: Store) -> dict:
+    """Routes for `ApiServer(extra_routes=...)`: GET /v1/profiles[?workload=W], the learned
+    workload profiles beside the seeds they correct (`scheduler.profiles.learned_view`).
+
+    Every user may read them: they are the fleet's figures per (workload, GPU model), the
+    ones the planner uses for everyone's jobs, and name no job, user or command.
+    """
+    def profiles(caller, query: dict) -> dict:
+        workload = query.get("workload", [None])[0]
+        with store.read() as conn:
+            return {"profiles": learned_view(conn, workload or None)}
+
+    return {("GET", "profiles"): profiles}
