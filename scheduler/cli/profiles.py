@@ -18,6 +18,7 @@ said to be unavailable: not an error. Only the standard library is imported at m
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
@@ -45,6 +46,7 @@ def fetch_learned(args, config: dict) -> tuple[list[dict] | None, str | None]:
     """(learned profiles as `scheduler.profiles.learned_view` gives them, None) or, when no
     daemon or database answers, (None, why): learned figures are optional here."""
     if args.db:
+        from sqlalchemy.engine import make_url
         from sqlalchemy.exc import SQLAlchemyError
 
         from scheduler.profiles import learned_view
@@ -52,6 +54,9 @@ def fetch_learned(args, config: dict) -> tuple[list[dict] | None, str | None]:
         from scheduler.store.engine import SchemaError
 
         try:
+            url = make_url(args.db)
+            if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
+                return None, f"no database file at {url.database}"  # opening it would create one
             store = Store(args.db)
         except (SQLAlchemyError, ValueError) as e:
             return None, f"cannot open the database: {type(e).__name__}: {e}"
