@@ -115,8 +115,9 @@ def resolve(name: str, learned: list[dict] | None) -> Workload | None:
 
 
 def _gpus_shown(gpus: tuple[str, ...], learned: list[dict]) -> list[str]:
-    """The GPU models asked for, then any other model this cluster learned the workload on."""
-    return [*gpus, *sorted({r["model"] for r in learned} - set(gpus))]
+    """The GPU models asked for, then any other model this cluster ran the workload on (not
+    those whose seed is only corrected by runs elsewhere: that is every seeded model)."""
+    return [*gpus, *sorted({r["model"] for r in learned if r["runs"] > 0} - set(gpus))]
 
 
 def workload_view(name: str, learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GPUS,
@@ -151,11 +152,12 @@ def summary_view(learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GP
     """Everything `carbonsched profiles` shows without --workload: per preset (then per
     workload known only from learned profiles) the model's best point on each GPU model,
     and the runs learned here per GPU model. Keys: `workloads`: [{`workload`
-    (workload_info), `gpus`: [model_figures + `runs`]}], `learned_available`, `learned_note`,
-    `source_kinds`."""
+    (workload_info), `gpus`: [model_figures + `runs`], `learned_runs`: {GPU model: runs, for
+    models with runs}}], `learned_available`, `learned_note`, `source_kinds`."""
     runs: dict[str, dict[str, int]] = {}
     for r in learned or ():
-        runs.setdefault(r["workload"], {})[r["model"]] = r["runs"]
+        if r["runs"] > 0:
+            runs.setdefault(r["workload"], {})[r["model"]] = r["runs"]
     out = []
     for name, w in perf_model.presets().items():
         out.append({"workload": workload_info(w),

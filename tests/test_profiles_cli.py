@@ -250,11 +250,11 @@ def test_seed_vs_learned_with_runs_from_the_store(store, capsys, no_daemon):
     lines = out.splitlines()
     assert any(line.startswith("GPU ") and "RUNS" in line and "SEED>LEARNED" in line for line in lines)
     h100 = next(line for line in lines if line.startswith("H100 ") and " > " in line)
-    assert " 3 " in h100 and "+-" in h100 and "measured here (n=3)" in h100
+    assert " 3 " in h100 and "+-" in h100
 
     code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--db", url)
     row = next(line for line in out.splitlines() if line.startswith(WORKLOAD + " "))
-    assert re.search(r"\bB200 1\b", row) and re.search(r"\bH100 3\b", row)
+    assert row.endswith("  B200 1, H100 3")  # models with runs of their own only
 
 
 def test_seed_vs_learned_through_the_daemon_socket(store, capsys, no_daemon, tmp_path):

@@ -202,13 +202,12 @@ def workload_text(view: dict) -> str:
             continue
         rows.append([e["gpu"], _pair(seed, got, "prompts_per_s", ".3g"), _pair(seed, got, "power_w", ".0f"),
                      _pair(seed, got, "j_per_prompt", ".3g"), str(e["runs"]),
-                     "-" if e["rel_uncertainty"] is None else f"+-{e['rel_uncertainty'] * 100:.0f}%",
-                     got["source"] or "-"])
+                     "-" if e["rel_uncertainty"] is None else f"+-{e['rel_uncertainty'] * 100:.0f}%"])
     if not rows:
         lines.append(f"no runs of {w['name']} learned yet: the planner uses the seed profiles")
     else:
         lines.append(table(["GPU", "PROMPTS/S SEED>LEARNED", "W SEED>LEARNED", "J/PROMPT SEED>LEARNED", "RUNS",
-                            "+-PROMPTS/S", "LEARNED FROM"], rows))
+                            "+-PROMPTS/S"], rows))
         lines.append("  RUNS: completed runs folded in (0: corrected by this workload's runs on other GPU models); "
                      "+-: standard error of the median (2 runs or more)")
     return "\n".join(lines)
