@@ -14,7 +14,7 @@ entry says so (`nominal: true`, source "nominal"), and it has no TTFT or TPOT (n
 from __future__ import annotations
 
 import difflib
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 from policies import perf_model
 from policies.perf_model import Prediction, Workload
@@ -30,6 +30,27 @@ SOURCE_KINDS = {
     "power-model": "power from the model fitted on the measured GPUs; +-: its error on a GPU it had not seen",
     NOMINAL: f"no sourced figure: training at a nominal MFU of {perf_model.NOMINAL_TRAIN_MFU:g}",
 }
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency limits an operating point must meet (p95, ms; None: no limit), as
+    `perf_model.best_point` takes them."""
+
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    latency_p95_ms: float | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+    def text(self) -> str:
+        names = {"ttft_p95_ms": "TTFT p95", "tpot_p95_ms": "TPOT p95", "latency_p95_ms": "latency p95"}
+        return ", ".join(f"{names[k]} <= {v:g} ms" for k, v in asdict(self).items() if v is not None)
+
+
+class NoLatencyModel(ValueError):
+    """A latency limit asked of a workload whose latency the model does not predict (training)."""
 
 
 class UnknownWorkload(ValueError):
@@ -73,13 +94,16 @@ def source_kind(p: Prediction) -> str:
     return p.sources.get("throughput", NOMINAL)
 
 
-def model_figures(w: Workload, gpu: str) -> dict:
+def model_figures(w: Workload, gpu: str, slo: Slo = Slo()) -> dict:
     """The model's best operating point of `w` on `gpu` (`perf_model.best_point`: the lowest
-    J/prompt that fits in memory, no latency limit) and its figures; throughput and power
-    are for the whole tensor-parallel group (`point.tp` GPUs). `fits` is False, and the
-    figures None, when no operating point up to TP 8 fits in memory or the part lacks the
-    workload's precision; `why` says which (None when it fits)."""
-    best = perf_model.best_point(w, gpu)
+    J/prompt that fits in memory and meets `slo`) and its figures; throughput and power are
+    for the whole tensor-parallel group (`point.tp` GPUs). `fits` is False, and the figures
+    None, when no operating point up to TP 8 fits in memory, the part lacks the workload's
+    precision, or no point that fits meets the SLO; `why` says which (None when it fits).
+    A latency limit on training raises NoLatencyModel."""
+    if slo.any() and is_nominal(w):
+        raise NoLatencyModel(f"{w.name} has no latency model (nominal training): a latency limit cannot apply")
+    best = perf_model.best_point(w, gpu, **asdict(slo))
     keys = ("prompts_per_s", "output_tokens_per_s", "power_w", "j_per_prompt", "j_per_token", "ttft_p50_ms",
             "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms", "latency_p95_ms", "memory_needed_gib",
             "memory_available_gib", "power_uncertainty_rel")
@@ -88,6 +112,8 @@ def model_figures(w: Workload, gpu: str) -> dict:
                "nominal": is_nominal(w)}
         if not perf_model.parts()[gpu].supports(w.precision):
             return {**out, "why": f"{gpu} has no {w.precision} support"}
+        if slo.any() and perf_model.best_point(w, gpu) is not None:
+            return {**out, "why": f"no operating point meets {slo.text()}"}
         smallest = perf_model.predict(w, gpu, perf_model.OperatingPoint(1, w.precision, 8))
         return {**out, "memory_needed_gib": smallest.memory_needed_gib,
                 "memory_available_gib": smallest.memory_available_gib,
@@ -121,37 +147,39 @@ def _gpus_shown(gpus: tuple[str, ...], learned: list[dict]) -> list[str]:
 
 
 def workload_view(name: str, learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GPUS,
-                  learned_note: str | None = None) -> dict:
+                  learned_note: str | None = None, slo: Slo = Slo()) -> dict:
     """Everything `carbonsched profiles --workload NAME` shows. `learned` is the store's
     `learned_view` (None: unavailable, with `learned_note` saying why).
 
     Keys: `workload` (workload_info, or only `name` for a workload the model does not know),
     `gpus`: one entry per GPU model with the model's figures (model_figures; absent for a
     GPU model the catalog does not know) and `seed`, `learned`, `runs`, `runs_kept`,
-    `rel_uncertainty` from the store (None / 0 without learned figures), `learned_available`,
-    `learned_note`, `source_kinds` (what each source word means)."""
+    `rel_uncertainty` from the store (None / 0 without learned figures), `slo` (the latency
+    limits applied, Slo's fields), `learned_available`, `learned_note`, `source_kinds` (what
+    each source word means)."""
     w = resolve(name, learned)
     mine = [r for r in learned or () if r["workload"] == name]
     by_model = {r["model"]: r for r in mine}
     known = set(perf_model.parts())
     entries = []
     for gpu in _gpus_shown(gpus, mine):
-        entry = model_figures(w, gpu) if w is not None and gpu in known else {"gpu": gpu}
+        entry = model_figures(w, gpu, slo) if w is not None and gpu in known else {"gpu": gpu}
         r = by_model.get(gpu)
         entry.update(seed=r["seed"] if r else None, learned=r["learned"] if r else None,
                      runs=r["runs"] if r else 0, runs_kept=r["runs_kept"] if r else 0,
                      rel_uncertainty=r["rel_uncertainty"] if r else None)
         entries.append(entry)
     return {"workload": workload_info(w) if w is not None else {"name": name, "kind": None, "nominal": False},
-            "gpus": entries, "learned_available": learned is not None, "learned_note": learned_note,
-            "source_kinds": SOURCE_KINDS}
+            "gpus": entries, "slo": asdict(slo), "slo_text": slo.text() or None, "learned_available": learned is not None,
+            "learned_note": learned_note, "source_kinds": SOURCE_KINDS}
 
 
 def summary_view(learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GPUS,
-                 learned_note: str | None = None) -> dict:
+                 learned_note: str | None = None, slo: Slo = Slo()) -> dict:
     """Everything `carbonsched profiles` shows without --workload: per preset (then per
-    workload known only from learned profiles) the model's best point on each GPU model,
-    and the runs learned here per GPU model. Keys: `workloads`: [{`workload`
+    workload known only from learned profiles) the model's best point on each GPU model
+    (under `slo`; training, which has no latency model, is left out when one is given), and
+    the runs learned here per GPU model. Keys: `workloads`: [{`workload`
     (workload_info), `gpus`: [model_figures + `runs`], `learned_runs`: {GPU model: runs, for
     models with runs}}], `learned_available`, `learned_note`, `source_kinds`."""
     runs: dict[str, dict[str, int]] = {}
@@ -160,14 +188,16 @@ def summary_view(learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GP
             runs.setdefault(r["workload"], {})[r["model"]] = r["runs"]
     out = []
     for name, w in perf_model.presets().items():
+        if slo.any() and is_nominal(w):
+            continue
         out.append({"workload": workload_info(w),
-                    "gpus": [{**model_figures(w, g), "runs": runs.get(name, {}).get(g, 0)} for g in gpus],
+                    "gpus": [{**model_figures(w, g, slo), "runs": runs.get(name, {}).get(g, 0)} for g in gpus],
                     "learned_runs": runs.get(name, {})})
     for name in sorted(set(runs) - set(perf_model.presets())):
         out.append({"workload": {"name": name, "kind": None, "nominal": False}, "gpus": [],
                     "learned_runs": runs[name]})
-    return {"workloads": out, "learned_available": learned is not None, "learned_note": learned_note,
-            "source_kinds": SOURCE_KINDS}
+    return {"workloads": out, "slo": asdict(slo), "slo_text": slo.text() or None, "learned_available": learned is not None,
+            "learned_note": learned_note, "source_kinds": SOURCE_KINDS}
 
 
 def frontier_curve(w: Workload, gpu: str) -> list[tuple[float, float]]:

@@ -313,3 +313,50 @@ def test_without_a_daemon_or_a_usable_database_learned_figures_are_unavailable_n
     code, out, err = run_cli(capsys, *no_daemon, "profiles", "--db", f"sqlite:///{missing}")
     assert code == 0, err
     assert f"no database file at {missing}" in out and not missing.exists()  # a read creates nothing
+
+
+# -- latency limits -----------------------------------------------------------------------------
+
+def test_latency_limits_pick_the_best_point_that_meets_them(capsys, no_daemon):
+    w = perf_model.preset(WORKLOAD)
+    code, out, err = run_cli(capsys, *no_daemon, "profiles", "--workload", WORKLOAD, "--tpot-slo", "40ms",
+                             "--ttft-slo", "2s", "--json")
+    assert code == 0, err
+    view = json.loads(out)
+    assert view["slo"] == {"ttft_p95_ms": 2000.0, "tpot_p95_ms": 40.0, "latency_p95_ms": None}
+    unconstrained = {g: perf_model.best_point(w, g) for g in FLEET_GPUS}
+    for e in view["gpus"]:
+        best = perf_model.best_point(w, e["gpu"], ttft_p95_ms=2000.0, tpot_p95_ms=40.0)
+        assert e["point"]["max_batch"] == best.point.max_batch and e["point"]["tp"] == best.point.tp
+        assert e["tpot_p95_ms"] <= 40.0 and e["j_per_prompt"] == pytest.approx(best.j_per_prompt)
+        assert e["j_per_prompt"] >= unconstrained[e["gpu"]].j_per_prompt  # a limit never makes it cheaper
+    assert any(e["j_per_prompt"] > unconstrained[e["gpu"]].j_per_prompt for e in view["gpus"])
+
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--workload", WORKLOAD, "--tpot-slo", "1ms")
+    assert code == 0 and "TPOT p95 <= 1 ms" in out
+    row = next(line for line in out.splitlines() if line.startswith("H100 "))
+    assert "none: no operating point meets TPOT p95 <= 1 ms" in row
+
+
+def test_a_bare_latency_limit_is_ms_and_a_malformed_one_exits_2(capsys, no_daemon):
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--workload", WORKLOAD, "--latency-slo", "90000", "--json")
+    assert code == 0 and json.loads(out)["slo"]["latency_p95_ms"] == 90000.0
+    for bad in ("4x", "0ms", "-3"):
+        code, _, err = run_cli(capsys, *no_daemon, "profiles", "--tpot-slo", bad)
+        assert code == EXIT_USAGE and err.startswith("carbonsched: --tpot-slo"), (bad, err)
+
+
+def test_training_has_no_latency_model_so_a_limit_on_it_is_refused(capsys, no_daemon):
+    code, out, err = run_cli(capsys, *no_daemon, "profiles", "--workload", "train", "--tpot-slo", "40ms")
+    assert code == EXIT_USAGE and out == "" and "no latency model" in err
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--tpot-slo", "40ms", "--json")
+    names = [x["workload"]["name"] for x in json.loads(out)["workloads"]]
+    assert code == 0 and "train" not in names and "finetune" not in names and WORKLOAD in names
+
+
+def test_the_plot_draws_a_tpot_limit(capsys, no_daemon, tmp_path):
+    plot = tmp_path / "slo.png"
+    code, _, err = run_cli(capsys, *no_daemon, "profiles", "--workload", WORKLOAD, "--tpot-slo", "40ms",
+                           "--plot", str(plot))
+    assert code == 0, err
+    assert _png_size(plot) == (900, 550)

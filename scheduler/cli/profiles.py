@@ -1,14 +1,17 @@
 """`carbonsched profiles`: what the performance model predicts per GPU model, and what this
 cluster has learned.
 
-    carbonsched profiles [--workload W] [--gpu MODEL ...] [--json] [--plot FILE.png] [--db URL]
+    carbonsched profiles [--workload W] [--gpu MODEL ...] [--ttft-slo DUR] [--tpot-slo DUR]
+                         [--latency-slo DUR] [--json] [--plot FILE.png] [--db URL]
 
 Without --workload, a summary over the model's preset workloads: J/prompt at the best
 operating point per GPU model, its source, and the runs learned here. With --workload, per
 GPU model the best operating point (batch limit, precision, TP degree), prompts/s, W,
 J/prompt, J/token, TTFT/TPOT p95, memory, where each figure comes from and the power
 model's uncertainty; then the seed profile beside the learned one with the number of runs
-behind it. `--plot` draws J/token against TPOT p95 per GPU model (the frontier).
+behind it. `--plot` draws J/token against TPOT p95 per GPU model (the frontier). The SLO
+flags (p95 limits: `40ms`, `2s`; a bare number is ms) pick the best point that meets them,
+as the planner does for a job with those SLOs.
 
 Learned profiles come from the daemon (GET /v1/profiles), or with `--db URL` from the store
 directly. When neither answers, the model's figures are shown and the learned ones are
@@ -34,6 +37,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--workload", metavar="W", help="one workload in detail (default: a summary of the presets)")
     p.add_argument("--gpu", metavar="MODEL", action="append",
                    help="GPU models to show, repeatable (default: MI300X MI325X MI355X A100 H100 H200 B200)")
+    for flag, what in (("--ttft-slo", "time to first token"), ("--tpot-slo", "time per output token"),
+                       ("--latency-slo", "per-prompt latency")):
+        p.add_argument(flag, metavar="DUR", help=f"best point whose p95 {what} is at most DUR (40ms, 2s; "
+                                                 "a bare number is ms)")
     p.add_argument("--json", action="store_true", help="JSON with stable keys")
     p.add_argument("--plot", metavar="FILE.png", help="draw J/token against TPOT p95 per GPU model (needs --workload)")
     p.add_argument("--db", help="read learned profiles from this database instead of asking the daemon (operators)")
@@ -85,9 +92,24 @@ def fetch_learned(args, config: dict) -> tuple[list[dict] | None, str | None]:
 
 # -- the verb ---------------------------------------------------------------------------------
 
+def parse_slo_ms(flag: str, text: str | None) -> float | None:
+    """A latency limit in ms: a duration (`40ms`, `2s`) or a bare number of ms."""
+    if text is None:
+        return None
+    from scheduler.timeparse import parse_duration
+
+    try:
+        ms = float(text) if text.strip().replace(".", "", 1).isdigit() else parse_duration(text) * 1000
+    except ValueError as e:
+        raise CliError(f"{flag}: {e}", EXIT_USAGE) from None
+    if not ms > 0:
+        raise CliError(f"{flag}: must be more than 0 (got {text!r})", EXIT_USAGE)
+    return ms
+
+
 def cmd_profiles(args, config: dict) -> int:
     from scheduler import profile_view
-    from scheduler.profile_view import FLEET_GPUS, UnknownWorkload
+    from scheduler.profile_view import FLEET_GPUS, NoLatencyModel, Slo, UnknownWorkload
 
     gpus = tuple(args.gpu) if args.gpu else FLEET_GPUS
     unknown = [g for g in gpus if g not in profile_view.perf_model.parts()]
@@ -96,13 +118,15 @@ def cmd_profiles(args, config: dict) -> int:
                        f"{', '.join(profile_view.perf_model.parts())}", EXIT_USAGE)
     if args.plot and not args.workload:
         raise CliError("--plot draws one workload's frontier: give --workload W", EXIT_USAGE)
+    slo = Slo(parse_slo_ms("--ttft-slo", args.ttft_slo), parse_slo_ms("--tpot-slo", args.tpot_slo),
+              parse_slo_ms("--latency-slo", args.latency_slo))
     learned, note = fetch_learned(args, config)
     try:
         if args.workload:
-            view = profile_view.workload_view(args.workload, learned, gpus=gpus, learned_note=note)
+            view = profile_view.workload_view(args.workload, learned, gpus=gpus, learned_note=note, slo=slo)
         else:
-            view = profile_view.summary_view(learned, gpus=gpus, learned_note=note)
-    except UnknownWorkload as e:
+            view = profile_view.summary_view(learned, gpus=gpus, learned_note=note, slo=slo)
+    except (UnknownWorkload, NoLatencyModel) as e:
         raise CliError(str(e), EXIT_USAGE) from None
     if args.json:
         sys.stdout.write(json.dumps(view, indent=2) + "\n")
@@ -113,7 +137,7 @@ def cmd_profiles(args, config: dict) -> int:
         if w is None:
             raise CliError(f"{args.workload}: no model preset, so no frontier to plot (learned figures only)",
                            EXIT_USAGE)
-        plot_frontier(w, [g for g in gpus if g in profile_view.perf_model.parts()], args.plot)
+        plot_frontier(w, [g for g in gpus if g in profile_view.perf_model.parts()], args.plot, slo)
         if not args.json:
             print(f"plot: {args.plot}")
     return 0
@@ -124,7 +148,7 @@ def cmd_profiles(args, config: dict) -> int:
 def _num(v: float | None, fmt: str) -> str:
     if v is None:
         return "-"
-    if fmt == ".3g" and abs(v) >= 1000:  # 3 significant digits, never an exponent
+    if fmt == ".3g" and abs(v) >= 999.5:  # 3 significant digits, never an exponent
         return f"{v:,.0f}"
     return format(v, fmt)
 
@@ -167,7 +191,8 @@ def workload_text(view: dict) -> str:
                      f"tokens per {unit}.{nominal}")
         if w["note"]:
             lines.append(f"  {w['note']}")
-        lines += ["", f"best operating point per GPU model (lowest J/{unit} that fits in memory, no latency limit); "
+        limit = view["slo_text"] or "no latency limit"
+        lines += ["", f"best operating point per GPU model (lowest J/{unit} that fits in memory, {limit}); "
                       f"{unit.upper()}S/S and W for the TP group", ""]
         rows = []
         for e in view["gpus"]:
@@ -175,7 +200,7 @@ def workload_text(view: dict) -> str:
                 continue
             if not e["fits"]:
                 rows.append([e["gpu"], "-", "-", "-", "-", "-", "-", "-", _num(e["memory_needed_gib"], ".0f") + "/"
-                             + _num(e["memory_available_gib"], ".0f"), f"does not fit: {e['why']}", "-"])
+                             + _num(e["memory_available_gib"], ".0f"), f"none: {e['why']}", "-"])
                 continue
             rows.append([e["gpu"], _point(e), _num(e["prompts_per_s"], ".3g"), _num(e["power_w"], ".0f"),
                          _num(e["j_per_prompt"], ".3g"), _num(e["j_per_token"], ".3g"),
@@ -239,20 +264,23 @@ def summary_text(view: dict) -> str:
                 cells.append(f"{_num(e['j_per_prompt'], '.3g')} {letters.get(e['source'], '?')}")
         learned = ", ".join(f"{m} {n}" for m, n in sorted(item["learned_runs"].items()))
         rows.append([name, *cells, learned or "-"])
-    lines = ["J per prompt (per sample for training) at each GPU model's best operating point "
-             "(carbonsched profiles --workload W for the point and every figure)", "",
+    lines = ["J per prompt (per sample for training) at each GPU model's best operating point"
+             + (f" meeting {view['slo_text']}" if view["slo_text"] else "")
+             + " (carbonsched profiles --workload W for the point and every figure)", "",
              table(["WORKLOAD", *gpus, "LEARNED RUNS"], rows), "",
              "  m measured, f fitted, r roofline (the fit on a GPU never measured), n nominal "
-             "(no sourced figure: training at a nominal MFU); - no operating point fits"]
+             "(no sourced figure: training at a nominal MFU); - no operating point fits"
+             + (" or meets the limits" if view["slo_text"] else "")]
     lines += _learned_lines(view)
     return "\n".join(lines)
 
 
 # -- plot -------------------------------------------------------------------------------------
 
-def plot_frontier(w, gpus: list[str], path: str) -> None:
+def plot_frontier(w, gpus: list[str], path: str, slo=None) -> None:
     """J/token against TPOT p95 per GPU model: each model's frontier (`profile_view.frontier_curve`),
-    one line each, log axes; the best operating point (lowest J/prompt) marked."""
+    one line each, log axes; the best operating point (lowest J/prompt, under `slo`) marked,
+    and a TPOT limit drawn as a vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -267,9 +295,12 @@ def plot_frontier(w, gpus: list[str], path: str) -> None:
         if not curve:
             continue
         line, = ax.plot([x for x, _ in curve], [y for _, y in curve], marker="o", markersize=3, label=gpu)
-        best = model_figures(w, gpu)
+        best = model_figures(w, gpu, slo) if slo is not None else model_figures(w, gpu)
         if best["fits"] and not train:
             ax.plot([best["tpot_p95_ms"]], [best["j_per_token"]], marker="*", markersize=12, color=line.get_color())
+    if slo is not None and slo.tpot_p95_ms is not None:
+        ax.axvline(slo.tpot_p95_ms, color="black", linestyle="--", linewidth=1,
+                   label=f"TPOT p95 limit {slo.tpot_p95_ms:g} ms")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training step time, ms (nominal)" if train else "TPOT p95, ms per output token")
