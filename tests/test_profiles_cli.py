@@ -296,6 +296,22 @@ def test_a_workload_known_only_from_learned_profiles_shows_its_learned_figures(s
     assert code == EXIT_USAGE and "did you mean my-rag" in err
 
 
+def test_a_learned_training_workload_says_its_seeds_are_nominal(store, capsys, no_daemon):
+    seed = ProfileBook(seed_profiles()).get("train", "H100")
+    assert seed is not None and seed.source.startswith("nominal")
+    ids = add_gpus(store, "n1", "H100", 1)
+    job = add_finished_job(store, gpu_ids=ids, runtime_s=100.0, energy_j=60_000.0,
+                           prompts=int(seed.prompts_per_s * 100), workload="train")
+    assert learn_from_job(store, job, clock=lambda: T0) is not None
+    url = store.engine.url.render_as_string(hide_password=False)
+    code, out, err = run_cli(capsys, *no_daemon, "profiles", "--db", url, "--workload", "train")
+    assert code == 0, err
+    assert "seed vs learned here (per GPU; the seeds are NOMINAL" in out
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--db", url, "--workload", "train", "--json")
+    h100 = next(e for e in json.loads(out)["gpus"] if e["gpu"] == "H100")
+    assert h100["runs"] == 1 and h100["nominal"] is True and h100["seed"]["source"].startswith("nominal")
+
+
 def test_without_a_daemon_or_a_usable_database_learned_figures_are_unavailable_not_an_error(
         capsys, no_daemon, tmp_path):
     code, out, err = run_cli(capsys, *no_daemon, "profiles", "--workload", WORKLOAD, "--json")

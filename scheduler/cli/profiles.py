@@ -216,7 +216,8 @@ def workload_text(view: dict) -> str:
         lines.append("  MEM GIB: needed/usable per GPU (weights/TP + KV cache of every sequence's context; "
                      "usable: 90 % of the memory)")
 
-    lines += ["", "seed vs learned here (per GPU)"]
+    lines += ["", "seed vs learned here (per GPU" + ("; the seeds are NOMINAL: no sourced figure)" if w.get("nominal")
+                                                  else ")")]
     if not view["learned_available"]:
         lines += _learned_lines(view)
         return "\n".join(lines)
