@@ -272,6 +272,24 @@ def test_seed_vs_learned_through_the_daemon_socket(store, capsys, no_daemon, tmp
         api.stop()
 
 
+def test_a_daemon_that_cannot_read_its_database_leaves_the_models_figures_standing(capsys, no_daemon, tmp_path):
+    from scheduler.store import Store
+
+    broken = Store(f"sqlite:///{tmp_path / 'never-migrated.db'}")  # no workload_profiles table
+    service = JobService(broken, ServiceConfig(daemon_uid=os.geteuid()), log_dir=tmp_path / "logs")
+    sock = tmp_path / "s.sock"
+    api = ApiServer(sock, service, extra_routes=profile_routes(broken))
+    api.start()
+    try:
+        code, out, err = run_cli(capsys, "--socket", str(sock), "profiles", "--workload", WORKLOAD)
+        assert code == 0, err
+        assert "learned figures unavailable" in out and "database cannot be read now" in out
+        assert next(line for line in out.splitlines() if line.startswith("B200 "))
+    finally:
+        api.stop()
+        broken.dispose()
+
+
 def test_every_user_reads_the_learned_profiles_and_a_workload_filter_applies(store):
     _learn(store, "H100", [1.1])
     route = profile_routes(store)[("GET", "profiles")]

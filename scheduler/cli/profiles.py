@@ -87,6 +87,8 @@ def fetch_learned(args, config: dict) -> tuple[list[dict] | None, str | None]:
     except ApiError as e:
         if e.status == 404:
             return None, "the daemon is older than this command and does not serve learned profiles"
+        if e.status == 503:  # the daemon answers but cannot reach its database
+            return None, f"the daemon cannot read its store now ({e.message})"
         raise
 
 
