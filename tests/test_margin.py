@@ -99,3 +99,20 @@ def test_a_short_job_keeps_the_margin_too():
     assert "short job" in a.explanation
     assert a.start_at + timedelta(seconds=600.0 * runtime_margin(SEED)) <= job.deadline
     assert a.start_at < NOW + 10 * HOUR
+
+
+def test_a_running_jobs_gpus_are_expected_busy_for_its_margin_too():
+    """The daemon's planner sees a running workload job's GPUs busy until start + planned
+    runtime x margin, so jobs planned after it keep their deadlines when it runs long."""
+    from types import SimpleNamespace
+
+    from scheduler.daemon.planner import Planner
+
+    planner = SimpleNamespace(default_runtime_s=3600.0)
+    running = SimpleNamespace(started_at=NOW, est_runtime_planned_s=3600.0, est_runtime_s=None,
+                              time_limit_s=None, workload=WORKLOAD)
+    book = ProfileBook(seed_profiles())
+    end = Planner._expected_end(planner, running, NOW, book, "H100")
+    assert end == NOW + timedelta(seconds=3600.0 * runtime_margin(SEED))
+    generic = SimpleNamespace(**{**vars(running), "workload": None})
+    assert Planner._expected_end(planner, generic, NOW, book, "H100") == NOW + HOUR

@@ -478,15 +478,17 @@ class Planner:
         node_rows = {r.name: r for r in conn.execute(select(nodes))}
         running = {r.id: r for r in conn.execute(
             select(jobs.c.id, jobs.c.started_at, jobs.c.est_runtime_s, jobs.c.time_limit_s,
-                   jobs.c.est_runtime_planned_s)
+                   jobs.c.est_runtime_planned_s, jobs.c.workload)
             .where(jobs.c.state == State.RUNNING.value))}
+        learned = learned_profiles(conn)
+        book = _book(self.seed_profiles() + learned)
         slots = []
         for g in conn.execute(select(gpus).order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)):
             node = node_rows.get(g.node_name)
             alive = node is not None and node.last_heartbeat is not None and node.last_heartbeat >= fresh_after
             busy_until = None
             if g.job_id is not None:
-                busy_until = self._expected_end(running.get(g.job_id), now)
+                busy_until = self._expected_end(running.get(g.job_id), now, book, g.model)
             slots.append(GpuSlot(id=g.id, node=g.node_name, zone=node.zone if node else "?",
                                  index=g.index, model=g.model, memory_gib=g.memory_gib,
                                  healthy=bool(g.healthy) and alive, busy_until=busy_until,
@@ -512,7 +514,6 @@ class Planner:
                         for r in queued.values()
                         if r.state == State.PLANNED.value and r.id not in pinned_ids
                         and r.planned_start is not None and r.planned_node and r.planned_gpu_ids}
-        learned = learned_profiles(conn)
         zones = sorted({s.zone for s in slots})
         carbon = self.curves.for_zones(zones, now)
         jobs_ = tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, self._runtime_estimate(r),
@@ -552,11 +553,18 @@ class Planner:
             return r.time_limit_s
         return None
 
-    def _expected_end(self, job, now: datetime) -> datetime:
+    def _expected_end(self, job, now: datetime, book=None, model: str | None = None) -> datetime:
+        """When a running job's GPUs are expected free: its planned runtime stretched by the
+        deadline margin of its estimate (policies.margin), so that jobs planned after it keep
+        their deadlines when it runs somewhat long."""
         if job is None or job.started_at is None:
             return now + timedelta(seconds=60)
         runtime = (job.est_runtime_planned_s or job.est_runtime_s or job.time_limit_s
                    or self.default_runtime_s)
+        if book is not None and model is not None and job.est_runtime_planned_s:
+            from policies.margin import job_margin
+
+            runtime *= job_margin(job, model, book)
         end = job.started_at + timedelta(seconds=runtime)
         # Running past its estimate: it is still busy; assume it ends soon.
         return end if end > now else now + timedelta(seconds=60)
@@ -870,3 +878,10 @@ def _plan_row(row, a, state: State, why: str) -> dict:
 def _event(job_id: int, src: State, dst: State, why: str, now) -> dict:
     return {"job_id": job_id, "from_state": src.value, "to_state": dst.value, "actor_uid": None,
             "reason": why, "at": now}
+
+
+def _book(profiles):
+    """The planner's ProfileBook over `profiles` (imported here: the module loads without numpy)."""
+    from policies.energy import ProfileBook
+
+    return ProfileBook(profiles)

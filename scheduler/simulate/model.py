@@ -57,6 +57,7 @@ import simpy
 
 from policies.base import Policy
 from policies.energy import job_shape
+from policies.margin import job_margin
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.forecasts import ForecastModel
@@ -345,6 +346,9 @@ class Simulation:
         slots = self.slots
         for g in range(len(slots)):
             fa = self.free_at[g]
+            if self.running_on[g] is not None:  # expected to run by its estimate + deadline margin
+                r = self.records[self.running_on[g]]
+                fa = max(fa, r.start_s + r.planned_runtime_s * job_margin(r.job, r.model, self.book))
             if self.running_on[g] is not None and fa <= now_s + EPS_S:
                 fa = now_s + OVERRUN_BUSY_S  # running past its estimate: "ends soon", as the daemon says
             key = fa if fa > now_s + EPS_S else None
