@@ -24,7 +24,9 @@ last start misses. The margin never turns a job that fits by its point estimate 
 flagged miss: at worst the job must start at its earliest slot (`latest_start_slots`).
 
 Pure and vectorised like `policies.energy.shape_arrays`; `policies.problem` (slot planners)
-and `policies.short_jobs` (short-job packing) both take their deadlines through here.
+and `policies.short_jobs` (short-job packing) both take their deadlines through here, and the
+daemon's planner and the simulator expect a *running* job's GPUs busy until its start +
+planned runtime x `job_margin` (so a job planned behind one that overruns keeps its deadline).
 """
 
 from __future__ import annotations
