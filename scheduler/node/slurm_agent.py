@@ -1,0 +1,216 @@
+"""The agent of a Slurm node (`executor = "slurm"`): the same claim / reconcile / finish
+loop as the local agent, with jobs run by Slurm (`SlurmExecutor`), and what Slurm adds:
+
+- inventory from Slurm: the node's zone (feature `zone_XX`) and GPUs (GRES types, in
+  Slurm's index order; emulated from them where no real GPU is found);
+- GPUs follow Slurm: energy is attributed by the GPU indices Slurm gave each job
+  (`gres_detail` IDX) over the times Slurm started and ended it; a drained or down node's
+  GPUs take no plans;
+- adoption of users' held `sbatch` jobs (`scheduler.slurm.adopt`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from datetime import datetime
+from types import SimpleNamespace
+
+from sqlalchemy import Connection, update
+
+from scheduler.lifecycle import State
+from scheduler.node.agent import Agent, AgentConfig, _parse_time
+from scheduler.node.executor import LaunchSpec, RunStatus
+from scheduler.node.slurm_executor import SlurmExecutor, slurm_time
+from scheduler.slurm.adopt import adopt_held, follow_adopted
+from scheduler.slurm.commands import SlurmCommands, SlurmError
+from scheduler.slurm.config import SlurmConfig
+from scheduler.slurm.inventory import SlurmNodeInfo, read_node
+from scheduler.slurm.jobs import comment_for
+from scheduler.store import Store
+from scheduler.store.models import gpus, jobs
+from telemetry.gpu import GpuBackend
+
+log = logging.getLogger(__name__)
+
+NODE_REFRESH_S = 10.0
+ADOPT_EVERY_S = 2.0
+UNAVAILABLE_PREFIX = "slurm: "
+
+
+class SlurmAgent(Agent):
+    """One Slurm node's agent. `node_info` is the node as Slurm described it at start."""
+
+    def __init__(self, store: Store, backend: GpuBackend, config: AgentConfig, *,
+                 slurm: SlurmCommands, slurm_config: SlurmConfig, node_info: SlurmNodeInfo,
+                 **kwargs) -> None:
+        self.slurm = slurm
+        self.slurm_config = slurm_config
+        self.node_info = node_info
+        self.slurm_executor = SlurmExecutor(config.state_dir, slurm, grace_s=config.grace_s)
+        super().__init__(store, backend, config, executor=self.slurm_executor, **kwargs)
+        self._slurm_gpu_of_id: dict[int, int] = {}   # store GPU id -> Slurm GRES index
+        self._id_of_slurm_gpu: dict[int, int] = {}
+        self._synced: set[int] = set()
+        self._busy_idx: set[int] = set()
+        self._node_checked = -1e18
+        self._adopted_at = -1e18
+        self._refused: set[int] = set()
+
+    def register(self) -> None:
+        """Register the GPUs, matching the backend's devices to Slurm's GRES indices by order
+        (gres.conf lists a node's GPUs in the order its driver numbers them)."""
+        super().register()
+        if len(self.devices) != len(self.node_info.gpus):
+            log.error("node %s: the GPU backend sees %d GPUs, Slurm's GRES has %d; energy is "
+                      "attributed to the first %d by index", self.config.node, len(self.devices),
+                      len(self.node_info.gpus), min(len(self.devices), len(self.node_info.gpus)))
+        self._slurm_gpu_of_id = {}
+        for idx, device in enumerate(self.devices[:len(self.node_info.gpus)]):
+            gid = self._gpu_of.get(device.uuid)
+            if gid is not None:
+                self._slurm_gpu_of_id[gid] = idx
+        self._id_of_slurm_gpu = {idx: gid for gid, idx in self._slurm_gpu_of_id.items()}
+
+    def tick(self) -> None:
+        """Read Slurm's jobs once, then the agent's tick, then follow what Slurm did."""
+        try:
+            self.slurm_executor.refresh()
+        except SlurmError as e:
+            log.error("node %s: cannot read Slurm's jobs, skipping this tick: %s", self.config.node, e)
+            return
+        super().tick()
+        if not self._tick_lock.acquire(blocking=False):
+            return
+        try:
+            changed = self._follow_slurm()
+            changed |= self._check_node()
+            changed |= self._adopt()
+            if changed:
+                self._on_change()
+        except SlurmError as e:
+            log.error("node %s: %s", self.config.node, e)
+        finally:
+            self._tick_lock.release()
+
+    # -- handing jobs to Slurm ----------------------------------------------------------
+
+    def _launch_spec(self, job, vendor: str, indices: list[int], energy_start: dict) -> LaunchSpec:
+        spec = super()._launch_spec(job, vendor, indices, energy_start)
+        ids = list(job.planned_gpu_ids or [])
+        types = {self.node_info.gpus[self._slurm_gpu_of_id[g]].gres_type for g in ids
+                 if g in self._slurm_gpu_of_id}
+        if len(types) != 1:
+            raise OSError(f"job {job.id}: planned GPUs {ids} are not one Slurm GRES type ({types})")
+        attempt = int(job.attempts or 0) + 1
+        slurm = dict(partition=self.slurm_config.submit_partition, node=self.config.node,
+                     gres_type=types.pop(), count=len(ids),
+                     begin=slurm_time(job.planned_start), comment=comment_for(job.id, attempt),
+                     name=job.name, adopted_job_id=job.slurm_job_id)
+        return replace(spec, extra={**spec.extra, "slurm": slurm})
+
+    def _claim(self, job, gpu_ids, gpu_rows, now) -> bool:
+        try:
+            return super()._claim(job, gpu_ids, gpu_rows, now)
+        finally:
+            self._synced.discard(job.id)
+
+    # -- following Slurm ----------------------------------------------------------------
+
+    def _set_busy(self, gpu_id: int, busy: bool) -> None:
+        """GPU load follows Slurm's allocation (see `_follow_slurm`), not carbonsched's claims."""
+
+    def _follow_slurm(self) -> bool:
+        """Load the GPUs Slurm allocated (the emulator's power follows them) and record each
+        carbonsched job's real start and GPUs once Slurm runs it."""
+        busy: set[int] = set()
+        for sj in self.slurm_executor.jobs().values():
+            if sj.state in ("RUNNING", "COMPLETING") and sj.nodes == self.config.node:
+                busy.update(sj.gpu_idx)
+        for idx in busy ^ self._busy_idx:
+            gid = self._id_of_slurm_gpu.get(idx)
+            uuid = self._uuid_of.get(gid) if gid is not None else None
+            if uuid:
+                self.backend.set_busy(uuid, idx in busy)
+        self._busy_idx = busy
+        for job in self._running_jobs():
+            if job.id in self._synced:
+                continue
+            idx, started = self.slurm_executor.running_gpus(job.id)
+            if not idx or started is None:
+                continue
+            self._record_start(job, idx, started)
+            self._synced.add(job.id)
+        return False
+
+    def _record_start(self, job, idx: list[int], started: datetime) -> None:
+        new_ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu]
+        old_ids = [int(g) for g in job.gpu_ids or []]
+        indices = [self._index_of(g) for g in new_ids]
+
+        def tx(conn: Connection) -> None:
+            conn.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.state == State.RUNNING.value)
+                         .values(started_at=started, gpu_ids=new_ids, gpu_indices=indices))
+            if set(new_ids) != set(old_ids):
+                conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
+                conn.execute(update(gpus).where(gpus.c.id.in_(new_ids), gpus.c.job_id.is_(None))
+                             .values(job_id=job.id))
+
+        self.store.transact(tx)
+        if set(new_ids) != set(old_ids):
+            log.info("job %s: Slurm runs it on GPUs %s (planned %s)", job.id, idx,
+                     [self._slurm_gpu_of_id.get(g) for g in old_ids])
+
+    def _index_of(self, gid: int) -> int | None:
+        uuid = self._uuid_of.get(gid)
+        for d in self.devices:
+            if d.uuid == uuid:
+                return d.index
+        return None
+
+    def _job_energy(self, job, status: RunStatus, ended: datetime):
+        """Energy over the run as Slurm timed it, on the GPUs Slurm gave the job."""
+        result = status.result or {}
+        started = _parse_time(result.get("started_at"))
+        if started is None:  # cancelled before Slurm started it: it used no GPU
+            return None, None, None
+        idx = result.get("gpu_idx") or []
+        ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu] or list(job.gpu_ids or [])
+        run = SimpleNamespace(id=job.id, gpu_ids=ids, started_at=started)
+        return super()._job_energy(run, status, ended)
+
+    def _check_node(self) -> bool:
+        """Every NODE_REFRESH_S: a node Slurm drained or lost takes no plans (its GPUs show
+        unhealthy with Slurm's reason); back in service, they take plans again."""
+        now = time.monotonic()
+        if now - self._node_checked < NODE_REFRESH_S:
+            return False
+        self._node_checked = now
+        info = read_node(self.slurm, self.slurm_config, self.config.node)
+        why = info.unavailable
+        node = self.config.node
+
+        def tx(conn: Connection) -> int:
+            if why:
+                return conn.execute(update(gpus).where(gpus.c.node_name == node, gpus.c.healthy.is_(True))
+                                    .values(healthy=False, unhealthy_reason=UNAVAILABLE_PREFIX + why)).rowcount
+            return conn.execute(update(gpus).where(gpus.c.node_name == node,
+                                                   gpus.c.unhealthy_reason.like(UNAVAILABLE_PREFIX + "%"))
+                                .values(healthy=True, unhealthy_reason=None)).rowcount
+
+        changed = self.store.transact(tx) > 0
+        if changed:
+            log.warning("node %s: %s", node, f"Slurm runs nothing here ({why})" if why else "back in service")
+        return changed
+
+    def _adopt(self) -> bool:
+        if not self.slurm_config.adopt:
+            return False
+        now = time.monotonic()
+        if now - self._adopted_at < ADOPT_EVERY_S:
+            return False
+        self._adopted_at = now
+        slurm_jobs = list(self.slurm_executor.jobs().values())
+        new = adopt_held(self.store, slurm_jobs, self.slurm_config, self._clock(), refused=self._refused)
+        return bool(new) | (follow_adopted(self.store, self.slurm, slurm_jobs) > 0)
