@@ -107,7 +107,8 @@ class SlurmAgent(Agent):
         slurm = dict(partition=self.slurm_config.submit_partition, node=self.config.node,
                      gres_type=types.pop(), count=len(ids),
                      begin=slurm_time(job.planned_start), comment=comment_for(job.id, attempt),
-                     name=job.name, adopted_job_id=job.slurm_job_id)
+                     name=job.name, adopted_job_id=job.slurm_job_id,
+                     not_before=job.submitted_at.timestamp())
         return replace(spec, extra={**spec.extra, "slurm": slurm})
 
     def _claim(self, job, gpu_ids, gpu_rows, now) -> bool:

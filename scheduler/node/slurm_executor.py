@@ -54,7 +54,7 @@ class SlurmExecutor(Executor):
         super().__init__(state_dir, grace_s=grace_s)
         self.slurm = slurm
         self._snapshot: dict[int, SlurmJob] = {}
-        self._by_comment: dict[str, SlurmJob] = {}
+        self._by_comment: dict[str, list[SlurmJob]] = {}
         self._snapshot_at = -math.inf
 
     # -- what slurmctld knows -------------------------------------------------------------
@@ -63,8 +63,10 @@ class SlurmExecutor(Executor):
         """Read every job slurmctld remembers (one `squeue --json`)."""
         jobs = list_jobs(self.slurm)
         self._snapshot = {j.job_id: j for j in jobs}
-        self._by_comment = {j.comment: j for j in sorted(jobs, key=lambda j: j.job_id)
-                            if j.carbonsched_id is not None}
+        self._by_comment = {}
+        for j in sorted(jobs, key=lambda j: j.job_id, reverse=True):
+            if j.carbonsched_id is not None:
+                self._by_comment.setdefault(j.comment, []).append(j)
         self._snapshot_at = time.monotonic()
         return self._snapshot
 
@@ -74,10 +76,16 @@ class SlurmExecutor(Executor):
             self.refresh()
         return self._snapshot
 
-    def find(self, comment: str, *, fresh: bool = False) -> SlurmJob | None:
-        """The Slurm job with this carbonsched comment (the newest, should there be two)."""
+    def find(self, comment: str, not_before: float | None = None, *, fresh: bool = False) -> SlurmJob | None:
+        """The Slurm job with this carbonsched comment (the newest, should there be two),
+        submitted no earlier than `not_before` (epoch s): one submitted before the carbonsched
+        job existed belongs to another store's job of the same id (a database restored or
+        replaced), never to this one."""
         self.jobs(0.0 if fresh else SNAPSHOT_MAX_AGE_S)
-        return self._by_comment.get(comment)
+        for job in self._by_comment.get(comment, []):
+            if not_before is None or job.submit_time is None or job.submit_time.timestamp() >= not_before - 1:
+                return job
+        return None
 
     def slurm_job_id(self, job_id: int) -> int | None:
         rec = _read_json(self.run_dir(job_id) / "slurm.json")
@@ -93,7 +101,8 @@ class SlurmExecutor(Executor):
         write_json_atomic(run_dir / "spec.json", _spec_dict(spec))
         s = spec.extra["slurm"]
         try:
-            existing = None if s.get("adopted_job_id") else self.find(s["comment"], fresh=True)
+            existing = None if s.get("adopted_job_id") else self.find(
+                s["comment"], s.get("not_before"), fresh=True)
             if existing is not None:
                 slurm_id = existing.job_id
                 log.warning("job %s: Slurm already has it as job %s (%s); not submitting again",
@@ -144,8 +153,8 @@ class SlurmExecutor(Executor):
         spec = _read_json(run_dir / "spec.json")
         slurm_id = self.slurm_job_id(job_id)
         if slurm_id is None:
-            comment = ((spec or {}).get("extra") or {}).get("slurm", {}).get("comment")
-            found = self.find(comment) if comment else None
+            s = ((spec or {}).get("extra") or {}).get("slurm", {})
+            found = self.find(s["comment"], s.get("not_before")) if s.get("comment") else None
             if found is None:
                 return RunStatus(RunState.NOT_LAUNCHED, spec=spec)
             slurm_id = found.job_id  # submitted, then the agent died before writing it down
