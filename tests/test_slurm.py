@@ -196,6 +196,8 @@ def test_exit_codes_and_cancels_from_either_side_follow_slurm(world, slurm_clust
     assert (rows[fail].state, rows[fail].exit_code) == ("FAILED", 3)
     assert rows[ours].state == "CANCELLED" and rows[ours].reason == "cancelled by user while running"
     assert rows[theirs].state == "CANCELLED" and "scancel" in rows[theirs].reason
+    # Both ran a while on their GPUs before the cancel: their energy counts.
+    assert rows[ours].energy_j > 0 and rows[theirs].energy_j > 0
 
 
 def test_an_agent_that_died_after_sbatch_finds_the_job_by_its_comment_and_never_submits_twice(world, slurm_cluster):

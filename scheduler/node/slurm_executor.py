@@ -229,7 +229,8 @@ def _status_of(job: SlurmJob, spec: dict | None, *, cancelled_here: bool,
             result["cancelled"] = True
         else:
             result["cancelled_outside"] = f"cancelled in Slurm (scancel of job {job.job_id})"
-        if job.start_time is None or (job.end_time and job.start_time >= job.end_time):
+        # Cancelled while pending, Slurm reports start = end; seen running (GPUs noted), it ran.
+        if job.start_time is None or (not result["gpu_idx"] and job.end_time and job.start_time >= job.end_time):
             result["started_at"] = None
     elif state == "TIMEOUT":
         result["timed_out"] = True
