@@ -200,6 +200,7 @@ def cmd_daemon(args, config) -> int:
     from scheduler.daemon.main import Daemon, DaemonConfig
     from scheduler.daemon.planner import SiteConfig, make_policy
     from scheduler.process import DaemonError
+    from scheduler.slurm.config import SlurmConfig
     from scheduler.store.engine import default_db_url
 
     r = resolve_settings(args, config, settings.DAEMON)
@@ -236,6 +237,8 @@ def cmd_daemon(args, config) -> int:
             site=SiteConfig.from_config(config),
             accounting=AccountingConfig.from_config(config),
             planner_process=r["planner_process"],
+            executor=r["executor"],
+            slurm=SlurmConfig.from_config(config) if r["executor"] == "slurm" else None,
         )
         if r["node"]:
             cfg.node = r["node"]

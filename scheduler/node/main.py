@@ -71,7 +71,7 @@ def agent_config(cfg: AgentRunConfig, zone: str) -> AgentConfig:
                        min_free_disk_mib=cfg.min_free_disk_mib)
 
 
-def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig) -> SlurmAgent:
+def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **agent_kwargs) -> SlurmAgent:
     """The agent of a Slurm node: zone and GPUs from Slurm (`sinfo`), emulated from its GRES
     where no real GPU is found (or `--emulate` says so)."""
     slurm = SlurmCommands(slurm_config.conf, timeout_s=slurm_config.timeout_s)
@@ -90,10 +90,10 @@ def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig) -> S
         backend, broken = probe_backends()
         if backend is not None:
             return SlurmAgent(store, backend, agent_config(cfg, zone), slurm=slurm,
-                              slurm_config=slurm_config, node_info=info)
+                              slurm_config=slurm_config, node_info=info, **agent_kwargs)
         emulate = info.fleet_spec()
     return SlurmAgent(store, make_backend(emulate, cfg.node), agent_config(cfg, zone), slurm=slurm,
-                      slurm_config=slurm_config, node_info=info)
+                      slurm_config=slurm_config, node_info=info, **agent_kwargs)
 
 
 class AgentRunner(ServiceProcess):
