@@ -48,8 +48,7 @@ class SlurmCluster:
     root: Path
     nodes: list[SlurmNode]
     partition: str = "carbon"
-    ctld_port: int = 16817
-    slurmd_port: int = 16818
+    ctld_port: int = 16817  # the slurmds listen on the next ports, one each
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -95,7 +94,7 @@ class SlurmCluster:
             gres = ",".join(f"gpu:{t}:{n}" for t, n in node.gpus)
             (self.root / "spool" / node.name).mkdir(exist_ok=True)
             lines.append(f"NodeName={node.name} NodeHostname={host} NodeAddr=127.0.0.1 "
-                         f"Port={self.slurmd_port + i} CPUs={node.cpus} RealMemory=100000 Gres={gres} Features=zone_{node.zone} "
+                         f"Port={self.ctld_port + 1 + i} CPUs={node.cpus} RealMemory=100000 Gres={gres} Features=zone_{node.zone} "
                          "State=UNKNOWN")
             index = 0
             for gres_type, count in node.gpus:
@@ -114,6 +113,10 @@ class SlurmCluster:
     def start(self, timeout_s: float = 60.0) -> None:
         """Start munged (unless one answers already), slurmctld and one slurmd per node;
         return once every node is idle."""
+        busy = [p for p in range(self.ctld_port, self.ctld_port + 1 + len(self.nodes)) if not _port_free(p)]
+        if busy:
+            raise RuntimeError(f"TCP port(s) {busy} in use: another Slurm (or a left-over test cluster) "
+                               "runs here; stop it or choose other ports")
         ensure_munged()
         self.write_config()
         env = dict(os.environ, **self.env)
@@ -157,6 +160,16 @@ class SlurmCluster:
                 p.kill()
                 p.wait(timeout=5)
         self.procs.clear()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def munge_works() -> bool:

@@ -189,6 +189,7 @@ def test_exit_codes_and_cancels_from_either_side_follow_slurm(world, slurm_clust
     while time.monotonic() < deadline and not {ours, theirs} <= set(by_id):
         by_id = {j.carbonsched_id: j for j in slurm_jobs(slurm_cluster, "carbonsched:") if j.state == "RUNNING"}
         time.sleep(0.2)
+    time.sleep(2)  # both run a while first
     service.cancel(ROOT, [ours])
     subprocess.run(["scancel", str(by_id[theirs].job_id)], env={**os.environ, **slurm_cluster.env}, check=True,
                    timeout=10)

@@ -78,7 +78,16 @@ class SlurmAgent(Agent):
         try:
             self.slurm_executor.refresh()
         except SlurmError as e:
-            log.error("node %s: cannot read Slurm's jobs, skipping this tick: %s", self.config.node, e)
+            # Jobs wait (nothing is claimed or ended blind); the node still heartbeats, so
+            # a Slurm outage does not make carbonsched declare its running jobs lost.
+            log.error("node %s: cannot read Slurm's jobs, claiming and reconciling nothing: %s",
+                      self.config.node, e)
+            if self._tick_lock.acquire(blocking=False):
+                try:
+                    self.flush_samples()
+                    self._heartbeat()
+                finally:
+                    self._tick_lock.release()
             return
         super().tick()
         if not self._tick_lock.acquire(blocking=False):

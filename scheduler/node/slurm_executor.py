@@ -56,6 +56,9 @@ class SlurmExecutor(Executor):
         self._snapshot: dict[int, SlurmJob] = {}
         self._by_comment: dict[str, list[SlurmJob]] = {}
         self._snapshot_at = -math.inf
+        # Slurm job id -> when this process submitted (or released) it: a job newer than the
+        # latest squeue is known to be there without asking again.
+        self._launched_at: dict[int, float] = {}
 
     # -- what slurmctld knows -------------------------------------------------------------
 
@@ -101,8 +104,9 @@ class SlurmExecutor(Executor):
         write_json_atomic(run_dir / "spec.json", _spec_dict(spec))
         s = spec.extra["slurm"]
         try:
-            existing = None if s.get("adopted_job_id") else self.find(
-                s["comment"], s.get("not_before"), fresh=True)
+            # The squeue this tick began with is fresh enough: any sbatch an earlier agent made
+            # finished before this process started, and this one records each before the next.
+            existing = None if s.get("adopted_job_id") else self.find(s["comment"], s.get("not_before"))
             if existing is not None:
                 slurm_id = existing.job_id
                 log.warning("job %s: Slurm already has it as job %s (%s); not submitting again",
@@ -115,7 +119,7 @@ class SlurmExecutor(Executor):
         except SlurmError as e:
             raise OSError(f"Slurm: {e}") from e
         write_json_atomic(run_dir / "slurm.json", {"job_id": slurm_id})
-        self._snapshot_at = -math.inf  # the next status reads the new job
+        self._launched_at[slurm_id] = time.monotonic()
         log.info("job %s is Slurm job %s on %s (gpu:%s:%s, begin %s)", spec.job_id, slurm_id,
                  s["node"], s["gres_type"], s["count"], s["begin"])
 
@@ -160,6 +164,8 @@ class SlurmExecutor(Executor):
             slurm_id = found.job_id  # submitted, then the agent died before writing it down
             write_json_atomic(run_dir / "slurm.json", {"job_id": slurm_id})
         job = self.jobs().get(slurm_id)
+        if job is None and self._launched_at.get(slurm_id, -math.inf) >= self._snapshot_at:
+            return RunStatus(RunState.RUNNING, spec=spec)  # submitted after the last squeue
         if job is None:
             job = self.refresh().get(slurm_id)
         if job is None:
@@ -204,6 +210,9 @@ class SlurmExecutor(Executor):
             log.error("job %s: scancel %s failed: %s", job_id, slurm_id, e)
             return False
         self._snapshot_at = -math.inf
+        # Slurm job id -> when this process submitted (or released) it: a job newer than the
+        # latest squeue is known to be there without asking again.
+        self._launched_at: dict[int, float] = {}
         return True
 
 
