@@ -25,7 +25,7 @@ from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import parse_gres, read_nodes, zone_of
 from scheduler.slurm.jobs import adoption_request, gres_indices, list_jobs, parse_job, requested_gpus
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import gpus, job_events, jobs, nodes
 
 ROOT = Caller(uid=0, gid=0)
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"}
@@ -260,3 +260,29 @@ def test_a_job_submitted_by_a_user_is_a_slurm_job_of_that_user(world, slurm_clus
               if j.submit_time.timestamp() >= rows[job].submitted_at.timestamp() - 1)
     assert sj.user_id == 65534
     assert (root / rows[job].node / "logs" / f"{job}.out").read_text().strip() == "65534"
+
+
+def test_a_slurm_gpu_job_from_outside_carbonsched_is_observed_and_gets_a_receipt(world, slurm_cluster):
+    store, service, planner, agents, root = world
+    slurm_id = int(subprocess.run(
+        ["sbatch", "--parsable", "-p", "debug", "--nodelist=sn-fr", "--gres=gpu:h100:1", "-o", "/dev/null",
+         "--wrap", "sleep 4"], env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True,
+        timeout=20, check=True).stdout.strip())
+    deadline = time.monotonic() + 30
+    job = None
+    while job is None and time.monotonic() < deadline:
+        for a in agents.values():
+            a.tick()
+        with store.read() as conn:
+            job = conn.execute(select(jobs.c.id).where(jobs.c.slurm_job_id == slurm_id)).scalar_one_or_none()
+        time.sleep(0.2)
+    assert job is not None
+    with store.read() as conn:  # its GPU is busy for the planner while it runs
+        held = conn.execute(select(gpus.c.node_name).where(gpus.c.job_id == job)).scalars().all()
+    assert held == ["sn-fr"]
+    row = drive(store, planner, agents, [job])[job]
+    assert (row.state, row.node, row.gpus) == ("COMPLETED", "sn-fr", 1)
+    with store.read() as conn:
+        reasons = conn.execute(select(job_events.c.reason).where(job_events.c.job_id == job)).scalars().all()
+    assert f"observed running in Slurm (job {slurm_id})" in reasons
+    assert row.energy_j > 0 and row.energy_method == "modelled"

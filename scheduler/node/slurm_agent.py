@@ -17,13 +17,15 @@ from dataclasses import replace
 from datetime import datetime
 from types import SimpleNamespace
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
-from scheduler.lifecycle import State
+from scheduler.lifecycle import State, record_submit, transition
 from scheduler.node.agent import Agent, AgentConfig, _parse_time
 from scheduler.node.executor import LaunchSpec, RunStatus
 from scheduler.node.slurm_executor import SlurmExecutor, slurm_time
-from scheduler.slurm.adopt import adopt_held, follow_adopted
+from scheduler.node.supervise import write_json_atomic
+from scheduler.slurm.adopt import adopt_held, follow_adopted, observed_row
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import SlurmNodeInfo, read_node
@@ -57,6 +59,7 @@ class SlurmAgent(Agent):
         self._node_checked = -1e18
         self._adopted_at = -1e18
         self._refused: set[int] = set()
+        self._observed: set[int] = set()  # Slurm job ids already looked at
 
     def register(self) -> None:
         """Register the GPUs, matching the backend's devices to Slurm's GRES indices by order
@@ -96,6 +99,7 @@ class SlurmAgent(Agent):
             changed = self._follow_slurm()
             changed |= self._check_node()
             changed |= self._adopt()
+            changed |= self._observe()
             if changed:
                 self._on_change()
         except SlurmError as e:
@@ -189,6 +193,84 @@ class SlurmAgent(Agent):
         ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu] or list(job.gpu_ids or [])
         run = SimpleNamespace(id=job.id, gpu_ids=ids, started_at=started)
         return super()._job_energy(run, status, ended)
+
+    def _running_jobs(self) -> list:
+        """The base agent's running jobs, with the Slurm job id of adopted and observed ones."""
+        with self.store.read() as conn:
+            return list(conn.execute(
+                select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
+                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
+                       jobs.c.slurm_job_id)
+                .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
+
+    def _requeue_unlaunched(self, job) -> None:
+        """A job with a Slurm job of its own (adopted, observed) was launched even when this
+        agent died before writing that down: note the id instead of re-queueing it."""
+        sj = self.slurm_executor.jobs().get(job.slurm_job_id) if job.slurm_job_id is not None else None
+        if sj is not None and not sj.held:  # released (or observed running): it is Slurm's now
+            run_dir = self.slurm_executor.run_dir(job.id)
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_json_atomic(run_dir / "slurm.json", {"job_id": job.slurm_job_id})
+            log.warning("job %s: found its Slurm job %s again after a restart", job.id, job.slurm_job_id)
+            return
+        super()._requeue_unlaunched(job)
+
+    def _observe(self) -> bool:
+        """Make carbonsched jobs of Slurm GPU jobs running here that carbonsched does not know
+        (submitted with plain sbatch elsewhere than a carbon-aware partition, or unheld): their
+        GPUs are busy for the planner, and they get receipts when they end."""
+        if not self.slurm_config.observe:
+            return False
+        seen = [sj for sj in self.slurm_executor.jobs().values()
+                if sj.state == "RUNNING" and sj.nodes == self.config.node and sj.gpu_idx
+                and sj.carbonsched_id is None and sj.job_id not in self._observed]
+        if not seen:
+            return False
+        with self.store.read() as conn:
+            known = set(conn.execute(select(jobs.c.slurm_job_id).where(
+                jobs.c.slurm_job_id.in_([sj.job_id for sj in seen]))).scalars())
+        changed = False
+        for sj in seen:
+            self._observed.add(sj.job_id)
+            if sj.job_id in known:
+                continue
+            ids = [self._id_of_slurm_gpu[i] for i in sj.gpu_idx if i in self._id_of_slurm_gpu]
+            if not ids:
+                continue
+            job_id = self._insert_observed(sj, ids)
+            if job_id is not None:
+                changed = True
+        return changed
+
+    def _insert_observed(self, sj, ids: list[int]) -> int | None:
+        now = self._clock()
+        row = observed_row(sj, now)
+        started = sj.start_time or now
+        node = self.config.node
+
+        def tx(conn: Connection) -> int:
+            job_id = conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one()
+            record_submit(conn, job_id, row["owner_uid"], now)
+            why = f"observed running in Slurm (job {sj.job_id})"
+            transition(conn, job_id, State.PLANNED, actor_uid=None, reason=why, expect=State.PENDING,
+                       values=dict(planned_node=node, planned_gpu_ids=ids, planned_start=started))
+            transition(conn, job_id, State.RUNNING, actor_uid=None, reason=why, expect=State.PLANNED,
+                       values=dict(node=node, gpu_ids=ids, gpu_indices=[self._index_of(g) for g in ids],
+                                   started_at=started, attempts=1))
+            conn.execute(update(gpus).where(gpus.c.id.in_(ids), gpus.c.job_id.is_(None)).values(job_id=job_id))
+            return job_id
+
+        try:
+            job_id = self.store.transact(tx)
+        except IntegrityError:
+            return None  # another agent observed it first
+        run_dir = self.slurm_executor.run_dir(job_id)
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(run_dir / "slurm.json", {"job_id": sj.job_id, "gpu_idx": list(sj.gpu_idx)})
+        self._synced.add(job_id)
+        log.info("Slurm job %s (%s, uid %s) runs on %s GPUs %s outside carbonsched: observed as job %s",
+                 sj.job_id, sj.name, sj.user_id, node, list(sj.gpu_idx), job_id)
+        return job_id
 
     def _check_node(self) -> bool:
         """Every NODE_REFRESH_S: a node Slurm drained or lost takes no plans (its GPUs show

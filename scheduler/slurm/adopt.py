@@ -74,6 +74,15 @@ def job_row(sj: SlurmJob, now: datetime) -> dict:
         submitted_at=now, plan_rev=0, slurm_job_id=sj.job_id)
 
 
+def observed_row(sj: SlurmJob, now: datetime) -> dict:
+    """The carbonsched job a Slurm GPU job from outside carbonsched becomes once seen running
+    (for its receipt): no hints, its Slurm limit, no retries."""
+    row = job_row(SlurmJob(**{**sj.__dict__, "comment": "carbonsched"}), now)
+    row.update(reason=f"observed running in Slurm (job {sj.job_id}); not planned by carbonsched",
+               submitted_at=sj.submit_time or now)
+    return row
+
+
 def adopt_held(store: Store, slurm_jobs: list[SlurmJob], config: SlurmConfig, now: datetime,
                *, refused: set[int] | None = None) -> list[int]:
     """Make carbonsched jobs of the held, carbonsched-commented jobs in the configured

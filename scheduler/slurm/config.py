@@ -9,6 +9,7 @@ gpu_models = { h100 = "H100" }   # GRES type -> catalog model (default: the type
 conf = "/etc/slurm/slurm.conf"   # SLURM_CONF for the tools (default: Slurm's own)
 timeout = "30s"                  # per Slurm command
 adopt = true                     # plan users' held sbatch jobs in `partitions`
+observe = true                   # receipts for Slurm's other GPU jobs on the nodes too
 ```
 """
 
@@ -33,6 +34,9 @@ class SlurmConfig:
     conf: Path | None = None
     timeout_s: float = 30.0
     adopt: bool = True
+    # Slurm GPU jobs that did not come through carbonsched, seen running on a node, become
+    # carbonsched jobs too (RUNNING, "observed"): they get receipts, and plans avoid their GPUs.
+    observe: bool = True
 
     @property
     def submit_partition(self) -> str:
@@ -58,7 +62,7 @@ class SlurmConfig:
         table = config.get("slurm") or {}
         if not isinstance(table, Mapping):
             raise ValueError("[slurm] must be a table")
-        known = {"partitions", "zone_feature_prefix", "gpu_models", "conf", "timeout", "adopt"}
+        known = {"partitions", "zone_feature_prefix", "gpu_models", "conf", "timeout", "adopt", "observe"}
         unknown = sorted(set(table) - known)
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -79,11 +83,12 @@ class SlurmConfig:
             raise ValueError("timeout must be between 1s and 10m")
         conf = table.get("conf")
         adopt = table.get("adopt", True)
-        if not isinstance(adopt, bool):
-            raise ValueError("adopt must be true or false")
+        observe = table.get("observe", True)
+        if not isinstance(adopt, bool) or not isinstance(observe, bool):
+            raise ValueError("adopt and observe must be true or false")
         return cls(partitions=tuple(parts), zone_feature_prefix=str(table.get("zone_feature_prefix", "zone_")),
                    gpu_models={str(k): str(v) for k, v in models.items()},
-                   conf=Path(conf) if conf else None, timeout_s=timeout_s, adopt=adopt)
+                   conf=Path(conf) if conf else None, timeout_s=timeout_s, adopt=adopt, observe=observe)
 
 
 def check_table(table: Any, whole: Mapping[str, Any]) -> list[str]:
