@@ -8,15 +8,17 @@ Measures, for --jobs queued jobs (default 1,000; `true`, 1 GPU, --est-runtime 2s
   after the plan);
 - from each job's planned start to Slurm's RUNNING (Slurm's start time, whole seconds),
   p50/p95/max;
-- sbatch / scontrol / squeue / sinfo / scancel calls per job.
+- sbatch / scontrol / squeue / sinfo / scancel calls per job, and their mean wall time.
 
-    .venv/bin/python bench/slurm_bench.py [--jobs 1000] [--nodes 2] [--gpus-per-node 16] [--json OUT]
+    .venv/bin/python bench/slurm_bench.py [--jobs 1000] [--nodes 2] [--gpus-per-node 16]
+        [--est-runtime 2] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -54,10 +56,11 @@ def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def fill(store: Store, root: Path, n: int) -> list[int]:
+def fill(store: Store, root: Path, n: int, est_runtime_s: float) -> list[int]:
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=root / "logs")
     deadline = (utcnow() + timedelta(hours=2)).isoformat()
-    return [service.submit(ROOT, {"argv": ["true"], "gpus": 1, "est_runtime_s": 2, "deadline": deadline,
+    return [service.submit(ROOT, {"argv": ["true"], "gpus": 1, "est_runtime_s": est_runtime_s,
+                                  "deadline": deadline,
                                   "cwd": str(root)})["id"] for _ in range(n)]
 
 
@@ -77,7 +80,7 @@ def local_planner_tick(root: Path, args) -> float:
         agent = Agent(store, EmulatedBackend(models, node=f"bn{i}"),
                       AgentConfig(node=f"bn{i}", zone="DE", state_dir=root / f"local-bn{i}"))
         agent.register()
-    fill(store, root, args.jobs)
+    fill(store, root, args.jobs, args.est_runtime)
     tick = timed_tick(Planner(store, make_policy(args.policy)))
     store.dispose()
     return tick
@@ -89,6 +92,8 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--gpus-per-node", type=int, default=16)
     ap.add_argument("--policy", default="greedy")
+    ap.add_argument("--est-runtime", type=float, default=2.0,
+                    help="each job's --est-runtime, s: the planner starts a GPU's next job this much later")
     ap.add_argument("--port", type=int, default=16917)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--json", type=Path)
@@ -114,7 +119,7 @@ def main() -> int:
             agent.startup_reconcile()
             agents.append(agent)
         local_tick_s = local_planner_tick(root, args)  # first: the imports' cost is not Slurm's
-        ids = fill(store, root, args.jobs)
+        ids = fill(store, root, args.jobs, args.est_runtime)
         planner = Planner(store, make_policy(args.policy))
         first_tick_s = timed_tick(planner)
         t0 = time.monotonic()
@@ -138,8 +143,10 @@ def main() -> int:
         delays = [slurm[i].start_time.timestamp() - rows[i].planned_start.timestamp()
                   for i in ids if i in slurm and slurm[i].start_time and rows[i].planned_start]
         calls: Counter[str] = Counter()
+        seconds: Counter[str] = Counter()
         for a in agents:
             calls.update(a.slurm.calls)
+            seconds.update(a.slurm.seconds)
         result = {
             "jobs": len(ids), "nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node,
             "policy": args.policy, "states": dict(Counter(r.state for r in rows.values())),
@@ -151,7 +158,10 @@ def main() -> int:
             "planned_start_to_running_s": {"p50": round(percentile(delays, 50), 2),
                                            "p95": round(percentile(delays, 95), 2),
                                            "max": round(max(delays), 2), "n": len(delays)} if delays else None,
+            "est_runtime_s": args.est_runtime,
             "calls_per_job": {k: round(v / len(ids), 2) for k, v in sorted(calls.items())},
+            "mean_call_s": {k: round(seconds[k] / v, 3) for k, v in sorted(calls.items())},
+            "load_average_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
         }
         print(json.dumps(result, indent=2))
         if args.json:

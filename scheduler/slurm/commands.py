@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ class SlurmCommands:
         self.conf = conf
         self.timeout_s = timeout_s
         self.calls: Counter[str] = Counter()
+        self.seconds: Counter[str] = Counter()  # wall time spent in each tool
 
     def run(self, argv: list[str], *, as_user: Identity | None = None,
             env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -52,6 +54,7 @@ class SlurmCommands:
         if as_user is not None and os.geteuid() == 0 and as_user.uid != 0:
             kwargs = dict(user=as_user.uid, group=as_user.gid, extra_groups=list(as_user.groups))
         self.calls[argv[0]] += 1
+        t0 = time.monotonic()
         try:
             done = subprocess.run(argv, capture_output=True, text=True, env=full_env,
                                   timeout=self.timeout_s, cwd="/", **kwargs)
@@ -60,6 +63,8 @@ class SlurmCommands:
                              "(is slurmctld up?)") from None
         except OSError as e:
             raise SlurmError(f"cannot run {argv[0]}: {e}") from e
+        finally:
+            self.seconds[argv[0]] += time.monotonic() - t0
         if check and done.returncode != 0:
             raise SlurmError(f"{' '.join(argv[:2])} failed (exit {done.returncode}): "
                              f"{(done.stderr or done.stdout).strip()[:500]}")
