@@ -111,6 +111,14 @@ def store(db_url):
 REQUIRE_SLURM = os.environ.get("CARBONSCHED_REQUIRE_SLURM") == "1"
 
 
+def slurm_test_port() -> int:
+    """slurmctld's port for this pytest process (the slurmds take the next ones): each
+    pytest-xdist worker (gw0, gw1, ...) runs a cluster of its own, 10 ports apart."""
+    base = int(os.environ.get("CARBONSCHED_TEST_SLURM_PORT", "16817"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return base + 10 * int(worker[2:] or 0)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real Slurm cluster on loopback for the whole session (tests/slurm_cluster.py): two
@@ -129,7 +137,7 @@ def slurm_cluster(tmp_path_factory):
     root.chmod(0o755)
     cluster = SlurmCluster(root, [SlurmNode("sn-de", "DE", [("h100", 2), ("mi300x", 2)]),
                                   SlurmNode("sn-fr", "FR", [("h100", 2)])],
-                           ctld_port=int(os.environ.get("CARBONSCHED_TEST_SLURM_PORT", "16817")))
+                           ctld_port=slurm_test_port())
     cluster.start()
     try:
         yield cluster
