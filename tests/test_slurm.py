@@ -286,3 +286,49 @@ def test_a_slurm_gpu_job_from_outside_carbonsched_is_observed_and_gets_a_receipt
         reasons = conn.execute(select(job_events.c.reason).where(job_events.c.job_id == job)).scalars().all()
     assert f"observed running in Slurm (job {slurm_id})" in reasons
     assert row.energy_j > 0 and row.energy_method == "modelled"
+
+
+def adopt(agents, store, slurm_cluster, *, wrap="sleep 1"):
+    """sbatch a held, carbonsched-commented job; tick the agents (no planner) until adopted."""
+    slurm_id = int(subprocess.run(
+        ["sbatch", "--parsable", "--hold", "-p", "carbon", "--gres=gpu:1", "-o", "/dev/null",
+         "--comment=carbonsched deadline=1h", "--wrap", wrap], env={**os.environ, **slurm_cluster.env},
+        capture_output=True, text=True, timeout=20, check=True).stdout.strip())
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for a in agents.values():
+            a.tick()
+        with store.read() as conn:
+            job = conn.execute(select(jobs.c.id).where(jobs.c.slurm_job_id == slurm_id)).scalar_one_or_none()
+        if job is not None:
+            return slurm_id, job
+        time.sleep(0.2)
+    raise TimeoutError(f"Slurm job {slurm_id} not adopted")
+
+
+def test_an_adopted_job_cancelled_on_either_side_before_it_is_placed_is_cancelled_on_both(world, slurm_cluster):
+    store, service, planner, agents, root = world
+    env = {**os.environ, **slurm_cluster.env}
+    here_slurm, here = adopt(agents, store, slurm_cluster)
+    there_slurm, there = adopt(agents, store, slurm_cluster)
+    service.cancel(ROOT, [here])
+    subprocess.run(["scancel", str(there_slurm)], env=env, check=True, timeout=10)
+
+    def slurm_state(slurm_id):
+        return next(j.state for j in slurm_jobs(slurm_cluster) if j.job_id == slurm_id)
+
+    def both_cancelled():
+        for a in agents.values():
+            a._adopted_at = -1e18  # sweep now
+            a.tick()
+        with store.read() as conn:
+            state = conn.execute(select(jobs.c.state).where(jobs.c.id == there)).scalar_one()
+        return state == "CANCELLED" and slurm_state(here_slurm) == "CANCELLED"
+
+    deadline = time.monotonic() + 20
+    while not both_cancelled() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm_state(here_slurm) == "CANCELLED"  # cancelled here: its held Slurm job is scancelled
+    with store.read() as conn:
+        row = conn.execute(select(jobs).where(jobs.c.id == there)).one()
+    assert row.state == "CANCELLED" and row.reason.startswith(f"Slurm job {there_slurm} ended CANCELLED")

@@ -215,6 +215,15 @@ class SlurmAgent(Agent):
             return
         super()._requeue_unlaunched(job)
 
+    def _stop_orphans(self, running_here: set[int]) -> None:
+        """As the base agent, except that a job carbonsched only observed is never stopped
+        for being no longer RUNNING here (declared lost while this agent was away): it is
+        Slurm's and its owner's, not carbonsched's, to stop."""
+        for job_id in self.executor.known_runs():
+            if job_id not in running_here and self.slurm_executor.observed(job_id):
+                self.executor.forget(job_id)
+        super()._stop_orphans(running_here)
+
     def _observe(self) -> bool:
         """Make carbonsched jobs of Slurm GPU jobs running here that carbonsched does not know
         (submitted with plain sbatch elsewhere than a carbon-aware partition, or unheld): their
@@ -266,7 +275,8 @@ class SlurmAgent(Agent):
             return None  # another agent observed it first
         run_dir = self.slurm_executor.run_dir(job_id)
         run_dir.mkdir(mode=0o700, exist_ok=True)
-        write_json_atomic(run_dir / "slurm.json", {"job_id": sj.job_id, "gpu_idx": list(sj.gpu_idx)})
+        write_json_atomic(run_dir / "slurm.json", {"job_id": sj.job_id, "gpu_idx": list(sj.gpu_idx),
+                                                   "observed": True})
         self._synced.add(job_id)
         log.info("Slurm job %s (%s, uid %s) runs on %s GPUs %s outside carbonsched: observed as job %s",
                  sj.job_id, sj.name, sj.user_id, node, list(sj.gpu_idx), job_id)

@@ -90,6 +90,10 @@ class SlurmExecutor(Executor):
                 return job
         return None
 
+    def observed(self, job_id: int) -> bool:
+        """Whether this run is a Slurm job carbonsched only observes (not submitted or placed)."""
+        return bool((_read_json(self.run_dir(job_id) / "slurm.json") or {}).get("observed"))
+
     def slurm_job_id(self, job_id: int) -> int | None:
         rec = _read_json(self.run_dir(job_id) / "slurm.json")
         return int(rec["job_id"]) if rec else None
