@@ -332,3 +332,30 @@ def test_an_adopted_job_cancelled_on_either_side_before_it_is_placed_is_cancelle
     with store.read() as conn:
         row = conn.execute(select(jobs).where(jobs.c.id == there)).one()
     assert row.state == "CANCELLED" and row.reason.startswith(f"Slurm job {there_slurm} ended CANCELLED")
+
+
+def test_a_node_drained_in_slurm_takes_no_plans_until_resumed(world, slurm_cluster):
+    store, service, planner, agents, root = world
+    env = {**os.environ, **slurm_cluster.env}
+
+    def fr_gpus():
+        agents["sn-fr"]._node_checked = -1e18  # read the node now, not in 10 s
+        agents["sn-fr"].tick()
+        with store.read() as conn:
+            return conn.execute(select(gpus.c.healthy, gpus.c.unhealthy_reason)
+                                .where(gpus.c.node_name == "sn-fr")).all()
+
+    subprocess.run(["scontrol", "update", "NodeName=sn-fr", "State=DRAIN", "Reason=fan_test"], env=env,
+                   check=True, timeout=10)
+    try:
+        drained = fr_gpus()
+        assert [h for h, _ in drained] == [False, False]
+        assert all(r.startswith("slurm: ") and "DRAIN" in r and "fan_test" in r for _, r in drained), drained
+        job = service.submit(ROOT, {"argv": ["true"], "gpus": 1, "est_runtime_s": 5})["id"]
+        assert drive(store, planner, agents, [job])[job].node == "sn-de"
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=sn-fr", "State=RESUME"], env=env, check=True, timeout=10)
+    deadline = time.monotonic() + 10
+    while fr_gpus() != [(True, None), (True, None)] and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert fr_gpus() == [(True, None), (True, None)]
