@@ -359,3 +359,27 @@ def test_a_node_drained_in_slurm_takes_no_plans_until_resumed(world, slurm_clust
     while fr_gpus() != [(True, None), (True, None)] and time.monotonic() < deadline:
         time.sleep(0.3)
     assert fr_gpus() == [(True, None), (True, None)]
+
+
+def test_a_single_host_daemon_runs_its_jobs_through_slurm_with_its_in_process_agent(slurm_cluster):
+    from daemon_harness import DaemonProcess, world_dir
+
+    root = world_dir("cs-slurm-daemon-")
+    head = DaemonProcess(root, f"sqlite:///{root / 'state' / 'carbonsched.db'}", emulate=None,
+                         extra=["--executor", "slurm", "--node", "sn-de", "--policy", "fifo"])
+    head.config.write_text(f'grace = "1s"\n[slurm]\nconf = "{slurm_cluster.conf}"\n[carbon.static]\nDE = 400\n')
+    try:
+        head.start()
+        nodes = head.client().nodes()
+        assert [(n["name"], n["zone"], len(n["gpus"])) for n in nodes] == [("sn-de", "DE", 4)]
+        job = head.client().submit(argv=["sh", "-c", "echo $SLURM_JOB_ID; sleep 2"], gpus=1, est_runtime_s=5,
+                                   cwd=str(root))["id"]
+        done = head.wait_states([job], timeout_s=60)[job]
+        assert done["state"] == "COMPLETED" and done["node"] == "sn-de", head.log()
+        slurm_id = int((root / "state" / "logs" / f"{job}.out").read_text().split()[0])
+        sj = next(j for j in slurm_jobs(slurm_cluster) if j.job_id == slurm_id)
+        assert sj.comment == f"carbonsched:{job}" and sj.state == "COMPLETED"
+        # Priced by the daemon as the job ended (at DE's static 400 g/kWh: no other data here).
+        assert done["energy_j"] > 0 and done["gco2"] == pytest.approx(done["energy_j"] / 3.6e6 * 400, rel=0.01)
+    finally:
+        head.cleanup()
