@@ -184,6 +184,17 @@ def test_exit_codes_and_cancels_from_either_side_follow_slurm(world, slurm_clust
     theirs = service.submit(ROOT, {"argv": ["sleep", "60"], "gpus": 1, "est_runtime_s": 60})["id"]
     drive(store, planner, agents, [ours, theirs], states={"RUNNING"},
           until=lambda: all(agents[n].slurm_executor.jobs(0) for n in agents))
+
+    def reason_of(job_id):
+        with store.read() as conn:
+            return conn.execute(select(jobs.c.reason).where(jobs.c.id == job_id)).scalar()
+
+    deadline = time.monotonic() + 10  # what `carbonsched show` says once Slurm runs it
+    while not reason_of(ours).startswith("running as Slurm job") and time.monotonic() < deadline:
+        for a in agents.values():
+            a.tick()
+        time.sleep(0.2)
+    assert reason_of(ours).startswith("running as Slurm job"), reason_of(ours)
     by_id = {}
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not {ours, theirs} <= set(by_id):

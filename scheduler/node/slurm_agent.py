@@ -163,9 +163,12 @@ class SlurmAgent(Agent):
         old_ids = [int(g) for g in job.gpu_ids or []]
         indices = [self._index_of(g) for g in new_ids]
 
+        slurm_id = self.slurm_executor.slurm_job_id(job.id)
+        reason = f"running as Slurm job {slurm_id} on {self.config.node} GPUs {','.join(map(str, idx))}"
+
         def tx(conn: Connection) -> None:
             conn.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.state == State.RUNNING.value)
-                         .values(started_at=started, gpu_ids=new_ids, gpu_indices=indices))
+                         .values(started_at=started, gpu_ids=new_ids, gpu_indices=indices, reason=reason))
             if set(new_ids) != set(old_ids):
                 conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
                 conn.execute(update(gpus).where(gpus.c.id.in_(new_ids), gpus.c.job_id.is_(None))
