@@ -32,7 +32,7 @@ from scheduler.node import job_metrics
 from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus, _read_json
 from scheduler.node.supervise import write_json_atomic
 from scheduler.slurm.commands import Identity, SlurmCommands, SlurmError
-from scheduler.slurm.jobs import LOST_STATES, SlurmJob, comment_for, list_jobs
+from scheduler.slurm.jobs import LOST_STATES, SlurmJob, list_jobs
 
 log = logging.getLogger(__name__)
 
