@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from policies import get_policy
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.lifecycle import utcnow
 from scheduler.node.executor import RunState
 from scheduler.node.main import AgentRunConfig, make_slurm_agent
 from scheduler.node.slurm_executor import _status_of
@@ -100,6 +101,9 @@ def test_the_slurm_table_is_checked_and_maps_gres_types_to_catalog_models():
 
 # -- against the real Slurm ------------------------------------------------------------
 
+_first_id = int(time.time()) % 1000 * 1000
+
+
 @pytest.fixture
 def world(slurm_cluster):
     """A SQLite store, a job service, a fifo planner and one SlurmAgent per Slurm node."""
@@ -107,6 +111,14 @@ def world(slurm_cluster):
     root.chmod(0o755)  # slurmd writes a user's output as that user
     store = Store(f"sqlite:///{root / 'carbonsched.db'}")
     store.upgrade()
+    # Job ids of their own per test: the Slurm cluster (and its carbonsched:ID comments) is
+    # shared by the session, and a fresh store would start at 1 every time.
+    global _first_id
+    _first_id += 1000
+    store.transact(lambda conn: conn.execute(insert(jobs).values(
+        id=_first_id, name="id-offset", state="CANCELLED", reason="test: ids start above this one",
+        owner_uid=0, owner_gid=0, owner_groups=[], owner_name="root", argv=["true"], cwd="/", env={},
+        gpus=1, gpu_mem_gib=0.0, max_retries=0, attempts=0, submitted_at=utcnow(), plan_rev=0)))
     config = SlurmConfig(conf=slurm_cluster.conf, partitions=("carbon",))
     agents = {}
     for node in ("sn-de", "sn-fr"):

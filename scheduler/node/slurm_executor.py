@@ -42,6 +42,11 @@ SLURM_SETS = frozenset({"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VIS
 SNAPSHOT_MAX_AGE_S = 0.5
 
 
+def gres(s: dict) -> str:
+    """The GPU GRES request of a hand-off: 'gpu:h100:2', or 'gpu:2' on untyped GRES."""
+    return f"gpu:{s['gres_type']}:{s['count']}" if s["gres_type"] else f"gpu:{s['count']}"
+
+
 def slurm_time(t: datetime) -> str:
     """A time as Slurm's tools read it: local wall-clock time, no zone."""
     return t.astimezone().replace(tzinfo=None).isoformat(timespec="seconds")
@@ -86,7 +91,8 @@ class SlurmExecutor(Executor):
         replaced), never to this one."""
         self.jobs(0.0 if fresh else SNAPSHOT_MAX_AGE_S)
         for job in self._by_comment.get(comment, []):
-            if not_before is None or job.submit_time is None or job.submit_time.timestamp() >= not_before - 1:
+            # Slurm's submit times are whole seconds.
+            if not_before is None or job.submit_time is None or job.submit_time.timestamp() >= math.floor(not_before):
                 return job
         return None
 
@@ -134,7 +140,7 @@ class SlurmExecutor(Executor):
         if spec.metrics_file:
             job_metrics.create(Path(spec.metrics_file), spec.uid, spec.gid)
         argv = ["sbatch", "--parsable", f"--partition={s['partition']}", f"--nodelist={s['node']}",
-                f"--gres=gpu:{s['gres_type']}:{s['count']}", f"--begin={s['begin']}",
+                f"--gres={gres(s)}", f"--begin={s['begin']}",
                 f"--comment={s['comment']}", f"--job-name={s['name']}",
                 f"--output={spec.stdout}", f"--error={spec.stderr}", "--open-mode=append",
                 f"--chdir={spec.cwd}", "--export=ALL", "--nodes=1", "--ntasks=1"]
@@ -151,9 +157,8 @@ class SlurmExecutor(Executor):
 
     def _place_adopted(self, slurm_id: int, s: dict) -> None:
         """Put a held user job where and when carbonsched planned it, then release it."""
-        self.slurm.run(["scontrol", "update", f"JobId={slurm_id}", f"Partition={s['partition']}",
-                        f"NodeList={s['node']}", f"TresPerNode=gres/gpu:{s['gres_type']}:{s['count']}",
-                        f"StartTime={s['begin']}"])
+        self.slurm.run(["scontrol", "update", f"JobId={slurm_id}", f"NodeList={s['node']}",
+                        f"TresPerNode=gres/{gres(s)}", f"StartTime={s['begin']}"])
         self.slurm.run(["scontrol", "release", str(slurm_id)])
 
     def status(self, job_id: int) -> RunStatus:
