@@ -125,6 +125,13 @@ def _truth(v: Any) -> str:
     return _text(v)
 
 
+def _executor(v: Any) -> str:
+    name = _text(v).lower()
+    if name not in ("local", "slurm"):
+        raise ValueError(f"must be local or slurm (got {v!r})")
+    return name
+
+
 def _policy(v: Any) -> str:
     from policies.base import policy_names
 
@@ -195,6 +202,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("truth", _truth, None, "with --emulate: how jobs really run on the emulated GPUs, hidden "
             "from the planner: perfect, noisy:SIGMA or profiles:FILE; jobs are told their pace by "
             "CARBONSCHED_EMULATED_S_PER_PROMPT (default: none, GPUs draw 70-95 percent of TDP)", _BOTH, "SPEC"),
+    Setting("executor", _executor, "local", "how jobs run: local (supervised processes on this node) "
+            "or slurm (handed to Slurm; see the [slurm] table)", _BOTH, "NAME"),
     Setting("policy", _policy, "cpsat", "planning policy: fifo, greedy or cpsat", _HEAD, "NAME"),
     Setting("plan_interval", _duration, 15.0, "planner period (a submit also wakes it)", _HEAD, "DUR", _dur),
     Setting("full_replan", _duration, None, "incremental planning: between full re-plans at most this "
