@@ -125,6 +125,9 @@ class ProfileBook:
 
     def __init__(self, profiles: Iterable[Profile] = ()) -> None:
         self._by_key: dict[tuple[str, str], Profile] = {}
+        # model_choice's answers for this book's profiles: a planner asks the same few
+        # (workload, model, k, SLOs) questions thousands of times per tick
+        self.choices: dict[tuple, object] = {}
         for p in profiles:
             self._by_key[(p.workload, _canonical_model(p.model))] = p
 
@@ -202,16 +205,23 @@ def correction(book: ProfileBook, workload: str | None, model: str) -> tuple[flo
     return mine.prompts_per_s / seed.prompts_per_s, mine.power_w / seed.power_w
 
 
+_MISSING = object()
+
+
 def model_choice(job: QueuedJob, model: str, book: ProfileBook):
     """The operating point of `job` on `model` (`policies.operating_point.job_choice`, with the
     book's learned correction): a Choice, a Refusal, or None (the model does not know the
     workload or the GPU)."""
-    from policies.operating_point import job_choice
+    key = (job.workload, model, job.gpus, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
+    hit = book.choices.get(key, _MISSING)
+    if hit is _MISSING:
+        from policies.operating_point import job_choice
 
-    model = _canonical_model(model)
-    speed, power_ratio = correction(book, job.workload, model)
-    return job_choice(job.workload, model, max(1, job.gpus), job.ttft_slo_ms, job.tpot_slo_ms,
-                      job.latency_slo_ms, speed, power_ratio)
+        canonical = _canonical_model(model)
+        speed, power_ratio = correction(book, job.workload, canonical)
+        hit = book.choices[key] = job_choice(job.workload, canonical, max(1, job.gpus), job.ttft_slo_ms,
+                                             job.tpot_slo_ms, job.latency_slo_ms, speed, power_ratio)
+    return hit
 
 
 def _profile_p95(profile: Profile | None) -> float | None:

@@ -327,6 +327,7 @@ def nominal(workload: str, model: str, k: int) -> Choice | None:
                   p.tpot_p95_ms, p.latency_p95_ms, Slos(), (), (), inference=False)
 
 
+@cache
 def job_choice(workload: str | None, model: str, k: int, ttft_ms: float | None, tpot_ms: float | None,
                latency_ms: float | None, speed: float = 1.0,
                power_ratio: float = 1.0) -> Choice | Refusal | None:
@@ -391,3 +392,4 @@ def annotate(snapshot: Snapshot, plan: Plan) -> Plan:
         why = c.describe()
         out.append(replace(a, estimate=est, explanation=f"{a.explanation}; {why}" if a.explanation else why))
     return replace(plan, assignments=tuple(out))
+
