@@ -251,7 +251,8 @@ def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: 
                         energy_j=power_w * max(1.0, runtime_s),
                         latency_p95_ms=choice.latency_p95_ms if choice.inference else None,
                         source=f"perf model {job.workload}: {choice.describe()}",
-                        operating_point=choice.point, point_note=choice.describe())
+                        operating_point=choice.point if choice.inference else None,
+                        point_note=choice.describe())
     profile = book.get(job.workload, model) if choice is None else None
     if profile is not None and profile.prompts_per_s > 0:
         if job.prompts:

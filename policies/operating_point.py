@@ -224,10 +224,9 @@ class Choice:
             if limit is None:
                 continue
             text = f"{label} p95 {_ms(value)} <= {_ms(limit)}"
-            if name in self.binding:
-                text += " (binding)"
-            elif name in self.defaulted:
-                text += " (default)"
+            notes = [n for n, on in (("default", name in self.defaulted), ("binding", name in self.binding)) if on]
+            if notes:
+                text += f" ({', '.join(notes)})"
             parts_.append(text)
         tail = ", ".join(parts_) if parts_ else "no latency limit"
         if not self.binding:
