@@ -240,3 +240,15 @@ def test_seed_points_and_runtime_agree_with_the_prediction():
     p = predict(presets()["llm-chat-8b"], "H100", c.point)
     assert c.prompts_per_s == pytest.approx(2 * p.prompts_per_s)
     assert timedelta(seconds=s.runtime_s) > timedelta(0)
+
+
+def test_plan_rows_and_the_plan_table_show_the_point_and_why():
+    from scheduler.cli.output import plan_table
+    from scheduler.daemon.planner import plan_rows
+
+    snap, p = plan([job("llm-chat-8b", tpot_slo_ms=20.0)], fleet("H100"))
+    (row,) = plan_rows(snap, p)
+    c = job_choice("llm-chat-8b", "H100", 1, None, 20.0, None)
+    assert row["operating_point"] == {"max_batch": c.point.max_batch, "precision": "bf16", "tp": 1}
+    assert c.describe() in row["reason"]
+    assert f"H100 at batch {c.point.max_batch} BF16 TP1" in plan_table([row])
