@@ -40,7 +40,9 @@ Rules (documented here because every policy and the benchmark rely on them):
 * **Carbon**: gCO2 = power_w x PUE x integral of intensity over [start, start + runtime]
   / 3.6e6 (W x s = J; J / 3.6e6 = kWh; kWh x g/kWh = g). The forecast is a step function.
 * **Learning** from this cluster's completed runs: `policies.learning` (a median over the
-  recent runs, so it converges in a few runs, ignores a stalled one and follows a drift).
+  recent runs, so it converges in a few runs, ignores a stalled one and follows a drift);
+  each run is first restated at its seed's point (`seed_equivalent_run`), so a learned
+  profile carries the model's error, not the difference between two operating points.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.catalog import GpuModel, catalog
+from policies.learning import Run
 from policies.model import CarbonCurve, Profile, QueuedJob
 from policies.perf_model import OperatingPoint
 
@@ -466,3 +469,36 @@ def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power
         return None
     integral = curve_integral_g_per_kwh_s(curve, start, start + timedelta(seconds=runtime_s))
     return power_w * pue * integral / J_PER_KWH
+
+
+def seed_equivalent_run(job: QueuedJob, model: str, run: Run, point: OperatingPoint | None = None) -> Run:
+    """A measured run (per GPU) restated at the seed profile's point, for learning.
+
+    Learning compares runs with the seed profile of (workload, model) (`policies.learning`),
+    but a job ran at its own operating point (its GPU count, SLOs, batch limit), whose
+    figures differ from the seed's even when the model is exact: a 70B job on 4 GPUs at TP4
+    and batch 512 does more per GPU than the seed's 2 GPUs at batch 64. So the run is scaled
+    by seed / prediction-at-its-point: what is left is the model's error, which is what a
+    learned profile must carry. `point`: the point it ran at (None: the one the model picks
+    for the job, uncorrected). A workload the model does not know is returned as is."""
+    from policies.operating_point import Choice, job_choice, workload_model
+
+    canonical = _canonical_model(model)
+    seed = _seed_index().get((job.workload, canonical)) if job.workload else None
+    if seed is None:
+        return run
+    k = max(1, job.gpus)
+    if point is not None:
+        from policies.perf_model import parts, predict
+
+        w = workload_model(job.workload)
+        if w is None or canonical not in parts() or k % point.tp:
+            return run
+        p = predict(w, canonical, point)
+        pps_gpu, power_gpu = p.prompts_per_s / point.tp, p.power_w / point.tp
+    else:
+        c = job_choice(job.workload, canonical, k, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
+        if not isinstance(c, Choice):
+            return run
+        pps_gpu, power_gpu = c.prompts_per_s / k, c.power_w / k
+    return Run(run.prompts_per_s * seed.prompts_per_s / pps_gpu, run.power_w * seed.power_w / power_gpu)

@@ -229,9 +229,8 @@ class Choice:
                 text += f" ({', '.join(notes)})"
             parts_.append(text)
         tail = ", ".join(parts_) if parts_ else "no latency limit"
-        if not self.binding:
-            tail += "; the most efficient point that fits"
-        return f"{head}: {tail}, {self.j_per_prompt:.3g} J/prompt"
+        last = "" if self.binding else ", its most efficient point"
+        return f"{head}: {tail}, {self.j_per_prompt:.3g} J/prompt{last}"
 
 
 @dataclass(frozen=True)

@@ -252,3 +252,26 @@ def test_plan_rows_and_the_plan_table_show_the_point_and_why():
     assert row["operating_point"] == {"max_batch": c.point.max_batch, "precision": "bf16", "tp": 1}
     assert c.describe() in row["reason"]
     assert f"H100 at batch {c.point.max_batch} BF16 TP1" in plan_table([row])
+
+
+def test_a_run_exactly_as_predicted_at_its_own_point_teaches_nothing():
+    """Learning compares runs with the seed (70B on H100: 2 GPUs at batch 64), but a job on 4
+    GPUs ran at TP4 and batch 512, faster per GPU. Restated at the seed's point, a run that
+    went exactly as predicted leaves the profile at its seed; one 20 % slower, 20 % slower."""
+    from policies.energy import seed_equivalent_run
+    from policies.learning import Run, estimate
+
+    j = job("llm-chat-70b", gpus=4)
+    c = job_choice("llm-chat-70b", "H100", 4, None, None, None)
+    seed = next(p for p in seed_profiles() if (p.workload, p.model) == ("llm-chat-70b", "H100"))
+    assert c.prompts_per_s / 4 > 1.5 * seed.prompts_per_s  # the two points differ a lot
+    exact = Run(c.prompts_per_s / 4, c.power_w / 4)
+    for point in (None, c.point):
+        same = seed_equivalent_run(j, "H100", exact, point)
+        assert same.prompts_per_s == pytest.approx(seed.prompts_per_s)
+        assert same.power_w == pytest.approx(seed.power_w)
+    slow = seed_equivalent_run(j, "H100", Run(exact.prompts_per_s * 0.8, exact.power_w))
+    learned = estimate(seed, [slow, slow], workload="llm-chat-70b", model="H100")
+    assert learned.prompts_per_s == pytest.approx(seed.prompts_per_s * 0.8)
+    # a class the model does not know is learned as measured
+    assert seed_equivalent_run(job("my-class"), "H100", exact) == exact
