@@ -16,8 +16,12 @@ venv: $(BIN)/carbonsched
 demo: venv
 	$(BIN)/python scripts/demo.py
 
+# Most of the suite waits on daemons, agents and databases, not on the CPU: four workers
+# (pytest-xdist) finish it in about half the time even on two cores.
+TEST_WORKERS ?= 4
+
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 bench: venv
 	$(BIN)/python bench/api_bench.py

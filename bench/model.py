@@ -107,7 +107,8 @@ def table_b() -> list[dict]:
 def table_c() -> list[dict]:
     """Per preset and GPU model: the lowest-J/prompt point meeting the latency limits, at the
     smallest tensor-parallel degree that has one (more GPUs are then data-parallel replicas:
-    the model has no TP communication cost, so a larger TP would look free)."""
+    the model's TP cost is the all-reduce latency per layer only, so a larger TP would look
+    cheaper than it is)."""
     out = []
     for name, w in pm.presets().items():
         for gpu in pm.parts():
@@ -142,12 +143,17 @@ def print_report(a: tuple[list[dict], list[dict], list[dict]], b: list[dict], c:
     f = pm.fit()
     rows, left, mlperf = a
     print("perf_model fit:")
-    print(f"  step time  t = {f.t0_ms:.2f} ms + {f.per_seq_us:.1f} us x batch + bytes / ({f.eta_mem:.3f} x HBM BW) "
-          f"+ FLOPs / ({f.eta_compute:.3f} x peak)")
+    print(f"  step time  t = {f.per_layer_us:.1f} us x layers + {f.allreduce_us:.1f} us x layers (TP > 1) + "
+          f"{f.t0_ms:.2f} ms + {f.per_seq_us:.1f} us x batch")
+    print(f"                 + (m^p + c^p)^(1/p), p = {f.overlap_p:g}, m = bytes / ({f.eta_mem:.3f} x HBM BW), "
+          f"c = decode FLOPs / ({f.eta_compute:.3f} x peak)")
+    print(f"                 + prefill FLOPs / ({f.eta_compute:.3f} x peak)")
     print(f"  power/GPU  P = {f.p_static_w:.1f} W + {f.e_byte_pj:.1f} pJ/byte + {f.e_flop_pj:.3f} pJ/FLOP "
-          f"(capped at TDP); relative RMS {100 * f.power_rel_rms:.1f} %")
+          f"+ {f.e_seq_mj:.1f} mJ per sequence-step (capped at TDP); relative RMS {100 * f.power_rel_rms:.1f} %; "
+          f"held-out GPU {100 * f.power_transfer_rel:.1f} %")
     print("  effective input tokens per task: " + ", ".join(f"{k} {v:.0f}" for k, v in f.input_tokens.items()))
-    print(f"  v2 software factor {f.v2_software_factor:.2f}; ITL p50/p95 = {f.itl_p50_over_step:.3f}/"
+    print(f"  ML.ENERGY v2 stack: + {f.v2_t0_ms:.2f} ms + {f.v2_per_seq_us:.1f} us x batch + "
+          f"{f.v2_per_worker_ms:.2f} ms x (TP - 1); ITL p50/p95 = {f.itl_p50_over_step:.3f}/"
           f"{f.itl_p95_over_step:.3f} x step; step-time relative RMS {100 * f.step_rel_rms:.1f} %; "
           f"{f.rows} rows on {', '.join(f.gpus)}")
     print()

@@ -112,8 +112,8 @@ def seed_profiles() -> tuple[Profile, ...]:
             out.append(Profile(workload=name, model=model, prompts_per_s=c.prompts_per_s / c.gpus,
                                power_w=c.power_w / c.gpus, latency_p50_ms=p50,
                                latency_p95_ms=c.latency_p95_ms if inference else math.nan,
-                               source=f"perf model: {c.describe()} ("
-                                      + ", ".join(f"{k} {v}" for k, v in p.sources.items()) + ")"))
+                               source=("perf model: " if inference else "nominal: perf model ") + c.describe()
+                                      + " (" + ", ".join(f"{k} {v}" for k, v in p.sources.items()) + ")"))
     return tuple(out)
 
 

@@ -8,14 +8,22 @@ never measured (the AMD parts, H200) with ones that were, and "nearest measured 
 ratio" inverts the hardware (issue 18). Here every GPU goes through the same equations,
 whose few efficiencies are fitted once on every measured GPU together.
 
-The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch B):
+The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch B, L layers):
 
-    weight bytes  W = min(total, active x B) x bytes/param(precision) / tp
+    weight bytes  W = weights read x bytes/param(precision) / tp, where weights read is
+                  min(total, active x B) for a dense model, and for a mixture of experts
+                  (n experts, k routed per token) shared + experts x (1 - (1 - k/n)^B): the
+                  expected share of experts a batch of B tokens routes to (uniform routing);
+                  at B = 1 it is the active count, for large B all of them
     KV bytes      K = B x (input + output/2) x kv_bytes_per_token / tp
-    FLOPs         F = 2 x active x B x (1 + input/output) / tp      (decode + amortised prefill)
-    step time     t = t0 + c_seq x B + (W + K) / (eta_mem x HBM bandwidth) + F / (eta_compute x peak(precision))
+    FLOPs         F_dec = 2 x active x B / tp;  F_pre = F_dec x input / output  (amortised prefill)
+    step time     t = per_layer x L + allreduce x L x [tp > 1] + t0 + c_seq x B
+                      + overlap_p((W + K) / (eta_mem x BW), F_dec / (eta_compute x peak(precision)))
+                      + F_pre / (eta_compute x peak(precision)),
+                  overlap_p(m, c) = (m^p + c^p)^(1/p)
     tokens/s      = B / t;  prompts/s = tokens/s / output;  TPOT p50/p95 = k50/k95 x t
-    power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x w x F / t, capped at the TDP;
+    power / GPU   P = p_static + e_byte x (W + K) / t + e_flop x w x (F_dec + F_pre) / t
+                      + e_seq x B / t, capped at the TDP;
                   w = operand width / 16 bits (FP8 1/2, FP4 1/4): an assumption, not fitted
                   (every fitted row is BF16), the first-order rule that a multiply's energy
                   scales with its width, so a GPU at full FP8 rate draws what it does at BF16
@@ -23,18 +31,70 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
     J/token       = P x tp x t / B
     TTFT          = t + 2 x active x input / tp / (eta_compute x peak)   (p95: input x spread)
 
-Fitted (see `fit()`): t0, c_seq (the serving engine's per-sequence cost per step: its
-scheduler and sampler, the same on every GPU), eta_mem, eta_compute (global), the effective
-input tokens of each ML.ENERGY task (the summaries do not publish prompt lengths; being
-per-sequence too, these trade off against c_seq, so read them as fit parameters, not
-lengths), a step-time factor for the older serving software of ML.ENERGY v2, k50/k95 (ITL
-percentile over mean step time), p_static, e_byte, e_flop of the power model, and one
-speed factor of the MLPerf submitters' serving stacks against the fitted vLLM rows (used
-only to reproduce MLPerf results: predictions are for a vLLM-like engine). Memory: weights + KV cache of the whole context
-at that batch must fit in 90 % of the GPUs' memory (vLLM's default gpu_memory_utilization).
-Each figure says where it comes from: "measured" (that exact point is in the data),
-"fitted" (the fit, on a GPU that was measured), "roofline" (the fit, on a GPU that was not),
-"nominal" (training: no public per-accelerator figure found; a nominal MFU).
+Why each step-time term (all fitted once, on every GPU's rows together, and the same on
+every GPU, so a part better in every data-sheet figure is never predicted worse):
+
+* The roofline: a decode pass reads the weights and the KV cache once and does the decode
+  FLOPs. With full overlap it would take as long as the slower of the two (p = inf: memory
+  at small batch, compute at large); kernels overlap them only in part, most of all near
+  the ridge where both matter, so p is fitted (a grid from 1, no overlap, to inf; the fit
+  picks ~1.25). Prefill runs in steps (vLLM v0, ML.ENERGY v2) or chunks (vLLM v1, v3) of
+  hundreds to thousands of tokens, which are compute-bound, so it adds its FLOPs' time,
+  amortised over the output tokens.
+* per_layer x L: a decode step runs a fixed sequence of ~10 kernels per layer; at small
+  batch each is too short to reach full bandwidth, and launch gaps add up. This is why a
+  70B model (80 layers) takes several ms more per step than its bytes explain, an 8B
+  model (32 layers) fewer, on H100 and B200 alike. (It takes up the bandwidth shortfall
+  of short kernels: eta_mem, fitted jointly, sits at its bound 1.)
+* allreduce x L x [tp > 1]: with tensor parallelism every layer ends in two all-reduces of
+  the activations; at decode sizes (kilobytes) their cost is latency, not link bandwidth,
+  and vLLM's one-shot all-reduce has about the same latency at TP 2, 4 or 8.
+* c_seq x B: per sequence and step, what the bytes and FLOPs above leave out: the serving
+  engine's scheduler, sampler and detokenizer, and attention over the paged KV cache,
+  whose kernels run far below the bandwidth that streaming weights reaches. Its energy is
+  e_seq per sequence and step: attention and sampling kernels run on the GPU and draw
+  power (without it, a large batch, which spends most of its step here, came out ~18 %
+  low in power on H100).
+* ML.ENERGY v2 (an older vLLM, used for speed only, and for the A100 it alone measured)
+  adds v2_t0 + v2_per_seq x B + v2_per_worker x (tp - 1): its CPU-side cost per sequence
+  (several times v3's: its GPUs drew under half their TDP) and a per-step cost per extra
+  tensor-parallel worker (its inputs were broadcast to each worker process every step).
+  These are properties of that software, fitted on both v2 GPUs' rows (replacing the one
+  step-time factor of before); predictions are for the v3 engine.
+
+Fitted (see `fit()`): per_layer, allreduce, t0, c_seq, eta_mem and eta_compute (a search
+over their ratio), the overlap exponent p, the three v2 terms, the effective input tokens
+of each ML.ENERGY task (the summaries do not publish prompt lengths; being per-sequence
+too, these trade off against c_seq, so read them as fit parameters, not lengths; v2's is
+capped by what its measured batches leave room for in the KV cache, see
+`_max_input_tokens`, which is what separates v2's prefill from its CPU cost per sequence
+when one of its two GPUs is held out), k50/k95 (ITL percentile over mean step time),
+p_static, e_byte, e_flop, e_seq of the power model, and one speed factor of the MLPerf
+submitters' serving stacks against the fitted vLLM rows (used only to reproduce MLPerf
+results: predictions are for a vLLM-like engine). Memory: weights + KV cache of the whole
+context at that batch must fit in 90 % of the GPUs' memory (vLLM's default
+gpu_memory_utilization). Each figure says where it comes from: "measured" (that exact
+point is in the data), "fitted" (the fit, on a GPU that was measured), "roofline" (the
+fit, on a GPU that was not), "nominal" (training: no public per-accelerator figure found;
+a nominal MFU).
+
+What is not in the model, and why (each tried while building this one; the figures are
+those of the fit it was tried in, before later terms were added):
+
+* A per-GPU static power (the catalog's idle_w, or a share of the TDP): in-sample power
+  within 10 % went from 39 to 42-44 of 68 rows, but with one v3 GPU held out it is
+  collinear with p_static, so the held-out power error got worse (H100 llm-chat-8b
+  13 % -> 29-36 %); idle_w also has no data-sheet source; and it would make a part with a
+  higher TDP and equal bandwidth and compute less efficient, against the invariant. Nor a
+  power term per TP group or per layer (fitted to 0).
+* Other roofline shapes: memory and all compute time summed (no overlap, prefill
+  included): 75 of 95 rows' tokens/s within 10 %, but three held-out (GPU, workload)
+  medians above 20 % (A100 v2 8B 26.5 %, B200 8B 22.9 %, B200 llm-code 20.1 %). One max
+  over memory and all FLOPs (prefill fused into the roofline): every held-out median
+  within 20 %, but J/token within 10 % on only 34 of 68 rows and B200 llm-chat-70b's
+  held-out J/token 22 %; energy per prompt is what the planner minimises. A fixed p = inf
+  for the decode roofline here: 66 of 95 rows, two v2 held-out medians above 20 %.
+* A TP link-bandwidth term: negligible at decode sizes.
 
 Measured figures are data and keep their noise: a measured H100 point can beat the model's
 H200 at the same point although the model never ranks H100 above H200. Comparisons across
@@ -88,6 +148,9 @@ class Workload:
     kind: str = "inference"  # or "train" (nominal)
     task: str = ""  # the ML.ENERGY task whose fitted input length it uses, if any
     note: str = ""
+    layers: int = 0  # transformer layers; 0: estimated from the size (see n_layers)
+    experts: int = 0  # mixture of experts: experts per layer (0: a dense model)
+    experts_active: int = 0  # mixture of experts: experts each token is routed to
 
     def kv_bytes(self) -> float:
         """KV bytes per token; when unknown, Llama-3.1's 16 KiB per billion params at 8B,
@@ -95,6 +158,24 @@ class Workload:
         if self.kv_bytes_per_token > 0:
             return self.kv_bytes_per_token
         return 131072.0 * math.sqrt(self.total_params_b / 8.0)
+
+    def n_layers(self) -> float:
+        """Layers; when unknown, Llama-3.1's depth scaled with size^0.42 (8B: 32, 70B: 80 layers)."""
+        if self.layers > 0:
+            return float(self.layers)
+        return 32.0 * (self.total_params_b / 8.0) ** 0.42
+
+    def weights_read_b(self, batch: float) -> float:
+        """Billions of parameters one decode step of `batch` sequences reads. Dense: all of
+        them (fewer only if active < total without a known expert count: active x batch,
+        capped at total). Mixture of experts with n experts, k per token: the shared part
+        plus the expected share of experts that `batch` uniformly routed tokens touch,
+        1 - (1 - k/n)^batch; the expert parameters are (total - active) / (1 - k/n)."""
+        if self.experts > 0 and 0 < self.experts_active < self.experts and self.total_params_b > self.active_params_b:
+            share = self.experts_active / self.experts
+            expert_b = min((self.total_params_b - self.active_params_b) / (1 - share), self.total_params_b)
+            return self.total_params_b - expert_b + expert_b * (1 - (1 - share) ** batch)
+        return min(self.total_params_b, self.active_params_b * batch)
 
 
 @dataclass(frozen=True)
@@ -110,12 +191,12 @@ class OperatingPoint:
 class Fit:
     """The fitted constants of the model, and how well they reproduce their data."""
 
-    t0_ms: float
-    per_seq_us: float  # serving overhead per sequence per step (scheduler, sampler), any GPU
+    t0_ms: float  # fixed cost per step, any GPU
+    per_seq_us: float  # per sequence per step: scheduler, sampler, paged attention (any GPU)
     eta_mem: float
     eta_compute: float
     input_tokens: dict[str, float]  # effective input tokens per ML.ENERGY task
-    v2_software_factor: float  # step-time multiplier of ML.ENERGY v2's serving stack
+    v2_software_factor: float  # step-time multiplier of ML.ENERGY v2's stack: 1 (v2 now has additive terms)
     itl_p50_over_step: float
     itl_p95_over_step: float
     p_static_w: float
@@ -127,6 +208,13 @@ class Fit:
     gpus: tuple[str, ...]
     power_transfer_rel: float = 0.0  # the power fit's error on a GPU it has not seen (see fit())
     mlperf_stack_factor: float = 1.0  # MLPerf's serving stacks' speed over the fitted vLLM rows'
+    per_layer_us: float = 0.0  # per layer per step: the layer's kernel sequence at decode sizes
+    allreduce_us: float = 0.0  # per layer per step when tp > 1: two activation all-reduces' latency
+    e_seq_mj: float = 0.0  # energy per sequence per step of the per-sequence work (c_seq's)
+    v2_t0_ms: float = 0.0  # ML.ENERGY v2's stack: extra cost per step
+    v2_per_seq_us: float = 0.0  # ML.ENERGY v2's stack: extra cost per sequence per step
+    v2_per_worker_ms: float = 0.0  # ML.ENERGY v2's stack: cost per step per extra TP worker
+    overlap_p: float = math.inf  # decode roofline (mem^p + compute^p)^(1/p): 1 no overlap, inf full
 
 
 @dataclass(frozen=True)
@@ -202,6 +290,12 @@ _ALIASES = {  # CLI help / demo names
 }
 
 
+def _shape(a: dict) -> dict[str, int]:
+    """An architecture entry's layers and experts, as Workload keyword arguments."""
+    return {"layers": int(a["layers"]), "experts": int(a.get("experts", 0)),
+            "experts_active": int(a.get("experts_active", 0))}
+
+
 def _mean_output(model_id: str, task: str) -> float:
     outs = [r["mean_output_tokens"] for r in mlenergy_rows()
             if r["model_id"] == model_id and r["task"] == task]
@@ -217,14 +311,15 @@ def presets() -> dict[str, Workload]:
         a = _architecture(model_id)
         out[name] = Workload(name, a["total_params_b"], a["active_params_b"], f.input_tokens[task],
                              _mean_output(model_id, task), a["kv_bytes_per_token_bf16"], "bf16",
-                             task=task, note=f"{model_id}; {note}; output length measured, input fitted")
+                             task=task, note=f"{model_id}; {note}; output length measured, input fitted",
+                             **_shape(a))
     for alias, (target, note) in _ALIASES.items():
         out[alias] = replace(out[target], name=alias, note=note)
     out["mlperf-llama2-70b"] = mlperf_workload()
     for name in ("train", "finetune"):
         a = _architecture("meta-llama/Llama-3.1-8B-Instruct")
         out[name] = Workload(name, a["total_params_b"], a["active_params_b"], 1024, 1,
-                             a["kv_bytes_per_token_bf16"], "bf16", kind="train",
+                             a["kv_bytes_per_token_bf16"], "bf16", kind="train", **_shape(a),
                              note="nominal: an 8B model, 1024-token samples, MFU "
                                   f"{NOMINAL_TRAIN_MFU} (no MLPerf Training figure found)")
     return out
@@ -240,7 +335,7 @@ def mlperf_workload() -> Workload:
         measurements()["length_spread"]["input_mean_tokens"],
         float(np.mean([m["tokens_per_s"] / m["samples_per_s"] for m in mlperf])), a["kv_bytes_per_token_bf16"],
         "fp8", note="MLPerf llama2-70b (OpenOrca); output = tokens/samples of the results; input length "
-                    "not found: the Azure conv trace's mean prompt stands in")
+                    "not found: the Azure conv trace's mean prompt stands in", **_shape(a))
 
 
 def mlperf_best_tokens_per_gpu_s(m: dict, f: Fit, stack_factor: float = 1.0) -> float:
@@ -281,25 +376,54 @@ class _Step:
     compute_s: float  # flops / peak at eta 1
     flop_energy_scale: float = 1.0  # energy per FLOP relative to BF16 (operand width / 16 bits)
     batch: float = 1.0
+    layers: float = 0.0
+    tp: int = 1
+    decode_compute_s: float = 0.0  # compute_s without the prefill share (the decode FLOPs')
 
 
 def _step(w: Workload, p: Part, batch: float, precision: str, tp: int, input_tokens: float) -> _Step:
     bpp = BYTES_PER_PARAM[precision]
     out = max(w.mean_output_tokens, 1.0)
-    wb = min(w.total_params_b, w.active_params_b * batch) * 1e9 * bpp / tp
+    wb = w.weights_read_b(batch) * 1e9 * bpp / tp
     kv = batch * (input_tokens + out / 2) * w.kv_bytes() / tp
     fl = 2 * w.active_params_b * 1e9 * batch * (1 + input_tokens / out) / tp
     return _Step(wb, kv, fl, (wb + kv) / (p.hbm_tb_per_s * 1e12), fl / (p.peak_tflops[precision] * 1e12),
-                 bpp / BYTES_PER_PARAM["bf16"], batch)
+                 bpp / BYTES_PER_PARAM["bf16"], batch, w.n_layers(), tp,
+                 2 * w.active_params_b * 1e9 * batch / tp / (p.peak_tflops[precision] * 1e12))
+
+
+def _overhead_s(s: _Step, f: Fit) -> float:
+    """The GPU-independent part of a step: per layer, all-reduces under TP, fixed, per sequence."""
+    us = (f.per_layer_us + f.allreduce_us * (s.tp > 1)) * s.layers + f.per_seq_us * s.batch
+    return f.t0_ms / 1e3 + us / 1e6
 
 
 def _step_time_s(s: _Step, f: Fit) -> float:
-    return (f.t0_ms + f.per_seq_us * s.batch / 1e3) / 1e3 + s.mem_s / f.eta_mem + s.compute_s / f.eta_compute
+    """Overheads + the decode roofline (a decode pass reads the weights and KV once and does
+    the decode FLOPs: it lasts as long as the slower of the two) + the prefill, amortised
+    over the output tokens, at the compute roofline (prefill runs in steps or chunks of
+    hundreds to thousands of tokens, which are compute-bound)."""
+    return (_overhead_s(s, f) + float(_overlap(s.mem_s / f.eta_mem, s.decode_compute_s / f.eta_compute, f.overlap_p))
+            + (s.compute_s - s.decode_compute_s) / f.eta_compute)
+
+
+def _overlap(mem_s: np.ndarray | float, compute_s: np.ndarray | float, p: float) -> np.ndarray:
+    """The decode roofline with partial overlap: (mem^p + compute^p)^(1/p); p = 1 adds the
+    two (no overlap), p = inf is max (full overlap); between, the slower one dominates more
+    the further apart they are. Increasing in both, so more bandwidth or compute never hurts."""
+    if math.isinf(p):
+        return np.maximum(mem_s, compute_s)
+    return (np.asarray(mem_s) ** p + np.asarray(compute_s) ** p) ** (1 / p)
+
+
+def _v2_extra_s(s: _Step, f: Fit) -> float:
+    """ML.ENERGY v2's older serving stack: its extra cost per step (only to reproduce v2 rows)."""
+    return (f.v2_t0_ms + f.v2_per_worker_ms * (s.tp - 1)) / 1e3 + f.v2_per_seq_us * s.batch / 1e6
 
 
 def _power_w(s: _Step, t: float, f: Fit) -> float:
     dynamic_pj = f.e_byte_pj * (s.weight_bytes + s.kv_bytes) + f.e_flop_pj * s.flop_energy_scale * s.flops
-    return f.p_static_w + dynamic_pj * 1e-12 / t
+    return f.p_static_w + dynamic_pj * 1e-12 / t + f.e_seq_mj * 1e-3 * s.batch / t
 
 
 def _capped(s: _Step, t: float, p: Part, f: Fit) -> tuple[float, float]:
@@ -477,7 +601,7 @@ def _same_config(a: dict, b: dict) -> bool:
 def _row_workload(r: dict, input_tokens: float) -> Workload:
     a = _architecture(r["model_id"])
     return Workload(r["model_id"], a["total_params_b"], a["active_params_b"], input_tokens,
-                    r["mean_output_tokens"], a["kv_bytes_per_token_bf16"], r["precision"])
+                    r["mean_output_tokens"], a["kv_bytes_per_token_bf16"], r["precision"], **_shape(a))
 
 
 def _row_step(r: dict, input_tokens: float) -> _Step:
@@ -485,84 +609,174 @@ def _row_step(r: dict, input_tokens: float) -> _Step:
                  r["num_gpus"], input_tokens)
 
 
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares, min |a x - b| with x >= 0: Lawson and Hanson's active set
+    method on the normal equations (the fit solves ~2,000 of these, each with a handful
+    of columns and ~100 rows), with columns scaled to unit norm for conditioning."""
+    n = a.shape[1]
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    gram = (a / norms).T @ (a / norms)
+    rhs = (a / norms).T @ b
+    passive = np.zeros(n, dtype=bool)
+    x = np.zeros(n)
+    for _ in range(3 * n + 10):
+        grad = rhs - gram @ x
+        if passive.all() or (grad[~passive] <= 1e-12).all():
+            break
+        passive[int(np.argmax(np.where(passive, -np.inf, grad)))] = True
+        while True:
+            z = np.zeros(n)
+            idx = np.flatnonzero(passive)
+            z[idx] = np.linalg.solve(gram[np.ix_(idx, idx)], rhs[idx])
+            if (z[idx] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = float(np.min(x[neg] / (x[neg] - z[neg])))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+    return x / norms
+
+
 def _bounded_lsq(x: np.ndarray, y: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """Least squares with lower bounds, by trying every set of parameters held at their bound
-    (3 parameters: 8 sets); the best feasible solution wins."""
-    n = x.shape[1]
-    best, best_sse = lower.copy(), math.inf
-    for fixed in itertools.product((False, True), repeat=n):
-        coef = lower.copy()
-        free = [i for i in range(n) if not fixed[i]]
-        rhs = y - x[:, [i for i in range(n) if fixed[i]]] @ lower[[i for i in range(n) if fixed[i]]]
-        if free:
-            sol, *_ = np.linalg.lstsq(x[:, free], rhs, rcond=None)
-            if (sol < lower[free] - 1e-12).any():
-                continue
-            coef[free] = sol
-        sse = float(((x @ coef - y) ** 2).sum())
-        if sse < best_sse:
-            best, best_sse = coef, sse
-    return best
+    """Least squares with lower bounds: non-negative least squares on (coef - lower)."""
+    return lower + _nnls(x, y - x @ lower)
 
 
 _INPUT_GRID = tuple(float(v) for v in np.unique(np.round(np.geomspace(16, 8192, 40))))
-_V2_GRID = tuple(float(v) for v in np.arange(1.0, 4.01, 0.05))
+_STEP_TERMS = ("t0", "per_layer", "allreduce", "per_seq", "v2_t0", "v2_per_seq", "v2_per_worker", "inv_eta_mem")
+_RATIO_GRID = tuple(float(v) for v in np.arange(1.0, 3.001, 0.05))  # eta_mem / eta_compute
+_OVERLAP_GRID = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0, math.inf)  # the roofline's overlap exponent p
 
 
-def _fit_step(rows: list[dict], inputs: dict[str, float], v2: float) -> tuple[np.ndarray, float]:
-    """(t0 s, 1/eta_mem, 1/eta_compute) minimising relative step-time error; and that error."""
-    x, y = [], []
+@dataclass(frozen=True)
+class _StepDesign:
+    """The step-time regression of a set of rows, with the two input-dependent columns kept
+    apart: memory and compute seconds are linear in a task's input tokens, so each trial
+    input in the search costs one multiply, not a rebuild."""
+
+    fixed: np.ndarray  # rows x 7: t0 .. v2_per_worker, over the measured step time
+    mem0: np.ndarray  # bytes / bandwidth at input 0, over the measured step time
+    mem1: np.ndarray  # ... per input token
+    comp0: np.ndarray
+    comp1: np.ndarray
+    task: tuple[str, ...]
+
+    def matrix(self, inputs: dict[str, float], ratio: float, p: float) -> np.ndarray:
+        """Columns: the fixed terms, then the decode roofline overlap(memory s, ratio x decode
+        compute s, p) + ratio x prefill compute s, at eta_mem 1 (its coefficient is 1 / eta_mem;
+        eta_compute = eta_mem / ratio). comp0 is the decode compute (input 0), comp1 x input
+        the prefill's."""
+        tokens = np.array([inputs[t] for t in self.task])
+        roof = _overlap(self.mem0 + self.mem1 * tokens, ratio * self.comp0, p) + ratio * self.comp1 * tokens
+        return np.column_stack([self.fixed, roof])
+
+
+def _step_design(rows: list[dict]) -> _StepDesign:
+    fixed, m0, m1, c0, c1 = [], [], [], [], []
     for r in rows:
-        s = _row_step(r, inputs[r["task"]])
-        scale = (v2 if r["dataset"] == "mlenergy-v2" else 1.0) / _step_target_s(r)
-        x.append([scale, s.batch * scale, s.mem_s * scale, s.compute_s * scale])
-        y.append(1.0)
-    xa, ya = np.array(x), np.array(y)
-    coef = _bounded_lsq(xa, ya, np.array([0.0, 0.0, 1.0, 1.0]))  # efficiencies at most 100 %
-    return coef, float(np.sqrt(np.mean((xa @ coef - ya) ** 2)))
+        s0, s1 = _row_step(r, 0.0), _row_step(r, 1.0)
+        v2 = r["dataset"] == "mlenergy-v2"
+        t = _step_target_s(r)
+        fixed.append(np.array([1.0, s0.layers, s0.layers * (s0.tp > 1), s0.batch, v2, v2 * s0.batch,
+                               v2 * (s0.tp - 1)]) / t)
+        m0.append(s0.mem_s / t)
+        m1.append((s1.mem_s - s0.mem_s) / t)
+        c0.append(s0.compute_s / t)
+        c1.append((s1.compute_s - s0.compute_s) / t)
+    return _StepDesign(np.array(fixed), np.array(m0), np.array(m1), np.array(c0), np.array(c1),
+                       tuple(r["task"] for r in rows))
+
+
+_STEP_LOWER = np.array([0.0] * 7 + [1.0])  # every cost >= 0; eta_mem at most 100 %
+
+
+def _max_input_tokens(rows: list[dict]) -> float:
+    """The longest mean input with which every row's measured batch fits in its GPUs' KV
+    cache: (MEMORY_UTILIZATION x memory x GPUs - weights) / KV bytes per token / batch -
+    output / 2 (a sequence is on average half-way through its output); inf for no rows.
+    The effective input of ML.ENERGY v2's task is searched only up to this over its v2
+    rows: that engine (vLLM v0, no prefix caching by default) could not have run the batch
+    otherwise. Not for v3: vLLM v1 caches shared prefixes (system prompts, a repository's
+    context), so sequences share KV blocks and skip their prefill, and its effective input
+    is the uncached part."""
+    out = math.inf
+    for r in rows:
+        a = _architecture(r["model_id"])
+        kv_bytes = (MEMORY_UTILIZATION * parts()[r["gpu"]].memory_gib * GIB * r["num_gpus"]
+                    - a["total_params_b"] * 1e9 * BYTES_PER_PARAM[r["precision"]])
+        out = min(out, kv_bytes / a["kv_bytes_per_token_bf16"] / r["avg_batch_size"] - r["mean_output_tokens"] / 2)
+    return out
+
+
+def _fit_step(design: _StepDesign, inputs: dict[str, float], ratio: float, p: float) -> tuple[np.ndarray, float]:
+    """The step-time coefficients (seconds, in _STEP_TERMS order) minimising the relative
+    error of every row's step time, given each task's input tokens, the efficiency ratio
+    and the overlap exponent; and that RMS error."""
+    x = design.matrix(inputs, ratio, p)
+    y = np.ones(len(x))
+    coef = _bounded_lsq(x, y, _STEP_LOWER)
+    return coef, float(np.sqrt(np.mean((x @ coef - y) ** 2)))
 
 
 @cache
 def fit(exclude_gpu: str | None = None) -> Fit:
     """Fit the model on every usable ML.ENERGY row (or all but one GPU's, for leave-one-out).
 
-    Step time: bounded linear least squares in relative error for (t0, 1/eta_mem,
-    1/eta_compute), inside a coordinate search over each task's effective input tokens and
-    the v2 software factor. Power: bounded least squares in relative error for (p_static,
-    e_byte, e_flop) on the v3 rows, given their measured step times. v2 publishes energy per
-    request, not power; the power it implies (J/request x requests/s) counts the gaps of
-    its older harness and disagrees with v3's measured power on the same H100 and model by
-    up to 2x, so it is used for speed only."""
+    Step time: non-negative least squares in relative error for the step terms of the
+    module docstring (efficiencies at most 1), inside a coordinate search over each task's
+    effective input tokens. Power: non-negative least squares in relative error for
+    (p_static, e_byte, e_flop, e_seq) on the v3 rows, given their measured step times. v2
+    publishes energy per request, not power; the power it implies (J/request x requests/s)
+    counts the gaps of its older harness and disagrees with v3's measured power on the same
+    H100 and model by up to 2x, so it is used for speed only. With `exclude_gpu`, that
+    GPU's rows enter nothing: not the step, power, ITL or MLPerf factor fits."""
     rows = [r for r in fit_rows() if r["gpu"] != exclude_gpu]
     tasks = sorted({r["task"] for r in rows})
-    inputs = {t: 256.0 for t in tasks}
-    v2 = 1.0
-    has_v2_pair = {r["gpu"] for r in rows if r["dataset"] == "mlenergy-v2"}
-    best = _fit_step(rows, inputs, v2)
-    for _ in range(3):
+    ceiling = {t: _max_input_tokens([r for r in rows if r["task"] == t and r["dataset"] == "mlenergy-v2"])
+               for t in tasks}
+    grid = {t: [v for v in _INPUT_GRID if v <= ceiling[t]] or [_INPUT_GRID[0]] for t in tasks}
+    inputs = {t: min(256.0, grid[t][-1]) for t in tasks}
+    ratio, p = 1.0, math.inf
+    design = _step_design(rows)
+    best = _fit_step(design, inputs, ratio, p)
+    for _ in range(4):  # coordinate search; stops when a round changes nothing
+        before = (dict(inputs), ratio, p)
         for t in tasks:
-            for v in _INPUT_GRID:
-                trial = _fit_step(rows, {**inputs, t: v}, v2)
+            for v in grid[t]:
+                trial = _fit_step(design, {**inputs, t: v}, ratio, p)
                 if trial[1] < best[1]:
                     best, inputs = trial, {**inputs, t: v}
-        if len(has_v2_pair) > 1:  # v2's software factor is identified only with two v2 GPUs
-            for v in _V2_GRID:
-                trial = _fit_step(rows, inputs, v)
-                if trial[1] < best[1]:
-                    best, v2 = trial, v
+        for v in _RATIO_GRID:
+            trial = _fit_step(design, inputs, v, p)
+            if trial[1] < best[1]:
+                best, ratio = trial, v
+        for v in _OVERLAP_GRID:
+            trial = _fit_step(design, inputs, ratio, v)
+            if trial[1] < best[1]:
+                best, p = trial, v
+        if (inputs, ratio, p) == before:
+            break
     coef, step_rms = best
-    t0_ms, per_seq_us = float(coef[0]) * 1e3, float(coef[1]) * 1e6
-    eta_mem, eta_c = 1 / float(coef[2]), 1 / float(coef[3])
-    # power: P = p_static + e_byte * bytes/t + e_flop * flops/t, relative error
+    c = dict(zip(_STEP_TERMS, (float(v) for v in coef)))
+    eta_mem = 1 / c["inv_eta_mem"]
+    f = Fit(c["t0"] * 1e3, c["per_seq"] * 1e6, eta_mem, eta_mem / ratio, inputs, 1.0,
+            0.0, 0.0, 0.0, 0.0, 0.0, step_rms, 0.0, len(rows), tuple(sorted({r["gpu"] for r in rows})),
+            per_layer_us=c["per_layer"] * 1e6, allreduce_us=c["allreduce"] * 1e6, v2_t0_ms=c["v2_t0"] * 1e3,
+            v2_per_seq_us=c["v2_per_seq"] * 1e6, v2_per_worker_ms=c["v2_per_worker"] * 1e3, overlap_p=p)
+    # power: P = p_static + e_byte * bytes/t + e_flop * flops/t + e_seq * batch/t, relative error
     x, y = [], []
     for r in (r for r in rows if r["dataset"] == "mlenergy-v3"):
         s = _row_step(r, inputs[r["task"]])
         t = _step_target_s(r)
         pw = r["power_w_all_gpus"] / r["num_gpus"]
-        x.append([1 / pw, (s.weight_bytes + s.kv_bytes) / t * 1e-12 / pw, s.flops / t * 1e-12 / pw])
+        x.append([1 / pw, (s.weight_bytes + s.kv_bytes) / t * 1e-12 / pw, s.flops / t * 1e-12 / pw,
+                  s.batch / t * 1e-3 / pw])
         y.append(1.0)
     xa, ya = np.array(x), np.array(y)
-    pc = _bounded_lsq(xa, ya, np.zeros(3))
+    pc = _nnls(xa, ya)
     power_rms = float(np.sqrt(np.mean((xa @ pc - ya) ** 2)))
     ratios50, ratios95 = [], []
     for r in rows:
@@ -570,9 +784,9 @@ def fit(exclude_gpu: str | None = None) -> Fit:
             t = _step_target_s(r) * 1e3
             ratios50.append(r["itl_p50_ms"] / t)
             ratios95.append(r["itl_p95_ms"] / t)
-    f = Fit(t0_ms, per_seq_us, eta_mem, eta_c, inputs, v2, float(np.median(ratios50)), float(np.median(ratios95)),
-            float(pc[0]), float(pc[1]), float(pc[2]), step_rms, power_rms, len(rows),
-            tuple(sorted({r["gpu"] for r in rows})))
+    f = replace(f, itl_p50_over_step=float(np.median(ratios50)), itl_p95_over_step=float(np.median(ratios95)),
+                p_static_w=float(pc[0]), e_byte_pj=float(pc[1]), e_flop_pj=float(pc[2]), e_seq_mj=float(pc[3]),
+                power_rel_rms=power_rms)
     # One factor for MLPerf's serving stacks (TensorRT-LLM, AMD's tuned vLLM): the geometric
     # mean of measured over predicted best per-GPU throughput of the Offline results on the
     # GPUs this fit may see. GPU-independent, so it moves every part alike.
@@ -593,10 +807,10 @@ def fit(exclude_gpu: str | None = None) -> Fit:
 
 def reproduce_row(r: dict, f: Fit | None = None) -> dict[str, float]:
     """The model's figures for one ML.ENERGY row's own configuration (its achieved batch,
-    its dataset's software factor), for validation: tokens/s, W (all GPUs), J/token."""
+    its dataset's serving stack), for validation: tokens/s, W (all GPUs), J/token."""
     f = f or fit()
     s = _row_step(r, f.input_tokens.get(r["task"], f.input_tokens.get("lm-arena-chat", 256.0)))
-    t = _step_time_s(s, f) * (f.v2_software_factor if r["dataset"] == "mlenergy-v2" else 1.0)
+    t = _step_time_s(s, f) + (_v2_extra_s(s, f) if r["dataset"] == "mlenergy-v2" else 0.0)
     t, power = _capped(s, t, parts()[r["gpu"]], f)
     tokens_s = r["avg_batch_size"] / t
     return {"tokens_per_s": tokens_s, "power_w": power * r["num_gpus"],

@@ -31,6 +31,7 @@ from policies.model import Profile, QueuedJob
 from scheduler.lifecycle import State, utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, workload_profiles
+from scheduler.timeparse import iso
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +191,43 @@ def learn_from_job(store: Store, job_id: int, *, gpu_energy_j: float | None = No
                      profile.source)
         return profile
     return None
+
+
+def _figures(p: Profile) -> dict:
+    """One profile's figures per GPU, JSON-ready (NaN as None)."""
+    return {"prompts_per_s": p.prompts_per_s, "power_w": p.power_w,
+            "j_per_prompt": p.power_w / p.prompts_per_s if p.prompts_per_s > 0 else None,
+            "latency_p95_ms": _none_if_nan(p.latency_p95_ms), "source": p.source or None}
+
+
+def learned_view(conn: Connection, workload: str | None = None) -> list[dict]:
+    """Every learned profile beside the seed it corrects, JSON-ready, ordered by (workload,
+    model): what `carbonsched profiles` shows and GET /v1/profiles returns.
+
+    Each entry: `workload`, `model`, `runs` (completed runs ever folded into this row; 0 for
+    a seed corrected only by the workload's runs on other GPU models), `runs_kept` (the
+    recent runs the estimate is the median of, at most `policies.learning.WINDOW`),
+    `rel_uncertainty` (of throughput; None below two runs), `updated_at` (ISO 8601 UTC or
+    None), `seed` and `learned`: per GPU `prompts_per_s`, `power_w`, `j_per_prompt`,
+    `latency_p95_ms`, `source` (`seed` is None for a workload without a seed profile).
+    """
+    from policies.energy import seed_profiles
+
+    q = select(workload_profiles.c.workload, workload_profiles.c.model, workload_profiles.c.runs,
+               workload_profiles.c.samples, workload_profiles.c.updated_at)
+    if workload is not None:
+        q = q.where(workload_profiles.c.workload == workload)
+    stored = {(r.workload, r.model): r for r in conn.execute(q)}
+    seeds = {(p.workload, p.model): p for p in seed_profiles()}
+    out = []
+    for p in learned_profiles(conn):
+        if workload is not None and p.workload != workload:
+            continue
+        row = stored.get((p.workload, p.model))
+        seed = seeds.get((p.workload, p.model))
+        out.append({"workload": p.workload, "model": p.model, "runs": p.samples,
+                    "runs_kept": len(_runs(row)),
+                    "rel_uncertainty": _none_if_nan(p.rel_uncertainty),
+                    "updated_at": None if row is None else iso(row.updated_at),
+                    "seed": None if seed is None else _figures(seed), "learned": _figures(p)})
+    return out

@@ -34,7 +34,7 @@ def test_seeds_are_the_performance_models_points_for_every_preset_that_fits():
             assert 0 < p.latency_p50_ms <= p.latency_p95_ms
         else:
             assert math.isnan(p.latency_p95_ms)
-        assert p.source.startswith("perf model: ")
+        assert p.source.startswith("perf model: " if presets()[p.workload].kind == "inference" else "nominal: ")
 
 
 def test_seeds_say_where_each_figure_comes_from():

@@ -1,6 +1,7 @@
 """`carbonsched` command line: the parser, the built-in verbs (daemon, agent, submit, queue,
 show, cancel, logs, nodes, plan, db, config, drain, resume) and the dispatch to every verb
-registered in `scheduler.cli.common.VERBS` (also `carbon`, `report`, `export`, `simulate`).
+registered in `scheduler.cli.common.VERBS` (also `carbon`, `report`, `export`, `simulate`,
+`profiles`).
 
 Exit codes (for scripts): 0 ok · 1 error · 2 bad usage or request · 3 daemon unreachable ·
 4 no such job · 5 not allowed (another user's job) · 6 conflict (e.g. job already ended).
@@ -17,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler import settings
-from scheduler.cli import carbon, report, simulate
+from scheduler.cli import carbon, profiles, report, simulate
 from scheduler.cli.common import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_NOT_FOUND, EXIT_OK,
                                   EXIT_UNREACHABLE, EXIT_USAGE, VERBS, CliError, api_client, config_path,
                                   db_url, load_config, register)
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     carbon.add_parser(sub)
     simulate.add_parser(sub)
     report.add_parser(sub)
+    profiles.add_parser(sub)
     return p
 
 

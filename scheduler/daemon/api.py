@@ -23,9 +23,12 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
+from sqlalchemy.exc import DBAPIError
 
 from scheduler.accounting import GROUPINGS, Accountant, NotFound, parse_period
 from scheduler.daemon.service import Caller, JobService, RequestError
+from scheduler.profiles import learned_view
+from scheduler.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -410,3 +413,23 @@ def accounting_routes(accountant: Accountant, service: JobService) -> dict:
             raise RequestError(404, str(e)) from None
 
     return {("GET", "report"): report, ("GET", "export"): export, ("GET", "receipt"): receipt}
+
+
+def profile_routes(store: Store) -> dict:
+    """Routes for `ApiServer(extra_routes=...)`: GET /v1/profiles[?workload=W], the learned
+    workload profiles beside the seeds they correct (`scheduler.profiles.learned_view`).
+
+    Every user may read them: they are the fleet's figures per (workload, GPU model), the
+    ones the planner uses for everyone's jobs, and name no job, user or command. A database
+    that cannot be read answers 503.
+    """
+    def profiles(caller, query: dict) -> dict:
+        workload = query.get("workload", [None])[0]
+        try:
+            with store.read() as conn:
+                return {"profiles": learned_view(conn, workload or None)}
+        except DBAPIError as e:  # the database is down: say so (the CLI shows the model's figures)
+            log.warning("GET /profiles: cannot read the store: %s", e.orig)
+            raise RequestError(503, "the database cannot be read now") from None
+
+    return {("GET", "profiles"): profiles}

@@ -15,7 +15,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from scheduler.accounting import Accountant, AccountingConfig
 from scheduler.carbon import CarbonConfig, CarbonSignals
-from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes
+from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
 from scheduler.daemon.planner import Planner, SiteConfig, make_policy, preview_rows
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
@@ -177,7 +177,7 @@ class Daemon(ServiceProcess):
         accountant = Accountant(store, site=cfg.site, carbon=carbon, config=cfg.accounting)
         api = ApiServer(cfg.socket_path, service,
                         extra_routes={("GET", "plan"): lambda caller, q: plan_preview(preview(), service, caller),
-                                      **accounting_routes(accountant, service)},
+                                      **accounting_routes(accountant, service), **profile_routes(store)},
                         limits=cfg.api_limits)
 
         now = datetime.now(timezone.utc)
