@@ -275,3 +275,20 @@ def test_a_run_exactly_as_predicted_at_its_own_point_teaches_nothing():
     assert learned.prompts_per_s == pytest.approx(seed.prompts_per_s * 0.8)
     # a class the model does not know is learned as measured
     assert seed_equivalent_run(job("my-class"), "H100", exact) == exact
+
+
+@pytest.mark.parametrize("policy", ["fifo", "greedy", "cpsat"])
+def test_plans_with_latency_slos_pass_the_independent_checker(policy):
+    """Every placed job with an SLO is on a model where some point meets it (the checker
+    reads the performance model's frontier itself), and none breaks another constraint."""
+    from policy_checker import violations
+
+    jobs = [replace(job(w, gpus=k, latency_slo_ms=s), id=i + 1)
+            for i, (w, k, s) in enumerate((w, k, s) for w in ("llm-chat-8b", "llm-chat-70b", "llm-code")
+                                           for k in (1, 2) for s in (3_000.0, 15_000.0, 60_000.0))]
+    gpus = fleet("H100", "MI300X", "B200", "A100", per_node=2)
+    curve = CarbonCurve("Z", NOW, 3600.0, (100.0,) * 72)
+    snap = Snapshot(now=NOW, jobs=tuple(jobs), gpus=gpus, carbon={"Z": curve}, profiles=seed_profiles())
+    params = {"max_time_s": 2.0} if policy == "cpsat" else {}
+    p = get_policy(policy, **params).plan(snap)
+    assert p.assignments and violations(snap, p) == []
