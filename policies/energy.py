@@ -61,6 +61,7 @@ import numpy as np
 from policies.catalog import GpuModel, catalog
 from policies.learning import Run
 from policies.model import CarbonCurve, Profile, QueuedJob
+from policies.operating_point import Choice, Refusal, job_choice, seed_choice, workload_model
 from policies.perf_model import OperatingPoint
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,6 @@ def seed_profiles() -> tuple[Profile, ...]:
     that hold the model, per GPU. Derived at first use, not stored: one source of truth.
     Learned profiles are these scaled by this cluster's runs (`policies.learning`); a
     profile differing from its seed is read as that correction (`job_shape`)."""
-    from policies.operating_point import seed_choice
     from policies.perf_model import presets
 
     out: list[Profile] = []
@@ -218,8 +218,6 @@ def model_choice(job: QueuedJob, model: str, book: ProfileBook):
     key = (job.workload, model, job.gpus, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
     hit = book.choices.get(key, _MISSING)
     if hit is _MISSING:
-        from policies.operating_point import job_choice
-
         canonical = _canonical_model(model)
         speed, power_ratio = correction(book, job.workload, canonical)
         hit = book.choices[key] = job_choice(job.workload, canonical, max(1, job.gpus), job.ttft_slo_ms,
@@ -236,8 +234,6 @@ def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: 
     """How `job` would run on `job.gpus` GPUs of `model` capped at `power_limit_w` each
     (rules in the module docstring). A model the job does not fit is shaped by the generic
     rule (`fits` says why it is excluded)."""
-    from policies.operating_point import Choice
-
     k = max(1, job.gpus)
     base_s = job.est_runtime_s or default_runtime_s
     choice = model_choice(job, model, book) if job.workload is not None else None
@@ -253,9 +249,9 @@ def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: 
         return JobShape(model=_canonical_model(model), gpus=k, runtime_s=max(1.0, runtime_s), power_w=power_w,
                         energy_j=power_w * max(1.0, runtime_s),
                         latency_p95_ms=choice.latency_p95_ms if choice.inference else None,
-                        source=f"perf model {job.workload}: {choice.describe()}",
+                        source=f"perf model {job.workload}: {choice.note}",
                         operating_point=choice.point if choice.inference else None,
-                        point_note=choice.describe())
+                        point_note=choice.note)
     profile = book.get(job.workload, model) if choice is None else None
     if profile is not None and profile.prompts_per_s > 0:
         if job.prompts:
@@ -298,8 +294,6 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
     A planner tick compiles thousands of (job, model) pairs; one Python call each was the
     largest share of greedy's time at 5,000 jobs.
     """
-    from policies.operating_point import Choice, Refusal
-
     n, m = len(jobs), len(models)
     k = np.array([max(1, j.gpus) for j in jobs], dtype=np.float64)
     base = np.array([j.est_runtime_s or default_runtime_s for j in jobs], dtype=np.float64)
@@ -383,8 +377,6 @@ def fits(job: QueuedJob, model_name: str, memory_gib: float, book: ProfileBook) 
     its `--gpu-mem`, then its operating point (no point fits in memory, or none meets its
     SLOs), then, for a workload the performance model does not know, any SLO (no latency
     model, or the profile's p95 above it). Never a comparison with NaN."""
-    from policies.operating_point import Refusal
-
     if memory_gib < job.gpu_mem_gib:
         return "memory"
     if job.workload is None:
@@ -481,8 +473,6 @@ def seed_equivalent_run(job: QueuedJob, model: str, run: Run, point: OperatingPo
     by seed / prediction-at-its-point: what is left is the model's error, which is what a
     learned profile must carry. `point`: the point it ran at (None: the one the model picks
     for the job, uncorrected). A workload the model does not know is returned as is."""
-    from policies.operating_point import Choice, job_choice, workload_model
-
     canonical = _canonical_model(model)
     seed = _seed_index().get((job.workload, canonical)) if job.workload else None
     if seed is None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, cached_property
 
 from policies.model import Plan, Snapshot
 from policies.perf_model import (BYTES_PER_PARAM, OperatingPoint, Prediction, Workload, frontier, measurements,
@@ -209,6 +209,11 @@ class Choice:
     def j_per_prompt(self) -> float:
         return self.power_w / self.prompts_per_s
 
+    @cached_property
+    def note(self) -> str:
+        """`describe()`, made once: every estimate of the job on this model carries it."""
+        return self.describe()
+
     def describe(self) -> str:
         """E.g. "H200 at batch 64 BF16 TP1: TPOT p95 38 ms <= 40 ms (binding)"."""
         if not self.inference:
@@ -251,13 +256,19 @@ def tp_degrees(k: int) -> tuple[int, ...]:
 
 
 @cache
+def _all_points(workload: str, model: str) -> tuple[Prediction, ...]:
+    """Every point of `workload` on `model` that fits in memory, TP 1-8, cheapest
+    (J/prompt) first: predicted once per (workload, model), shared by every GPU count."""
+    points = frontier(workload_model(workload), model, max_tp=8)
+    return tuple(sorted(points, key=lambda p: (p.j_per_prompt, p.point.tp, p.point.max_batch)))
+
+
+@cache
 def _frontier(workload: str, model: str, k: int) -> tuple[Prediction, ...]:
     """Every point of `workload` on `model` that fits in memory with a TP degree dividing k,
     cheapest (J/prompt) first."""
-    w = workload_model(workload)
     tps = tp_degrees(k)
-    points = [p for p in frontier(w, model, max_tp=max(tps)) if p.point.tp in tps]
-    return tuple(sorted(points, key=lambda p: (p.j_per_prompt, p.point.tp, p.point.max_batch)))
+    return tuple(p for p in _all_points(workload, model) if p.point.tp in tps)
 
 
 def _meets(p: Prediction, slos: Slos, speed: float) -> tuple[str, ...]:
