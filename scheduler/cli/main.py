@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "reports 79.6 GiB)")
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")
     s.add_argument("--latency-slo", metavar="MS", type=float,
-                   help="p95 per-prompt latency limit, ms (time to first token + the output's p95 length "
-                        "of tokens)")
+                   help="p95 per-prompt latency limit, ms: time to first token plus the decode time of a "
+                        "p95-long output")
     s.add_argument("--ttft-slo", metavar="DUR", help="p95 time-to-first-token limit, e.g. 2s (a bare number: ms)")
     s.add_argument("--tpot-slo", metavar="DUR", help="p95 time-per-output-token limit, e.g. 40ms (a bare number: "
                                                      "ms); a preset's default applies where none is given")
