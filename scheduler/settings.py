@@ -118,6 +118,13 @@ def _fleet(v: Any) -> str:
     return _text(v)
 
 
+def _executor(v: Any) -> str:
+    name = _text(v).lower()
+    if name not in ("local", "slurm"):
+        raise ValueError(f"must be local or slurm (got {v!r})")
+    return name
+
+
 def _policy(v: Any) -> str:
     from policies.base import policy_names
 
@@ -185,6 +192,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("zone", _text, "local", "carbon zone of this node, e.g. DE or US-CAL-CISO", _BOTH, "ZONE"),
     Setting("emulate", _fleet, None, "emulate a GPU fleet where none exists, e.g. 4xMI300X,2xH100",
             _BOTH, "SPEC"),
+    Setting("executor", _executor, "local", "how jobs run: local (supervised processes on this node) "
+            "or slurm (handed to Slurm; see the [slurm] table)", _BOTH, "NAME"),
     Setting("policy", _policy, "cpsat", "planning policy: fifo, greedy or cpsat", _HEAD, "NAME"),
     Setting("plan_interval", _duration, 15.0, "planner period (a submit also wakes it)", _HEAD, "DUR", _dur),
     Setting("full_replan", _duration, None, "incremental planning: between full re-plans at most this "

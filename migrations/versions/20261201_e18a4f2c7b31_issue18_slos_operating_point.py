@@ -5,7 +5,7 @@ per-prompt latency SLO, and the operating point the plan chose on its GPUs (batc
 precision, tensor-parallel degree), which the agent hands to the job's environment.
 
 Revision ID: e18a4f2c7b31
-Revises: c17a0e5b9d21
+Revises: 3a7d5c1e9f20
 Create Date: 2026-12-01 14:10:00.000000
 """
 from alembic import op
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 
 revision = 'e18a4f2c7b31'
-down_revision = 'c17a0e5b9d21'
+down_revision = '3a7d5c1e9f20'
 branch_labels = None
 depends_on = None
 

@@ -139,6 +139,7 @@ def _register_config_tables() -> None:
     from scheduler.accounting import AccountingConfig
     from scheduler.carbon import CarbonConfig
     from scheduler.daemon.planner import SiteConfig
+    from scheduler.slurm.config import SlurmConfig
 
     def owner_check(build):
         def check(table, whole) -> list[str]:
@@ -157,6 +158,7 @@ def _register_config_tables() -> None:
     settings.register_table("carbon", owner_check(lambda whole: CarbonConfig.from_config(
         {"carbon": whole.get("carbon", {})})))
     settings.register_table("accounting", owner_check(AccountingConfig.from_config))
+    settings.register_table("slurm", owner_check(SlurmConfig.from_config))
 
 
 def resolve_settings(args, config, scope: str) -> settings.Resolved:
@@ -178,6 +180,7 @@ def cmd_agent(args, config) -> int:
     from scheduler.node.agent import default_node_name
     from scheduler.node.main import AgentRunConfig, AgentRunner
     from scheduler.process import DaemonError
+    from scheduler.slurm.config import SlurmConfig
 
     r = resolve_settings(args, config, settings.AGENT)
     _setup_logging(r["log_level"])
@@ -191,6 +194,8 @@ def cmd_agent(args, config) -> int:
             sample_hz=r["sample_hz"], dispatch_interval_s=r["dispatch_interval"],
             metrics_port=r["metrics_port"], grace_s=r["grace"], node_static_w=r["node_static_w"],
             min_free_disk_mib=r["min_free_disk_mib"],
+            executor=r["executor"],
+            slurm=SlurmConfig.from_config(config) if r["executor"] == "slurm" else None,
         )
         AgentRunner(cfg).run()
     except (DaemonError, ValueError) as e:
@@ -205,6 +210,7 @@ def cmd_daemon(args, config) -> int:
     from scheduler.daemon.main import Daemon, DaemonConfig
     from scheduler.daemon.planner import SiteConfig, make_policy
     from scheduler.process import DaemonError
+    from scheduler.slurm.config import SlurmConfig
     from scheduler.store.engine import default_db_url
 
     r = resolve_settings(args, config, settings.DAEMON)
@@ -241,6 +247,8 @@ def cmd_daemon(args, config) -> int:
             site=SiteConfig.from_config(config),
             accounting=AccountingConfig.from_config(config),
             planner_process=r["planner_process"],
+            executor=r["executor"],
+            slurm=SlurmConfig.from_config(config) if r["executor"] == "slurm" else None,
         )
         if r["node"]:
             cfg.node = r["node"]

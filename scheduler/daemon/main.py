@@ -22,8 +22,9 @@ from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gi
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.node.agent import Agent, AgentConfig, default_node_name
-from scheduler.node.main import make_backend
+from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
 from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
+from scheduler.slurm.config import SlurmConfig
 from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.store import SchemaError, Store
@@ -64,6 +65,10 @@ class DaemonConfig:
     planner_process: bool = True
     min_free_disk_mib: float = 256.0  # the local agent takes no jobs below this free log space
     api_limits: UidLimits = field(default_factory=UidLimits)  # what one uid may take of the API
+    # The local agent's executor: "local" processes, or "slurm" (this host is a Slurm node;
+    # its jobs are handed to Slurm, see scheduler.node.slurm_agent) with the [slurm] table.
+    executor: str = "local"
+    slurm: SlurmConfig | None = None
 
 
 class InProcessPlanner:
@@ -152,7 +157,14 @@ class Daemon(ServiceProcess):
         local = cfg.local_agent
         if local is None:
             local = store.dialect == "sqlite" or cfg.emulate is not None
-        if local:
+        if local and cfg.executor == "slurm":
+            agent = make_slurm_agent(store, AgentRunConfig(
+                db_url=cfg.db_url, state_dir=cfg.state_dir, node=cfg.node, zone=cfg.zone,
+                emulate=cfg.emulate, sample_hz=cfg.sample_hz, grace_s=cfg.grace_s,
+                node_static_w=cfg.node_static_w, min_free_disk_mib=cfg.min_free_disk_mib),
+                cfg.slurm or SlurmConfig(), on_change=plan_proc.wake,
+                on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note))
+        elif local:
             backend = make_backend(cfg.emulate, cfg.node)
             agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone,
                                                       state_dir=cfg.state_dir, grace_s=cfg.grace_s,
@@ -161,6 +173,7 @@ class Daemon(ServiceProcess):
                                                       min_free_disk_mib=cfg.min_free_disk_mib),
                           on_change=plan_proc.wake,
                           on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note))
+        if agent is not None:
             agent.register()
             agent.startup_reconcile()
             metrics.add(GpuCollector(agent))

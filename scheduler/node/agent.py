@@ -22,7 +22,7 @@ from policies.catalog import match_device_name, nominal_memory_gib
 from scheduler.accounting import energy_note_of
 from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
 from scheduler.node import job_metrics
-from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus
+from scheduler.node.executor import Executor, JobExecutor, LaunchSpec, RunState, RunStatus
 from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
 from scheduler.store import Store
@@ -65,11 +65,13 @@ class Agent:
 
     def __init__(self, store: Store, backend: GpuBackend, config: AgentConfig, *,
                  on_change: Callable[[], None] | None = None,
-                 on_finished: Callable[[int, str | None], None] | None = None, clock=utcnow) -> None:
+                 on_finished: Callable[[int, str | None], None] | None = None, clock=utcnow,
+                 executor: JobExecutor | None = None) -> None:
         self.store = store
         self.backend = backend
         self.config = config
-        self.executor = Executor(config.state_dir, grace_s=config.grace_s)
+        # How jobs run: supervised local processes unless another backend is given (Slurm).
+        self.executor = executor or Executor(config.state_dir, grace_s=config.grace_s)
         self._on_change = on_change or (lambda: None)
         # Called with (job id, energy note) once a run's end is recorded: the head prices its carbon.
         self._on_finished = on_finished or (lambda job_id, note: None)
@@ -319,7 +321,7 @@ class Agent:
             elif status.state is RunState.NOT_LAUNCHED:
                 self._requeue_unlaunched(job)
             else:
-                self._lose(job, "its supervisor vanished without a result (killed?)")
+                self._lose(job, status.note or "its supervisor vanished without a result (killed?)")
         return changed
 
     def _finish(self, job, status: RunStatus) -> None:
@@ -329,7 +331,9 @@ class Agent:
         if stopped_why and code != 0:
             self._lose(job, stopped_why, status)
             return
-        if result.get("cancelled") and job.cancel_requested_at is None:
+        if result.get("cancelled_outside"):  # stopped by the executor's own tools (scancel)
+            to, why = State.CANCELLED, result["cancelled_outside"]
+        elif result.get("cancelled") and job.cancel_requested_at is None:
             to, why = State.FAILED, "stopped by its node agent (GPU lost or node shutting down)"
         elif result.get("cancelled") or (job.cancel_requested_at is not None and code != 0):
             to, why = State.CANCELLED, "cancelled by user while running"

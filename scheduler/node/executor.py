@@ -25,6 +25,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from scheduler.node.job_metrics import metrics_path
 from scheduler.node.supervise import write_json_atomic
@@ -61,6 +62,22 @@ class RunStatus:
     state: RunState
     result: dict | None = None
     spec: dict | None = None
+    note: str | None = None  # why a run VANISHED, when the backend knows (e.g. Slurm's NODE_FAIL)
+
+
+class JobExecutor(Protocol):
+    """The agent's seam for "run this job on these GPUs": `local` (Executor below:
+    supervised processes) or `slurm` (scheduler.node.slurm_executor). A run is found again
+    after any restart by its job id alone."""
+
+    def launch(self, spec: LaunchSpec) -> None: ...
+    def status(self, job_id: int) -> RunStatus: ...
+    def signal_cancel(self, job_id: int) -> bool: ...
+    def forget(self, job_id: int) -> None: ...
+    def reap(self) -> None: ...
+    def known_runs(self) -> list[int]: ...
+    def log_paths(self, job_id: int) -> tuple[Path, Path]: ...
+    def metrics_path(self, job_id: int) -> Path: ...
 
 
 class Executor:

@@ -12,8 +12,12 @@ from pathlib import Path
 from policies.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
 from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.slurm_agent import SlurmAgent
 from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
 from scheduler.sdnotify import Watchdog, notify as sd_notify
+from scheduler.slurm.commands import SlurmCommands, SlurmError
+from scheduler.slurm.config import SlurmConfig
+from scheduler.slurm.inventory import read_node
 from scheduler.store import SchemaError
 from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
 from telemetry.gpu.detect import probe_backends
@@ -57,6 +61,39 @@ class AgentRunConfig:
     grace_s: float = 10.0
     node_static_w: float = 0.0
     min_free_disk_mib: float = 256.0
+    executor: str = "local"  # or "slurm": jobs are handed to Slurm (scheduler.node.slurm_agent)
+    slurm: SlurmConfig | None = None
+
+
+def agent_config(cfg: AgentRunConfig, zone: str) -> AgentConfig:
+    return AgentConfig(node=cfg.node, zone=zone, state_dir=cfg.state_dir, grace_s=cfg.grace_s,
+                       sample_hz=cfg.sample_hz, node_static_w=cfg.node_static_w,
+                       min_free_disk_mib=cfg.min_free_disk_mib)
+
+
+def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **agent_kwargs) -> SlurmAgent:
+    """The agent of a Slurm node: zone and GPUs from Slurm (`sinfo`), emulated from its GRES
+    where no real GPU is found (or `--emulate` says so)."""
+    slurm = SlurmCommands(slurm_config.conf, timeout_s=slurm_config.timeout_s)
+    try:
+        info = read_node(slurm, slurm_config, cfg.node)
+    except SlurmError as e:
+        raise DaemonError(f"Slurm executor: {e}") from None
+    if not info.gpus:
+        raise DaemonError(f"Slurm node {cfg.node} has no GPU GRES (Gres=gpu:TYPE:N in slurm.conf)")
+    zone = info.zone or cfg.zone
+    if info.zone is None:
+        log.warning("Slurm node %s has no %sXX feature; using zone %s", cfg.node,
+                    slurm_config.zone_feature_prefix, zone)
+    emulate = cfg.emulate
+    if emulate is None:
+        backend, broken = probe_backends()
+        if backend is not None:
+            return SlurmAgent(store, backend, agent_config(cfg, zone), slurm=slurm,
+                              slurm_config=slurm_config, node_info=info, **agent_kwargs)
+        emulate = info.fleet_spec()
+    return SlurmAgent(store, make_backend(emulate, cfg.node), agent_config(cfg, zone), slurm=slurm,
+                      slurm_config=slurm_config, node_info=info, **agent_kwargs)
 
 
 class AgentRunner(ServiceProcess):
@@ -75,11 +112,12 @@ class AgentRunner(ServiceProcess):
             store.require_current(f"carbonsched db upgrade --db {store.url}")
         except SchemaError as e:
             raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
-        backend = make_backend(cfg.emulate, cfg.node)
-        agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone, state_dir=cfg.state_dir,
-                                                  grace_s=cfg.grace_s, sample_hz=cfg.sample_hz,
-                                                  node_static_w=cfg.node_static_w,
-                                                  min_free_disk_mib=cfg.min_free_disk_mib))
+        if cfg.executor == "slurm":
+            agent = make_slurm_agent(store, cfg, cfg.slurm or SlurmConfig())
+            backend = agent.backend
+        else:
+            backend = make_backend(cfg.emulate, cfg.node)
+            agent = Agent(store, backend, agent_config(cfg, cfg.zone))
         agent.register()
         agent.startup_reconcile()
         metrics = Metrics()
@@ -98,8 +136,8 @@ class AgentRunner(ServiceProcess):
         watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")
         watchdog.add_check("dispatch", lambda: stalled(tick, cfg.dispatch_interval_s))
         sd_notify("READY=1\nSTATUS=agent serving")
-        log.info("carbonsched agent ready: node=%s zone=%s db=%s sampling at %g Hz", cfg.node,
-                 cfg.zone, store.url, cfg.sample_hz)
+        log.info("carbonsched agent ready: node=%s zone=%s db=%s sampling at %g Hz, %s executor",
+                 cfg.node, agent.config.zone, store.url, cfg.sample_hz, cfg.executor)
         try:
             while not self.stop_event.wait(watchdog.ping_every_s):
                 watchdog.ping_if_healthy()

@@ -207,6 +207,9 @@ class Job(Base):
     accounted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancel_requested_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # A job adopted from a plain `sbatch` into a carbon-aware partition: its Slurm job id
+    # (unique: one Slurm job is adopted once). NULL for jobs submitted to carbonsched.
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True, unique=True)
 
 
 class JobEvent(Base):

@@ -1,0 +1,321 @@
+"""The agent of a Slurm node (`executor = "slurm"`): the same claim / reconcile / finish
+loop as the local agent, with jobs run by Slurm (`SlurmExecutor`), and what Slurm adds:
+
+- inventory from Slurm: the node's zone (feature `zone_XX`) and GPUs (GRES types, in
+  Slurm's index order; emulated from them where no real GPU is found);
+- GPUs follow Slurm: energy is attributed by the GPU indices Slurm gave each job
+  (`gres_detail` IDX) over the times Slurm started and ended it; a drained or down node's
+  GPUs take no plans;
+- adoption of users' held `sbatch` jobs (`scheduler.slurm.adopt`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from datetime import datetime
+from types import SimpleNamespace
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from scheduler.lifecycle import State, record_submit, transition
+from scheduler.node.agent import Agent, AgentConfig, _parse_time
+from scheduler.node.executor import LaunchSpec, RunStatus
+from scheduler.node.slurm_executor import SlurmExecutor, slurm_time
+from scheduler.node.supervise import write_json_atomic
+from scheduler.slurm.adopt import adopt_held, follow_adopted, observed_row
+from scheduler.slurm.commands import SlurmCommands, SlurmError
+from scheduler.slurm.config import SlurmConfig
+from scheduler.slurm.inventory import SlurmNodeInfo, read_node
+from scheduler.slurm.jobs import comment_for
+from scheduler.store import Store
+from scheduler.store.models import gpus, jobs
+from telemetry.gpu import GpuBackend
+
+log = logging.getLogger(__name__)
+
+NODE_REFRESH_S = 10.0
+ADOPT_EVERY_S = 2.0
+UNAVAILABLE_PREFIX = "slurm: "
+
+
+class SlurmAgent(Agent):
+    """One Slurm node's agent. `node_info` is the node as Slurm described it at start."""
+
+    def __init__(self, store: Store, backend: GpuBackend, config: AgentConfig, *,
+                 slurm: SlurmCommands, slurm_config: SlurmConfig, node_info: SlurmNodeInfo,
+                 **kwargs) -> None:
+        self.slurm = slurm
+        self.slurm_config = slurm_config
+        self.node_info = node_info
+        self.slurm_executor = SlurmExecutor(config.state_dir, slurm, grace_s=config.grace_s)
+        super().__init__(store, backend, config, executor=self.slurm_executor, **kwargs)
+        self._slurm_gpu_of_id: dict[int, int] = {}   # store GPU id -> Slurm GRES index
+        self._id_of_slurm_gpu: dict[int, int] = {}
+        self._synced: set[int] = set()
+        self._busy_idx: set[int] = set()
+        self._node_checked = -1e18
+        self._adopted_at = -1e18
+        self._refused: set[int] = set()
+        self._observed: set[int] = set()  # Slurm job ids already looked at
+
+    def register(self) -> None:
+        """Register the GPUs, matching the backend's devices to Slurm's GRES indices by order
+        (gres.conf lists a node's GPUs in the order its driver numbers them)."""
+        super().register()
+        if len(self.devices) != len(self.node_info.gpus):
+            log.error("node %s: the GPU backend sees %d GPUs, Slurm's GRES has %d; energy is "
+                      "attributed to the first %d by index", self.config.node, len(self.devices),
+                      len(self.node_info.gpus), min(len(self.devices), len(self.node_info.gpus)))
+        self._slurm_gpu_of_id = {}
+        for idx, device in enumerate(self.devices[:len(self.node_info.gpus)]):
+            gid = self._gpu_of.get(device.uuid)
+            if gid is not None:
+                self._slurm_gpu_of_id[gid] = idx
+        self._id_of_slurm_gpu = {idx: gid for gid, idx in self._slurm_gpu_of_id.items()}
+
+    def tick(self) -> None:
+        """Read Slurm's jobs once, then the agent's tick, then follow what Slurm did."""
+        try:
+            self.slurm_executor.refresh()
+        except SlurmError as e:
+            # Jobs wait (nothing is claimed or ended blind); the node still heartbeats, so
+            # a Slurm outage does not make carbonsched declare its running jobs lost.
+            log.error("node %s: cannot read Slurm's jobs, claiming and reconciling nothing: %s",
+                      self.config.node, e)
+            if self._tick_lock.acquire(blocking=False):
+                try:
+                    self.flush_samples()
+                    self._heartbeat()
+                finally:
+                    self._tick_lock.release()
+            return
+        super().tick()
+        if not self._tick_lock.acquire(blocking=False):
+            return
+        try:
+            changed = self._follow_slurm()
+            changed |= self._check_node()
+            changed |= self._adopt()
+            changed |= self._observe()
+            if changed:
+                self._on_change()
+        except SlurmError as e:
+            log.error("node %s: %s", self.config.node, e)
+        finally:
+            self._tick_lock.release()
+
+    # -- handing jobs to Slurm ----------------------------------------------------------
+
+    def _launch_spec(self, job, vendor: str, indices: list[int], energy_start: dict) -> LaunchSpec:
+        spec = super()._launch_spec(job, vendor, indices, energy_start)
+        ids = list(job.planned_gpu_ids or [])
+        types = {self.node_info.gpus[self._slurm_gpu_of_id[g]].gres_type for g in ids
+                 if g in self._slurm_gpu_of_id}
+        if len(types) != 1:
+            raise OSError(f"job {job.id}: planned GPUs {ids} are not one Slurm GRES type ({types})")
+        attempt = int(job.attempts or 0) + 1
+        slurm = dict(partition=self.slurm_config.submit_partition, node=self.config.node,
+                     gres_type=types.pop(), count=len(ids),
+                     begin=slurm_time(job.planned_start), comment=comment_for(job.id, attempt),
+                     name=job.name, adopted_job_id=job.slurm_job_id,
+                     not_before=job.submitted_at.timestamp())
+        return replace(spec, extra={**spec.extra, "slurm": slurm})
+
+    def _claim(self, job, gpu_ids, gpu_rows, now) -> bool:
+        try:
+            return super()._claim(job, gpu_ids, gpu_rows, now)
+        finally:
+            self._synced.discard(job.id)
+
+    # -- following Slurm ----------------------------------------------------------------
+
+    def _set_busy(self, gpu_id: int, busy: bool) -> None:
+        """GPU load follows Slurm's allocation (see `_follow_slurm`), not carbonsched's claims."""
+
+    def _follow_slurm(self) -> bool:
+        """Load the GPUs Slurm allocated (the emulator's power follows them) and record each
+        carbonsched job's real start and GPUs once Slurm runs it."""
+        busy: set[int] = set()
+        for sj in self.slurm_executor.jobs().values():
+            if sj.state in ("RUNNING", "COMPLETING") and sj.nodes == self.config.node:
+                busy.update(sj.gpu_idx)
+        for idx in busy ^ self._busy_idx:
+            gid = self._id_of_slurm_gpu.get(idx)
+            uuid = self._uuid_of.get(gid) if gid is not None else None
+            if uuid:
+                self.backend.set_busy(uuid, idx in busy)
+        self._busy_idx = busy
+        for job in self._running_jobs():
+            if job.id in self._synced:
+                continue
+            idx, started = self.slurm_executor.running_gpus(job.id)
+            if not idx or started is None:
+                continue
+            self._record_start(job, idx, started)
+            self._synced.add(job.id)
+        return False
+
+    def _record_start(self, job, idx: list[int], started: datetime) -> None:
+        new_ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu]
+        old_ids = [int(g) for g in job.gpu_ids or []]
+        indices = [self._index_of(g) for g in new_ids]
+
+        slurm_id = self.slurm_executor.slurm_job_id(job.id)
+        reason = f"running as Slurm job {slurm_id} on {self.config.node} GPUs {','.join(map(str, idx))}"
+
+        def tx(conn: Connection) -> None:
+            conn.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.state == State.RUNNING.value)
+                         .values(started_at=started, gpu_ids=new_ids, gpu_indices=indices, reason=reason))
+            if set(new_ids) != set(old_ids):
+                conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
+                conn.execute(update(gpus).where(gpus.c.id.in_(new_ids), gpus.c.job_id.is_(None))
+                             .values(job_id=job.id))
+
+        self.store.transact(tx)
+        if set(new_ids) != set(old_ids):
+            log.info("job %s: Slurm runs it on GPUs %s (planned %s)", job.id, idx,
+                     [self._slurm_gpu_of_id.get(g) for g in old_ids])
+
+    def _index_of(self, gid: int) -> int | None:
+        uuid = self._uuid_of.get(gid)
+        for d in self.devices:
+            if d.uuid == uuid:
+                return d.index
+        return None
+
+    def _job_energy(self, job, status: RunStatus, ended: datetime):
+        """Energy over the run as Slurm timed it, on the GPUs Slurm gave the job."""
+        result = status.result or {}
+        started = _parse_time(result.get("started_at"))
+        if started is None:  # cancelled before Slurm started it: it used no GPU
+            return None, None, None
+        idx = result.get("gpu_idx") or []
+        ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu] or list(job.gpu_ids or [])
+        run = SimpleNamespace(id=job.id, gpu_ids=ids, started_at=started)
+        return super()._job_energy(run, status, ended)
+
+    def _running_jobs(self) -> list:
+        """The base agent's running jobs, with the Slurm job id of adopted and observed ones."""
+        with self.store.read() as conn:
+            return list(conn.execute(
+                select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
+                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
+                       jobs.c.slurm_job_id)
+                .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
+
+    def _requeue_unlaunched(self, job) -> None:
+        """A job with a Slurm job of its own (adopted, observed) was launched even when this
+        agent died before writing that down: note the id instead of re-queueing it."""
+        sj = self.slurm_executor.jobs().get(job.slurm_job_id) if job.slurm_job_id is not None else None
+        if sj is not None and not sj.held:  # released (or observed running): it is Slurm's now
+            run_dir = self.slurm_executor.run_dir(job.id)
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_json_atomic(run_dir / "slurm.json", {"job_id": job.slurm_job_id})
+            log.warning("job %s: found its Slurm job %s again after a restart", job.id, job.slurm_job_id)
+            return
+        super()._requeue_unlaunched(job)
+
+    def _stop_orphans(self, running_here: set[int]) -> None:
+        """As the base agent, except that a job carbonsched only observed is never stopped
+        for being no longer RUNNING here (declared lost while this agent was away): it is
+        Slurm's and its owner's, not carbonsched's, to stop."""
+        for job_id in self.executor.known_runs():
+            if job_id not in running_here and self.slurm_executor.observed(job_id):
+                self.executor.forget(job_id)
+        super()._stop_orphans(running_here)
+
+    def _observe(self) -> bool:
+        """Make carbonsched jobs of Slurm GPU jobs running here that carbonsched does not know
+        (submitted with plain sbatch elsewhere than a carbon-aware partition, or unheld): their
+        GPUs are busy for the planner, and they get receipts when they end."""
+        if not self.slurm_config.observe:
+            return False
+        seen = [sj for sj in self.slurm_executor.jobs().values()
+                if sj.state == "RUNNING" and sj.nodes == self.config.node and sj.gpu_idx
+                and sj.carbonsched_id is None and sj.job_id not in self._observed]
+        if not seen:
+            return False
+        with self.store.read() as conn:
+            known = set(conn.execute(select(jobs.c.slurm_job_id).where(
+                jobs.c.slurm_job_id.in_([sj.job_id for sj in seen]))).scalars())
+        changed = False
+        for sj in seen:
+            self._observed.add(sj.job_id)
+            if sj.job_id in known:
+                continue
+            ids = [self._id_of_slurm_gpu[i] for i in sj.gpu_idx if i in self._id_of_slurm_gpu]
+            if not ids:
+                continue
+            job_id = self._insert_observed(sj, ids)
+            if job_id is not None:
+                changed = True
+        return changed
+
+    def _insert_observed(self, sj, ids: list[int]) -> int | None:
+        now = self._clock()
+        row = observed_row(sj, now)
+        started = sj.start_time or now
+        node = self.config.node
+
+        def tx(conn: Connection) -> int:
+            job_id = conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one()
+            record_submit(conn, job_id, row["owner_uid"], now)
+            why = f"observed running in Slurm (job {sj.job_id})"
+            transition(conn, job_id, State.PLANNED, actor_uid=None, reason=why, expect=State.PENDING,
+                       values=dict(planned_node=node, planned_gpu_ids=ids, planned_start=started))
+            transition(conn, job_id, State.RUNNING, actor_uid=None, reason=why, expect=State.PLANNED,
+                       values=dict(node=node, gpu_ids=ids, gpu_indices=[self._index_of(g) for g in ids],
+                                   started_at=started, attempts=1))
+            conn.execute(update(gpus).where(gpus.c.id.in_(ids), gpus.c.job_id.is_(None)).values(job_id=job_id))
+            return job_id
+
+        try:
+            job_id = self.store.transact(tx)
+        except IntegrityError:
+            return None  # another agent observed it first
+        run_dir = self.slurm_executor.run_dir(job_id)
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(run_dir / "slurm.json", {"job_id": sj.job_id, "gpu_idx": list(sj.gpu_idx),
+                                                   "observed": True})
+        self._synced.add(job_id)
+        log.info("Slurm job %s (%s, uid %s) runs on %s GPUs %s outside carbonsched: observed as job %s",
+                 sj.job_id, sj.name, sj.user_id, node, list(sj.gpu_idx), job_id)
+        return job_id
+
+    def _check_node(self) -> bool:
+        """Every NODE_REFRESH_S: a node Slurm drained or lost takes no plans (its GPUs show
+        unhealthy with Slurm's reason); back in service, they take plans again."""
+        now = time.monotonic()
+        if now - self._node_checked < NODE_REFRESH_S:
+            return False
+        self._node_checked = now
+        info = read_node(self.slurm, self.slurm_config, self.config.node)
+        why = info.unavailable
+        node = self.config.node
+
+        def tx(conn: Connection) -> int:
+            if why:
+                return conn.execute(update(gpus).where(gpus.c.node_name == node, gpus.c.healthy.is_(True))
+                                    .values(healthy=False, unhealthy_reason=UNAVAILABLE_PREFIX + why)).rowcount
+            return conn.execute(update(gpus).where(gpus.c.node_name == node,
+                                                   gpus.c.unhealthy_reason.like(UNAVAILABLE_PREFIX + "%"))
+                                .values(healthy=True, unhealthy_reason=None)).rowcount
+
+        changed = self.store.transact(tx) > 0
+        if changed:
+            log.warning("node %s: %s", node, f"Slurm runs nothing here ({why})" if why else "back in service")
+        return changed
+
+    def _adopt(self) -> bool:
+        if not self.slurm_config.adopt:
+            return False
+        now = time.monotonic()
+        if now - self._adopted_at < ADOPT_EVERY_S:
+            return False
+        self._adopted_at = now
+        slurm_jobs = list(self.slurm_executor.jobs().values())
+        new = adopt_held(self.store, slurm_jobs, self.slurm_config, self._clock(), refused=self._refused)
+        return bool(new) | (follow_adopted(self.store, self.slurm, slurm_jobs) > 0)

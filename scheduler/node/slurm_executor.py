@@ -1,0 +1,275 @@
+"""The `slurm` executor backend: "run this job on these GPUs" becomes a Slurm job.
+
+It has the local executor's interface (`launch`, `status`, `signal_cancel`, `forget`,
+`known_runs`, ...), so the agent's claim / reconcile / finish logic is the same for both.
+Where the local backend keeps a supervisor's lock and result in the run directory, this one
+keeps the Slurm job id (`slurm.json`) and asks slurmctld how the job is doing:
+
+- launch: `sbatch` as the job's owner (`--nodelist`, `--gres=gpu:TYPE:K`, `--begin` at the
+  planned start, `--time`, output paths, `--comment=carbonsched:ID`), or, for a job adopted
+  from a user's held `sbatch`, `scontrol update` (node, GRES, StartTime) and `scontrol
+  release`. Before submitting it looks the comment up, so a crash between plan and sbatch
+  never submits twice.
+- status: Slurm's state mapped to the local backend's run states (see `_status_of`).
+- cancel: `scancel`. A cancel from Slurm's side shows up as CANCELLED too.
+
+carbonsched going down never stops a Slurm job; a restarted agent finds its jobs again
+from the run directories and, failing those, from the comments.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shlex
+import time
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+
+from scheduler.node import job_metrics
+from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus, _read_json
+from scheduler.node.supervise import write_json_atomic
+from scheduler.slurm.commands import Identity, SlurmCommands, SlurmError
+from scheduler.slurm.jobs import LOST_STATES, SlurmJob, list_jobs
+
+log = logging.getLogger(__name__)
+
+# Set by Slurm from the job's GRES; a value carried over from carbonsched would be wrong.
+SLURM_SETS = frozenset({"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                        "CUDA_DEVICE_ORDER", "GPU_DEVICE_ORDINAL"})
+SNAPSHOT_MAX_AGE_S = 0.5
+
+
+def gres(s: dict) -> str:
+    """The GPU GRES request of a hand-off: 'gpu:h100:2', or 'gpu:2' on untyped GRES."""
+    return f"gpu:{s['gres_type']}:{s['count']}" if s["gres_type"] else f"gpu:{s['count']}"
+
+
+def slurm_time(t: datetime) -> str:
+    """A time as Slurm's tools read it: local wall-clock time, no zone."""
+    return t.astimezone().replace(tzinfo=None).isoformat(timespec="seconds")
+
+
+class SlurmExecutor(Executor):
+    """Runs jobs as Slurm jobs; one instance per agent (node)."""
+
+    def __init__(self, state_dir: Path, slurm: SlurmCommands, *, grace_s: float = 10.0) -> None:
+        super().__init__(state_dir, grace_s=grace_s)
+        self.slurm = slurm
+        self._snapshot: dict[int, SlurmJob] = {}
+        self._by_comment: dict[str, list[SlurmJob]] = {}
+        self._snapshot_at = -math.inf
+        # Slurm job id -> when this process submitted (or released) it: a job newer than the
+        # latest squeue is known to be there without asking again.
+        self._launched_at: dict[int, float] = {}
+
+    # -- what slurmctld knows -------------------------------------------------------------
+
+    def refresh(self) -> dict[int, SlurmJob]:
+        """Read every job slurmctld remembers (one `squeue --json`)."""
+        jobs = list_jobs(self.slurm)
+        self._snapshot = {j.job_id: j for j in jobs}
+        self._by_comment = {}
+        for j in sorted(jobs, key=lambda j: j.job_id, reverse=True):
+            if j.carbonsched_id is not None:
+                self._by_comment.setdefault(j.comment, []).append(j)
+        self._snapshot_at = time.monotonic()
+        return self._snapshot
+
+    def jobs(self, max_age_s: float = SNAPSHOT_MAX_AGE_S) -> dict[int, SlurmJob]:
+        """Slurm's jobs, read again when the last read is older than `max_age_s`."""
+        if time.monotonic() - self._snapshot_at > max_age_s:
+            self.refresh()
+        return self._snapshot
+
+    def find(self, comment: str, not_before: float | None = None, *, fresh: bool = False) -> SlurmJob | None:
+        """The Slurm job with this carbonsched comment (the newest, should there be two),
+        submitted no earlier than `not_before` (epoch s): one submitted before the carbonsched
+        job existed belongs to another store's job of the same id (a database restored or
+        replaced), never to this one."""
+        self.jobs(0.0 if fresh else SNAPSHOT_MAX_AGE_S)
+        for job in self._by_comment.get(comment, []):
+            # Slurm's submit times are whole seconds.
+            if not_before is None or job.submit_time is None or job.submit_time.timestamp() >= math.floor(not_before):
+                return job
+        return None
+
+    def observed(self, job_id: int) -> bool:
+        """Whether this run is a Slurm job carbonsched only observes (not submitted or placed)."""
+        return bool((_read_json(self.run_dir(job_id) / "slurm.json") or {}).get("observed"))
+
+    def slurm_job_id(self, job_id: int) -> int | None:
+        rec = _read_json(self.run_dir(job_id) / "slurm.json")
+        return int(rec["job_id"]) if rec else None
+
+    # -- the executor interface -----------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec) -> None:
+        """Hand the job to Slurm (or place and release an adopted one). Raises OSError when
+        Slurm refused: nothing was submitted then, and the agent re-queues the job."""
+        run_dir = self.run_dir(spec.job_id)
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(run_dir / "spec.json", _spec_dict(spec))
+        s = spec.extra["slurm"]
+        try:
+            # The squeue this tick began with is fresh enough: any sbatch an earlier agent made
+            # finished before this process started, and this one records each before the next.
+            existing = None if s.get("adopted_job_id") else self.find(s["comment"], s.get("not_before"))
+            if existing is not None:
+                slurm_id = existing.job_id
+                log.warning("job %s: Slurm already has it as job %s (%s); not submitting again",
+                            spec.job_id, slurm_id, s["comment"])
+            elif s.get("adopted_job_id"):
+                slurm_id = int(s["adopted_job_id"])
+                self._place_adopted(slurm_id, s)
+            else:
+                slurm_id = self._sbatch(spec, s)
+        except SlurmError as e:
+            raise OSError(f"Slurm: {e}") from e
+        write_json_atomic(run_dir / "slurm.json", {"job_id": slurm_id})
+        self._launched_at[slurm_id] = time.monotonic()
+        log.info("job %s is Slurm job %s on %s (gpu:%s:%s, begin %s)", spec.job_id, slurm_id,
+                 s["node"], s["gres_type"], s["count"], s["begin"])
+
+    def _sbatch(self, spec: LaunchSpec, s: dict) -> int:
+        owner = Identity(spec.uid, spec.gid, tuple(spec.groups))
+        for path in (spec.stdout, spec.stderr):
+            _create_owned(Path(path), spec.uid, spec.gid)
+        if spec.metrics_file:
+            job_metrics.create(Path(spec.metrics_file), spec.uid, spec.gid)
+        argv = ["sbatch", "--parsable", f"--partition={s['partition']}", f"--nodelist={s['node']}",
+                f"--gres={gres(s)}", f"--begin={s['begin']}",
+                f"--comment={s['comment']}", f"--job-name={s['name']}",
+                f"--output={spec.stdout}", f"--error={spec.stderr}", "--open-mode=append",
+                f"--chdir={spec.cwd}", "--export=ALL", "--nodes=1", "--ntasks=1"]
+        if spec.time_limit_s:
+            argv.append(f"--time={max(1, math.ceil(spec.time_limit_s / 60))}")
+        argv += ["--wrap", shlex.join(spec.argv)]
+        env = {k: v for k, v in spec.env.items() if k not in SLURM_SETS}
+        env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+        out = self.slurm.run(argv, as_user=owner, env=env).stdout.strip()
+        try:
+            return int(out.split(";")[0])
+        except ValueError:
+            raise SlurmError(f"sbatch printed no job id: {out!r}") from None
+
+    def _place_adopted(self, slurm_id: int, s: dict) -> None:
+        """Put a held user job where and when carbonsched planned it, then release it."""
+        self.slurm.run(["scontrol", "update", f"JobId={slurm_id}", f"NodeList={s['node']}",
+                        f"TresPerNode=gres/{gres(s)}", f"StartTime={s['begin']}"])
+        self.slurm.run(["scontrol", "release", str(slurm_id)])
+
+    def status(self, job_id: int) -> RunStatus:
+        run_dir = self.run_dir(job_id)
+        spec = _read_json(run_dir / "spec.json")
+        slurm_id = self.slurm_job_id(job_id)
+        if slurm_id is None:
+            s = ((spec or {}).get("extra") or {}).get("slurm", {})
+            found = self.find(s["comment"], s.get("not_before")) if s.get("comment") else None
+            if found is None:
+                return RunStatus(RunState.NOT_LAUNCHED, spec=spec)
+            slurm_id = found.job_id  # submitted, then the agent died before writing it down
+            write_json_atomic(run_dir / "slurm.json", {"job_id": slurm_id})
+        job = self.jobs().get(slurm_id)
+        if job is None and self._launched_at.get(slurm_id, -math.inf) >= self._snapshot_at:
+            return RunStatus(RunState.RUNNING, spec=spec)  # submitted after the last squeue
+        if job is None:
+            job = self.refresh().get(slurm_id)
+        if job is None:
+            return RunStatus(RunState.VANISHED, spec=spec,
+                             note=f"Slurm has no record of job {slurm_id} any more (ended longer "
+                                  "than MinJobAge ago while carbonsched was away?)")
+        if job.active:
+            if job.state == "RUNNING" and job.gpu_idx:
+                self._note_gpus(run_dir, slurm_id, job)
+            return RunStatus(RunState.RUNNING, spec=spec)
+        return _status_of(job, spec, cancelled_here=(run_dir / "cancel.json").exists(),
+                          gpu_idx=self._noted_gpus(run_dir))
+
+    def _note_gpus(self, run_dir: Path, slurm_id: int, job: SlurmJob) -> None:
+        rec = _read_json(run_dir / "slurm.json") or {}
+        if rec.get("gpu_idx") != list(job.gpu_idx):
+            write_json_atomic(run_dir / "slurm.json", {"job_id": slurm_id, "gpu_idx": list(job.gpu_idx),
+                                                       "started_at": job.start_time.isoformat()
+                                                       if job.start_time else None})
+
+    def _noted_gpus(self, run_dir: Path) -> list[int] | None:
+        rec = _read_json(run_dir / "slurm.json") or {}
+        return rec.get("gpu_idx")
+
+    def running_gpus(self, job_id: int) -> tuple[list[int] | None, datetime | None]:
+        """Slurm's GPU indices and start time of a job it runs (None until it starts)."""
+        slurm_id = self.slurm_job_id(job_id)
+        job = self.jobs().get(slurm_id) if slurm_id is not None else None
+        if job is None or job.state not in ("RUNNING", "COMPLETING") and job.active:
+            return None, None
+        return (list(job.gpu_idx) or self._noted_gpus(self.run_dir(job_id))), job.start_time
+
+    def signal_cancel(self, job_id: int) -> bool:
+        """`scancel` the job's Slurm job (noted, so its end reads as cancelled by carbonsched)."""
+        slurm_id = self.slurm_job_id(job_id)
+        if slurm_id is None:
+            return False
+        write_json_atomic(self.run_dir(job_id) / "cancel.json", {"at": time.time()})
+        try:
+            self.slurm.run(["scancel", str(slurm_id)])
+        except SlurmError as e:
+            log.error("job %s: scancel %s failed: %s", job_id, slurm_id, e)
+            return False
+        self._snapshot_at = -math.inf
+        # Slurm job id -> when this process submitted (or released) it: a job newer than the
+        # latest squeue is known to be there without asking again.
+        self._launched_at: dict[int, float] = {}
+        return True
+
+
+def _status_of(job: SlurmJob, spec: dict | None, *, cancelled_here: bool,
+               gpu_idx: list[int] | None) -> RunStatus:
+    """An ended Slurm job as the agent reads a finished run.
+
+    COMPLETED/FAILED -> the exit code (and signal); CANCELLED -> cancelled (by carbonsched's
+    scancel) or cancelled from Slurm's side; TIMEOUT -> timed out; NODE_FAIL, BOOT_FAIL,
+    PREEMPTED -> vanished (LOST, or re-queued while retries last); the rest -> failed with
+    Slurm's state as the error.
+    """
+    result: dict = {"exit_code": job.exit_code, "slurm_job_id": job.job_id, "slurm_state": job.state,
+                    "ended_at": (job.end_time or job.start_time).isoformat() if (job.end_time or job.start_time) else None,
+                    "started_at": job.start_time.isoformat() if job.start_time else None,
+                    "gpu_idx": list(job.gpu_idx) or gpu_idx}
+    state = job.state
+    if state in LOST_STATES:
+        return RunStatus(RunState.VANISHED, spec=spec, note=f"Slurm job {job.job_id} ended {state}"
+                         + (f" ({job.reason})" if job.reason and job.reason != "None" else ""))
+    if state == "CANCELLED":
+        if cancelled_here:
+            result["cancelled"] = True
+        else:
+            result["cancelled_outside"] = f"cancelled in Slurm (scancel of job {job.job_id})"
+        # Cancelled while pending, Slurm reports start = end; seen running (GPUs noted), it ran.
+        if job.start_time is None or (not result["gpu_idx"] and job.end_time and job.start_time >= job.end_time):
+            result["started_at"] = None
+    elif state == "TIMEOUT":
+        result["timed_out"] = True
+    elif state in ("COMPLETED", "FAILED"):
+        if job.signal:
+            result["signal"] = job.signal
+            result["exit_code"] = None if job.exit_code == 0 else job.exit_code
+    else:
+        result["error"] = f"Slurm job {job.job_id} ended {state}"
+    return RunStatus(RunState.FINISHED, result, spec)
+
+
+def _spec_dict(spec: LaunchSpec) -> dict:
+    return asdict(spec)
+
+
+def _create_owned(path: Path, uid: int, gid: int) -> None:
+    """Create a log file for the job's owner (slurmd opens it as them)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
