@@ -1,15 +1,25 @@
 """The energy and carbon model: how long a job runs on a GPU model, at what power, and what
 that emits at a given start time.
 
-Pure: the only input it reads is its own package data (`policies/data/profiles.toml`).
+Pure: the only inputs it reads are its own package data (the catalog and the performance
+model's data files, through `policies.perf_model`).
 
 Rules (documented here because every policy and the benchmark rely on them):
 
-* **Workload jobs** (`job.workload` has a profile for the model): the job's `prompts` are
-  served data-parallel over its k GPUs, so `runtime_s = prompts / (k * prompts_per_s)` and
-  `power_w = k * profile.power_w`. A workload job without a prompt count takes its
-  `est_runtime_s` as measured on the reference GPU (H100) and scales it by the profiles'
-  throughput ratio.
+* **Workload jobs the performance model knows** (a preset or a `llm:` spec, see
+  `policies.operating_point`): on each GPU model the job runs at its operating point there
+  (the most energy-efficient batch limit, precision and TP degree that fits in memory and
+  meets every SLO of the job), k / tp replicas data-parallel over its k GPUs, so
+  `runtime_s = prompts / (replicas x point prompts_per_s)` and `power_w = replicas x point
+  power`. No such point: the model is excluded ("memory" or "slo", `fits`). A profile in
+  the book that differs from the seed profile of the same (workload, model) (learned from
+  this cluster's runs, `policies.learning`) scales the point's throughput and power by its
+  ratios to the seed, and its latencies by the inverse throughput ratio. A workload job
+  without a prompt count takes its `est_runtime_s` as measured on the reference GPU (H100)
+  and scales it by the throughput ratio of the two choices.
+* **Other workload jobs with a profile** (a class the performance model does not know, with
+  runs learned here): `runtime_s = prompts / (k * prompts_per_s)`, `power_w = k *
+  profile.power_w`; such a profile has no latency model, so any SLO excludes the job.
 * **Generic jobs** (no workload class, or no profile for the model): `est_runtime_s` (or the
   snapshot's default) is the runtime on the reference GPU (H100). On another model it scales
   by the geometric mean of the BF16 TFLOP/s and HBM TB/s ratios: a generic batch job is taken
@@ -30,7 +40,9 @@ Rules (documented here because every policy and the benchmark rely on them):
 * **Carbon**: gCO2 = power_w x PUE x integral of intensity over [start, start + runtime]
   / 3.6e6 (W x s = J; J / 3.6e6 = kWh; kWh x g/kWh = g). The forecast is a step function.
 * **Learning** from this cluster's completed runs: `policies.learning` (a median over the
-  recent runs, so it converges in a few runs, ignores a stalled one and follows a drift).
+  recent runs, so it converges in a few runs, ignores a stalled one and follows a drift);
+  each run is first restated at its seed's point (`seed_equivalent_run`), so a learned
+  profile carries the model's error, not the difference between two operating points.
 """
 
 from __future__ import annotations
@@ -38,18 +50,19 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from importlib import resources
 from typing import NamedTuple
 
 import numpy as np
 
 from policies.catalog import GpuModel, catalog
+from policies.learning import Run
 from policies.model import CarbonCurve, Profile, QueuedJob
+from policies.operating_point import Choice, Refusal, job_choice, seed_choice, workload_model
+from policies.perf_model import OperatingPoint
 
 log = logging.getLogger(__name__)
 
@@ -73,25 +86,40 @@ class JobShape:
     energy_j: float
     latency_p95_ms: float | None
     source: str
+    # The operating point the job runs at on this model (performance-model workloads only).
+    operating_point: OperatingPoint | None = None
+    point_note: str = ""  # e.g. "H200 at batch 64 BF16 TP1: TPOT p95 38 ms <= 40 ms (binding), ..."
 
 
 @cache
 def seed_profiles() -> tuple[Profile, ...]:
-    """The packaged seed profiles: one per (workload class, catalog model).
+    """The seed profiles, one per (preset workload, catalog model) that fits on at most 8
+    GPUs: the performance model's point under the preset's default SLOs on the fewest GPUs
+    that hold the model, per GPU. Derived at first use, not stored: one source of truth.
+    Learned profiles are these scaled by this cluster's runs (`policies.learning`); a
+    profile differing from its seed is read as that correction (`job_shape`)."""
+    from policies.perf_model import presets
 
-    Measured where public data exists (ML.ENERGY v2/v3), roofline-scaled otherwise; each
-    profile's `source` says which. Regenerate with `python -m policies.data.make_profiles`.
-    """
-    text = resources.files("policies").joinpath("data/profiles.toml").read_text("utf-8")
-    data = tomllib.loads(text)
     out: list[Profile] = []
-    for row in data.get("profile", []):
-        out.append(Profile(workload=row["workload"], model=row["model"],
-                           prompts_per_s=float(row["prompts_per_s"]), power_w=float(row["power_w"]),
-                           latency_p50_ms=float(row["latency_p50_ms"]),
-                           latency_p95_ms=float(row["latency_p95_ms"]),
-                           source=row.get("source", ""), samples=int(row.get("samples", 0))))
+    for name, w in presets().items():
+        for model in catalog():
+            c = seed_choice(name, model)
+            if c is None:
+                continue
+            p = c.prediction
+            inference = w.kind == "inference"
+            p50 = p.ttft_p50_ms + w.mean_output_tokens * p.tpot_p50_ms if inference else math.nan
+            out.append(Profile(workload=name, model=model, prompts_per_s=c.prompts_per_s / c.gpus,
+                               power_w=c.power_w / c.gpus, latency_p50_ms=p50,
+                               latency_p95_ms=c.latency_p95_ms if inference else math.nan,
+                               source=("perf model: " if inference else "nominal: perf model ") + c.describe()
+                                      + " (" + ", ".join(f"{k} {v}" for k, v in p.sources.items()) + ")"))
     return tuple(out)
+
+
+@cache
+def _seed_index() -> dict[tuple[str, str], Profile]:
+    return {(p.workload, p.model): p for p in seed_profiles()}
 
 
 class ProfileBook:
@@ -100,6 +128,9 @@ class ProfileBook:
 
     def __init__(self, profiles: Iterable[Profile] = ()) -> None:
         self._by_key: dict[tuple[str, str], Profile] = {}
+        # model_choice's answers for this book's profiles: a planner asks the same few
+        # (workload, model, k, SLOs) questions thousands of times per tick
+        self.choices: dict[tuple, object] = {}
         for p in profiles:
             self._by_key[(p.workload, _canonical_model(p.model))] = p
 
@@ -165,24 +196,73 @@ def capped_w(per_gpu_w: float, power_limit_w: float | None) -> float:
     return min(per_gpu_w, power_limit_w) if power_limit_w else per_gpu_w
 
 
+def correction(book: ProfileBook, workload: str | None, model: str) -> tuple[float, float]:
+    """(throughput ratio, power ratio) of the book's profile of (workload, model) to its seed:
+    what this cluster's runs taught about the performance model's figures (1, 1: nothing)."""
+    if workload is None:
+        return 1.0, 1.0
+    seed = _seed_index().get((workload, model))
+    mine = book.get(workload, model)
+    if seed is None or mine is None or mine is seed or mine.prompts_per_s <= 0:
+        return 1.0, 1.0
+    return mine.prompts_per_s / seed.prompts_per_s, mine.power_w / seed.power_w
+
+
+_MISSING = object()
+
+
+def model_choice(job: QueuedJob, model: str, book: ProfileBook):
+    """The operating point of `job` on `model` (`policies.operating_point.job_choice`, with the
+    book's learned correction): a Choice, a Refusal, or None (the model does not know the
+    workload or the GPU)."""
+    key = (job.workload, model, job.gpus, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
+    hit = book.choices.get(key, _MISSING)
+    if hit is _MISSING:
+        canonical = _canonical_model(model)
+        speed, power_ratio = correction(book, job.workload, canonical)
+        hit = book.choices[key] = job_choice(job.workload, canonical, max(1, job.gpus), job.ttft_slo_ms,
+                                             job.tpot_slo_ms, job.latency_slo_ms, speed, power_ratio)
+    return hit
+
+
+def _profile_p95(profile: Profile | None) -> float | None:
+    return profile.latency_p95_ms if profile is not None and math.isfinite(profile.latency_p95_ms) else None
+
+
 def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: float,
               power_limit_w: float | None = None) -> JobShape:
     """How `job` would run on `job.gpus` GPUs of `model` capped at `power_limit_w` each
-    (rules in the module docstring)."""
+    (rules in the module docstring). A model the job does not fit is shaped by the generic
+    rule (`fits` says why it is excluded)."""
     k = max(1, job.gpus)
-    profile = book.get(job.workload, model)
+    base_s = job.est_runtime_s or default_runtime_s
+    choice = model_choice(job, model, book) if job.workload is not None else None
+    if isinstance(choice, Choice):
+        if job.prompts:
+            runtime_s = job.prompts / choice.prompts_per_s
+        else:
+            ref = model_choice(job, REFERENCE_MODEL, book)
+            ratio = ref.prompts_per_s / choice.prompts_per_s if isinstance(ref, Choice) \
+                else generic_runtime_scale(model)
+            runtime_s = base_s * ratio
+        power_w = k * capped_w(choice.power_w / k, power_limit_w)
+        return JobShape(model=_canonical_model(model), gpus=k, runtime_s=max(1.0, runtime_s), power_w=power_w,
+                        energy_j=power_w * max(1.0, runtime_s),
+                        latency_p95_ms=choice.latency_p95_ms if choice.inference else None,
+                        source=f"perf model {job.workload}: {choice.note}",
+                        operating_point=choice.point if choice.inference else None,
+                        point_note=choice.note)
+    profile = book.get(job.workload, model) if choice is None else None
     if profile is not None and profile.prompts_per_s > 0:
         if job.prompts:
             runtime_s = job.prompts / (k * profile.prompts_per_s)
         else:
             ref = book.get(job.workload, REFERENCE_MODEL)
-            base_s = job.est_runtime_s or default_runtime_s
             runtime_s = base_s * (ref.prompts_per_s / profile.prompts_per_s if ref else 1.0)
         power_w = k * capped_w(profile.power_w, power_limit_w)
-        p95 = profile.latency_p95_ms if math.isfinite(profile.latency_p95_ms) else None
+        p95 = _profile_p95(profile)
         source = f"profile {job.workload}/{profile.model}: {profile.source}"
     else:
-        base_s = job.est_runtime_s or default_runtime_s
         runtime_s = base_s * generic_runtime_scale(model)
         power_w = k * generic_power_w(model, power_limit_w)
         p95 = None
@@ -197,14 +277,19 @@ class ShapeArrays(NamedTuple):
 
     runtime_s: np.ndarray  # float
     power_w: np.ndarray  # float, IT power over the job's k GPUs
-    latency_p95_ms: np.ndarray  # float, the profile's p95, for `fits` (nan: no profile, or unknown)
+    why: np.ndarray  # int8: 0 the model can take the job by workload and SLOs, 1 memory, 2 slo
+
+
+_WHY_CODE = {"memory": 1, "slo": 2}
 
 
 def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: ProfileBook,
                  default_runtime_s: float,
                  power_limits_w: Sequence[float | None] | None = None) -> ShapeArrays:
-    """`job_shape(job, model, ...)` for every job and model, vectorised over the jobs of each
-    workload class (the same arithmetic in the same order, so the floats are identical).
+    """`job_shape(job, model, ...)` for every job and model, vectorised over the jobs that
+    share a workload, GPU count and SLOs (one operating-point choice each; the same
+    arithmetic in the same order, so the floats are identical), plus `fits`'s workload and
+    SLO verdict (`why`; the `--gpu-mem` check is the caller's, against its GPUs' memory).
 
     A planner tick compiles thousands of (job, model) pairs; one Python call each was the
     largest share of greedy's time at 5,000 jobs.
@@ -215,18 +300,40 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
     prompts = np.array([j.prompts or 0 for j in jobs], dtype=np.float64)
     runtime = np.empty((n, m))
     power = np.empty((n, m))
-    p95 = np.full((n, m), np.nan)
-    by_workload: dict[str | None, list[int]] = {}
+    why = np.zeros((n, m), dtype=np.int8)
+    groups: dict[tuple, list[int]] = {}
     for i, j in enumerate(jobs):
-        by_workload.setdefault(j.workload, []).append(i)
+        key = (j.workload, max(1, j.gpus), j.ttft_slo_ms, j.tpot_slo_ms, j.latency_slo_ms) \
+            if j.workload is not None else (None,)
+        groups.setdefault(key, []).append(i)
     for c, model in enumerate(models):
         cap = power_limits_w[c] if power_limits_w is not None else None
         generic_scale, generic_w = generic_runtime_scale(model), generic_power_w(model, cap)
-        for workload, rows_l in by_workload.items():
+        for key, rows_l in groups.items():
             rows = np.array(rows_l, dtype=np.int64)
-            profile = book.get(workload, model)
-            if profile is not None and math.isfinite(profile.latency_p95_ms):
-                p95[rows, c] = profile.latency_p95_ms
+            workload = key[0]
+            first = jobs[rows_l[0]]
+            if workload is None:  # generic jobs: an SLO cannot be checked, so it excludes
+                why[[i for i in rows_l if has_slo(jobs[i])], c] = 2
+            choice = model_choice(first, model, book) if workload is not None else None
+            if isinstance(choice, Choice):
+                kr, pr = k[rows], prompts[rows]
+                ref = model_choice(first, REFERENCE_MODEL, book)
+                ratio = ref.prompts_per_s / choice.prompts_per_s if isinstance(ref, Choice) else generic_scale
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    by_prompts = pr / choice.prompts_per_s
+                runtime[rows, c] = np.where(pr != 0, by_prompts, base[rows] * ratio)
+                power[rows, c] = kr * capped_w(choice.power_w / key[1], cap)
+                continue
+            if isinstance(choice, Refusal):
+                why[rows, c] = _WHY_CODE[choice.reason]
+            profile = book.get(workload, model) if choice is None else None
+            if profile is not None and workload is not None:
+                slo_why = _profile_slo_why(first, profile)
+                if slo_why:
+                    why[rows, c] = slo_why
+            elif workload is not None and choice is None and has_slo(first):
+                why[rows, c] = 2  # an SLO, and no latency model for this workload here
             if profile is not None and profile.prompts_per_s > 0:
                 ref = book.get(workload, REFERENCE_MODEL)
                 ratio = ref.prompts_per_s / profile.prompts_per_s if ref else 1.0
@@ -239,19 +346,50 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
                 runtime[rows, c] = base[rows] * generic_scale
                 power[rows, c] = k[rows] * generic_w
     np.maximum(runtime, 1.0, out=runtime)
-    return ShapeArrays(runtime, power, p95)
+    return ShapeArrays(runtime, power, why)
+
+
+def has_slo(job: QueuedJob) -> bool:
+    """Whether the job sets any latency SLO of its own."""
+    return job.latency_slo_ms is not None or job.ttft_slo_ms is not None or job.tpot_slo_ms is not None
+
+
+def slo_text(job: QueuedJob) -> str:
+    """The job's own SLOs, e.g. "TPOT p95 <= 40 ms" ("preset defaults" when none)."""
+    given = [f"{name} p95 <= {value:g} ms" for name, value in (("TTFT", job.ttft_slo_ms), ("TPOT", job.tpot_slo_ms),
+                                                                ("latency", job.latency_slo_ms)) if value is not None]
+    return ", ".join(given) or "preset defaults"
+
+
+def _profile_slo_why(job: QueuedJob, profile: Profile) -> int:
+    """For a workload the performance model does not know: 2 when the job has an SLO its
+    profile cannot show it meets (TTFT/TPOT: no model; latency: no finite p95, or above)."""
+    if job.ttft_slo_ms is not None or job.tpot_slo_ms is not None:
+        return 2
+    if job.latency_slo_ms is None:
+        return 0
+    p95 = _profile_p95(profile)
+    return 2 if p95 is None or p95 > job.latency_slo_ms else 0
 
 
 def fits(job: QueuedJob, model_name: str, memory_gib: float, book: ProfileBook) -> str | None:
-    """None if GPUs of this model can take the job, else the reason ("memory" or "slo")."""
+    """None if GPUs of this model can take the job, else the reason ("memory" or "slo"):
+    its `--gpu-mem`, then its operating point (no point fits in memory, or none meets its
+    SLOs), then, for a workload the performance model does not know, any SLO (no latency
+    model, or the profile's p95 above it). Never a comparison with NaN."""
     if memory_gib < job.gpu_mem_gib:
         return "memory"
-    if job.latency_slo_ms is not None:
-        profile = book.get(job.workload, model_name)
-        if profile is not None and math.isfinite(profile.latency_p95_ms) \
-                and profile.latency_p95_ms > job.latency_slo_ms:
-            return "slo"
-    return None
+    if job.workload is None:
+        return "slo" if has_slo(job) else None
+    choice = model_choice(job, model_name, book)
+    if isinstance(choice, Refusal):
+        return choice.reason
+    if choice is not None:
+        return None
+    if not has_slo(job):
+        return None
+    profile = book.get(job.workload, model_name)
+    return "slo" if profile is None or _profile_slo_why(job, profile) else None
 
 
 def within_time_limit(job: QueuedJob, model_name: str, book: ProfileBook, default_runtime_s: float) -> bool:
@@ -323,3 +461,34 @@ def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power
         return None
     integral = curve_integral_g_per_kwh_s(curve, start, start + timedelta(seconds=runtime_s))
     return power_w * pue * integral / J_PER_KWH
+
+
+def seed_equivalent_run(job: QueuedJob, model: str, run: Run, point: OperatingPoint | None = None) -> Run:
+    """A measured run (per GPU) restated at the seed profile's point, for learning.
+
+    Learning compares runs with the seed profile of (workload, model) (`policies.learning`),
+    but a job ran at its own operating point (its GPU count, SLOs, batch limit), whose
+    figures differ from the seed's even when the model is exact: a 70B job on 4 GPUs at TP4
+    and batch 512 does more per GPU than the seed's 2 GPUs at batch 64. So the run is scaled
+    by seed / prediction-at-its-point: what is left is the model's error, which is what a
+    learned profile must carry. `point`: the point it ran at (None: the one the model picks
+    for the job, uncorrected). A workload the model does not know is returned as is."""
+    canonical = _canonical_model(model)
+    seed = _seed_index().get((job.workload, canonical)) if job.workload else None
+    if seed is None:
+        return run
+    k = max(1, job.gpus)
+    if point is not None:
+        from policies.perf_model import parts, predict
+
+        w = workload_model(job.workload)
+        if w is None or canonical not in parts() or k % point.tp:
+            return run
+        p = predict(w, canonical, point)
+        pps_gpu, power_gpu = p.prompts_per_s / point.tp, p.power_w / point.tp
+    else:
+        c = job_choice(job.workload, canonical, k, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
+        if not isinstance(c, Choice):
+            return run
+        pps_gpu, power_gpu = c.prompts_per_s / k, c.power_w / k
+    return Run(run.prompts_per_s * seed.prompts_per_s / pps_gpu, run.power_w * seed.power_w / power_gpu)

@@ -27,8 +27,8 @@ import numpy as np
 
 from policies.blind import blind_price, priced_curves
 from policies.counterfactual import START_TOL_S, choose
-from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, gang_power_limit_w, job_shape,
-                             seed_profiles, within_time_limit)
+from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, gang_power_limit_w, has_slo, job_shape,
+                             seed_profiles, slo_text, within_time_limit)
 from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
 
@@ -107,9 +107,9 @@ class FifoPolicy:
             k = max(1, job.gpus)
             release_s = max(0.0, (job.submitted_at - now).total_seconds())
             ok = (size >= k) & (mem >= job.gpu_mem_gib)
-            if job.latency_slo_ms is not None:
-                slo_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
-                ok &= np.array([slo_ok[m] for m in models], dtype=bool) if keys else ok
+            if job.workload is not None or has_slo(job):  # operating point: memory and SLOs
+                point_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
+                ok &= np.array([point_ok[m] for m in models], dtype=bool) if keys else ok
             if job.time_limit_s is not None and ok.any():
                 limit_ok = {m: within_time_limit(job, m, book, snapshot.default_runtime_s) for m in set(models)}
                 ok &= np.array([limit_ok[m] for m in models], dtype=bool)
@@ -241,11 +241,12 @@ def _why_unplaceable(job: QueuedJob, by_node: dict[str, list[GpuSlot]], book: Pr
     most = max(sum(1 for g in gs if g.model == m) for gs in by_node.values() for m in {g.model for g in gs})
     if job.gpus > most:
         return f"needs {job.gpus} GPUs of one model on one node; the most any node has is {most}"
-    if job.latency_slo_ms is not None:
-        models = {g.model for gs in by_node.values() for g in gs if g.memory_gib >= job.gpu_mem_gib}
-        if models and all(fits(job, m, 1e9, book) == "slo" for m in models):
-            return (f"no GPU model meets the {job.latency_slo_ms:g} ms latency SLO of workload "
-                    f"{job.workload!r}")
+    models = {g.model for gs in by_node.values() for g in gs if g.memory_gib >= job.gpu_mem_gib}
+    reasons = {fits(job, m, 1e9, book) for m in models}
+    if models and reasons == {"slo"}:
+        return f"no GPU model meets the latency SLOs of workload {job.workload!r} ({slo_text(job)})"
+    if models and None not in reasons:
+        return f"no GPU model holds workload {job.workload!r} on {job.gpus} GPU(s) within its SLOs ({slo_text(job)})"
     return f"no node has {job.gpus} healthy GPUs with >= {job.gpu_mem_gib:g} GiB each"
 
 

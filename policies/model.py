@@ -33,6 +33,10 @@ class QueuedJob:
     # A limit derived from --est-runtime follows the plan: runtime on the chosen GPUs x this
     # (the estimate's `time_limit_s`); it never constrains the plan.
     time_limit_factor: float | None = None
+    # p95 time to first token and time per output token limits (ms), beside `latency_slo_ms`
+    # (p95 per-prompt latency); None: the workload preset's default (policies.operating_point).
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
     # The "if run now" counterfactual fixed when the job was first planned
     # (policies.counterfactual); None: not planned yet, the policy computes it. It changes no
     # plan, only what the plan is compared with, so it is left out of equality and hashing
@@ -125,6 +129,11 @@ class Estimate:
     # A time limit that follows the plan: the runtime estimated on the chosen GPUs x the job's
     # `QueuedJob.time_limit_factor` (None: the job has none, or an explicit one).
     time_limit_s: float | None = None
+    # The operating point on the chosen GPUs (policies.operating_point.annotate): batch limit,
+    # precision, tensor-parallel degree. None: the job has no performance-model workload.
+    max_batch: int | None = None
+    precision: str | None = None
+    tp: int | None = None
 
     @property
     def gco2_per_prompt(self) -> float | None:

@@ -350,7 +350,8 @@ class Problem:
     def _compile_jobs(self) -> None:
         """Every job against every group at once, as (jobs x groups) arrays.
 
-        `job_fit[j, g]`: the job can run on pools of group g (memory, latency SLO, its
+        `job_fit[j, g]`: the job can run on pools of group g (memory, its operating point's
+        memory and latency SLOs (`energy.shape_arrays`), its
         explicit time limit, and some pool with at least k usable GPUs); `job_why` says why
         not (1 memory, 2 slo, 3 gang, 4 time limit).
         `job_runtime_s`, `job_power_w` (IT, k GPUs), `job_scale` (power x PUE / 3.6e6),
@@ -373,12 +374,9 @@ class Problem:
 
         mem = np.array([j.gpu_mem_gib for j in jobs], dtype=np.float64)
         group_mem = np.array([g.memory_gib for g in groups], dtype=np.float64)
-        slo = np.array([np.nan if j.latency_slo_ms is None else j.latency_slo_ms for j in jobs], dtype=np.float64)
-        p95 = shapes.latency_p95_ms[:, gm].reshape(n_jobs, n_groups)
-        why = np.zeros((n_jobs, n_groups), dtype=np.int8)
-        with np.errstate(invalid="ignore"):
-            why[p95 > slo[:, None]] = 2  # nan (no SLO, no profile) compares False
-        why[group_mem[None, :] < mem[:, None]] = 1  # memory is checked first
+        # the operating point's verdict (1: no point fits in memory, 2: none meets the SLOs)
+        why = shapes.why[:, gm].reshape(n_jobs, n_groups).copy()
+        why[group_mem[None, :] < mem[:, None]] = 1  # the job's own --gpu-mem is checked first
         # an explicit time limit binds: no option that runs longer by the model's own estimate
         limit_s = np.array([np.inf if j.time_limit_s is None else j.time_limit_s for j in jobs], dtype=np.float64)
         why[(why == 0) & (self.job_runtime_s > limit_s[:, None] * (1 + 1e-9))] = 4

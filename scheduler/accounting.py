@@ -447,8 +447,20 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         "saving_pct": _per(saving, counterfactual, 100.0) if counterfactual else None,
         "plan_saving_gco2": _difference(cf_est, est),
         "gco2_if_started_at_submit": shift.gco2 if shift is not None else None,
+        # The operating point the plan chose (policies.operating_point), and why; null: none.
+        "operating_point": operating_point(job),
     }
     return receipt
+
+
+def operating_point(job: Mapping[str, Any]) -> dict | None:
+    """The planned operating point of a job row, with the plan's reason for it (the part of
+    the explanation that names the batch limit); None when the plan had none."""
+    if job.get("planned_max_batch") is None:
+        return None
+    why = next((part.strip() for part in (job.get("explanation") or "").split("; ") if " at batch " in part), None)
+    return {"max_batch": job["planned_max_batch"], "precision": job.get("planned_precision"),
+            "tp": job.get("planned_tp"), "why": why}
 
 
 # -- the store-facing part ------------------------------------------------------------------
@@ -457,7 +469,8 @@ _JOB_COLUMNS = ("id", "name", "state", "owner_uid", "owner_name", "workload", "g
                 "zone", "gpu_model", "submitted_at", "started_at", "ended_at", "deadline", "prompts", "tokens",
                 "reported_prompts", "reported_input_tokens", "reported_output_tokens",
                 "energy_j", "energy_method", "energy_note", "gco2", "pue", "gco2_signal", "gco2_basis",
-                "gco2_coverage", "est_energy_j", "est_gco2", "est_gco2_if_now", "explanation", "accounted_at")
+                "gco2_coverage", "est_energy_j", "est_gco2", "est_gco2_if_now", "explanation", "accounted_at",
+                "planned_max_batch", "planned_precision", "planned_tp")
 
 
 class NotFound(LookupError):

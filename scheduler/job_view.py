@@ -22,7 +22,8 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "est_gco2", "explanation", "attempts", "argv", "cwd", "cancel_requested_at",
             "max_delay_s", "est_gco2_if_now", "est_runtime_planned_s", "binding", "deadline_miss",
             "time_limit_factor", "tokens", "reported_prompts", "reported_input_tokens",
-            "reported_output_tokens")
+            "reported_output_tokens", "ttft_slo_ms", "tpot_slo_ms", "planned_max_batch", "planned_precision",
+            "planned_tp")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
 
@@ -69,7 +70,8 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          planned_node, submitted, planned_start, started, ended, deadline, est, limit, slo,
          workload, prompts, exit_code, energy, method, gco2, est_energy, est_gco2, explanation,
          attempts, argv, cwd, cancel_at, max_delay, est_gco2_now, est_runtime_planned, binding,
-         deadline_miss, limit_factor, tokens, reported_prompts, reported_in, reported_out) in rows:
+         deadline_miss, limit_factor, tokens, reported_prompts, reported_in, reported_out, ttft_slo, tpot_slo,
+         max_batch, precision, tp) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -104,5 +106,11 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "gco2_per_prompt": _per(gco2, reported_prompts if reported_prompts is not None else prompts),
             "prompts_source": ("reported" if reported_prompts is not None
                                else "declared" if prompts is not None else None),
+            # Latency limits (p95, ms; null: the workload preset's default) and the operating
+            # point planned on the chosen GPUs (null: no performance-model workload); why it
+            # was chosen is in `explanation`.
+            "ttft_slo_ms": ttft_slo, "tpot_slo_ms": tpot_slo,
+            "operating_point": ({"max_batch": max_batch, "precision": precision, "tp": tp}
+                                if max_batch is not None else None),
         })
     return out

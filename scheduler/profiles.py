@@ -27,7 +27,7 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from policies.learning import WINDOW, Run, learned_by_model
-from policies.model import Profile
+from policies.model import Profile, QueuedJob
 from scheduler.lifecycle import State, utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, workload_profiles
@@ -50,6 +50,13 @@ class CompletedRun:
     runtime_s: float
     energy_j: float
     prompts: int
+    # the operating point it was planned at, and its SLOs (to restate it at the seed's point)
+    max_batch: int | None = None
+    precision: str | None = None
+    tp: int | None = None
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    latency_slo_ms: float | None = None
 
 
 def learned_profiles(conn: Connection) -> tuple[Profile, ...]:
@@ -95,7 +102,9 @@ def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None =
     """The measurement a completed job offers for learning, or None when it offers none
     (not COMPLETED, no workload class or prompts, no measured energy, mixed GPU models)."""
     job = conn.execute(select(jobs.c.state, jobs.c.workload, jobs.c.prompts, jobs.c.reported_prompts,
-                              jobs.c.gpu_ids, jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j)
+                              jobs.c.gpu_ids, jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j,
+                              jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp,
+                              jobs.c.ttft_slo_ms, jobs.c.tpot_slo_ms, jobs.c.latency_slo_ms)
                        .where(jobs.c.id == job_id)).first()
     if job is None or job.state != State.COMPLETED.value:
         return None
@@ -113,20 +122,27 @@ def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None =
         return None
     return CompletedRun(job_id=job_id, workload=job.workload, model=models.pop(),
                         gpus=len(job.gpu_ids), runtime_s=runtime_s, energy_j=float(energy_j),
-                        prompts=int(prompts))
+                        prompts=int(prompts), max_batch=job.planned_max_batch, precision=job.planned_precision,
+                        tp=job.planned_tp, ttft_slo_ms=job.ttft_slo_ms, tpot_slo_ms=job.tpot_slo_ms,
+                        latency_slo_ms=job.latency_slo_ms)
 
 
 def fold_run(conn: Connection, run: CompletedRun, now: datetime) -> Profile:
     """Add one measured run to its (workload, model) row in the store and return the
     profile it now gives (`policies.learning.estimate` over the row's recent runs)."""
-    from policies.energy import seed_profiles
+    from policies.energy import seed_equivalent_run, seed_profiles
+    from policies.perf_model import OperatingPoint
 
     q = select(workload_profiles).where(workload_profiles.c.workload == run.workload)
     if conn.dialect.name == "postgresql":
         q = q.with_for_update()
     rows = {r.model: r for r in conn.execute(q)}
     row = rows.get(run.model)
-    measured = Run.of(gpus=run.gpus, runtime_s=run.runtime_s, energy_j=run.energy_j, prompts=run.prompts)
+    measured = seed_equivalent_run(
+        QueuedJob(run.job_id, run.gpus, 0.0, now, workload=run.workload, latency_slo_ms=run.latency_slo_ms,
+                  ttft_slo_ms=run.ttft_slo_ms, tpot_slo_ms=run.tpot_slo_ms),
+        run.model, Run.of(gpus=run.gpus, runtime_s=run.runtime_s, energy_j=run.energy_j, prompts=run.prompts),
+        OperatingPoint(run.max_batch, run.precision or "bf16", run.tp or 1) if run.max_batch else None)
     runs = (_runs(row) + [measured])[-WINDOW:]
     seeds = {(p.workload, p.model): p for p in seed_profiles()}
     samples = (row.samples if row is not None else 0) + 1

@@ -45,8 +45,11 @@ def violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         if any(g.memory_gib < j.gpu_mem_gib for g in gs):
             out.append(f"job {j.id}: too little memory")
         if j.latency_slo_ms is not None and gs:
-            lat = p95.get((j.workload, gs[0].model))
-            if lat is not None and lat > j.latency_slo_ms:
+            fastest = _fastest_latency_ms(j.workload, gs[0].model, j.gpus)
+            lat = fastest if fastest is not None else p95.get((j.workload, gs[0].model))
+            if lat is None or lat != lat:
+                out.append(f"job {j.id}: an SLO, and no latency model for {j.workload!r} on {gs[0].model}")
+            elif lat > j.latency_slo_ms:
                 out.append(f"job {j.id}: {gs[0].model} p95 {lat} ms > SLO {j.latency_slo_ms}")
         if a.start_at < max(snapshot.now, j.submitted_at):
             out.append(f"job {j.id}: starts before release")
@@ -90,3 +93,16 @@ def score(plan: Plan) -> tuple[int, int, float]:
     """(unplaced, deadline misses, total estimated gCO2): smaller is better, in that order."""
     return (len(plan.unplaced), sum(a.estimate.deadline_miss for a in plan.assignments),
             sum(a.estimate.gco2 or 0.0 for a in plan.assignments))
+
+
+def _fastest_latency_ms(workload: str | None, model: str, k: int) -> float | None:
+    """For a performance-model workload: the lowest per-prompt p95 latency of any point of it
+    that fits on k GPUs of `model` (a TP degree dividing k); None for other workloads."""
+    from policies.perf_model import frontier, parts, presets
+
+    w = presets().get(workload or "")
+    if w is None or w.kind != "inference" or model not in parts() or not parts()[model].supports(w.precision):
+        return None
+    tps = [t for t in (1, 2, 4, 8) if t <= k and k % t == 0]
+    lat = [p.latency_p95_ms for p in frontier(w, model, max_tp=max(tps)) if p.point.tp in tps]
+    return min(lat) if lat else float("inf")

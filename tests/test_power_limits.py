@@ -22,7 +22,7 @@ def h100s(n: int, power_limit_w: float | None, model: str = "H100") -> list[GpuS
 
 def jobs() -> list[QueuedJob]:
     return [QueuedJob(id=1, gpus=2, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=3600),  # generic
-            QueuedJob(id=2, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="train", est_runtime_s=3600),
+            QueuedJob(id=2, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", est_runtime_s=3600),
             QueuedJob(id=3, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", prompts=50_000)]
 
 
@@ -101,7 +101,7 @@ def test_the_if_now_counterfactual_is_priced_at_the_cap_too(policy, runtime_s):
     """One job, one capped GPU, a flat grid: running now is the plan itself, so the
     counterfactual must cost exactly the plan's grams, both at 500 W."""
     curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
-    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=runtime_s, workload="train")
+    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=runtime_s, workload="llm-chat-8b")
     params = {"max_time_s": 1.0} if policy == "cpsat" else {}
     snap = Snapshot(now=NOW, jobs=(job,), gpus=tuple(h100s(1, 500.0)), carbon={"Z": curve})
     (a,) = get_policy(policy, **params).plan(snap).assignments
@@ -114,7 +114,7 @@ def test_a_short_job_packed_into_a_valley_is_estimated_at_the_cap(policy):
     """A 5-minute job (short-job packing) waits for the valley two hours out on a capped H100:
     its estimate, and the grams it is compared with, draw 500 W, not the profile's 700."""
     curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(500.0, 500.0) + (100.0,) * 46)
-    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=300, workload="train")
+    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=300, workload="llm-chat-8b")
     params = {"max_time_s": 1.0} if policy == "cpsat" else {}
     snap = Snapshot(now=NOW, jobs=(job,), gpus=tuple(h100s(1, 500.0)), carbon={"Z": curve})
     (a,) = get_policy(policy, **params).plan(snap).assignments

@@ -111,7 +111,9 @@ def test_the_planner_never_sees_the_truth(tmp_path):
 
 def test_with_learning_the_planners_estimates_converge_to_the_truth(tmp_path):
     """A workload that really runs 40 % longer at 30 % less power on every GPU model: with
-    learning the planner's energy estimates of later jobs are far closer than without."""
+    learning the planner's energy estimates of later jobs are far closer than without.
+    (Its slower tokens also meet the preset's TPOT limit only at smaller batches, so the
+    truth is at least 40 % slower, not exactly.)"""
     truth_file = tmp_path / "truth.toml"
     rows = [p for p in seed_profiles() if p.workload == "llm-chat-8b"]
     truth_file.write_text("".join(
@@ -126,8 +128,11 @@ def test_with_learning_the_planners_estimates_converge_to_the_truth(tmp_path):
         late = done[len(done) // 2:]  # the second half of the jobs, after the first have taught
         late_error[learn] = max(abs(r.runtime_s / r.planned_runtime_s - 1) for r in late)
         energy = [r.runtime_s * r.power_w / (r.planned_runtime_s * r.planned_power_w) for r in late]
-        assert all(e == pytest.approx(1.0 if learn else 1.4 * 0.7, abs=0.02) for e in energy)
-    assert late_error[False] == pytest.approx(0.4)
+        if learn:
+            assert all(e == pytest.approx(1.0, abs=0.02) for e in energy)
+        else:  # 1.4 x 0.7 at the same batch; slower tokens meet the TPOT default only at a smaller one
+            assert all(e >= 1.4 * 0.7 - 0.02 for e in energy)
+    assert late_error[False] >= 0.4 - 1e-9
     assert late_error[True] < 0.02
 
 

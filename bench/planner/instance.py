@@ -35,7 +35,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from policies.catalog import catalog
-from policies.model import CarbonCurve, GpuSlot, Profile, QueuedJob, Snapshot
+from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,9 @@ SLACK_MAX_S = 24 * 3600.0
 # (probability, low GiB, high GiB) per GPU
 MEMORY_BANDS = ((0.55, 8.0, 80.0), (0.25, 80.0, 141.0), (0.12, 141.0, 180.0), (0.08, 180.0, 256.0))
 WORKLOAD_FRACTION = 0.4
+# The workload classes jobs draw from: the seed classes of the planner bench since session 1
+# (presets of policies.perf_model), kept fixed so the random draws stay those of earlier runs.
+WORKLOADS = ("llm-chat-70b", "llm-chat-8b", "llm-code", "llm-reason", "train")
 SLO_FRACTION_OF_WORKLOAD = 1 / 3
 BUSY_FRACTION = 0.2
 BUSY_MAX_S = 8 * 3600.0
@@ -157,7 +160,7 @@ def generate(spec: InstanceSpec) -> Instance:
     # Jobs: draw everything but the runtime scale first, then fit the scale to the load.
     profiles = seed_profiles()
     book = ProfileBook(profiles)
-    workloads = sorted(book.workloads())
+    workloads = list(WORKLOADS)
     draws = []
     for _ in range(spec.jobs):
         k = rng.choices(GANG_SIZES, GANG_WEIGHTS)[0]
@@ -180,11 +183,15 @@ def generate(spec: InstanceSpec) -> Instance:
         mem = min(mem, max_mem)
         prompts = slo = est = None
         if workload is not None:
-            ref = book.get(workload, REFERENCE_MODEL)
-            if ref is None:
+            # prompts from the job's own throughput on the reference GPU (its operating point
+            # for its GPU count there); a workload that does not fit there becomes a generic job
+            probe = QueuedJob(id=i + 1, gpus=k, gpu_mem_gib=0.0, submitted_at=now, workload=workload, prompts=1)
+            if fits(probe, REFERENCE_MODEL, specs.get(REFERENCE_MODEL, catalog()[REFERENCE_MODEL]).memory_gib,
+                    book) is not None:
                 workload = None
             else:
-                prompts = max(1, round(runtime_s * k * ref.prompts_per_s))
+                pps = _job_prompts_per_s(probe, book)
+                prompts = max(1, round(runtime_s * pps))
                 if wants_slo:
                     slo = _slo_ms(book, workload, models, slo_pick)
         if workload is None:
@@ -273,20 +280,30 @@ def _fit_median(target_gpu_s: float, draws: list[tuple[int, float]]) -> float:
 
 
 def _slo_ms(book, workload: str, models: tuple[str, ...], pick: float) -> float | None:
-    """A latency SLO between the p95s of the models, so the slowest ones are excluded."""
-    p95 = sorted(p.latency_p95_ms for m in models if (p := book.get(workload, m)) is not None)
+    """A latency SLO between the p95s of the models' seed points: the models slower than it
+    run at a smaller batch than their most efficient one, or are excluded where no point
+    meets it (None for a workload without a latency model)."""
+    p95 = sorted(p.latency_p95_ms for m in models
+                 if (p := book.get(workload, m)) is not None and math.isfinite(p.latency_p95_ms))
     if len(p95) < 3:
         return None
-    # the p95 of the 2nd-fastest .. 2nd-slowest model: at least two models always qualify
-    # and at least the slowest one never does (when the p95s differ)
+    # the p95 of the 2nd-fastest .. 2nd-slowest model: at least two models always meet it
+    # at their seed point, and at least the slowest one not (when the p95s differ)
     return float(p95[1 + int(pick * (len(p95) - 2))])
+
+
+def _job_prompts_per_s(job: QueuedJob, book) -> float:
+    """The job's prompts per second on its k reference GPUs (`energy.job_shape`'s figure)."""
+    from policies.energy import job_shape
+
+    probe = replace(job, prompts=10**9)  # large: job_shape clamps runtimes below 1 s
+    return 10**9 / job_shape(probe, REFERENCE_MODEL, book, 3600.0).runtime_s
 
 
 def _ref_runtime(job: QueuedJob, book) -> float:
     if job.est_runtime_s is not None:
         return job.est_runtime_s
-    ref: Profile | None = book.get(job.workload, REFERENCE_MODEL)
-    return job.prompts / (job.gpus * ref.prompts_per_s)
+    return job.prompts / _job_prompts_per_s(job, book)
 
 
 __all__ = ["Instance", "InstanceSpec", "generate", "parse_size", "load_hourly", "carbon_file",

@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-V3 = {  # task -> model ids kept (the models behind profiles.toml's classes)
+V3 = {  # task -> model ids kept (the models behind the preset workload classes)
     "lm-arena-chat": ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct"),
     "sourcegraph-fim": ("Qwen/Qwen3-Coder-30B-A3B-Instruct",),
     "gpqa": ("Qwen/Qwen3-8B",),

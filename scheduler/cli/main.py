@@ -64,8 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "nominal capacity (the data sheet's: 80 fits an H100 80GB, whose driver "
                    "reports 79.6 GiB)")
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")
-    s.add_argument("--latency-slo", metavar="MS", type=float, help="per-request latency objective, ms")
-    s.add_argument("--workload", metavar="CLASS", help="workload class, e.g. llm-inference, finetune")
+    s.add_argument("--latency-slo", metavar="MS", type=float,
+                   help="p95 per-prompt latency limit, ms: time to first token plus the decode time of a "
+                        "p95-long output")
+    s.add_argument("--ttft-slo", metavar="DUR", help="p95 time-to-first-token limit, e.g. 2s (a bare number: ms)")
+    s.add_argument("--tpot-slo", metavar="DUR", help="p95 time-per-output-token limit, e.g. 40ms (a bare number: "
+                                                     "ms); a preset's default applies where none is given")
+    s.add_argument("--workload", metavar="CLASS",
+                   help="workload: a preset (llm-inference, llm-chat-8b, llm-chat-70b, llm-code, llm-reason, eval, "
+                        "mlperf-llama2-70b; finetune, train: no latency model) or a model by size, "
+                        "llm:70b, llm:70b,fp8, llm:params=47,active=13,in=2048,out=512,precision=fp8")
     s.add_argument("--prompts", type=int, help="number of prompts the job serves (for gCO2/prompt; "
                                                "the job may report the real count, see README)")
     s.add_argument("--tokens", type=int, help="output tokens the job generates (for gCO2 per 1k tokens)")
@@ -320,6 +328,9 @@ def cmd_submit(args, config) -> int:
             body["max_delay_s"] = parse_duration(args.max_delay)
         if args.deadline:
             body["deadline"] = iso(parse_time(args.deadline, datetime.now(timezone.utc)))
+        for key, value in (("ttft_slo_ms", args.ttft_slo), ("tpot_slo_ms", args.tpot_slo)):
+            if value is not None:
+                body[key] = _milliseconds(value)
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     for key, value in (("latency_slo_ms", args.latency_slo), ("workload", args.workload),
@@ -342,6 +353,16 @@ def cmd_submit(args, config) -> int:
     else:
         print(f"submitted job {result['id']}")
     return EXIT_OK
+
+
+def _milliseconds(text: str) -> float:
+    """A latency limit in ms: a duration (40ms, 2s) or a bare number of milliseconds."""
+    from scheduler.timeparse import parse_duration
+
+    try:
+        return float(text)
+    except ValueError:
+        return parse_duration(text) * 1000.0
 
 
 def cmd_queue(args, config) -> int:

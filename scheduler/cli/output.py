@@ -103,6 +103,21 @@ def _work(job: dict) -> str:
     return "; ".join(parts) or "-"
 
 
+def _slos(job: dict) -> str:
+    given = [f"{name} p95 <= {job[key]:g} ms" for name, key in (("TTFT", "ttft_slo_ms"), ("TPOT", "tpot_slo_ms"),
+                                                                ("latency", "latency_slo_ms"))
+             if job.get(key) is not None]
+    return ", ".join(given) or ("the workload's defaults" if job.get("workload") else "-")
+
+
+def _point(job: dict) -> str:
+    p = job.get("operating_point")
+    if not p:
+        return "-"
+    return (f"batch {p['max_batch']} {str(p['precision']).upper()} TP{p['tp']} "
+            "(CARBONSCHED_MAX_BATCH, CARBONSCHED_PRECISION, CARBONSCHED_TP)")
+
+
 def job_detail(job: dict) -> str:
     runtime = None
     if job["started_at"] and job["ended_at"]:
@@ -134,6 +149,8 @@ def job_detail(job: dict) -> str:
         ("gCO2", "-" if job["gco2"] is None else f"{job['gco2']:.1f} g"
          + (f" ({job['gco2_per_prompt']:.3g} g/prompt, {job['prompts_source']})"
             if job.get("gco2_per_prompt") is not None else "")),
+        ("latency SLOs", _slos(job)),
+        ("operating point", _point(job)),
         ("plan", job.get("explanation") or "-"),
         ("est. energy", _energy(job.get("est_energy_j"))),
         ("est. gCO2", _estimate_line(job.get("est_gco2"), job.get("est_gco2_per_prompt"))),

@@ -317,8 +317,11 @@ def receipt_text(r: dict) -> str:
                       + " (this energy at the recorded intensity of the submission time)"))
     if r.get("cost_usd") is not None:
         lines.append(("cost", f"${r['cost_usd']:.4f} (GPU amortization + energy)"))
+    point = r.get("operating_point")
     lines += [
         ("ran on", f"{r['gpus'] or '-'} x {r['gpu_model'] or '-'} on {r['node'] or '-'} ({r['zone'] or '-'})"),
+        *([("operating point", f"batch {point['max_batch']} {str(point['precision']).upper()} TP{point['tp']}"
+            + (f" ({point['why']})" if point.get("why") else ""))] if point else []),
         ("waited", format_duration(r["wait_s"]) + f", ran {format_duration(r['runtime_s'])}"),
         ("deadline", "none" if r["deadline"] is None else
          f"{local_time(r['deadline'], True)}: " + ("met" if r["deadline_met"] else "MISSED")),

@@ -76,7 +76,8 @@ def add_parser(subparsers) -> None:
     m.add_argument("--truth", default="perfect", metavar="T",
                    help="how jobs really run: perfect (as the planner estimates), noisy:SIGMA (per workload "
                         "and GPU model a lognormal error on runtime and power, e.g. noisy:0.3), "
-                        "profiles:FILE (profiles.toml format); the planner never sees it. Default perfect")
+                        "profiles:FILE (TOML [[profile]] rows: workload, model, prompts_per_s, power_w); the "
+                        "planner never sees it. Default perfect")
     m.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
                    help="fold finished jobs' measured runtime and energy into the planner's profiles, as "
                         "the daemon does (default on)")

@@ -521,7 +521,8 @@ class Planner:
                                 max_delay_s=r.max_delay_s, pinned=r.id in pinned,
                                 # an explicit --time-limit binds; a derived one follows the plan
                                 time_limit_s=r.time_limit_s if r.time_limit_factor is None else None,
-                                time_limit_factor=r.time_limit_factor, gco2_if_now=r.est_gco2_if_now)
+                                time_limit_factor=r.time_limit_factor, gco2_if_now=r.est_gco2_if_now,
+                                ttft_slo_ms=r.ttft_slo_ms, tpot_slo_ms=r.tpot_slo_ms)
                       for r in queued.values())
         snapshot = Snapshot(
             now=now,
@@ -573,7 +574,7 @@ class Planner:
         """What the policy would do now (a full re-plan), without writing anything."""
         with self.store.read() as conn:
             snapshot, _ = self.snapshot(conn)
-        return snapshot, self.policy.plan(snapshot)
+        return snapshot, _with_points(snapshot, self.policy.plan(snapshot))
 
     def full_replan_due(self) -> bool:
         """Whether the next tick re-plans every queued job (always without `full_replan_s`)."""
@@ -595,7 +596,7 @@ class Planner:
                 and (self._last_planned_full or not full)):
             return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
                              duration_s=time.perf_counter() - started, skipped=True, full=full)
-        plan = self.policy.plan(snapshot)
+        plan = _with_points(snapshot, self.policy.plan(snapshot))
         self._last_fingerprint, self._last_planned_at, self._last_planned_full = fingerprint, mono, full
         if full:
             self._last_full_at = mono
@@ -637,6 +638,13 @@ class Planner:
         return stats
 
 
+def _with_points(snapshot: Snapshot, plan: Plan) -> Plan:
+    """The plan with each job's operating point on its GPUs, in its estimate and explanation."""
+    from policies.operating_point import annotate
+
+    return annotate(snapshot, plan)
+
+
 def _fingerprint(snapshot: Snapshot) -> int:
     """What a plan depends on, except the clock: equal fingerprints, equal plans."""
     return hash((snapshot.jobs, snapshot.gpus, tuple(sorted(snapshot.carbon.items())),
@@ -676,14 +684,23 @@ def plan_rows(snapshot: Snapshot, plan: Plan, blind_zones: Iterable[str] = ()) -
                     "binding": e.binding, "deadline_miss": bool(e.deadline_miss),
                     "pinned": a.job_id in pinned, "priced_blind_g_per_kwh": e.blind_g_per_kwh,
                     "time_limit_s": e.time_limit_s if e.time_limit_s is not None
-                    else getattr(queued.get(a.job_id), "time_limit_s", None)})
+                    else getattr(queued.get(a.job_id), "time_limit_s", None),
+                    "operating_point": operating_point_json(e.max_batch, e.precision, e.tp)})
     out += [{"job": job_id, "node": None, "gpus": None, "start": None, "gco2": None,
              "gco2_if_now": None, "reason": why, "model": None, "zone": None, "carbon_blind": False,
              "finish": None, "runtime_s": None, "energy_j": None, "prompts": None,
              "gco2_per_prompt": None, "binding": None, "deadline_miss": False, "pinned": False,
-             "priced_blind_g_per_kwh": None, "time_limit_s": getattr(queued.get(job_id), "time_limit_s", None)}
+             "priced_blind_g_per_kwh": None, "time_limit_s": getattr(queued.get(job_id), "time_limit_s", None),
+             "operating_point": None}
             for job_id, why in plan.unplaced.items()]
     return sorted(out, key=lambda p: p["job"])
+
+
+def operating_point_json(max_batch: int | None, precision: str | None, tp: int | None) -> dict | None:
+    """A plan's operating point as `show --json` and `plan --json` print it (None: none)."""
+    if max_batch is None:
+        return None
+    return {"max_batch": max_batch, "precision": precision, "tp": tp}
 
 
 def preview_rows(planner: Planner) -> list[dict]:
@@ -695,7 +712,7 @@ def preview_rows(planner: Planner) -> list[dict]:
 _PLAN_COLUMNS = (jobs.c.id, jobs.c.planned_node, jobs.c.planned_gpu_ids, jobs.c.planned_start,
                  jobs.c.est_energy_j, jobs.c.est_gco2, jobs.c.est_gco2_if_now,
                  jobs.c.est_runtime_planned_s, jobs.c.prompts, jobs.c.binding, jobs.c.deadline_miss,
-                 jobs.c.explanation)
+                 jobs.c.explanation, jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp)
 # Ids per IN (...) query: a kept queue holds thousands of plans, and SQLite caps bound parameters.
 READ_BATCH = 900
 
@@ -715,7 +732,8 @@ def _current_plans(conn: Connection, job_ids: set[int]) -> dict[int, Assignment]
             job_id=r.id, node=r.planned_node, gpu_ids=tuple(r.planned_gpu_ids), start_at=r.planned_start,
             estimate=Estimate(finish_at=finish, energy_j=r.est_energy_j, gco2=r.est_gco2,
                               gco2_if_now=r.est_gco2_if_now, runtime_s=r.est_runtime_planned_s,
-                              prompts=r.prompts, binding=r.binding, deadline_miss=bool(r.deadline_miss)),
+                              prompts=r.prompts, binding=r.binding, deadline_miss=bool(r.deadline_miss),
+                              max_batch=r.planned_max_batch, precision=r.planned_precision, tp=r.planned_tp),
             explanation=r.explanation or "")
     return out
 
@@ -744,6 +762,11 @@ class QueuedRow(NamedTuple):
     time_limit_s: float | None
     time_limit_factor: float | None  # set: the limit is derived and follows the plan
     est_gco2_if_now: float | None  # the counterfactual fixed when the job was first planned
+    ttft_slo_ms: float | None
+    tpot_slo_ms: float | None
+    planned_max_batch: int | None
+    planned_precision: str | None
+    planned_tp: int | None
 
 
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
@@ -794,6 +817,9 @@ def _estimate_changed(row, a) -> bool:
     learned profile moved it), so `show` and `queue` do not show stale figures."""
     if bool(row.deadline_miss) != bool(a.estimate.deadline_miss):
         return True
+    if (row.planned_max_batch, row.planned_precision, row.planned_tp) != (a.estimate.max_batch, a.estimate.precision,
+                                                                          a.estimate.tp):
+        return True
     old, new = row.est_gco2, a.estimate.gco2
     if (old is None) != (new is None):
         return True
@@ -803,7 +829,8 @@ def _estimate_changed(row, a) -> bool:
 
 
 _ESTIMATE_FIELDS = ("explanation", "est_energy_j", "est_gco2", "est_gco2_if_now",
-                    "est_runtime_planned_s", "binding", "deadline_miss", "reason", "time_limit_s")
+                    "est_runtime_planned_s", "binding", "deadline_miss", "reason", "time_limit_s",
+                    "planned_max_batch", "planned_precision", "planned_tp")
 _PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "state") + _ESTIMATE_FIELDS
 _UPDATE_PLAN = (update(jobs).where(jobs.c.id == bindparam("b_id"))
                 .values({f: bindparam(f"b_{f}") for f in _PLAN_FIELDS}))
@@ -872,7 +899,10 @@ def _plan_row(row, a, state: State, why: str) -> dict:
             "b_est_gco2_if_now": if_now,
             "b_est_runtime_planned_s": a.estimate.runtime_s if a else None,
             "b_binding": a.estimate.binding if a else None,
-            "b_deadline_miss": bool(a.estimate.deadline_miss) if a else False}
+            "b_deadline_miss": bool(a.estimate.deadline_miss) if a else False,
+            "b_planned_max_batch": a.estimate.max_batch if a else None,
+            "b_planned_precision": a.estimate.precision if a else None,
+            "b_planned_tp": a.estimate.tp if a else None}
 
 
 def _event(job_id: int, src: State, dst: State, why: str, now) -> dict:

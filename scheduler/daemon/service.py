@@ -51,11 +51,13 @@ def _submit_statement(columns: tuple[str, ...]):
 
 
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}\Z")
+PARAMETRIC_WORKLOAD_RE = re.compile(r"^llm:[a-z0-9_.,=]{1,60}\Z")  # policies.operating_point.parse_spec
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
 # Set by carbonsched itself; a user may not override them.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                 "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "CARBONSCHED_METRICS_FILE",
+                "CARBONSCHED_MAX_BATCH", "CARBONSCHED_PRECISION", "CARBONSCHED_TP",
                 "HOME", "USER", "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH"}
 
 
@@ -138,7 +140,8 @@ class JobService:
     def _validate_submit(self, body: object, caller: Caller, now: datetime) -> dict:
         if not isinstance(body, dict):
             raise RequestError(400, "request body must be a JSON object")
-        known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "workload",
+        known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "ttft_slo_ms", "tpot_slo_ms",
+                 "workload",
                  "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s"}
         unknown = sorted(set(body) - known)
         if unknown:
@@ -191,13 +194,18 @@ class JobService:
             raise RequestError(400, f"--max-delay must be positive and at most 30d (got {max_delay:g}s): "
                                     "it is how long after submission the job may start at the latest")
 
-        slo = _optional_number(body.get("latency_slo_ms"), "latency_slo_ms")
-        if slo is not None and not 0 < slo <= 3_600_000:
-            raise RequestError(400, f"--latency-slo must be between 0 and 3600000 ms (got {slo:g})")
+        slos = {}
+        for key, flag in (("latency_slo_ms", "--latency-slo"), ("ttft_slo_ms", "--ttft-slo"),
+                          ("tpot_slo_ms", "--tpot-slo")):
+            slos[key] = _optional_number(body.get(key), key)
+            if slos[key] is not None and not 0 < slos[key] <= 3_600_000:
+                raise RequestError(400, f"{flag} must be between 0 and 3600000 ms (got {slos[key]:g})")
         workload = body.get("workload")
-        if workload is not None and (not isinstance(workload, str) or not WORKLOAD_RE.match(workload)):
+        if workload is not None and (not isinstance(workload, str) or not (
+                WORKLOAD_RE.match(workload) or PARAMETRIC_WORKLOAD_RE.match(workload))):
             raise RequestError(400, f"bad workload class {workload!r}: use lower-case letters, digits "
-                                    "and . _ - (e.g. llm-inference, finetune, eval)")
+                                    "and . _ - (e.g. llm-inference, finetune, eval), or llm:SIZE (e.g. llm:70b)")
+        _check_latency_model(workload, slos)
         prompts = body.get("prompts")
         if prompts is not None:
             prompts = _int(prompts, "prompts")
@@ -231,7 +239,8 @@ class JobService:
             owner_uid=caller.uid, owner_gid=caller.gid,
             owner_groups=groups, owner_name=owner,
             argv=argv, cwd=cwd, env=env, gpus=n_gpus, gpu_mem_gib=mem, deadline=deadline,
-            latency_slo_ms=slo, workload=workload, prompts=prompts, tokens=tokens, est_runtime_s=est,
+            latency_slo_ms=slos["latency_slo_ms"], ttft_slo_ms=slos["ttft_slo_ms"],
+            tpot_slo_ms=slos["tpot_slo_ms"], workload=workload, prompts=prompts, tokens=tokens, est_runtime_s=est,
             time_limit_s=limit, time_limit_factor=factor, max_retries=retries, attempts=0, submitted_at=now,
             plan_rev=0,
             max_delay_s=max_delay,
@@ -455,6 +464,24 @@ def _number(v: object, field: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
         raise RequestError(400, f"{field} must be a finite number (got {v!r})")
     return float(v)
+
+
+def _check_latency_model(workload: str | None, slos: dict[str, float | None]) -> None:
+    """A parametric workload must parse, and an SLO needs a workload with a latency model:
+    planned without one, the SLO would bind nothing (issue 18), so such a job is refused."""
+    from policies.operating_point import WorkloadSpecError, has_latency_model, latency_model_names, parse_spec
+
+    if workload is not None and workload.startswith("llm:"):
+        try:
+            parse_spec(workload)
+        except WorkloadSpecError as e:
+            raise RequestError(400, f"bad workload: {e}") from None
+    given = [k for k, v in slos.items() if v is not None]
+    if given and not has_latency_model(workload):
+        flags = ", ".join("--" + k.removesuffix("_ms").replace("_", "-") for k in given)
+        what = f"workload {workload!r} has" if workload else "a job without --workload has"
+        raise RequestError(400, f"{flags}: {what} no latency model, so the SLO could not be planned for; "
+                                f"workloads with one: {', '.join(latency_model_names())}")
 
 
 def _optional_number(v: object, field: str) -> float | None:

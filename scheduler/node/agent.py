@@ -499,6 +499,7 @@ class Agent:
         env["CARBONSCHED_NODE"] = self.config.node
         metrics = self.executor.metrics_path(job.id)
         env[job_metrics.ENV_VAR] = str(metrics)
+        env.update(operating_point_env(job.planned_max_batch, job.planned_precision, job.planned_tp))
         return LaunchSpec(job_id=job.id, argv=list(job.argv), cwd=job.cwd, env=env,
                           uid=job.owner_uid, gid=job.owner_gid, groups=list(job.owner_groups or []),
                           time_limit_s=job.time_limit_s, grace_s=self.config.grace_s,
@@ -662,3 +663,14 @@ def _parse_time(text: str | None) -> datetime | None:
 
 def default_node_name() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
+
+
+def operating_point_env(max_batch: int | None, precision: str | None, tp: int | None) -> dict[str, str]:
+    """The planned operating point for the job's serving engine (policies.operating_point):
+    CARBONSCHED_MAX_BATCH (vLLM max_num_seqs), CARBONSCHED_PRECISION (bf16, fp8, fp4) and
+    CARBONSCHED_TP (tensor-parallel degree; the job's GPUs / TP are data-parallel replicas).
+    Empty when the plan has none (no performance-model workload)."""
+    if max_batch is None:
+        return {}
+    return {"CARBONSCHED_MAX_BATCH": str(max_batch), "CARBONSCHED_PRECISION": str(precision or ""),
+            "CARBONSCHED_TP": str(tp or 1)}

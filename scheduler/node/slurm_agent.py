@@ -109,8 +109,9 @@ class SlurmAgent(Agent):
 
     # -- handing jobs to Slurm ----------------------------------------------------------
 
-    def _launch_spec(self, job, vendor: str, indices: list[int], energy_start: dict) -> LaunchSpec:
-        spec = super()._launch_spec(job, vendor, indices, energy_start)
+    def _launch_spec(self, job, vendor: str, indices: list[int], energy_start: dict,
+                     emulated_env: dict[str, str] | None = None) -> LaunchSpec:
+        spec = super()._launch_spec(job, vendor, indices, energy_start, emulated_env)
         ids = list(job.planned_gpu_ids or [])
         types = {self.node_info.gpus[self._slurm_gpu_of_id[g]].gres_type for g in ids
                  if g in self._slurm_gpu_of_id}

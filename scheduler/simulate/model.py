@@ -559,7 +559,7 @@ class Simulation:
     def _learn(self, r: JobRecord) -> None:
         """Fold a finished job's measured runtime and energy into the profiles the planner
         uses, as the daemon's agents do (only jobs with a workload class and prompts teach)."""
-        from policies.energy import ProfileBook
+        from policies.energy import ProfileBook, seed_equivalent_run
         from policies.learning import Run, learned_by_model
 
         job = r.job
@@ -567,7 +567,8 @@ class Simulation:
         if not job.workload or not job.prompts or run_s < 1.0 or r.model is None:
             return
         runs = self._runs.setdefault((job.workload, r.model), [])
-        runs.append(Run.of(gpus=max(1, job.gpus), runtime_s=run_s, energy_j=r.energy_j, prompts=job.prompts))
+        runs.append(seed_equivalent_run(job, r.model, Run.of(gpus=max(1, job.gpus), runtime_s=run_s,
+                                                             energy_j=r.energy_j, prompts=job.prompts)))
         learned = {(job.workload, m): p for m, p in learned_by_model(
             job.workload, {m: rs for (w, m), rs in self._runs.items() if w == job.workload}, self._seeds).items()}
         self.profiles = tuple(learned.values()) + tuple(p for p in self.profiles

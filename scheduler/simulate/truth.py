@@ -11,8 +11,9 @@ runtime and energy of finished jobs).
                     power, each lognormal(0, SIGMA), drawn once from the seed (an error a
                     cluster can learn), times a per-job lognormal(0, SIGMA / 4) (run-to-run
                     noise it cannot); power never above the GPUs' TDP
-    profiles:FILE   jobs run by the profiles in FILE (the format of policies/data/profiles.toml;
-                    pairs it lacks fall back to the seeds), e.g. a cluster's measured profiles
+    profiles:FILE   jobs run by the profiles in FILE: TOML `[[profile]]` rows with workload,
+                    model, prompts_per_s and power_w per GPU (latency_p50_ms/_p95_ms optional);
+                    pairs it lacks fall back to the seeds; e.g. a cluster's measured profiles
 """
 
 from __future__ import annotations

@@ -136,6 +136,9 @@ class Job(Base):
     gpu_mem_gib: Mapped[float] = mapped_column(Float, default=0.0)
     deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     latency_slo_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # p95 time to first token / per output token limits (ms); NULL: the preset's default.
+    ttft_slo_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tpot_slo_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     workload: Mapped[str | None] = mapped_column(String(64), nullable=True)
     prompts: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     est_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -167,6 +170,11 @@ class Job(Base):
     # No feasible placement meets the deadline: planned as soon as possible and flagged.
     deadline_miss: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     explanation: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The operating point chosen on the planned GPUs (policies.operating_point): the agent
+    # hands it to the job as CARBONSCHED_MAX_BATCH / _PRECISION / _TP. NULL: no workload model.
+    planned_max_batch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    planned_precision: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    planned_tp: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     # The run (RUNNING and after).
     node: Mapped[str | None] = mapped_column(String(255), nullable=True)
