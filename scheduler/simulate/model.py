@@ -112,6 +112,7 @@ class JobRecord:
     runtime_s: float = 0.0  # how long it really runs (the truth)
     power_w: float = 0.0  # what it really draws
     planned_runtime_s: float = 0.0  # what the planner expected when it was committed
+    committed_s: float | None = None  # when it was last committed (its estimate's moment)
     planned_power_w: float = 0.0
     pue: float = 1.0
     energy_j: float = 0.0
@@ -468,6 +469,7 @@ class Simulation:
         r.state = "committed"
         r.node, r.zone, r.model, r.gpu_ids = first.node, first.zone, first.model, tuple(ids)
         r.planned_runtime_s, r.planned_power_w = shape.runtime_s, shape.power_w
+        r.committed_s = self.env.now
         # the truth is anchored on the scenario's own profiles, never on what was learned since
         base = shape if not self.learned else job_shape(job, first.model, self._base_book,
                                                         self.settings.default_runtime_s)
