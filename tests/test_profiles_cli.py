@@ -31,15 +31,9 @@ from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.profile_view import FLEET_GPUS, frontier_curve
 from scheduler.profiles import learn_from_job, learned_profiles
 from test_profiles_store import T0, add_finished_job, add_gpus
+from test_report_cli import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 @pytest.fixture

@@ -152,6 +152,21 @@ def drive(store, planner, agents, job_ids, states=TERMINAL, timeout_s=40.0, unti
     raise TimeoutError({i: rows[i].state for i in job_ids})
 
 
+def carbonsched_job_of(store, agents, slurm_id: int, timeout_s: float = 30.0) -> int:
+    """The carbonsched job the agents made of Slurm job `slurm_id` (adopted or observed),
+    ticking them until it exists."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for a in agents.values():
+            a.tick()
+        with store.read() as conn:
+            job = conn.execute(select(jobs.c.id).where(jobs.c.slurm_job_id == slurm_id)).scalar_one_or_none()
+        if job is not None:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"no carbonsched job for Slurm job {slurm_id} after {timeout_s:g} s")
+
+
 def slurm_jobs(cluster, comment_prefix=None):
     return [j for j in list_jobs(SlurmCommands(cluster.conf))
             if comment_prefix is None or j.comment.startswith(comment_prefix)]
@@ -253,14 +268,7 @@ def test_a_held_sbatch_job_in_the_carbon_partition_is_adopted_planned_placed_and
          "--wrap", 'echo "gpus=$SLURM_JOB_GPUS"; sleep 1'],
         env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True, timeout=20, check=True)
     slurm_id = int(sbatch.stdout.strip())
-    deadline = time.monotonic() + 30
-    job = None
-    while job is None and time.monotonic() < deadline:
-        for a in agents.values():
-            a.tick()
-        with store.read() as conn:
-            job = conn.execute(select(jobs.c.id).where(jobs.c.slurm_job_id == slurm_id)).scalar_one_or_none()
-    assert job is not None
+    job = carbonsched_job_of(store, agents, slurm_id)
     rows = drive(store, planner, agents, [job])
     row = rows[job]
     assert row.state == "COMPLETED", row.reason
@@ -291,15 +299,7 @@ def test_a_slurm_gpu_job_from_outside_carbonsched_is_observed_and_gets_a_receipt
         ["sbatch", "--parsable", "-p", "debug", "--nodelist=sn-fr", "--gres=gpu:h100:1", "-o", "/dev/null",
          "--wrap", "sleep 4"], env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True,
         timeout=20, check=True).stdout.strip())
-    deadline = time.monotonic() + 30
-    job = None
-    while job is None and time.monotonic() < deadline:
-        for a in agents.values():
-            a.tick()
-        with store.read() as conn:
-            job = conn.execute(select(jobs.c.id).where(jobs.c.slurm_job_id == slurm_id)).scalar_one_or_none()
-        time.sleep(0.2)
-    assert job is not None
+    job = carbonsched_job_of(store, agents, slurm_id)
     with store.read() as conn:  # its GPU is busy for the planner while it runs
         held = conn.execute(select(gpus.c.node_name).where(gpus.c.job_id == job)).scalars().all()
     assert held == ["sn-fr"]
