@@ -24,7 +24,6 @@ import pytest
 
 from policies import perf_model
 from policies.energy import ProfileBook, seed_profiles
-from scheduler.cli import main as cli
 from scheduler.cli.common import EXIT_USAGE
 from scheduler.daemon.api import ApiServer, profile_routes
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
