@@ -327,7 +327,7 @@ def describe_measurement(method: str | None, note: str | None) -> dict:
 
 
 MODELLED_DESCRIPTION = ("MODELLED, not measured: emulated GPUs, energy from the emulator's power model "
-                        "of catalog TDP and idle power")
+                        "(catalog TDP and idle power, or the --truth the fleet runs by)")
 
 
 def is_modelled(method: str | None) -> bool:

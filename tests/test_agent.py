@@ -317,3 +317,47 @@ def test_energy_on_emulated_gpus_is_labelled_modelled_in_the_receipt_report_expo
     samples = [s for c in (StoreCollector(store), GpuCollector(agent)) for f in c.collect() for s in f.samples
                if s.name in ("carbonsched_job_energy_joules_total", "carbonsched_gpu_power_watts")]
     assert samples and all(s.labels["method"] == "modelled" for s in samples if s.value)
+
+
+def test_a_job_adopted_after_a_restart_draws_the_truths_power_again(store, tmp_path):
+    """--emulate with --truth: the emulator of a restarted agent starts blank, so an adopted
+    job's GPUs must be given the truth's power again, not the load model's 70-95 % of TDP."""
+    import statistics
+
+    from policies.energy import ProfileBook, seed_profiles
+    from scheduler.node.emulation import make_emulation
+
+    seed = ProfileBook(seed_profiles()).get("llm-chat-8b", "H100")
+    truth = tmp_path / "truth.toml"
+    truth.write_text(f'[[profile]]\nworkload = "llm-chat-8b"\nmodel = "H100"\n'
+                     f'prompts_per_s = {seed.prompts_per_s}\npower_w = {0.5 * seed.power_w}\n')
+
+    def agent_with_truth() -> Agent:
+        backend = emulated("1xH100")
+        agent = Agent(store, backend, AgentConfig(node="n1", zone="DE", state_dir=tmp_path / "state",
+                                                  grace_s=1.0, sample_hz=2.0, heartbeat_s=0.2),
+                      emulation=make_emulation(f"profiles:{truth}", backend))
+        agent.register()
+        agent.startup_reconcile()
+        return agent
+
+    def mean_power_w(agent: Agent) -> float:
+        uuid = agent.backend.devices()[0].uuid
+        return statistics.fmean(agent.backend.read(uuid).power_w for _ in range(20))
+
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
+    planner = Planner(store, get_policy("fifo"))
+    first = agent_with_truth()
+    job = service.submit(ROOT, {"argv": ["sleep", "60"], "gpus": 1, "workload": "llm-chat-8b",
+                                "prompts": 100})["id"]
+    run_until(first, planner, store, job, {"RUNNING"})
+    assert mean_power_w(first) == pytest.approx(0.5 * seed.power_w, rel=0.05)
+    first.stop()
+    second = agent_with_truth()  # a restart: the job runs on, adopted
+    try:
+        assert job_row(store, job).state == "RUNNING"
+        assert mean_power_w(second) == pytest.approx(0.5 * seed.power_w, rel=0.05)
+    finally:
+        service.cancel(ROOT, [job])
+        run_until(second, planner, store, job, {"CANCELLED"})
+        second.stop()

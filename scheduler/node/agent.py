@@ -617,12 +617,28 @@ class Agent:
 
         self.store.transact(tx)
         running = self._running_jobs()
-        for job in running:
-            if self.executor.status(job.id).state is RunState.RUNNING:  # adopted as it is
-                for gid in job.gpu_ids or []:
-                    self._set_busy(gid, True)
+        adopted = [j for j in running if self.executor.status(j.id).state is RunState.RUNNING]
+        if self._emulation is not None and adopted:
+            self._emulate_adopted([j.id for j in adopted])
+        for job in adopted:
+            for gid in job.gpu_ids or []:
+                self._set_busy(gid, True)
         self._stop_orphans({j.id for j in running})
         log.info("reconciled %d running job(s) on %s", len(running), self.config.node)
+
+
+    def _emulate_adopted(self, job_ids: list[int]) -> None:
+        """Give the GPUs of jobs adopted after a restart the truth's power again (a fresh
+        emulator starts blank); each job keeps the pace it was told at launch."""
+        with self.store.read() as conn:
+            models = dict(conn.execute(select(gpus.c.id, gpus.c.model).where(
+                gpus.c.node_name == self.config.node)).all())
+            rows = conn.execute(select(jobs).where(jobs.c.id.in_(job_ids))).all()
+        for job in rows:
+            gpu_ids = [int(g) for g in job.gpu_ids or []]
+            if gpu_ids and gpu_ids[0] in models:
+                self._emulation.begin(job, models[gpu_ids[0]],
+                                      [self._uuid_of[g] for g in gpu_ids if g in self._uuid_of])
 
 
 def disk_free_bytes(path: Path) -> int:
