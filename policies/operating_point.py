@@ -30,6 +30,9 @@ than predicted also meets its SLOs only at smaller batches.
 
 Pure and cached: one frontier per (workload, model, k), one choice per (workload, model, k,
 SLOs, throughput ratio), so a planner tick of thousands of jobs asks the model a few dozen times.
+The caches are bounded (least recently used out): their keys include what users submit
+(parametric specs, SLOs) and what the cluster learns (ratios that change with every run), so
+an unbounded memo would grow for as long as the daemon runs.
 """
 
 from __future__ import annotations
@@ -37,13 +40,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from functools import cache, cached_property
+from functools import cached_property, lru_cache
 
 from policies.model import Plan, Snapshot
 from policies.perf_model import (BYTES_PER_PARAM, OperatingPoint, Prediction, Workload, frontier, measurements,
                                  parts, predict, presets)
 
 LLM_PREFIX = "llm:"
+_SPECS_CACHED = 1024  # parametric specs parsed
+_FRONTIERS_CACHED = 4096  # (workload, model[, k]) frontiers: each a few hundred predictions
+_CHOICES_CACHED = 65536  # (workload, model, k, SLOs, learned ratios) choices
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ SPEC_HELP = ("llm:SIZEb[,PRECISION] or llm:params=B,active=B,in=TOKENS,out=TOKEN
              "conv trace's means, precision to bf16), e.g. llm:70b or llm:70b,fp8")
 
 
-@cache
+@lru_cache(maxsize=_SPECS_CACHED)
 def parse_spec(spec: str) -> Workload:
     """A parametric workload from its spec (see `SPEC_HELP`); WorkloadSpecError says what is wrong.
 
@@ -255,7 +261,7 @@ def tp_degrees(k: int) -> tuple[int, ...]:
     return tuple(t for t in (1, 2, 4, 8) if t <= k and k % t == 0)
 
 
-@cache
+@lru_cache(maxsize=_FRONTIERS_CACHED)
 def _all_points(workload: str, model: str) -> tuple[Prediction, ...]:
     """Every point of `workload` on `model` that fits in memory, TP 1-8, cheapest
     (J/prompt) first: predicted once per (workload, model), shared by every GPU count."""
@@ -263,7 +269,7 @@ def _all_points(workload: str, model: str) -> tuple[Prediction, ...]:
     return tuple(sorted(points, key=lambda p: (p.j_per_prompt, p.point.tp, p.point.max_batch)))
 
 
-@cache
+@lru_cache(maxsize=_FRONTIERS_CACHED)
 def _frontier(workload: str, model: str, k: int) -> tuple[Prediction, ...]:
     """Every point of `workload` on `model` that fits in memory with a TP degree dividing k,
     cheapest (J/prompt) first."""
@@ -283,7 +289,7 @@ def _meets(p: Prediction, slos: Slos, speed: float) -> tuple[str, ...]:
     return tuple(missed)
 
 
-@cache
+@lru_cache(maxsize=_CHOICES_CACHED)
 def choose(workload: str, model: str, k: int, slos: Slos, speed: float = 1.0,
            power_ratio: float = 1.0, defaulted: tuple[str, ...] = ()) -> Choice | Refusal | None:
     """The most energy-efficient point of `workload` on k GPUs of `model` under `slos`.
@@ -321,7 +327,7 @@ def _choice(w: Workload, model: str, k: int, p: Prediction, slos: Slos, speed: f
                   p.latency_p95_ms / speed, slos, binding, defaulted)
 
 
-@cache
+@lru_cache(maxsize=_FRONTIERS_CACHED)
 def nominal(workload: str, model: str, k: int) -> Choice | None:
     """A training preset (no latency model): its nominal throughput and power per GPU,
     data-parallel over the k GPUs. Not excluded by memory: the performance model's training
@@ -336,7 +342,7 @@ def nominal(workload: str, model: str, k: int) -> Choice | None:
                   p.tpot_p95_ms, p.latency_p95_ms, Slos(), (), (), inference=False)
 
 
-@cache
+@lru_cache(maxsize=_CHOICES_CACHED)
 def job_choice(workload: str | None, model: str, k: int, ttft_ms: float | None, tpot_ms: float | None,
                latency_ms: float | None, speed: float = 1.0,
                power_ratio: float = 1.0) -> Choice | Refusal | None:
