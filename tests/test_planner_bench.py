@@ -54,6 +54,16 @@ def test_same_seed_same_instance_other_seed_other_jobs(instance):
     assert other.jobs != instance.snapshot.jobs
 
 
+def test_default_fleet_is_the_seven_models_on_every_zone():
+    # the catalog grew to 14 parts; the instances keep the 7 models they were built on, and
+    # 7 nodes x 3 zones (coprime) put every model in every zone
+    from bench.planner.instance import MODELS
+
+    snap = generate(spec(jobs=10, gpus=8 * 21)).snapshot
+    assert {g.model for g in snap.gpus} == set(MODELS)
+    assert len({(g.model, g.zone) for g in snap.gpus}) == 21
+
+
 def test_fleet_spans_every_zone_and_six_models_on_nodes_of_eight(instance):
     snap = instance.snapshot
     assert len(snap.gpus) == 64
