@@ -317,16 +317,7 @@ def adopt(agents, store, slurm_cluster, *, wrap="sleep 1"):
         ["sbatch", "--parsable", "--hold", "-p", "carbon", "--gres=gpu:1", "-o", "/dev/null",
          "--comment=carbonsched deadline=1h", "--wrap", wrap], env={**os.environ, **slurm_cluster.env},
         capture_output=True, text=True, timeout=20, check=True).stdout.strip())
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        for a in agents.values():
-            a.tick()
-        with store.read() as conn:
-            job = conn.execute(select(jobs.c.id).where(jobs.c.slurm_job_id == slurm_id)).scalar_one_or_none()
-        if job is not None:
-            return slurm_id, job
-        time.sleep(0.2)
-    raise TimeoutError(f"Slurm job {slurm_id} not adopted")
+    return slurm_id, carbonsched_job_of(store, agents, slurm_id, timeout_s=20)
 
 
 def test_an_adopted_job_cancelled_on_either_side_before_it_is_placed_is_cancelled_on_both(world, slurm_cluster):
