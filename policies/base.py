@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from policies.model import Plan, Snapshot
 
@@ -25,6 +25,7 @@ _POLICIES = {
     "greedy": ("policies.greedy", "GreedyPolicy"),
     "cpsat": ("policies.cpsat", "CpsatPolicy"),
     "oracle": ("policies.oracle", "OraclePolicy"),
+    "edf": ("policies.edf", "EdfPolicy"),
 }
 
 
@@ -44,3 +45,35 @@ def get_policy(name: str, **params: object) -> Policy:
         return factory(**params)
     except TypeError as e:
         raise ValueError(f"bad parameters for policy {name!r}: {e}") from e
+
+
+class PolicySpec(NamedTuple):
+    """A policy by name with constructor parameters, as written `NAME:key=value:key=value`."""
+
+    name: str
+    params: dict[str, object]
+
+
+def _value(text: str) -> object:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_policy_spec(text: str, defaults: dict[str, object] | None = None) -> PolicySpec:
+    """`cpsat:max_time_s=0.5:lateness_g_per_gpu_h=200` -> PolicySpec("cpsat", {...}), the
+    parameters over `defaults`. ValueError names the known policies, or the bad option."""
+    name, *opts = text.strip().split(":")
+    if name not in _POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+    params: dict[str, object] = dict(defaults or {})
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"bad policy option {opt!r} in {text!r}; expected key=value, "
+                             "e.g. cpsat:max_time_s=0.5")
+        params[key.strip()] = _value(value.strip())
+    return PolicySpec(name, params)

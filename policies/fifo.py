@@ -12,9 +12,17 @@ Each assignment carries a full estimate from the energy model (runtime on the ch
 model, energy, gCO2 at that start, a zone without a forecast priced by `policies.blind`), so
 its gCO2 compares fairly with the carbon-aware policies; `gco2_if_now` is the counterfactual
 of `policies.counterfactual` (the job alone on the earliest free, fastest GPUs; ties
-averaged). Which of several equally early GPUs fifo itself takes is arbitrary (node order):
-it is the carbon-blind scheduler. An explicit time limit (`QueuedJob.time_limit_s`) rules
-out models the job would overrun.
+averaged). An explicit time limit (`QueuedJob.time_limit_s`) rules out models the job would
+overrun.
+
+Ties never depend on names: among equally early pools (within `START_TOL_S`) the one that
+finishes the job first wins, and among those a seeded random one (`seed`; the draw is per
+job, so a re-plan of an unchanged queue gives the same answer). Before, "first free GPUs"
+took the nodes whose names sort first, so renaming nodes changed the baseline's grams; the
+simulator reports fifo as the mean and spread over several seeds.
+
+`edf` (policies.edf) is the same list scheduler in deadline order, taking the pool that
+finishes each job soonest: the carbon-blind, deadline-aware baseline.
 """
 
 from __future__ import annotations
@@ -35,6 +43,16 @@ from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snaps
 @dataclass
 class FifoPolicy:
     name: str = "fifo"
+    seed: int = 0  # ties between equally early, equally fast pools: a seeded random choice
+
+    # submission order, the earliest start (then the earliest finish); edf overrides both
+    by_deadline = False
+    rule = "first free GPUs in submission order"
+
+    def _order(self, job: QueuedJob) -> tuple:
+        if self.by_deadline:
+            return (job.deadline is None, job.deadline or job.submitted_at, job.submitted_at, job.id)
+        return (job.submitted_at, job.id)
 
     def plan(self, snapshot: Snapshot, explain: bool = True, beat: tuple[int, int] | None = None) -> Plan | None:
         """fifo's plan. `explain=False` leaves out what only a reader needs (the "if run now"
@@ -99,7 +117,7 @@ class FifoPolicy:
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
         misses = 0
-        for job in sorted(snapshot.jobs, key=lambda j: (j.submitted_at, j.id)):
+        for job in sorted(snapshot.jobs, key=self._order):
             if job.id in pinned:
                 continue
             if beat is not None and _cannot_beat(len(unplaced), misses, beat):
@@ -121,7 +139,7 @@ class FifoPolicy:
                 unplaced[job.id] = _why_unplaceable(job, by_node, book)
                 continue
             starts = np.where(ok, np.maximum(free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
-            p = int(np.argmin(starts))
+            p = self._pick(job, starts, ok, models, cap_of, book, snapshot.default_runtime_s)
             start_s = float(starts[p])
             model = models[p]
             chosen = sorted(range(k), key=lambda i: index[p, i])
@@ -167,8 +185,8 @@ class FifoPolicy:
                                       time_limit_s=shape.runtime_s * job.time_limit_factor
                                       if job.time_limit_factor else None),
                     explanation=(
-                        f"fifo: {k}x{model} on {keys[p][0]} in {zone} {when}, {cost}; "
-                        "first free GPUs in submission order"
+                        f"{self.name}: {k}x{model} on {keys[p][0]} in {zone} {when}, {cost}; "
+                        f"{self.rule}"
                         + (" (finishes after its deadline)" if miss else "")
                     ),
                 )
@@ -176,6 +194,32 @@ class FifoPolicy:
         if beat is not None and _cannot_beat(len(unplaced), misses, beat):
             return None
         return Plan(assignments=tuple(assignments), unplaced=unplaced)
+
+
+    def _pick(self, job: QueuedJob, starts: np.ndarray, ok: np.ndarray, models: list[str],
+              cap_of: list[float | None], book: ProfileBook, default_runtime_s: float) -> int:
+        """The pool the job takes: fifo the earliest start, edf the earliest finish; then the
+        earliest finish (fifo) or start (edf); then a seeded random one of the tied pools."""
+        cand = np.flatnonzero(np.isfinite(starts))
+        if cand.size == 0:
+            return int(np.argmin(starts))
+        if not self.by_deadline:  # only the equally early pools can win
+            cand = cand[starts[cand] <= starts[cand].min() + START_TOL_S]
+            if cand.size == 1:
+                return int(cand[0])
+        runtime = {}
+        for p in cand.tolist():
+            key = (models[p], cap_of[p])
+            if key not in runtime:
+                runtime[key] = job_shape(job, models[p], book, default_runtime_s, cap_of[p]).runtime_s
+        finish = np.array([starts[p] + runtime[(models[p], cap_of[p])] for p in cand.tolist()])
+        first, then = (finish, starts[cand]) if self.by_deadline else (starts[cand], finish)
+        tied = cand[first <= first.min() + START_TOL_S]
+        then = then[first <= first.min() + START_TOL_S]
+        tied = tied[then <= then.min() + START_TOL_S]
+        if tied.size == 1:
+            return int(tied[0])
+        return int(np.random.default_rng((self.seed, job.id)).choice(tied))
 
 
 def _cannot_beat(unplaced: int, misses: int, beat: tuple[int, int]) -> bool:

@@ -238,7 +238,8 @@ class _Pricer:
         head = order[np.minimum(first, len(order) - 1)] if len(order) else np.zeros(n_jobs, dtype=np.int64)
         has = (first < len(order)) & (self.e_job[head] == np.arange(n_jobs)) if len(order) else first < 0
         self.last_best_edge = np.where(has, head, -1)
-        self.last_best_start = np.where(self.last_best_edge >= 0, edge_arg[np.maximum(self.last_best_edge, 0)], -1)
+        self.last_best_start = np.where(self.last_best_edge >= 0, edge_arg[np.maximum(self.last_best_edge, 0)], -1) \
+            if self.edges else np.full(n_jobs, -1, dtype=np.int64)  # no job has an option
         return best, cands
 
     def usage(self, jobs: np.ndarray, n_res: int, n_zones: int) -> tuple[np.ndarray, np.ndarray, float]:

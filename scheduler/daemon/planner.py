@@ -45,7 +45,8 @@ from sqlalchemy import Connection, String, bindparam, select, type_coerce, updat
 from sqlalchemy.exc import SQLAlchemyError
 
 from policies import Plan, Policy, QueuedJob, Snapshot
-from policies.base import get_policy
+from policies.base import get_policy, parse_policy_spec
+from policies.guard import fallback_chain, guarded
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, PowerCap, Profile
 from scheduler.lifecycle import State, check_allowed, record_events, utcnow
 from scheduler.profiles import learned_profiles
@@ -110,10 +111,14 @@ def make_policy(name: str, *, plan_interval_s: float = 15.0) -> Policy:
     """
     if name in SIMULATION_ONLY:
         raise ValueError(f"policy {name!r} cannot run in the daemon: {SIMULATION_ONLY[name]}")
-    policy = get_policy(name)
-    if hasattr(policy, "max_time_s"):
-        policy = get_policy(name, max_time_s=max(0.1, min(MAX_CPSAT_TIME_LIMIT_S, plan_interval_s / 2)))
-    return policy
+    spec = parse_policy_spec(name)
+    policy = get_policy(spec.name, **spec.params)
+    if hasattr(policy, "max_time_s") and "max_time_s" not in spec.params:
+        policy = get_policy(spec.name, **{**spec.params,
+                                          "max_time_s": max(0.1, min(MAX_CPSAT_TIME_LIMIT_S, plan_interval_s / 2))})
+    # a policy that raises never fails a tick: jobs without any option are set aside first,
+    # then cpsat -> greedy -> fifo (policies.guard)
+    return guarded(policy, [get_policy(f) for f in fallback_chain(spec.name)])
 
 
 # -- site configuration: PUE and power caps ------------------------------------------------

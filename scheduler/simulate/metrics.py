@@ -96,6 +96,7 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
         "planner_full_s": sum(t.plan_s for t in run.ticks if t.full),
         "rejected_assignments": run.rejected_assignments,
         "gpu_failures": run.gpu_failures,
+        "planner_failures": run.planner_failures,
         "restarts": sum(max(0, r.attempts - 1) for r in run.records),
         "lost_energy_kwh": sum(r.lost_energy_j for r in run.records) / J_PER_KWH,
         "zones": {z: {"kgco2": m.gco2 / 1000.0, "energy_kwh": m.energy_j / J_PER_KWH, "peak_power_w": m.peak_w,

@@ -196,6 +196,7 @@ class PolicyRun:
     rejected_assignments: int = 0
     gpu_failures: int = 0
     unplaced_reasons: dict[str, int] = field(default_factory=dict)
+    planner_failures: int = 0  # planner calls in which the policy raised (policies.guard)
 
 
 class Simulation:
@@ -211,7 +212,11 @@ class Simulation:
         self.cluster = cluster
         self.settings = settings
         if isinstance(policy, str):
-            self.policy = get_policy(policy, **(policy_params or {}))
+            # as in the daemon: a policy that raises never fails a tick (policies.guard)
+            from policies.guard import fallback_chain, guarded
+
+            self.policy = guarded(get_policy(policy, **(policy_params or {})),
+                                  [get_policy(f) for f in fallback_chain(policy)])
         else:
             self.policy = policy  # any object with .name and .plan(snapshot) (tests, experiments)
         self.policy_name = self.policy.name
@@ -612,7 +617,8 @@ class Simulation:
                          records=self.records, meters=self.meters, ticks=self.ticks, start_s=self._t0,
                          end_s=end, events=self.events, wall_s=time.perf_counter() - wall0,
                          rejected_assignments=self.rejected, gpu_failures=self.failures,
-                         unplaced_reasons=self.unplaced_reasons)
+                         unplaced_reasons=self.unplaced_reasons,
+                         planner_failures=int(getattr(self.policy, "failures", 0)))
 
 
 def _dt(t_s: float) -> datetime:

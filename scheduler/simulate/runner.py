@@ -43,38 +43,20 @@ class PolicySpec:
     params: tuple[tuple[str, object], ...] = ()
 
 
-def _value(text: str) -> object:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def parse_policies(text: str) -> list[PolicySpec]:
     """`fifo,greedy,cpsat:max_time_s=0.5` -> specs, checked against the policy registry.
 
     `NAME:key=value:key=value` passes constructor parameters to the policy (see each
     policy's dataclass fields); the label in the report is the spec as written.
     """
-    from policies.base import get_policy, policy_names
+    from policies.base import get_policy, parse_policy_spec
 
     specs: list[PolicySpec] = []
-    known = policy_names()
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        name, *opts = part.split(":")
-        if name not in known:
-            raise ValueError(f"unknown policy {name!r}; known: {', '.join(known)}")
-        params: dict[str, object] = dict(SIM_POLICY_DEFAULTS.get(name, {}))
-        for opt in opts:
-            key, sep, value = opt.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"bad policy option {opt!r} in {part!r}; expected key=value, "
-                                 "e.g. cpsat:max_time_s=0.5")
-            params[key.strip()] = _value(value.strip())
+        name = part.split(":")[0]
+        name, params = parse_policy_spec(part, SIM_POLICY_DEFAULTS.get(name, {}))
         get_policy(name, **params)  # ValueError now for bad parameters, not mid-run
         specs.append(PolicySpec(label=part, name=name, params=tuple(sorted(params.items()))))
     if not specs:
