@@ -100,6 +100,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
                              notes_for_picks, run_ends, whole_plan_vs_fifo)
 from policies.model import Plan, Snapshot
@@ -142,15 +143,22 @@ class CpsatPolicy:
     price_min_time_s: float = 5.0
     price_share: float = 0.3
     price_scales: tuple[float, ...] = (1.0, 0.7)
+    # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
+    lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
+
+    def __post_init__(self) -> None:
+        self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
 
     def plan(self, snapshot: Snapshot) -> Plan:
         started = time.monotonic()
         others: list[Plan] = []  # greedy's plan of the long jobs, when cpsat chose another
+        price = float(self.lateness_g_per_gpu_h)
         # jobs shorter than a slot are packed in continuous time around the slot plan (and
         # around greedy's: the better whole plan wins, so cpsat is never worse than greedy)
         return plan_with_short_jobs(
-            snapshot, lambda snap: self.plan_problem(compile_problem(snap), started, others, snap is snapshot),
-            self.name, also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name))
+            snapshot, lambda snap: self.plan_problem(compile_problem(snap, price), started, others, snap is snapshot),
+            self.name, also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
+            lateness_g_per_gpu_h=price)
 
     def plan_problem(self, problem: Problem, started: float | None = None,
                      others: list[Plan] | None = None, compare_fifo: bool = True) -> Plan:
@@ -167,7 +175,7 @@ class CpsatPolicy:
         # about one greedy pass when a restart replaced every pick (fresh explanations, two
         # plans, fifo's), measured on a busy host too
         deadline = started + self.max_time_s - (0.1 + pass_s)
-        best = _Solution.of(picks, unplaced, costs, "edf")
+        best = _Solution.of(picks, unplaced, costs, "edf", problem)
         rounds = improved = 0
         try:
             if time.monotonic() + pass_s < deadline:
@@ -182,7 +190,7 @@ class CpsatPolicy:
                 rounds, improved = _lns(problem, state, current, deadline, self, support)
         except (RuntimeError, ValueError) as e:  # a solver failure: keep greedy's answer
             log.warning("cpsat: search failed (%s); falling back to greedy", e)
-            best, current = _Solution.of(picks, unplaced, costs, "edf"), {p.j: p for p in picks}
+            best, current = _Solution.of(picks, unplaced, costs, "edf", problem), {p.j: p for p in picks}
         log.info("cpsat: best start %s, %d LNS rounds (%d improved), %.2f s", best.label, rounds, improved,
                  time.monotonic() - started)
         first = {p.j: p for p in picks}
@@ -261,16 +269,25 @@ class _Solution:
     gco2: float
     misses: int
     label: str
+    priced: bool = False  # a price of lateness: `gco2` is grams + priced lateness, misses do not rank first
 
     @classmethod
-    def of(cls, picks: list[Pick], unplaced: dict[int, str], costs: dict[int, float], label: str) -> "_Solution":
-        return cls(picks, unplaced, sum(costs.values()), sum(p.deadline_miss for p in picks), label)
+    def of(cls, picks: list[Pick], unplaced: dict[int, str], costs: dict[int, float], label: str,
+           problem: Problem | None = None) -> "_Solution":
+        return cls(picks, unplaced, sum(costs.values()), sum(p.deadline_miss for p in picks), label,
+                   problem is not None and not problem.strict)
 
     def better_than(self, other: "_Solution") -> bool:
+        """Strict: fewer unplaced, then fewer misses, then fewer grams. With a price of
+        lateness the misses are in `gco2` already (grams + priced lateness): fewer unplaced,
+        then a lower objective."""
         a, b = (len(self.unplaced), self.misses), (len(other.unplaced), other.misses)
+        if self.priced:
+            a, b = a[:1], b[:1]
         if a != b:
             return a < b
         return self.gco2 < other.gco2 - 1e-6 * max(1.0, abs(other.gco2))
+
 
 
 def _previous_plan(problem: Problem, best: _Solution, state: GreedyState) -> tuple[_Solution, GreedyState]:
@@ -295,7 +312,8 @@ def _previous_plan(problem: Problem, best: _Solution, state: GreedyState) -> tup
                 costs[j] = float(tables[i, problem.pool_group[pool], slot])
     rest = [j for j in edf_order(problem) if j not in costs]
     more, unplaced = greedy_picks(problem, s, rest, costs=costs)
-    sol = _Solution.of(picks + more, unplaced, costs, f"previous plan ({len(picks)} of {len(previous)} kept)")
+    sol = _Solution.of(picks + more, unplaced, costs, f"previous plan ({len(picks)} of {len(previous)} kept)",
+                       problem)
     return (sol, s) if sol.better_than(best) else (best, state)
 
 
@@ -352,7 +370,7 @@ def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: f
         s = GreedyState(problem)
         picks, unplaced = greedy_picks(problem, s, np.argsort(key, kind="stable").tolist(), costs=costs,
                                        price=charged)
-        sol = _Solution.of(picks, unplaced, costs, label)
+        sol = _Solution.of(picks, unplaced, costs, label, problem)
         if sol.better_than(best):
             best, best_state, best_key, best_price = sol, s, key, charged
             return True
@@ -389,12 +407,21 @@ def _footprint(problem: Problem, p: Pick) -> tuple[int, int, float]:
 
 
 def _pick_cost(problem: Problem, p: Pick, table: np.ndarray | None = None) -> int:
-    """A pick's objective: centigrams, plus MISS_PENALTY for a deadline miss. `table` is the
-    job's row of `problem.cost_tables` (computed when None)."""
+    """A pick's objective in centigrams: its grams plus, strict, MISS_PENALTY for a deadline
+    miss, or, with a price of lateness, the priced lateness. `table` is the job's row of
+    `problem.cost_tables` (computed when None)."""
     if table is None:
         table = problem.cost_tables([p.j])[0]
-    c = int(round(float(table[problem.pool_group[p.pool], p.slot]) * 100))
+    g = int(problem.pool_group[p.pool])
+    c = int(round(float(table[g, p.slot]) * 100))
+    if not problem.strict:
+        return c + int(round(problem.late_penalty_at(p.j, g, p.slot) * 100))
     return c + (MISS_PENALTY if p.deadline_miss else 0)
+
+
+def _objective_table(problem: Problem, j: int, table: np.ndarray) -> np.ndarray:
+    """Job j's cost table (groups x slots) in the objective's grams: plus the priced lateness."""
+    return table if problem.strict else table + problem.late_penalty(j)
 
 
 def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadline: float,
@@ -414,14 +441,13 @@ def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadlin
         js = np.array(jobs[c0:c0 + CHUNK], dtype=np.int64)
         tables = problem.cost_tables(js)
         for i, j in enumerate(js.tolist()):
-            masked = np.where(in_window(problem, j), tables[i], np.inf).ravel()
+            masked = np.where(in_window(problem, j), _objective_table(problem, j, tables[i]), np.inf).ravel()
             finite = np.flatnonzero(np.isfinite(masked))
             take = finite if finite.size <= cfg.candidates else \
                 finite[np.argpartition(masked[finite], cfg.candidates)[:cfg.candidates]]
             cand[j] = sorted((int(round(float(masked[x]) * 100)), int(x // S), int(x % S)) for x in take.tolist())
             p = current[j]
-            cost_now[j] = int(round(float(tables[i, problem.pool_group[p.pool], p.slot]) * 100)) + \
-                (MISS_PENALTY if p.deadline_miss else 0)
+            cost_now[j] = _pick_cost(problem, p, tables[i])
             regret[j] = cost_now[j] - (cand[j][0][0] if cand[j] else cost_now[j])
     if all(r <= 0 for r in regret.values()):
         return 0, 0  # every job holds its own cheapest in-window start: the costs add up, so optimal
@@ -570,7 +596,7 @@ def _open_candidates(problem: Problem, state: GreedyState, j: int, table: np.nda
     the sub-model can trade a clean slot in one zone for one in another, plus those of
     `lp_pairs` (where the LP relaxation puts the job) that are open."""
     ok = state.upper_feasible(j, run_ends(problem, j)) & in_window(problem, j)
-    masked = np.where(ok, table, np.inf)
+    masked = np.where(ok, _objective_table(problem, j, table), np.inf)
     flat = masked.ravel()
     finite = np.flatnonzero(np.isfinite(flat))
     if finite.size > n:
@@ -614,8 +640,9 @@ def _solve_sub(problem: Problem, state: GreedyState, current: dict[int, Pick], f
             end = min(s + int(problem.job_duration[j, g]), S)
             mins = state.rem[members, s:end].min(axis=1)
             ok = np.flatnonzero(mins >= k)
+            late = not problem.strict and s > problem.job_on_time_latest[j, g]
             for m in ok[np.argsort(mins[ok], kind="stable")][:2].tolist():
-                entries.append((int(members[m]), s, False))
+                entries.append((int(members[m]), s, bool(late)))
         for pool, s, miss in entries:
             if (pool, s) in seen:
                 continue

@@ -48,11 +48,13 @@ the carbon-agnostic baseline.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
+from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
 from policies.problem import Problem, compile_problem
@@ -185,13 +187,14 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
         table = problem.cost_tables([j])[0]
     # only the starts from its release to its last in-window start on any group it fits are
     # looked at: the per-job array work shrinks with the window (greedy at 5,000 jobs: ~4 %)
-    latest = problem.job_latest[j]
+    latest = problem.window_latest(j)
     hi = min(S, int(latest[problem.job_fit[j]].max()) + 1)
     if hi > lo:
         W = hi - lo
         ok = state.upper_feasible(j, run_ends(problem, j, lo, hi), lo, hi)
         ok &= problem.slot_index[lo:hi] <= latest[:, None]
-        masked = np.where(ok, table[:, lo:hi], np.inf).ravel()
+        cost = table[:, lo:hi] if problem.strict else table[:, lo:hi] + problem.late_penalty(j)[:, lo:hi]
+        masked = np.where(ok, cost, np.inf).ravel()
         # successive minima: all (group, start) pairs at the cheapest cost, earliest start first
         # (then group order); at half load the first one is usually free on some pool
         while True:
@@ -206,8 +209,9 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
             for idx in ties.tolist():
                 g, s = divmod(idx, W)
                 pool = state.free_pool(j, g, lo + s)
-                if pool is not None:
-                    return Pick(j, pool, lo + s)
+                if pool is not None:  # priced: a start past the on-time window is a late pick
+                    return Pick(j, pool, lo + s, deadline_miss=not problem.strict
+                                and lo + s > problem.job_on_time_latest[j, g])
             masked[ties] = np.inf
     return _as_soon_as_possible(problem, state, j, table, lo, run_ends(problem, j))
 
@@ -215,7 +219,7 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
 def in_window(problem: Problem, j: int) -> np.ndarray:
     """(groups x slots): True at the starts inside job j's window on each group."""
     slots = problem.slot_index
-    return (slots[None, :] >= problem.job_earliest[j]) & (slots[None, :] <= problem.job_latest[j][:, None])
+    return (slots[None, :] >= problem.job_earliest[j]) & (slots[None, :] <= problem.window_latest(j)[:, None])
 
 
 def run_ends(problem: Problem, j: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
@@ -354,8 +358,8 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
             state.take(res.pool, res.slot, int(problem.job_k[j]), int(problem.job_duration[j, g]),
                        float(problem.job_power_w[j, g]))
             picks.append(res)
-            if costs is not None:
-                costs[j] = float(tables[i, g, res.slot])
+            if costs is not None:  # the objective: grams, plus the priced lateness
+                costs[j] = float(tables[i, g, res.slot]) + problem.late_penalty_at(j, g, res.slot)
             if chunk_notes is not None:
                 notes[j] = chunk_notes.notes(i, j, res, tables[i])
     return picks, unplaced
@@ -393,20 +397,23 @@ def keep_better_than_fifo(problem: Problem, plan: Plan, policy: str) -> Plan:
     cost more than placing the new jobs; the full re-plans compare."""
     if problem.kept:
         return plan
-    return _fifo_if_better(problem.snapshot, plan, policy, lambda p: estimate_score(problem, p), lambda: problem)
+    return _fifo_if_better(problem.snapshot, plan, policy, lambda p: estimate_score(problem, p), lambda: problem,
+                           problem.lateness_g_per_gpu_h)
 
 
-def whole_plan_vs_fifo(snapshot: Snapshot, plan: Plan, policy: str) -> Plan:
+def whole_plan_vs_fifo(snapshot: Snapshot, plan: Plan, policy: str, lateness_g_per_gpu_h: float = math.inf) -> Plan:
     """`keep_better_than_fifo` for a whole plan (short jobs packed too): fifo's own plan of the
     whole queue, if it is feasible and better. Skipped between full re-plans, as there."""
     from policies.short_jobs import whole_score
 
     if snapshot.keep:
         return plan
-    return _fifo_if_better(snapshot, plan, policy, whole_score, lambda: compile_problem(snapshot))
+    return _fifo_if_better(snapshot, plan, policy, lambda p: whole_score(p, snapshot, lateness_g_per_gpu_h),
+                           lambda: compile_problem(snapshot), lateness_g_per_gpu_h)
 
 
-def _fifo_if_better(snapshot: Snapshot, plan: Plan, policy: str, score, problem) -> Plan:
+def _fifo_if_better(snapshot: Snapshot, plan: Plan, policy: str, score, problem,
+                    lateness_g_per_gpu_h: float = math.inf) -> Plan:
     """fifo's plan of `snapshot`, relabelled, if `score` ranks it better than `plan` and it
     breaks no hard constraint of `problem()` (compiled only then); else `plan`."""
     from policies.fifo import FifoPolicy
@@ -414,7 +421,9 @@ def _fifo_if_better(snapshot: Snapshot, plan: Plan, policy: str, score, problem)
     own = score(plan)
     # explained only if it wins; given up as soon as its unplaced jobs and misses so far (a
     # lower bound of what `score` counts) show it cannot win
-    fifo = FifoPolicy().plan(snapshot, explain=False, beat=(own.unplaced, own.deadline_misses))
+    # (priced lateness: misses do not rank first, so only unplaced jobs can rule fifo out early)
+    beat = (own.unplaced, own.deadline_misses if not math.isfinite(lateness_g_per_gpu_h) else math.inf)
+    fifo = FifoPolicy().plan(snapshot, explain=False, beat=beat)
     if fifo is None:
         return plan
     fifo_score = score(fifo)
@@ -441,14 +450,21 @@ def _relabel(plan: Plan, label: str) -> Plan:
 class GreedyPolicy:
     name: str = "greedy"
     compare_fifo: bool = True  # keep fifo's plan when it is feasible and cheaper
+    # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
+    lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
+
+    def __post_init__(self) -> None:
+        self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
 
     def plan(self, snapshot: Snapshot) -> Plan:
         # Jobs shorter than a slot are packed in continuous time around the slot plan. With
         # short jobs (`plan_long` then gets another snapshot) fifo is compared with the
         # whole plan at the end, not with the long jobs' plan first: one fifo pass, not two.
+        price = float(self.lateness_g_per_gpu_h)
         return plan_with_short_jobs(
-            snapshot, lambda snap: self.plan_problem(compile_problem(snap), compare_fifo=snap is snapshot),
-            self.name, final=(lambda p: whole_plan_vs_fifo(snapshot, p, self.name)) if self.compare_fifo else None)
+            snapshot, lambda snap: self.plan_problem(compile_problem(snap, price), compare_fifo=snap is snapshot),
+            self.name, final=(lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price))
+            if self.compare_fifo else None, lateness_g_per_gpu_h=price)
 
     def plan_problem(self, problem: Problem, compare_fifo: bool = True) -> Plan:
         notes: dict[int, Notes] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from policies.cpsat import CpsatPolicy
+from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H
 from policies.model import Plan, Snapshot
 
 
@@ -21,11 +22,14 @@ class OraclePolicy:
     workers: int = 1
     neighbourhood: int = 60
     candidates: int = 48
+    # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
+    lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
 
     def plan(self, snapshot: Snapshot) -> Plan:
         last = max((j.submitted_at for j in snapshot.jobs), default=snapshot.now)
         span_s = max(0.0, (last - snapshot.now).total_seconds()) + snapshot.horizon_s
         wide = replace(snapshot, horizon_s=max(snapshot.horizon_s, span_s))
         inner = CpsatPolicy(name=self.name, max_time_s=self.max_time_s, workers=self.workers,
-                            neighbourhood=self.neighbourhood, candidates=self.candidates)
+                            neighbourhood=self.neighbourhood, candidates=self.candidates,
+                            lateness_g_per_gpu_h=self.lateness_g_per_gpu_h)
         return inner.plan(wide)

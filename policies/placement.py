@@ -7,6 +7,7 @@ Shared by greedy, cpsat and oracle so their plans read and compare alike.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
@@ -17,7 +18,8 @@ import numpy as np
 
 from policies.counterfactual import Counterfactual, choose
 from policies.energy import fits, gang_power_limit_w, job_shape, within_time_limit
-from policies.model import Assignment, Estimate, Plan
+from policies.lateness import price_text
+from policies.model import Assignment, Estimate, Plan, QueuedJob
 from policies.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -168,8 +170,22 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
         alt = f"{alt_cost} {at} on {now.where()}"
     else:
         alt = "no free GPU within the horizon"
-    why = f"{binding} cannot be met: as soon as possible" if pick.deadline_miss else \
-        (f"{binding} binds" if binding else "cheapest forecast slot")
+    if pick.deadline_miss and not problem.strict:
+        late = late_gpu_h(job, finish)
+        why = (f"{late:.3g} GPU-h late: at {price_text(problem.lateness_g_per_gpu_h)} cheaper than on time"
+               if late > 0 else "past its deadline margin: cheaper than on time")
+    elif pick.deadline_miss:
+        why = f"{binding} cannot be met: as soon as possible"
+    elif binding in ("deadline", "capacity", "power cap") and job.deadline is not None:
+        # what being on time cost: the chosen grams over the cheapest start from release on
+        # (any GPU that fits, the queue and the deadline ignored)
+        lo = int(problem.job_earliest[j])
+        cheapest = float(problem.cost_tables([j])[0][:, lo:].min()) if lo < problem.n_slots else gco2_model
+        extra = gco2_model - cheapest
+        why = f"{binding} binds; on time for +{extra:.0f} g over its cheapest start" if extra >= 0.5 \
+            else f"{binding} binds"
+    else:
+        why = f"{binding} binds" if binding else "cheapest forecast slot"
     explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why})"
     return Assignment(job_id=job.id, node=pool.node, gpu_ids=gpu_ids, start_at=start,
                       estimate=estimate, explanation=explanation)
@@ -235,24 +251,45 @@ def picks_to_plan(problem: Problem, picks: list[Pick], unplaced: dict[int, str],
 
 
 class Score(NamedTuple):
-    """A plan's quality, compared lexicographically: fewer unplaced jobs, then fewer
-    deadline misses, then fewer grams (the model's own estimate, blind zones included)."""
+    """A plan's quality: fewer unplaced jobs first; then, strict (`price` inf), fewer deadline
+    misses, then fewer grams (the model's own estimate, blind zones included); with a price of
+    lateness (grams per GPU-hour late, `policies.lateness`), fewer grams + price x GPU-hours
+    late."""
 
     unplaced: int
     deadline_misses: int
     gco2: float
+    late_gpu_h: float = 0.0
+    price: float = math.inf
+
+    @property
+    def objective_g(self) -> float:
+        """Grams plus the priced lateness (the grams alone when strict)."""
+        return self.gco2 + (self.price * self.late_gpu_h if math.isfinite(self.price) else 0.0)
 
     def better_than(self, other: "Score") -> bool:
+        if math.isfinite(self.price):
+            if self.unplaced != other.unplaced:
+                return self.unplaced < other.unplaced
+            a, b = self.objective_g, other.objective_g
+            return a < b - 1e-6 * max(1.0, abs(b))
         if (self.unplaced, self.deadline_misses) != (other.unplaced, other.deadline_misses):
             return (self.unplaced, self.deadline_misses) < (other.unplaced, other.deadline_misses)
         return self.gco2 < other.gco2 - 1e-6 * max(1.0, abs(other.gco2))
+
+
+def late_gpu_h(job: QueuedJob, finish: datetime | None) -> float:
+    """GPU-hours a job finishing at `finish` is late by (k GPUs x hours past its deadline)."""
+    if job.deadline is None or finish is None or finish <= job.deadline:
+        return 0.0
+    return max(1, job.gpus) * (finish - job.deadline).total_seconds() / 3600.0
 
 
 def plan_score(problem: Problem, plan: Plan) -> Score:
     """Score any plan (slot-aligned or not) with the problem's own carbon model."""
     gpu = {g.id: g for g in problem.snapshot.gpus}
     jobs = {j.id: j for j in problem.jobs}
-    total, misses = 0.0, 0
+    total, misses, late = 0.0, 0, 0.0
     for a in plan.assignments:
         if a.job_id not in jobs or not a.gpu_ids:  # pinned and kept jobs are not problem jobs
             continue
@@ -261,11 +298,13 @@ def plan_score(problem: Problem, plan: Plan) -> Score:
         shape = job_shape(job, g.model, problem.book, problem.snapshot.default_runtime_s, g.power_limit_w)
         total += problem.gco2_at(g.zone, a.start_at, shape.runtime_s, shape.power_w,
                                  problem.snapshot.gpu_pue(g))
-        if job.deadline is not None and a.start_at + timedelta(seconds=shape.runtime_s) > job.deadline:
+        finish = a.start_at + timedelta(seconds=shape.runtime_s)
+        if job.deadline is not None and finish > job.deadline:
             misses += 1
+            late += late_gpu_h(job, finish)
     placed = {a.job_id for a in plan.assignments}
     unplaced = sum(1 for j in problem.jobs if j.id not in placed)
-    return Score(unplaced, misses, total)
+    return Score(unplaced, misses, total, late, problem.lateness_g_per_gpu_h)
 
 
 def estimate_score(problem: Problem, plan: Plan) -> Score:
@@ -273,7 +312,7 @@ def estimate_score(problem: Problem, plan: Plan) -> Score:
     (fifo, greedy and cpsat estimate with the same energy model, so the sums agree), else
     `plan_score`. Saves re-integrating thousands of assignments on every tick."""
     jobs = problem.job_index
-    total, misses = 0.0, 0
+    total, misses, late = 0.0, 0, 0.0
     for a in plan.assignments:
         if a.job_id not in jobs or not a.gpu_ids:  # pinned and kept jobs are not problem jobs
             continue
@@ -281,11 +320,13 @@ def estimate_score(problem: Problem, plan: Plan) -> Score:
         if e.gco2 is None or e.finish_at is None:
             return plan_score(problem, plan)
         total += e.gco2
-        deadline = problem.jobs[jobs[a.job_id]].deadline
-        misses += deadline is not None and e.finish_at > deadline
+        job = problem.jobs[jobs[a.job_id]]
+        if job.deadline is not None and e.finish_at > job.deadline:
+            misses += 1
+            late += late_gpu_h(job, e.finish_at)
     placed = {a.job_id for a in plan.assignments}
     unplaced = sum(1 for j in problem.jobs if j.id not in placed)
-    return Score(unplaced, misses, total)
+    return Score(unplaced, misses, total, late, problem.lateness_g_per_gpu_h)
 
 
 def plan_violations(problem: Problem, plan: Plan) -> list[str]:

@@ -403,6 +403,10 @@ class Problem:
         by_deadline = latest_start_slots(deadline_s, rt, margin, earliest, self.slot_s)
         by_deadline = np.where(has[:, None], by_deadline, float(self.n_slots))
         self.job_latest: np.ndarray = np.minimum(limit[:, None], by_deadline).astype(np.int64)
+        # the window's two ends apart: the hard one (max delay, horizon) per job, and the last
+        # on-time start per (job, group) (may lie before `job_earliest`, or past the horizon)
+        self.job_hard_latest: np.ndarray = limit
+        self.job_on_time_latest: np.ndarray = np.clip(by_deadline, -1e9, 1e9)
         self.group_row_offsets = np.arange(n_groups, dtype=np.int64) * (self.n_slots + 1)
         self._zone_groups = [np.array([gi for gi, g in enumerate(groups) if g.zone == z], dtype=np.int64)
                              for z in self.zones]
@@ -475,6 +479,44 @@ class Problem:
 
     def _slot_floor(self, t: datetime) -> int:
         return int(math.floor((t - self.now).total_seconds() / self.slot_s + 1e-9))
+
+    # -- the price of lateness ----------------------------------------------------------------
+
+    #: grams of CO2 one GPU-hour of lateness is worth (policies.lateness); inf: strict, a
+    #: deadline miss is worse than any amount of grams (misses first, then grams)
+    lateness_g_per_gpu_h: float = math.inf
+
+    @property
+    def strict(self) -> bool:
+        return not math.isfinite(self.lateness_g_per_gpu_h)
+
+    def late_slots(self, j: int) -> np.ndarray:
+        """(groups x slots): how many slots past its last on-time start job j starts at each
+        slot of each group (0 inside the on-time window)."""
+        return np.maximum(0.0, self.slot_index[None, :] - self.job_on_time_latest[j][:, None])
+
+    def late_penalty_at(self, j: int, g: int, slot: int) -> float:
+        """`late_penalty(j)[g, slot]` alone."""
+        if self.strict:
+            return 0.0
+        late = max(0.0, slot - float(self.job_on_time_latest[j, g]))
+        return late * self.lateness_g_per_gpu_h * float(self.job_k[j]) * self.slot_s / 3600.0
+
+    def late_penalty(self, j: int) -> np.ndarray:
+        """(groups x slots) grams charged for starting job j at each slot of each group: the
+        price x k GPUs x the hours it is late by (0 when strict: misses are ranked apart)."""
+        if self.strict:
+            return np.zeros((len(self.groups), self.n_slots))
+        per_slot_h = self.lateness_g_per_gpu_h * float(self.job_k[j]) * self.slot_s / 3600.0
+        return self.late_slots(j) * per_slot_h
+
+    def window_latest(self, j: int) -> np.ndarray:
+        """Per group, the last start slot the policies consider for job j: strict, the
+        on-time window (deadline with margin, max delay, horizon); priced, the hard window
+        only (max delay, horizon): starting later than on time costs `late_penalty`."""
+        if self.strict:
+            return self.job_latest[j]
+        return np.full(len(self.groups), int(self.job_hard_latest[j]), dtype=np.int64)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -666,9 +708,12 @@ def _topology(snap: Snapshot) -> _Topology:
     return topo
 
 
-def compile_problem(snapshot: Snapshot) -> Problem:
-    """Compile a snapshot into the slot-indexed problem (see the module docstring)."""
-    return Problem(snapshot)
+def compile_problem(snapshot: Snapshot, lateness_g_per_gpu_h: float = math.inf) -> Problem:
+    """Compile a snapshot into the slot-indexed problem (see the module docstring), with the
+    price of lateness its policy plans with (`policies.lateness`; inf: strict)."""
+    problem = Problem(snapshot)
+    problem.lateness_g_per_gpu_h = float(lateness_g_per_gpu_h)
+    return problem
 
 
 def _cumulative_knots(curve: CarbonCurve, now: datetime) -> tuple[np.ndarray, np.ndarray]:

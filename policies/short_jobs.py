@@ -41,7 +41,7 @@ from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, g
                              seed_profiles, within_time_limit)
 from policies.margin import job_margin, latest_start_s
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
-from policies.placement import Score
+from policies.placement import Score, late_gpu_h
 
 
 # A later start is worth it only if it saves more than this share of the grams of every
@@ -74,7 +74,8 @@ def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook,
 
 def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Plan], policy: str,
                          also: Callable[[], list[Plan]] | None = None,
-                         final: Callable[[Plan], Plan] | None = None) -> Plan:
+                         final: Callable[[Plan], Plan] | None = None,
+                         lateness_g_per_gpu_h: float = math.inf) -> Plan:
     """`plan_long` for the jobs of a slot or more, then the short jobs packed around them.
 
     `also` (called after `plan_long`) may name other plans of the long jobs (cpsat: greedy's,
@@ -95,19 +96,27 @@ def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Pla
     for base in [long_plan, *(also() if also else [])]:
         packed, unplaced = pack(snapshot, base, short, book, policy)
         whole = Plan(assignments=base.assignments + tuple(packed), unplaced={**base.unplaced, **unplaced})
-        if best is None or whole_score(whole).better_than(whole_score(best)):
+        if best is None or whole_score(whole, snapshot, lateness_g_per_gpu_h).better_than(
+                whole_score(best, snapshot, lateness_g_per_gpu_h)):
             best = whole
     return final(best) if final is not None else best
 
 
-def whole_score(plan: Plan) -> Score:
-    """A whole plan's Score from its own estimates (every job of the snapshot in it).
+def whole_score(plan: Plan, snapshot: Snapshot | None = None, lateness_g_per_gpu_h: float = math.inf) -> Score:
+    """A whole plan's Score from its own estimates (every job of the snapshot in it), with
+    the lateness priced at `lateness_g_per_gpu_h` (inf: strict, misses ranked first).
 
     Every policy's estimate has grams (a zone without a forecast is priced blind by
     `policies.blind`, never 0); only a pinned plan stored without an estimate has none, and it
     is the same in every plan compared, so it adds nothing to either."""
+    late = 0.0
+    if snapshot is not None and math.isfinite(lateness_g_per_gpu_h):
+        jobs = {j.id: j for j in snapshot.jobs}
+        late = sum(late_gpu_h(jobs[a.job_id], a.estimate.finish_at) for a in plan.assignments
+                   if a.estimate.deadline_miss and a.job_id in jobs)
     return Score(len(plan.unplaced), sum(a.estimate.deadline_miss for a in plan.assignments),
-                 sum(a.estimate.gco2 for a in plan.assignments if a.estimate.gco2 is not None))
+                 sum(a.estimate.gco2 for a in plan.assignments if a.estimate.gco2 is not None),
+                 late, lateness_g_per_gpu_h)
 
 
 class _Timeline:

@@ -133,15 +133,21 @@ def _executor(v: Any) -> str:
 
 
 def _policy(v: Any) -> str:
-    from policies.base import policy_names
+    """A policy name with optional parameters, `cpsat` or `cpsat:lateness_g_per_gpu_h=500`."""
+    from policies.base import get_policy, parse_policy_spec, policy_names
 
-    name = _text(v).lower()
+    text = _text(v).strip()
+    name, _, rest = text.partition(":")
+    name = name.lower()
     usable = [n for n in policy_names() if n != "oracle"]
     if name == "oracle":
         raise ValueError("oracle needs perfect knowledge of the future: it exists only in `carbonsched simulate`")
     if name not in usable:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(usable)}")
-    return name
+    spec = name + (":" + rest if rest else "")
+    parsed = parse_policy_spec(spec)
+    get_policy(parsed.name, **parsed.params)  # ValueError for a bad parameter, at start-up
+    return spec
 
 
 def _log_level(v: Any) -> str:
@@ -204,7 +210,8 @@ SETTINGS: tuple[Setting, ...] = (
             "CARBONSCHED_EMULATED_S_PER_PROMPT (default: none, GPUs draw 70-95 percent of TDP)", _BOTH, "SPEC"),
     Setting("executor", _executor, "local", "how jobs run: local (supervised processes on this node) "
             "or slurm (handed to Slurm; see the [slurm] table)", _BOTH, "NAME"),
-    Setting("policy", _policy, "cpsat", "planning policy: fifo, greedy or cpsat", _HEAD, "NAME"),
+    Setting("policy", _policy, "cpsat", "planning policy: cpsat, greedy, edf or fifo, with options as NAME:key=value "
+            "(e.g. cpsat:lateness_g_per_gpu_h=500)", _HEAD, "NAME"),
     Setting("plan_interval", _duration, 15.0, "planner period (a submit also wakes it)", _HEAD, "DUR", _dur),
     Setting("full_replan", _duration, None, "incremental planning: between full re-plans at most this "
             "far apart, a tick keeps the earlier plans that still fit and plans only the other jobs "
