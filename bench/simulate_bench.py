@@ -4,6 +4,7 @@ comparison, and replay speed. Reads ../shared/data (not shipped); see bench/READ
     .venv/bin/python bench/simulate_bench.py gap   [--json OUT]   # cpsat vs oracle, pai_1k, 4 zones
     .venv/bin/python bench/simulate_bench.py gaia  [--json OUT]   # GAIA's setting, DE and US-CAL-CISO
     .venv/bin/python bench/simulate_bench.py speed [--policy greedy] [--days N]  # pai-100k, 256 GPUs
+    .venv/bin/python bench/simulate_bench.py overload [--loads 0.6,0.9,1.2] [--variants gaia,long]
 
 Each scenario runs the simulator's own API (the same code as the CLI) and prints a table;
 `--json` writes the figures. Speed runs each policy in a child process and reports its wall
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import logging
 import os
 import resource
@@ -30,6 +32,7 @@ EM = DATA / "carbon" / "electricitymaps"
 PAI_1K = DATA / "jobs" / "pai_1k.csv"
 PAI_100K = DATA / "jobs" / "pai-100k.csv"
 GAIA_START = datetime(2022, 10, 19, 16, tzinfo=timezone.utc)
+LONG_SHARE = 0.05  # overload "long": this share of the jobs runs for days
 FOLDERS = {"DE": "DE-LU", "GB": "GB", "US-CAL-CISO": "US-CAL-CISO", "SG": "SG"}
 
 # GAIA (ASPLOS'24) on pai_1k, DE-LU / US-CAL-CISO 2022 from 2022-10-19 16:00 UTC, 24 h max
@@ -174,9 +177,96 @@ def speed_child(args) -> None:
                       "narrowed_jobs": scenario.notes.get("narrowed_jobs")}))
 
 
+def _overload_trace(load: float, days: float, long_share: float, seed: int, capacity_gpus: int,
+                    widest: int):
+    """pai-100k's first jobs, as many as offer `load` x the cluster's GPU-hours over `days`,
+    their arrivals compressed into `days` (the order and relative spacing kept). With
+    `long_share`, that share of the jobs (seeded) runs 1-7 days instead (log-uniform): the
+    days-to-weeks jobs of a production GPU cluster that pai's GAIA lengths lack."""
+    import random
+    from dataclasses import replace as dc_replace
+
+    from scheduler.simulate.traces import read_jobs
+
+    trace = read_jobs(PAI_100K)
+    rng = random.Random(seed)
+    target_gpu_s = load * capacity_gpus * days * 86400.0
+    picked, gpu_s = [], 0.0
+    for job in trace.jobs:
+        if gpu_s >= target_gpu_s:
+            break
+        if long_share and rng.random() < long_share:
+            job = dc_replace(job, est_runtime_s=86400.0 * math.exp(rng.uniform(0.0, math.log(7.0))))
+        picked.append(job)
+        gpu_s += job.gpus * (job.est_runtime_s or 3600.0)  # narrowed jobs keep their GPU-hours
+    t0, t1 = picked[0].arrival_s, picked[-1].arrival_s
+    factor = days * 86400.0 / max(1.0, t1 - t0)
+    jobs = [dc_replace(j, arrival_s=t0 + (j.arrival_s - t0) * factor) for j in picked]
+    return dc_replace(trace, jobs=jobs), gpu_s / 3600.0
+
+
+def bench_overload(args) -> dict:
+    """The 4-zone cluster under load 0.6 / 0.9 / 1.2: kgCO2, MWh, misses, lateness and planner
+    failures per policy; fifo as the mean and spread of seeds; cpsat over trade-off settings."""
+    import statistics
+
+    from scheduler.simulate.cluster import load_cluster
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.scenario import build_scenario
+
+    cluster = load_cluster(ROOT / "examples" / "cluster-4zone.toml")
+    capacity = sum(cluster.gpus_by_model().values())
+    carbon = _carbon(cluster.zones)
+    loads = [float(x) for x in args.loads.split(",")]
+    variants = [v for v in args.variants.split(",") if v]
+    prices = [p for p in args.prices.split(",") if p]
+    out: dict = {"scenario": "overload", "cluster": "examples/cluster-4zone.toml", "days": args.days,
+                 "start": GAIA_START.isoformat(), "slack_h": 24, "cpsat_s": args.cpsat_s, "cells": []}
+    for variant in variants:
+        for load in loads:
+            trace, gpu_h = _overload_trace(load, args.days, LONG_SHARE if variant == "long" else 0.0, 7,
+                                           capacity, cluster.max_gpus_per_node())
+            scenario = build_scenario(cluster, trace, carbon, start=GAIA_START, slack_s=24 * 3600.0)
+            settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
+                                   full_replan_s=args.full_replan)
+            specs = [f"fifo:seed={s}" for s in range(args.fifo_seeds)] + ["edf"]
+            specs += [f"greedy:lateness_g_per_gpu_h={p}" for p in prices]
+            specs += [f"cpsat:max_time_s={args.cpsat_s}:lateness_g_per_gpu_h={p}" for p in prices]
+            if args.policies:
+                specs = args.policies.split(",")
+            print(f"\n== {variant} lengths, load {load:g}: {len(trace.jobs)} jobs, {gpu_h:,.0f} GPU-h offered "
+                  f"over {args.days:g} days on {capacity} GPUs ==", flush=True)
+            result = _run(scenario, ",".join(specs), settings, args.forecast)
+            rows = {}
+            for name, s in result.summaries.items():
+                rows[name] = {"kgco2": s["kgco2"], "mwh": s["energy_kwh"] / 1000.0,
+                              "misses": s["deadline_misses"], "late_gpu_h": s["late_gpu_h"],
+                              "lateness_h": s["lateness_s"] / 3600.0, "unfinished": s["unfinished"],
+                              "planner_failures": s.get("planner_failures", 0),
+                              "mean_wait_h": (s["mean_wait_s"] or 0) / 3600.0}
+            fifo = [rows[n] for n in rows if n.startswith("fifo")]
+            if fifo:
+                rows["fifo (mean of seeds)"] = {
+                    k: statistics.mean(r[k] for r in fifo) for k in fifo[0]} | {
+                    "kgco2_sd": statistics.pstdev(r["kgco2"] for r in fifo),
+                    "misses_sd": statistics.pstdev(r["misses"] for r in fifo)}
+            print(f"{'policy':<46} {'kgCO2':>9} {'MWh':>7} {'misses':>7} {'GPU-h late':>11} {'unfin.':>6} "
+                  f"{'fail':>4}")
+            for name, r in rows.items():
+                sd = f" +-{r['kgco2_sd']:.1f}" if "kgco2_sd" in r else ""
+                print(f"{name:<46} {r['kgco2']:>9.1f} {r['mwh']:>7.2f} {r['misses']:>7.1f} {r['late_gpu_h']:>11.0f} "
+                      f"{r['unfinished']:>6.0f} {r['planner_failures']:>4.0f}{sd}", flush=True)
+            out["cells"].append({"variant": variant, "load": load, "jobs": len(trace.jobs), "gpu_h_offered": gpu_h,
+                                 "rows": rows})
+            if args.json:  # partial results survive a long run being stopped
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["gap", "gaia", "speed", "_speed_child"])
+    p.add_argument("scenario", choices=["gap", "gaia", "speed", "overload", "_speed_child"])
     p.add_argument("--policies", help="policy specs (default per scenario)")
     p.add_argument("--cpsat-s", type=float, default=1.0, help="cpsat time budget per planner call (default 1)")
     p.add_argument("--forecast", default="perfect")
@@ -190,8 +280,15 @@ def main() -> None:
     p.add_argument("--full-replan", type=float, default=None, metavar="S",
                    help="incremental planning: keep earlier plans between full re-plans S seconds apart "
                         "(default: every tick re-plans every queued job)")
-    p.add_argument("--days", type=float, default=0, help="speed: only the first N days of pai-100k (0 = all)")
+    p.add_argument("--days", type=float, default=0, help="speed: only the first N days of pai-100k (0 = all); "
+                   "overload: the span the arrivals are compressed into (default 3)")
     p.add_argument("--timeout", type=float, default=3600, help="speed: per-policy limit, seconds")
+    p.add_argument("--loads", default="0.6,0.9,1.2", help="overload: offered loads, share of the GPU-hours")
+    p.add_argument("--variants", default="gaia,long", help="overload: job lengths, gaia (pai's own) and/or long "
+                   f"({LONG_SHARE:.0%} of the jobs run 1-7 days)")
+    p.add_argument("--prices", default="strict,2000,500,100,20",
+                   help="overload: lateness prices (g per GPU-hour late) for greedy and cpsat")
+    p.add_argument("--fifo-seeds", type=int, default=3, help="overload: fifo runs (its tie-breaking seeds)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"))
@@ -200,7 +297,10 @@ def main() -> None:
     if args.scenario == "_speed_child":
         speed_child(args)
         return
-    figures = {"gap": bench_gap, "gaia": bench_gaia, "speed": bench_speed}[args.scenario](args)
+    if args.scenario == "overload" and not args.days:
+        args.days = 3.0
+    figures = {"gap": bench_gap, "gaia": bench_gaia, "speed": bench_speed,
+               "overload": bench_overload}[args.scenario](args)
     figures["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
