@@ -100,7 +100,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
+from policies.lateness import (DEFAULT_LATENESS_G_PER_GPU_H, DEFAULT_RESERVE_G_PER_GPU_H, DEFAULT_RESERVE_SHARE,
+                               parse_lateness_price)
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
                              notes_for_picks, run_ends, whole_plan_vs_fifo)
 from policies.model import Plan, Snapshot
@@ -145,6 +146,10 @@ class CpsatPolicy:
     price_scales: tuple[float, ...] = (1.0, 0.7)
     # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
+    # slack reserve (policies.lateness): this share of each job's slack is kept for work not yet
+    # submitted; a start that uses it costs `reserve_g_per_gpu_h` per GPU-hour
+    reserve_share: float = DEFAULT_RESERVE_SHARE
+    reserve_g_per_gpu_h: float = DEFAULT_RESERVE_G_PER_GPU_H
 
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
@@ -156,7 +161,9 @@ class CpsatPolicy:
         # jobs shorter than a slot are packed in continuous time around the slot plan (and
         # around greedy's: the better whole plan wins, so cpsat is never worse than greedy)
         return plan_with_short_jobs(
-            snapshot, lambda snap: self.plan_problem(compile_problem(snap, price), started, others, snap is snapshot),
+            snapshot, lambda snap: self.plan_problem(
+                compile_problem(snap, price, float(self.reserve_share), float(self.reserve_g_per_gpu_h)),
+                started, others, snap is snapshot),
             self.name, also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
             lateness_g_per_gpu_h=price)
 
@@ -414,14 +421,14 @@ def _pick_cost(problem: Problem, p: Pick, table: np.ndarray | None = None) -> in
         table = problem.cost_tables([p.j])[0]
     g = int(problem.pool_group[p.pool])
     c = int(round(float(table[g, p.slot]) * 100))
-    if not problem.strict:
-        return c + int(round(problem.late_penalty_at(p.j, g, p.slot) * 100))
-    return c + (MISS_PENALTY if p.deadline_miss else 0)
+    if problem.penalised or p.deadline_miss:
+        c += int(round(problem.late_penalty_at(p.j, g, p.slot) * 100))
+    return c + (MISS_PENALTY if problem.strict and p.deadline_miss else 0)
 
 
 def _objective_table(problem: Problem, j: int, table: np.ndarray) -> np.ndarray:
     """Job j's cost table (groups x slots) in the objective's grams: plus the priced lateness."""
-    return table if problem.strict else table + problem.late_penalty(j)
+    return table if not problem.penalised else table + problem.late_penalty(j)
 
 
 def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadline: float,

@@ -54,7 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
-from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
+from policies.lateness import (DEFAULT_LATENESS_G_PER_GPU_H, DEFAULT_RESERVE_G_PER_GPU_H, DEFAULT_RESERVE_SHARE,
+                               parse_lateness_price)
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
 from policies.problem import Problem, compile_problem
@@ -193,7 +194,7 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
         W = hi - lo
         ok = state.upper_feasible(j, run_ends(problem, j, lo, hi), lo, hi)
         ok &= problem.slot_index[lo:hi] <= latest[:, None]
-        cost = table[:, lo:hi] if problem.strict else table[:, lo:hi] + problem.late_penalty(j)[:, lo:hi]
+        cost = table[:, lo:hi] if not problem.penalised else table[:, lo:hi] + problem.late_penalty(j)[:, lo:hi]
         masked = np.where(ok, cost, np.inf).ravel()
         # successive minima: all (group, start) pairs at the cheapest cost, earliest start first
         # (then group order); at half load the first one is usually free on some pool
@@ -234,15 +235,19 @@ def run_ends(problem: Problem, j: int, lo: int = 0, hi: int | None = None) -> np
 
 def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np.ndarray, lo: int,
                          ends: np.ndarray) -> Pick | str:
-    """The deadline cannot be met: the earliest start, cheapest pool at that start."""
+    """The deadline cannot be met: the earliest finish (a faster model may be worth waiting
+    for: the least lateness), then the cheapest start among those that finish then."""
     upper = state.upper_feasible(j, ends)
-    for s in (np.flatnonzero(upper[:, lo:].any(axis=0)) + lo).tolist():
-        for g in np.argsort(table[:, s], kind="stable").tolist():
-            if not upper[g, s]:
-                continue
-            pool = state.free_pool(j, g, s)
-            if pool is not None:
-                return Pick(j, pool, s, deadline_miss=True)
+    upper[:, :lo] = False
+    gs, ss = np.nonzero(upper)
+    if gs.size == 0:
+        return "no GPUs free within the planning horizon"
+    finish = ss * problem.slot_s + problem.job_runtime_s[j, gs]
+    for idx in np.lexsort((table[gs, ss], ss, finish)).tolist():
+        g, s = int(gs[idx]), int(ss[idx])
+        pool = state.free_pool(j, g, s)
+        if pool is not None:
+            return Pick(j, pool, s, deadline_miss=True)
     return "no GPUs free within the planning horizon"
 
 
@@ -358,8 +363,9 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
             state.take(res.pool, res.slot, int(problem.job_k[j]), int(problem.job_duration[j, g]),
                        float(problem.job_power_w[j, g]))
             picks.append(res)
-            if costs is not None:  # the objective: grams, plus the priced lateness
-                costs[j] = float(tables[i, g, res.slot]) + problem.late_penalty_at(j, g, res.slot)
+            if costs is not None:  # the objective: grams, plus the priced lateness (strict: of a miss)
+                costs[j] = float(tables[i, g, res.slot]) + (
+                    problem.late_penalty_at(j, g, res.slot) if problem.penalised or res.deadline_miss else 0.0)
             if chunk_notes is not None:
                 notes[j] = chunk_notes.notes(i, j, res, tables[i])
     return picks, unplaced
@@ -452,6 +458,10 @@ class GreedyPolicy:
     compare_fifo: bool = True  # keep fifo's plan when it is feasible and cheaper
     # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
+    # slack reserve (policies.lateness): this share of each job's slack is kept for work not yet
+    # submitted; a start that uses it costs `reserve_g_per_gpu_h` per GPU-hour
+    reserve_share: float = DEFAULT_RESERVE_SHARE
+    reserve_g_per_gpu_h: float = DEFAULT_RESERVE_G_PER_GPU_H
 
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
@@ -462,7 +472,9 @@ class GreedyPolicy:
         # whole plan at the end, not with the long jobs' plan first: one fifo pass, not two.
         price = float(self.lateness_g_per_gpu_h)
         return plan_with_short_jobs(
-            snapshot, lambda snap: self.plan_problem(compile_problem(snap, price), compare_fifo=snap is snapshot),
+            snapshot, lambda snap: self.plan_problem(
+                compile_problem(snap, price, float(self.reserve_share), float(self.reserve_g_per_gpu_h)),
+                compare_fifo=snap is snapshot),
             self.name, final=(lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price))
             if self.compare_fifo else None, lateness_g_per_gpu_h=price)
 

@@ -4,7 +4,8 @@ Greedy, cpsat and the oracle minimise grams + price x GPU-hours late (k GPUs x h
 expected to finish past its deadline), so a plan may let a job run late where being on time
 would cost more grams than the price, instead of buying every avoided miss at any carbon cost
 (moving long jobs onto the fastest, hottest GPUs in dirtier zones). `strict` (inf) keeps the
-lexicographic order: fewer misses first, then fewer grams.
+lexicographic order: fewer misses first, then fewer GPU-hours late, then fewer grams (a job
+that must miss its deadline finishes as soon as it can, not wherever its grams are lowest).
 
 Set per policy (`cpsat:lateness_g_per_gpu_h=500`, `greedy:lateness_g_per_gpu_h=strict`) or in
 the daemon's config (`policy = "cpsat:lateness_g_per_gpu_h=500"`). The default
@@ -22,6 +23,13 @@ import math
 
 #: the default price, in grams of CO2 per GPU-hour late (see the module docstring)
 DEFAULT_LATENESS_G_PER_GPU_H = math.inf
+#: the slack reserve: this share of each job's slack (deadline - release - runtime) is kept
+#: for work not yet submitted, and a start that uses it costs this many grams per GPU-hour
+DEFAULT_RESERVE_SHARE = 0.0
+#: strict: among plans with as many misses, the one late by fewer GPU-hours wins, then grams;
+#: charged as this price (10 kg per GPU-hour: lateness outweighs any plausible carbon saving)
+STRICT_LATENESS_G_PER_GPU_H = 1e4
+DEFAULT_RESERVE_G_PER_GPU_H = 0.0
 
 
 def parse_lateness_price(value: object) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 
 from policies.counterfactual import Counterfactual, choose
 from policies.energy import fits, gang_power_limit_w, job_shape, within_time_limit
-from policies.lateness import price_text
+from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.model import Assignment, Estimate, Plan, QueuedJob
 from policies.problem import Problem
 
@@ -264,18 +264,19 @@ class Score(NamedTuple):
 
     @property
     def objective_g(self) -> float:
-        """Grams plus the priced lateness (the grams alone when strict)."""
-        return self.gco2 + (self.price * self.late_gpu_h if math.isfinite(self.price) else 0.0)
+        """Grams plus the priced lateness (strict: at the tie-break price)."""
+        price = self.price if math.isfinite(self.price) else STRICT_LATENESS_G_PER_GPU_H
+        return self.gco2 + price * self.late_gpu_h
 
     def better_than(self, other: "Score") -> bool:
         if math.isfinite(self.price):
-            if self.unplaced != other.unplaced:
-                return self.unplaced < other.unplaced
-            a, b = self.objective_g, other.objective_g
-            return a < b - 1e-6 * max(1.0, abs(b))
-        if (self.unplaced, self.deadline_misses) != (other.unplaced, other.deadline_misses):
-            return (self.unplaced, self.deadline_misses) < (other.unplaced, other.deadline_misses)
-        return self.gco2 < other.gco2 - 1e-6 * max(1.0, abs(other.gco2))
+            first, second = self.unplaced, other.unplaced
+        else:
+            first, second = (self.unplaced, self.deadline_misses), (other.unplaced, other.deadline_misses)
+        if first != second:
+            return first < second
+        a, b = self.objective_g, other.objective_g
+        return a < b - 1e-6 * max(1.0, abs(b))
 
 
 def late_gpu_h(job: QueuedJob, finish: datetime | None) -> float:

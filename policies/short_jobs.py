@@ -110,7 +110,7 @@ def whole_score(plan: Plan, snapshot: Snapshot | None = None, lateness_g_per_gpu
     `policies.blind`, never 0); only a pinned plan stored without an estimate has none, and it
     is the same in every plan compared, so it adds nothing to either."""
     late = 0.0
-    if snapshot is not None and math.isfinite(lateness_g_per_gpu_h):
+    if snapshot is not None:
         jobs = {j.id: j for j in snapshot.jobs}
         late = sum(late_gpu_h(jobs[a.job_id], a.estimate.finish_at) for a in plan.assignments
                    if a.estimate.deadline_miss and a.job_id in jobs)
