@@ -35,10 +35,14 @@ the CPU: greedy passes 0.8 s, fifo's comparison plan 0.22 s, Assignments 0.1 s, 
 0.03 s. The plans are identical to the previous implementation's (checked at 200, 1,000 and
 2,000 jobs: same picks, same explanations).
 
-A job that fits no start inside its window (deadline / max delay) is placed as soon as
-possible on the cheapest pool that can start then, flagged `deadline_miss`. A job that has
-no option at all (memory, SLO, gang size) or no free GPUs anywhere within the horizon is
-reported in `Plan.unplaced` with the reason.
+A job that fits no start inside its window (deadline / max delay) is placed where it
+finishes soonest (a faster model may be worth waiting for: the least lateness), the cheapest
+such start, flagged `deadline_miss`. (It used to take the earliest start: under load that put
+a long job on a slow A100 now, 12 h late, where an H100 free two hours later met it.) With a
+price of lateness (`lateness_g_per_gpu_h`, policies.lateness) the window is the hard one
+(max delay, horizon) and a start past the deadline costs the price per GPU-hour late. A job
+that has no option at all (memory, SLO, gang size) or no free GPUs anywhere within the
+horizon is reported in `Plan.unplaced` with the reason.
 
 Finally the plan is compared with fifo's (on the model's own estimate, `placement.Score`)
 and fifo's plan is kept if it is feasible and strictly better, so greedy is never worse than

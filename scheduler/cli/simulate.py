@@ -67,9 +67,11 @@ def add_parser(subparsers) -> None:
                                                   "CARBONSCHED_STATE_DIR"))
     m = s.add_argument_group("model")
     m.add_argument("--policy", default=None, metavar="a,b,...",
-                   help="policies to compare, the first is the baseline (default fifo,greedy,cpsat); "
-                        "NAME:key=value sets a policy parameter, e.g. cpsat:max_time_s=10 (the simulator "
-                        "gives cpsat 1 s per planner call unless told)")
+                   help="policies to compare, the first is the baseline (default fifo,greedy,cpsat; also "
+                        "edf, the deadline-aware carbon-blind baseline, and oracle); NAME:key=value sets a "
+                        "policy parameter, e.g. cpsat:max_time_s=10 (the simulator gives cpsat 1 s per "
+                        "planner call unless told), cpsat:lateness_g_per_gpu_h=500 (the price of lateness), "
+                        "fifo:seed=2 (its tie-breaking seed)")
     m.add_argument("--forecast", default="perfect", metavar="F",
                    help="forecast model: perfect, noisy:SIGMA (relative, e.g. noisy:0.1), persistence, "
                         "model (the project's own forecaster); default perfect")
