@@ -37,8 +37,9 @@ the CPU: greedy passes 0.8 s, fifo's comparison plan 0.22 s, Assignments 0.1 s, 
 
 A job that fits no start inside its window (deadline / max delay) is placed where it
 finishes soonest (a faster model may be worth waiting for: the least lateness), the cheapest
-such start, flagged `deadline_miss`. (It used to take the earliest start: under load that put
-a long job on a slow A100 now, 12 h late, where an H100 free two hours later met it.) With a
+such start, flagged `deadline_miss`. (It used to take the earliest start: in the overload
+scenario at load 0.9 that put a 44 h job on a free A100 at once, to finish 11.8 h late; by the
+earliest finish it met its deadline.) With a
 price of lateness (`lateness_g_per_gpu_h`, policies.lateness) the window is the hard one
 (max delay, horizon) and a start past the deadline costs the price per GPU-hour late. A job
 that has no option at all (memory, SLO, gang size) or no free GPUs anywhere within the
