@@ -306,3 +306,34 @@ def test_lateness_prices_parse_and_refuse_nonsense():
             parse_lateness_price(bad)
     with pytest.raises(ValueError):
         get_policy("cpsat", lateness_g_per_gpu_h="-5")
+
+
+# -- a bounded tick, whatever one user queues -------------------------------------------------
+
+def test_a_tick_plans_at_most_max_jobs_by_deadline_and_says_why_the_rest_wait(store, tmp_path):
+    from sqlalchemy import insert
+
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.store.models import gpus, nodes
+
+    now = datetime.now(timezone.utc)
+    with store.write() as conn:
+        conn.execute(insert(nodes).values(name="n1", zone="DE", backend="emulated", emulated=True,
+                                          registered_at=now, last_heartbeat=now))
+        conn.execute(insert(gpus).values(node_name="n1", index=0, uuid="n1-0", model="H100", vendor="nvidia",
+                                         memory_gib=80.0, healthy=True))
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs")
+    ids = []
+    for i in range(12):
+        # later submissions have earlier deadlines: the cut follows deadlines, not arrival
+        ids.append(service.submit(Caller(uid=0, gid=0), {"argv": ["true"], "est_runtime_s": 60,
+                                                          "deadline": (now + timedelta(hours=40 - i)).isoformat()})["id"])
+    planner = Planner(store, make_policy("greedy"), max_jobs=5)
+    planner.tick()
+    rows = {j["id"]: j for j in service.list_jobs(Caller(uid=0, gid=0), include_done=False)}
+    planned = {i for i, j in rows.items() if j["state"] == "PLANNED"}
+    assert planned == set(ids[-5:])
+    for i in ids[:-5]:
+        assert rows[i]["state"] == "PENDING"
+        assert "12 jobs are queued and a tick plans the first 5 by deadline" in (rows[i]["reason"] or "")

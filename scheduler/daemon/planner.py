@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -46,7 +46,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
-from policies.guard import fallback_chain, guarded
+from policies.guard import fallback_chain, guarded, without
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, PowerCap, Profile
 from scheduler.lifecycle import State, check_allowed, record_events, utcnow
 from scheduler.profiles import learned_profiles
@@ -100,6 +100,11 @@ class TickStats:
 # re-plan that is due is never skipped after an incremental plan: equal fingerprints vouch
 # only for plans of the same kind.
 REPLAN_AT_LEAST_S = 300.0
+
+# A tick plans at most this many queued jobs (pinned ones always, then by deadline and
+# submission): the planner's time stays bounded whatever one user queues (greedy plans 5,000
+# jobs in ~1 s, cpsat's first plan in ~2 s; bench/README.md). The rest wait, with the reason.
+MAX_PLANNED_JOBS = 5000
 
 
 def make_policy(name: str, *, plan_interval_s: float = 15.0) -> Policy:
@@ -438,7 +443,7 @@ class Planner:
                  site: SiteConfig | None = None, plan_interval_s: float = 15.0,
                  slot_s: float = 900.0, horizon_s: float = 48 * 3600.0,
                  carbon_ttl_s: float = DEFAULT_CARBON_TTL_S, full_replan_s: float | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, max_jobs: int = MAX_PLANNED_JOBS) -> None:
         if full_replan_s is not None and not (full_replan_s > 0 and math.isfinite(full_replan_s)):
             raise ValueError(f"full_replan_s must be a positive number of seconds (got {full_replan_s!r})")
         self.store = store
@@ -451,6 +456,7 @@ class Planner:
         self.slot_s = slot_s
         self.horizon_s = horizon_s
         self.full_replan_s = full_replan_s
+        self.max_jobs = max_jobs
         self._monotonic = monotonic
         if carbon is None:
             from scheduler.carbon import CarbonSignals
@@ -579,7 +585,21 @@ class Planner:
         """What the policy would do now (a full re-plan), without writing anything."""
         with self.store.read() as conn:
             snapshot, _ = self.snapshot(conn)
-        return snapshot, _with_points(snapshot, self.policy.plan(snapshot))
+        snapshot, waiting = self.bounded(snapshot)
+        plan = _with_points(snapshot, self.policy.plan(snapshot))
+        return snapshot, replace(plan, unplaced={**plan.unplaced, **waiting})
+
+    def bounded(self, snapshot: Snapshot) -> tuple[Snapshot, dict[int, str]]:
+        """The snapshot with at most `max_jobs` queued jobs (pinned first, then by deadline,
+        then submission), and the reason of each job left for a later tick."""
+        if len(snapshot.jobs) <= self.max_jobs:
+            return snapshot, {}
+        order = sorted(snapshot.jobs, key=lambda j: (not j.pinned, j.deadline is None,
+                                                      j.deadline or j.submitted_at, j.submitted_at, j.id))
+        rest = {j.id for j in order[self.max_jobs:]}
+        why = (f"waiting: {len(snapshot.jobs)} jobs are queued and a tick plans the first {self.max_jobs} "
+               "by deadline")
+        return without(snapshot, rest), {i: why for i in rest}
 
     def full_replan_due(self) -> bool:
         """Whether the next tick re-plans every queued job (always without `full_replan_s`)."""
@@ -591,6 +611,7 @@ class Planner:
         full = self.full_replan_due()
         with self.store.read() as conn:
             snapshot, queued = self.snapshot(conn, incremental=not full)
+        snapshot, waiting = self.bounded(snapshot)
         fingerprint = _fingerprint(snapshot)
         mono = self._monotonic()
         # Skip only when the last run of the policy saw the same snapshot and was of a kind that
@@ -602,6 +623,8 @@ class Planner:
             return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
                              duration_s=time.perf_counter() - started, skipped=True, full=full)
         plan = _with_points(snapshot, self.policy.plan(snapshot))
+        if waiting:
+            plan = replace(plan, unplaced={**plan.unplaced, **waiting})
         self._last_fingerprint, self._last_planned_at, self._last_planned_full = fingerprint, mono, full
         if full:
             self._last_full_at = mono
