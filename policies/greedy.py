@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
+from policies.feasibility import unfit_text
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
 from policies.problem import Problem, compile_problem
@@ -175,7 +176,7 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
     if not problem.job_fit[j].any():
         jo = problem.job_options(j)
         if jo.excluded:
-            return "fits no GPU model: " + ", ".join(f"{m} ({r})" for m, r in sorted(jo.excluded.items()))
+            return unfit_text(jo.excluded)
         return "no usable GPUs"
     S = problem.n_slots
     lo = int(problem.job_earliest[j])

@@ -61,9 +61,11 @@ def jobs_table(jobs: list[dict]) -> str:
         rows.append([str(j["id"]), j["name"][:24], j["owner"], j["state"], _gpus(j),
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
                      "-" if j["exit_code"] is None else str(j["exit_code"]), _energy(j["energy_j"]),
-                     _job_gco2(j)])
+                     _job_gco2(j),
+                     # why a PENDING job waits, as squeue's REASON: the planner's word for it
+                     (j.get("reason") or "-") if j["state"] == "PENDING" else ""])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
-                  "ENERGY", "GCO2(~EST)"], rows)
+                  "ENERGY", "GCO2(~EST)", "REASON"], rows)
 
 
 def _estimate_line(gco2: float | None, per_prompt: float | None) -> str:
