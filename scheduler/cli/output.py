@@ -87,7 +87,13 @@ def _time_limit(job: dict) -> str:
         return "-"
     if factor is None:
         return f"{format_duration(limit)} (--time-limit: no plan runs longer)"
-    basis = "the planned GPUs' runtime" if job.get("est_runtime_planned_s") else "--est-runtime until planned"
+    planned, est = job.get("est_runtime_planned_s"), job.get("est_runtime_s")
+    if not planned:
+        basis = "--est-runtime until planned"
+    elif est is not None and est >= planned:  # never below the user's own estimate x factor
+        basis = "--est-runtime: the planned GPUs are expected to be faster"
+    else:
+        basis = "the planned GPUs' runtime"
     return f"{format_duration(limit)} ({factor:g} x {basis})"
 
 
