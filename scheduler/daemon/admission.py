@@ -70,6 +70,35 @@ class GpuSet:
         return ", ".join(s for s, on in (("drained", self.drained), ("node down", not self.node_up)) if on)
 
 
+@dataclass(frozen=True)
+class Inventory:
+    """The registered fleet as admission asks about it, built once per refresh."""
+
+    sets: tuple[GpuSet, ...]
+    # one GpuKind per (node, model, memory), drained or not: a gang is on one node
+    kinds: tuple
+    serving: tuple  # the distinct kinds of the GPUs in service (their counts in service)
+    book: object  # the planner's ProfileBook: seeds plus this cluster's learned profiles
+
+    @classmethod
+    def of(cls, sets: list[GpuSet], book) -> "Inventory":
+        whole: dict[tuple, int] = {}
+        serving: dict[tuple, int] = {}
+        for s in sets:
+            key = (s.node, s.model, s.memory_gib)
+            whole[key] = whole.get(key, 0) + s.count
+            if s.in_service:
+                serving[key] = serving.get(key, 0) + s.count
+        return cls(tuple(sets), tuple(_kind(m, mem, n) for (_, m, mem), n in whole.items()),
+                   tuple(_kind(m, mem, n) for m, mem, n in sorted({(m, mem, n) for (_, m, mem), n in serving.items()})),
+                   book)
+
+    def whole_kind(self, s: GpuSet):
+        """The kind `s` belongs to, counting its node's GPUs of that model in any state."""
+        n = sum(o.count for o in self.sets if (o.node, o.model, o.memory_gib) == (s.node, s.model, s.memory_gib))
+        return _kind(s.model, s.memory_gib, n)
+
+
 class Admission:
     """Answers "can this cluster ever run this job?" at submit, from a briefly cached inventory."""
 
@@ -82,17 +111,17 @@ class Admission:
         self._clock = clock
         self._ttl_s = ttl_s
         self._monotonic = monotonic
-        self._cached: tuple[float, list[GpuSet], object] | None = None
+        self._cached: tuple[float, Inventory] | None = None
 
     def invalidate(self) -> None:
         """Forget the cached inventory (after a drain or resume)."""
         self._cached = None
 
-    def _inventory(self) -> tuple[list[GpuSet], object]:
-        """The healthy registered GPUs grouped into sets, and the planner's profile book."""
+    def _inventory(self) -> Inventory:
+        """The healthy registered GPUs and the planner's profile book, cached for `ttl_s`."""
         now = self._monotonic()
         if self._cached is not None and now - self._cached[0] < self._ttl_s:
-            return self._cached[1], self._cached[2]
+            return self._cached[1]
         from policies.energy import ProfileBook, seed_profiles
         from scheduler.profiles import learned_profiles
 
@@ -108,40 +137,30 @@ class Admission:
             key = (r.node_name, r.model, float(r.memory_gib), bool(r.drained), beat is not None and beat >= fresh_after)
             counts[key] = counts.get(key, 0) + 1
         sets = [GpuSet(node, model, mem, n, drained, up) for (node, model, mem, drained, up), n in sorted(counts.items())]
-        book = ProfileBook(seed_profiles() + learned)
-        self._cached = (now, sets, book)
-        return sets, book
+        inventory = Inventory.of(sets, ProfileBook(seed_profiles() + learned))
+        self._cached = (now, inventory)
+        return inventory
 
     def check(self, job: QueuedJob) -> str | None:
         """Raise Refused if no GPU of the cluster can ever take `job`; else a warning (None:
         GPUs in service can take it)."""
+        from policies.feasibility import kind_verdict
+
         if not 1 <= job.gpus <= MAX_GPUS:
             raise Refused(400, f"--gpus must be between 1 and {MAX_GPUS} (got {job.gpus})")
-        sets, book = self._inventory()
-        if not sets:
+        inv = self._inventory()
+        book = inv.book
+        if not inv.sets:
             kinds = [_kind(m.name, m.memory_gib, MAX_GPUS) for m in catalog().values()]
             _check_counts(job, kinds, "any known GPU model")
             self._check_models(job, kinds, book)
             return "no GPU is registered yet: the job waits until a node agent registers one that can take it"
-        # GPUs of one model and memory on one node form one gang, drained or not
-        whole: dict[tuple, int] = {}
-        for s in sets:
-            whole[(s.node, s.model, s.memory_gib)] = whole.get((s.node, s.model, s.memory_gib), 0) + s.count
-        kinds = [_kind(model, mem, n) for (_, model, mem), n in whole.items()]
-        _check_counts(job, kinds, "any registered GPU")
-        serving: dict[tuple, int] = {}
-        for s in sets:
-            if s.in_service:
-                serving[(s.node, s.model, s.memory_gib)] = serving.get((s.node, s.model, s.memory_gib), 0) + s.count
-        from policies.feasibility import kind_verdict
-
-        if any(kind_verdict(job, _kind(model, mem, n), book, self.default_runtime_s) is None
-               for model, mem, n in {(model, mem, n) for (_, model, mem), n in serving.items()}):
+        _check_counts(job, inv.kinds, "any registered GPU")
+        if any(kind_verdict(job, kind, book, self.default_runtime_s) is None for kind in inv.serving):
             return None
-        self._check_models(job, kinds, book)  # raises: no GPU, in service or not, can take it
-        waiting = [s for s in sets if not s.in_service
-                   and kind_verdict(job, _kind(s.model, s.memory_gib, whole[(s.node, s.model, s.memory_gib)]),
-                                    book, self.default_runtime_s) is None]
+        self._check_models(job, list(inv.kinds), book)  # raises: no GPU, in service or not, can take it
+        waiting = [s for s in inv.sets if not s.in_service
+                   and kind_verdict(job, inv.whole_kind(s), book, self.default_runtime_s) is None]
         named = ", ".join(f"{s.count}x{s.model} on {s.node} ({s.state})" for s in waiting[:MAX_LISTED])
         more = f" and {len(waiting) - MAX_LISTED} more" if len(waiting) > MAX_LISTED else ""
         return (f"only GPUs out of service can run this job now: {named}{more}; "
