@@ -99,9 +99,12 @@ def test_a_derived_limit_never_kills_a_job_within_its_own_estimate_on_a_fast_gpu
             on_mi355x = submit(d, "--gpu-mem", "200", "--est-runtime", "6s", "--max-delay", "1s", "--", "sleep", "5")
             # two GPUs: only the MI300X node has them; 8 s within 5 s x 2 (the limit was 2 x 0.69 x 5 s = 6.9 s)
             on_mi300x = submit(d, "--gpus", "2", "--est-runtime", "5s", "--max-delay", "1s", "--", "sleep", "8")
-            jobs = d.wait_states([on_mi355x, on_mi300x], timeout_s=90)
+            overrun = submit(d, "--est-runtime", "1s", "--max-delay", "1s", "--", "sleep", "60")
+            jobs = d.wait_states([on_mi355x, on_mi300x, overrun], timeout_s=90)
             for job_id, model, limit in ((on_mi355x, "MI355X", "12s"), (on_mi300x, "MI300X", "10s")):
                 assert (jobs[job_id]["state"], jobs[job_id]["gpu_model"]) == ("COMPLETED", model), jobs[job_id]
                 assert f"time limit: {limit} (2 x --est-runtime" in d.cli("show", str(job_id)).stdout
+            # a job that does run past its limit is told so in a duration, not a float
+            assert (jobs[overrun]["state"], jobs[overrun]["reason"]) == ("TIMEOUT", "exceeded its time limit of 2s")
         finally:
             d.cleanup()
