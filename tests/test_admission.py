@@ -166,3 +166,16 @@ def test_drain_and_resume_are_seen_by_the_next_submit_at_once(store, service):
         conn.execute(update(gpus).where(gpus.c.node_name == "amd-1").values(drained=False))
     drain(service, "nv-1", drained=False)
     assert "warning" not in service.submit(ROOT, body(workload="llm-chat-70b"))
+
+
+def test_a_time_limit_alone_is_judged_by_the_planners_stand_in_runtime_and_the_refusal_says_so(store, tmp_path):
+    """Without --est-runtime the planner takes a --time-limit shorter than its default runtime
+    as the job's runtime on the reference H100; on a fleet of slower A100s no plan fits it, so
+    the job would wait for ever: it is refused, and told what would help."""
+    add_node(store, "a100-1", "A100", 4, 80.0)
+    service = make_service(store, tmp_path)
+    message = refused(service, time_limit_s=600.0)
+    assert message.startswith("fits no GPU model: A100 (time limit: ~22m49s)"), message
+    assert message.endswith("without --est-runtime the job is planned as running 10m on an H100: give --est-runtime")
+    assert "give --est-runtime" not in refused(service, est_runtime_s=600.0, time_limit_s=600.0)
+    assert "warning" not in service.submit(ROOT, body(est_runtime_s=240.0, time_limit_s=600.0))

@@ -23,9 +23,10 @@ per node): a job no known GPU model could take is still refused.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
@@ -35,6 +36,10 @@ from scheduler.lifecycle import utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, nodes
 from scheduler.timeparse import format_duration
+
+if TYPE_CHECKING:  # numpy-backed: imported on first use, not with the API
+    from policies.energy import ProfileBook
+    from policies.feasibility import GpuKind
 
 MAX_GPUS = 1024
 INVENTORY_TTL_S = 5.0  # the inventory and profiles change rarely, submits come often
@@ -76,12 +81,12 @@ class Inventory:
 
     sets: tuple[GpuSet, ...]
     # one GpuKind per (node, model, memory), drained or not: a gang is on one node
-    kinds: tuple
-    serving: tuple  # the distinct kinds of the GPUs in service (their counts in service)
-    book: object  # the planner's ProfileBook: seeds plus this cluster's learned profiles
+    kinds: tuple[GpuKind, ...]
+    serving: tuple[GpuKind, ...]  # the distinct kinds of the GPUs in service (their counts in service)
+    book: ProfileBook  # the planner's: seeds plus this cluster's learned profiles
 
     @classmethod
-    def of(cls, sets: list[GpuSet], book) -> "Inventory":
+    def of(cls, sets: list[GpuSet], book: ProfileBook) -> Inventory:
         whole: dict[tuple, int] = {}
         serving: dict[tuple, int] = {}
         for s in sets:
@@ -93,7 +98,7 @@ class Inventory:
                    tuple(_kind(m, mem, n) for m, mem, n in sorted({(m, mem, n) for (_, m, mem), n in serving.items()})),
                    book)
 
-    def whole_kind(self, s: GpuSet):
+    def whole_kind(self, s: GpuSet) -> GpuKind:
         """The kind `s` belongs to, counting its node's GPUs of that model in any state."""
         n = sum(o.count for o in self.sets if (o.node, o.model, o.memory_gib) == (s.node, s.model, s.memory_gib))
         return _kind(s.model, s.memory_gib, n)
@@ -141,9 +146,10 @@ class Admission:
         self._cached = (now, inventory)
         return inventory
 
-    def check(self, job: QueuedJob) -> str | None:
+    def check(self, job: QueuedJob, *, estimated: bool = True) -> str | None:
         """Raise Refused if no GPU of the cluster can ever take `job`; else a warning (None:
-        GPUs in service can take it)."""
+        GPUs in service can take it). `estimated`: the user gave a runtime or a prompt count
+        (else the refusal says the planner's stand-in runtime decided it)."""
         from policies.feasibility import kind_verdict
 
         if not 1 <= job.gpus <= MAX_GPUS:
@@ -153,12 +159,12 @@ class Admission:
         if not inv.sets:
             kinds = [_kind(m.name, m.memory_gib, MAX_GPUS) for m in catalog().values()]
             _check_counts(job, kinds, "any known GPU model")
-            self._check_models(job, kinds, book)
+            self._check_models(job, kinds, book, estimated)
             return "no GPU is registered yet: the job waits until a node agent registers one that can take it"
         _check_counts(job, inv.kinds, "any registered GPU")
         if any(kind_verdict(job, kind, book, self.default_runtime_s) is None for kind in inv.serving):
             return None
-        self._check_models(job, list(inv.kinds), book)  # raises: no GPU, in service or not, can take it
+        self._check_models(job, list(inv.kinds), book, estimated)  # raises: no GPU, in service or not, can take it
         waiting = [s for s in inv.sets if not s.in_service
                    and kind_verdict(job, inv.whole_kind(s), book, self.default_runtime_s) is None]
         named = ", ".join(f"{s.count}x{s.model} on {s.node} ({s.state})" for s in waiting[:MAX_LISTED])
@@ -166,7 +172,7 @@ class Admission:
         return (f"only GPUs out of service can run this job now: {named}{more}; "
                 "it waits until one of them returns")
 
-    def _check_models(self, job: QueuedJob, kinds: list, book) -> None:
+    def _check_models(self, job: QueuedJob, kinds: list[GpuKind], book: ProfileBook, estimated: bool) -> None:
         """Raise Refused(422) with the reason per GPU model if no kind can take `job`."""
         from policies.feasibility import estimated_runtime_s, exclusions, unfit_text
 
@@ -189,18 +195,24 @@ class Admission:
             notes.append(f"no operating point meets {slo_text(job)}")
         if "time limit" in reasons:
             notes.append(f"the estimated runtime exceeds --time-limit {format_duration(job.time_limit_s)}")
+            if not estimated:  # the planner's stand-in runtime on the reference GPU
+                from policies.energy import REFERENCE_MODEL
+
+                ran = format_duration(job.est_runtime_s or self.default_runtime_s)
+                notes.append(f"without --est-runtime the job is planned as running {ran} on an {REFERENCE_MODEL}: "
+                             "give --est-runtime")
         if "memory" in reasons and not job.gpu_mem_gib:
             notes.append(f"the workload does not fit in the memory of {job.gpus} GPU(s)")
         raise Refused(422, unfit_text(detailed) + "".join(f"; {n}" for n in notes))
 
 
-def _kind(model: str, memory_gib: float, count: int):
+def _kind(model: str, memory_gib: float, count: int) -> GpuKind:
     from policies.feasibility import GpuKind
 
     return GpuKind(model, memory_gib, count)
 
 
-def _check_counts(job: QueuedJob, kinds: list, where: str) -> None:
+def _check_counts(job: QueuedJob, kinds: Sequence[GpuKind], where: str) -> None:
     """The plain inventory questions first, in the words a user asked them: no node has that
     many GPUs of one model, or that much memory per GPU."""
     max_count = max(k.count for k in kinds)

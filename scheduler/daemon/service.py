@@ -268,7 +268,7 @@ class JobService:
                         time_limit_s=limit if factor is None else None, time_limit_factor=factor,
                         ttft_slo_ms=row["ttft_slo_ms"], tpot_slo_ms=row["tpot_slo_ms"])
         try:
-            return self.admission.check(job)
+            return self.admission.check(job, estimated=row["est_runtime_s"] is not None or row["prompts"] is not None)
         except Refused as e:
             raise RequestError(e.status, e.message) from None
 
