@@ -132,7 +132,7 @@ class FifoPolicy:
                 limit_ok = {m: within_time_limit(job, m, book, snapshot.default_runtime_s) for m in set(models)}
                 ok &= np.array([limit_ok[m] for m in models], dtype=bool)
                 if not ok.any():
-                    unplaced[job.id] = (f"runs longer than its time limit ({job.time_limit_s:g}s) on every GPU "
+                    unplaced[job.id] = (f"runs longer than its time limit ({_human(job.time_limit_s)}) on every GPU "
                                         "model that can take it")
                     continue
             if not ok.any():
@@ -162,8 +162,7 @@ class FifoPolicy:
                     job_id=job.id, node=keys[p][0], gpu_ids=gpu_ids, start_at=start,
                     estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
                                       runtime_s=shape.runtime_s, deadline_miss=miss,
-                                      time_limit_s=shape.runtime_s * job.time_limit_factor
-                                      if job.time_limit_factor else None)))
+                                      time_limit_s=job.derived_time_limit_s(shape.runtime_s))))
                 continue
             gco2_now = job.gco2_if_now
             if gco2_now is None:
@@ -182,8 +181,7 @@ class FifoPolicy:
                                       gco2_if_now=gco2_now, runtime_s=shape.runtime_s, prompts=job.prompts,
                                       binding="deadline" if miss else None, deadline_miss=miss,
                                       blind_g_per_kwh=price.g_per_kwh if zone in blind and price else None,
-                                      time_limit_s=shape.runtime_s * job.time_limit_factor
-                                      if job.time_limit_factor else None),
+                                      time_limit_s=job.derived_time_limit_s(shape.runtime_s)),
                     explanation=(
                         f"{self.name}: {k}x{model} on {keys[p][0]} in {zone} {when}, {cost}; "
                         f"{self.rule}"

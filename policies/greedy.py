@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
+from policies.feasibility import unfit_text
 from policies.lateness import (DEFAULT_LATENESS_G_PER_GPU_H, DEFAULT_RESERVE_G_PER_GPU_H, DEFAULT_RESERVE_SHARE,
                                parse_lateness_price)
 from policies.model import Plan, Snapshot
@@ -183,7 +184,7 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
     if not problem.job_fit[j].any():
         jo = problem.job_options(j)
         if jo.excluded:
-            return "fits no GPU model: " + ", ".join(f"{m} ({r})" for m, r in sorted(jo.excluded.items()))
+            return unfit_text(jo.excluded)
         return "no usable GPUs"
     S = problem.n_slots
     lo = int(problem.job_earliest[j])

@@ -26,7 +26,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from policies.energy import ProfileBook, fits, seed_profiles, within_time_limit
+from policies.energy import ProfileBook, seed_profiles
+from policies.feasibility import GpuKind, exclusions, unfit_text
 from policies.model import Plan, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
@@ -42,19 +43,18 @@ def screen(snapshot: Snapshot) -> dict[int, str]:
     """Jobs of the snapshot that no usable GPU can ever take, with the reason (job id -> text).
 
     "Usable" is healthy and not drained: a job that fits only GPUs that are down or drained is
-    not set aside here (it would be planned if they came back; `submit` warns about it)."""
+    set aside here (it would be planned if they came back; `submit` accepted it with a
+    warning). The rules are the planner's own, per GPU kind (`policies.feasibility`)."""
     book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
-    # per (model, memory): the most usable GPUs of that kind on one node (gang size)
-    widest: dict[tuple[str, float], int] = defaultdict(int)
-    per_node: dict[tuple[str, str, float], int] = defaultdict(int)
+    count: dict[tuple[str, str, float], int] = defaultdict(int)
     for g in snapshot.gpus:
         if g.healthy and not g.drained:
-            key = (g.node, g.model, float(g.memory_gib))
-            per_node[key] += 1
-            widest[key[1:]] = max(widest[key[1:]], per_node[key])
+            count[(g.node, g.model, float(g.memory_gib))] += 1
+    kinds = sorted({GpuKind(model, memory, n) for (_, model, memory), n in count.items()},
+                   key=lambda k: (k.model, k.memory_gib, k.count))
+    if not kinds:
+        return {j.id: "no usable GPUs" for j in snapshot.jobs if not (j.pinned and j.id in snapshot.pinned)}
     out: dict[int, str] = {}
-    if not widest:
-        return {j.id: "no usable GPUs" for j in snapshot.jobs if not j.pinned}
     verdicts: dict[tuple, str | None] = {}
     for job in snapshot.jobs:
         if job.pinned and job.id in snapshot.pinned:
@@ -62,7 +62,9 @@ def screen(snapshot: Snapshot) -> dict[int, str]:
         key = _feasibility_key(job)
         if key not in verdicts:
             try:
-                verdicts[key] = _why_no_option(job, widest, book, snapshot.default_runtime_s)
+                excluded = exclusions(job, kinds, book, snapshot.default_runtime_s)
+                fit = {k.model for k in kinds} - set(excluded)
+                verdicts[key] = None if fit else unfit_text(excluded)
             except Exception as e:  # noqa: BLE001 - one job's arithmetic must not stop the tick
                 log.exception("planner: job %s cannot be screened", job.id)
                 verdicts[key] = f"{PLANNER_ERROR}: {type(e).__name__}: {e}"
@@ -73,27 +75,10 @@ def screen(snapshot: Snapshot) -> dict[int, str]:
 
 
 def _feasibility_key(job: QueuedJob) -> tuple:
-    """What `_why_no_option` depends on: jobs equal here share the verdict."""
+    """What the verdict depends on: jobs equal here share it."""
     limit = (job.time_limit_s, job.est_runtime_s, job.prompts) if job.time_limit_s is not None else None
     return (job.gpus, float(job.gpu_mem_gib), job.workload, job.latency_slo_ms, job.ttft_slo_ms,
             job.tpot_slo_ms, limit)
-
-
-def _why_no_option(job: QueuedJob, widest: dict[tuple[str, float], int], book: ProfileBook,
-                   default_runtime_s: float) -> str | None:
-    """None when some usable (model, memory) kind can take the job, else the reason per model."""
-    k = max(1, job.gpus)
-    reasons: dict[str, str] = {}
-    for (model, memory), most in sorted(widest.items()):
-        why = fits(job, model, memory, book)
-        if why is None and most < k:
-            why = "gang"
-        if why is None and not within_time_limit(job, model, book, default_runtime_s):
-            why = "time limit"
-        if why is None:
-            return None
-        reasons.setdefault(model, why)
-    return "fits no GPU model: " + ", ".join(f"{m} ({r})" for m, r in sorted(reasons.items()))
 
 
 def without(snapshot: Snapshot, job_ids: set[int] | frozenset[int]) -> Snapshot:

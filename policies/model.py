@@ -43,6 +43,17 @@ class QueuedJob:
     # (an unchanged queue still skips a re-plan once the figure is stored).
     gco2_if_now: float | None = field(default=None, compare=False)
 
+    def derived_time_limit_s(self, runtime_s: float) -> float | None:
+        """The time limit that follows a plan with this estimated runtime on its chosen GPUs:
+        `time_limit_factor` x that runtime, but never less than `time_limit_factor` x the
+        user's own `est_runtime_s`. The catalog's speed ratios are estimates: a job the user
+        said runs 20 s must not be killed at 28 s because a faster GPU was expected to take
+        14 s (issue 24). A slower GPU lengthens the limit, as its runtime does. None: the
+        job has no derived limit (an explicit one, or no estimate)."""
+        if not self.time_limit_factor:
+            return None
+        return max(runtime_s, self.est_runtime_s or 0.0) * self.time_limit_factor
+
 
 @dataclass(frozen=True)
 class GpuSlot:

@@ -153,7 +153,7 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
         binding=binding,
         deadline_miss=miss,
         blind_g_per_kwh=price.g_per_kwh if blind and price is not None else None,
-        time_limit_s=runtime_s * job.time_limit_factor if job.time_limit_factor else None,
+        time_limit_s=job.derived_time_limit_s(runtime_s),
     )
     when = _when(problem.now, start)
     cost = f"{gco2_model:.0f} g"

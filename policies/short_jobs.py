@@ -553,8 +553,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                               runtime_s=shape.runtime_s, prompts=job.prompts, binding=binding,
                               deadline_miss=deadline_miss,
                               blind_g_per_kwh=price.g_per_kwh if kind.zone in blind else None,
-                              time_limit_s=shape.runtime_s * job.time_limit_factor
-                              if job.time_limit_factor else None),
+                              time_limit_s=job.derived_time_limit_s(shape.runtime_s)),
             explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs "
                          + (f"{now_cost:.2g} g {now_where}" if now_cost is not None else "no free GPU alone")
                          + f" ({why})")))

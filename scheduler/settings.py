@@ -227,8 +227,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_level", _log_level, "INFO", "log level", _BOTH, "LEVEL"),
     Setting("admin_groups", _groups, [], "groups whose members see and cancel every job and drain "
             "GPUs (comma-separated in env/flag)", _HEAD, "GROUP,..."),
-    Setting("time_limit_factor", _number(1.0, 100.0), 2.0, "time limit = --est-runtime x this, unless "
-            "--time-limit is given", _HEAD, "X"),
+    Setting("time_limit_factor", _number(1.0, 100.0), 2.0, "time limit = this x the runtime estimated "
+            "on the planned GPUs, never less than this x --est-runtime, unless --time-limit is given", _HEAD, "X"),
     Setting("grace", _duration, 10.0, "SIGTERM -> SIGKILL grace on cancel and timeout", _BOTH, "DUR", _dur),
     Setting("node_lost_after", _duration, 300.0, "a silent node's running jobs are declared LOST (or "
             "re-queued) after this; longer than any agent restart", _HEAD, "DUR", _dur),

@@ -123,6 +123,15 @@ def test_submit_with_a_malformed_time_exits_2_with_one_clear_line(cli_env, flag,
     assert fragment in line and repr(value) in line
 
 
+def test_submit_help_says_a_derived_time_limit_never_undercuts_the_users_estimate(cli_env):
+    """Issue 24: a user predicts the limit from --help alone."""
+    proc = run(cli_env, "submit", "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = options_text(proc.stdout)
+    assert "time_limit_factor (2) x the estimated runtime on the planned GPUs" in text
+    assert "never less than time_limit_factor x --est-runtime" in text
+
+
 def test_submit_env_of_an_unset_variable_exits_2(cli_env):
     cli_env.pop("CS_TEST_UNSET", None)
     proc = run(cli_env, "submit", "--env", "CS_TEST_UNSET", "--", "true")

@@ -81,7 +81,7 @@ def test_screening_names_the_reason_per_gpu_model():
     why = screen(Snapshot(now=NOW, jobs=jobs, gpus=_fleet()))
     assert why[1] == "fits no GPU model: H100 (memory), MI300X (memory)"
     assert 2 not in why
-    assert why[3] == "fits no GPU model: H100 (gang), MI300X (time limit)"
+    assert why[3] == "fits no GPU model: H100 (time limit), MI300X (time limit)"
     assert 4 not in why
 
 

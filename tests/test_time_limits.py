@@ -111,3 +111,49 @@ def test_an_explicit_time_limit_is_kept_and_the_plan_respects_it(store, service)
     assert row.est_runtime_planned_s <= 1.5 * HOUR
     assert row.time_limit_s == 1.5 * HOUR
     assert "--time-limit: no plan runs longer" in shown(store, job_id)
+
+
+# -- a derived limit the user can predict (issue 24, item 3) -------------------------------------
+
+FAST_AND_SLOW = ["MI300X", "MI355X", "B200", "H200", "H100", "A100"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("model", FAST_AND_SLOW)
+@pytest.mark.parametrize("est_s", [20.0, 6.0, HOUR], ids=["20s", "6s", "1h"])
+def test_a_derived_limit_is_never_shorter_than_the_users_estimate_times_the_factor(policy, model, est_s):
+    """On a GPU the catalog takes for faster than the reference, the limit is still 2 x what
+    the user said (the MI300X once got 27.7 s for a 20 s estimate, the MI355X 4.9 s for 6 s);
+    on a slower one it is 2 x the longer runtime expected there."""
+    gpus = (GpuSlot(1, "a-node", "CLEAN", 0, model, 288.0),)
+    p = plan(policy, Snapshot(now=NOW, jobs=(QueuedJob(1, 1, 0.0, NOW, est_runtime_s=est_s, max_delay_s=1.0,
+                                                       time_limit_factor=2.0),), gpus=gpus, carbon=CARBON))
+    e = p.by_job()[1].estimate
+    assert e.time_limit_s == pytest.approx(2.0 * max(est_s, e.runtime_s))
+    assert e.time_limit_s >= 2.0 * est_s
+    if generic_runtime_scale(model) > 1.0:
+        assert e.time_limit_s > 2.0 * est_s
+
+
+def test_the_limit_follows_the_user_estimate_for_a_workload_job_planned_by_its_prompts():
+    """A prompt count sets the runtime on each model; --est-runtime still floors the limit."""
+    job = QueuedJob(1, 1, 0.0, NOW, est_runtime_s=HOUR, workload="llm-chat-8b", prompts=100,
+                    time_limit_factor=2.0)
+    e = plan("greedy", Snapshot(now=NOW, jobs=(job,), gpus=(GpuSlot(1, "a-node", "CLEAN", 0, "MI355X", 288.0),),
+                                carbon=CARBON)).by_job()[1].estimate
+    assert e.runtime_s < HOUR and e.time_limit_s == pytest.approx(2 * HOUR)
+
+
+@pytest.mark.parametrize("model, est_s", [("MI300X", 20.0), ("MI355X", 6.0)])
+def test_the_stored_limit_of_a_job_planned_on_a_fast_gpu_keeps_the_users_estimate(store, service, model, est_s):  # noqa: F811
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE", model=model, memory_gib=192.0)
+    job_id = submit(service, est_runtime_s=est_s, max_delay_s=1.0)
+    planner = planner_for(store)
+    assert preview_rows(planner)[0]["time_limit_s"] == pytest.approx(2 * est_s)
+    planner.tick()
+    row = job_row(store, job_id)
+    assert row.state == "PLANNED" and row.est_runtime_planned_s < est_s
+    assert row.time_limit_s == pytest.approx(2 * est_s)
+    assert f"time limit: {2 * est_s:.0f}s (2 x --est-runtime: the planned GPUs are expected to be faster)" \
+        in shown(store, job_id)

@@ -80,7 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--est-runtime", metavar="DUR", help="expected runtime, e.g. 90m")
     s.add_argument("--max-delay", metavar="DUR", help="start within this long of submission, e.g. 4h "
                                                       "(default: any time that meets the deadline)")
-    s.add_argument("--time-limit", metavar="DUR", help="hard limit (default: est-runtime x 2)")
+    s.add_argument("--time-limit", metavar="DUR",
+                   help="hard limit: the job is stopped (TIMEOUT) when it runs longer, and no GPU on which it "
+                        "is estimated to run longer is chosen. Default, with --est-runtime: the daemon's "
+                        "time_limit_factor (2) x the estimated runtime on the planned GPUs, and never less than "
+                        "time_limit_factor x --est-runtime (longer on a slower GPU, never shorter on a faster one)")
     s.add_argument("--retries", type=int, default=0, help="re-queue up to N times if the job is lost")
     s.add_argument("--name", help="job name (default: the program name)")
     s.add_argument("--env", action="append", default=[], metavar="VAR[=VALUE]",
@@ -348,10 +352,13 @@ def cmd_submit(args, config) -> int:
             raise CliError(f"--env {key}: not set in your environment; use --env {key}=VALUE", EXIT_USAGE)
     body["env"] = env
     result = api_client(args, config).submit(**body)
+    warning = result.get("warning")  # accepted, but it waits: e.g. only drained GPUs can run it
     if args.json:
-        _print_json({"id": result["id"]})
+        _print_json({"id": result["id"], **({"warning": warning} if warning else {})})
     else:
         print(f"submitted job {result['id']}")
+    if warning:
+        print(f"carbonsched: warning: job {result['id']}: {warning}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -61,9 +61,11 @@ def jobs_table(jobs: list[dict]) -> str:
         rows.append([str(j["id"]), j["name"][:24], j["owner"], j["state"], _gpus(j),
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
                      "-" if j["exit_code"] is None else str(j["exit_code"]), _energy(j["energy_j"]),
-                     _job_gco2(j)])
+                     _job_gco2(j),
+                     # why a PENDING job waits, as squeue's REASON: the planner's word for it
+                     (j.get("reason") or "-") if j["state"] == "PENDING" else ""])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
-                  "ENERGY", "GCO2(~EST)"], rows)
+                  "ENERGY", "GCO2(~EST)", "REASON"], rows)
 
 
 def _estimate_line(gco2: float | None, per_prompt: float | None) -> str:
@@ -85,7 +87,13 @@ def _time_limit(job: dict) -> str:
         return "-"
     if factor is None:
         return f"{format_duration(limit)} (--time-limit: no plan runs longer)"
-    basis = "the planned GPUs' runtime" if job.get("est_runtime_planned_s") else "--est-runtime until planned"
+    planned, est = job.get("est_runtime_planned_s"), job.get("est_runtime_s")
+    if not planned:
+        basis = "--est-runtime until planned"
+    elif est is not None and est >= planned:  # never below the user's own estimate x factor
+        basis = "--est-runtime: the planned GPUs are expected to be faster"
+    else:
+        basis = "the planned GPUs' runtime"
     return f"{format_duration(limit)} ({factor:g} x {basis})"
 
 

@@ -557,13 +557,10 @@ class Planner:
         return sorted({g.zone for g in snapshot.gpus} - set(snapshot.carbon))
 
     def _runtime_estimate(self, r: "QueuedRow") -> float | None:
-        """The job's --est-runtime; without one, its --time-limit when that is shorter than the
-        default runtime (a job that cannot run longer than 2 s is not planned for an hour)."""
-        if r.est_runtime_s is not None:
-            return r.est_runtime_s
-        if r.time_limit_s is not None and r.time_limit_s < self.default_runtime_s:
-            return r.time_limit_s
-        return None
+        """The runtime the job is planned with (`policies.feasibility.planning_runtime_s`)."""
+        from policies.feasibility import planning_runtime_s
+
+        return planning_runtime_s(r.est_runtime_s, r.time_limit_s, self.default_runtime_s)
 
     def _expected_end(self, job, now: datetime, book=None, model: str | None = None) -> datetime:
         """When a running job's GPUs are expected free: its planned runtime stretched by the

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from sqlalchemy import Connection, bindparam, func, insert, literal, null, select, update
 
-from policies.catalog import catalog
+from policies.model import QueuedJob
+from scheduler.daemon.admission import MAX_GPUS, Admission, Refused
 from scheduler.job_view import gpu_map, job_select, jobs_json
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition, utcnow
 from scheduler.store import Store
@@ -34,7 +35,6 @@ MAX_ARGV_BYTES = 256 * 1024
 MAX_ENV = 256
 MAX_RUNTIME_S = 30 * 86400
 MAX_LOG_BYTES = 4 * 1024 * 1024
-INVENTORY_TTL_S = 5.0
 _INSERT_JOB = insert(jobs).returning(jobs.c.id)
 
 
@@ -85,6 +85,7 @@ class ServiceConfig:
     admin_gids: frozenset[int] = frozenset()
     time_limit_factor: float = 2.0
     node_timeout_s: float = 60.0
+    default_runtime_s: float = 3600.0  # the planner's runtime for a job with no estimate
 
 
 class JobService:
@@ -97,7 +98,8 @@ class JobService:
         self._on_submit = on_submit or (lambda: None)
         self._on_cancel = on_cancel or (lambda: None)
         self._clock = clock
-        self._inventory: tuple[float, list] | None = None
+        self.admission = Admission(store, node_timeout_s=config.node_timeout_s,
+                                   default_runtime_s=config.default_runtime_s, clock=clock)
 
     # -- identity -----------------------------------------------------------------------
 
@@ -116,6 +118,7 @@ class JobService:
                                     "only run jobs as that user; run it as root to serve others")
         now = self._clock()
         row = self._validate_submit(body, caller, now)
+        warning = self._admit(row)
 
         if self.store.dialect == "postgresql":
             # One statement, one round trip: the job row and its first event are inserted
@@ -135,7 +138,10 @@ class JobService:
             job_id = self.store.transact(tx)
         log.info("job %s submitted by uid %s: %s", job_id, caller.uid, row["name"])
         self._on_submit()
-        return {"id": job_id, "state": State.PENDING.value}
+        out = {"id": job_id, "state": State.PENDING.value}
+        if warning is not None:
+            out["warning"] = warning
+        return out
 
     def _validate_submit(self, body: object, caller: Caller, now: datetime) -> dict:
         if not isinstance(body, dict):
@@ -167,7 +173,8 @@ class JobService:
         mem = _number(body.get("gpu_mem_gib", 0), "gpu_mem_gib")
         if mem < 0:
             raise RequestError(400, f"--gpu-mem must not be negative (got {mem:g})")
-        self._check_fits(n_gpus, mem)
+        if not 1 <= n_gpus <= MAX_GPUS:
+            raise RequestError(400, f"--gpus must be between 1 and {MAX_GPUS} (got {n_gpus})")
 
         est = _optional_number(body.get("est_runtime_s"), "est_runtime_s")
         if est is not None and not 0 < est <= MAX_RUNTIME_S:
@@ -246,42 +253,24 @@ class JobService:
             max_delay_s=max_delay,
         )
 
-    def _healthy_gpus(self) -> list:
-        """The healthy GPU inventory, cached briefly: it changes rarely, submits come often."""
-        now = time.monotonic()
-        cached = self._inventory
-        if cached is not None and now - cached[0] < INVENTORY_TTL_S:
-            return cached[1]
-        with self.store.read() as conn:
-            rows = list(conn.execute(select(gpus.c.node_name, gpus.c.model, gpus.c.memory_gib)
-                                     .where(gpus.c.healthy.is_(True))))
-        self._inventory = (now, rows)
-        return rows
+    def _admit(self, row: dict) -> str | None:
+        """Refuse (422) a job no GPU of the cluster can ever run, with the reason per GPU
+        model; return a warning for one only GPUs out of service can run
+        (`scheduler.daemon.admission`). The job as the planner will see it decides."""
+        limit, factor = row["time_limit_s"], row["time_limit_factor"]
+        from policies.feasibility import planning_runtime_s
 
-    def _check_fits(self, n_gpus: int, mem: float) -> None:
-        """Reject what no GPU set could ever satisfy (known nodes, else the catalog)."""
-        rows = self._healthy_gpus()
-        if rows:
-            groups: dict[tuple[str, str], list[float]] = {}
-            for r in rows:
-                groups.setdefault((r.node_name, r.model), []).append(r.memory_gib)
-            max_count = max(len(v) for v in groups.values())
-            max_mem = max(r.memory_gib for r in rows)
-            where = "any registered GPU"
-        else:
-            max_count, max_mem, where = 1024, max(m.memory_gib for m in catalog().values()), "any known GPU model"
-        if not 1 <= n_gpus <= 1024:
-            raise RequestError(400, f"--gpus must be between 1 and 1024 (got {n_gpus})")
-        if n_gpus > max_count:
-            raise RequestError(422, f"--gpus {n_gpus}: no node has that many GPUs of one model "
-                                    f"(the most is {max_count})")
-        if mem > max_mem:
-            raise RequestError(422, f"--gpu-mem {mem:g} GiB is more than {where} has "
-                                    f"({max_mem:g} GiB)")
-        if rows and n_gpus > 1:
-            fitting = max((len([m for m in v if m >= mem]) for v in groups.values()), default=0)
-            if fitting < n_gpus:
-                raise RequestError(422, f"no node has {n_gpus} GPUs of one model with >= {mem:g} GiB")
+        job = QueuedJob(0, row["gpus"], row["gpu_mem_gib"], row["submitted_at"],
+                        planning_runtime_s(row["est_runtime_s"], limit, self.config.default_runtime_s),
+                        row["deadline"], row["latency_slo_ms"], row["workload"], row["prompts"],
+                        max_delay_s=row["max_delay_s"],
+                        # an explicit --time-limit binds the plan; a derived one follows it
+                        time_limit_s=limit if factor is None else None, time_limit_factor=factor,
+                        ttft_slo_ms=row["ttft_slo_ms"], tpot_slo_ms=row["tpot_slo_ms"])
+        try:
+            return self.admission.check(job, estimated=row["est_runtime_s"] is not None or row["prompts"] is not None)
+        except Refused as e:
+            raise RequestError(e.status, e.message) from None
 
     # -- reading ------------------------------------------------------------------------
 
@@ -412,7 +401,7 @@ class JobService:
             raise RequestError(404, f"no node or GPU {target!r} (give a node name, NODE:INDEX or a GPU UUID)")
         log.warning("%s of %d GPU(s) (%s) by uid %s%s", verb, len(hit), target, caller.uid,
                     f": {reason}" if reason else "")
-        self._inventory = None
+        self.admission.invalidate()
         self._on_submit()  # re-plan now: jobs planned on drained GPUs move, resumed GPUs take work
         return {"target": target, "drained": drained, "reason": reason,
                 "gpus": [{"id": h.id, "node": h.node_name, "index": h.index, "running_job": h.job_id}

@@ -27,6 +27,7 @@ from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
+from scheduler.timeparse import format_duration
 from telemetry.energy import MODELLED, Sample
 from telemetry.gpu import GpuBackend, GpuError
 from telemetry.sampler import Reading, Sampler
@@ -341,7 +342,7 @@ class Agent:
             to, why = State.CANCELLED, "cancelled by user while running"
         elif result.get("timed_out"):
             limit = (status.spec or {}).get("time_limit_s")
-            to, why = State.TIMEOUT, f"exceeded its time limit of {limit:g}s" if limit else "timed out"
+            to, why = State.TIMEOUT, f"exceeded its time limit of {format_duration(limit)}" if limit else "timed out"
         elif code == 0:
             to, why = State.COMPLETED, "exit code 0"
         elif result.get("error"):
