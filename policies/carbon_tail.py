@@ -18,6 +18,7 @@ alike. Curves without a tail take the old path in each of them, unchanged.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -33,14 +34,17 @@ class Extended:
 
     `values[i]` holds on step i (i = 0 at `curve.start`); `prefix[i]` is the integral of the
     steps before i (in g/kWh x steps). `values` grows past the forecast as `cover` is asked
-    for further steps; `n_forecast` of them are the forecast's own.
+    for further steps; `n_forecast` of them are the forecast's own. The two arrays are
+    swapped together under a lock, so a reader in another thread (a `plan` preview beside
+    the planner tick) always sees a matching pair.
     """
 
     def __init__(self, curve: CarbonCurve) -> None:
         self.curve = curve
-        self.values = np.asarray(curve.values_g_per_kwh, dtype=np.float64)
-        self.n_forecast = int(self.values.size)
-        self.prefix = np.concatenate(([0.0], np.cumsum(self.values)))
+        values = np.asarray(curve.values_g_per_kwh, dtype=np.float64)
+        self.n_forecast = int(values.size)
+        self._arrays = (values, np.concatenate(([0.0], np.cumsum(values))))
+        self._lock = threading.Lock()
         tail = curve.tail
         self._cells = None if tail is None else np.asarray(tail.values_g_per_kwh, dtype=np.float64)
         self._max_steps = self.n_forecast + int(math.ceil(MAX_TAIL_S / curve.step_s)) if tail is not None \
@@ -48,7 +52,15 @@ class Extended:
         #: the value after the materialised steps: the tail's mean (past MAX_TAIL_S), or
         #: without a tail the last forecast value (the flat extension)
         self.beyond = float(self._cells.mean()) if self._cells is not None else \
-            (float(self.values[-1]) if self.n_forecast else 0.0)
+            (float(values[-1]) if self.n_forecast else 0.0)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._arrays[0]
+
+    @property
+    def prefix(self) -> np.ndarray:
+        return self._arrays[1]
 
     @property
     def has_tail(self) -> bool:
@@ -59,38 +71,39 @@ class Extended:
         """The end of the forecast (epoch seconds): where the tail begins."""
         return self.curve.start.timestamp() + self.n_forecast * self.curve.step_s
 
-    def cover(self, x_steps: float) -> None:
-        """Materialise the tail up to step `x_steps` (no-op without a tail, or where done)."""
-        if self._cells is None or x_steps <= self.values.size or self.values.size >= self._max_steps:
-            return
-        step = self.curve.step_s
-        want = max(x_steps, self.values.size * 2.0, self.values.size + _GROW_MIN_S / step)
-        n_new = min(int(math.ceil(want)), self._max_steps) - self.values.size
-        if n_new <= 0:
-            return
-        first = self.values.size
-        mid_s = self.curve.start.timestamp() + (np.arange(first, first + n_new, dtype=np.float64) + 0.5) * step
-        new = self._cells[_cell_index(mid_s)]
-        self.values = np.concatenate([self.values, new])
-        self.prefix = np.concatenate([self.prefix, self.prefix[-1] + np.cumsum(new)])
+    def cover(self, x_steps: float) -> tuple[np.ndarray, np.ndarray]:
+        """Materialise the tail up to step `x_steps` (as far as `MAX_TAIL_S` allows; nothing
+        to do without a tail) and return (values, prefix) as they then are."""
+        arrays = self._arrays
+        size = arrays[0].size
+        if self._cells is None or x_steps <= size or size >= self._max_steps:
+            return arrays
+        with self._lock:
+            values, prefix = self._arrays
+            size = values.size
+            step = self.curve.step_s
+            want = max(x_steps, size * 2.0, size + _GROW_MIN_S / step)
+            n_new = min(int(math.ceil(want)), self._max_steps) - size
+            if n_new > 0:
+                mid_s = self.curve.start.timestamp() + (np.arange(size, size + n_new, dtype=np.float64) + 0.5) * step
+                new = self._cells[_cell_index(mid_s)]
+                self._arrays = (np.concatenate([values, new]), np.concatenate([prefix, prefix[-1] + np.cumsum(new)]))
+            return self._arrays
 
     def steps(self, x: float) -> float:
         """The integral of the step function from step 0 to step x (any real x)."""
+        values, prefix = self.cover(x)
         if x <= 0:
-            return x * float(self.values[0])
-        self.cover(x)
-        values = self.values
+            return x * float(values[0])
         n = values.size
         if x >= n:
-            return float(self.prefix[n]) + (x - n) * self.beyond
+            return float(prefix[n]) + (x - n) * self.beyond
         i = int(x)
-        return float(self.prefix[i]) + (x - i) * float(values[i])
+        return float(prefix[i]) + (x - i) * float(values[i])
 
     def steps_array(self, x: np.ndarray) -> np.ndarray:
         """`steps` of every element of `x` (vectorised)."""
-        if x.size:
-            self.cover(float(np.max(x)))
-        values, prefix = self.values, self.prefix
+        values, prefix = self.cover(float(np.max(x)) if x.size else 0.0)
         n = values.size
         i = np.clip(np.floor(x).astype(np.int64), 0, n - 1)
         inside = prefix[i] + (x - i) * values[i]
@@ -101,11 +114,10 @@ class Extended:
         materialised to at least `until_s` (epoch seconds), extended `far_s` both ways (at
         the first value before, at `beyond` after): for `numpy.interp`."""
         step = self.curve.step_s
-        self.cover((until_s - self.curve.start.timestamp()) / step)
-        values = self.values
+        values, prefix = self.cover((until_s - self.curve.start.timestamp()) / step)
         t0 = self.curve.start.timestamp() - origin_s
         tk = t0 + np.arange(values.size + 1, dtype=np.float64) * step
-        gk = self.prefix * step
+        gk = prefix * step
         tk = np.concatenate([[t0 - far_s], tk, [tk[-1] + far_s]])
         gk = np.concatenate([[-far_s * values[0]], gk, [gk[-1] + far_s * self.beyond]])
         return tk, gk
