@@ -55,6 +55,7 @@ class ForecastModel:
     seed: int = 0
     name: str = ""
     fallbacks: int = 0
+    climatology: bool = True  # curves carry the zone's climatology past their end (`tail`)
     _cache: dict[tuple[str, int, int], CarbonCurve] = field(default_factory=dict, repr=False)
     _hourly: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
     _tails: dict[tuple[str, int], Climatology | None] = field(default_factory=dict, repr=False)
@@ -76,7 +77,7 @@ class ForecastModel:
         curve = CarbonCurve(zone=zone, start=datetime.fromtimestamp(issue_hour * HOUR_S, timezone.utc),
                             step_s=HOUR_S, values_g_per_kwh=tuple(values), signal=z.signal,
                             source=f"simulated forecast {self.name or self.kind} of {z.source}",
-                            tail=self.tail(zone, issue_hour))
+                            tail=self.tail(zone, issue_hour) if self.climatology else None)
         self._cache[key] = curve
         return curve
 
