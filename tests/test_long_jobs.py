@@ -290,3 +290,36 @@ def test_the_simulator_s_climatology_comes_from_the_trace_s_past_hours_only():
     # at the trace's start nothing is known: the static yearly mean
     cold = model.curve("DE", first * 3600.0, 48 * 3600.0).tail
     assert set(cold.values_g_per_kwh) == {static_intensity("DE").gco2_per_kwh}
+
+
+def test_a_simulated_two_week_job_runs_where_it_is_cleaner_over_two_weeks(tmp_path):
+    """Zone A is clean (50 g) for 10 days, about what the simulator's perfect forecast sees
+    (48 h + 7 days), then back to its typical 600 g; zone B is 150 g throughout. With the
+    climatology the job runs in B; with the forecast's last value repeated past its end (the
+    planner before issue 24) it ran in A and emitted over a third more (2,900 vs 2,100
+    g/kWh x days)."""
+    from scheduler.simulate.cluster import cluster_from_dict
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.runner import run_policies
+    from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.traces import read_jobs
+
+    start = datetime(2022, 3, 1, tzinfo=timezone.utc)
+    h0 = epoch_hour(start) - 60 * 24
+    hours = np.arange(90 * 24)
+    a = np.where((hours >= 60 * 24) & (hours < 70 * 24), 50.0, 600.0)
+    carbon = {"A": ZoneIntensity("A", h0, a, "average", "synthetic"),
+              "B": ZoneIntensity("B", h0, np.full(hours.size, 150.0), "average", "synthetic")}
+    cluster = cluster_from_dict({"node": [{"name": "a1", "zone": "A", "gpus": "1xH100"},
+                                          {"name": "b1", "zone": "B", "gpus": "1xH100"}]})
+    trace = tmp_path / "one.csv"
+    trace.write_text("submit_time,gpus,runtime_s,name\n0,1,1209600,two-weeks\n")
+    sc = build_scenario(cluster, read_jobs(trace), carbon, start=start, slack_s=2 * DAY_S)
+    ran = {}
+    for on in (True, False):
+        res = run_policies(sc, ["greedy"], forecast="perfect",
+                           settings=SimSettings(plan_interval_s=3600.0, climatology=on))
+        (record,) = res.runs["greedy"].records
+        ran[on] = (record.zone, res.summaries["greedy"]["kgco2"])
+    assert ran[True][0] == "B" and ran[False][0] == "A"
+    assert ran[True][1] == pytest.approx(ran[False][1] * 2100 / 2900, rel=0.01)
