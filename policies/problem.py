@@ -15,7 +15,8 @@
   start window [earliest_slot, latest_slot].
 * **cost(j, o)**: gCO2 per start slot (inf outside the window), from prefix integrals of
   each zone's forecast (one vectorised `numpy.interp` per zone and job; `cost_tables` does
-  many jobs at once, one `interp` per zone).
+  many jobs at once, one `interp` per zone); past the forecast's end, from its `tail` (the
+  zone's typical values, `policies.carbon_tail`) up to the longest run any job can make.
 * **job arrays** (jobs x groups), compiled for all jobs at once (`energy.shape_arrays`):
   `job_fit`/`job_why`, `job_runtime_s`, `job_power_w`, `job_scale`, `job_duration`,
   `job_latest`; per job `job_earliest` and `job_k`. `job_options(j)` (per-pool options, the
