@@ -59,6 +59,7 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.catalog import GpuModel, catalog
+from policies.carbon_tail import extended
 from policies.learning import Run
 from policies.model import CarbonCurve, Profile, QueuedJob
 from policies.operating_point import Choice, Refusal, job_choice, seed_choice, workload_model
@@ -402,19 +403,25 @@ def within_time_limit(job: QueuedJob, model_name: str, book: ProfileBook, defaul
 
 
 class CurveIntegrator:
-    """Integrals of one forecast curve by prefix sums: O(n) once, O(1) per query."""
+    """Integrals of one forecast curve by prefix sums: O(n) once, O(1) per query.
+
+    Past the forecast's end the curve's `tail` holds where it has one
+    (`policies.carbon_tail`), else the last value."""
 
     def __init__(self, curve: CarbonCurve) -> None:
         self.curve = curve
         self._prefix = [0.0, *itertools.accumulate(curve.values_g_per_kwh)]
+        self._tail = extended(curve) if curve.tail is not None and curve.values_g_per_kwh else None
 
     def _steps(self, x: float) -> float:
-        """Integral of the step function (in steps) from 0 to x, flat-extended both ways."""
+        """Integral of the step function (in steps) from 0 to x, extended both ways."""
         values = self.curve.values_g_per_kwh
         n = len(values)
         if x <= 0:
             return x * values[0]
         if x >= n:
+            if self._tail is not None:
+                return self._tail.steps(x)
             return self._prefix[n] + (x - n) * values[-1]
         i = int(x)
         return self._prefix[i] + (x - i) * values[i]
@@ -432,7 +439,8 @@ class CurveIntegrator:
 def curve_integral_g_per_kwh_s(curve: CarbonCurve, start: datetime, end: datetime) -> float:
     """The integral of the step-function intensity over [start, end], in g/kWh x s.
 
-    Before the curve's start the first value holds, after its end the last one.
+    Before the curve's start the first value holds, after its end its tail (the zone's
+    typical values, `policies.carbon_tail`) or, without one, the last value.
     """
     return _integrator(curve).integral(start, end)
 

@@ -74,14 +74,47 @@ class GpuSlot:
     power_limit_w: float | None = None  # the board power limit now: no estimate draws more
 
 
+#: Cells of a `Climatology`: 12 months x 24 UTC hours of the day.
+CLIMATOLOGY_CELLS = 12 * 24
+
+
+@dataclass(frozen=True)
+class Climatology:
+    """A zone's typical carbon intensity by month and hour of the day (UTC): what a planner
+    expects beyond the end of the zone's forecast.
+
+    `values_g_per_kwh[(month - 1) * 24 + hour]` is the expected intensity at UTC hour `hour`
+    of a day in month `month` (1-12): the mean of the zone's recorded actuals for that month
+    and hour over the last year known at the snapshot's `now`, with fallbacks where the
+    record is thin (the scheduler builds it: `scheduler.carbon_climatology`). A forecast
+    covers two or three days; a job that runs for ten is priced over all ten with this, so
+    it goes to the zone that is cleaner over its whole run, not over the forecast's first
+    hours followed by their last value repeated. `source` says what it was built from.
+    """
+
+    values_g_per_kwh: tuple[float, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.values_g_per_kwh) != CLIMATOLOGY_CELLS:
+            raise ValueError(f"a climatology has {CLIMATOLOGY_CELLS} values (12 months x 24 hours), "
+                             f"got {len(self.values_g_per_kwh)}")
+
+    def value(self, month: int, hour: int) -> float:
+        """The typical intensity at UTC hour `hour` (0-23) of a day in `month` (1-12)."""
+        return self.values_g_per_kwh[(month - 1) * 24 + hour]
+
+
 @dataclass(frozen=True)
 class CarbonCurve:
     """Forecast grid carbon intensity of one zone as a step function.
 
     `values_g_per_kwh[i]` holds on [start + i*step_s, start + (i+1)*step_s). Before `start`
-    the first value holds, after the end the last one (a planner never looks further than
-    its horizon, and the forecast covers it). `signal` is "average" or "marginal"; a
-    snapshot never mixes the two.
+    the first value holds. After the end, `tail` (the zone's typical value for the month and
+    hour, `Climatology`) holds where the curve has one, else the last value (a long job is
+    priced over its whole run: `policies.carbon_tail`, which every integral of a curve in
+    `policies` goes through). `signal` is "average" or "marginal"; a snapshot never mixes the
+    two.
     """
 
     zone: str
@@ -90,6 +123,7 @@ class CarbonCurve:
     values_g_per_kwh: tuple[float, ...]
     signal: str = "average"
     source: str = ""
+    tail: Climatology | None = None
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,9 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
             else f"{binding} binds"
     else:
         why = f"{binding} binds" if binding else "cheapest forecast slot"
+    tail_h = problem.tail_s(pool.zone, start, runtime_s) / 3600.0
+    if tail_h >= 0.05:  # a long run: priced past the forecast by the zone's typical values
+        why += f"; {tail_h:.3g} h of the run past the forecast priced at {pool.zone}'s typical values"
     explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why})"
     return Assignment(job_id=job.id, node=pool.node, gpu_ids=gpu_ids, start_at=start,
                       estimate=estimate, explanation=explanation)

@@ -15,7 +15,8 @@
   start window [earliest_slot, latest_slot].
 * **cost(j, o)**: gCO2 per start slot (inf outside the window), from prefix integrals of
   each zone's forecast (one vectorised `numpy.interp` per zone and job; `cost_tables` does
-  many jobs at once, one `interp` per zone).
+  many jobs at once, one `interp` per zone); past the forecast's end, from its `tail` (the
+  zone's typical values, `policies.carbon_tail`) up to the longest run any job can make.
 * **job arrays** (jobs x groups), compiled for all jobs at once (`energy.shape_arrays`):
   `job_fit`/`job_why`, `job_runtime_s`, `job_power_w`, `job_scale`, `job_duration`,
   `job_latest`; per job `job_earliest` and `job_k`. `job_options(j)` (per-pool options, the
@@ -65,7 +66,9 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.blind import BlindPrice, blind_price, priced_curves
-from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles, shape_arrays
+from policies.carbon_tail import extended
+from policies.energy import (J_PER_KWH, JobShape, ProfileBook, curve_integral_g_per_kwh_s, fits, generic_power_w, job_shape,
+                             seed_profiles, shape_arrays)
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H
 from policies.margin import latest_start_slots, margin_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
@@ -165,6 +168,7 @@ class Problem:
         self.jobs: list[QueuedJob] = [j for j in snapshot.jobs if j.id not in pinned_ids and j.id not in kept_ids]
         self.job_index: dict[int, int] = {j.id: i for i, j in enumerate(self.jobs)}
         self._compile_jobs()
+        self._build_knots()
         self._job_options: dict[int, JobOptions] = {}
         self.options: Sequence[list[Option]] = _LazyOptions(self)
         self._cost_cache: tuple[int, np.ndarray] | None = None
@@ -178,11 +182,20 @@ class Problem:
         priced = priced_curves(snap)  # blind zones: flat at the one blind price (policies.blind)
         self.blind_zones: set[str] = {z for z in zones if priced[z].signal == "blind"}
         self.blind_price: BlindPrice | None = blind_price(snap) if self.blind_zones else None
-        self.curves: dict[str, CarbonCurve] = {}
-        self._knots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for zone in zones:
-            self.curves[zone] = priced[zone]
-            self._knots[zone] = _cumulative_knots(priced[zone], self.now)
+        self.curves: dict[str, CarbonCurve] = {zone: priced[zone] for zone in zones}
+
+    def _build_knots(self) -> None:
+        """Each zone's cumulative knots, covering every run the jobs can make: a curve with a
+        tail (`policies.carbon_tail`) is materialised up to the last slot's start plus the
+        longest runtime of any job on any group."""
+        zones = self.zones
+        fit = self.job_fit
+        longest = float(self.job_runtime_s[fit].max()) if fit.any() else 0.0
+        if not math.isfinite(longest):
+            longest = 0.0
+        self._until_s = self.now.timestamp() + self.n_slots * self.slot_s + longest
+        self._knots: dict[str, tuple[np.ndarray, np.ndarray]] = {
+            zone: _cumulative_knots(self.curves[zone], self.now, self._until_s) for zone in zones}
         self._base_integral = {z: np.interp(self.slot_offsets_s, *self._knots[z]) for z in zones}
         self._zone_knots = [self._knots[z] for z in zones]
         self._zone_base = [self._base_integral[z] for z in zones]
@@ -641,10 +654,23 @@ class Problem:
 
     def gco2_at(self, zone: str, start: datetime, runtime_s: float, power_w: float, pue: float) -> float:
         """Internal cost of drawing power_w from `start` in a zone (blind zones: fallback)."""
-        tk, gk = self._knots[zone]
         a = (start - self.now).total_seconds()
+        end_s = self.now.timestamp() + a + runtime_s
+        if end_s > self._until_s and self.curves[zone].tail is not None:  # a pinned or kept run past the knots
+            return power_w * pue * curve_integral_g_per_kwh_s(
+                self.curves[zone], start, start + timedelta(seconds=runtime_s)) / J_PER_KWH
+        tk, gk = self._knots[zone]
         integral = float(np.interp(a + runtime_s, tk, gk) - np.interp(a, tk, gk))
         return power_w * pue * integral / J_PER_KWH
+
+    def tail_s(self, zone: str, start: datetime, runtime_s: float) -> float:
+        """Seconds of a run from `start` that fall past the end of the zone's forecast and are
+        priced by its tail (`policies.carbon_tail`; 0 for a curve without one)."""
+        curve = self.curves.get(zone)
+        if curve is None or curve.tail is None:
+            return 0.0
+        t = start.timestamp()
+        return extended(curve).tail_s(t, t + runtime_s)
 
 
 class _LazyOptions(Sequence):
@@ -759,8 +785,11 @@ def compile_problem(snapshot: Snapshot, lateness_g_per_gpu_h: float = math.inf, 
     return problem
 
 
-def _cumulative_knots(curve: CarbonCurve, now: datetime) -> tuple[np.ndarray, np.ndarray]:
-    """Knots (seconds from now, cumulative g/kWh x s) of the curve's integral, flat-extended."""
+def _cumulative_knots(curve: CarbonCurve, now: datetime, until_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Knots (seconds from now, cumulative g/kWh x s) of the curve's integral: flat-extended
+    without a tail; with one, its typical values up to `until_s` (epoch s), then its mean."""
+    if curve.tail is not None:
+        return extended(curve).knots(now.timestamp(), until_s, _FAR_S)
     values = np.asarray(curve.values_g_per_kwh, dtype=np.float64)
     t0 = (curve.start - now).total_seconds()
     n = values.size

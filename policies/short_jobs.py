@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from policies.blind import blind_price, priced_curves
+from policies.carbon_tail import extended
 from policies.counterfactual import choose
 from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
                              seed_profiles, within_time_limit)
@@ -202,16 +203,20 @@ def _curve_arrays(curve: CarbonCurve) -> tuple[np.ndarray, np.ndarray]:
 def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: np.ndarray, power_w: np.ndarray,
                 pue: float) -> np.ndarray:
     """gCO2 of each option's run (`run_s[o]` at `power_w[o]`) starting at each of `starts`
-    (epoch s), one row per option, integrated exactly over the step curve by its prefix sums;
-    inf where there is no forecast (carbon-blind: every start costs the same, so the earliest
-    wins)."""
+    (epoch s), one row per option, integrated exactly over the step curve by its prefix sums
+    (past the forecast: its tail where it has one, else its last value); inf where there is
+    no forecast (carbon-blind: every start costs the same, so the earliest wins)."""
     if curve is None or not curve.values_g_per_kwh:
         return np.full((len(run_s), len(starts)), np.inf)
     run_s, power_w = run_s[:, None], power_w[:, None]
-    values, prefix = _curve_arrays(curve)
-    n, step = len(values), curve.step_s
+    step = curve.step_s
     x0 = (starts - curve.start.timestamp()) / step
     x1 = x0 + run_s / step
+    if curve.tail is not None:  # past the forecast: the zone's typical values (policies.carbon_tail)
+        ext = extended(curve)
+        return power_w * pue * (ext.steps_array(x1) - ext.steps_array(x0)) * step / J_PER_KWH
+    values, prefix = _curve_arrays(curve)
+    n = len(values)
 
     def steps(x: np.ndarray) -> np.ndarray:  # integral of the step function from 0 to x, in steps
         i = np.clip(np.floor(x).astype(np.int64), 0, n - 1)

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replan-time", type=float, default=10.0, help="cpsat max_time_s per re-plan tick")
     p.add_argument("--replan-cold", action="store_true",
                    help="re-plan each tick from scratch (default: from the last tick's plan, as the daemon does)")
+    p.add_argument("--climatology", action="store_true",
+                   help="curves as the daemon builds them: the horizon + 24 h of forecast, then each zone's "
+                        "climatology (typical month x hour values from the year's hours before now)")
     p.add_argument("--json", type=Path, help="write every figure to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of gCO2 by policy and size")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for jobs, gpus in sizes:
             spec = InstanceSpec(jobs=jobs, gpus=gpus, seed=args.seed, zones=zones, start=start,
-                                carbon_dir=args.carbon_dir)
+                                carbon_dir=args.carbon_dir, climatology=args.climatology)
             s = bench_size(spec, tuple(runs), lp_time_s=args.lp_time, lp_merge=args.lp_merge,
                            lp_block=args.lp_block, mip_time_s=args.mip_time, progress=progress)
             results.append(s)

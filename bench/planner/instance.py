@@ -84,6 +84,9 @@ class InstanceSpec:
     load: float = 0.5
     carbon_dir: Path = SHARED_CARBON_DIR
     year: int = 2022
+    # As the daemon plans: each curve covers the horizon + 24 h only and carries the zone's
+    # climatology past it (from the year's hours before `now`, scheduler.carbon_climatology).
+    climatology: bool = False
 
     @property
     def label(self) -> str:
@@ -230,8 +233,16 @@ def generate(spec: InstanceSpec) -> Instance:
                 raise ValueError(f"{zone}: no carbon value for {at.isoformat()} "
                                  f"(instance needs {hours} h from {now.isoformat()})")
             values.append(hourly[at])
+        tail = None
+        if spec.climatology:
+            from scheduler.carbon_climatology import climatology_from_hourly
+
+            past = sorted(t for t in hourly if t + timedelta(hours=1) <= now)
+            tail = climatology_from_hourly([int(t.timestamp() // 3600) for t in past], [hourly[t] for t in past],
+                                           label=f"{zone} {spec.year}")
+            values = values[:int(math.ceil((HORIZON_S + 86400.0) / 3600.0))]
         carbon[zone] = CarbonCurve(zone=zone, start=now, step_s=3600.0, values_g_per_kwh=tuple(values),
-                                   signal="average", source=f"electricitymaps {spec.year} hourly (direct)")
+                                   signal="average", source=f"electricitymaps {spec.year} hourly (direct)", tail=tail)
 
     snapshot = Snapshot(now=now, jobs=tuple(jobs), gpus=tuple(gpus), carbon=carbon, pue=pue,
                         profiles=tuple(profiles), slot_s=SLOT_S, horizon_s=HORIZON_S)

@@ -47,7 +47,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
-from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, PowerCap, Profile
+from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
 from scheduler.lifecycle import State, check_allowed, record_events, utcnow
 from scheduler.profiles import learned_profiles
 from scheduler.store import Store
@@ -296,7 +296,10 @@ class CarbonCurves:
     one), and the curve's source says so. A zone whose forecast has no value at all gets
     no curve. All zones of one snapshot use one signal (average unless every zone with
     data only has marginal): zones whose data is of the other signal are planned blind
-    rather than mixed in silently.
+    rather than mixed in silently. Past its end each curve carries the zone's climatology
+    (`tail`: its typical intensity by month and hour from its stored actuals as of the day's
+    start, `scheduler.carbon_climatology`), so a job that runs for days is priced over its
+    whole run.
     """
 
     def __init__(self, signals: Any, *, slot_s: float, horizon_s: float,
@@ -310,6 +313,7 @@ class CarbonCurves:
         # (monotonic time, slot start, zones, their data versions, curves)
         self._cache: tuple[float, datetime, frozenset[str], Any, dict[str, ZoneCarbon]] | None = None
         self._blind_logged: set[str] = set()
+        self._climatology: Any = None  # scheduler.carbon_climatology.StoreClimatology, on first use
 
     def invalidate(self) -> None:
         with self._lock:
@@ -380,8 +384,24 @@ class CarbonCurves:
                     why += f": {fc.reason}"
                 out[z] = ZoneCarbon(z, None, why)
             else:
-                out[z] = ZoneCarbon(z, curve, None)
+                out[z] = ZoneCarbon(z, replace(curve, tail=self._tail(z, signal, now)), None)
         return out
+
+    def _tail(self, zone: str, signal: str, now: datetime) -> Climatology | None:
+        """The zone's climatology as of `now` (None: a signal source without a store, or the
+        store could not be read: the curve's last value holds past its end)."""
+        store = getattr(self.signals, "store", None)
+        if store is None:
+            return None
+        if self._climatology is None:
+            from scheduler.carbon_climatology import StoreClimatology
+
+            self._climatology = StoreClimatology(store, getattr(getattr(self.signals, "config", None), "static", None))
+        try:
+            return self._climatology.for_zone(zone, signal, now)
+        except SQLAlchemyError as e:
+            log.warning("carbon history of zone %s unreadable, no climatology past the forecast: %s", zone, e)
+            return None
 
 
 def curve_from_forecast(fc: Any, start: datetime, step_s: float, n_steps: int) -> CarbonCurve | None:

@@ -20,6 +20,12 @@ unit in which anything new becomes known.
 
 A value is "known" at `now` once its hour has ended: the newest known hour is the one
 before the hour holding `now`.
+
+Past its end every curve carries the zone's climatology (`CarbonCurve.tail`, the typical
+intensity by month and UTC hour: `scheduler.carbon_climatology`), computed as the daemon
+does from the trace's hours that ended before the start of the simulated day (a year of them
+at most), so a job that runs past the forecast is priced over its whole run and the
+simulator does not peek.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.model import CarbonCurve
+from policies.model import CarbonCurve, Climatology
 from scheduler.simulate.intensity import HOUR_S, ZoneIntensity
 
 log = logging.getLogger(__name__)
@@ -49,8 +55,10 @@ class ForecastModel:
     seed: int = 0
     name: str = ""
     fallbacks: int = 0
+    climatology: bool = True  # curves carry the zone's climatology past their end (`tail`)
     _cache: dict[tuple[str, int, int], CarbonCurve] = field(default_factory=dict, repr=False)
     _hourly: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
+    _tails: dict[tuple[str, int], Climatology | None] = field(default_factory=dict, repr=False)
 
     def curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
         """The forecast issued at `now_s` for `zone`, hourly, covering [now, now + horizon]."""
@@ -68,9 +76,33 @@ class ForecastModel:
         z = self.zones[zone]
         curve = CarbonCurve(zone=zone, start=datetime.fromtimestamp(issue_hour * HOUR_S, timezone.utc),
                             step_s=HOUR_S, values_g_per_kwh=tuple(values), signal=z.signal,
-                            source=f"simulated forecast {self.name or self.kind} of {z.source}")
+                            source=f"simulated forecast {self.name or self.kind} of {z.source}",
+                            tail=self.tail(zone, issue_hour) if self.climatology else None)
         self._cache[key] = curve
         return curve
+
+    def tail(self, zone: str, issue_hour: int) -> Climatology | None:
+        """The zone's climatology as of the start of the day holding `issue_hour`: from the
+        trace's hours that ended by then (cached per zone and day)."""
+        day = issue_hour // 24
+        key = (zone, day)
+        if key in self._tails:
+            return self._tails[key]
+        from scheduler.carbon_climatology import LOOKBACK_DAYS, climatology_from_hourly
+        from telemetry.grid.static import static_intensity
+
+        z = self.zones[zone]
+        lo = max(z.first_hour, day * 24 - LOOKBACK_DAYS * 24)
+        hi = min(day * 24, z.first_hour + z.n_hours)
+        hours = np.arange(lo, max(lo, hi), dtype=np.int64)
+        values = z.values_g_per_kwh[lo - z.first_hour:max(lo, hi) - z.first_hour]
+        static = static_intensity(zone) if z.signal == "average" else None
+        tail = climatology_from_hourly(hours, values, static_g_per_kwh=None if static is None else static.gco2_per_kwh,
+                                       label=f"the {zone} trace")
+        if len(self._tails) > 4096:
+            self._tails.clear()
+        self._tails[key] = tail
+        return tail
 
     def values(self, zone: str, issue_hour: int, n_hours: int) -> list[float]:
         """Forecast values for the hours issue_hour .. issue_hour + n_hours - 1."""

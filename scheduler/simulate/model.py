@@ -93,6 +93,10 @@ class SimSettings:
     # Fold each finished job's measured runtime and energy into the profiles the planner uses
     # (policies.learning), as the daemon's agents do.
     learn: bool = True
+    # Past the end of each forecast curve, price a zone at its climatology from the trace's
+    # past hours (CarbonCurve.tail, as the daemon does); False: the curve's last value holds
+    # (the planner before issue 24), for comparisons.
+    climatology: bool = True
 
 
 @dataclass(slots=True)

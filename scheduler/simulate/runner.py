@@ -79,6 +79,7 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
     for spec in specs:
         name = spec.label
         model = parse_forecast(forecast, scenario.carbon, seed=settings.seed)
+        model.climatology = settings.climatology
         bar = None
         tick_progress = None
         if progress:
