@@ -100,8 +100,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from policies.lateness import (DEFAULT_LATENESS_G_PER_GPU_H, DEFAULT_RESERVE_G_PER_GPU_H, DEFAULT_RESERVE_SHARE,
-                               parse_lateness_price)
+from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
                              notes_for_picks, run_ends, whole_plan_vs_fifo)
 from policies.model import Plan, Snapshot
@@ -146,10 +145,6 @@ class CpsatPolicy:
     price_scales: tuple[float, ...] = (1.0, 0.7)
     # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
-    # slack reserve (policies.lateness): this share of each job's slack is kept for work not yet
-    # submitted; a start that uses it costs `reserve_g_per_gpu_h` per GPU-hour
-    reserve_share: float = DEFAULT_RESERVE_SHARE
-    reserve_g_per_gpu_h: float = DEFAULT_RESERVE_G_PER_GPU_H
 
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
@@ -162,7 +157,7 @@ class CpsatPolicy:
         # around greedy's: the better whole plan wins, so cpsat is never worse than greedy)
         return plan_with_short_jobs(
             snapshot, lambda snap: self.plan_problem(
-                compile_problem(snap, price, float(self.reserve_share), float(self.reserve_g_per_gpu_h)),
+                compile_problem(snap, price),
                 started, others, snap is snapshot),
             self.name, also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
             lateness_g_per_gpu_h=price)

@@ -60,8 +60,7 @@ import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
 from policies.feasibility import unfit_text
-from policies.lateness import (DEFAULT_LATENESS_G_PER_GPU_H, DEFAULT_RESERVE_G_PER_GPU_H, DEFAULT_RESERVE_SHARE,
-                               parse_lateness_price)
+from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
 from policies.problem import Problem, compile_problem
@@ -464,10 +463,6 @@ class GreedyPolicy:
     compare_fifo: bool = True  # keep fifo's plan when it is feasible and cheaper
     # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
-    # slack reserve (policies.lateness): this share of each job's slack is kept for work not yet
-    # submitted; a start that uses it costs `reserve_g_per_gpu_h` per GPU-hour
-    reserve_share: float = DEFAULT_RESERVE_SHARE
-    reserve_g_per_gpu_h: float = DEFAULT_RESERVE_G_PER_GPU_H
 
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
@@ -479,7 +474,7 @@ class GreedyPolicy:
         price = float(self.lateness_g_per_gpu_h)
         return plan_with_short_jobs(
             snapshot, lambda snap: self.plan_problem(
-                compile_problem(snap, price, float(self.reserve_share), float(self.reserve_g_per_gpu_h)),
+                compile_problem(snap, price),
                 compare_fifo=snap is snapshot),
             self.name, final=(lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price))
             if self.compare_fifo else None, lateness_g_per_gpu_h=price)

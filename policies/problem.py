@@ -421,11 +421,6 @@ class Problem:
         # on-time start per (job, group) (may lie before `job_earliest`, or past the horizon)
         self.job_hard_latest: np.ndarray = limit
         self.job_on_time_latest: np.ndarray = np.clip(by_deadline, -1e9, 1e9)
-        # the last start that keeps `reserve_share` of the job's slack in reserve (set by the
-        # policy after compiling, `set_reserve`): starting later costs `reserve_g_per_gpu_h`
-        self._deadline_s, self._submitted_s = deadline_s, np.array(
-            [(j.submitted_at - self.now).total_seconds() for j in jobs], dtype=np.float64)
-        self.job_reserve_latest: np.ndarray | None = None
         self.group_row_offsets = np.arange(n_groups, dtype=np.int64) * (self.n_slots + 1)
         self._zone_groups = [np.array([gi for gi, g in enumerate(groups) if g.zone == z], dtype=np.int64)
                              for z in self.zones]
@@ -514,24 +509,6 @@ class Problem:
         slot of each group (0 inside the on-time window)."""
         return np.maximum(0.0, self.slot_index[None, :] - self.job_on_time_latest[j][:, None])
 
-    #: slack reserve (policies.lateness): a share of each job's slack kept for work not yet
-    #: submitted, and what using it costs in grams per GPU-hour (0: none)
-    reserve_share: float = 0.0
-    reserve_g_per_gpu_h: float = 0.0
-
-    def set_reserve(self, share: float, g_per_gpu_h: float) -> None:
-        """Charge `g_per_gpu_h` x k per hour a job starts after the last start that keeps
-        `share` of its slack (deadline - release - runtime) unused."""
-        self.reserve_share, self.reserve_g_per_gpu_h = float(share), float(g_per_gpu_h)
-        if share <= 0 or g_per_gpu_h <= 0 or not len(self.jobs):
-            self.job_reserve_latest = None
-            return
-        rt = self.job_runtime_s
-        release = np.maximum(self._submitted_s, 0.0)[:, None]
-        slack = np.maximum(0.0, self._deadline_s[:, None] - release - rt)
-        soft = np.floor((self._deadline_s[:, None] - share * slack - rt) / self.slot_s + 1e-9)
-        self.job_reserve_latest = np.where(np.isnan(soft), 1e9, np.clip(soft, -1e9, 1e9))
-
     @property
     def effective_lateness_price(self) -> float:
         """The price lateness is charged at: the policy's, or when strict the tie-break price
@@ -541,27 +518,19 @@ class Problem:
     def late_penalty_at(self, j: int, g: int, slot: int) -> float:
         """`late_penalty(j)[g, slot]` alone (strict: at the tie-break price)."""
         late = max(0.0, slot - float(self.job_on_time_latest[j, g]))
-        out = late * self.effective_lateness_price * float(self.job_k[j]) * self.slot_s / 3600.0
-        if self.job_reserve_latest is not None:
-            used = max(0.0, slot - float(self.job_reserve_latest[j, g]))
-            out += used * self.reserve_g_per_gpu_h * float(self.job_k[j]) * self.slot_s / 3600.0
-        return out
+        return late * self.effective_lateness_price * float(self.job_k[j]) * self.slot_s / 3600.0
 
     def late_penalty(self, j: int) -> np.ndarray:
         """(groups x slots) grams charged for starting job j at each slot of each group: the
         price x k GPUs x the hours it is late by (strict: the tie-break price, misses being
-        ranked first anyway), plus the price of using its slack reserve."""
+        ranked first anyway)."""
         per_slot_gpu_h = float(self.job_k[j]) * self.slot_s / 3600.0
-        out = self.late_slots(j) * (self.effective_lateness_price * per_slot_gpu_h)
-        if self.job_reserve_latest is not None:
-            used = np.maximum(0.0, self.slot_index[None, :] - self.job_reserve_latest[j][:, None])
-            out += used * (self.reserve_g_per_gpu_h * per_slot_gpu_h)
-        return out
+        return self.late_slots(j) * (self.effective_lateness_price * per_slot_gpu_h)
 
     @property
     def penalised(self) -> bool:
-        """Whether any start costs more than its grams (a price of lateness or a reserve)."""
-        return not self.strict or self.job_reserve_latest is not None
+        """Whether an in-window start can cost more than its grams (a price of lateness)."""
+        return not self.strict
 
     def window_latest(self, j: int) -> np.ndarray:
         """Per group, the last start slot the policies consider for job j: strict, the
@@ -774,14 +743,11 @@ def _topology(snap: Snapshot) -> _Topology:
     return topo
 
 
-def compile_problem(snapshot: Snapshot, lateness_g_per_gpu_h: float = math.inf, reserve_share: float = 0.0,
-                    reserve_g_per_gpu_h: float = 0.0) -> Problem:
+def compile_problem(snapshot: Snapshot, lateness_g_per_gpu_h: float = math.inf) -> Problem:
     """Compile a snapshot into the slot-indexed problem (see the module docstring), with the
-    price of lateness its policy plans with (`policies.lateness`; inf: strict) and its slack
-    reserve (`Problem.set_reserve`)."""
+    price of lateness its policy plans with (`policies.lateness`; inf: strict)."""
     problem = Problem(snapshot)
     problem.lateness_g_per_gpu_h = float(lateness_g_per_gpu_h)
-    problem.set_reserve(reserve_share, reserve_g_per_gpu_h)
     return problem
 
 
