@@ -23,13 +23,9 @@ import math
 
 #: the default price, in grams of CO2 per GPU-hour late (see the module docstring)
 DEFAULT_LATENESS_G_PER_GPU_H = math.inf
-#: the slack reserve: this share of each job's slack (deadline - release - runtime) is kept
-#: for work not yet submitted, and a start that uses it costs this many grams per GPU-hour
-DEFAULT_RESERVE_SHARE = 0.0
 #: strict: among plans with as many misses, the one late by fewer GPU-hours wins, then grams;
 #: charged as this price (10 kg per GPU-hour: lateness outweighs any plausible carbon saving)
 STRICT_LATENESS_G_PER_GPU_H = 1e4
-DEFAULT_RESERVE_G_PER_GPU_H = 0.0
 
 
 def parse_lateness_price(value: object) -> float:
