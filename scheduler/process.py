@@ -197,7 +197,10 @@ class ServiceProcess:
 
     def _open(self, db_url: str) -> Store:
         """Claim the state directory (one instance per directory) and open the store."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if not self.state_dir.exists():
+            # Traversable, not listable: jobs reach their own log and metrics files by name.
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+            self.state_dir.chmod(0o711)
         self._take_instance_lock()
         return Store(db_url)
 

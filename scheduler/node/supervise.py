@@ -54,6 +54,31 @@ def _open_log(path: str, uid: int, gid: int) -> int:
     return fd
 
 
+# The umask a job starts with: the usual login default, not the daemon's own 0077 (its unit
+# keeps the store and run records private; a job's files are its owner's business).
+JOB_UMASK = 0o022
+# Exit status of a job whose working directory its owner cannot enter (as sh's for a
+# command found but not runnable).
+CWD_EXIT = 126
+
+
+def _enter_cwd(cwd: str):
+    """The child's last step before exec, run after it has become the job's owner: enter the
+    working directory with the owner's rights only. Entering it before the uid drops (what
+    `Popen(cwd=...)` does) would let a user read another's directory through a job, and the
+    outcome would tell them which paths exist where they cannot look."""
+
+    def enter() -> None:
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            os.write(2, f"carbonsched: cannot enter working directory {cwd!r}: "
+                        f"{e.strerror or e}\n".encode("utf-8", "replace"))
+            os._exit(CWD_EXIT)
+
+    return enter
+
+
 class _Stop:
     requested = False
 
@@ -91,7 +116,9 @@ def supervise(run_dir: Path) -> int:
     try:
         proc = subprocess.Popen(
             spec["argv"],
-            cwd=spec["cwd"],
+            cwd="/",  # the job's own cwd is entered by _enter_cwd, as the job's owner
+            preexec_fn=_enter_cwd(spec["cwd"]),
+            umask=JOB_UMASK,
             env=spec["env"],
             stdin=subprocess.DEVNULL,
             stdout=out_fd,
