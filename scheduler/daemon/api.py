@@ -7,7 +7,6 @@ status that says what kind of mistake it was.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -151,6 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
+        self._body_read = False
         try:
             if self.server.stopping:
                 self.close_connection = True
@@ -169,11 +169,17 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:
             log.exception("API request %s %s failed", method, self.path)
             status, payload = 500, {"error": "internal error in the daemon; see its log"}
-        data = orjson.dumps(payload)  # C-fast: a 10,000-job listing is ~7 MB of JSON
+        data = encode_reply(payload)
+        if not self._body_read and _has_body(self.headers):
+            # Refused before its body was read (429, 503, GET with a body...): what is left
+            # on the connection is not the next request. Close it rather than parse it as one.
+            self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         if status == 429:
             self.send_header("Retry-After", "1")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -194,12 +200,45 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # do not read an oversized body
             raise RequestError(413, f"request body too large ({n} bytes; limit {MAX_BODY_BYTES})")
         raw = self.rfile.read(n)
+        if len(raw) < n:
+            self.close_connection = True
+            raise RequestError(400, f"request body ended after {len(raw)} of {n} bytes")
+        self._body_read = True
         if not raw:
             return None
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            # orjson, not json: it refuses what cannot be stored and shown again, i.e. lone
+            # surrogates ("\ud800") and invalid UTF-8, numbers beyond a double or 64 bits,
+            # NaN/Infinity, and nesting deeper than 1,024, each as a clear 400.
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
             raise RequestError(400, f"request body is not valid JSON: {e}") from None
+
+
+def _has_body(headers) -> bool:
+    length = headers.get("Content-Length")
+    return bool(headers.get("Transfer-Encoding")) or (length is not None and length.strip() != "0")
+
+
+def encode_reply(payload) -> bytes:
+    """The reply as JSON bytes (orjson: a 10,000-job listing is ~7 MB). Text that UTF-8
+    cannot carry (a lone surrogate stored before the API refused them) is shown as U+FFFD
+    rather than failing the whole reply: no stored row may break a listing."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError as e:  # orjson.JSONEncodeError
+        log.warning("reply holds text that is not valid UTF-8 (%s); shown with U+FFFD", e)
+        return orjson.dumps(_valid_text(payload))
+
+
+def _valid_text(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_valid_text(v) for v in value]
+    return value
 
 
 class ApiServer(socketserver.UnixStreamServer):
