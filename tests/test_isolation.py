@@ -143,3 +143,57 @@ def test_a_job_enters_its_working_directory_as_its_owner(daemon, users):
     err_a = daemon.cli("logs", str(probe_there), "--stderr", user=bob).stdout
     err_b = daemon.cli("logs", str(probe_missing), "--stderr", user=bob).stdout
     assert err_a.replace("proj", "X") == err_b.replace("no-such-dir", "X")
+
+
+def test_a_new_store_on_the_same_state_dir_never_gets_the_old_stores_logs(daemon, users):
+    """Job ids restart at 1 with a new database: bob's job 1 must not get alice's old `1.out`."""
+    alice, bob = users
+    r = daemon.cli("submit", "--json", "--", "sh", "-c", "echo alice-output-secret", user=alice)
+    old = json.loads(r.stdout)["id"]
+    daemon.wait_states([old], timeout_s=30)
+    old_log = daemon.state_dir / "logs" / f"{old}.out"
+    assert "alice-output-secret" in old_log.read_text()
+    daemon.stop()
+
+    daemon.db_url = f"sqlite:///{daemon.state_dir / 'replaced.db'}"  # a new store, ids from 1 again
+    daemon.start()
+    r = daemon.cli("submit", "--json", "--", "sh", "-c", "echo bob-output", user=bob)
+    new = json.loads(r.stdout)["id"]
+    assert new == old
+    daemon.wait_states([new], timeout_s=30)
+    out = daemon.cli("logs", str(new), user=bob)
+    assert out.returncode == 0 and out.stdout == "bob-output\n"
+
+    # alice's old output went aside, still hers and root-only, never chowned to bob.
+    aside = [p for p in daemon.state_dir.iterdir() if p.name.startswith("previous-store-")]
+    assert len(aside) == 1 and aside[0].stat().st_mode & 0o777 == 0o700
+    kept = aside[0] / "logs" / f"{old}.out"
+    assert kept.read_text() == "alice-output-secret\n"
+    assert kept.stat().st_uid == pwd.getpwnam(alice).pw_uid
+
+    # The same store again (a restart): nothing is moved.
+    daemon.stop()
+    daemon.start()
+    assert daemon.cli("logs", str(new), user=bob).stdout == "bob-output\n"
+    assert len([p for p in daemon.state_dir.iterdir() if p.name.startswith("previous-store-")]) == 1
+
+
+def test_a_log_file_of_another_user_is_replaced_not_handed_over(tmp_path, users):
+    from scheduler.node.supervise import open_job_log
+
+    alice, bob = (pwd.getpwnam(u) for u in users)
+    path = tmp_path / "7.out"
+    path.write_text("alice's output\n")
+    os.chown(path, alice.pw_uid, alice.pw_gid)
+    fd = open_job_log(str(path), bob.pw_uid, bob.pw_gid)
+    os.write(fd, b"bob's output\n")
+    os.close(fd)
+    assert path.read_text() == "bob's output\n"
+    assert (path.stat().st_uid, path.stat().st_mode & 0o777) == (bob.pw_uid, 0o600)
+    fd = open_job_log(str(path), bob.pw_uid, bob.pw_gid)  # the same user's (a retry): appended
+    os.write(fd, b"again\n")
+    os.close(fd)
+    assert path.read_text() == "bob's output\nagain\n"
+    (tmp_path / "8.out").symlink_to(path)
+    with pytest.raises(OSError):
+        open_job_log(str(tmp_path / "8.out"), alice.pw_uid, alice.pw_gid)

@@ -28,7 +28,9 @@ from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.slurm.config import SlurmConfig
 from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
 from scheduler.sdnotify import Watchdog, notify as sd_notify
+from scheduler.state_dir import bind_state_dir
 from scheduler.store import SchemaError, Store
+from scheduler.store.identity import store_id
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,7 @@ class Daemon(ServiceProcess):
         cfg = self.config
         store = self._open(cfg.db_url)
         self._prepare_schema(store)
+        bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
         metrics = Metrics()
         metrics.add(StoreCollector(store))
         dispatch_job: CoalescedJob | None = None

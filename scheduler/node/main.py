@@ -19,7 +19,9 @@ from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import read_node
+from scheduler.state_dir import bind_state_dir
 from scheduler.store import SchemaError
+from scheduler.store.identity import store_id
 from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
 from telemetry.gpu.detect import probe_backends
 
@@ -114,6 +116,7 @@ class AgentRunner(ServiceProcess):
             store.require_current(f"carbonsched db upgrade --db {store.url}")
         except SchemaError as e:
             raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
+        bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
         if cfg.truth and cfg.executor == "slurm":
             raise DaemonError("--truth emulates jobs run by the local executor; Slurm runs them itself")
         if cfg.executor == "slurm":

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from scheduler.node import job_metrics
 from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus, _read_json
-from scheduler.node.supervise import write_json_atomic
+from scheduler.node.supervise import open_job_log, write_json_atomic
 from scheduler.slurm.commands import Identity, SlurmCommands, SlurmError
 from scheduler.slurm.jobs import LOST_STATES, SlurmJob, list_jobs
 
@@ -281,10 +281,6 @@ def _spec_dict(spec: LaunchSpec) -> dict:
 
 
 def _create_owned(path: Path, uid: int, gid: int) -> None:
-    """Create a log file for the job's owner (slurmd opens it as them)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    try:
-        if os.geteuid() == 0:
-            os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
+    """Create a log file for the job's owner (slurmd opens it as them); another user's file
+    there is replaced, never handed over (`open_job_log`)."""
+    os.close(open_job_log(str(path), uid, gid))

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler.node import job_metrics
+from scheduler.slurm.commands import JOB_UMASK  # one umask for jobs, local or Slurm
 
 
 def _now() -> str:
@@ -47,16 +48,29 @@ def write_json_atomic(path: Path, data: dict) -> None:
         os.close(dir_fd)
 
 
-def _open_log(path: str, uid: int, gid: int) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    if os.geteuid() == 0:
-        os.fchown(fd, uid, gid)
-    return fd
+def open_job_log(path: str, uid: int, gid: int) -> int:
+    """Open (append) a job's log file, 0600 and owned by the job's user.
+
+    A file already there is reopened only when it is the same user's (this job's earlier
+    attempt); one owned by anyone else belongs to another job and is replaced, never handed
+    over: chowning it would give its owner's output to this job's user. Symlinks are not
+    followed."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            fd = os.open(path, flags)
+            if os.geteuid() == 0 and os.fstat(fd).st_uid != uid:
+                os.close(fd)
+                os.unlink(path)
+                continue
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+        return fd
+    raise OSError(f"cannot create the job log {path}: it keeps coming back")
 
 
-# The umask a job starts with: the usual login default, not the daemon's own 0077 (its unit
-# keeps the store and run records private; a job's files are its owner's business).
-JOB_UMASK = 0o022
 # Exit status of a job whose working directory its owner cannot enter (as sh's for a
 # command found but not runnable).
 CWD_EXIT = 126
@@ -102,8 +116,8 @@ def supervise(run_dir: Path) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     uid, gid = spec["uid"], spec["gid"]
-    out_fd = _open_log(spec["stdout"], uid, gid)
-    err_fd = _open_log(spec["stderr"], uid, gid)
+    out_fd = open_job_log(spec["stdout"], uid, gid)
+    err_fd = open_job_log(spec["stderr"], uid, gid)
     if spec.get("metrics_file"):
         job_metrics.create(Path(spec["metrics_file"]), uid, gid)
     as_other = os.geteuid() == 0 and uid != 0  # a non-root daemon only runs its own jobs

@@ -37,8 +37,9 @@ class Identity:
 # as options, so neither the agent's nor a job's environment may reach the tools themselves.
 TOOL_LANG = "C.UTF-8"
 TOOL_TZ = "UTC"
-# The umask a job starts with (sbatch hands its own to the job as SLURM_UMASK); the local
-# backend's supervisor uses the same one.
+# The umask a job starts with, local (scheduler/node/supervise.py) or Slurm (sbatch hands its
+# own to the job as SLURM_UMASK): the usual login default, not the daemon's own 0077 (its unit
+# keeps the store and run records private; a job's files are its owner's business).
 JOB_UMASK = 0o022
 
 
