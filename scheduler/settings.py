@@ -238,6 +238,10 @@ SETTINGS: tuple[Setting, ...] = (
             "progress at once", _HEAD, "N"),
     Setting("api_max_connections_per_uid", _integer(1, 100_000), 256, "API connections one uid may hold "
             "open", _HEAD, "N"),
+    Setting("api_max_expensive_per_uid", _integer(1, 1_000), 2, "job listings, reports, exports and plan "
+            "previews one uid may have in progress at once", _HEAD, "N"),
+    Setting("max_queued_per_user", _integer(1, 10_000_000), 5000, "jobs one user may have waiting "
+            "(PENDING or PLANNED); a submit beyond it is refused (429)", _HEAD, "N"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 # Tables checked by their owners: name -> fn(table, whole config) returning error strings.

@@ -69,6 +69,7 @@ class DaemonConfig:
     planner_process: bool = True
     min_free_disk_mib: float = 256.0  # the local agent takes no jobs below this free log space
     api_limits: UidLimits = field(default_factory=UidLimits)  # what one uid may take of the API
+    max_queued_per_user: int | None = 5000  # jobs one user may have waiting (None: no limit)
     # The local agent's executor: "local" processes, or "slurm" (this host is a Slurm node;
     # its jobs are handed to Slurm, see scheduler.node.slurm_agent) with the [slurm] table.
     executor: str = "local"
@@ -195,7 +196,7 @@ class Daemon(ServiceProcess):
         service = JobService(
             store,
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
-                          time_limit_factor=cfg.time_limit_factor),
+                          time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user),
             log_dir=cfg.state_dir / "logs",
             on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
         )

@@ -12,6 +12,7 @@ import logging
 import os
 import pwd
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +86,50 @@ class ServiceConfig:
     admin_gids: frozenset[int] = frozenset()
     time_limit_factor: float = 2.0
     node_timeout_s: float = 60.0
+    # Jobs one uid may have waiting (PENDING or PLANNED); None: no limit. One user's tens of
+    # thousands of queued jobs would slow every plan for everyone.
+    max_queued_per_user: int | None = None
+
+
+class QueueLimit:
+    """`ServiceConfig.max_queued_per_user`, checked without a database round trip per submit:
+    each uid's waiting count is read at most every `REFRESH_S` and counted up by its own
+    submits in between (so the limit errs on the strict side: jobs that started meanwhile
+    still count until the next read)."""
+
+    REFRESH_S = 2.0
+
+    def __init__(self, store: Store, limit: int | None, clock=time.monotonic) -> None:
+        self.store = store
+        self.limit = limit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[int, tuple[int, float]] = {}  # uid -> (waiting, read at)
+
+    def check(self, uid: int) -> None:
+        if self.limit is None:
+            return
+        with self._lock:
+            n, at = self._counts.get(uid, (0, -1e18))
+        if self._clock() - at > self.REFRESH_S:
+            with self.store.read() as conn:
+                n = conn.execute(select(func.count()).select_from(jobs).where(
+                    jobs.c.owner_uid == uid,
+                    jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))).scalar_one()
+            with self._lock:
+                self._counts[uid] = (n, self._clock())
+                if len(self._counts) > 10_000:  # forget idle uids
+                    self._counts = {uid: self._counts[uid]}
+        if n >= self.limit:
+            raise RequestError(429, f"uid {uid} already has {n} jobs waiting (limit {self.limit}, "
+                                    "max_queued_per_user); submit more once some have started")
+
+    def submitted(self, uid: int) -> None:
+        if self.limit is None:
+            return
+        with self._lock:
+            n, at = self._counts.get(uid, (0, -1e18))
+            self._counts[uid] = (n + 1, at)
 
 
 class JobService:
@@ -98,6 +143,7 @@ class JobService:
         self._on_cancel = on_cancel or (lambda: None)
         self._clock = clock
         self._inventory: tuple[float, list] | None = None
+        self._queue_limit = QueueLimit(store, config.max_queued_per_user)
 
     # -- identity -----------------------------------------------------------------------
 
@@ -116,6 +162,7 @@ class JobService:
                                     "only run jobs as that user; run it as root to serve others")
         now = self._clock()
         row = self._validate_submit(body, caller, now)
+        self._queue_limit.check(caller.uid)
 
         if self.store.dialect == "postgresql":
             # One statement, one round trip: the job row and its first event are inserted
@@ -133,6 +180,7 @@ class JobService:
                 return job_id
 
             job_id = self.store.transact(tx)
+        self._queue_limit.submitted(caller.uid)
         log.info("job %s submitted by uid %s: %s", job_id, caller.uid, row["name"])
         self._on_submit()
         return {"id": job_id, "state": State.PENDING.value}
