@@ -189,7 +189,7 @@ class Metrics:
     def add(self, collector) -> None:
         self.registry.register(collector)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         result = start_http_server(port, addr=addr, registry=self.registry)
         self._server = result[0] if isinstance(result, tuple) else None
         log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)

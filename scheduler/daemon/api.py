@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import socketserver
 import stat
@@ -199,9 +200,16 @@ class _Handler(BaseHTTPRequestHandler):
                 gate.leave(caller.uid)
         except RequestError as e:
             status, payload = e.status, {"error": e.message}
+        except DBAPIError as e:
+            # The database is down or unreachable: a 503 to retry, and one warning per outage
+            # in the log (not a traceback per request).
+            status, payload = 503, {"error": "the database cannot be reached now; retry in a moment"}
+            self.server.note_db_outage(e)
         except Exception:
             log.exception("API request %s %s failed", method, self.path)
             status, payload = 500, {"error": "internal error in the daemon; see its log"}
+        if status < 500:
+            self.server.note_db_ok()
         data = encode_reply(payload)
         if not self._body_read and _has_body(self.headers):
             # Refused before its body was read (429, 503, GET with a body...): what is left
@@ -294,6 +302,21 @@ class ApiServer(socketserver.UnixStreamServer):
         self._thread: threading.Thread | None = None
         self.stopping = False
         self.loop_at = time.monotonic()
+        self._db_down_since: float | None = None
+        self._refused_logged_at: dict[int, float] = {}
+        self._refusals: queue.Queue = queue.Queue(maxsize=64)
+        threading.Thread(target=self._refuse_connections, name="api-refuse", daemon=True).start()
+
+    def note_db_outage(self, e: DBAPIError) -> None:
+        if self._db_down_since is None:
+            self._db_down_since = time.monotonic()
+            log.warning("API: the database cannot be reached (%s); answering 503 until it is back",
+                        str(e.orig).strip().splitlines()[0] if e.orig else e)
+
+    def note_db_ok(self) -> None:
+        if self._db_down_since is not None:
+            log.warning("API: the database is back after %.0fs", time.monotonic() - self._db_down_since)
+            self._db_down_since = None
 
     def process_request(self, request, client_address) -> None:
         """Refuse a uid's connection beyond its limit before it gets a thread."""
@@ -303,20 +326,42 @@ class ApiServer(socketserver.UnixStreamServer):
             self.shutdown_request(request)
             return
         if not self.gate.connect(uid):
-            log.warning("uid %s has %d connections open; refusing another", uid,
-                        self.gate.limits.max_connections)
-            body = orjson.dumps({"error": f"too many open connections for uid {uid} "
-                                          f"(limit {self.gate.limits.max_connections})"})
+            now = time.monotonic()
+            if now - self._refused_logged_at.get(uid, -1e9) >= 60.0:  # one line a minute per uid
+                self._refused_logged_at[uid] = now
+                log.warning("uid %s has %d connections open; refusing more (logged once a minute)", uid,
+                            self.gate.limits.max_connections)
             try:
+                self._refusals.put_nowait((request, uid))
+            except queue.Full:  # a flood: no answer for these, just closed
+                self.shutdown_request(request)
+            return
+        threading.Thread(target=self._serve_connection, args=(request, client_address, uid),
+                         name="api-conn", daemon=True).start()
+
+    def _refuse_connections(self) -> None:
+        """Answer refused connections with a 429 the client can read: their request is read
+        first (briefly, bounded), since closing a socket with unread data resets it and the
+        client would only see "connection reset" instead of why. One thread for all of them,
+        off the accept loop."""
+        while True:
+            request, uid = self._refusals.get()
+            body = orjson.dumps({"error": f"too many open connections for uid {uid} "
+                                          f"(limit {self.gate.limits.max_connections}); close some and retry"})
+            try:
+                request.settimeout(0.2)
+                seen = b""
+                while b"\r\n\r\n" not in seen and len(seen) < 65536:
+                    chunk = request.recv(65536)
+                    if not chunk:
+                        break
+                    seen += chunk
                 request.sendall(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
                                 b"Connection: close\r\nRetry-After: 1\r\nContent-Length: "
                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
             except OSError:
                 pass
             self.shutdown_request(request)
-            return
-        threading.Thread(target=self._serve_connection, args=(request, client_address, uid),
-                         name="api-conn", daemon=True).start()
 
     def _serve_connection(self, request, client_address, uid: int) -> None:
         try:
@@ -420,8 +465,8 @@ def _query_int(query: dict, name: str) -> int | None:
         n = int(query[name][0])
     except ValueError:
         raise RequestError(400, f"{name} must be an integer") from None
-    if n < 0:
-        raise RequestError(400, f"{name} must not be negative")
+    if not 0 <= n < 2**63:
+        raise RequestError(400, f"{name} must be between 0 and 2^63-1")
     return n
 
 
@@ -460,6 +505,8 @@ def accounting_routes(accountant: Accountant, service: JobService) -> dict:
                                 accountant._clock())
         except ValueError as e:
             raise RequestError(400, str(e)) from None
+        except OverflowError:  # e.g. since=999999999d: before year 1
+            raise RequestError(400, "the report period is out of range") from None
 
     def report(caller, query: dict) -> dict:
         since, until = period(query)
@@ -474,10 +521,9 @@ def accounting_routes(accountant: Accountant, service: JobService) -> dict:
 
     def receipt(caller, query: dict) -> dict:
         raw = query.get("job", [None])[0]
-        try:
-            job_id = int(raw)
-        except (TypeError, ValueError):
-            raise RequestError(400, f"receipt needs ?job=ID (got {raw!r})") from None
+        if raw is None:
+            raise RequestError(400, "receipt needs ?job=ID")
+        job_id = _job_id(raw)
         service.get_job(caller, job_id)  # 404 / 403 exactly as `show`
         try:
             return accountant.receipt(job_id)

@@ -57,6 +57,7 @@ class DaemonConfig:
     local_agent: bool | None = None  # None: on for SQLite, or when --emulate is given
     sample_hz: float = 1.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"  # loopback unless the operator opens it
     node_lost_after_s: float = DEFAULT_NODE_LOST_AFTER_S
     sample_retention_s: float = DEFAULT_RETENTION_S
     node_static_w: float = 0.0
@@ -244,7 +245,7 @@ class Daemon(ServiceProcess):
             log.warning("planner process still loading after %gs; serving anyway", PLANNER_LOAD_TIMEOUT_S)
         api.start()
         if cfg.metrics_port is not None:
-            metrics.serve(cfg.metrics_port)
+            metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         watchdog = Watchdog()
         watchdog.add_check("api", api.loop_problem)
         watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")

@@ -34,6 +34,8 @@ MAX_ARGV = 4096
 MAX_ARGV_BYTES = 256 * 1024
 MAX_ENV = 256
 MAX_RUNTIME_S = 30 * 86400
+MIN_RUNTIME_S = 1.0  # shorter estimates and limits are typos (1e-300 s), not jobs
+MAX_DEADLINE_AHEAD_S = 366 * 86400
 MAX_LOG_BYTES = 4 * 1024 * 1024
 INVENTORY_TTL_S = 5.0
 _INSERT_JOB = insert(jobs).returning(jobs.c.id)
@@ -218,10 +220,10 @@ class JobService:
         self._check_fits(n_gpus, mem)
 
         est = _optional_number(body.get("est_runtime_s"), "est_runtime_s")
-        if est is not None and not 0 < est <= MAX_RUNTIME_S:
+        if est is not None and not MIN_RUNTIME_S <= est <= MAX_RUNTIME_S:
             raise RequestError(400, f"--est-runtime must be between 1s and 30d (got {est:g}s)")
         limit = _optional_number(body.get("time_limit_s"), "time_limit_s")
-        if limit is not None and not 0 < limit <= MAX_RUNTIME_S:
+        if limit is not None and not MIN_RUNTIME_S <= limit <= MAX_RUNTIME_S:
             raise RequestError(400, f"--time-limit must be between 1s and 30d (got {limit:g}s)")
         factor = None
         if limit is None and est is not None:  # derived: follows the GPUs the planner chooses
@@ -233,6 +235,8 @@ class JobService:
             deadline = _parse_iso(body["deadline"], "deadline")
             if deadline <= now:
                 raise RequestError(400, f"deadline {iso(deadline)} is in the past")
+            if deadline > now + timedelta(seconds=MAX_DEADLINE_AHEAD_S):
+                raise RequestError(400, f"deadline {iso(deadline)} is more than a year ahead")
             if est is not None and deadline < now + timedelta(seconds=est):
                 raise RequestError(400, f"deadline {iso(deadline)} is sooner than the estimated "
                                         f"runtime ({est:g}s) from now: it cannot be met")
@@ -521,7 +525,9 @@ def _check_latency_model(workload: str | None, slos: dict[str, float | None]) ->
 
     if workload is not None and workload.startswith("llm:"):
         try:
-            parse_spec(workload)
+            spec = parse_spec(workload)
+            if not spec.total_params_b > 0:
+                raise WorkloadSpecError(f"{workload!r} has no parameters; give the model's size, e.g. llm:70b")
         except WorkloadSpecError as e:
             raise RequestError(400, f"bad workload: {e}") from None
     given = [k for k, v in slos.items() if v is not None]
@@ -545,7 +551,10 @@ def _parse_iso(v: object, field: str) -> datetime:
         raise RequestError(400, f"{field} {v!r} is not an ISO 8601 time") from None
     if t.tzinfo is None:
         raise RequestError(400, f"{field} {v!r} has no time zone; send UTC, e.g. 2026-12-01T02:00:00Z")
-    return t.astimezone(timezone.utc)
+    try:
+        return t.astimezone(timezone.utc)
+    except OverflowError:  # e.g. 9999-12-31T23:59:59-23:59: past year 9999 in UTC
+        raise RequestError(400, f"{field} {v!r} is out of range") from None
 
 
 # Account lookups read /etc/passwd and /etc/group (or NSS) on every call; a submit needs

@@ -62,6 +62,7 @@ class AgentRunConfig:
     sample_hz: float = 1.0
     dispatch_interval_s: float = 1.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"  # loopback unless the operator opens it
     grace_s: float = 10.0
     node_static_w: float = 0.0
     min_free_disk_mib: float = 256.0
@@ -142,7 +143,7 @@ class AgentRunner(ServiceProcess):
         agent.start_sampling()
         scheduler.start()
         if cfg.metrics_port is not None:
-            metrics.serve(cfg.metrics_port)
+            metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         watchdog = Watchdog()
         watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")
         watchdog.add_check("dispatch", lambda: stalled(tick, cfg.dispatch_interval_s))
