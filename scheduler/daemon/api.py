@@ -29,6 +29,7 @@ from scheduler.accounting import GROUPINGS, Accountant, NotFound, parse_period
 from scheduler.daemon.service import Caller, JobService, RequestError
 from scheduler.profiles import learned_view
 from scheduler.store import Store
+from scheduler.text_table import printable
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
             finally:
                 gate.leave(caller.uid)
         except RequestError as e:
-            status, payload = e.status, {"error": e.message}
+            # One clear line: a message that quotes the request shows its controls escaped.
+            status, payload = e.status, {"error": printable(e.message)}
         except DBAPIError as e:
             # The database is down or unreachable: a 503 to retry, and one warning per outage
             # in the log (not a traceback per request).
