@@ -18,6 +18,8 @@ when the job ends (or is cancelled or times out), signals everything contained:
   this run, and the end signals every process of the job's user whose environment has it
   (read from /proc as root). A process that clears its own environment escapes this, so the
   fallback covers accidents (`setsid`, `nohup`, daemonizing tools), not a user set on escaping.
+  Under the shipped units it does not apply: they delegate the cgroup (and, with
+  ProtectProc=invisible and no CAP_SYS_PTRACE, root could not read other users' /proc).
 """
 
 from __future__ import annotations
