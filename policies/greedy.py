@@ -289,7 +289,11 @@ class ChunkNotes:
             grams = tables[rows[:, None], np.arange(tables.shape[1])[None, :], self.now_slot[rows, None]]  # (r, G)
             starts = problem.group_kind_starts
             kind_tied = np.logical_or.reduceat(tied, starts, axis=1)
-            kind_grams = np.maximum.reduceat(np.where(tied, grams, -np.inf), starts, axis=1)
+            # each tied kind is the mean of its tied groups (sites of different PUE or power
+            # cap), as `counterfactual.choose` has it; then the mean over the tied kinds
+            kind_n = np.add.reduceat(tied.astype(np.float64), starts, axis=1)
+            kind_sum = np.add.reduceat(np.where(tied, grams, 0.0), starts, axis=1)
+            kind_grams = np.divide(kind_sum, kind_n, out=np.zeros_like(kind_sum), where=kind_n > 0)
             self.now_gco2[rows] = np.where(kind_tied, kind_grams, 0.0).sum(axis=1) / kind_tied.sum(axis=1)
             self.now_tied[rows] = tied
         self._kinds: dict[bytes, tuple[tuple[str, str], ...]] = {}

@@ -62,6 +62,21 @@ from telemetry.grid.static import static_intensity
 log = logging.getLogger(__name__)
 
 J_PER_KWH = 3.6e6
+
+
+def intensity_g_per_kwh(gco2: float | None, facility_energy_j: float | None) -> float | None:
+    """The one definition of a run's or a group's intensity: grams per kWh of *facility*
+    energy (IT energy x PUE), i.e. the energy-weighted grid intensity the grams were priced at.
+    Receipts, reports and exports all use this; dividing by IT energy would fold the PUE in."""
+    if gco2 is None or not facility_energy_j or facility_energy_j <= 0:
+        return None
+    return gco2 / (facility_energy_j / J_PER_KWH)
+
+
+#: The figures of a group that are grams (or derived from grams): they exist per carbon signal
+#: only, since average and marginal grams are different quantities and never added.
+CARBON_FIGURES = ("kgco2", "intensity_g_per_kwh", "gco2_per_prompt", "gco2_per_1k_tokens",
+                  "counterfactual_kgco2", "saving_kgco2", "saving_pct", "jobs_with_gco2")
 HOURS_PER_YEAR = 8766.0
 MAX_PERIOD_S = 86400               # the longest intensity period looked back over
 EDGE_MARGIN_S = 5.0                # readings this far outside a run interpolate its edges
@@ -189,9 +204,7 @@ class RunCarbon:
     @property
     def intensity_g_per_kwh(self) -> float | None:
         """Energy-weighted mean intensity of the run, before PUE."""
-        if self.gco2 is None or self.energy_j <= 0:
-            return None
-        return self.gco2 / (self.energy_j / J_PER_KWH) / self.pue
+        return intensity_g_per_kwh(self.gco2, self.energy_j * self.pue)
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -810,11 +823,14 @@ class Accountant:
                                             .limit(account_missing)).scalars())
             if missing:
                 self.backfill(ids=missing)
-        rows = self._aggregate(where, self._group_key(by).label("key"))
+        rows = self._aggregate(where, self._group_key(by).label("key"), _signal_key().label("signal"))
         unaccounted = sum(int(r["unpriced"] or 0) for r in rows)
-        groups = [self._figures(r) | {"group": r["key"]} for r in rows]
+        by_key: dict[Any, list[dict]] = {}
+        for r in rows:
+            by_key.setdefault(r["key"], []).append(r)
+        groups = [self._signal_figures(parts) | {"group": key} for key, parts in by_key.items()]
         groups.sort(key=lambda g: (g["group"] is None, str(g["group"])))
-        total = self._figures(_sum_rows(rows))
+        total = self._signal_figures(rows)
         return {"since": iso(since), "until": iso(until), "by": by, "generated_at": iso(self._clock()),
                 "scope": "all users" if owner_uid is None else f"uid {owner_uid}",
                 "groups": groups, "total": total, "jobs_without_gco2": unaccounted,
@@ -853,6 +869,8 @@ class Accountant:
             func.sum(j.gco2).label("gco2"),
             func.count(j.gco2).label("priced"),
             func.sum(case((and_(priced, j.energy_j.is_not(None)), j.energy_j), else_=None)).label("priced_j"),
+            func.sum(case((and_(priced, j.energy_j.is_not(None)), j.energy_j * func.coalesce(j.pue, 1.0)),
+                          else_=None)).label("priced_facility_j"),
             when(with_prompts, j.gco2).label("gco2_p"), when(with_prompts, prompts).label("prompts_p"),
             func.sum(prompts).label("prompts"), func.sum(tokens).label("tokens"),
             func.sum(case((j.reported_prompts.is_not(None), 1), else_=0)).label("prompts_reported"),
@@ -874,6 +892,25 @@ class Accountant:
         with self.store.read() as conn:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
+    def _signal_figures(self, rows: Sequence[Mapping[str, Any]]) -> dict:
+        """The figures of aggregate rows (each of one carbon signal, `signal`), with the
+        grams split by signal: `by_signal` holds CARBON_FIGURES per signal, and the group's own
+        CARBON_FIGURES are that signal's, or None where the group mixes both (the
+        issue-25 example: 1 kWh at 100 g average plus 1 kWh at 800 g marginal is not
+        "0.9 kg at 450 g/kWh"). `signal` names it: average, marginal, mixed or None."""
+        fig = self._figures(_sum_rows(rows))
+        per: dict[str, dict] = {}
+        for sig in sorted({r.get("signal") for r in rows if r.get("priced")} - {None}):
+            part = self._figures(_sum_rows([r for r in rows if r.get("signal") == sig]))
+            per[sig] = {k: part[k] for k in CARBON_FIGURES}
+        fig["by_signal"] = per
+        fig["signal"] = next(iter(per)) if len(per) == 1 else ("mixed" if per else None)
+        if len(per) > 1:
+            for k in CARBON_FIGURES:
+                if k != "jobs_with_gco2":
+                    fig[k] = None
+        return fig
+
     @staticmethod
     def _figures(r: Mapping[str, Any]) -> dict:
         def f(name: str) -> float:
@@ -891,7 +928,7 @@ class Accountant:
             "jobs_measured": int(r.get("measured") or 0), "jobs_with_gco2": int(r.get("priced") or 0),
             # energy from emulated GPUs' power model: included in the figures, but not measured
             "jobs_modelled": int(r.get("modelled") or 0), "modelled_energy_kwh": f("modelled_j") / J_PER_KWH,
-            "intensity_g_per_kwh": f("gco2") / (f("priced_j") / J_PER_KWH) if r.get("priced_j") else None,
+            "intensity_g_per_kwh": intensity_g_per_kwh(f("gco2"), r.get("priced_facility_j")),
             "prompts": int(r["prompts"]) if r.get("prompts") is not None else None,
             "tokens": int(r["tokens"]) if r.get("tokens") is not None else None,
             # how many of the jobs with a prompt / token count reported it themselves
@@ -924,22 +961,23 @@ class Accountant:
         if missing:
             self.backfill(ids=missing)
         rows = self._aggregate(where, j.node.label("node"), j.gpu_model.label("gpu_model"), j.zone.label("zone"),
-                               j.energy_method.label("method"), j.gco2_signal.label("signal"),
+                               j.energy_method.label("method"), _signal_key().label("signal"),
                                j.gco2_basis.label("basis"), j.pue.label("pue"))
         systems: dict[tuple, list[dict]] = {}
         for r in rows:
             systems.setdefault((r["node"], r["gpu_model"], r["zone"]), []).append(r)
         out_systems = []
         for (node, model, zone), parts in sorted(systems.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-            fig = self._figures(_sum_rows(parts))
+            fig = self._signal_figures(parts)
             out_systems.append({
                 "node": node, "gpu_model": model, "zone": zone,
                 "jobs": fig["jobs"], "gpu_hours": fig["gpu_hours"],
                 "it_energy_kwh": fig["energy_kwh"], "facility_energy_kwh": fig["facility_energy_kwh"],
                 "emissions_kgco2e": fig["kgco2"],
+                "emissions_kgco2e_by_signal": _kg_by_signal(fig),
                 "intensity_g_per_kwh": fig["intensity_g_per_kwh"],
                 "pue": sorted({p["pue"] for p in parts if p["pue"] is not None}),
-                "signal": sorted({p["signal"] for p in parts if p["signal"]}),
+                "signal": sorted(fig["by_signal"]),
                 "measurement_shares": _shares(parts, "method", "energy_j"),
                 "intensity_basis_shares": _shares(parts, "basis", "energy_j"),
                 "jobs_without_measurement": fig["jobs"] - fig["jobs_measured"],
@@ -949,7 +987,7 @@ class Accountant:
                 else "partly modelled" if fig["jobs_modelled"] else "measured",
                 **_work_figures(fig),
             })
-        total = self._figures(_sum_rows(rows))
+        total = self._signal_figures(rows)
         zones = sorted({s["zone"] for s in out_systems if s["zone"]})
         try:
             ver = version("carbonsched")
@@ -965,7 +1003,9 @@ class Accountant:
             "systems": out_systems,
             "totals": {"jobs": total["jobs"], "gpu_hours": total["gpu_hours"],
                        "it_energy_kwh": total["energy_kwh"], "facility_energy_kwh": total["facility_energy_kwh"],
-                       "emissions_kgco2e": total["kgco2"],
+                       "emissions_kgco2e": total["kgco2"],  # None where the period mixes signals
+                       "emissions_kgco2e_by_signal": _kg_by_signal(total),
+                       "signal": total["signal"],
                        "jobs_without_measurement": total["jobs"] - total["jobs_measured"],
                        "jobs_without_emissions": total["jobs"] - total["jobs_with_gco2"],
                        "jobs_modelled": total["jobs_modelled"], "modelled_energy_kwh": total["modelled_energy_kwh"],
@@ -991,7 +1031,10 @@ class Accountant:
                 "emissions": "sum over the run of energy x grid carbon intensity of the zone at that time "
                              "x PUE; each part of a run weighted by its own measured energy",
                 "signal": "average (consumption-based) or marginal, per zone, as named per system; never "
-                          "mixed within a figure",
+                          "added together: where a system or the totals hold both, emissions_kgco2e and "
+                          "intensity_g_per_kwh are null and emissions_kgco2e_by_signal gives each",
+                "intensity": "grams per kWh of facility energy (IT energy x PUE): the energy-weighted grid "
+                             "intensity, as on receipts",
                 "emission_factor": self._emission_factor(),
                 "saving_counterfactual": f"measured gCO2 x the plan's estimate of {RULE_SHORT} / its "
                                          "estimate of the chosen plan",
@@ -1031,6 +1074,16 @@ def _work_figures(fig: Mapping[str, Any]) -> dict:
     """The per-prompt and per-token figures of a group, for the export."""
     return {k: fig[k] for k in ("prompts", "prompts_source", "gco2_per_prompt", "tokens", "tokens_source",
                                 "gco2_per_1k_tokens", "tokens_per_j", "usd_per_mtok")}
+
+
+def _signal_key():
+    """The carbon signal a job was priced with; NULL (priced before signals were recorded, at
+    the zone's static yearly mean) is the average signal."""
+    return func.coalesce(jobs.c.gco2_signal, SIGNAL_AVERAGE)
+
+
+def _kg_by_signal(fig: Mapping[str, Any]) -> dict[str, float | None]:
+    return {sig: part["kgco2"] for sig, part in fig["by_signal"].items()}
 
 
 def _sum_rows(rows: Sequence[Mapping[str, Any]]) -> dict:

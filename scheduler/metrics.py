@@ -21,12 +21,12 @@ an emulated fleet's watts, joules or grams as measured.
 | carbonsched_gpu_sampler_cpu_seconds_total | counter | node | CPU time of the sampling thread |
 | carbonsched_jobs | gauge | state | jobs in the store by state (daemon) |
 | carbonsched_job_energy_joules_total | counter | method | energy of finished jobs (daemon) |
-| carbonsched_job_gco2_grams_total | counter | method | gCO2 of finished jobs (daemon) |
-| carbonsched_job_prompts_total | counter | method, source | prompts of finished jobs with a gCO2 figure, reported by the job or declared at submit (daemon) |
-| carbonsched_job_prompts_gco2_grams_total | counter | method, source | gCO2 of those same jobs: the ratio of the two rates is gCO2 per prompt (daemon) |
-| carbonsched_job_output_tokens_total | counter | method, source | output tokens of finished jobs with a gCO2 figure (daemon) |
-| carbonsched_job_tokens_gco2_grams_total | counter | method, source | gCO2 of those jobs: with the tokens, gCO2 per 1k tokens (daemon) |
-| carbonsched_job_tokens_energy_joules_total | counter | method, source | their energy: with the tokens, tokens per joule (daemon) |
+| carbonsched_job_gco2_grams_total | counter | method, signal | gCO2 of finished jobs per carbon signal, average or marginal, never added together (daemon) |
+| carbonsched_job_prompts_total | counter | method, source, signal | prompts of finished jobs with a gCO2 figure, reported by the job or declared at submit (daemon) |
+| carbonsched_job_prompts_gco2_grams_total | counter | method, source, signal | gCO2 of those same jobs: the ratio of the two rates is gCO2 per prompt (daemon) |
+| carbonsched_job_output_tokens_total | counter | method, source, signal | output tokens of finished jobs with a gCO2 figure (daemon) |
+| carbonsched_job_tokens_gco2_grams_total | counter | method, source, signal | gCO2 of those jobs: with the tokens, gCO2 per 1k tokens (daemon) |
+| carbonsched_job_tokens_energy_joules_total | counter | method, source, signal | their energy: with the tokens, tokens per joule (daemon) |
 | carbonsched_planner_duration_seconds | histogram | policy | planner tick wall time (daemon) |
 """
 
@@ -42,6 +42,9 @@ from scheduler.lifecycle import State
 from scheduler.store import Store
 from scheduler.store.models import jobs
 from telemetry.energy import MODELLED
+from telemetry.grid.readings import SIGNAL_AVERAGE, SIGNAL_MARGINAL
+
+SIGNALS = (SIGNAL_AVERAGE, SIGNAL_MARGINAL)  # the first: what an unnamed signal was priced with
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +111,18 @@ class StoreCollector:
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
             modelled = or_(jobs.c.energy_method == MODELLED, jobs.c.energy_method.like(MODELLED + "+%"))
-            by_method = {m: (0.0, 0.0) for m in ("measured", "modelled")}
-            for is_modelled, energy, gco2 in conn.execute(select(
-                    case((modelled, 1), else_=0).label("m"), func.coalesce(func.sum(jobs.c.energy_j), 0.0),
-                    func.coalesce(func.sum(jobs.c.gco2), 0.0)).group_by("m")):
-                by_method["modelled" if is_modelled else "measured"] = (float(energy), float(gco2))
+            # grams of the average and of the marginal signal are different quantities: never
+            # one series (NULL: priced before signals were recorded, at the static average)
+            signal = func.coalesce(jobs.c.gco2_signal, SIGNALS[0])
+            energy_by_method = {m: 0.0 for m in ("measured", "modelled")}
+            gco2_by = {(m, sig): 0.0 for m in ("measured", "modelled") for sig in SIGNALS}
+            for is_modelled, sig, energy, gco2 in conn.execute(select(
+                    case((modelled, 1), else_=0).label("m"), signal.label("sig"),
+                    func.coalesce(func.sum(jobs.c.energy_j), 0.0),
+                    func.coalesce(func.sum(jobs.c.gco2), 0.0)).group_by("m", "sig")):
+                m = "modelled" if is_modelled else "measured"
+                energy_by_method[m] += float(energy)
+                gco2_by[(m, sig)] = gco2_by.get((m, sig), 0.0) + float(gco2)
             # the work done: reported by the job (its metrics file), else declared at submit
             work = {}
             for what, reported, declared in (("prompts", jobs.c.reported_prompts, jobs.c.prompts),
@@ -122,20 +132,23 @@ class StoreCollector:
                 work[what] = conn.execute(select(
                     case((modelled, "modelled"), else_="measured").label("m"),
                     case((reported.is_not(None), "reported"), else_="declared").label("s"),
+                    signal.label("sig"),
                     func.coalesce(func.sum(case((counted, count), else_=0)), 0),
                     func.coalesce(func.sum(case((counted, jobs.c.gco2), else_=0.0)), 0.0),
                     func.coalesce(func.sum(case((counted, jobs.c.energy_j), else_=0.0)), 0.0),
-                ).group_by("m", "s")).all()
+                ).group_by("m", "s", "sig")).all()
         for state in State:
             depth.add_metric([state.value], counts.get(state.value, 0))
         e = CounterMetricFamily("carbonsched_job_energy_joules", "Energy of finished jobs, measured or "
                                 "modelled (emulated GPUs)", labels=["method"])
         g = CounterMetricFamily("carbonsched_job_gco2_grams", "gCO2 of finished jobs, from measured or "
-                                "modelled (emulated GPUs) energy", labels=["method"])
-        for m, (energy, gco2) in by_method.items():
+                                "modelled (emulated GPUs) energy, per carbon signal (average or marginal: "
+                                "never add the two)", labels=["method", "signal"])
+        for m, energy in energy_by_method.items():
             e.add_metric([m], energy)
-            g.add_metric([m], gco2)
-        labels = ["method", "source"]
+        for (m, sig), gco2 in sorted(gco2_by.items()):
+            g.add_metric([m, sig], gco2)
+        labels = ["method", "source", "signal"]
         p = CounterMetricFamily("carbonsched_job_prompts", "Prompts of finished jobs with a gCO2 figure, as "
                                 "reported by the job or declared at submit", labels=labels)
         pg = CounterMetricFamily("carbonsched_job_prompts_gco2_grams", "gCO2 of finished jobs that count prompts",
@@ -146,16 +159,19 @@ class StoreCollector:
                                  labels=labels)
         tj = CounterMetricFamily("carbonsched_job_tokens_energy_joules", "Energy of finished jobs that count "
                                  "tokens", labels=labels)
-        sums = {(what, m, src): (n, grams, joules) for what, rows in work.items() for m, src, n, grams, joules in rows}
+        sums = {(what, m, src, sig): (n, grams, joules)
+                for what, rows in work.items() for m, src, sig, n, grams, joules in rows}
+        signals = sorted(set(SIGNALS) | {k[3] for k in sums})
         for m in ("measured", "modelled"):  # every series exists from the start, at 0
             for src in ("reported", "declared"):
-                n, grams, _ = sums.get(("prompts", m, src), (0, 0.0, 0.0))
-                p.add_metric([m, src], float(n))
-                pg.add_metric([m, src], float(grams))
-                n, grams, joules = sums.get(("tokens", m, src), (0, 0.0, 0.0))
-                t.add_metric([m, src], float(n))
-                tg.add_metric([m, src], float(grams))
-                tj.add_metric([m, src], float(joules))
+                for sig in signals:
+                    n, grams, _ = sums.get(("prompts", m, src, sig), (0, 0.0, 0.0))
+                    p.add_metric([m, src, sig], float(n))
+                    pg.add_metric([m, src, sig], float(grams))
+                    n, grams, joules = sums.get(("tokens", m, src, sig), (0, 0.0, 0.0))
+                    t.add_metric([m, src, sig], float(n))
+                    tg.add_metric([m, src, sig], float(grams))
+                    tj.add_metric([m, src, sig], float(joules))
         yield from (depth, e, g, p, pg, t, tg, tj)
 
 
@@ -173,7 +189,7 @@ class Metrics:
     def add(self, collector) -> None:
         self.registry.register(collector)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         result = start_http_server(port, addr=addr, registry=self.registry)
         self._server = result[0] if isinstance(result, tuple) else None
         log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from scheduler.store import Store
 
@@ -197,9 +198,20 @@ class ServiceProcess:
 
     def _open(self, db_url: str) -> Store:
         """Claim the state directory (one instance per directory) and open the store."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if not self.state_dir.exists():
+            # Traversable, not listable: jobs reach their own log and metrics files by name.
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+            self.state_dir.chmod(0o711)
         self._take_instance_lock()
-        return Store(db_url)
+        store = Store(db_url)
+        try:
+            store.is_empty()  # reads the schema: a file that is no database says so here
+        except DatabaseError as e:
+            if isinstance(e, OperationalError):
+                raise  # a server not up yet: the caller's own handling (and retries) apply
+            raise DaemonError(f"cannot use the store {store.url}: {str(e.orig).strip() or type(e.orig).__name__} "
+                              "(is it a carbonsched database?)") from None
+        return store
 
     def _release_instance_lock(self) -> None:
         if self._lock_fd is not None:

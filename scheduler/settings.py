@@ -89,10 +89,27 @@ def _text(v: Any) -> str:
 
 
 def _groups(v: Any) -> list[str]:
+    import grp
+
     items = v.split(",") if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(g, str) and g.strip() for g in items):
         raise ValueError(f"must be a list of group names (got {v!r})")
-    return [g.strip() for g in items]
+    names = [g.strip() for g in items]
+    for name in names:  # caught by `config check`, not only when the daemon starts
+        try:
+            grp.getgrnam(name)
+        except KeyError:
+            raise ValueError(f"group {name!r} does not exist on this host") from None
+    return names
+
+
+def _duration_at_least(minimum_s: float, why: str) -> Callable[[Any], float]:
+    def parse(v: Any) -> float:
+        seconds = _duration(v)
+        if seconds < minimum_s:
+            raise ValueError(f"must be at least {format_duration(minimum_s)} (got {v!r}): {why}")
+        return seconds
+    return parse
 
 
 def _db_url(v: Any) -> str:
@@ -224,13 +241,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sample_hz", _number(0.1, 100), 1.0, "GPU power sampling rate, Hz", _BOTH, "HZ"),
     Setting("metrics_port", _integer(0, 65535), None, "serve Prometheus metrics on this TCP port",
             _BOTH, "PORT"),
+    Setting("metrics_addr", _text, "127.0.0.1", "address the metrics port listens on (0.0.0.0 or :: for "
+            "a Prometheus on another host)", _BOTH, "ADDR"),
     Setting("log_level", _log_level, "INFO", "log level", _BOTH, "LEVEL"),
     Setting("admin_groups", _groups, [], "groups whose members see and cancel every job and drain "
             "GPUs (comma-separated in env/flag)", _HEAD, "GROUP,..."),
     Setting("time_limit_factor", _number(1.0, 100.0), 2.0, "time limit = this x the runtime estimated "
             "on the planned GPUs, never less than this x --est-runtime, unless --time-limit is given", _HEAD, "X"),
     Setting("grace", _duration, 10.0, "SIGTERM -> SIGKILL grace on cancel and timeout", _BOTH, "DUR", _dur),
-    Setting("node_lost_after", _duration, 300.0, "a silent node's running jobs are declared LOST (or "
+    Setting("node_lost_after", _duration_at_least(30.0, "shorter, healthy nodes that miss a heartbeat or "
+            "restart their agent would have their running jobs declared LOST"), 300.0, "a silent node's running jobs are declared LOST (or "
             "re-queued) after this; longer than any agent restart", _HEAD, "DUR", _dur),
     Setting("sample_retention", _duration, 3600.0, "raw power samples are kept this long, then minute "
             "roll-ups", _HEAD, "DUR", _dur),
@@ -245,6 +265,10 @@ SETTINGS: tuple[Setting, ...] = (
             "progress at once", _HEAD, "N"),
     Setting("api_max_connections_per_uid", _integer(1, 100_000), 256, "API connections one uid may hold "
             "open", _HEAD, "N"),
+    Setting("api_max_expensive_per_uid", _integer(1, 1_000), 2, "job listings, reports, exports and plan "
+            "previews one uid may have in progress at once", _HEAD, "N"),
+    Setting("max_queued_per_user", _integer(1, 10_000_000), 5000, "jobs one user may have waiting "
+            "(PENDING or PLANNED); a submit beyond it is refused (429)", _HEAD, "N"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 # Tables checked by their owners: name -> fn(table, whole config) returning error strings.

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
+# What must never reach a terminal raw from stored text (job names, commands, directories,
+# reasons): C0 and C1 controls (escape sequences, newlines that forge a line such as
+# "owner: alice", carriage returns), DEL, line/paragraph separators, bidi overrides.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """`text` with every terminal control shown as an escape (`\\x1b`, `\\n`, `\\u202e`)."""
+    if not _UNSAFE.search(text):
+        return text
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    """`headers` and `rows` as left-aligned columns two spaces apart, without trailing blanks."""
+    """`headers` and `rows` as left-aligned columns two spaces apart, without trailing blanks;
+    cells shown with `printable`."""
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row)]

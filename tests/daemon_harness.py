@@ -33,8 +33,9 @@ def world_dir(prefix: str) -> Path:
 class DaemonProcess:
     def __init__(self, root: Path, db_url: str, *, emulate: str | None = "4xH100",
                  extra: list[str] | None = None, grace: str = "1s", local_agent: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, umask: int | None = None) -> None:
         self.root = root
+        self.umask = -1 if umask is None else umask  # the daemon's umask (-1: this process's)
         self.state_dir = root / "state"
         self.socket = root / "carbonsched.sock"
         self.db_url = db_url
@@ -57,7 +58,7 @@ class DaemonProcess:
         log = open(self.log_path, "a")
         log.write(f"\n==== start {self.starts} ====\n")
         log.flush()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, umask=self.umask,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         log.close()
         self.starts += 1

@@ -254,3 +254,124 @@ def test_a_flooding_uid_gets_429_while_the_daemon_stays_responsive(tmp_path):
     finally:
         api.stop()
         store.dispose()
+
+
+# -- text that cannot be stored and shown again; requests refused before their body (issue 25) --
+
+def test_a_lone_surrogate_is_refused_at_the_edge_and_changes_nothing(server):
+    api, store = server
+    before = job_count(store)
+    for body in (rb'{"argv": ["echo", "\ud800"]}', rb'{"argv": ["echo", "x"], "env": {"\udfff": "1"}}',
+                 b'{"argv": ["echo", "\xff"]}'):
+        (status, payload), = responses(raw_exchange(api.path, request_bytes("POST", "/v1/jobs", body)))
+        assert status == 400 and "not valid JSON" in payload["error"], payload
+    assert job_count(store) == before
+
+
+def test_a_stored_row_with_text_utf8_cannot_carry_still_lists_and_shows(server):
+    """A row stored before the edge refused lone surrogates must not break `queue --all`."""
+    from sqlalchemy import insert
+    from scheduler.lifecycle import utcnow
+
+    api, store = server
+    job_id = store.transact(lambda conn: conn.execute(insert(jobs).values(
+        name="old-row", state="PENDING", owner_uid=os.getuid(), owner_gid=os.getgid(), owner_groups=[],
+        owner_name="me", argv=["echo", "\ud800"], cwd="/", env={"X": "\udfff"}, gpus=1, gpu_mem_gib=0.0, max_retries=0,
+        attempts=0, submitted_at=utcnow(), plan_rev=0)).inserted_primary_key[0])
+    c = Client(api.path)
+    listed = {j["id"]: j for j in c.jobs(include_done=True)}
+    assert listed[job_id]["argv"] == ["echo", "\ufffd\ufffd\ufffd"]  # U+FFFD for each byte UTF-8 cannot take
+    shown = c.job(job_id)
+    assert shown["argv"][0] == "echo" and shown["argv"][1] != "\ud800"
+    assert Client(api.path).request("GET", "/health") is not None  # and the daemon still serves
+
+
+def test_a_body_refused_with_429_is_never_read_as_the_next_request(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(rate_per_s=0.001, burst=1))
+    api.start()
+    try:
+        smuggled = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+        stream = (b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"  # takes the one token
+                  + b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled)
+                  + smuggled)
+        answers = responses(raw_exchange(api.path, stream))
+        assert [s for s, _ in answers] == [200, 429]  # the body was not served as a request
+        # A GET that carries a body is answered, and its body is not taken for a request either.
+        api.gate = _UidGate(UidLimits())
+        stream = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled) + smuggled
+        assert [s for s, _ in responses(raw_exchange(api.path, stream))] == [200]
+        assert job_count(store) == 0
+    finally:
+        api.stop()
+        store.dispose()
+
+
+# -- one user cannot degrade everyone (issue 25, item 8) ----------------------------------------
+
+def test_expensive_requests_are_capped_per_uid_and_others_are_not_affected():
+    gate = _UidGate(UidLimits(max_expensive_inflight=2))
+    gate.enter_expensive(7)
+    gate.enter_expensive(7)
+    with pytest.raises(RequestError) as e:
+        gate.enter_expensive(7)
+    assert e.value.status == 429 and "listing/report/export/plan" in e.value.message
+    gate.enter_expensive(8)  # another uid: its own allowance
+    gate.leave_expensive(7)
+    gate.enter_expensive(7)
+
+
+def test_a_slow_listing_holds_the_uids_allowance_while_submits_still_go_through(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    release = threading.Event()
+    real = service.list_jobs
+
+    def slow_listing(*a, **k):
+        release.wait(10)
+        return real(*a, **k)
+
+    service.list_jobs = slow_listing
+    api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(max_expensive_inflight=1))
+    api.start()
+    try:
+        first = threading.Thread(target=lambda: Client(api.path).jobs(include_done=True))
+        first.start()
+        deadline = time.monotonic() + 5
+        while not api.gate._expensive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(ApiError) as e:
+            Client(api.path).jobs(include_done=True)
+        assert e.value.status == 429
+        assert Client(api.path).submit(argv=["true"])["id"] == 1  # cheap requests are served
+        release.set()
+        first.join(10)
+        assert len(Client(api.path).jobs(include_done=True)) == 1  # and the allowance is back
+    finally:
+        release.set()
+        api.stop()
+        store.dispose()
+
+
+def test_a_user_cannot_queue_more_than_max_queued_per_user(tmp_path):
+    from scheduler.daemon.service import Caller
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=0, max_queued_per_user=3), log_dir=tmp_path / "logs")
+    alice, bob = Caller(uid=1000, gid=1000), Caller(uid=1001, gid=1001)
+    for _ in range(3):
+        service.submit(alice, {"argv": ["true"]})
+    with pytest.raises(RequestError) as e:
+        service.submit(alice, {"argv": ["true"]})
+    assert e.value.status == 429 and "already has 3 jobs waiting (limit 3" in e.value.message
+    assert job_count(store) == 3  # nothing stored from the refused request
+    service.submit(bob, {"argv": ["true"]})  # bob has his own allowance
+    # once alice's jobs have started (or ended), she may submit again (after the count's refresh)
+    with store.write() as conn:
+        conn.execute(jobs.update().where(jobs.c.owner_uid == 1000).values(state="CANCELLED"))
+    service._queue_limit._counts.clear()
+    service.submit(alice, {"argv": ["true"]})

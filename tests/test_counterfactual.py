@@ -200,3 +200,18 @@ def test_the_stored_counterfactual_is_the_one_of_the_first_plan_in_every_later_p
     assert moved.est_gco2_if_now == first.est_gco2_if_now
     assert "if run at submission" in moved.explanation
     assert preview_rows(later)[0]["gco2_if_now"] == first.est_gco2_if_now
+
+
+@pytest.mark.parametrize("policy", ["fifo", "greedy", "cpsat"])
+def test_two_sites_of_one_zone_and_model_count_at_their_mean_in_every_policy(policy):
+    """Issue 25, 9c: two H100 sites in one zone, PUE 1.0 and 2.0, are one (zone, model) kind
+    equally early and fast: the counterfactual is the mean of their grams (x1.5), the rule
+    `policies.counterfactual.choose` states, never the dearer site's (x2.0)."""
+    gpus = (GpuSlot(1, "n-lean", "DE", 0, "H100", 80.0, pue=1.0), GpuSlot(2, "n-old", "DE", 0, "H100", 80.0, pue=2.0),
+            GpuSlot(3, "n-clean", "FR", 0, "H100", 80.0, pue=1.0))
+    s = Snapshot(now=NOW, jobs=(QueuedJob(1, 1, 0.0, NOW, est_runtime_s=3600.0),), gpus=gpus,
+                 carbon={"DE": curve("DE", [400.0] * 60), "FR": curve("FR", [40.0] * 60)})
+    a = plan(policy, s).by_job()[1]
+    kwh = a.estimate.energy_j / 3.6e6
+    # kinds (DE, H100): mean of 400 x 1.0 and 400 x 2.0 = 600; (FR, H100): 40; their mean 320
+    assert a.estimate.gco2_if_now == pytest.approx(kwh * (600.0 + 40.0) / 2, rel=1e-6)

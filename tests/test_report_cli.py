@@ -337,8 +337,8 @@ def test_prometheus_counts_reported_and_declared_work_apart(fleet):
     value = {(s.name, tuple(sorted(s.labels.items()))): s.value
              for family in StoreCollector(store).collect() for s in family.samples}
 
-    def of(name: str, source: str) -> float:
-        return value[(name, (("method", "measured"), ("source", source)))]
+    def of(name: str, source: str) -> float:  # all average-signal grams here
+        return value[(name, (("method", "measured"), ("signal", "average"), ("source", source)))]
 
     # jobs count once they have a gCO2 figure (the February job has none: no carbon data then)
     assert of("carbonsched_job_prompts_total", "reported") == 1250
@@ -347,3 +347,69 @@ def test_prometheus_counts_reported_and_declared_work_apart(fleet):
     assert of("carbonsched_job_output_tokens_total", "declared") == 500_000
     assert of("carbonsched_job_tokens_energy_joules_total", "reported") == pytest.approx(KWH)
     assert of("carbonsched_job_tokens_gco2_grams_total", "declared") == pytest.approx(100)
+
+
+# -- issue 25, 9a/9b: average and marginal grams never added; one definition of intensity -------
+
+@pytest.fixture
+def two_signals(store):
+    """1 kWh in DE priced with the average signal at 100 g/kWh on a PUE 1.5 site (150 g), and
+    1 kWh in US-CAL priced with the marginal signal at 800 g/kWh (PUE 1.0: 800 g)."""
+    with store.write() as conn:
+        de, us = _add_node(conn, "de1", "DE", "H100"), _add_node(conn, "us1", "US-CAL-CISO", "H100")
+        ids = [_job(conn, ALICE, "alice", "de1", [de[0]], D2 + 10 * H, D2 + 11 * H, 1.0 * KWH, zone="DE",
+                    gpu_model="H100", pue=1.5, gco2=150.0, gco2_signal="average", gco2_basis="actual",
+                    accounted_at=D2 + 12 * H, prompts=100),
+               _job(conn, BOB, "bob", "us1", [us[0]], D2 + 10 * H, D2 + 11 * H, 1.0 * KWH, zone="US-CAL-CISO",
+                    gpu_model="H100", pue=1.0, gco2=800.0, gco2_signal="marginal", gco2_basis="actual",
+                    accounted_at=D2 + 12 * H, prompts=100)]
+    return store, ids
+
+
+def test_report_totals_never_add_average_and_marginal_grams(two_signals):
+    store, _ = two_signals
+    r = Accountant(store).report(SINCE, UNTIL, by="zone")
+    t = r["total"]
+    assert t["energy_kwh"] == pytest.approx(2.0) and t["jobs"] == 2  # energy adds up, grams do not
+    assert t["signal"] == "mixed"
+    assert t["kgco2"] is None and t["intensity_g_per_kwh"] is None and t["gco2_per_prompt"] is None
+    assert t["by_signal"]["average"]["kgco2"] == pytest.approx(0.15)
+    assert t["by_signal"]["marginal"]["kgco2"] == pytest.approx(0.8)
+    g = _groups(r)
+    assert g["DE"]["signal"] == "average" and g["DE"]["kgco2"] == pytest.approx(0.15)
+    assert g["US-CAL-CISO"]["signal"] == "marginal" and g["US-CAL-CISO"]["kgco2"] == pytest.approx(0.8)
+    # one definition of intensity (receipts' too): grams per kWh of facility energy, PUE out
+    assert g["DE"]["intensity_g_per_kwh"] == pytest.approx(100.0)
+    assert t["by_signal"]["average"]["intensity_g_per_kwh"] == pytest.approx(100.0)
+    text = cli_report_table(r)
+    assert "0.15 kg at 100 g/kWh (average)" in text and "0.8 kg at 800 g/kWh (marginal)" in text
+
+
+def test_export_splits_emissions_by_signal(two_signals):
+    store, _ = two_signals
+    doc = Accountant(store).export(SINCE, UNTIL)
+    assert doc["totals"]["emissions_kgco2e"] is None and doc["totals"]["signal"] == "mixed"
+    assert doc["totals"]["emissions_kgco2e_by_signal"] == {"average": pytest.approx(0.15),
+                                                           "marginal": pytest.approx(0.8)}
+    systems = {s["zone"]: s for s in doc["systems"]}
+    assert systems["DE"]["emissions_kgco2e"] == pytest.approx(0.15) and systems["DE"]["signal"] == ["average"]
+    assert systems["DE"]["intensity_g_per_kwh"] == pytest.approx(100.0)
+    rows = list(csv.DictReader(io.StringIO(export_csv(doc))))
+    assert {r["zone"]: (r["emissions_kgco2e_average"], r["emissions_kgco2e_marginal"]) for r in rows} == {
+        "DE": ("0.15", ""), "US-CAL-CISO": ("", "0.8")}
+
+
+def test_the_gco2_metric_is_one_series_per_signal(two_signals):
+    from scheduler.metrics import StoreCollector
+
+    store, _ = two_signals
+    grams = {tuple(s.labels.values()): s.value for fam in StoreCollector(store).collect()
+             if fam.name == "carbonsched_job_gco2_grams" for s in fam.samples}
+    assert grams[("measured", "average")] == pytest.approx(150.0)
+    assert grams[("measured", "marginal")] == pytest.approx(800.0)
+
+
+def cli_report_table(data: dict) -> str:
+    from scheduler.cli.report import report_table
+
+    return report_table(data)

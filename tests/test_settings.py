@@ -40,8 +40,11 @@ def test_flag_beats_env_beats_file_beats_default():
     assert r["dispatch_interval"] == 1.0 and r.sources["dispatch_interval"] == "default"
 
 
+EXISTING_GROUPS = [g.gr_name for g in __import__("grp").getgrall()[:2]]
+
+
 def test_all_problems_are_reported_together_with_their_key_and_source():
-    config = {"grace": "soon", "polcy": "cpsat", "sample_hz": 1000, "admin_groups": "wheel"}
+    config = {"grace": "soon", "polcy": "cpsat", "sample_hz": 1000, "admin_groups": EXISTING_GROUPS[0]}
     env = {"CARBONSCHED_METRICS_PORT": "99999"}
     with pytest.raises(ConfigErrors) as e:
         resolve(DAEMON, parse(DAEMON, "--plan-interval", "0s"), config, env, config_path="/etc/c.toml")
@@ -51,7 +54,7 @@ def test_all_problems_are_reported_together_with_their_key_and_source():
     assert any("config key `sample_hz`" in x and "<= 100" in x for x in errors)
     assert any(x.startswith("env CARBONSCHED_METRICS_PORT") and "65535" in x for x in errors)
     assert any(x.startswith("flag --plan-interval") and "positive" in x for x in errors)
-    assert len(errors) == 5, errors  # admin_groups as a comma string is fine
+    assert len(errors) == 5, errors  # admin_groups as a comma string (of real groups) is fine
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -65,6 +68,10 @@ def test_all_problems_are_reported_together_with_their_key_and_source():
     ("time_limit_factor", 0.5, ">= 1"),
     ("full_replan", "often", "malformed duration"),
     ("full_replan", "0s", "positive duration"),
+    # issue 25: what used to pass `config check` and then broke the daemon
+    ("node_lost_after", "1ms", "at least 30s"),
+    ("admin_groups", "no-such-group-cs25", "does not exist on this host"),
+    ("metrics_addr", "", "non-empty"),
 ])
 def test_bad_values_get_a_reason(key, value, message):
     errors = check_file({key: value})
@@ -72,10 +79,10 @@ def test_bad_values_get_a_reason(key, value, message):
 
 
 def test_typed_values_come_out_parsed():
-    r = resolve(DAEMON, parse(DAEMON, "--no-planner-process", "--admin-groups", "wheel, hpc"),
+    r = resolve(DAEMON, parse(DAEMON, "--no-planner-process", "--admin-groups", ", ".join(EXISTING_GROUPS)),
                 {"node_lost_after": "10m", "db": "postgresql://u@h/db", "metrics_port": 9100}, {})
     assert r["planner_process"] is False
-    assert r["admin_groups"] == ["wheel", "hpc"]
+    assert r["admin_groups"] == EXISTING_GROUPS
     assert r["node_lost_after"] == 600.0
     assert r["db"] == "postgresql+psycopg://u@h/db"
     assert r["metrics_port"] == 9100

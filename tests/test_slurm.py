@@ -403,3 +403,68 @@ def test_a_single_host_daemon_runs_its_jobs_through_slurm_with_its_in_process_ag
         assert done["energy_j"] > 0 and done["gco2"] == pytest.approx(done["energy_j"] / 3.6e6 * 400, rel=0.01)
     finally:
         head.cleanup()
+
+
+# -- no user acts as another through Slurm (issue 25) -----------------------------------
+
+def _throwaway_slurm_user() -> str:
+    import uuid
+
+    name = f"cs{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    return name
+
+
+@pytest.fixture
+def alice_and_bob():
+    import pwd
+
+    made = [_throwaway_slurm_user(), _throwaway_slurm_user()]
+    yield [pwd.getpwnam(u) for u in made]
+    for u in made:
+        subprocess.run(["userdel", u], check=False)
+
+
+def test_a_slurm_job_of_another_user_with_a_jobs_comment_is_never_taken_for_it(world, slurm_cluster, alice_and_bob):
+    store, service, planner, agents, root = world
+    alice, bob = alice_and_bob
+    job = service.submit(Caller(uid=alice.pw_uid, gid=alice.pw_gid),
+                         {"argv": ["sh", "-c", "echo alice ran; id -u"], "gpus": 1, "est_runtime_s": 5,
+                          "cwd": "/tmp"})["id"]
+    # bob forges the comment before the agent submits alice's job (after she submitted it,
+    # so Slurm's submit time alone cannot tell the two apart).
+    forged = int(subprocess.run(
+        [shutil.which("runuser") or "runuser", "-u", bob.pw_name, "--", "sbatch", "--parsable", "-p", "carbon",
+         "--gres=gpu:1", "-o", "/dev/null", f"--comment=carbonsched:{job}", "--wrap", "sleep 3; exit 7"],
+        env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True, timeout=20, check=True,
+        cwd="/tmp").stdout.strip())
+    rows = drive(store, planner, agents, [job])
+    row = rows[job]
+    assert (row.state, row.exit_code) == ("COMPLETED", 0), row.reason
+    assert (root / row.node / "logs" / f"{job}.out").read_text().split("\n")[:2] == ["alice ran", str(alice.pw_uid)]
+    theirs = [j for j in slurm_jobs(slurm_cluster, f"carbonsched:{job}")
+              if j.submit_time.timestamp() >= row.submitted_at.timestamp() - 1]
+    assert sorted((j.user_id, j.job_id == forged) for j in theirs) == sorted([(alice.pw_uid, False), (bob.pw_uid, True)])
+    with store.read() as conn:
+        history = " ".join(r or "" for r in conn.execute(
+            select(job_events.c.reason).where(job_events.c.job_id == job)).scalars())
+    assert f"Slurm job {forged} " not in history + " " and str(rows[job].slurm_job_id) != str(forged)
+
+
+def test_a_jobs_environment_reaches_the_job_only_never_sbatch(world, slurm_cluster, alice_and_bob):
+    store, service, planner, agents, root = world
+    alice, _ = alice_and_bob
+    # A TZ far from UTC would make Slurm read the agent's --begin hours late; SBATCH_* would be
+    # sbatch options (an unknown feature: sbatch refuses the job). The job itself sees both.
+    env = {"PATH": "/usr/bin:/bin", "TZ": "America/Los_Angeles", "SBATCH_CONSTRAINT": "no-such-feature",
+           "NOTE": "a value, with commas\nand a newline"}
+    job = service.submit(Caller(uid=alice.pw_uid, gid=alice.pw_gid),
+                         {"argv": ["sh", "-c", 'echo "$TZ|$SBATCH_CONSTRAINT|$(umask)|$NOTE"; echo "LANG=${LANG-unset}"'],
+                          "gpus": 1, "est_runtime_s": 5, "cwd": "/tmp", "env": env})["id"]
+    started = time.monotonic()
+    rows = drive(store, planner, agents, [job], timeout_s=30)
+    assert rows[job].state == "COMPLETED", rows[job].reason
+    assert time.monotonic() - started < 25  # started when planned (now), not 8 hours late
+    out = (root / rows[job].node / "logs" / f"{job}.out").read_text()
+    assert out.splitlines() == ["America/Los_Angeles|no-such-feature|0022|a value, with commas", "and a newline",
+                                "LANG=unset"]  # the job's environment: not sbatch's LANG=C.UTF-8

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 from datetime import datetime
 
-from scheduler.text_table import table
+from scheduler.text_table import printable, table
 from scheduler.timeparse import format_duration
 
 
@@ -134,7 +135,7 @@ def job_detail(job: dict) -> str:
     fields = [
         ("job", f"{job['id']} ({job['name']})"), ("state", job["state"]),
         ("reason", job.get("reason") or "-"), ("owner", f"{job['owner']} (uid {job['owner_uid']})"),
-        ("command", " ".join(job["argv"])), ("directory", job["cwd"]),
+        ("command", shlex.join(job["argv"])), ("directory", job["cwd"]),
         ("gpus", f"{job['gpus_requested']} x >= {job['gpu_mem_gib']:g} GiB"
                  + (f" -> {_gpus(job)}" if job.get("gpus") else "")),
         ("workload", job.get("workload") or "-"), ("work", _work(job)),
@@ -169,14 +170,14 @@ def job_detail(job: dict) -> str:
     if job.get("deadline_miss"):
         fields.append(("DEADLINE", "cannot be met on any GPU: planned as soon as possible"))
     width = max(len(k) for k, _ in fields)
-    lines = [f"{k.rjust(width)}: {v}" for k, v in fields]
+    lines = [f"{k.rjust(width)}: {printable(str(v))}" for k, v in fields]
     if job.get("events"):
         lines.append("")
         lines.append("history:")
         for e in job["events"]:
             who = "system" if e["actor_uid"] is None else f"uid {e['actor_uid']}"
             lines.append(f"  {local_time(e['at'], True)}  {(e['from'] or '-'):>9} -> {e['to']:<9} "
-                         f"{who}: {e['reason'] or ''}")
+                         f"{who}: {printable(e['reason'] or '')}")
     return "\n".join(lines)
 
 

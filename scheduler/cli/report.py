@@ -173,6 +173,12 @@ def report_table(data: dict) -> str:
         lines.append("GCO2/PROMPT, TOK/J, $/MTOK: prompts " + (sources["prompts_source"] or "-") + ", tokens "
                      + (sources["tokens_source"] or "-") + " (reported: by the jobs' metrics files; declared: "
                      "at submit)")
+    mixed = [g for g in [*data["groups"], total] if g.get("signal") == "mixed"]
+    if mixed:
+        parts = "; ".join(("TOTAL" if g is total else str(g["group"])) + ": " + ", ".join(
+            f"{_num(v['kgco2'], '.4g')} kg at {_num(v['intensity_g_per_kwh'], '.0f')} g/kWh ({sig})"
+            for sig, v in g["by_signal"].items()) for g in mixed)
+        lines.append("KGCO2 by signal where average and marginal grams meet (never added): " + parts)
     if data["jobs_without_gco2"]:
         lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
                      "data for their run): left out of KGCO2 and savings")
@@ -215,7 +221,8 @@ def plot_daily(data: dict, path: str) -> None:
 # -- export -----------------------------------------------------------------------------------
 
 EXPORT_COLUMNS = ("period_start", "period_end", "node", "gpu_model", "zone", "jobs", "gpu_hours", "it_energy_kwh",
-                  "facility_energy_kwh", "emissions_kgco2e", "intensity_g_per_kwh", "pue", "signal",
+                  "facility_energy_kwh", "emissions_kgco2e", "emissions_kgco2e_average", "emissions_kgco2e_marginal",
+                  "intensity_g_per_kwh", "pue", "signal",
                   "measurement_shares", "intensity_basis_shares", "jobs_without_measurement",
                   "jobs_without_emissions", "energy", "jobs_modelled", "modelled_energy_kwh", "prompts",
                   "prompts_source", "gco2_per_prompt", "tokens", "tokens_source", "gco2_per_1k_tokens",
@@ -231,6 +238,7 @@ def export_csv(doc: dict) -> str:
         cells = {
             **s, "period_start": doc["period"]["start"], "period_end": doc["period"]["end"],
             "pue": ";".join(f"{p:g}" for p in s["pue"]), "signal": ";".join(s["signal"]),
+            **{f"emissions_kgco2e_{sig}": kg for sig, kg in s.get("emissions_kgco2e_by_signal", {}).items()},
             "measurement_shares": ";".join(f"{k}={v:.4f}" for k, v in s["measurement_shares"].items()),
             "intensity_basis_shares": ";".join(f"{k}={v:.4f}" for k, v in s["intensity_basis_shares"].items()),
             "data_sources": sources, "generated_at": doc["generated_at"],
@@ -246,8 +254,10 @@ def cmd_export(args, config: dict) -> int:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
+        kg = ", ".join(f"{v:.3f} kgCO2e ({sig} signal)" for sig, v in
+                       doc["totals"].get("emissions_kgco2e_by_signal", {}).items() if v is not None) or "no kgCO2e"
         print(f"wrote {args.out}: {len(doc['systems'])} system(s), {doc['totals']['it_energy_kwh']:.3f} kWh, "
-              f"{doc['totals']['emissions_kgco2e']:.3f} kgCO2e", file=sys.stderr)
+              f"{kg}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

@@ -7,9 +7,9 @@ status that says what kind of mistake it was.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import queue
 import socket
 import socketserver
 import stat
@@ -29,6 +29,7 @@ from scheduler.accounting import GROUPINGS, Accountant, NotFound, parse_period
 from scheduler.daemon.service import Caller, JobService, RequestError
 from scheduler.profiles import learned_view
 from scheduler.store import Store
+from scheduler.text_table import printable
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,14 @@ class UidLimits:
     burst: float = 2000.0
     max_inflight: int = 32
     max_connections: int = 256
+    # Requests whose cost grows with the store (job listings, reports, exports, plan previews:
+    # 8 parallel listings of ~24k jobs took another user's submit p99 to 2.1 s): at most this
+    # many of one uid at once.
+    max_expensive_inflight: int = 2
+
+
+#: (method, first path part) of the requests counted by `UidLimits.max_expensive_inflight`.
+EXPENSIVE = frozenset({("GET", "jobs"), ("GET", "report"), ("GET", "export"), ("GET", "plan")})
 
 
 class _UidGate:
@@ -57,8 +66,25 @@ class _UidGate:
         self._lock = threading.Lock()
         self._buckets: dict[int, list[float]] = {}  # uid -> [tokens, last refill]
         self._inflight: dict[int, int] = {}
+        self._expensive: dict[int, int] = {}
         self._connections: dict[int, int] = {}
         self.rejected = 0
+
+    def enter_expensive(self, uid: int) -> None:
+        """Admit one expensive request of `uid` or raise RequestError(429); pair with
+        `leave_expensive`."""
+        with self._lock:
+            n = self._expensive.get(uid, 0)
+            if n >= self.limits.max_expensive_inflight:
+                self.rejected += 1
+                raise RequestError(429, f"uid {uid} already has {n} listing/report/export/plan request(s) "
+                                        f"in progress (limit {self.limits.max_expensive_inflight}); retry when "
+                                        "one has finished")
+            self._expensive[uid] = n + 1
+
+    def leave_expensive(self, uid: int) -> None:
+        with self._lock:
+            _decrement(self._expensive, uid)
 
     def enter(self, uid: int) -> None:
         """Admit one request of `uid` or raise RequestError(429); pair with `leave`."""
@@ -151,6 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
+        self._body_read = False
         try:
             if self.server.stopping:
                 self.close_connection = True
@@ -161,19 +188,41 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 body = self._read_body() if method in ("POST", "DELETE") else None
                 url = urlsplit(self.path)
-                status, payload = self.server.router(method, url.path, parse_qs(url.query), body, caller)
+                parts = [p for p in url.path.split("/") if p]
+                expensive = len(parts) == 2 and (method, parts[1]) in EXPENSIVE
+                if expensive:
+                    gate.enter_expensive(caller.uid)
+                try:
+                    status, payload = self.server.router(method, url.path, parse_qs(url.query), body, caller)
+                finally:
+                    if expensive:
+                        gate.leave_expensive(caller.uid)
             finally:
                 gate.leave(caller.uid)
         except RequestError as e:
-            status, payload = e.status, {"error": e.message}
+            # One clear line: a message that quotes the request shows its controls escaped.
+            status, payload = e.status, {"error": printable(e.message)}
+        except DBAPIError as e:
+            # The database is down or unreachable: a 503 to retry, and one warning per outage
+            # in the log (not a traceback per request).
+            status, payload = 503, {"error": "the database cannot be reached now; retry in a moment"}
+            self.server.note_db_outage(e)
         except Exception:
             log.exception("API request %s %s failed", method, self.path)
             status, payload = 500, {"error": "internal error in the daemon; see its log"}
-        data = orjson.dumps(payload)  # C-fast: a 10,000-job listing is ~7 MB of JSON
+        if status < 500:
+            self.server.note_db_ok()
+        data = encode_reply(payload)
+        if not self._body_read and _has_body(self.headers):
+            # Refused before its body was read (429, 503, GET with a body...): what is left
+            # on the connection is not the next request. Close it rather than parse it as one.
+            self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         if status == 429:
             self.send_header("Retry-After", "1")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -194,12 +243,45 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # do not read an oversized body
             raise RequestError(413, f"request body too large ({n} bytes; limit {MAX_BODY_BYTES})")
         raw = self.rfile.read(n)
+        if len(raw) < n:
+            self.close_connection = True
+            raise RequestError(400, f"request body ended after {len(raw)} of {n} bytes")
+        self._body_read = True
         if not raw:
             return None
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            # orjson, not json: it refuses what cannot be stored and shown again, i.e. lone
+            # surrogates ("\ud800") and invalid UTF-8, numbers beyond a double or 64 bits,
+            # NaN/Infinity, and nesting deeper than 1,024, each as a clear 400.
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
             raise RequestError(400, f"request body is not valid JSON: {e}") from None
+
+
+def _has_body(headers) -> bool:
+    length = headers.get("Content-Length")
+    return bool(headers.get("Transfer-Encoding")) or (length is not None and length.strip() != "0")
+
+
+def encode_reply(payload) -> bytes:
+    """The reply as JSON bytes (orjson: a 10,000-job listing is ~7 MB). Text that UTF-8
+    cannot carry (a lone surrogate stored before the API refused them) is shown as U+FFFD
+    rather than failing the whole reply: no stored row may break a listing."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError as e:  # orjson.JSONEncodeError
+        log.warning("reply holds text that is not valid UTF-8 (%s); shown with U+FFFD", e)
+        return orjson.dumps(_valid_text(payload))
+
+
+def _valid_text(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_valid_text(v) for v in value]
+    return value
 
 
 class ApiServer(socketserver.UnixStreamServer):
@@ -222,6 +304,21 @@ class ApiServer(socketserver.UnixStreamServer):
         self._thread: threading.Thread | None = None
         self.stopping = False
         self.loop_at = time.monotonic()
+        self._db_down_since: float | None = None
+        self._refused_logged_at: dict[int, float] = {}
+        self._refusals: queue.Queue = queue.Queue(maxsize=64)
+        threading.Thread(target=self._refuse_connections, name="api-refuse", daemon=True).start()
+
+    def note_db_outage(self, e: DBAPIError) -> None:
+        if self._db_down_since is None:
+            self._db_down_since = time.monotonic()
+            log.warning("API: the database cannot be reached (%s); answering 503 until it is back",
+                        str(e.orig).strip().splitlines()[0] if e.orig else e)
+
+    def note_db_ok(self) -> None:
+        if self._db_down_since is not None:
+            log.warning("API: the database is back after %.0fs", time.monotonic() - self._db_down_since)
+            self._db_down_since = None
 
     def process_request(self, request, client_address) -> None:
         """Refuse a uid's connection beyond its limit before it gets a thread."""
@@ -231,20 +328,42 @@ class ApiServer(socketserver.UnixStreamServer):
             self.shutdown_request(request)
             return
         if not self.gate.connect(uid):
-            log.warning("uid %s has %d connections open; refusing another", uid,
-                        self.gate.limits.max_connections)
-            body = orjson.dumps({"error": f"too many open connections for uid {uid} "
-                                          f"(limit {self.gate.limits.max_connections})"})
+            now = time.monotonic()
+            if now - self._refused_logged_at.get(uid, -1e9) >= 60.0:  # one line a minute per uid
+                self._refused_logged_at[uid] = now
+                log.warning("uid %s has %d connections open; refusing more (logged once a minute)", uid,
+                            self.gate.limits.max_connections)
             try:
+                self._refusals.put_nowait((request, uid))
+            except queue.Full:  # a flood: no answer for these, just closed
+                self.shutdown_request(request)
+            return
+        threading.Thread(target=self._serve_connection, args=(request, client_address, uid),
+                         name="api-conn", daemon=True).start()
+
+    def _refuse_connections(self) -> None:
+        """Answer refused connections with a 429 the client can read: their request is read
+        first (briefly, bounded), since closing a socket with unread data resets it and the
+        client would only see "connection reset" instead of why. One thread for all of them,
+        off the accept loop."""
+        while True:
+            request, uid = self._refusals.get()
+            body = orjson.dumps({"error": f"too many open connections for uid {uid} "
+                                          f"(limit {self.gate.limits.max_connections}); close some and retry"})
+            try:
+                request.settimeout(0.2)
+                seen = b""
+                while b"\r\n\r\n" not in seen and len(seen) < 65536:
+                    chunk = request.recv(65536)
+                    if not chunk:
+                        break
+                    seen += chunk
                 request.sendall(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
                                 b"Connection: close\r\nRetry-After: 1\r\nContent-Length: "
                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
             except OSError:
                 pass
             self.shutdown_request(request)
-            return
-        threading.Thread(target=self._serve_connection, args=(request, client_address, uid),
-                         name="api-conn", daemon=True).start()
 
     def _serve_connection(self, request, client_address, uid: int) -> None:
         try:
@@ -348,8 +467,8 @@ def _query_int(query: dict, name: str) -> int | None:
         n = int(query[name][0])
     except ValueError:
         raise RequestError(400, f"{name} must be an integer") from None
-    if n < 0:
-        raise RequestError(400, f"{name} must not be negative")
+    if not 0 <= n < 2**63:
+        raise RequestError(400, f"{name} must be between 0 and 2^63-1")
     return n
 
 
@@ -388,6 +507,8 @@ def accounting_routes(accountant: Accountant, service: JobService) -> dict:
                                 accountant._clock())
         except ValueError as e:
             raise RequestError(400, str(e)) from None
+        except OverflowError:  # e.g. since=999999999d: before year 1
+            raise RequestError(400, "the report period is out of range") from None
 
     def report(caller, query: dict) -> dict:
         since, until = period(query)
@@ -402,10 +523,9 @@ def accounting_routes(accountant: Accountant, service: JobService) -> dict:
 
     def receipt(caller, query: dict) -> dict:
         raw = query.get("job", [None])[0]
-        try:
-            job_id = int(raw)
-        except (TypeError, ValueError):
-            raise RequestError(400, f"receipt needs ?job=ID (got {raw!r})") from None
+        if raw is None:
+            raise RequestError(400, "receipt needs ?job=ID")
+        job_id = _job_id(raw)
         service.get_job(caller, job_id)  # 404 / 403 exactly as `show`
         try:
             return accountant.receipt(job_id)

@@ -28,7 +28,9 @@ from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.slurm.config import SlurmConfig
 from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
 from scheduler.sdnotify import Watchdog, notify as sd_notify
+from scheduler.state_dir import bind_state_dir
 from scheduler.store import SchemaError, Store
+from scheduler.store.identity import store_id
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class DaemonConfig:
     local_agent: bool | None = None  # None: on for SQLite, or when --emulate is given
     sample_hz: float = 1.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"  # loopback unless the operator opens it
     node_lost_after_s: float = DEFAULT_NODE_LOST_AFTER_S
     sample_retention_s: float = DEFAULT_RETENTION_S
     node_static_w: float = 0.0
@@ -67,6 +70,7 @@ class DaemonConfig:
     planner_process: bool = True
     min_free_disk_mib: float = 256.0  # the local agent takes no jobs below this free log space
     api_limits: UidLimits = field(default_factory=UidLimits)  # what one uid may take of the API
+    max_queued_per_user: int | None = 5000  # jobs one user may have waiting (None: no limit)
     # The local agent's executor: "local" processes, or "slurm" (this host is a Slurm node;
     # its jobs are handed to Slurm, see scheduler.node.slurm_agent) with the [slurm] table.
     executor: str = "local"
@@ -118,6 +122,7 @@ class Daemon(ServiceProcess):
         cfg = self.config
         store = self._open(cfg.db_url)
         self._prepare_schema(store)
+        bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
         metrics = Metrics()
         metrics.add(StoreCollector(store))
         dispatch_job: CoalescedJob | None = None
@@ -192,7 +197,7 @@ class Daemon(ServiceProcess):
         service = JobService(
             store,
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
-                          time_limit_factor=cfg.time_limit_factor),
+                          time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user),
             log_dir=cfg.state_dir / "logs",
             on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
         )
@@ -240,7 +245,7 @@ class Daemon(ServiceProcess):
             log.warning("planner process still loading after %gs; serving anyway", PLANNER_LOAD_TIMEOUT_S)
         api.start()
         if cfg.metrics_port is not None:
-            metrics.serve(cfg.metrics_port)
+            metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         watchdog = Watchdog()
         watchdog.add_check("api", api.loop_problem)
         watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")

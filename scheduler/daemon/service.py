@@ -12,6 +12,7 @@ import logging
 import os
 import pwd
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ MAX_ARGV = 4096
 MAX_ARGV_BYTES = 256 * 1024
 MAX_ENV = 256
 MAX_RUNTIME_S = 30 * 86400
+MIN_RUNTIME_S = 1.0  # shorter estimates and limits are typos (1e-300 s), not jobs
+MAX_DEADLINE_AHEAD_S = 366 * 86400
 MAX_LOG_BYTES = 4 * 1024 * 1024
 _INSERT_JOB = insert(jobs).returning(jobs.c.id)
 
@@ -86,6 +89,50 @@ class ServiceConfig:
     time_limit_factor: float = 2.0
     node_timeout_s: float = 60.0
     default_runtime_s: float = 3600.0  # the planner's runtime for a job with no estimate
+    # Jobs one uid may have waiting (PENDING or PLANNED); None: no limit. One user's tens of
+    # thousands of queued jobs would slow every plan for everyone.
+    max_queued_per_user: int | None = None
+
+
+class QueueLimit:
+    """`ServiceConfig.max_queued_per_user`, checked without a database round trip per submit:
+    each uid's waiting count is read at most every `REFRESH_S` and counted up by its own
+    submits in between (so the limit errs on the strict side: jobs that started meanwhile
+    still count until the next read)."""
+
+    REFRESH_S = 2.0
+
+    def __init__(self, store: Store, limit: int | None, clock=time.monotonic) -> None:
+        self.store = store
+        self.limit = limit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[int, tuple[int, float]] = {}  # uid -> (waiting, read at)
+
+    def check(self, uid: int) -> None:
+        if self.limit is None:
+            return
+        with self._lock:
+            n, at = self._counts.get(uid, (0, -1e18))
+        if self._clock() - at > self.REFRESH_S:
+            with self.store.read() as conn:
+                n = conn.execute(select(func.count()).select_from(jobs).where(
+                    jobs.c.owner_uid == uid,
+                    jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))).scalar_one()
+            with self._lock:
+                self._counts[uid] = (n, self._clock())
+                if len(self._counts) > 10_000:  # forget idle uids
+                    self._counts = {uid: self._counts[uid]}
+        if n >= self.limit:
+            raise RequestError(429, f"uid {uid} already has {n} jobs waiting (limit {self.limit}, "
+                                    "max_queued_per_user); submit more once some have started")
+
+    def submitted(self, uid: int) -> None:
+        if self.limit is None:
+            return
+        with self._lock:
+            n, at = self._counts.get(uid, (0, -1e18))
+            self._counts[uid] = (n + 1, at)
 
 
 class JobService:
@@ -100,6 +147,7 @@ class JobService:
         self._clock = clock
         self.admission = Admission(store, node_timeout_s=config.node_timeout_s,
                                    default_runtime_s=config.default_runtime_s, clock=clock)
+        self._queue_limit = QueueLimit(store, config.max_queued_per_user)
 
     # -- identity -----------------------------------------------------------------------
 
@@ -119,6 +167,7 @@ class JobService:
         now = self._clock()
         row = self._validate_submit(body, caller, now)
         warning = self._admit(row)
+        self._queue_limit.check(caller.uid)
 
         if self.store.dialect == "postgresql":
             # One statement, one round trip: the job row and its first event are inserted
@@ -136,6 +185,7 @@ class JobService:
                 return job_id
 
             job_id = self.store.transact(tx)
+        self._queue_limit.submitted(caller.uid)
         log.info("job %s submitted by uid %s: %s", job_id, caller.uid, row["name"])
         self._on_submit()
         out = {"id": job_id, "state": State.PENDING.value}
@@ -177,10 +227,10 @@ class JobService:
             raise RequestError(400, f"--gpus must be between 1 and {MAX_GPUS} (got {n_gpus})")
 
         est = _optional_number(body.get("est_runtime_s"), "est_runtime_s")
-        if est is not None and not 0 < est <= MAX_RUNTIME_S:
+        if est is not None and not MIN_RUNTIME_S <= est <= MAX_RUNTIME_S:
             raise RequestError(400, f"--est-runtime must be between 1s and 30d (got {est:g}s)")
         limit = _optional_number(body.get("time_limit_s"), "time_limit_s")
-        if limit is not None and not 0 < limit <= MAX_RUNTIME_S:
+        if limit is not None and not MIN_RUNTIME_S <= limit <= MAX_RUNTIME_S:
             raise RequestError(400, f"--time-limit must be between 1s and 30d (got {limit:g}s)")
         factor = None
         if limit is None and est is not None:  # derived: follows the GPUs the planner chooses
@@ -192,6 +242,8 @@ class JobService:
             deadline = _parse_iso(body["deadline"], "deadline")
             if deadline <= now:
                 raise RequestError(400, f"deadline {iso(deadline)} is in the past")
+            if deadline > now + timedelta(seconds=MAX_DEADLINE_AHEAD_S):
+                raise RequestError(400, f"deadline {iso(deadline)} is more than a year ahead")
             if est is not None and deadline < now + timedelta(seconds=est):
                 raise RequestError(400, f"deadline {iso(deadline)} is sooner than the estimated "
                                         f"runtime ({est:g}s) from now: it cannot be met")
@@ -462,7 +514,9 @@ def _check_latency_model(workload: str | None, slos: dict[str, float | None]) ->
 
     if workload is not None and workload.startswith("llm:"):
         try:
-            parse_spec(workload)
+            spec = parse_spec(workload)
+            if not spec.total_params_b > 0:
+                raise WorkloadSpecError(f"{workload!r} has no parameters; give the model's size, e.g. llm:70b")
         except WorkloadSpecError as e:
             raise RequestError(400, f"bad workload: {e}") from None
     given = [k for k, v in slos.items() if v is not None]
@@ -486,7 +540,10 @@ def _parse_iso(v: object, field: str) -> datetime:
         raise RequestError(400, f"{field} {v!r} is not an ISO 8601 time") from None
     if t.tzinfo is None:
         raise RequestError(400, f"{field} {v!r} has no time zone; send UTC, e.g. 2026-12-01T02:00:00Z")
-    return t.astimezone(timezone.utc)
+    try:
+        return t.astimezone(timezone.utc)
+    except OverflowError:  # e.g. 9999-12-31T23:59:59-23:59: past year 9999 in UTC
+        raise RequestError(400, f"{field} {v!r} is out of range") from None
 
 
 # Account lookups read /etc/passwd and /etc/group (or NSS) on every call; a submit needs

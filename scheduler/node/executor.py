@@ -87,8 +87,12 @@ class Executor:
         self.run_root = Path(state_dir) / "run"
         self.log_root = Path(state_dir) / "logs"
         self.grace_s = grace_s
+        # Explicit modes, whatever the umask: run records (the jobs' environments) are
+        # root's alone; the logs directory lets each job reach its own 0600 files by name.
         self.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.run_root.chmod(0o700)
         self.log_root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        self.log_root.chmod(0o711)
         self._children: dict[int, subprocess.Popen] = {}
 
     def log_paths(self, job_id: int) -> tuple[Path, Path]:

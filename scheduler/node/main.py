@@ -19,7 +19,9 @@ from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import read_node
+from scheduler.state_dir import bind_state_dir
 from scheduler.store import SchemaError
+from scheduler.store.identity import store_id
 from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
 from telemetry.gpu.detect import probe_backends
 
@@ -60,6 +62,7 @@ class AgentRunConfig:
     sample_hz: float = 1.0
     dispatch_interval_s: float = 1.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"  # loopback unless the operator opens it
     grace_s: float = 10.0
     node_static_w: float = 0.0
     min_free_disk_mib: float = 256.0
@@ -114,6 +117,7 @@ class AgentRunner(ServiceProcess):
             store.require_current(f"carbonsched db upgrade --db {store.url}")
         except SchemaError as e:
             raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
+        bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
         if cfg.truth and cfg.executor == "slurm":
             raise DaemonError("--truth emulates jobs run by the local executor; Slurm runs them itself")
         if cfg.executor == "slurm":
@@ -139,7 +143,7 @@ class AgentRunner(ServiceProcess):
         agent.start_sampling()
         scheduler.start()
         if cfg.metrics_port is not None:
-            metrics.serve(cfg.metrics_port)
+            metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         watchdog = Watchdog()
         watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")
         watchdog.add_check("dispatch", lambda: stalled(tick, cfg.dispatch_interval_s))

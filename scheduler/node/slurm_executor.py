@@ -25,12 +25,12 @@ import os
 import shlex
 import time
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler.node import job_metrics
 from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus, _read_json
-from scheduler.node.supervise import write_json_atomic
+from scheduler.node.supervise import open_job_log, write_json_atomic
 from scheduler.slurm.commands import Identity, SlurmCommands, SlurmError
 from scheduler.slurm.jobs import LOST_STATES, SlurmJob, list_jobs
 
@@ -48,8 +48,9 @@ def gres(s: dict) -> str:
 
 
 def slurm_time(t: datetime) -> str:
-    """A time as Slurm's tools read it: local wall-clock time, no zone."""
-    return t.astimezone().replace(tzinfo=None).isoformat(timespec="seconds")
+    """A time as Slurm's tools read it: wall-clock time, no zone, in the tools' fixed TZ
+    (UTC: `scheduler.slurm.commands.tool_env`), whatever the agent's or a job's TZ."""
+    return t.astimezone(timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
 
 
 class SlurmExecutor(Executor):
@@ -84,17 +85,27 @@ class SlurmExecutor(Executor):
             self.refresh()
         return self._snapshot
 
-    def find(self, comment: str, not_before: float | None = None, *, fresh: bool = False) -> SlurmJob | None:
+    def find(self, comment: str, not_before: float | None = None, *, uid: int,
+             fresh: bool = False) -> SlurmJob | None:
         """The Slurm job with this carbonsched comment (the newest, should there be two),
-        submitted no earlier than `not_before` (epoch s): one submitted before the carbonsched
-        job existed belongs to another store's job of the same id (a database restored or
-        replaced), never to this one."""
+        submitted by `uid` (the user carbonsched submits as) no earlier than `not_before`
+        (epoch s). Anyone can write any comment: a job of another user with this comment is a
+        forgery, never this job. One submitted before the carbonsched job existed belongs to
+        another store's job of the same id (a database restored or replaced)."""
         self.jobs(0.0 if fresh else SNAPSHOT_MAX_AGE_S)
         for job in self._by_comment.get(comment, []):
+            if job.user_id != uid:
+                continue
             # Slurm's submit times are whole seconds.
             if not_before is None or job.submit_time is None or job.submit_time.timestamp() >= math.floor(not_before):
                 return job
         return None
+
+    @staticmethod
+    def submitter_uid(job_uid: int) -> int:
+        """Whose Slurm job a carbonsched job becomes: its owner's when this agent is root (it
+        submits as them), this agent's own otherwise."""
+        return job_uid if os.geteuid() == 0 else os.geteuid()
 
     def observed(self, job_id: int) -> bool:
         """Whether this run is a Slurm job carbonsched only observes (not submitted or placed)."""
@@ -116,7 +127,8 @@ class SlurmExecutor(Executor):
         try:
             # The squeue this tick began with is fresh enough: any sbatch an earlier agent made
             # finished before this process started, and this one records each before the next.
-            existing = None if s.get("adopted_job_id") else self.find(s["comment"], s.get("not_before"))
+            existing = None if s.get("adopted_job_id") else self.find(
+                s["comment"], s.get("not_before"), uid=self.submitter_uid(spec.uid))
             if existing is not None:
                 slurm_id = existing.job_id
                 log.warning("job %s: Slurm already has it as job %s (%s); not submitting again",
@@ -144,12 +156,14 @@ class SlurmExecutor(Executor):
                 f"--comment={s['comment']}", f"--job-name={s['name']}",
                 f"--output={spec.stdout}", f"--error={spec.stderr}", "--open-mode=append",
                 f"--chdir={spec.cwd}", "--export=ALL", "--nodes=1", "--ntasks=1"]
+        # --export=ALL with the job's env as sbatch's --export-file (SlurmCommands.run): the
+        # job gets exactly its own environment, and sbatch parses none of it.
         if spec.time_limit_s:
             argv.append(f"--time={max(1, math.ceil(spec.time_limit_s / 60))}")
         argv += ["--wrap", shlex.join(spec.argv)]
         env = {k: v for k, v in spec.env.items() if k not in SLURM_SETS}
         env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-        out = self.slurm.run(argv, as_user=owner, env=env).stdout.strip()
+        out = self.slurm.run(argv, as_user=owner, job_env=env).stdout.strip()
         try:
             return int(out.split(";")[0])
         except ValueError:
@@ -167,7 +181,8 @@ class SlurmExecutor(Executor):
         slurm_id = self.slurm_job_id(job_id)
         if slurm_id is None:
             s = ((spec or {}).get("extra") or {}).get("slurm", {})
-            found = self.find(s["comment"], s.get("not_before")) if s.get("comment") else None
+            found = (self.find(s["comment"], s.get("not_before"), uid=self.submitter_uid(int(spec["uid"])))
+                     if s.get("comment") and "uid" in spec else None)
             if found is None:
                 return RunStatus(RunState.NOT_LAUNCHED, spec=spec)
             slurm_id = found.job_id  # submitted, then the agent died before writing it down
@@ -266,10 +281,6 @@ def _spec_dict(spec: LaunchSpec) -> dict:
 
 
 def _create_owned(path: Path, uid: int, gid: int) -> None:
-    """Create a log file for the job's owner (slurmd opens it as them)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    try:
-        if os.geteuid() == 0:
-            os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
+    """Create a log file for the job's owner (slurmd opens it as them); another user's file
+    there is replaced, never handed over (`open_job_log`)."""
+    os.close(open_job_log(str(path), uid, gid))

@@ -26,7 +26,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from scheduler.node import job_metrics
+from scheduler.node import job_cgroup, job_metrics
+from scheduler.slurm.commands import JOB_UMASK  # one umask for jobs, local or Slurm
 
 
 def _now() -> str:
@@ -47,11 +48,49 @@ def write_json_atomic(path: Path, data: dict) -> None:
         os.close(dir_fd)
 
 
-def _open_log(path: str, uid: int, gid: int) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    if os.geteuid() == 0:
-        os.fchown(fd, uid, gid)
-    return fd
+def open_job_log(path: str, uid: int, gid: int) -> int:
+    """Open (append) a job's log file, 0600 and owned by the job's user.
+
+    A file already there is reopened only when it is the same user's (this job's earlier
+    attempt); one owned by anyone else belongs to another job and is replaced, never handed
+    over: chowning it would give its owner's output to this job's user. Symlinks are not
+    followed."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            fd = os.open(path, flags)
+            if os.geteuid() == 0 and os.fstat(fd).st_uid != uid:
+                os.close(fd)
+                os.unlink(path)
+                continue
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+        return fd
+    raise OSError(f"cannot create the job log {path}: it keeps coming back")
+
+
+# Exit status of a job whose working directory its owner cannot enter (as sh's for a
+# command found but not runnable).
+CWD_EXIT = 126
+
+
+def _enter_cwd(cwd: str):
+    """The child's last step before exec, run after it has become the job's owner: enter the
+    working directory with the owner's rights only. Entering it before the uid drops (what
+    `Popen(cwd=...)` does) would let a user read another's directory through a job, and the
+    outcome would tell them which paths exist where they cannot look."""
+
+    def enter() -> None:
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            os.write(2, f"carbonsched: cannot enter working directory {cwd!r}: "
+                        f"{e.strerror or e}\n".encode("utf-8", "replace"))
+            os._exit(CWD_EXIT)
+
+    return enter
 
 
 class _Stop:
@@ -77,22 +116,36 @@ def supervise(run_dir: Path) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     uid, gid = spec["uid"], spec["gid"]
-    out_fd = _open_log(spec["stdout"], uid, gid)
-    err_fd = _open_log(spec["stderr"], uid, gid)
+    out_fd = open_job_log(spec["stdout"], uid, gid)
+    err_fd = open_job_log(spec["stderr"], uid, gid)
     if spec.get("metrics_file"):
         job_metrics.create(Path(spec["metrics_file"]), uid, gid)
     as_other = os.geteuid() == 0 and uid != 0  # a non-root daemon only runs its own jobs
     result: dict = {"exit_code": None, "signal": None, "timed_out": False, "cancelled": False,
                     "error": None}
 
-    write_json_atomic(run_dir / "launched.json", {"supervisor_pid": os.getpid(), "at": _now()})
+    # Contain the job (scheduler.node.job_cgroup): its own cgroup where cgroup v2 lets us,
+    # else a run token in its environment. Either way nothing it starts outlives it.
+    run_id = job_cgroup.new_run_id(int(spec.get("job_id") or 0))
+    env = {**spec["env"], job_cgroup.RUN_ID_ENV: run_id}
+    cgroup = None
+    if (spec.get("extra") or {}).get("contain", "auto") == "auto":
+        cgroup = job_cgroup.JobCgroup.create(f"job-{spec.get('job_id')}-{os.getpid()}")
+        if cgroup is not None and not cgroup.enter():
+            cgroup.remove()
+            cgroup = None
+    contained = {"cgroup": str(cgroup.path) if cgroup else None, "run_id": run_id}
+
+    write_json_atomic(run_dir / "launched.json", {"supervisor_pid": os.getpid(), "at": _now(), **contained})
     started = time.monotonic()
     result["started_at"] = _now()
     try:
         proc = subprocess.Popen(
             spec["argv"],
-            cwd=spec["cwd"],
-            env=spec["env"],
+            cwd="/",  # the job's own cwd is entered by _enter_cwd, as the job's owner
+            preexec_fn=_enter_cwd(spec["cwd"]),
+            umask=JOB_UMASK,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out_fd,
             stderr=err_fd,
@@ -101,6 +154,9 @@ def supervise(run_dir: Path) -> int:
             **({"user": uid, "group": gid, "extra_groups": spec["groups"]} if as_other else {}),
         )
     except (OSError, subprocess.SubprocessError) as e:
+        if cgroup is not None:
+            cgroup.leave()
+            cgroup.remove()
         msg = f"carbonsched: could not start {spec['argv'][0]!r}: {e}\n"
         os.write(err_fd, msg.encode())
         result.update(exit_code=127 if isinstance(e, FileNotFoundError) else 126, error=msg.strip(),
@@ -111,7 +167,20 @@ def supervise(run_dir: Path) -> int:
         os.close(out_fd)
         os.close(err_fd)
 
-    write_json_atomic(run_dir / "pid.json", {"pid": proc.pid, "pgid": proc.pid, "at": _now()})
+    if cgroup is not None and not cgroup.leave():
+        # We cannot step out, so we cannot kill the cgroup without killing ourselves: fall
+        # back to the run token (the job's processes carry it all the same).
+        sys.stderr.write(f"carbonsched supervisor: cannot leave {cgroup.path}; containing by run token\n")
+        cgroup = None
+
+    def signal_job(sig: int) -> None:
+        _kill_group(proc.pid, sig)
+        if cgroup is not None:
+            cgroup.signal(sig)
+        else:
+            job_cgroup.signal_run(run_id, uid, sig)
+
+    write_json_atomic(run_dir / "pid.json", {"pid": proc.pid, "pgid": proc.pid, "at": _now(), **contained})
     limit_s = spec.get("time_limit_s")
     grace_s = float(spec.get("grace_s", 10.0))
     term_sent_at: float | None = None
@@ -128,12 +197,21 @@ def supervise(run_dir: Path) -> int:
             elif limit_s is not None and now - started >= limit_s:
                 result["timed_out"] = True
             if result["cancelled"] or result["timed_out"]:
-                _kill_group(proc.pid, signal.SIGTERM)
+                signal_job(signal.SIGTERM)
                 term_sent_at = now
         elif now - term_sent_at >= grace_s:
-            _kill_group(proc.pid, signal.SIGKILL)
+            signal_job(signal.SIGKILL)
             term_sent_at = float("inf")  # sent both; just wait now
-    _kill_group(proc.pid, signal.SIGKILL)  # stragglers left in the job's group
+    # The job has ended: so has everything it started, whatever session it moved to.
+    _kill_group(proc.pid, signal.SIGKILL)
+    if cgroup is not None:
+        left = cgroup.kill_all()
+        cgroup.remove()
+    else:
+        left = job_cgroup.kill_run(run_id, uid)
+    if left:  # to the daemon's log (the journal): the job itself ended as it did
+        sys.stderr.write(f"carbonsched supervisor: job {spec.get('job_id')}: {left} process(es) "
+                         f"still alive {job_cgroup.KILL_WAIT_S:g}s after SIGKILL\n")
     result["ended_at"] = _now()
     if rc < 0:
         result["signal"] = -rc

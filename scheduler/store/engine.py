@@ -8,6 +8,7 @@ waits for the lock up front instead of failing when it upgrades a read lock.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -48,8 +49,9 @@ def make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
-        if db and db != ":memory:":
+        if db and db != ":memory:" and not db.startswith("file:"):
             Path(db).parent.mkdir(parents=True, exist_ok=True)
+            secure_sqlite_files(Path(db))
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
                                                   "check_same_thread": False})
         _configure_sqlite(engine)
@@ -59,6 +61,40 @@ def make_engine(url: str) -> Engine:
     # Sessions run in UTC so timestamps come back as UTC whatever the server's setting.
     return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800,
                          connect_args={"options": "-c timezone=UTC"})
+
+
+SQLITE_FILE_MODE = 0o600
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def secure_sqlite_files(db: Path) -> None:
+    """Create the SQLite file owner-only (0600) if it is missing, and take group and world
+    access away from it and its -wal, -shm and -journal files if they have any.
+
+    The store holds every job's argv, environment (where `--env` secrets go), cwd and owner,
+    so no other local user may read it, whatever the umask the daemon was started with
+    (SQLite gives the -wal and -shm files the database file's own mode, so a 0600 database
+    keeps its side files 0600 too). Files already there from an older version are fixed here.
+    """
+    try:
+        fd = os.open(db, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, SQLITE_FILE_MODE)
+    except OSError as e:
+        # Read-only media or a symlink: SQLite will say what is wrong when it opens the file.
+        log.debug("cannot pre-create %s: %s", db, e)
+        fd = None
+    if fd is not None:
+        try:
+            if os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, SQLITE_FILE_MODE)
+        finally:
+            os.close(fd)
+    for suffix in SQLITE_SIDE_FILES:
+        side = db.with_name(db.name + suffix)
+        try:
+            if side.lstat().st_mode & 0o077 and not side.is_symlink():
+                side.chmod(SQLITE_FILE_MODE)
+        except FileNotFoundError:
+            pass
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -261,3 +261,4 @@ workload_profiles = WorkloadProfile.__table__
 
 from scheduler.store import telemetry_models  # noqa: E402,F401  (register tables)
 from scheduler.store import carbon_models  # noqa: E402,F401  (register tables)
+from scheduler.store import identity  # noqa: E402,F401  (register tables)

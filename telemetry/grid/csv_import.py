@@ -36,12 +36,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from telemetry.grid.readings import (
     KIND_ACTUAL,
     KIND_FORECAST,
+    MAX_G_PER_KWH,
     SIGNAL_AVERAGE,
     SIGNAL_MARGINAL,
     SIGNALS,
     CsvFormatError,
     IntensityReading,
     lbs_per_mwh_to_g_per_kwh,
+    zone_problem,
 )
 
 FORMATS = ("electricitymaps", "watttime", "plain")
@@ -193,6 +195,10 @@ def read_trace(
         progress(total_lines, total_lines)
 
     zones_in_file = sorted({r[0] for r in rows})
+    for z in zones_in_file:
+        problem = zone_problem(z)
+        if problem:
+            raise CsvFormatError(name, None, problem)
     file_zones = sorted({r[6] for r in rows})
     if zone is not None and len(file_zones) > 1:
         raise CsvFormatError(name, None, f"the file holds several zones ({', '.join(file_zones)}); "
@@ -260,6 +266,9 @@ def _parse_value(text: str, line: int, name: str) -> float | None:
         raise CsvFormatError(name, line, f"value {text!r} is not a finite number")
     if v < 0:
         raise CsvFormatError(name, line, f"negative intensity {text!r}")
+    if v > MAX_G_PER_KWH:
+        raise CsvFormatError(name, line, f"intensity {text!r} is above {MAX_G_PER_KWH:g} gCO2/kWh: "
+                                         "no grid emits that much (wrong unit or column?)")
     return v
 
 

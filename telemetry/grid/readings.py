@@ -10,6 +10,7 @@ from. The scheduler stores them; nothing here knows about the store.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -20,6 +21,23 @@ SIGNALS = (SIGNAL_AVERAGE, SIGNAL_MARGINAL)
 KIND_ACTUAL = "actual"
 KIND_FORECAST = "forecast"
 KINDS = (KIND_ACTUAL, KIND_FORECAST)
+
+#: Above this no value is an intensity but a typo or an attack (1e308 g/kWh made plans print
+#: "nan g"): several times any real grid's or power plant's emission rate.
+MAX_G_PER_KWH = 5000.0
+#: A zone id: Electricity Maps' (DE, US-CAL-CISO), WattTime's regions (CAISO_NORTH), UK
+#: regions; letters, digits and . _ : - only, at most 64 characters (no NUL, no controls).
+ZONE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+def zone_problem(zone: object) -> str | None:
+    """Why `zone` cannot be a zone id, or None when it can."""
+    if not isinstance(zone, str) or not ZONE_RE.fullmatch(zone):
+        text = repr(zone)
+        return (f"zone id {text[:40] + ('...' if len(text) > 40 else '')} is not valid: use 1-64 letters, "
+                "digits and . _ : - (e.g. DE, US-CAL-CISO)")
+    return None
+
 
 #: 1 lb/MWh in g/kWh: 453.59237 g per lb, 1000 kWh per MWh.
 G_PER_KWH_PER_LB_PER_MWH = 453.59237 / 1000.0

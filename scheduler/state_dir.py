@@ -1,0 +1,62 @@
+"""A state directory belongs to one store.
+
+The daemon's and agents' state directories keep per-job files by job id: run records
+(`run/ID/`, the job's environment among them) and logs and metrics files (`logs/ID.*`). Job
+ids are unique only within one store, so a daemon restarted on the same state directory with
+another database (new, restored or replaced) would hand its job 1 the files of the old store's
+job 1: another user's output, reopened and chowned to the new owner. So the directory records
+the id of the store it serves (`store-id`, `scheduler.store.identity`); on a mismatch, the
+other store's `run/` and `logs/` are moved aside, root-only, before anything runs:
+
+    STATE_DIR/previous-store-<ID>-<UTC time>/{run,logs}   (mode 0700)
+
+A state directory from before store ids (no `store-id` file) is taken to be this store's:
+that is an upgrade of carbonsched on the same database, whose running jobs must be adopted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MARK = "store-id"
+PER_STORE = ("run", "logs")
+
+
+def bind_state_dir(state_dir: Path, store_id: str) -> Path | None:
+    """Make `state_dir`'s per-job files this store's; return where another store's went
+    (None when there were none)."""
+    state_dir = Path(state_dir)
+    mark = state_dir / MARK
+    try:
+        bound = mark.read_text("utf-8").strip()
+    except FileNotFoundError:
+        bound = None
+    if bound == store_id:
+        return None
+    moved: Path | None = None
+    if bound is not None:
+        present = [d for d in PER_STORE if (state_dir / d).exists()]
+        if present:
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            moved = state_dir / f"previous-store-{_safe(bound)}-{stamp}"
+            moved.mkdir(mode=0o700)
+            moved.chmod(0o700)
+            for d in present:
+                os.rename(state_dir / d, moved / d)
+            log.warning("state directory %s served another store (%s), this is %s: its %s moved "
+                        "to %s, so no job of this store gets that store's files",
+                        state_dir, bound, store_id, " and ".join(present), moved)
+    tmp = mark.with_name(MARK + ".tmp")
+    tmp.write_text(store_id + "\n", "utf-8")
+    tmp.chmod(0o644)
+    os.replace(tmp, mark)
+    return moved
+
+
+def _safe(text: str) -> str:
+    return "".join(c for c in text if c.isalnum())[:32] or "unknown"
