@@ -429,36 +429,42 @@ def whole_plan_vs_fifo(snapshot: Snapshot, plan: Plan, policy: str, lateness_g_p
 
 def _fifo_if_better(snapshot: Snapshot, plan: Plan, policy: str, score, problem,
                     lateness_g_per_gpu_h: float = math.inf) -> Plan:
-    """fifo's plan of `snapshot`, relabelled, if `score` ranks it better than `plan` and it
-    breaks no hard constraint of `problem()` (compiled only then); else `plan`."""
+    """The carbon-blind baselines' plan of `snapshot` (fifo's, then edf's), relabelled, if
+    `score` ranks it better than `plan` and it breaks no hard constraint of `problem()`
+    (compiled only then); else `plan`. edf is asked since an overfull queue is where
+    deadline order wins: a plan with more misses than edf's is never kept when strict."""
+    from policies.edf import EdfPolicy
     from policies.fifo import FifoPolicy
 
-    own = score(plan)
-    # explained only if it wins; given up as soon as its unplaced jobs and misses so far (a
-    # lower bound of what `score` counts) show it cannot win
-    # (priced lateness: misses do not rank first, so only unplaced jobs can rule fifo out early)
-    beat = (own.unplaced, own.deadline_misses if not math.isfinite(lateness_g_per_gpu_h) else math.inf)
-    fifo = FifoPolicy().plan(snapshot, explain=False, beat=beat)
-    if fifo is None:
-        return plan
-    fifo_score = score(fifo)
-    if not fifo_score.better_than(own):
-        return plan
-    fifo = FifoPolicy().plan(snapshot)
-    violations = plan_violations(problem(), fifo)
-    if violations:
-        log.debug("fifo plan better but infeasible: %s", violations[:3])
-        return plan
-    log.info("%s: fifo's plan is better on the model's estimate (%s vs %s); keeping it",
-             policy, fifo_score, own)
-    return _relabel(fifo, f"{policy} (kept fifo's plan)")
+    best, best_score = plan, score(plan)
+    for base in (FifoPolicy(), EdfPolicy()):
+        # explained only if it wins; given up as soon as its unplaced jobs and misses so far (a
+        # lower bound of what `score` counts) show it cannot win
+        # (priced lateness: misses do not rank first, so only unplaced jobs can rule it out early)
+        beat = (best_score.unplaced,
+                best_score.deadline_misses if not math.isfinite(lateness_g_per_gpu_h) else math.inf)
+        quick = base.plan(snapshot, explain=False, beat=beat)
+        if quick is None:
+            continue
+        quick_score = score(quick)
+        if not quick_score.better_than(best_score):
+            continue
+        full = base.plan(snapshot)
+        violations = plan_violations(problem(), full)
+        if violations:
+            log.debug("%s plan better but infeasible: %s", base.name, violations[:3])
+            continue
+        log.info("%s: %s's plan is better on the model's estimate (%s vs %s); keeping it",
+                 policy, base.name, quick_score, best_score)
+        best, best_score = _relabel(full, f"{policy} (kept {base.name}'s plan)", base.name), quick_score
+    return best
 
 
-def _relabel(plan: Plan, label: str) -> Plan:
+def _relabel(plan: Plan, label: str, base: str = "fifo") -> Plan:
     from dataclasses import replace
 
     return replace(plan, assignments=tuple(
-        replace(a, explanation=a.explanation.replace("fifo:", f"{label}:", 1)) for a in plan.assignments))
+        replace(a, explanation=a.explanation.replace(f"{base}:", f"{label}:", 1)) for a in plan.assignments))
 
 
 @dataclass
