@@ -75,6 +75,7 @@ class DaemonProcess:
                 return
             except (DaemonUnreachable, ApiError, OSError):
                 time.sleep(0.05)
+        self.kill9()  # never leave a daemon behind that did not come up in time
         raise TimeoutError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
 
     def kill9(self) -> None:
