@@ -280,3 +280,20 @@ def test_show_gives_reported_work_beside_declared_and_divides_by_the_reported_pr
     assert ("work: 1,200 prompts, 60,000 input tokens, 48,000 output tokens (reported); "
             "1,000 prompts, 50,000 output tokens (declared)") in text
     assert "120.0 g (0.1 g/prompt, reported)" in text
+
+
+def test_the_queue_table_shows_why_each_pending_job_waits_in_a_last_reason_column():
+    """As squeue's REASON: the planner's reason for a PENDING job, nothing for the others."""
+    from scheduler.cli.output import jobs_table
+
+    def job(id_, state, reason):
+        return {"id": id_, "name": "j", "owner": "alice", "state": state, "gpus": None, "gpu_model": None,
+                "node": None, "gpus_requested": 1, "submitted_at": None, "started_at": None, "planned_start": None,
+                "ended_at": None, "exit_code": None, "energy_j": None, "gco2": None, "est_gco2": None,
+                "reason": reason}
+
+    header, pending, running = jobs_table([job(1, "PENDING", "fits no GPU model: H100 (slo)"),
+                                           job(2, "RUNNING", "claimed by node vm")]).splitlines()
+    assert header.split()[-1] == "REASON"
+    assert pending.endswith("  fits no GPU model: H100 (slo)")
+    assert "claimed" not in running
