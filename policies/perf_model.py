@@ -151,6 +151,7 @@ class Workload:
     layers: int = 0  # transformer layers; 0: estimated from the size (see n_layers)
     experts: int = 0  # mixture of experts: experts per layer (0: a dense model)
     experts_active: int = 0  # mixture of experts: experts each token is routed to
+    kv_input_cap_tokens: float = math.inf  # input tokens the memory rule counts at most (presets: see presets())
 
     def kv_bytes(self) -> float:
         """KV bytes per token; when unknown, Llama-3.1's 16 KiB per billion params at 8B,
@@ -322,10 +323,12 @@ def presets() -> dict[str, Workload]:
     out: dict[str, Workload] = {}
     for name, (model_id, task, note) in _PRESET_MODELS.items():
         a = _architecture(model_id)
+        cap = _max_input_tokens([r for r in fit_rows() if r["dataset"] == "mlenergy-v3"
+                                 and r["model_id"] == model_id and r["task"] == task])
         out[name] = Workload(name, a["total_params_b"], a["active_params_b"], f.input_tokens[task],
                              _mean_output(model_id, task), a["kv_bytes_per_token_bf16"], "bf16",
                              task=task, note=f"{model_id}; {note}; output length measured, input fitted",
-                             **_shape(a))
+                             kv_input_cap_tokens=max(cap, 0.0), **_shape(a))
     for alias, (target, note) in _ALIASES.items():
         out[alias] = replace(out[target], name=alias, note=note)
     out["mlperf-llama2-70b"] = mlperf_workload()
@@ -681,6 +684,7 @@ def stretch(power_w: float, limit_w: float | None) -> float:
 # commands, e.g. https://github.com/jyothisambolu/InferenceMAX), a configuration, not a fit.
 PREFILL_TOKEN_BUDGET = 8192
 WAIT_P95_OVER_MEAN = 3.0  # an exponential wait's p95 over its mean is ln 20 = 3.0
+RHO_MAX = 0.99  # prefill demand at or above the budget: the batch starves; TTFT at 99 % utilisation
 
 
 def _ttft_ms(w: Workload, p: Part, point: OperatingPoint, t: float, f: Fit, speed: float = 1.0) -> tuple[float, float]:
@@ -691,16 +695,14 @@ def _ttft_ms(w: Workload, p: Part, point: OperatingPoint, t: float, f: Fit, spee
     of budget - B tokens per step: utilisation rho. A prompt's own prefill takes input /
     (budget - B) steps; it first waits for the prefills ahead of it (M/D/1 mean wait:
     rho / (2 (1 - rho)) service times; p95 WAIT_P95_OVER_MEAN x that), then its first
-    token needs one more step. rho >= 1: the point cannot keep its batch fed: TTFT
-    infinite (no SLO is met). A prompt shorter than one chunk, and a small batch, still
+    token needs one more step. rho >= 1: the point cannot keep its batch fed; its TTFT is
+    taken at rho = RHO_MAX (~50 service times of waiting: no realistic SLO is met). A prompt shorter than one chunk, and a small batch, still
     pay at least one step for the prefill and one for the token. At batch 1 the prefill
     of the prompt alone sets it (the compute roofline of input x 2 x active FLOPs)."""
     spread = measurements()["length_spread"]
     capacity = max(PREFILL_TOKEN_BUDGET - point.max_batch, PREFILL_TOKEN_BUDGET / 8)
     out = max(w.mean_output_tokens, 1.0)
-    rho = point.max_batch * w.mean_input_tokens / out / capacity
-    if rho >= 1:
-        return math.inf, math.inf
+    rho = min(point.max_batch * w.mean_input_tokens / out / capacity, RHO_MAX)
     prefill_s = 2 * w.active_params_b * 1e9 / point.tp / (f.eta_compute * speed * p.peak_tflops[point.precision] * 1e12)
     wait = rho / (2 * (1 - rho))
     out_ms = []
@@ -716,9 +718,13 @@ def memory_needed_gib(w: Workload, point: OperatingPoint) -> float:
     input + output / 2: vLLM's paged KV cache holds only the blocks a sequence has written,
     and in steady state a running sequence is on average half-way through its output (the
     same context the step model reads, and the one `_max_input_tokens` bounds the fit with;
-    counting every sequence's whole output refused configurations ML.ENERGY ran)."""
+    counting every sequence's whole output refused configurations ML.ENERGY ran). A preset's
+    input is a fitted effective length (it trades off with the per-sequence cost), so its
+    KV demand is counted at most at `kv_input_cap_tokens`: the longest mean input with which
+    every batch ML.ENERGY measured for it fits (`_max_input_tokens` over its v3 rows; with
+    vLLM v1's prefix caching, sequences share the blocks of common prefixes)."""
     weights = w.total_params_b * 1e9 * BYTES_PER_PARAM[point.precision]
-    kv = point.max_batch * (w.mean_input_tokens + w.mean_output_tokens / 2) * w.kv_bytes()
+    kv = point.max_batch * (min(w.mean_input_tokens, w.kv_input_cap_tokens) + w.mean_output_tokens / 2) * w.kv_bytes()
     return (weights + kv) / point.tp / GIB
 
 
@@ -793,21 +799,27 @@ def correction_of(w: Workload, gpu: str, tp: int, precision: str) -> Correction 
 
 def _corrections(w: Workload, p: Part, point: OperatingPoint) -> tuple[float, float, str]:
     """(speed, power, what) corrections for `w` on part `p` at `point`. Speed: the largest of
-    the measured corrections of `p` and of every measured part `p` dominates (so a part never
-    comes out slower than one it dominates: H200 takes H100's correction, B200 the larger of
-    its own and H100's); power: `p`'s own (1 where unmeasured)."""
+    the measured corrections (same vendor, same TP and precision) of `p` and of every measured
+    part `p` dominates; a part that dominates no measured part takes the smallest of its
+    vendor's. That makes the correction monotone in the dominance order, so a part never
+    comes out slower than one it dominates (H200 takes H100's correction, B200 the larger of
+    its own and H100's, H200-NVL the smaller of H100's and B200's); a vendor with no
+    measured part: 1. Power: `p`'s own (1 where unmeasured)."""
     b = point.max_batch
     own = correction_of(w, p.name, point.tp, point.precision) if parts().get(p.name) == p else None
-    speeds = [(own.at(b)[0], f"{p.name} rows (n={own.rows})")] if own is not None else []
+    measured = []
     for gpu in sorted({r["gpu"] for r in fit_rows() if r["dataset"] == "mlenergy-v3"}):
-        c = correction_of(w, gpu, point.tp, point.precision) if gpu != p.name and dominates(p, parts()[gpu]) else None
-        if c is not None:
-            speeds.append((c.at(b)[0], f"{gpu} rows (n={c.rows})"))
-    if not speeds:
+        c = correction_of(w, gpu, point.tp, point.precision)
+        if c is not None and vendor(gpu) == vendor(p.name):
+            measured.append((c.at(b)[0], f"{gpu} rows (n={c.rows})", gpu))
+    if not measured:
         return 1.0, 1.0, ""
-    speed, label = max(speeds)
-    if own is not None and label != speeds[0][1]:
-        label = f"{speeds[0][1]}, raised to the floor of {label}"
+    below = [m for m in measured if m[2] == p.name or dominates(p, parts()[m[2]])]
+    speed, label, _ = max(below) if below else min(measured)
+    if own is not None and label != f"{p.name} rows (n={own.rows})":
+        label = f"{p.name} rows (n={own.rows}), raised to the floor of {label}"
+    elif not below:
+        label = f"the smallest same-vendor correction, {label}"
     return speed, own.at(b)[1] if own is not None else 1.0, label
 
 
