@@ -29,7 +29,11 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
                   scales with its width, so a GPU at full FP8 rate draws what it does at BF16
                   (a capped GPU runs at its TDP for longer: t x P / TDP, same energy per step)
     J/token       = P x tp x t / B
-    TTFT          = t + 2 x active x input / tp / (eta_compute x peak)   (p95: input x spread)
+    TTFT          = prefill queue at the point's batch (chunked prefill sharing steps with
+                    decode: `_ttft_ms`), at least one step for the prefill and one for the token
+    stack         the serving stack's speed s (StackFactor, fitted on MLPerf per vendor and
+                  engine) divides every software-set term above (t0, per_layer, allreduce,
+                  c_seq and the compute roofline; e_seq's energy too), never the HBM term
 
 Why each step-time term (all fitted once, on every GPU's rows together, and the same on
 every GPU, so a part better in every data-sheet figure is never predicted worse):
@@ -69,14 +73,17 @@ too, these trade off against c_seq, so read them as fit parameters, not lengths;
 capped by what its measured batches leave room for in the KV cache, see
 `_max_input_tokens`, which is what separates v2's prefill from its CPU cost per sequence
 when one of its two GPUs is held out), k50/k95 (ITL percentile over mean step time),
-p_static, e_byte, e_flop, e_seq of the power model, and one speed factor of the MLPerf
-submitters' serving stacks against the fitted vLLM rows (used only to reproduce MLPerf
-results: predictions are for a vLLM-like engine). Memory: weights + KV cache of the whole
-context at that batch must fit in 90 % of the GPUs' memory (vLLM's default
-gpu_memory_utilization). Each figure says where it comes from: "measured" (that exact
-point is in the data), "fitted" (the fit, on a GPU that was measured), "roofline" (the
-fit, on a GPU that was not), "nominal" (training: no public per-accelerator figure found;
-a nominal MFU).
+p_static, e_byte, e_flop, e_seq of the power model. On top of the fit (issue 27): a stack
+speed per MLPerf result (the speed at which the model reproduces it), pooled into a factor
+per (vendor, engine) relative to NVIDIA's own stack in the same round (`stack_factors`:
+predictions are for a vLLM-like engine, CUDA/vLLM = 1, ROCm/vLLM fitted), and MLPerf's
+effective input length (`mlperf_input_tokens`). Memory: weights + KV cache of every
+sequence at its mean context (input + output / 2) at that batch must fit in 90 % of the
+GPUs' memory (vLLM's default gpu_memory_utilization). Each figure says where it comes from:
+"corrected" (the fit times this GPU's measured correction), "fitted" (the fit, on a GPU
+that was measured), "roofline" (the fit, on a GPU that was not), "+correction" (times the
+correction of a measured part it dominates), "nominal" (training: no public
+per-accelerator figure found; a nominal MFU).
 
 What is not in the model, and why (each tried while building this one; the figures are
 those of the fit it was tried in, before later terms were added):
@@ -96,9 +103,13 @@ those of the fit it was tried in, before later terms were added):
   for the decode roofline here: 66 of 95 rows, two v2 held-out medians above 20 %.
 * A TP link-bandwidth term: negligible at decode sizes.
 
-Measured figures are data and keep their noise: a measured H100 point can beat the model's
-H200 at the same point although the model never ranks H100 above H200. Comparisons across
-GPU models that must respect the hardware order use `predict(..., use_measurements=False)`.
+One prediction path (issue 27): `predict` is the model times a correction smooth in batch
+from the measured rows of the (workload, GPU, TP) (`Correction`), never a raw measured row
+beside modelled ones; the correction a part takes is the largest of those of the measured
+parts it dominates (same vendor), so a part better in every data-sheet figure is never
+predicted slower on the planner's path either (H200 takes H100's correction). Across
+vendors the order is the software's too: a part ahead on paper can be slower at a lagging
+stack factor, as MLPerf shows (MI300X vs H100, MI325X vs H200: parity).
 """
 
 from __future__ import annotations
@@ -469,7 +480,7 @@ def mlperf_input_tokens() -> float:
     f = fit()
     groups: dict[tuple, list[dict]] = {}
     for m in mlperf_results():
-        if m["scenario"] == "Offline":
+        if m["scenario"] == "Offline" and m["division"] == "closed":
             groups.setdefault((m["part"], *mlperf_key(m), m["round"]), []).append(m)
     reps = [sorted(g, key=lambda m: m["tokens_per_s"] / m["accelerators"])[len(g) // 2] for g in groups.values()]
     best, best_rms = _MLPERF_INPUT_GRID[0], math.inf
@@ -498,14 +509,15 @@ _SPEED_MEMO: dict[int, tuple[Fit, tuple[tuple[int, float], ...]]] = {}
 
 
 def _speeds(f: Fit) -> tuple[tuple[int, float], ...]:
-    """(index into mlperf_results(), stack speed) of every Offline result the model can run;
-    memoised per fit object (a Fit holds a dict, so it cannot be a cache key)."""
+    """(index into mlperf_results(), stack speed) of every closed-division Offline result the
+    model can run (open-division results, which may change the model, are predicted, never
+    fitted on); memoised per fit object (a Fit holds a dict, so it cannot be a cache key)."""
     hit = _SPEED_MEMO.get(id(f))
     if hit is not None and hit[0] is f:
         return hit[1]
     out = []
     for i, m in enumerate(mlperf_results()):
-        if m["scenario"] != "Offline":
+        if m["scenario"] != "Offline" or m["division"] != "closed":  # open: the model may be changed
             continue
         v = mlperf_speed(m, f)
         if math.isfinite(v):
