@@ -484,3 +484,38 @@ def test_ml_energy_v2s_effective_input_lets_its_measured_batches_fit_in_memory()
     # the ceiling binds somewhere: a row it comes from would not fit one grid step higher
     assert pm._max_input_tokens(v2) < pm._INPUT_GRID[-1]
     assert pm._max_input_tokens([]) == math.inf
+
+
+# ---------------------------------------------------------------------------- TTFT (issue 27)
+
+
+def test_ttft_queues_prefills_at_the_points_batch_and_grows_with_it():
+    """Chunked prefill shares steps with decode: at batch B the prompts that start each step
+    need B x input / output prefill tokens of a budget of 8,192 - B; a prompt waits for the
+    prefills ahead of it. So TTFT is more than one step plus one prompt's prefill, and at a
+    large batch more than the prompt's own chunks and its first step: the wait."""
+    from policies.operating_point import parse_spec
+
+    w = parse_spec("llm:70b")  # the Azure conv trace's lengths: 1,155 in, 211 out
+    small, big = (pm.predict(w, "H100", pm.OperatingPoint(b, "bf16", 8)) for b in (16, 512))
+    for p in (small, big):
+        step_ms = p.tpot_p50_ms / pm.fit().itl_p50_over_step
+        assert p.ttft_p50_ms > 2 * step_ms  # at least a prefill step and the first token's
+        assert p.ttft_p95_ms > p.ttft_p50_ms
+    assert big.ttft_p50_ms > small.ttft_p50_ms
+    step_ms = big.tpot_p50_ms / pm.fit().itl_p50_over_step
+    no_wait_ms = (max(1.0, w.mean_input_tokens / (pm.PREFILL_TOKEN_BUDGET - 512)) + 1) * step_ms
+    assert big.ttft_p50_ms > 1.2 * no_wait_ms
+    assert math.isfinite(pm.predict(w, "H100", pm.OperatingPoint(4096, "bf16", 8)).ttft_p95_ms)
+
+
+def test_a_realistic_ttft_slo_binds():
+    """A 300 ms TTFT (MLPerf's interactive scenario asks 450 ms) moves llm:70b on 8 H100s to
+    another point than TPOT alone picks, and the choice says TTFT bound it."""
+    from policies.operating_point import Slos, choose
+
+    free = choose("llm:70b", "H100", 8, Slos(tpot_ms=200.0))
+    tight = choose("llm:70b", "H100", 8, Slos(ttft_ms=300.0, tpot_ms=200.0))
+    assert free.ttft_p95_ms > 300.0
+    assert "ttft" in tight.binding and tight.ttft_p95_ms <= 300.0
+    assert tight.point != free.point and tight.j_per_prompt >= free.j_per_prompt
