@@ -497,14 +497,14 @@ def test_ttft_queues_prefills_at_the_points_batch_and_grows_with_it():
     from policies.operating_point import parse_spec
 
     w = parse_spec("llm:70b")  # the Azure conv trace's lengths: 1,155 in, 211 out
-    small, big = (pm.predict(w, "H100", pm.OperatingPoint(b, "bf16", 8)) for b in (16, 512))
+    small, big = (pm.predict(w, "H100", pm.OperatingPoint(b, "bf16", 8)) for b in (16, 1024))
     for p in (small, big):
         step_ms = p.tpot_p50_ms / pm.fit().itl_p50_over_step
         assert p.ttft_p50_ms > 2 * step_ms  # at least a prefill step and the first token's
         assert p.ttft_p95_ms > p.ttft_p50_ms
     assert big.ttft_p50_ms > small.ttft_p50_ms
     step_ms = big.tpot_p50_ms / pm.fit().itl_p50_over_step
-    no_wait_ms = (max(1.0, w.mean_input_tokens / (pm.PREFILL_TOKEN_BUDGET - 512)) + 1) * step_ms
+    no_wait_ms = (max(1.0, w.mean_input_tokens / (pm.PREFILL_TOKEN_BUDGET - 1024)) + 1) * step_ms
     assert big.ttft_p50_ms > 1.2 * no_wait_ms
     assert math.isfinite(pm.predict(w, "H100", pm.OperatingPoint(4096, "bf16", 8)).ttft_p95_ms)
 
