@@ -118,7 +118,7 @@ import itertools
 import math
 import tomllib
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 import numpy as np
@@ -426,25 +426,35 @@ def mlperf_best_tokens_per_gpu_s(m: dict, f: Fit, speed: float = 1.0, w: Workloa
     scenario, with the serving stack at `speed` (see StackFactor): over TP degrees up to
     its accelerator count and batch limits that fit in memory; Server also keeps TPOT p95
     <= 200 ms and TTFT p95 <= 2 s (the scenario's limits)."""
-    w, part = w or mlperf_workload(), parts()[m["part"]]
-    if not part.supports(m["precision"]):
-        return 0.0
+    w = w or mlperf_workload()
     best = 0.0
+    for point, part, s in _mlperf_points(m["part"], m["precision"], m["accelerators"], w):
+        t, _ = _capped(s, _step_time_s(s, f, speed), part, f, speed)
+        if m["scenario"] == "Server":
+            ttft50, ttft95 = _ttft_ms(w, part, point, t, f, speed)
+            if f.itl_p95_over_step * t * 1e3 > 200 or ttft95 > 2000:
+                continue
+        best = max(best, point.max_batch / t / point.tp)
+    return best
+
+
+@lru_cache(maxsize=256)
+def _mlperf_points(part_name: str, precision: str, accelerators: int, w: Workload) -> tuple[tuple, ...]:
+    """(point, part, step) of every TP degree up to `accelerators` and batch limit that fits
+    in memory: what `mlperf_best_tokens_per_gpu_s` searches, built once (the step's bytes and
+    FLOPs do not depend on the stack speed, which the bisection varies)."""
+    part = parts()[part_name]
+    if not part.supports(precision):
+        return ()
+    out = []
     for tp in (1, 2, 4, 8):
-        if tp > m["accelerators"]:
+        if tp > accelerators:
             continue
         for b in (16, 32, 64, 128, 256, 384, 512, 768, 1024):
-            point = OperatingPoint(b, m["precision"], tp)
-            if memory_needed_gib(w, point) > MEMORY_UTILIZATION * part.memory_gib:
-                continue
-            s = _step(w, part, b, m["precision"], tp, w.mean_input_tokens)
-            t, _ = _capped(s, _step_time_s(s, f, speed), part, f, speed)
-            if m["scenario"] == "Server":
-                ttft50, ttft95 = _ttft_ms(w, part, point, t, f, speed)
-                if f.itl_p95_over_step * t * 1e3 > 200 or ttft95 > 2000:
-                    continue
-            best = max(best, b / t / tp)
-    return best
+            point = OperatingPoint(b, precision, tp)
+            if memory_needed_gib(w, point) <= MEMORY_UTILIZATION * part.memory_gib:
+                out.append((point, part, _step(w, part, b, precision, tp, w.mean_input_tokens)))
+    return tuple(out)
 
 
 def mlperf_speed(m: dict, f: Fit, w: Workload | None = None) -> float:
@@ -820,7 +830,7 @@ def _corrections(w: Workload, p: Part, point: OperatingPoint) -> tuple[float, fl
     b = point.max_batch
     own = correction_of(w, p.name, point.tp, point.precision) if parts().get(p.name) == p else None
     measured = []
-    for gpu in sorted({r["gpu"] for r in fit_rows() if r["dataset"] == "mlenergy-v3"}):
+    for gpu in _v3_gpus():
         c = correction_of(w, gpu, point.tp, point.precision)
         if c is not None and vendor(gpu) == vendor(p.name):
             measured.append((c.at(b)[0], f"{gpu} rows (n={c.rows})", gpu))
@@ -833,6 +843,12 @@ def _corrections(w: Workload, p: Part, point: OperatingPoint) -> tuple[float, fl
     elif not below:
         label = f"the smallest same-vendor correction, {label}"
     return speed, own.at(b)[1] if own is not None else 1.0, label
+
+
+@cache
+def _v3_gpus() -> tuple[str, ...]:
+    """The GPU models with ML.ENERGY v3 rows in the fit (the ones with corrections)."""
+    return tuple(sorted({r["gpu"] for r in fit_rows() if r["dataset"] == "mlenergy-v3"}))
 
 
 def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurements: bool = True,
