@@ -1,15 +1,19 @@
 """`python -m bench.model`: how well policies/perf_model.py reproduces the public figures.
 
 Prints (a) every ML.ENERGY row of the fit reproduced at its own configuration, with the
-error per row (target <= 10 %), the rows the fit leaves out and why, and every MLPerf
-Inference result (which sets one factor of the fit, the MLPerf stacks' speed), also from a
-fit that never saw that GPU model; (b) leave-one-GPU-out: each measured GPU
-predicted from a fit on the others, median and worst error per workload (target median
-<= 20 %); (c) per preset workload and GPU model, the most energy-efficient operating point
-with TPOT p95 <= 100 ms and TTFT p95 <= 2 s at the smallest TP degree that has one:
-prompts/s, W, J/prompt, TTFT/TPOT p95, source.
+error per row, the rows the fit leaves out and why; (a') every MLPerf Inference llama2-70b
+Offline result (policies/data/mlperf_results.toml) at its serving stack's fitted speed, in
+sample, leave-one-round-out and leave-one-submitter-out, with the speeds per (vendor,
+engine, round) and the factors predictions use; (b) leave-one-GPU-out on ML.ENERGY: each
+measured GPU predicted from a fit on the others; (c) per preset workload and GPU model, the
+most energy-efficient operating point with TPOT p95 <= 100 ms and TTFT p95 <= 2 s at the
+smallest TP degree that has one, on the planner's prediction path (stack factor and
+measured correction shown); (e)/(f) per-part MLPerf errors and pairwise order per round.
 
-Exit status: 0 both targets met, 2 a target missed. `--json FILE` also writes the figures.
+Targets (issue 27): (a) MLPerf leave-one-round-out and leave-one-submitter-out median error
+per part <= 15 %; (b) within each round, the order of every pair of parts right in >= 90 %
+of pairs (leave-one-round-out predictions); (c) ML.ENERGY rows within 10 %: >= 85.
+Exit status: 0 all met, 2 one missed. `--json FILE` also writes the figures.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ if str(ROOT) not in sys.path:
 from policies import perf_model as pm  # noqa: E402
 
 ROW_TARGET = 0.10
+ROWS_WITHIN_TARGET = 85
 LOO_MEDIAN_TARGET = 0.20
+MLPERF_PART_TARGET = 0.15
+ORDER_TARGET = 0.90
 TPOT_P95_LIMIT_MS = 100.0
 TTFT_P95_LIMIT_MS = 2000.0
 PRESET_OF = {(m, t): name for name, (m, t, _) in pm._PRESET_MODELS.items()}
@@ -65,22 +72,70 @@ def table_a() -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def mlperf_check() -> list[dict]:
-    """Each MLPerf result's per-GPU tokens/s against the model's best per-GPU tokens/s for
-    llama2-70b at that precision (Server: TPOT p95 <= 200 ms, TTFT p95 <= 2 s), raw and with
-    the one fitted stack factor; and against a fit that never saw that result's GPU model."""
+    """Each MLPerf Offline result's per-GPU tokens/s against the model at its stack's speed:
+    in sample (the speed of its (vendor, engine, round)), leave-one-round-out (the speeds
+    fitted without its round: the stack's nearest earlier round, else later) and
+    leave-one-submitter-out (without its submitter's results: its stack and round from the
+    other submitters, else the nearest round); and on the planner's path (the part's
+    vendor factor against CUDA/vLLM, `perf_model.stack_of`), for the rankings."""
     f = pm.fit()
+    results = pm.mlperf_results()
+    every = pm.stack_speeds(f)
+    by_round = {r: pm.stack_speeds(f, keep=lambda m, r=r: m["round"] != r) for r in {m["round"] for m in results}}
+    by_sub = {s_: pm.stack_speeds(f, keep=lambda m, s_=s_: m["submitter"] != s_)
+              for s_ in {m["submitter"] for m in results}}
     out = []
-    for m in pm.measurements()["mlperf"]:
+    for m in results:
+        if m["scenario"] != "Offline":
+            continue
         per_gpu = m["tokens_per_s"] / m["accelerators"]
-        raw = pm.mlperf_best_tokens_per_gpu_s(m, f)
-        scaled = pm.mlperf_best_tokens_per_gpu_s(m, f, f.mlperf_stack_factor)
-        held = pm.fit(exclude_gpu=m["part"])
-        loo = pm.mlperf_best_tokens_per_gpu_s(m, held, held.mlperf_stack_factor)
-        out.append({"round": m["round"], "submitter": m["submitter"], "system": m["system"], "part": m["part"],
-                    "accelerators": m["accelerators"], "scenario": m["scenario"], "precision": m["precision"],
-                    "tokens_per_s_per_gpu": per_gpu, "pred_raw": raw, "pred": scaled, "pred_loo": loo,
-                    "err_raw": _err(raw, per_gpu), "err": _err(scaled, per_gpu), "err_loo": _err(loo, per_gpu)})
+        v, e = pm.mlperf_key(m)
+        row = {"round": m["round"], "division": m["division"], "submitter": m["submitter"], "system": m["system"],
+               "part": m["part"], "engine": m["engine"], "accelerators": m["accelerators"],
+               "precision": m["precision"], "tokens_per_s_per_gpu": per_gpu}
+        for key, speeds in (("in", every), ("loro", by_round[m["round"]]), ("loso", by_sub[m["submitter"]])):
+            speed = pm.stack_factor_for(v, e, m["round"], speeds)
+            pred = pm.mlperf_best_tokens_per_gpu_s(m, f, speed) if speed is not None else float("nan")
+            row[f"speed_{key}"] = speed
+            row[f"pred_{key}"] = pred
+            row[f"err_{key}"] = _err(pred, per_gpu)
+        row["pred_planner"] = pm.mlperf_best_tokens_per_gpu_s(m, f, pm.stack_of(m["part"]).factor)
+        out.append(row)
     return out
+
+
+def per_part_medians(mlperf: list[dict], key: str) -> dict[str, float]:
+    """Median |error| per part of the `key` predictions (in, loro, loso)."""
+    parts: dict[str, list[float]] = {}
+    for r in mlperf:
+        if r[f"err_{key}"] == r[f"err_{key}"]:  # not nan
+            parts.setdefault(r["part"], []).append(abs(r[f"err_{key}"]))
+    return {p: statistics.median(v) for p, v in sorted(parts.items())}
+
+
+def pairwise_order(mlperf: list[dict], key: str) -> tuple[int, int, list[str]]:
+    """Within each round, every pair of parts (each part's median per-GPU tokens/s over its
+    results): (pairs ordered as measured by the `key` predictions, pairs, the wrong ones)."""
+    right = total = 0
+    wrong = []
+    for rnd in sorted({r["round"] for r in mlperf}):
+        meas: dict[str, list[float]] = {}
+        pred: dict[str, list[float]] = {}
+        for r in mlperf:
+            if r["round"] == rnd and r[f"pred_{key}"] == r[f"pred_{key}"]:
+                meas.setdefault(r["part"], []).append(r["tokens_per_s_per_gpu"])
+                pred.setdefault(r["part"], []).append(r[f"pred_{key}"])
+        names = sorted(meas)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                ma, mb = statistics.median(meas[a]), statistics.median(meas[b])
+                pa, pb = statistics.median(pred[a]), statistics.median(pred[b])
+                total += 1
+                if (ma > mb) == (pa > pb):
+                    right += 1
+                else:
+                    wrong.append(f"{rnd} {a} {ma:.0f} vs {b} {mb:.0f} measured, {pa:.0f} vs {pb:.0f} predicted")
+    return right, total, wrong
 
 
 def table_b() -> list[dict]:
@@ -131,7 +186,10 @@ def table_c() -> list[dict]:
                         "power_w_per_gpu": best.power_w / best.point.tp, "j_per_prompt": best.j_per_prompt,
                         "ttft_p95_ms": best.ttft_p95_ms, "tpot_p95_ms": best.tpot_p95_ms,
                         "latency_p95_ms": best.latency_p95_ms, "memory_gib_per_gpu": best.memory_needed_gib,
-                        "power_uncertainty_rel": best.power_uncertainty_rel, "sources": best.sources})
+                        "power_uncertainty_rel": best.power_uncertainty_rel, "sources": best.sources,
+                        "stack_factor": best.stack.factor if best.stack else None,
+                        "stack": best.stack.label() if best.stack else None,
+                        "speed_correction": best.speed_correction})
     return out
 
 
@@ -180,18 +238,26 @@ def print_report(a: tuple[list[dict], list[dict], list[dict]], b: list[dict], c:
         print(f"  {r['source']}: {r['gpu']} {_workload_of(r)} batch {r['avg_batch_size']:.0f}, "
               f"{r['output_tokens_per_s']:.0f} tok/s")
     print()
-    print(f"(a') MLPerf Inference llama2-70b official results, per GPU (system / accelerators): the model's best "
-          f"per-GPU point, raw and x the one fitted stack factor {f.mlperf_stack_factor:.2f} (fitted on Offline "
-          f"rows); 'held out': factor and fit without that GPU model")
-    print(f"{'round':<6}{'submitter':<10}{'system':<31}{'GPUs':>4} {'scenario':<9}{'prec':<5}{'tok/s/GPU':>10}"
-          f"{'raw':>7}{'err':>8}{'fitted':>7}{'err':>8}{'held out':>9}{'err':>8}")
+    print(f"(a') MLPerf Inference llama2-70b, Offline, per GPU: the model's best per-GPU point at the result's "
+          f"stack speed; in sample, leave-one-round-out, leave-one-submitter-out (input {pm.mlperf_input_tokens():.0f} "
+          f"tokens, fitted)")
+    print(f"{'round':<6}{'submitter':<16}{'system':<34}{'GPUs':>4} {'part':<7}{'engine':<13}{'prec':<5}"
+          f"{'tok/s/GPU':>10}{'speed':>7}{'in':>8}{'LORO':>8}{'LOSO':>8}{'planner':>8}")
     for m in mlperf:
-        print(f"{m['round']:<6}{m['submitter']:<10}{m['system']:<31}{m['accelerators']:>4} {m['scenario']:<9}"
-              f"{m['precision']:<5}{m['tokens_per_s_per_gpu']:>10.0f}{m['pred_raw']:>7.0f}{_pct(m['err_raw']):>8}"
-              f"{m['pred']:>7.0f}{_pct(m['err']):>8}{m['pred_loo']:>9.0f}{_pct(m['err_loo']):>8}")
-    print(f"MLPerf rows within {100 * ROW_TARGET:.0f} %: {sum(abs(m['err']) <= ROW_TARGET for m in mlperf)}/{len(mlperf)}"
-          f" (median |error| {100 * statistics.median(abs(m['err']) for m in mlperf):.1f} %; held out: "
-          f"{100 * statistics.median(abs(m['err_loo']) for m in mlperf):.1f} %)")
+        print(f"{m['round']:<6}{m['submitter'][:15]:<16}{m['system'][:33]:<34}{m['accelerators']:>4} {m['part']:<7}"
+              f"{m['engine']:<13}{m['precision']:<5}{m['tokens_per_s_per_gpu']:>10.0f}{m['speed_in']:>7.2f}"
+              f"{_pct(m['err_in']):>8}{_pct(m['err_loro']):>8}{_pct(m['err_loso']):>8}{m['pred_planner']:>8.0f}")
+    print("  speed: the stack speed of the result's (vendor, engine, round), fitted on MLPerf (perf_model.stack_speeds)")
+    print("  planner: tokens/s/GPU at the part's vendor factor against CUDA/vLLM (what the planner predicts)")
+    print("per (vendor, engine, round): stack speed (geometric mean of its results) and, for AMD, over NVIDIA's")
+    speeds = pm.stack_speeds()
+    for (v, e, r), vals in sorted(speeds.items()):
+        geo = pm._geo(vals)
+        ref = speeds.get((*pm.REFERENCE_STACK, r))
+        rel = f", {geo[0] / pm._geo(ref)[0]:.2f} of CUDA/TensorRT-LLM" if ref and (v, e) != pm.REFERENCE_STACK else ""
+        print(f"  {v}/{e} {r}: {geo[0]:.2f} +- {geo[1] * geo[0]:.2f} ({len(vals)} results){rel}")
+    for stack in pm.stack_factors().values():
+        print(f"  predictions: {stack.label()}")
     print()
     print("(b) leave-one-GPU-out: each measured GPU predicted from a fit on the others (|error|)")
     print(f"{'GPU':<16}{'workload':<30}{'rows':>5}{'tok/s med':>10}{'worst':>8}{'W med':>8}{'worst':>8}"
@@ -219,15 +285,35 @@ def print_report(a: tuple[list[dict], list[dict], list[dict]], b: list[dict], c:
             print(f"   {r['gpu']:<8}{pt['max_batch']:>6}{pt['tp']:>3}{pt['precision']:>5}"
                   f"{r['prompts_per_s_per_gpu']:>14.3f}{r['power_w_per_gpu']:>7.0f}{r['j_per_prompt']:>10.1f}"
                   f"{r['ttft_p95_ms']:>8.0f}ms{r['tpot_p95_ms']:>8.1f}ms{r['memory_gib_per_gpu']:>8.1f}  "
-                  f"{src['throughput']}/{src['power']} (W +/-{100 * r['power_uncertainty_rel']:.0f} %)")
-    ok_a = within["err_tokens"] == len(rows)
-    loo_medians = [r["tokens_median"] for r in b]
-    ok_b = all(x <= LOO_MEDIAN_TARGET for x in loo_medians)
+                  f"{src['throughput']}/{src['power']} (W +/-{100 * r['power_uncertainty_rel']:.0f} %)"
+                  + (f" stack x{r['stack_factor']:.2f}" if r.get("stack_factor") is not None else "")
+                  + (f" corr x{r['speed_correction']:.3f}" if r.get("speed_correction", 1.0) != 1.0 else ""))
+    loro, loso = per_part_medians(mlperf, "loro"), per_part_medians(mlperf, "loso")
     print()
-    print(f"target (a) every row within {100 * ROW_TARGET:.0f} % (tokens/s): {'met' if ok_a else 'MISSED'}; "
-          f"target (b) leave-one-GPU-out median <= {100 * LOO_MEDIAN_TARGET:.0f} % for every (GPU, workload): "
-          f"{'met' if ok_b else 'MISSED'}")
-    return ok_a, ok_b
+    print("(e) MLPerf median |error| per part: " + "; ".join(
+        f"{p} in {100 * per_part_medians(mlperf, 'in')[p]:.1f} % LORO {100 * loro.get(p, float('nan')):.1f} % "
+        f"LOSO {100 * loso.get(p, float('nan')):.1f} %" for p in loro))
+    orders = {k: pairwise_order(mlperf, k) for k in ("in", "loro", "planner")}
+    for k, (right, total, wrong) in orders.items():
+        print(f"(f) pairwise order within rounds, {k}: {right}/{total} pairs right"
+              + ("" if not wrong else "; wrong: " + "; ".join(wrong)))
+    ok_a = all(x <= MLPERF_PART_TARGET for x in (*loro.values(), *loso.values()))
+    right, total, _ = orders["loro"]
+    ok_b = total > 0 and right >= ORDER_TARGET * total
+    ok_c = within["err_tokens"] >= ROWS_WITHIN_TARGET
+    loo_medians = [r["tokens_median"] for r in b]
+    ok_d = all(x <= LOO_MEDIAN_TARGET for x in loo_medians)
+    print()
+    print(f"target (a) MLPerf leave-one-round-out and leave-one-submitter-out median |error| per part <= "
+          f"{100 * MLPERF_PART_TARGET:.0f} %: {'met' if ok_a else 'MISSED'}")
+    print(f"target (b) pairwise order within rounds (leave-one-round-out) >= {100 * ORDER_TARGET:.0f} %: "
+          f"{right}/{total}, {'met' if ok_b else 'MISSED'}")
+    print(f"target (c) ML.ENERGY rows within {100 * ROW_TARGET:.0f} % (tokens/s) >= {ROWS_WITHIN_TARGET} of {len(rows)}: "
+          f"{within['err_tokens']}, {'met' if ok_c else 'MISSED'}")
+    print(f"(previous target) leave-one-GPU-out median <= {100 * LOO_MEDIAN_TARGET:.0f} % for every (GPU, workload): "
+          f"{'met' if ok_d else 'MISSED'}")
+    return ok_a and ok_b, ok_c
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the three tables as JSON to this file")
     args = ap.parse_args(argv)
     a, b, c = table_a(), table_b(), table_c()
-    ok_a, ok_b = print_report(a, b, c)
+    ok_a, ok_b = print_report(a, b, c)  # (MLPerf targets, ML.ENERGY row target)
     if args.json:
         args.json.write_text(json.dumps({"a_rows": a[0], "a_left_out": [r["source"] for r in a[1]],
                                          "a_mlperf": a[2], "b_leave_one_gpu_out": b, "c_presets": c},

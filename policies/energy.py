@@ -27,9 +27,11 @@ Rules (documented here because every policy and the benchmark rely on them):
   `idle_w + GENERIC_UTILISATION * (tdp_w - idle_w)`.
 * **Power limits**: a GPU's power per job never exceeds its current board power limit
   (`GpuSlot.power_limit_w`, read from the driver): a GPU capped at 500 W is estimated at
-  most at 500 W, whatever its profile or TDP says. Runtime is not stretched for the cap
-  (the profiles hold no power-performance curve); the energy estimate is so a lower bound
-  for a job that a cap slows down.
+  most at 500 W, whatever its profile or TDP says, and the job takes as much longer
+  (`perf_model.stretch`: runtime x uncapped power / limit, the same energy), the rule the
+  performance model applies at the TDP (`perf_model._capped`). So an H100 capped at 350 W
+  is not 39 % cheaper for the same work (it is as expensive, for twice as long), and every
+  deadline and time-limit check, which reads these runtimes, sees the stretched one.
 * **Unknown parts** (a driver name the catalog does not know): runtime as on the reference
   GPU, power from what the driver reports, `UNKNOWN_IDLE_SHARE` of the power limit idle plus
   `GENERIC_UTILISATION` of the rest; with no power limit either, the reference GPU's
@@ -63,7 +65,7 @@ from policies.carbon_tail import extended
 from policies.learning import Run
 from policies.model import CarbonCurve, Profile, QueuedJob
 from policies.operating_point import Choice, Refusal, job_choice, seed_choice, workload_model
-from policies.perf_model import OperatingPoint
+from policies.perf_model import OperatingPoint, stretch
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +187,16 @@ def generic_power_w(model: str, power_limit_w: float | None = None) -> float:
     return capped_w(spec.idle_w + GENERIC_UTILISATION * (spec.tdp_w - spec.idle_w), power_limit_w)
 
 
+@cache
+def generic_stretch(model: str, power_limit_w: float | None = None) -> float:
+    """How much longer a generic job runs under a power limit (1 for an unknown part, whose
+    power is taken from the limit itself)."""
+    spec = _spec(model)
+    if spec is None:
+        return 1.0
+    return stretch(spec.idle_w + GENERIC_UTILISATION * (spec.tdp_w - spec.idle_w), power_limit_w)
+
+
 def gang_power_limit_w(limits: Iterable[float | None]) -> float | None:
     """The power limit a job on these GPUs is estimated under: the highest of theirs when
     all of them report one, else none."""
@@ -247,6 +259,7 @@ def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: 
                 else generic_runtime_scale(model)
             runtime_s = base_s * ratio
         power_w = k * capped_w(choice.power_w / k, power_limit_w)
+        runtime_s = runtime_s * stretch(choice.power_w / k, power_limit_w)
         return JobShape(model=_canonical_model(model), gpus=k, runtime_s=max(1.0, runtime_s), power_w=power_w,
                         energy_j=power_w * max(1.0, runtime_s),
                         latency_p95_ms=choice.latency_p95_ms if choice.inference else None,
@@ -261,10 +274,11 @@ def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: 
             ref = book.get(job.workload, REFERENCE_MODEL)
             runtime_s = base_s * (ref.prompts_per_s / profile.prompts_per_s if ref else 1.0)
         power_w = k * capped_w(profile.power_w, power_limit_w)
+        runtime_s = runtime_s * stretch(profile.power_w, power_limit_w)
         p95 = _profile_p95(profile)
         source = f"profile {job.workload}/{profile.model}: {profile.source}"
     else:
-        runtime_s = base_s * generic_runtime_scale(model)
+        runtime_s = base_s * generic_runtime_scale(model) * generic_stretch(model, power_limit_w)
         power_w = k * generic_power_w(model, power_limit_w)
         p95 = None
         source = f"catalog: {'est-runtime' if job.est_runtime_s else 'default runtime'} on {REFERENCE_MODEL} scaled"
@@ -310,6 +324,7 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
     for c, model in enumerate(models):
         cap = power_limits_w[c] if power_limits_w is not None else None
         generic_scale, generic_w = generic_runtime_scale(model), generic_power_w(model, cap)
+        generic_slow = generic_stretch(model, cap)
         for key, rows_l in groups.items():
             rows = np.array(rows_l, dtype=np.int64)
             workload = key[0]
@@ -323,7 +338,8 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
                 ratio = ref.prompts_per_s / choice.prompts_per_s if isinstance(ref, Choice) else generic_scale
                 with np.errstate(divide="ignore", invalid="ignore"):
                     by_prompts = pr / choice.prompts_per_s
-                runtime[rows, c] = np.where(pr != 0, by_prompts, base[rows] * ratio)
+                runtime[rows, c] = np.where(pr != 0, by_prompts, base[rows] * ratio) \
+                    * stretch(choice.power_w / key[1], cap)
                 power[rows, c] = kr * capped_w(choice.power_w / key[1], cap)
                 continue
             if isinstance(choice, Refusal):
@@ -341,10 +357,10 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
                 kr, pr = k[rows], prompts[rows]
                 with np.errstate(divide="ignore", invalid="ignore"):
                     by_prompts = pr / (kr * profile.prompts_per_s)
-                runtime[rows, c] = np.where(pr != 0, by_prompts, base[rows] * ratio)
+                runtime[rows, c] = np.where(pr != 0, by_prompts, base[rows] * ratio) * stretch(profile.power_w, cap)
                 power[rows, c] = kr * capped_w(profile.power_w, cap)
             else:
-                runtime[rows, c] = base[rows] * generic_scale
+                runtime[rows, c] = base[rows] * generic_scale * generic_slow
                 power[rows, c] = k[rows] * generic_w
     np.maximum(runtime, 1.0, out=runtime)
     return ShapeArrays(runtime, power, why)
@@ -393,13 +409,16 @@ def fits(job: QueuedJob, model_name: str, memory_gib: float, book: ProfileBook) 
     return "slo" if profile is None or _profile_slo_why(job, profile) else None
 
 
-def within_time_limit(job: QueuedJob, model_name: str, book: ProfileBook, default_runtime_s: float) -> bool:
-    """Whether the job's estimated runtime on `model_name` fits its explicit time limit
-    (`QueuedJob.time_limit_s`; no limit: True). A plan past it would end as TIMEOUT by the
-    planner's own estimate, so such a model is not an option."""
+def within_time_limit(job: QueuedJob, model_name: str, book: ProfileBook, default_runtime_s: float,
+                      power_limit_w: float | None = None) -> bool:
+    """Whether the job's estimated runtime on `model_name` (capped at `power_limit_w` per GPU:
+    the stretched runtime) fits its explicit time limit (`QueuedJob.time_limit_s`; no limit:
+    True). A plan past it would end as TIMEOUT by the planner's own estimate, so such a
+    model is not an option."""
     if job.time_limit_s is None:
         return True
-    return job_shape(job, model_name, book, default_runtime_s).runtime_s <= job.time_limit_s * (1 + 1e-9)
+    return job_shape(job, model_name, book, default_runtime_s, power_limit_w).runtime_s \
+        <= job.time_limit_s * (1 + 1e-9)
 
 
 class CurveIntegrator:

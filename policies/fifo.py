@@ -129,8 +129,9 @@ class FifoPolicy:
                 point_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
                 ok &= np.array([point_ok[m] for m in models], dtype=bool) if keys else ok
             if job.time_limit_s is not None and ok.any():
-                limit_ok = {m: within_time_limit(job, m, book, snapshot.default_runtime_s) for m in set(models)}
-                ok &= np.array([limit_ok[m] for m in models], dtype=bool)
+                limit_ok = {(m, c): within_time_limit(job, m, book, snapshot.default_runtime_s, c)
+                            for m, c in set(zip(models, cap_of))}
+                ok &= np.array([limit_ok[m, c] for m, c in zip(models, cap_of)], dtype=bool)
                 if not ok.any():
                     unplaced[job.id] = (f"runs longer than its time limit ({_human(job.time_limit_s)}) on every GPU "
                                         "model that can take it")

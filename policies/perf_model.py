@@ -29,7 +29,11 @@ The equations (per decode step of one tensor-parallel group of `tp` GPUs, batch 
                   scales with its width, so a GPU at full FP8 rate draws what it does at BF16
                   (a capped GPU runs at its TDP for longer: t x P / TDP, same energy per step)
     J/token       = P x tp x t / B
-    TTFT          = t + 2 x active x input / tp / (eta_compute x peak)   (p95: input x spread)
+    TTFT          = prefill queue at the point's batch (chunked prefill sharing steps with
+                    decode: `_ttft_ms`), at least one step for the prefill and one for the token
+    stack         the serving stack's speed s (StackFactor, fitted on MLPerf per vendor and
+                  engine) divides every software-set term above (t0, per_layer, allreduce,
+                  c_seq and the compute roofline; e_seq's energy too), never the HBM term
 
 Why each step-time term (all fitted once, on every GPU's rows together, and the same on
 every GPU, so a part better in every data-sheet figure is never predicted worse):
@@ -69,14 +73,17 @@ too, these trade off against c_seq, so read them as fit parameters, not lengths;
 capped by what its measured batches leave room for in the KV cache, see
 `_max_input_tokens`, which is what separates v2's prefill from its CPU cost per sequence
 when one of its two GPUs is held out), k50/k95 (ITL percentile over mean step time),
-p_static, e_byte, e_flop, e_seq of the power model, and one speed factor of the MLPerf
-submitters' serving stacks against the fitted vLLM rows (used only to reproduce MLPerf
-results: predictions are for a vLLM-like engine). Memory: weights + KV cache of the whole
-context at that batch must fit in 90 % of the GPUs' memory (vLLM's default
-gpu_memory_utilization). Each figure says where it comes from: "measured" (that exact
-point is in the data), "fitted" (the fit, on a GPU that was measured), "roofline" (the
-fit, on a GPU that was not), "nominal" (training: no public per-accelerator figure found;
-a nominal MFU).
+p_static, e_byte, e_flop, e_seq of the power model. On top of the fit (issue 27): a stack
+speed per MLPerf result (the speed at which the model reproduces it), pooled into a factor
+per (vendor, engine) relative to NVIDIA's own stack in the same round (`stack_factors`:
+predictions are for a vLLM-like engine, CUDA/vLLM = 1, ROCm/vLLM fitted), and MLPerf's
+effective input length (`mlperf_input_tokens`). Memory: weights + KV cache of every
+sequence at its mean context (input + output / 2) at that batch must fit in 90 % of the
+GPUs' memory (vLLM's default gpu_memory_utilization). Each figure says where it comes from:
+"corrected" (the fit times this GPU's measured correction), "fitted" (the fit, on a GPU
+that was measured), "roofline" (the fit, on a GPU that was not), "+correction" (times the
+correction of a measured part it dominates), "nominal" (training: no public
+per-accelerator figure found; a nominal MFU).
 
 What is not in the model, and why (each tried while building this one; the figures are
 those of the fit it was tried in, before later terms were added):
@@ -96,9 +103,13 @@ those of the fit it was tried in, before later terms were added):
   for the decode roofline here: 66 of 95 rows, two v2 held-out medians above 20 %.
 * A TP link-bandwidth term: negligible at decode sizes.
 
-Measured figures are data and keep their noise: a measured H100 point can beat the model's
-H200 at the same point although the model never ranks H100 above H200. Comparisons across
-GPU models that must respect the hardware order use `predict(..., use_measurements=False)`.
+One prediction path (issue 27): `predict` is the model times a correction smooth in batch
+from the measured rows of the (workload, GPU, TP) (`Correction`), never a raw measured row
+beside modelled ones; the correction a part takes is the largest of those of the measured
+parts it dominates (same vendor), so a part better in every data-sheet figure is never
+predicted slower on the planner's path either (H200 takes H100's correction). Across
+vendors the order is the software's too: a part ahead on paper can be slower at a lagging
+stack factor, as MLPerf shows (MI300X vs H100, MI325X vs H200: parity).
 """
 
 from __future__ import annotations
@@ -107,7 +118,7 @@ import itertools
 import math
 import tomllib
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 import numpy as np
@@ -151,6 +162,7 @@ class Workload:
     layers: int = 0  # transformer layers; 0: estimated from the size (see n_layers)
     experts: int = 0  # mixture of experts: experts per layer (0: a dense model)
     experts_active: int = 0  # mixture of experts: experts each token is routed to
+    kv_input_cap_tokens: float = math.inf  # input tokens the memory rule counts at most (presets: see presets())
 
     def kv_bytes(self) -> float:
         """KV bytes per token; when unknown, Llama-3.1's 16 KiB per billion params at 8B,
@@ -207,7 +219,6 @@ class Fit:
     rows: int
     gpus: tuple[str, ...]
     power_transfer_rel: float = 0.0  # the power fit's error on a GPU it has not seen (see fit())
-    mlperf_stack_factor: float = 1.0  # MLPerf's serving stacks' speed over the fitted vLLM rows'
     per_layer_us: float = 0.0  # per layer per step: the layer's kernel sequence at decode sizes
     allreduce_us: float = 0.0  # per layer per step when tp > 1: two activation all-reduces' latency
     e_seq_mj: float = 0.0  # energy per sequence per step of the per-sequence work (c_seq's)
@@ -239,6 +250,8 @@ class Prediction:
     latency_p95_ms: float  # per prompt: TTFT + p95 output length x TPOT p50
     power_uncertainty_rel: float  # relative: the fit's RMS on measured GPUs, its held-out error elsewhere
     sources: dict[str, str] = field(default_factory=dict)  # figure group -> source kind
+    stack: StackFactor | None = None  # the serving stack's fitted speed factor this prediction ran at
+    speed_correction: float = 1.0  # measured / model throughput at this batch (1: no measurement applies)
 
 
 # ---------------------------------------------------------------------------- data files
@@ -252,6 +265,18 @@ def _toml(name: str) -> dict:
 def measurements() -> dict:
     """measurements.toml: data-sheet extras, architectures, length spread, MLPerf, missing."""
     return _toml("measurements.toml")
+
+
+@cache
+def mlperf_results() -> tuple[dict, ...]:
+    """Every MLPerf Inference llama2-70b result the stack factors are fitted on
+    (mlperf_results.toml: per system, round, submitter, part, precision, engine, source)."""
+    return tuple(_toml("mlperf_results.toml")["result"])
+
+
+def mlperf_gaps() -> list[str]:
+    """What the cross-vendor data lacks (mlperf_results.toml's [gaps])."""
+    return list(_toml("mlperf_results.toml")["gaps"]["figures"])
 
 
 def mlenergy_rows() -> list[dict]:
@@ -309,10 +334,12 @@ def presets() -> dict[str, Workload]:
     out: dict[str, Workload] = {}
     for name, (model_id, task, note) in _PRESET_MODELS.items():
         a = _architecture(model_id)
+        cap = _max_input_tokens([r for r in fit_rows() if r["dataset"] == "mlenergy-v3"
+                                 and r["model_id"] == model_id and r["task"] == task])
         out[name] = Workload(name, a["total_params_b"], a["active_params_b"], f.input_tokens[task],
                              _mean_output(model_id, task), a["kv_bytes_per_token_bf16"], "bf16",
                              task=task, note=f"{model_id}; {note}; output length measured, input fitted",
-                             **_shape(a))
+                             kv_input_cap_tokens=max(cap, 0.0), **_shape(a))
     for alias, (target, note) in _ALIASES.items():
         out[alias] = replace(out[target], name=alias, note=note)
     out["mlperf-llama2-70b"] = mlperf_workload()
@@ -325,35 +352,257 @@ def presets() -> dict[str, Workload]:
     return out
 
 
+@cache
 def mlperf_workload() -> Workload:
-    """MLPerf's llama2-70b: Llama-2-70b-chat, FP8; mean output = tokens / samples of the
-    results; mean input not found, so the Azure conv trace's mean prompt stands in."""
+    """MLPerf's llama2-70b at its fitted effective input length (`mlperf_input_tokens`)."""
+    return replace(_mlperf_workload(0.0), mean_input_tokens=mlperf_input_tokens(),
+                   note="MLPerf llama2-70b (OpenOrca); FP8 weights and KV cache; output = tokens/samples of the "
+                        f"results; input {mlperf_input_tokens():.0f} tokens, fitted (see mlperf_input_tokens)")
+
+
+def _mlperf_workload(input_tokens: float) -> Workload:
+    """MLPerf's llama2-70b: Llama-2-70b-chat, FP8 weights and FP8 KV cache (both vendors'
+    submissions: NVIDIA's TensorRT-LLM build passes `--fp8_kv_cache`, closed/NVIDIA/code/
+    llama2-70b/tensorrt/infer.py; AMD's Quark scheme is w_fp8_a_fp8_o_fp8 with FP8 KV cache
+    scales, closed/AMD/code/llama2-70b-99.9/README.md, both in inference_results_v4.1); mean
+    output = tokens / samples of the results; mean input not found, so the Azure conv
+    trace's mean prompt stands in."""
     a = _architecture("meta-llama/Llama-2-70b-chat-hf")
-    mlperf = [m for m in measurements()["mlperf"] if m["benchmark"].startswith("llama2-70b")]
+    rows = [m for m in mlperf_results() if m["samples_per_s"] > 0]
     return Workload(
-        "mlperf-llama2-70b", a["total_params_b"], a["active_params_b"],
-        measurements()["length_spread"]["input_mean_tokens"],
-        float(np.mean([m["tokens_per_s"] / m["samples_per_s"] for m in mlperf])), a["kv_bytes_per_token_bf16"],
-        "fp8", note="MLPerf llama2-70b (OpenOrca); output = tokens/samples of the results; input length "
-                    "not found: the Azure conv trace's mean prompt stands in", **_shape(a))
+        "mlperf-llama2-70b", a["total_params_b"], a["active_params_b"], input_tokens,
+        float(np.mean([m["tokens_per_s"] / m["samples_per_s"] for m in rows])), a["kv_bytes_per_token_bf16"] / 2,
+        "fp8", note="MLPerf llama2-70b (OpenOrca); FP8 weights and KV cache; output = tokens/samples of the "
+                    "results; input length not found: the Azure conv trace's mean prompt stands in", **_shape(a))
 
 
-def mlperf_best_tokens_per_gpu_s(m: dict, f: Fit, stack_factor: float = 1.0) -> float:
+# ---------------------------------------------------------------------------- serving stacks
+
+ENGINE_NAMES = {"vllm": "vLLM", "tensorrt-llm": "TensorRT-LLM", "llmboost": "LLMBoost (vLLM)"}
+VENDOR_RUNTIME = {"nvidia": "CUDA", "amd": "ROCm"}
+REFERENCE_STACK = ("nvidia", "tensorrt-llm")  # NVIDIA's own MLPerf stack: every round has it
+PREDICTED_ENGINE = "vllm"  # what predictions are for: the fitted rows' engine, on every vendor
+
+
+def vendor(part: str) -> str:
+    """"amd" or "nvidia" for a part of `parts()`."""
+    return catalog()[part].vendor if part in catalog() else "nvidia"
+
+
+@dataclass(frozen=True)
+class StackFactor:
+    """A serving stack's speed: the factor its software terms run at against the fitted
+    rows' CUDA/vLLM (1). It divides every software-set term of the step time (the fixed,
+    per-layer, all-reduce and per-sequence costs, and the compute roofline), never the HBM
+    streaming term, which the hardware sets; so a part whose software lags loses least
+    where the work is bound by memory bandwidth, and that comes out of the roofline rather
+    than a rule. Fitted on MLPerf results (`stack_factors`)."""
+
+    vendor: str
+    engine: str
+    factor: float
+    spread: float  # +- (one geometric standard deviation of the results, as a factor difference)
+    results: int  # MLPerf results it is fitted on (0: the reference, by definition)
+    rounds: tuple[str, ...] = ()
+    basis: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{VENDOR_RUNTIME.get(self.vendor, self.vendor)}/{ENGINE_NAMES.get(self.engine, self.engine)}"
+
+    def label(self) -> str:
+        """E.g. "ROCm/vLLM stack factor 0.62 +- 0.08, from 6 MLPerf results (v5.1)"."""
+        if self.results == 0:
+            return f"{self.name} stack factor {self.factor:.2f} ({self.basis})"
+        return (f"{self.name} stack factor {self.factor:.2f} +- {self.spread:.2f}, from {self.results} MLPerf "
+                f"result{'s' if self.results != 1 else ''} ({', '.join(self.rounds)}; {self.basis})")
+
+
+REFERENCE_FACTOR = StackFactor("nvidia", "vllm", 1.0, 0.0, 0, basis="the ML.ENERGY rows the model is fitted on")
+
+
+def mlperf_best_tokens_per_gpu_s(m: dict, f: Fit, speed: float = 1.0, w: Workload | None = None) -> float:
     """The model's best per-GPU output tokens/s for one MLPerf result's part, precision and
-    scenario: over TP degrees up to its accelerator count and batch limits that fit; Server
-    also keeps TPOT p95 <= 200 ms and TTFT p95 <= 2 s. `stack_factor` divides the step time
-    (MLPerf's serving stacks against the vLLM of the fitted rows)."""
+    scenario, with the serving stack at `speed` (see StackFactor): over TP degrees up to
+    its accelerator count and batch limits that fit in memory; Server also keeps TPOT p95
+    <= 200 ms and TTFT p95 <= 2 s (the scenario's limits)."""
+    w = w or mlperf_workload()
     best = 0.0
-    for tp in (1, 2, 4, 8):
-        for b in (16, 32, 64, 128, 256, 384, 512, 768, 1024):
-            if tp > m["accelerators"]:
+    for point, part, s in _mlperf_points(m["part"], m["precision"], m["accelerators"], w):
+        t, _ = _capped(s, _step_time_s(s, f, speed), part, f, speed)
+        if m["scenario"] == "Server":
+            ttft50, ttft95 = _ttft_ms(w, part, point, t, f, speed)
+            if f.itl_p95_over_step * t * 1e3 > 200 or ttft95 > 2000:
                 continue
-            p = predict(mlperf_workload(), m["part"], OperatingPoint(b, m["precision"], tp), f=f)
-            if not p.fits or (m["scenario"] == "Server" and (p.tpot_p95_ms / stack_factor > 200
-                                                            or p.ttft_p95_ms / stack_factor > 2000)):
-                continue
-            best = max(best, p.output_tokens_per_s * stack_factor / tp)
+        best = max(best, point.max_batch / t / point.tp)
     return best
+
+
+@lru_cache(maxsize=256)
+def _mlperf_points(part_name: str, precision: str, accelerators: int, w: Workload) -> tuple[tuple, ...]:
+    """(point, part, step) of every TP degree up to `accelerators` and batch limit that fits
+    in memory: what `mlperf_best_tokens_per_gpu_s` searches, built once (the step's bytes and
+    FLOPs do not depend on the stack speed, which the bisection varies)."""
+    part = parts()[part_name]
+    if not part.supports(precision):
+        return ()
+    out = []
+    for tp in (1, 2, 4, 8):
+        if tp > accelerators:
+            continue
+        for b in (16, 32, 64, 128, 256, 384, 512, 768, 1024):
+            point = OperatingPoint(b, precision, tp)
+            if memory_needed_gib(w, point) <= MEMORY_UTILIZATION * part.memory_gib:
+                out.append((point, part, _step(w, part, b, precision, tp, w.mean_input_tokens)))
+    return tuple(out)
+
+
+def mlperf_speed(m: dict, f: Fit, w: Workload | None = None) -> float:
+    """The stack speed at which the model reproduces one MLPerf result's per-GPU tokens/s
+    (bisection to 0.1 %: the best point's throughput rises with the speed); nan when no
+    speed in [0.02, 50] does."""
+    target = m["tokens_per_s"] / m["accelerators"]
+    lo, hi = math.log(0.02), math.log(50.0)
+    if not (mlperf_best_tokens_per_gpu_s(m, f, math.exp(lo), w) <= target
+            <= mlperf_best_tokens_per_gpu_s(m, f, math.exp(hi), w)):
+        return math.nan
+    for _ in range(22):
+        mid = (lo + hi) / 2
+        if mlperf_best_tokens_per_gpu_s(m, f, math.exp(mid), w) < target:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
+_MLPERF_INPUT_GRID = (32.0, 48.0, 64.0, 96.0, 128.0, 160.0, 192.0, 256.0, 384.0)
+
+
+@cache
+def mlperf_input_tokens() -> float:
+    """MLPerf llama2-70b's effective mean input tokens, fitted: the result logs do not give
+    the OpenOrca prompts' length, and the Azure conv trace's mean (1,155) is impossible
+    there (at the measured tokens/s, an H100 would run above its FP8 peak). The value is
+    the grid point at which one stack speed per (vendor, engine, round) explains every
+    part's result best (least RMS log deviation of the parts' speeds from their stack's
+    round mean), on the median result of each (part, stack, round); like the ML.ENERGY
+    tasks' inputs, a fit parameter (it also absorbs what MLPerf's stacks do to prefill)."""
+    f = fit()
+    groups: dict[tuple, list[dict]] = {}
+    for m in mlperf_results():
+        if m["scenario"] == "Offline" and m["division"] == "closed":
+            groups.setdefault((m["part"], *mlperf_key(m), m["round"]), []).append(m)
+    reps = [sorted(g, key=lambda m: m["tokens_per_s"] / m["accelerators"])[len(g) // 2] for g in groups.values()]
+    best, best_rms = _MLPERF_INPUT_GRID[0], math.inf
+    for tokens in _MLPERF_INPUT_GRID:
+        w = _mlperf_workload(tokens)
+        by_stack: dict[tuple, list[float]] = {}
+        for m in reps:
+            v = mlperf_speed(m, f, w)
+            if not math.isfinite(v):
+                by_stack = {}
+                break
+            by_stack.setdefault((*mlperf_key(m), m["round"]), []).append(math.log(v))
+        devs = [x - float(np.mean(v)) for v in by_stack.values() for x in v]
+        rms = math.sqrt(float(np.mean(np.square(devs)))) if devs else math.inf
+        if rms < best_rms:
+            best, best_rms = tokens, rms
+    return best
+
+
+def mlperf_key(m: dict) -> tuple[str, str]:
+    """(vendor, engine) of one MLPerf result."""
+    return vendor(m["part"]), m["engine"]
+
+
+_SPEED_MEMO: dict[int, tuple[Fit, tuple[tuple[int, float], ...]]] = {}
+
+
+def _speeds(f: Fit) -> tuple[tuple[int, float], ...]:
+    """(index into mlperf_results(), stack speed) of every closed-division Offline result the
+    model can run (open-division results, which may change the model, are predicted, never
+    fitted on); memoised per fit object (a Fit holds a dict, so it cannot be a cache key)."""
+    hit = _SPEED_MEMO.get(id(f))
+    if hit is not None and hit[0] is f:
+        return hit[1]
+    out = []
+    for i, m in enumerate(mlperf_results()):
+        if m["scenario"] != "Offline" or m["division"] != "closed":  # open: the model may be changed
+            continue
+        v = mlperf_speed(m, f)
+        if math.isfinite(v):
+            out.append((i, v))
+    _SPEED_MEMO[id(f)] = (f, tuple(out))
+    return tuple(out)
+
+
+def _geo(values: list[float]) -> tuple[float, float]:
+    """Geometric mean and geometric standard deviation - 1 (0 for one value)."""
+    logs = np.log(values)
+    return float(np.exp(logs.mean())), float(np.exp(logs.std(ddof=1)) - 1) if len(values) > 1 else 0.0
+
+
+def stack_speeds(f: Fit | None = None, keep=None) -> dict[tuple[str, str, str], list[float]]:
+    """Per (vendor, engine, round), the stack speeds of its Offline MLPerf results (those for
+    which `keep(result)` is true: leave-one-out)."""
+    f = f or fit()
+    out: dict[tuple[str, str, str], list[float]] = {}
+    results = mlperf_results()
+    for i, v in _speeds(f):
+        m = results[i]
+        if keep is None or keep(m):
+            out.setdefault((*mlperf_key(m), m["round"]), []).append(v)
+    return out
+
+
+def stack_factor_for(vendor_: str, engine: str, round_: str | None, speeds: dict) -> float | None:
+    """The speed of (vendor, engine) in `round_` from per-round speeds: that round's geometric
+    mean, else (a round it has no result in: held out) the nearest earlier round's, else the
+    nearest later one's; None when it has none at all."""
+    rounds = sorted(r for (v, e, r) in speeds if (v, e) == (vendor_, engine))
+    if not rounds:
+        return None
+    if round_ in rounds:
+        return _geo(speeds[(vendor_, engine, round_)])[0]
+    earlier = [r for r in rounds if round_ is not None and r < round_]
+    pick = earlier[-1] if earlier else rounds[0]
+    return _geo(speeds[(vendor_, engine, pick)])[0]
+
+
+def relative_stack_factor(vendor_: str, engine: str, speeds: dict) -> StackFactor:
+    """The factor predictions use for (vendor, engine): the geometric mean, over its MLPerf
+    results in every round that also has NVIDIA's own stack (TensorRT-LLM), of its speed over
+    that round's NVIDIA speed. Per round: software improves from round to round on both
+    sides (H100 +28 % from v4.1 to v5.0), and a ratio within a round cancels that; pooled
+    over rounds, because the ratio itself does not trend in the data (MI300X 0.57 of NVIDIA
+    in v4.1, 0.58 in v5.1: `bench.model` prints it per round). Relative, because
+    every MLPerf submission is tuned: what transfers to the planner's vLLM-like engine is
+    how far one vendor's tuned stack is from the other's on the same roofline, not how far
+    either is from the stock vLLM of the fitted rows. NVIDIA/vLLM: 1 (the fitted rows)."""
+    if (vendor_, engine) == ("nvidia", PREDICTED_ENGINE) or vendor_ == "nvidia":
+        return REFERENCE_FACTOR if engine == PREDICTED_ENGINE else StackFactor(
+            vendor_, engine, 1.0, 0.0, 0, basis="NVIDIA's own MLPerf stack: the reference of the relative factors")
+    both = sorted(r for (v, e, r) in speeds if (v, e) == (vendor_, engine) and (*REFERENCE_STACK, r) in speeds)
+    if not both:
+        return StackFactor(vendor_, engine, 1.0, 0.0, 0, basis="no MLPerf result: CUDA/vLLM's speed assumed")
+    ratios = [v / _geo(speeds[(*REFERENCE_STACK, r)])[0] for r in both for v in speeds[(vendor_, engine, r)]]
+    factor, spread = _geo(ratios)
+    refs = sum(len(speeds[(*REFERENCE_STACK, r)]) for r in both)
+    return StackFactor(vendor_, engine, factor, factor * spread, len(ratios), tuple(both),
+                       basis=f"each against CUDA/TensorRT-LLM in its round, {refs} results")
+
+
+@cache
+def stack_factors() -> dict[tuple[str, str], StackFactor]:
+    """The stack factor of every (vendor, engine) with MLPerf results, and the reference."""
+    speeds = stack_speeds()
+    keys = {(v, e) for (v, e, _) in speeds} | {("nvidia", PREDICTED_ENGINE), ("amd", PREDICTED_ENGINE)}
+    return {k: relative_stack_factor(*k, speeds) for k in sorted(keys)}
+
+
+def stack_of(part: str, engine: str = PREDICTED_ENGINE) -> StackFactor:
+    """The stack factor predictions for `part` run at (its vendor, the predicted engine)."""
+    return stack_factors().get((vendor(part), engine)) or relative_stack_factor(vendor(part), engine, stack_speeds())
 
 
 def preset(name: str) -> Workload:
@@ -398,13 +647,16 @@ def _overhead_s(s: _Step, f: Fit) -> float:
     return f.t0_ms / 1e3 + us / 1e6
 
 
-def _step_time_s(s: _Step, f: Fit) -> float:
+def _step_time_s(s: _Step, f: Fit, speed: float = 1.0) -> float:
     """Overheads + the decode roofline (a decode pass reads the weights and KV once and does
     the decode FLOPs: it lasts as long as the slower of the two) + the prefill, amortised
     over the output tokens, at the compute roofline (prefill runs in steps or chunks of
-    hundreds to thousands of tokens, which are compute-bound)."""
-    return (_overhead_s(s, f) + float(_overlap(s.mem_s / f.eta_mem, s.decode_compute_s / f.eta_compute, f.overlap_p))
-            + (s.compute_s - s.decode_compute_s) / f.eta_compute)
+    hundreds to thousands of tokens, which are compute-bound). `speed`: the serving stack's
+    factor (StackFactor): it divides what software sets (overheads, compute efficiency),
+    not the HBM streaming time."""
+    return (_overhead_s(s, f) / speed
+            + float(_overlap(s.mem_s / f.eta_mem, s.decode_compute_s / (f.eta_compute * speed), f.overlap_p))
+            + (s.compute_s - s.decode_compute_s) / (f.eta_compute * speed))
 
 
 def _overlap(mem_s: np.ndarray | float, compute_s: np.ndarray | float, p: float) -> np.ndarray:
@@ -421,48 +673,196 @@ def _v2_extra_s(s: _Step, f: Fit) -> float:
     return (f.v2_t0_ms + f.v2_per_worker_ms * (s.tp - 1)) / 1e3 + f.v2_per_seq_us * s.batch / 1e6
 
 
-def _power_w(s: _Step, t: float, f: Fit) -> float:
+def _power_w(s: _Step, t: float, f: Fit, speed: float = 1.0) -> float:
+    """Power per GPU: static + the step's bytes and FLOPs + its per-sequence work, whose
+    energy a faster serving stack (speed > 1) spends less of, as it spends less time."""
     dynamic_pj = f.e_byte_pj * (s.weight_bytes + s.kv_bytes) + f.e_flop_pj * s.flop_energy_scale * s.flops
-    return f.p_static_w + dynamic_pj * 1e-12 / t + f.e_seq_mj * 1e-3 * s.batch / t
+    return f.p_static_w + dynamic_pj * 1e-12 / t + f.e_seq_mj * 1e-3 * s.batch / speed / t
 
 
-def _capped(s: _Step, t: float, p: Part, f: Fit) -> tuple[float, float]:
+def _capped(s: _Step, t: float, p: Part, f: Fit, speed: float = 1.0) -> tuple[float, float]:
     """(step time, power per GPU), with the power cap: a GPU whose predicted power exceeds its
     TDP runs at the TDP and takes proportionally longer, spending the same energy per step
-    (a conservative reading of clock throttling, which in practice also saves some energy)."""
-    power = _power_w(s, t, f)
+    (a conservative reading of clock throttling, which in practice also saves some energy).
+    The step's energy is that of the same bytes and FLOPs whatever the stack's speed: a
+    slower stack spreads it over a longer step (lower power, same joules)."""
+    power = _power_w(s, t, f, speed)
     if power <= p.tdp_w:
         return t, power
     return t * power / p.tdp_w, p.tdp_w
 
 
+def stretch(power_w: float, limit_w: float | None) -> float:
+    """How much longer work takes under a power limit: power / limit when the uncapped power
+    is above it (the GPU runs at the limit for longer, the same energy: `_capped`'s rule),
+    else 1. Used by the energy model for board power limits below the TDP."""
+    return power_w / limit_w if limit_w and power_w > limit_w else 1.0
+
+
+# TTFT: chunked prefill sharing steps with decode (vLLM v1's scheduler). Each step has a
+# token budget (max_num_batched_tokens); every running sequence takes one decode token of
+# it and new prompts' prefill chunks fill the rest. 8192 is the budget of InferenceMAX's
+# vLLM configurations (`--max-num-batched-tokens 8192`, the InferenceMAX README's launch
+# commands, e.g. https://github.com/jyothisambolu/InferenceMAX), a configuration, not a fit.
+PREFILL_TOKEN_BUDGET = 8192
+WAIT_P95_OVER_MEAN = 3.0  # an exponential wait's p95 over its mean is ln 20 = 3.0
+RHO_MAX = 0.99  # prefill demand at or above the budget: the batch starves; TTFT at 99 % utilisation
+
+
+def _ttft_ms(w: Workload, p: Part, point: OperatingPoint, t: float, f: Fit, speed: float = 1.0) -> tuple[float, float]:
+    """(TTFT p50, p95) in ms at a point whose step takes `t` s, as a queue of prefills.
+
+    At batch B in steady state, B / output sequences finish per step and as many prompts
+    start, so prefill demand is B x input / output tokens per step against a chunk capacity
+    of budget - B tokens per step: utilisation rho. A prompt's own prefill takes input /
+    (budget - B) steps; it first waits for the prefills ahead of it (M/D/1 mean wait:
+    rho / (2 (1 - rho)) service times; p95 WAIT_P95_OVER_MEAN x that), then its first
+    token needs one more step. rho >= 1: the point cannot keep its batch fed; its TTFT is
+    taken at rho = RHO_MAX (~50 service times of waiting: no realistic SLO is met). A prompt shorter than one chunk, and a small batch, still
+    pay at least one step for the prefill and one for the token. At batch 1 the prefill
+    of the prompt alone sets it (the compute roofline of input x 2 x active FLOPs)."""
+    spread = measurements()["length_spread"]
+    capacity = max(PREFILL_TOKEN_BUDGET - point.max_batch, PREFILL_TOKEN_BUDGET / 8)
+    out = max(w.mean_output_tokens, 1.0)
+    rho = min(point.max_batch * w.mean_input_tokens / out / capacity, RHO_MAX)
+    prefill_s = 2 * w.active_params_b * 1e9 / point.tp / (f.eta_compute * speed * p.peak_tflops[point.precision] * 1e12)
+    wait = rho / (2 * (1 - rho))
+    out_ms = []
+    for inp, wait_k in ((w.mean_input_tokens, wait), (w.mean_input_tokens * spread["input_p95_over_mean"],
+                                                       wait * WAIT_P95_OVER_MEAN)):
+        steps = max(1.0, inp / capacity) * (1 + wait_k)
+        out_ms.append((max(steps * t, prefill_s * inp) + t) * 1e3)
+    return out_ms[0], out_ms[1]
+
+
 def memory_needed_gib(w: Workload, point: OperatingPoint) -> float:
-    """Per GPU: weights / tp + KV cache of every sequence's whole context (input + output)."""
+    """Per GPU: weights / tp + KV cache of `max_batch` sequences at their mean context,
+    input + output / 2: vLLM's paged KV cache holds only the blocks a sequence has written,
+    and in steady state a running sequence is on average half-way through its output (the
+    same context the step model reads, and the one `_max_input_tokens` bounds the fit with;
+    counting every sequence's whole output refused configurations ML.ENERGY ran). A preset's
+    input is a fitted effective length (it trades off with the per-sequence cost), so its
+    KV demand is counted at most at `kv_input_cap_tokens`: the longest mean input with which
+    every batch ML.ENERGY measured for it fits (`_max_input_tokens` over its v3 rows; with
+    vLLM v1's prefix caching, sequences share the blocks of common prefixes)."""
     weights = w.total_params_b * 1e9 * BYTES_PER_PARAM[point.precision]
-    kv = point.max_batch * (w.mean_input_tokens + w.mean_output_tokens) * w.kv_bytes()
+    kv = point.max_batch * (min(w.mean_input_tokens, w.kv_input_cap_tokens) + w.mean_output_tokens / 2) * w.kv_bytes()
     return (weights + kv) / point.tp / GIB
 
 
-def _measured_row(w: Workload, gpu: str, point: OperatingPoint) -> dict | None:
-    if w.task == "" or w.kind != "inference":
+def _model_id(w: Workload) -> str:
+    """The ML.ENERGY model id behind a preset (or its alias); "" for other workloads."""
+    name = _ALIASES.get(w.name, (w.name,))[0]
+    return _PRESET_MODELS.get(name, ("",))[0]
+
+
+def dominates(a: Part, b: Part) -> bool:
+    """Whether part `a` is no worse than `b` in every data-sheet figure that sets speed
+    (memory, bandwidth, peak of every precision b has, TDP), under the same vendor's
+    software: the order the model (and every correction) must keep."""
+    return (vendor(a.name) == vendor(b.name) and a.memory_gib >= b.memory_gib and a.hbm_tb_per_s >= b.hbm_tb_per_s
+            and a.tdp_w >= b.tdp_w and all(a.peak_tflops.get(k, 0.0) >= v for k, v in b.peak_tflops.items()))
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Measured / model throughput and power of one (workload, GPU, TP, precision) as lines in
+    log2(batch limit) through its ML.ENERGY v3 rows (least squares; one batch: a constant),
+    held flat outside the measured batches: smooth in batch, never a measured row beside a
+    modelled one."""
+
+    gpu: str
+    rows: int
+    lo: float  # log2 of the smallest and largest measured batch limit
+    hi: float
+    speed: tuple[float, float]  # (intercept, slope) of log(measured / model tokens/s)
+    power: tuple[float, float]
+
+    def at(self, batch: float) -> tuple[float, float]:
+        """(speed, power) correction factors at a batch limit."""
+        x = min(max(math.log2(batch), self.lo), self.hi)
+        return math.exp(self.speed[0] + self.speed[1] * x), math.exp(self.power[0] + self.power[1] * x)
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    if len(set(xs)) < 2:
+        return float(np.mean(ys)), 0.0
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(intercept), float(slope)
+
+
+def _model_point(w: Workload, p: Part, point: OperatingPoint, f: Fit, speed: float) -> tuple[float, float]:
+    """(step time s, power per GPU W) of the model alone at a point."""
+    s = _step(w, p, point.max_batch, point.precision, point.tp, w.mean_input_tokens)
+    return _capped(s, _step_time_s(s, f, speed), p, f, speed)
+
+
+@cache
+def correction_of(w: Workload, gpu: str, tp: int, precision: str) -> Correction | None:
+    """The correction of `w` on `gpu` at TP `tp` from its measured rows (None: none measured)."""
+    model_id = _model_id(w)
+    if not model_id or w.kind != "inference" or gpu not in parts():
         return None
-    model_id = _PRESET_MODELS.get(w.name, _PRESET_MODELS.get(_ALIASES.get(w.name, ("",))[0], ("",)))[0]
-    for r in fit_rows():
-        if (r["dataset"] == "mlenergy-v3" and r["model_id"] == model_id and r["gpu"] == gpu
-                and r["task"] == w.task and r["tensor_parallel"] == point.tp and r["num_gpus"] == point.tp
-                and r["max_num_seqs"] == point.max_batch and r["precision"] == point.precision):
-            return r
-    return None
+    rows = [r for r in fit_rows() if r["dataset"] == "mlenergy-v3" and r["model_id"] == model_id and r["gpu"] == gpu
+            and r["task"] == w.task and r["tensor_parallel"] == tp and r["num_gpus"] == tp
+            and r["precision"] == precision]
+    if not rows:
+        return None
+    f, part = fit(), parts()[gpu]
+    speed = stack_of(gpu).factor
+    xs, ys, zs = [], [], []
+    for r in rows:
+        t, power = _model_point(w, part, OperatingPoint(r["max_num_seqs"], precision, tp), f, speed)
+        xs.append(math.log2(r["max_num_seqs"]))
+        ys.append(math.log(r["output_tokens_per_s"] / (r["max_num_seqs"] / t)))
+        zs.append(math.log(r["power_w_all_gpus"] / tp / power))
+    return Correction(gpu, len(rows), min(xs), max(xs), _line(xs, ys), _line(xs, zs))
+
+
+def _corrections(w: Workload, p: Part, point: OperatingPoint) -> tuple[float, float, str]:
+    """(speed, power, what) corrections for `w` on part `p` at `point`. Speed: the largest of
+    the measured corrections (same vendor, same TP and precision) of `p` and of every measured
+    part `p` dominates; a part that dominates no measured part takes the smallest of its
+    vendor's. That makes the correction monotone in the dominance order, so a part never
+    comes out slower than one it dominates (H200 takes H100's correction, B200 the larger of
+    its own and H100's, H200-NVL the smaller of H100's and B200's); a vendor with no
+    measured part: 1. Power: `p`'s own (1 where unmeasured)."""
+    b = point.max_batch
+    own = correction_of(w, p.name, point.tp, point.precision) if parts().get(p.name) == p else None
+    measured = []
+    for gpu in _v3_gpus():
+        c = correction_of(w, gpu, point.tp, point.precision)
+        if c is not None and vendor(gpu) == vendor(p.name):
+            measured.append((c.at(b)[0], f"{gpu} rows (n={c.rows})", gpu))
+    if not measured:
+        return 1.0, 1.0, ""
+    below = [m for m in measured if m[2] == p.name or dominates(p, parts()[m[2]])]
+    speed, label, _ = max(below) if below else min(measured)
+    if own is not None and label != f"{p.name} rows (n={own.rows})":
+        label = f"{p.name} rows (n={own.rows}), raised to the floor of {label}"
+    elif not below:
+        label = f"the smallest same-vendor correction, {label}"
+    return speed, own.at(b)[1] if own is not None else 1.0, label
+
+
+@cache
+def _v3_gpus() -> tuple[str, ...]:
+    """The GPU models with ML.ENERGY v3 rows in the fit (the ones with corrections)."""
+    return tuple(sorted({r["gpu"] for r in fit_rows() if r["dataset"] == "mlenergy-v3"}))
 
 
 def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurements: bool = True,
             f: Fit | None = None) -> Prediction:
-    """All figures for `w` on `point.tp` GPUs of model `gpu` (a tensor-parallel group).
+    """All figures for `w` on `point.tp` GPUs of model `gpu` (a tensor-parallel group): the one
+    prediction path of the planner, `profiles`, `bench.model` and the simulator.
 
-    `gpu` is a name from `parts()` or a Part (a hypothetical part, for tests and what-ifs).
-    A precision the part lacks raises ValueError. A point that does not fit in memory is
-    still predicted (fits=False) so callers can show why it was refused. With
-    use_measurements=False every figure is the model's, even where a measurement exists."""
+    The model (at the part's vendor's serving-stack factor, `stack_of`) times a correction
+    smooth in batch from the measured rows of this workload (`_corrections`), never a raw
+    measured figure. `gpu` is a name from `parts()` or a Part (a hypothetical part, for
+    tests and what-ifs). A precision the part lacks raises ValueError. A point that does not
+    fit in memory is still predicted (fits=False) so callers can show why it was refused.
+    use_measurements=False (or a fit `f` other than the default): the model alone."""
+    default = f is None or f is fit()
     f = f or fit()
     p = gpu if isinstance(gpu, Part) else parts()[gpu]
     gpu = p.name
@@ -477,29 +877,29 @@ def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurem
     kind = "fitted" if measured_gpu else "roofline"
     if w.kind == "train":
         return _predict_train(w, p, point, need, avail, f)
-    s = _step(w, p, point.max_batch, point.precision, point.tp, w.mean_input_tokens)
-    t, power = _capped(s, _step_time_s(s, f), p, f)
+    stack = stack_of(gpu)
+    t, power = _model_point(w, p, point, f, stack.factor)
+    speed_c, power_c, what = _corrections(w, p, point) if use_measurements and default else (1.0, 1.0, "")
+    t = t / speed_c
+    power = min(power * power_c, p.tdp_w)
     tokens_s = point.max_batch / t
     tpot50, tpot95 = f.itl_p50_over_step * t * 1e3, f.itl_p95_over_step * t * 1e3
     sources = {"throughput": kind, "latency": kind, "power": kind if measured_gpu else "power-model",
-               "ttft": "roofline", "memory": "roofline"}
-    row = _measured_row(w, gpu, point) if use_measurements else None
-    if row is not None:
-        tokens_s = row["output_tokens_per_s"]
-        power = row["power_w_all_gpus"] / point.tp
-        tpot50, tpot95 = row["itl_p50_ms"], row["itl_p95_ms"]
-        t = row["avg_batch_size"] / tokens_s
-        sources.update(throughput="measured", latency="measured", power="measured")
-    prefill_s = 2 * w.active_params_b * 1e9 / point.tp / (f.eta_compute * p.peak_tflops[point.precision] * 1e12)
-    ttft50 = (t + prefill_s * w.mean_input_tokens) * 1e3
-    ttft95 = (t + prefill_s * w.mean_input_tokens * spread["input_p95_over_mean"]) * 1e3
+               "ttft": "queue model", "memory": "roofline", "stack": stack.label()}
+    if what:
+        sources["correction"] = f"x{speed_c:.3f} speed, x{power_c:.3f} power, from {what}"
+        if what.startswith(gpu + " "):
+            sources.update(throughput="corrected", latency="corrected", power="corrected")
+        else:
+            sources.update(throughput=kind + "+correction", latency=kind + "+correction")
+    ttft50, ttft95 = _ttft_ms(w, p, point, t, f, stack.factor)
     power_all = power * point.tp
     j_token = power_all / tokens_s
     return Prediction(
         w.name, gpu, point, need <= avail, need, avail, tokens_s / w.mean_output_tokens, tokens_s, power_all,
         j_token * w.mean_output_tokens, j_token, ttft50, ttft95, tpot50, tpot95,
         ttft50 + spread["output_p95_over_mean"] * w.mean_output_tokens * tpot50,
-        f.power_rel_rms if measured_gpu else f.power_transfer_rel, sources)
+        f.power_rel_rms if measured_gpu else f.power_transfer_rel, sources, stack, speed_c)
 
 
 def _predict_train(w: Workload, p: Part, point: OperatingPoint, need: float, avail: float, f: Fit) -> Prediction:
@@ -732,7 +1132,8 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     publishes energy per request, not power; the power it implies (J/request x requests/s)
     counts the gaps of its older harness and disagrees with v3's measured power on the same
     H100 and model by up to 2x, so it is used for speed only. With `exclude_gpu`, that
-    GPU's rows enter nothing: not the step, power, ITL or MLPerf factor fits."""
+    GPU's rows enter nothing: not the step, power or ITL fits (the MLPerf stack factors
+    are fitted on top of a fit, `stack_speeds`)."""
     rows = [r for r in fit_rows() if r["gpu"] != exclude_gpu]
     tasks = sorted({r["task"] for r in rows})
     ceiling = {t: _max_input_tokens([r for r in rows if r["task"] == t and r["dataset"] == "mlenergy-v2"])
@@ -787,12 +1188,6 @@ def fit(exclude_gpu: str | None = None) -> Fit:
     f = replace(f, itl_p50_over_step=float(np.median(ratios50)), itl_p95_over_step=float(np.median(ratios95)),
                 p_static_w=float(pc[0]), e_byte_pj=float(pc[1]), e_flop_pj=float(pc[2]), e_seq_mj=float(pc[3]),
                 power_rel_rms=power_rms)
-    # One factor for MLPerf's serving stacks (TensorRT-LLM, AMD's tuned vLLM): the geometric
-    # mean of measured over predicted best per-GPU throughput of the Offline results on the
-    # GPUs this fit may see. GPU-independent, so it moves every part alike.
-    offline = [m for m in measurements()["mlperf"] if m["scenario"] == "Offline" and m["part"] != exclude_gpu]
-    ratios = [m["tokens_per_s"] / m["accelerators"] / mlperf_best_tokens_per_gpu_s(m, f) for m in offline]
-    f = replace(f, mlperf_stack_factor=float(np.exp(np.mean(np.log(ratios)))))
     if exclude_gpu is not None:
         return f
     # Uncertainty of power on a part the fit has not seen (the AMD parts, H200): for each

@@ -362,7 +362,8 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         why = fits(job, g0.model, min(g.memory_gib for g in gs), problem.book)
         if why is not None:
             out.append(f"job {job.id}: {why} does not fit {g0.model}")
-        if not within_time_limit(job, g0.model, problem.book, snap.default_runtime_s):
+        if not within_time_limit(job, g0.model, problem.book, snap.default_runtime_s,
+                                 gang_power_limit_w(g.power_limit_w for g in gs)):
             out.append(f"job {job.id}: runs longer than its time limit on {g0.model}")
         release = max(snap.now, job.submitted_at)
         if a.start_at < release - timedelta(seconds=1):

@@ -437,7 +437,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         reasons = set()
         for kind in kinds.values():
             why = fits(job, kind.model, kind.memory_gib, book)
-            if why is None and not within_time_limit(job, kind.model, book, snapshot.default_runtime_s):
+            if why is None and not within_time_limit(job, kind.model, book, snapshot.default_runtime_s,
+                                                     kind.power_limit_w):
                 why = "time limit"
             if why is not None:
                 reasons.add(why)

@@ -25,8 +25,11 @@ FLEET_GPUS = ("MI300X", "MI325X", "MI355X", "A100", "H100", "H200", "B200")
 NOMINAL = "nominal"
 SOURCE_KINDS = {
     "measured": "this operating point is in the public measurements (ML.ENERGY)",
+    "corrected": "the roofline fit x this GPU model's measured correction (ML.ENERGY rows, smooth in batch)",
     "fitted": "the roofline fit, on a GPU model the fit was measured on",
     "roofline": "the roofline fit, on a GPU model never measured",
+    "roofline+correction": "the roofline fit x the measured correction of a GPU model it dominates",
+    "fitted+correction": "the roofline fit x the measured correction of a GPU model it dominates",
     "power-model": "power from the model fitted on the measured GPUs; +-: its error on a GPU it had not seen",
     NOMINAL: f"no sourced figure: training at a nominal MFU of {perf_model.NOMINAL_TRAIN_MFU:g}",
 }
@@ -89,6 +92,12 @@ def workload_info(w: Workload) -> dict:
             "mean_output_tokens": w.mean_output_tokens, "note": w.note}
 
 
+def stack_text(gpu: str) -> str:
+    """The serving-stack factor a GPU model's predictions run at, e.g. "ROCm/vLLM stack factor
+    0.68 +- 0.09, from 15 MLPerf results (...)"."""
+    return perf_model.stack_of(gpu).label() if gpu in perf_model.parts() else ""
+
+
 def source_kind(p: Prediction) -> str:
     """One word for where a prediction's throughput comes from: measured, fitted, roofline, nominal."""
     return p.sources.get("throughput", NOMINAL)
@@ -119,7 +128,10 @@ def model_figures(w: Workload, gpu: str, slo: Slo = Slo()) -> dict:
                 "memory_available_gib": smallest.memory_available_gib,
                 "why": f"needs {smallest.memory_needed_gib:.0f} GiB per GPU even at TP 8, batch 1"}
     out = {"gpu": gpu, "fits": True, "point": asdict(best.point), **{k: getattr(best, k) for k in keys},
-           "source": source_kind(best), "sources": dict(best.sources), "nominal": is_nominal(w), "why": None}
+           "source": source_kind(best), "sources": dict(best.sources), "nominal": is_nominal(w), "why": None,
+           "stack": best.stack.label() if best.stack is not None else None,
+           "stack_factor": best.stack.factor if best.stack is not None else None,
+           "speed_correction": best.speed_correction}
     if is_nominal(w):  # a training step has no first token and no per-token latency
         out.update(ttft_p50_ms=None, ttft_p95_ms=None, tpot_p50_ms=None, tpot_p95_ms=None, latency_p95_ms=None)
     return out
@@ -171,7 +183,16 @@ def workload_view(name: str, learned: list[dict] | None, *, gpus: tuple[str, ...
         entries.append(entry)
     return {"workload": workload_info(w) if w is not None else {"name": name, "kind": None, "nominal": False},
             "gpus": entries, "slo": asdict(slo), "slo_text": slo.text() or None, "learned_available": learned is not None,
-            "learned_note": learned_note, "source_kinds": SOURCE_KINDS}
+            "learned_note": learned_note, "source_kinds": SOURCE_KINDS, "stacks": _stacks(gpus)}
+
+
+def _stacks(gpus) -> dict[str, list[str]]:
+    """Stack factor label -> the GPU models shown that run at it."""
+    out: dict[str, list[str]] = {}
+    for g in gpus:
+        if g in perf_model.parts():
+            out.setdefault(stack_text(g), []).append(g)
+    return out
 
 
 def summary_view(learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GPUS,
@@ -197,7 +218,7 @@ def summary_view(learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GP
         out.append({"workload": {"name": name, "kind": None, "nominal": False}, "gpus": [],
                     "learned_runs": runs[name]})
     return {"workloads": out, "slo": asdict(slo), "slo_text": slo.text() or None, "learned_available": learned is not None,
-            "learned_note": learned_note, "source_kinds": SOURCE_KINDS}
+            "learned_note": learned_note, "source_kinds": SOURCE_KINDS, "stacks": _stacks(gpus)}
 
 
 def frontier_curve(w: Workload, gpu: str) -> list[tuple[float, float]]:

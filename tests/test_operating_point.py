@@ -255,7 +255,7 @@ def test_plan_rows_and_the_plan_table_show_the_point_and_why():
 
 
 def test_a_run_exactly_as_predicted_at_its_own_point_teaches_nothing():
-    """Learning compares runs with the seed (70B on H100: 2 GPUs at batch 64), but a job on 4
+    """Learning compares runs with the seed (70B on H100: 2 GPUs), but a job on 4
     GPUs ran at TP4 and batch 512, faster per GPU. Restated at the seed's point, a run that
     went exactly as predicted leaves the profile at its seed; one 20 % slower, 20 % slower."""
     from policies.energy import seed_equivalent_run
@@ -264,7 +264,7 @@ def test_a_run_exactly_as_predicted_at_its_own_point_teaches_nothing():
     j = job("llm-chat-70b", gpus=4)
     c = job_choice("llm-chat-70b", "H100", 4, None, None, None)
     seed = next(p for p in seed_profiles() if (p.workload, p.model) == ("llm-chat-70b", "H100"))
-    assert c.prompts_per_s / 4 > 1.5 * seed.prompts_per_s  # the two points differ a lot
+    assert c.prompts_per_s / 4 > 1.1 * seed.prompts_per_s  # the two points differ
     exact = Run(c.prompts_per_s / 4, c.power_w / 4)
     for point in (None, c.point):
         same = seed_equivalent_run(j, "H100", exact, point)

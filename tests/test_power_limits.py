@@ -1,6 +1,8 @@
 """Power limits (issue 17): read from the driver, stored per GPU, shown, and obeyed by the
 energy model: a GPU capped at 500 W is never estimated above 500 W, whatever its profile or
-TDP say, and an unknown part is planned from the limit its driver reports."""
+TDP say, and runs as much longer (the same energy: the performance model's rule at the TDP,
+issue 27), so deadline and time-limit checks see the stretched runtime; an unknown part is
+planned from the limit its driver reports."""
 
 from __future__ import annotations
 
@@ -33,7 +35,42 @@ def test_job_shape_never_draws_more_than_the_power_limit():
         capped = job_shape(job, "H100", book, 3600.0, power_limit_w=500.0)
         assert free.power_w > 500.0 * job.gpus  # the uncapped estimate would exceed the cap
         assert capped.power_w == pytest.approx(500.0 * job.gpus)
-        assert capped.runtime_s == free.runtime_s
+        # the cap stretches runtime by uncapped / capped power: the same joules, later
+        assert capped.runtime_s == pytest.approx(free.runtime_s * free.power_w / capped.power_w, rel=1e-9)
+        assert capped.energy_j == pytest.approx(free.energy_j, rel=1e-9)
+        assert capped.runtime_s > free.runtime_s
+
+
+def test_a_power_cap_does_not_make_the_same_work_cheaper():
+    """The issue's example: an H100 capped at 350 W looked 39 % cheaper for the same work."""
+    book = ProfileBook(seed_profiles())
+    job = QueuedJob(id=9, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", prompts=10_000)
+    free = job_shape(job, "H100", book, 3600.0)
+    capped = job_shape(job, "H100", book, 3600.0, power_limit_w=350.0)
+    assert capped.energy_j == pytest.approx(free.energy_j, rel=1e-9)
+    assert capped.runtime_s == pytest.approx(free.runtime_s * free.power_w / 350.0, rel=1e-9)
+
+
+def test_time_limit_checks_use_the_stretched_runtime_on_a_capped_gpu():
+    from policies.energy import within_time_limit
+
+    book = ProfileBook(seed_profiles())
+    probe = QueuedJob(id=7, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", prompts=20_000)
+    free_s = job_shape(probe, "H100", book, 3600.0).runtime_s
+    capped_s = job_shape(probe, "H100", book, 3600.0, power_limit_w=350.0).runtime_s
+    assert capped_s > 1.3 * free_s
+    job = QueuedJob(id=7, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", prompts=20_000,
+                    time_limit_s=(free_s + capped_s) / 2)
+    assert within_time_limit(job, "H100", book, 3600.0)
+    assert not within_time_limit(job, "H100", book, 3600.0, power_limit_w=350.0)
+    arrays = shape_arrays([job], ["H100", "H100"], book, 3600.0, [None, 350.0])
+    assert arrays.runtime_s[0, 1] == job_shape(job, "H100", book, 3600.0, 350.0).runtime_s
+    for policy in ("fifo", "greedy"):  # the planners refuse the capped GPUs for it, take the free ones
+        curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
+        gpus = (GpuSlot(id=1, node="capped", zone="Z", index=0, model="H100", memory_gib=80, power_limit_w=350.0),
+                GpuSlot(id=2, node="free", zone="Z", index=0, model="H100", memory_gib=80))
+        plan = get_policy(policy).plan(Snapshot(now=NOW, jobs=(job,), gpus=gpus, carbon={"Z": curve}))
+        assert [a.gpu_ids for a in plan.assignments] == [(2,)], policy
 
 
 def test_shape_arrays_apply_the_same_cap_as_job_shape():
@@ -64,7 +101,10 @@ def test_plans_on_capped_gpus_estimate_at_most_the_cap(policy):
         uncapped, _ = estimates[None][job_id]
         assert est.energy_j / est.runtime_s <= 500.0 * k + 1e-6, (policy, job_id)
         assert uncapped.energy_j / uncapped.runtime_s > 500.0 * k  # the cap changed the estimate
-        assert est.gco2 < uncapped.gco2
+        # ... by stretching the runtime, not by making the work cheaper (a flat curve: same grams)
+        assert est.runtime_s > uncapped.runtime_s
+        assert est.energy_j == pytest.approx(uncapped.energy_j, rel=1e-6)
+        assert est.gco2 == pytest.approx(uncapped.gco2, rel=1e-6)
 
 
 def test_gpus_with_different_caps_are_estimated_each_at_its_own():

@@ -215,8 +215,9 @@ def workload_text(view: dict) -> str:
                       | {e["sources"]["power"] for e in view["gpus"] if e.get("sources", {}).get("power")})
         lines.append("")
         lines += [f"  {k}: {view['source_kinds'][k]}" for k in used if k in view["source_kinds"]]
-        lines.append("  MEM GIB: needed/usable per GPU (weights/TP + KV cache of every sequence's context; "
-                     "usable: 90 % of the memory)")
+        lines.append("  MEM GIB: needed/usable per GPU (weights/TP + KV cache of every sequence at its mean "
+                     "context, input + output/2; usable: 90 % of the memory)")
+        lines += _stack_lines(view)
 
     lines += ["", "seed vs learned here (per GPU" + ("; the seeds are NOMINAL: no sourced figure)" if w.get("nominal")
                                                   else ")")]
@@ -241,6 +242,15 @@ def workload_text(view: dict) -> str:
     return "\n".join(lines)
 
 
+def _stack_lines(view: dict) -> list[str]:
+    """The serving-stack factor each GPU model's figures run at (fitted on MLPerf results)."""
+    stacks = view.get("stacks") or {}
+    if not stacks:
+        return []
+    return ["  serving stack (divides the software-set step terms, not HBM streaming):"] + \
+        [f"    {', '.join(gpus)}: {label}" for label, gpus in stacks.items()]
+
+
 def _pair(seed: dict | None, learned: dict, key: str, fmt: str) -> str:
     return f"{_num(seed.get(key) if seed else None, fmt)} > {_num(learned.get(key), fmt)}"
 
@@ -249,7 +259,8 @@ def summary_text(view: dict) -> str:
     """`profiles` for people: J/prompt per preset and GPU model, with the runs learned here."""
     from scheduler.text_table import table
 
-    letters = {"measured": "m", "fitted": "f", "roofline": "r", "nominal": "n"}
+    letters = {"measured": "m", "corrected": "m", "fitted": "f", "roofline": "r", "nominal": "n",
+               "roofline+correction": "r+", "fitted+correction": "f+"}
     gpus = [g["gpu"] for g in view["workloads"][0]["gpus"]] if view["workloads"] else []
     rows = []
     for item in view["workloads"]:
@@ -271,9 +282,11 @@ def summary_text(view: dict) -> str:
              + (f" meeting {view['slo_text']}" if view["slo_text"] else "")
              + " (carbonsched profiles --workload W for the point and every figure)", "",
              table(["WORKLOAD", *gpus, "LEARNED RUNS"], rows), "",
-             "  m measured, f fitted, r roofline (the fit on a GPU never measured), n nominal "
+             "  m measured (the fit x this GPU's measured correction), f fitted, r roofline (the fit on a GPU "
+             "never measured), + with the measured correction of a GPU it dominates, n nominal "
              "(no sourced figure: training at a nominal MFU); - no operating point fits"
              + (" or meets the limits" if view["slo_text"] else "")]
+    lines += _stack_lines(view)
     lines += _learned_lines(view)
     return "\n".join(lines)
 
