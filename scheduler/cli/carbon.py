@@ -113,7 +113,10 @@ def _open(args, config, *, create: bool):
     from scheduler.store import SchemaError, Store
 
     if not create and _is_missing_sqlite(args, config):
-        return None
+        from scheduler.cli.common import missing_sqlite_path
+
+        raise CliError(f"no database at {missing_sqlite_path(db_url(args, config))} "
+                       "(import a trace first: carbonsched carbon import FILE --zone Z, or give --db URL)")
     try:
         store = Store(db_url(args, config))
     except (SQLAlchemyError, ImportError, ValueError) as e:

@@ -26,9 +26,76 @@ from scheduler.settings import env_help
 
 # -- argument parsing --------------------------------------------------------------------
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr, exit 2 (the README's
+    promise): `carbonsched: submit: argument --gpus: invalid int value: 'abc' (carbonsched
+    submit --help)`, instead of argparse's usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        words = self.prog.split()[1:]  # "carbonsched submit" -> ["submit"]
+        where = f"{' '.join(words)}: " if words else ""
+        hint = f"{self.prog} --help" if words else "usage: carbonsched [--socket PATH] [--config FILE] VERB ...; " \
+                                                   "carbonsched --help lists the verbs"
+        print(f"carbonsched: {where}{message} ({hint})", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+GLOBAL_OPTIONS = ("--socket", "--config")
+
+
+def _global_options_after_verbs(parser: argparse.ArgumentParser) -> None:
+    """Let the global --socket and --config follow any verb too (`carbonsched queue --socket
+    X`, `config check --config X`): each sub-parser that has no option of that name gets one
+    whose default is SUPPRESS, so given after the verb it sets the same attribute and left
+    out it does not reset the value given before the verb."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in set(action.choices.values()):
+            have = {o for a in sub._actions for o in a.option_strings}
+            if "--socket" not in have:
+                sub.add_argument("--socket", default=argparse.SUPPRESS,
+                                 help=env_help("daemon API socket (also before the verb)", "CARBONSCHED_SOCKET"))
+            if "--config" not in have:
+                sub.add_argument("--config", default=argparse.SUPPRESS,
+                                 help=env_help("TOML config file (also before the verb)", "CARBONSCHED_CONFIG"))
+            _global_options_after_verbs(sub)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("carbonsched")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _latency_ms(text: str) -> float:
+    """argparse type of a latency limit: a duration (2s, 40ms) or a bare number of ms."""
+    try:
+        value = _milliseconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive duration (got {text!r})")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more (got {text!r})")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="carbonsched",
-                                description="Energy- and carbon-aware batch scheduler for GPU clusters.")
+    p = OneLineParser(prog="carbonsched",
+                      description="Energy- and carbon-aware batch scheduler for GPU clusters.")
+    p.add_argument("--version", action="version", version=f"carbonsched {_version()}")
     p.add_argument("--socket", help=env_help("daemon API socket", "CARBONSCHED_SOCKET"))
     p.add_argument("--config", help=env_help("TOML config file (default /etc/carbonsched/config.toml)",
                                               "CARBONSCHED_CONFIG"))
@@ -59,14 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     cfs.add_argument("--json", action="store_true")
 
     s = sub.add_parser("submit", help="queue a job: carbonsched submit [options] -- CMD [ARG...]")
-    s.add_argument("--gpus", type=int, default=1, help="GPUs on one node (default 1)")
+    s.add_argument("--gpus", type=_positive_int, default=1, help="GPUs on one node (default 1)")
     s.add_argument("--gpu-mem", metavar="GIB", type=float, default=0.0, help="GPU memory needed per GPU, in GiB, matched against each GPU's "
                    "nominal capacity (the data sheet's: 80 fits an H100 80GB, whose driver "
                    "reports 79.6 GiB)")
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")
-    s.add_argument("--latency-slo", metavar="MS", type=float,
-                   help="p95 per-prompt latency limit, ms: time to first token plus the decode time of a "
-                        "p95-long output")
+    s.add_argument("--latency-slo", metavar="DUR", type=_latency_ms,
+                   help="p95 per-prompt latency limit, e.g. 2s (a bare number: ms): time to first token plus "
+                        "the decode time of a p95-long output")
     s.add_argument("--ttft-slo", metavar="DUR", help="p95 time-to-first-token limit, e.g. 2s (a bare number: ms)")
     s.add_argument("--tpot-slo", metavar="DUR", help="p95 time-per-output-token limit, e.g. 40ms (a bare number: "
                                                      "ms); a preset's default applies where none is given")
@@ -121,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     report.add_parser(sub)
     profiles.add_parser(sub)
+    _global_options_after_verbs(p)
     return p
 
 
@@ -328,9 +396,13 @@ def cmd_submit(args, config) -> int:
             body["max_delay_s"] = parse_duration(args.max_delay)
         if args.deadline:
             body["deadline"] = iso(parse_time(args.deadline, datetime.now(timezone.utc)))
-        for key, value in (("ttft_slo_ms", args.ttft_slo), ("tpot_slo_ms", args.tpot_slo)):
+        for key, value, flag in (("ttft_slo_ms", args.ttft_slo, "--ttft-slo"),
+                                 ("tpot_slo_ms", args.tpot_slo, "--tpot-slo")):
             if value is not None:
-                body[key] = _milliseconds(value)
+                try:
+                    body[key] = _milliseconds(value)
+                except ValueError as e:
+                    raise ValueError(f"{flag}: {e}") from None
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     for key, value in (("latency_slo_ms", args.latency_slo), ("workload", args.workload),
@@ -359,10 +431,11 @@ def _milliseconds(text: str) -> float:
     """A latency limit in ms: a duration (40ms, 2s) or a bare number of milliseconds."""
     from scheduler.timeparse import parse_duration
 
-    try:
+    import re
+
+    if re.fullmatch(r"\s*\d+(\.\d+)?\s*", text):
         return float(text)
-    except ValueError:
-        return parse_duration(text) * 1000.0
+    return parse_duration(text) * 1000.0
 
 
 def cmd_queue(args, config) -> int:
@@ -437,9 +510,13 @@ def cmd_db(args, config) -> int:
     import logging
 
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    from scheduler.cli.common import open_existing_store
     from scheduler.store import Store
 
-    store = Store(db_url(args, config))
+    url = db_url(args, config)
+    # `check` only reads: a missing SQLite file is "no database at PATH", never created
+    store = Store(url) if args.action == "upgrade" else open_existing_store(
+        url, require_current=False, hint=f"create it: carbonsched db upgrade --db {url}")
     try:
         if args.action == "upgrade":
             before = store.schema_revision()

@@ -75,10 +75,9 @@ class _Site:
 def _direct(args, config: dict):
     """An Accountant over the store named by --db, configured like the daemon."""
     from scheduler.accounting import Accountant, AccountingConfig
-    from scheduler.store import Store
+    from scheduler.cli.common import open_existing_store
 
-    store = Store(args.db)
-    store.require_current(f"carbonsched db upgrade --db {args.db}")
+    store = open_existing_store(args.db)
     return store, Accountant(store, site=_Site(config), carbon_config=config,
                              config=AccountingConfig.from_config(config))
 

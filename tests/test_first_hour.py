@@ -1,0 +1,156 @@
+"""What a new user and operator meet in their first hour (issue 28), run as real `carbonsched`
+subprocesses without a daemon: usage mistakes are one line, global options work after the
+verb, read-only verbs never create a database, durations are taken everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli_env(tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARBONSCHED_")}
+    env.update(XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="80", PYTHONPATH=str(ROOT))
+    return env
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scheduler", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("carbonsched: "), lines[0]
+    return lines[0]
+
+
+# -- 6: every usage mistake is one line, argparse's own included ------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["submit", "--est-runtime", "-3h", "--", "true"],
+    ["submit", "--gpus", "abc", "--", "true"],
+    ["submit", "--gpus", "0", "--", "true"],
+    ["submit", "--latency-slo", "fast", "--", "true"],
+    ["cancel", "abc"],
+    ["show", "abc"],
+    ["report", "--by", "gpu"],
+    ["export", "--format", "xml"],
+    ["carbon", "show"],
+    ["nosuchverb"],
+    [],
+], ids=lambda a: " ".join(a) or "no verb")
+def test_argparse_mistakes_are_one_line_naming_the_verb_and_exit_2(cli_env, args):
+    proc = run(cli_env, *args)
+    assert proc.returncode == 2, proc.stderr
+    line = one_line_error(proc)
+    assert "--help" in line  # says where to read more
+    if args and args[0] in ("submit", "cancel", "show", "report", "export", "carbon"):
+        assert line.startswith(f"carbonsched: {args[0]}")
+    assert proc.stdout == ""
+
+
+def test_version_prints_the_installed_version(cli_env):
+    proc = run(cli_env, "--version")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("carbonsched ") and len(proc.stdout.split()) >= 2
+
+
+# -- 4: global options work after the verb too ---------------------------------------------
+
+@pytest.mark.parametrize("args", [["queue"], ["nodes"], ["show", "1"], ["cancel", "1"], ["plan"],
+                                  ["logs", "1"], ["report"], ["carbon", "zones"]],
+                         ids=lambda a: " ".join(a))
+def test_the_socket_option_after_the_verb_is_the_socket_used(cli_env, tmp_path, args):
+    sock = tmp_path / "after-the-verb.sock"
+    cli_env["CARBONSCHED_SOCKET"] = str(tmp_path / "from-env.sock")
+    proc = run(cli_env, *args, "--socket", str(sock))
+    if args == ["carbon", "zones"]:  # reads the store, not the daemon: the option is accepted
+        assert "unrecognized" not in proc.stderr
+        return
+    assert proc.returncode == 3, proc.stderr
+    assert str(sock) in one_line_error(proc)
+
+
+def test_the_config_option_after_the_verb_is_the_config_read(cli_env, tmp_path):
+    config = tmp_path / "mine.toml"
+    config.write_text('plan_interval = "-5s"\n')
+    proc = run(cli_env, "config", "check", "--config", str(config))
+    assert proc.returncode == 2, proc.stderr
+    assert "plan_interval" in proc.stderr
+    proc = run(cli_env, "config", "show", "--config", str(tmp_path / "missing.toml"))
+    assert proc.returncode == 1 and "missing.toml not found" in one_line_error(proc)
+
+
+def test_an_option_before_the_verb_is_kept_when_the_verb_does_not_repeat_it(cli_env, tmp_path):
+    sock = tmp_path / "before.sock"
+    proc = run(cli_env, "--socket", str(sock), "queue")
+    assert proc.returncode == 3 and str(sock) in one_line_error(proc)
+
+
+# -- 5: read-only verbs never create a database or a directory ------------------------------
+
+@pytest.mark.parametrize("verb", [["db", "check"], ["report"], ["export"], ["simulate", "--from-store"],
+                                  ["carbon", "zones"], ["carbon", "show", "--zone", "DE"]],
+                         ids=lambda a: " ".join(a))
+def test_a_read_only_verb_on_a_missing_sqlite_file_says_no_database_and_writes_nothing(cli_env, tmp_path,
+                                                                                       verb):
+    db = tmp_path / "new-dir" / "cs.db"
+    args = [*verb, "--db", f"sqlite:///{db}"] if verb[0] in ("db", "report", "export", "simulate") else verb
+    if verb[0] == "carbon":
+        cli_env["CARBONSCHED_DB"] = f"sqlite:///{db}"
+    proc = run(cli_env, *args)
+    assert proc.returncode == 1, proc.stderr
+    line = one_line_error(proc)
+    assert f"no database at {db}" in line
+    assert not db.parent.exists()
+
+
+def test_db_check_in_a_new_state_dir_creates_neither_the_directory_nor_a_database(cli_env, tmp_path):
+    state = tmp_path / "brand-new-state"
+    proc = run(cli_env, "db", "check", "--state-dir", str(state))
+    assert proc.returncode == 1
+    assert "no database at" in one_line_error(proc)
+    assert not state.exists()
+
+
+def test_db_upgrade_still_creates_the_database(cli_env, tmp_path):
+    db = tmp_path / "new" / "cs.db"
+    assert run(cli_env, "db", "upgrade", "--db", f"sqlite:///{db}").returncode == 0
+    assert db.exists()
+    proc = run(cli_env, "db", "check", "--db", f"sqlite:///{db}")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_bad_database_url_is_one_line_not_an_unexpected_error(cli_env):
+    proc = run(cli_env, "report", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none")
+    assert proc.returncode == 1
+    line = one_line_error(proc)
+    assert "unexpected error" not in line and "the database postgresql" in line
+
+
+# -- 9: durations everywhere -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "ms"), [("2s", 2000.0), ("1500", 1500.0), ("250ms", 250.0)])
+def test_submit_latency_slo_takes_a_duration_or_bare_milliseconds(value, ms):
+    from scheduler.cli.main import build_parser
+
+    args = build_parser().parse_args(["submit", "--latency-slo", value, "--", "true"])
+    assert args.latency_slo == ms
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-2s", "0"])
+def test_submit_latency_slo_refuses_what_is_no_positive_duration(cli_env, value):
+    proc = run(cli_env, "submit", f"--latency-slo={value}", "--", "true")
+    assert proc.returncode == 2
+    assert "--latency-slo" in one_line_error(proc)
