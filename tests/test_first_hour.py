@@ -154,3 +154,38 @@ def test_submit_latency_slo_refuses_what_is_no_positive_duration(cli_env, value)
     proc = run(cli_env, "submit", f"--latency-slo={value}", "--", "true")
     assert proc.returncode == 2
     assert "--latency-slo" in one_line_error(proc)
+
+
+# -- 1: the zone is a real choice ----------------------------------------------------------
+
+@pytest.mark.parametrize("zone", ["not a zone!", "DE;rm", "-x", "a" * 65])
+def test_a_malformed_zone_id_is_a_configuration_error(cli_env, zone):
+    cli_env["CARBONSCHED_ZONE"] = zone
+    proc = run(cli_env, "config", "check")
+    assert proc.returncode == 2
+    assert "zone" in proc.stderr and "is not a zone id" in proc.stderr
+
+
+def test_config_check_warns_that_the_default_zone_has_no_carbon_data_and_names_the_known_zones(cli_env):
+    proc = run(cli_env, "config", "check")
+    assert proc.returncode == 0
+    assert "1 warning(s)" in proc.stdout
+    warning = one_line_error(proc)
+    assert "warning: the default zone 'local' has no carbon data" in warning
+    assert "DE" in warning and "US-CAL-CISO" in warning and "carbonsched carbon import" in warning
+
+
+@pytest.mark.parametrize("zone", ["DE", "US-CAL-CISO"])
+def test_config_check_is_quiet_for_a_zone_with_a_yearly_mean(cli_env, zone):
+    cli_env["CARBONSCHED_ZONE"] = zone
+    proc = run(cli_env, "config", "check")
+    assert proc.returncode == 0 and proc.stderr == "" and "warning" not in proc.stdout
+
+
+def test_a_zone_of_ones_own_is_fine_once_it_has_a_static_value_or_a_provider():
+    from scheduler.zone_check import zone_without_data
+
+    assert zone_without_data("site-a", {}) is not None
+    assert zone_without_data("site-a", {"carbon": {"static": {"site-a": 300.0}}}) is None
+    assert zone_without_data("site-a", {"carbon": {"zones": {"site-a": {"provider": "csv"}}}}) is None
+    assert zone_without_data("site-a", {}, zones_with_data={"site-a"}) is None

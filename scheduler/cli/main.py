@@ -372,8 +372,20 @@ def cmd_config(args, config) -> int:
         for x in errors:
             print(f"carbonsched: {x}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"config OK: {path or 'no config file; defaults and environment'} ({', '.join(scopes)})")
+    warnings = _zone_warnings(args, config, scopes, path)
+    for w in warnings:
+        print(f"carbonsched: warning: {w}", file=sys.stderr)
+    print(f"config OK: {path or 'no config file; defaults and environment'} ({', '.join(scopes)})"
+          + (f", {len(warnings)} warning(s)" if warnings else ""))
     return EXIT_OK
+
+
+def _zone_warnings(args, config, scopes: list[str], path: str | None) -> list[str]:
+    """What `config check` warns about: a zone nothing can price (the default `local`)."""
+    from scheduler.zone_check import zone_without_data
+
+    zones = {settings.resolve(scope, args, config, config_path=path)["zone"] for scope in scopes}
+    return [w for w in (zone_without_data(z, config) for z in sorted(zones)) if w]
 
 
 def cmd_submit(args, config) -> int:

@@ -103,8 +103,23 @@ def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
 
 # -- report -----------------------------------------------------------------------------------
 
+def _check_plot_path(path: str) -> None:
+    """Refuse a plot path that cannot be written before anything is printed (issue 28)."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError(f"--plot {path}: no directory {folder}", EXIT_USAGE)
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"--plot {path}: cannot write into {folder}", EXIT_USAGE)
+    if not path.lower().endswith((".png", ".svg", ".pdf")):
+        raise CliError(f"--plot {path}: give a .png, .svg or .pdf file", EXIT_USAGE)
+
+
 def cmd_report(args, config: dict) -> int:
     fmt = "json" if args.json else args.fmt
+    if args.plot:
+        _check_plot_path(args.plot)
     data = _fetch(args, config, "report", args.by)
     if fmt == "json":
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
@@ -173,8 +188,10 @@ def report_table(data: dict) -> str:
                      + (sources["tokens_source"] or "-") + " (reported: by the jobs' metrics files; declared: "
                      "at submit)")
     if data["jobs_without_gco2"]:
-        lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
-                     "data for their run): left out of KGCO2 and savings")
+        why = "; ".join(f"{u['jobs']} in {u['zone'] or 'no zone'}: {u['why']}" for u in data.get("unpriced") or [])
+        lines.append(f"{data['jobs_without_gco2']} job(s) are unpriced, left out of KGCO2 and savings "
+                     f"('-': unknown, not zero)" + (f": {why}" if why else
+                                                    " (not measured, or no intensity data for their run)"))
     return "\n".join(lines)
 
 
@@ -197,7 +214,14 @@ def plot_daily(data: dict, path: str) -> None:
     days = [g for g in data["groups"] if g["group"] is not None]
     fig, ax = plt.subplots(figsize=(9, 4))
     x = list(range(len(days)))
-    ax.bar(x, [g["kgco2"] for g in days], color="#5b8c5a", label="kgCO2")
+    # an unpriced day is a gap, never a zero bar (issue 28)
+    ax.bar(x, [g["kgco2"] if g["kgco2"] is not None else float("nan") for g in days], color="#5b8c5a",
+           label="kgCO2")
+    ax.set_ylim(bottom=0)
+    if not any(g["kgco2"] is not None for g in days):
+        ax.text(0.5, 0.5, "no priced emissions in this period" + (
+            f" ({data['jobs_without_gco2']} unpriced job(s))" if data.get("jobs_without_gco2") else ""),
+            transform=ax.transAxes, ha="center", va="center")
     ax.set_ylabel("kgCO2 per day")
     ax.set_xticks(x, [g["group"] for g in days], rotation=45, ha="right", fontsize=8)
     ax2 = ax.twinx()
@@ -243,10 +267,16 @@ def cmd_export(args, config: dict) -> int:
     doc = _fetch(args, config, "export")
     text = json.dumps(doc, indent=2) + "\n" if args.fmt == "json" else export_csv(doc)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise CliError(f"--out {args.out}: {e.strerror}") from None
+        kg = doc["totals"]["emissions_kgco2e"]
+        unpriced = doc["totals"]["jobs_without_emissions"]
         print(f"wrote {args.out}: {len(doc['systems'])} system(s), {doc['totals']['it_energy_kwh']:.3f} kWh, "
-              f"{doc['totals']['emissions_kgco2e']:.3f} kgCO2e", file=sys.stderr)
+              + ("emissions unknown" if kg is None else f"{kg:.3f} kgCO2e")
+              + (f" ({unpriced} job(s) unpriced)" if unpriced else ""), file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -284,7 +314,9 @@ def receipt_text(r: dict) -> str:
     lines = [
         ("energy", f"{energy} ({m['description']})"),
         ("gCO2", _g(r["gco2"]) + (f" = energy x {intensity} x PUE {r['pue']:g}" if r["gco2"] is not None else
-                                   " (no intensity data for the run yet)" if r["energy_j"] is not None else "")),
+                                   f" (unknown, not zero: no intensity data for zone {r['zone'] or '-'} over the "
+                                   "run yet; `carbonsched carbon zones` lists the zones with data)"
+                                   if r["energy_j"] is not None else "")),
         ("signal", f"{r['signal'] or '-'} intensity of {r['zone'] or '-'}"
                    + (f" from {', '.join(r['intensity_sources'])}" if r["intensity_sources"] else "")
                    + (f"; basis {basis}" if basis else "")
