@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     for verb, what in (("drain", "close GPUs to new jobs (running jobs finish); root/admins"),
                        ("resume", "open drained GPUs to new jobs again; root/admins")):
         dr = sub.add_parser(verb, help=what)
-        dr.add_argument("target", help="a node name (all its GPUs), NODE:INDEX, or a GPU UUID")
+        dr.add_argument("target", help="a node name (all its GPUs), NODE:VENDOR:INDEX as `nodes` prints a GPU "
+                                       "(e.g. vm:amd:1), NODE:INDEX where the node has one vendor, or a GPU UUID")
         if verb == "drain":
             dr.add_argument("--reason", help="why (logged with your uid)")
         dr.add_argument("--json", action="store_true")
@@ -339,7 +340,7 @@ def cmd_drain(args, config) -> int:
     if args.json:
         _print_json(result)
     else:
-        gpus = ", ".join(f"{g['node']}:{g['index']}" + (f" (job {g['running_job']} finishes first)"
+        gpus = ", ".join(g.get("name", f"{g['node']}:{g['index']}") + (f" (job {g['running_job']} finishes first)"
                                                          if g["running_job"] and result["drained"] else "")
                          for g in result["gpus"])
         print(f"{'drained' if result['drained'] else 'resumed'} {len(result['gpus'])} GPU(s): {gpus}")

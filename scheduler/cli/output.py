@@ -176,20 +176,41 @@ def nodes_table(nodes: list[dict]) -> str:
     if not nodes:
         return "no nodes registered"
     rows = []
+    reasons = False
     for n in nodes:
-        status = "up" if n["up"] else "DOWN"
         tag = " (emulated)" if n.get("emulated") else ""
         for g in n["gpus"]:
             job = str(g["job"]) if g["job"] is not None else ("busy" if g.get("busy") else "-")
             util = g.get("utilization_pct")
             limit = g.get("power_limit_w")
+            # like `sinfo -R`: a drained GPU says so, with who drained it, when and why
+            if not n["up"]:
+                status, reason = "DOWN", "no heartbeat"
+            elif g.get("drained"):
+                status = "DRAINING" if g.get("busy") else "DRAINED"
+                reason = " ".join(x for x in (g.get("drain_reason") or "", _drained_by(g)) if x)
+            else:
+                status, reason = "up", "" if g["healthy"] else (g.get("unhealthy_reason") or "")
+            reasons = reasons or bool(reason)
             rows.append([n["name"] + tag, n["zone"], status, f"{g['vendor']}:{g['index']}", g["model"],
                          f"{g['memory_gib']:g}", "-" if g["power_w"] is None else f"{g['power_w']:.0f}",
                          "-" if limit is None else f"{limit:.0f}",
                          "-" if util is None else f"{util:.0f}%", _energy(g.get("energy_today_j")),
-                         "yes" if g["healthy"] else "NO", job])
-    return table(["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "LIMIT_W", "UTIL",
-                  "TODAY", "HEALTHY", "JOB"], rows)
+                         "yes" if g["healthy"] else "NO", job, reason or "-"])
+    headers = ["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "LIMIT_W", "UTIL",
+               "TODAY", "HEALTHY", "JOB", "REASON"]
+    if not reasons:
+        headers, rows = headers[:-1], [r[:-1] for r in rows]
+    return table(headers, rows)
+
+
+def _drained_by(g: dict) -> str:
+    who = g.get("drained_by")
+    at = g.get("drained_at")
+    if who is None and at is None:
+        return ""
+    return "(" + " ".join(x for x in ((f"uid {who}" if who is not None else ""),
+                                      (local_time(at, True) if at else "")) if x) + ")"
 
 
 def plan_table(plan: list[dict]) -> str:

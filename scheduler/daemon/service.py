@@ -357,10 +357,15 @@ class JobService:
                 select(jobs.c.id, jobs.c.owner_uid).where(jobs.c.state == State.RUNNING.value))}
         out = []
         for n in node_rows:
+            node_gpus = [g for g in gpu_rows if g.node_name == n.name]
             up = n.last_heartbeat is not None and (now - n.last_heartbeat).total_seconds() <= self.config.node_timeout_s
             out.append({
                 "name": n.name, "zone": n.zone, "backend": n.backend, "emulated": n.emulated,
                 "up": up, "last_heartbeat": iso(n.last_heartbeat),
+                # DRAINED: every GPU drained (like `sinfo`'s drain); reasons per GPU below
+                "state": "DOWN" if not up else (
+                    "DRAINED" if node_gpus and all(g.drained for g in node_gpus) else
+                    "MIXED-DRAINED" if any(g.drained for g in node_gpus) else "UP"),
                 "gpus": [
                     {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
                      "vendor": g.vendor, "memory_gib": g.memory_gib,
@@ -371,6 +376,11 @@ class JobService:
                      "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
                      "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
                      "busy": g.job_id is not None, "drained": bool(g.drained),
+                     "drain_reason": g.drain_reason, "drained_at": iso(g.drained_at), "drained_by": g.drained_by,
+                     "name": f"{n.name}:{g.vendor}:{g.index}",
+                     "state": ("DOWN" if not up else "DRAINING" if g.drained and g.job_id is not None
+                               else "DRAINED" if g.drained else "UNHEALTHY" if not g.healthy
+                               else "BUSY" if g.job_id is not None else "IDLE"),
                      "job": g.job_id if g.job_id is not None and (admin or holders.get(g.job_id) == caller.uid) else None}
                     for g in gpu_rows if g.node_name == n.name],
             })
@@ -394,28 +404,34 @@ class JobService:
         reason = body.get("reason")
         if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
             raise RequestError(400, "reason must be text of at most 500 characters")
-        node, sep, index = target.rpartition(":")
-        if sep and index.isdigit():
-            where = (gpus.c.node_name == node) & (gpus.c.index == int(index))
-        else:
-            where = (gpus.c.node_name == target) | (gpus.c.uuid == target)
+        where = _gpu_target(target)
+        now = self._clock()
+        values = (dict(drained=True, drain_reason=reason, drained_at=now, drained_by=caller.uid) if drained
+                  else dict(drained=False, drain_reason=None, drained_at=None, drained_by=None))
 
         def tx(conn: Connection) -> list:
-            hit = list(conn.execute(select(gpus.c.id, gpus.c.node_name, gpus.c.index, gpus.c.job_id)
-                                    .where(where, gpus.c.index >= 0)))
+            hit = list(conn.execute(select(gpus.c.id, gpus.c.node_name, gpus.c.vendor, gpus.c.index, gpus.c.job_id)
+                                    .where(where, gpus.c.index >= 0).order_by(gpus.c.vendor, gpus.c.index)))
+            vendors = {h.vendor for h in hit}
+            if len(vendors) > 1 and target.count(":") == 1 and target.rpartition(":")[2].isdigit():
+                names = " and ".join(f"{h.node_name}:{h.vendor}:{h.index}" for h in hit)
+                raise RequestError(409, f"{target} is ambiguous on a mixed-vendor node: it names {names}; "
+                                        "give NODE:VENDOR:INDEX as `carbonsched nodes` prints it")
             if hit:
-                conn.execute(update(gpus).where(gpus.c.id.in_([h.id for h in hit])).values(drained=drained))
+                conn.execute(update(gpus).where(gpus.c.id.in_([h.id for h in hit])).values(**values))
             return hit
 
         hit = self.store.transact(tx)
         if not hit:
-            raise RequestError(404, f"no node or GPU {target!r} (give a node name, NODE:INDEX or a GPU UUID)")
+            raise RequestError(404, f"no node or GPU {target!r} (give a node name, NODE:VENDOR:INDEX as "
+                                    "`carbonsched nodes` prints it, NODE:INDEX or a GPU UUID)")
         log.warning("%s of %d GPU(s) (%s) by uid %s%s", verb, len(hit), target, caller.uid,
                     f": {reason}" if reason else "")
         self._inventory = None
         self._on_submit()  # re-plan now: jobs planned on drained GPUs move, resumed GPUs take work
         return {"target": target, "drained": drained, "reason": reason,
-                "gpus": [{"id": h.id, "node": h.node_name, "index": h.index, "running_job": h.job_id}
+                "gpus": [{"id": h.id, "node": h.node_name, "vendor": h.vendor, "index": h.index,
+                          "name": f"{h.node_name}:{h.vendor}:{h.index}", "running_job": h.job_id}
                          for h in hit]}
 
     # -- cancel -------------------------------------------------------------------------
@@ -452,6 +468,20 @@ class JobService:
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
         return {"ok": True, "jobs": counts, "time": iso(self._clock())}
+
+
+def _gpu_target(target: str):
+    """The GPUs a drain/resume target names: a node (all its GPUs), NODE:VENDOR:INDEX (as
+    `nodes` prints a GPU: node, then vendor:index), NODE:INDEX (every vendor's GPU of that
+    index, refused by the caller when that is more than one vendor) or a GPU UUID."""
+    parts = target.split(":")
+    if len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isalpha():
+        node = ":".join(parts[:-2])
+        return (gpus.c.node_name == node) & (gpus.c.vendor == parts[-2]) & (gpus.c.index == int(parts[-1]))
+    node, sep, index = target.rpartition(":")
+    if sep and index.isdigit():
+        return (gpus.c.node_name == node) & (gpus.c.index == int(index))
+    return (gpus.c.node_name == target) | (gpus.c.uuid == target)
 
 
 def _int(v: object, field: str) -> int:
