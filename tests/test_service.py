@@ -248,7 +248,7 @@ def test_out_of_range_numbers_and_bad_paths_are_rejected(service, calls):
 def test_a_workload_class_is_a_lower_case_identifier(service, calls):
     for workload in ("LLM-Inference", "llm inference", "", "-eval", "9b", "llm\n", "x" * 65, 7):
         assert_rejected(service, calls, body(workload=workload), 400, "bad workload class")
-    for workload in ("llm-inference", "finetune", "eval", "llm.inference_v2"):
+    for workload in ("llm-inference", "finetune", "eval", "custom:llm.inference_v2"):
         service.submit(ALICE, body(workload=workload))
 
 

@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workload", metavar="CLASS",
                    help="workload: a preset (llm-inference, llm-chat-8b, llm-chat-70b, llm-code, llm-reason, eval, "
                         "mlperf-llama2-70b; finetune, train: no latency model) or a model by size, "
-                        "llm:70b, llm:70b,fp8, llm:params=47,active=13,in=2048,out=512,precision=fp8")
+                        "llm:70b, llm:70b,fp8, llm:params=47,active=13,in=2048,out=512,precision=fp8; a class "
+                        "of your own without a model: custom:NAME (other names are refused, with suggestions)")
     s.add_argument("--prompts", type=int, help="number of prompts the job serves (for gCO2/prompt; "
                                                "the job may report the real count, see README)")
     s.add_argument("--tokens", type=int, help="output tokens the job generates (for gCO2 per 1k tokens)")

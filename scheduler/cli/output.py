@@ -107,7 +107,14 @@ def _slos(job: dict) -> str:
     given = [f"{name} p95 <= {job[key]:g} ms" for name, key in (("TTFT", "ttft_slo_ms"), ("TPOT", "tpot_slo_ms"),
                                                                 ("latency", "latency_slo_ms"))
              if job.get(key) is not None]
-    return ", ".join(given) or ("the workload's defaults" if job.get("workload") else "-")
+    workload = job.get("workload")
+    if given:
+        return ", ".join(given)
+    from policies.operating_point import has_latency_model
+
+    if workload and has_latency_model(workload):
+        return "the workload's defaults"
+    return "- (no latency model for this workload)" if workload else "-"
 
 
 def _point(job: dict) -> str:

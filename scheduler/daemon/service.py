@@ -6,6 +6,7 @@ in a request body can change who the caller is. A rejected request changes nothi
 
 from __future__ import annotations
 
+import difflib
 import functools
 import grp
 import logging
@@ -24,7 +25,7 @@ from policies.catalog import catalog
 from scheduler.job_view import gpu_map, job_select, jobs_json
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition, utcnow
 from scheduler.store import Store
-from scheduler.store.models import gpus, job_events, jobs, nodes
+from scheduler.store.models import gpus, job_events, jobs, nodes, workload_profiles
 from scheduler.timeparse import iso
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ def _submit_statement(columns: tuple[str, ...]):
 
 
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}\Z")
+CUSTOM_WORKLOAD_RE = re.compile(r"^custom:[a-z0-9][a-z0-9_.-]{0,55}\Z")  # a class of one's own, no model
 PARAMETRIC_WORKLOAD_RE = re.compile(r"^llm:[a-z0-9_.,=]{1,60}\Z")  # policies.operating_point.parse_spec
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
@@ -202,10 +204,14 @@ class JobService:
                 raise RequestError(400, f"{flag} must be between 0 and 3600000 ms (got {slos[key]:g})")
         workload = body.get("workload")
         if workload is not None and (not isinstance(workload, str) or not (
-                WORKLOAD_RE.match(workload) or PARAMETRIC_WORKLOAD_RE.match(workload))):
+                WORKLOAD_RE.match(workload) or PARAMETRIC_WORKLOAD_RE.match(workload)
+                or CUSTOM_WORKLOAD_RE.match(workload))):
             raise RequestError(400, f"bad workload class {workload!r}: use lower-case letters, digits "
-                                    "and . _ - (e.g. llm-inference, finetune, eval), or llm:SIZE (e.g. llm:70b)")
+                                    "and . _ - (e.g. llm-inference, finetune, eval), llm:SIZE (e.g. llm:70b) "
+                                    "or custom:NAME")
         _check_latency_model(workload, slos)
+        if workload is not None and WORKLOAD_RE.match(workload):
+            self._check_known_workload(workload)
         prompts = body.get("prompts")
         if prompts is not None:
             prompts = _int(prompts, "prompts")
@@ -257,6 +263,32 @@ class JobService:
                                      .where(gpus.c.healthy.is_(True))))
         self._inventory = (now, rows)
         return rows
+
+    def _learned_workloads(self) -> set[str]:
+        """Workload classes this cluster has learned profiles of (cached like the inventory)."""
+        now = time.monotonic()
+        cached = getattr(self, "_learned", None)
+        if cached is not None and now - cached[0] < INVENTORY_TTL_S:
+            return cached[1]
+        with self.store.read() as conn:
+            names = set(conn.execute(select(workload_profiles.c.workload).distinct()).scalars())
+        self._learned = (now, names)
+        return names
+
+    def _check_known_workload(self, workload: str) -> None:
+        """A plain workload name must be one the model or this cluster knows: a typo
+        (`llm-chat-7b`) would otherwise be planned as nothing in particular while `show`
+        promised the workload's defaults (issue 28). Own classes are `custom:NAME`."""
+        from policies.perf_model import preset_names
+
+        known = set(preset_names()) | self._learned_workloads()
+        if workload in known:
+            return
+        close = difflib.get_close_matches(workload, sorted(known), n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise RequestError(400, f"unknown workload {workload!r}: {hint}known: {', '.join(sorted(known))}; "
+                                f"or llm:SIZE (e.g. llm:70b), or custom:{workload} for a class of your own "
+                                "(planned without a performance model, learned from its runs)")
 
     def _check_fits(self, n_gpus: int, mem: float) -> None:
         """Reject what no GPU set could ever satisfy (known nodes, else the catalog)."""
