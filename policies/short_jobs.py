@@ -40,7 +40,7 @@ from policies.counterfactual import choose
 from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
                              seed_profiles, within_time_limit)
 from policies.margin import job_margin, latest_start_s
-from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, grams
 from policies.placement import Score
 
 
@@ -536,7 +536,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         if miss:  # which limit could not be kept
             binding = "max delay" if t > latest + 1e-6 else "deadline" if job.deadline else "capacity"
         when = "now" if t - t_now < 1 else f"at {start:%H:%M:%S}" if t - t_now < 86400 else f"at {start:%Y-%m-%d %H:%M}"
-        cost_txt = f"{cost:.2g} g" + (f" {price.note()}" if kind.zone in blind else "")
+        cost_txt = grams(cost) + (f" {price.note()}" if kind.zone in blind else "")
         why = f"{binding} cannot be met: as soon as possible" if miss else "short job packed between longer ones"
         placed.append(Assignment(
             job_id=job.id, node=node, gpu_ids=chosen, start_at=start,
@@ -547,6 +547,6 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                               time_limit_s=shape.runtime_s * job.time_limit_factor
                               if job.time_limit_factor else None),
             explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs "
-                         + (f"{now_cost:.2g} g {now_where}" if now_cost is not None else "no free GPU alone")
+                         + (f"{grams(now_cost)} {now_where}" if now_cost is not None else "no free GPU alone")
                          + f" ({why})")))
     return placed, unplaced

@@ -409,7 +409,9 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         "submitted_at": iso(submitted), "started_at": iso(started), "ended_at": iso(ended),
         "wait_s": _seconds_between(submitted, started), "runtime_s": _seconds_between(started, ended),
         "deadline": iso(deadline),
-        "deadline_met": None if deadline is None or ended is None else ended <= deadline,
+        # met: the work was done in time; a job that ended FAILED/TIMEOUT/... met nothing
+        "deadline_met": None if deadline is None or ended is None else (
+            ended <= deadline and job.get("state") == State.COMPLETED.value),
         "energy_j": energy_j, "energy_kwh": None if energy_j is None else energy_j / J_PER_KWH,
         "measurement": describe_measurement(job.get("energy_method"), job.get("energy_note")),
         "gco2": gco2,

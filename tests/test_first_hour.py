@@ -189,3 +189,54 @@ def test_a_zone_of_ones_own_is_fine_once_it_has_a_static_value_or_a_provider():
     assert zone_without_data("site-a", {"carbon": {"static": {"site-a": 300.0}}}) is None
     assert zone_without_data("site-a", {"carbon": {"zones": {"site-a": {"provider": "csv"}}}}) is None
     assert zone_without_data("site-a", {}, zones_with_data={"site-a"}) is None
+
+
+# -- 10: the smaller ones ------------------------------------------------------------------
+
+def _job(**kw) -> dict:
+    base = {"id": 1, "name": "j", "owner": "root", "state": "COMPLETED", "gpus": None, "gpus_requested": 1,
+            "submitted_at": None, "started_at": None, "planned_start": None, "ended_at": None, "exit_code": 0,
+            "energy_j": None, "gco2": None, "est_gco2": None}
+    return {**base, **kw}
+
+
+def test_the_energy_column_of_queue_has_one_unit():
+    from scheduler.cli.output import jobs_table
+
+    text = jobs_table([_job(id=1, energy_j=158.0), _job(id=2, energy_j=7200.0)])
+    cells = [line.split()[-3:-1] for line in text.splitlines()[1:]]
+    assert cells == [["0.04", "Wh"], ["2.00", "Wh"]]
+
+
+@pytest.mark.parametrize(("g", "text"), [(140.0, "140 g"), (1400.0, "1,400 g"), (3.25, "3.25 g"),
+                                         (0.0128, "0.01 g"), (0.00042, "0.00042 g")])
+def test_grams_in_explanations_never_use_exponents(g, text):
+    from policies.model import grams
+
+    assert grams(g) == text and "e+" not in grams(g) and "e-" not in grams(g)
+
+
+def test_a_failed_job_did_not_meet_its_deadline():
+    from scheduler.cli.report import receipt_text
+
+    receipt = {"measurement": {"description": "counter"}, "energy_j": None, "energy_kwh": None,
+               "intensity_g_per_kwh": None, "gco2": None, "signal": None, "zone": "DE", "intensity_sources": [],
+               "intensity_gaps": [], "gco2_per_prompt": None, "gco2_per_1k_tokens": None,
+               "counterfactual": {"gco2": None}, "saving_gco2": None, "gpus": 1, "gpu_model": "H100",
+               "node": "n", "wait_s": 1.0, "runtime_s": 1.0, "deadline": "2026-12-01T12:00:00Z",
+               "deadline_met": False, "state": "FAILED"}
+    line = next(x for x in receipt_text(receipt).splitlines() if "deadline:" in x)
+    assert "not met (the job ended FAILED)" in line and ": met" not in line
+
+
+def test_config_show_prints_the_paths_the_daemon_will_use_not_unset(cli_env, tmp_path):
+    cli_env["CARBONSCHED_STATE_DIR"] = str(tmp_path / "st")
+    proc = run(cli_env, "config", "show", "--json")
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    rows = {r["key"]: r for r in json.loads(proc.stdout)["settings"]}
+    assert rows["db"]["value"] == f"sqlite:///{tmp_path / 'st' / 'carbonsched.db'}"
+    assert rows["db"]["source"] == "derived"
+    assert rows["socket"]["value"].endswith("carbonsched.sock")
+    assert not (tmp_path / "st").exists()

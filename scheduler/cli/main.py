@@ -352,6 +352,7 @@ def cmd_config(args, config) -> int:
     path = config_path(args.config)
     if args.config_cmd == "show":
         r = resolve_settings(args, config, args.scope)
+        _fill_derived_paths(r, args.scope)
         rows = [{"key": k, "value": settings.BY_KEY[k].format(v) if not args.json else
                  (str(v) if isinstance(v, Path) else v), "source": r.sources[k]} for k, v in r.values.items()]
         if args.json:
@@ -388,6 +389,25 @@ def _zone_warnings(args, config, scopes: list[str], path: str | None) -> list[st
 
     zones = {settings.resolve(scope, args, config, config_path=path)["zone"] for scope in scopes}
     return [w for w in (zone_without_data(z, config) for z in sorted(zones)) if w]
+
+
+def _fill_derived_paths(r: settings.Resolved, scope: str) -> None:
+    """`config show` prints the paths the process will really use, not "(unset)" for the ones
+    derived from others (state dir, socket, SQLite URL), exactly as `daemon` derives them."""
+    from scheduler.cli.client import default_state_dir
+    from scheduler.store.engine import default_db_url
+
+    def derive(key: str, value) -> None:
+        if key in r.values and r.values[key] is None:
+            r.values[key] = value
+            r.sources[key] = "derived"
+
+    state = r.values.get("state_dir") or default_state_dir()
+    derive("state_dir", state)
+    if scope == settings.DAEMON:
+        derive("socket", Path("/run/carbonsched/carbonsched.sock") if os.geteuid() == 0
+               else Path(state) / "carbonsched.sock")
+        derive("db", default_db_url(Path(state)))
 
 
 def cmd_submit(args, config) -> int:

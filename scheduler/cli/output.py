@@ -28,6 +28,24 @@ def _energy(j: float | None) -> str:
     return f"{j:.0f} J"
 
 
+def energy_unit(values) -> tuple[float, str]:
+    """One unit for a column of energies (J, Wh or kWh, by the largest), so a column never
+    mixes units: (joules per unit, unit name)."""
+    top = max((v for v in values if v is not None), default=0.0)
+    if top >= 3.6e6:
+        return 3.6e6, "kWh"
+    if top >= 3600:
+        return 3600.0, "Wh"
+    return 1.0, "J"
+
+
+def _energy_in(j: float | None, unit: tuple[float, str]) -> str:
+    if j is None:
+        return "-"
+    per, name = unit
+    return f"{j:.0f} J" if name == "J" else f"{j / per:.2f} {name}"
+
+
 def _gpus(job: dict) -> str:
     if not job.get("gpus"):
         return str(job.get("gpus_requested", "-"))
@@ -56,11 +74,12 @@ def jobs_table(jobs: list[dict]) -> str:
     if not jobs:
         return "no jobs"
     rows = []
+    unit = energy_unit(j["energy_j"] for j in jobs)  # one unit for the whole ENERGY column
     for j in jobs:
         when = j["started_at"] or (j["planned_start"] if j["state"] == "PLANNED" else None)
         rows.append([str(j["id"]), j["name"][:24], j["owner"], j["state"], _gpus(j),
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
-                     "-" if j["exit_code"] is None else str(j["exit_code"]), _energy(j["energy_j"]),
+                     "-" if j["exit_code"] is None else str(j["exit_code"]), _energy_in(j["energy_j"], unit),
                      _job_gco2(j)])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
                   "ENERGY", "GCO2(~EST)"], rows)

@@ -355,7 +355,9 @@ def receipt_text(r: dict) -> str:
             + (f" ({point['why']})" if point.get("why") else ""))] if point else []),
         ("waited", format_duration(r["wait_s"]) + f", ran {format_duration(r['runtime_s'])}"),
         ("deadline", "none" if r["deadline"] is None else
-         f"{local_time(r['deadline'], True)}: " + ("met" if r["deadline_met"] else "MISSED")),
+         f"{local_time(r['deadline'], True)}: " + (
+             "met" if r["deadline_met"] else
+             f"not met (the job ended {r['state']})" if r.get("state") not in (None, "COMPLETED") else "MISSED")),
     ]
     width = max(len(k) for k, _ in lines)
     return "carbon receipt:\n" + "\n".join(f"  {k.rjust(width)}: {v}" for k, v in lines)

@@ -471,11 +471,24 @@ class JobService:
     def cancel(self, caller: Caller, job_ids: list[int]) -> list[dict]:
         if not job_ids:
             raise RequestError(400, "give at least one job id to cancel")
+        # All or nothing (a mistyped id cancels none of the others), but every refused id is
+        # named, not only the first (`cancel 6 999`: 999 does not exist, 6 was left alone).
+        rows, refused = [], {}
         with self.store.read() as conn:
-            rows = [self._visible_job(conn, caller, j) for j in job_ids]
-        done = [r for r in rows if r.state in TERMINAL]
-        if done:
-            raise RequestError(409, "; ".join(f"job {r.id} already ended ({r.state})" for r in done))
+            for j in dict.fromkeys(job_ids):
+                try:
+                    row = self._visible_job(conn, caller, j)
+                except RequestError as e:
+                    refused[j] = e
+                    continue
+                if row.state in TERMINAL:
+                    refused[j] = RequestError(409, f"job {row.id} already ended ({row.state})")
+                else:
+                    rows.append(row)
+        if refused:
+            first = next(iter(refused.values()))
+            left = f"; nothing cancelled ({', '.join(f'job {r.id}' for r in rows)} left as is)" if rows else ""
+            raise RequestError(first.status, "; ".join(e.message for e in refused.values()) + left)
         now = self._clock()
         results = []
         for r in rows:
