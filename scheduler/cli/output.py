@@ -129,9 +129,7 @@ def _slos(job: dict) -> str:
     workload = job.get("workload")
     if given:
         return ", ".join(given)
-    from policies.operating_point import has_latency_model
-
-    if workload and has_latency_model(workload):
+    if workload and job.get("latency_model", True):  # `show`'s job says whether the class has one
         return "the workload's defaults"
     return "- (no latency model for this workload)" if workload else "-"
 

@@ -341,6 +341,10 @@ class JobService:
             self._visible_job(conn, caller, job_id)
             q = job_select(self.store.dialect).where(jobs.c.id == job_id)
             out = jobs_json(conn.execute(q), gpu_map(conn))[0]
+            from policies.operating_point import has_latency_model
+
+            # whether the workload's latency is modelled (its preset's SLOs apply); for `show`
+            out["latency_model"] = has_latency_model(out["workload"])
             out["events"] = [
                 {"at": iso(e.at), "from": e.from_state, "to": e.to_state,
                  "actor_uid": e.actor_uid, "reason": e.reason}
