@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from scheduler import settings
@@ -154,13 +154,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="job name (default: the program name)")
     s.add_argument("--env", action="append", default=[], metavar="VAR[=VALUE]",
                    help="pass an environment variable (repeatable); PATH and LANG always pass")
+    s.add_argument("--hold", action="store_true", help="queue it held: not planned until `carbonsched release`")
+    s.add_argument("--begin", metavar="DUR|ISO", help="not planned before this time: a duration from now (2h) or "
+                                                      "an ISO time (local if no zone)")
+    s.add_argument("--dependency", "-d", metavar="TYPE:JOB[:JOB...][,...]",
+                   help="wait for other jobs: afterok (they COMPLETED), afterany (they ended), afternotok "
+                        "(they ended otherwise), e.g. afterok:12:13,afterany:14")
+    s.add_argument("--array", "-a", metavar="SPEC",
+                   help="a job array: one job per index, e.g. 0-99, 1,3,5, 0-20:5; %%N runs at most N at once "
+                        "(0-99%%8). Each task gets CARBONSCHED_ARRAY_TASK_ID; all share one --deadline")
+    s.add_argument("--output", "-o", metavar="PATH",
+                   help="write the job's stdout here instead of carbonsched's log (%%j job id, %%A array id, "
+                        "%%a array index, %%u user); written by the job as you, on its node")
+    s.add_argument("--error", "-e", metavar="PATH", help="the same for stderr (default: with --output, the same "
+                                                         "file as stdout)")
+    s.add_argument("--chdir", "-D", metavar="DIR", help="the job's working directory (default: the current one)")
     s.add_argument("--json", action="store_true")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
 
     q = sub.add_parser("queue", help="list jobs (active ones unless --all)")
     q.add_argument("--all", action="store_true", help="include finished jobs")
     q.add_argument("--state", action="append", help="only these states (repeatable)")
+    q.add_argument("--user", "-u", action="append", metavar="USER[,USER]",
+                   help="only jobs of these users (names or uids; others' jobs only for root/admins)")
+    q.add_argument("--name", "-n", action="append", metavar="NAME", help="only jobs of this name (* and ? match "
+                                                                          "any text / one character; repeatable)")
+    q.add_argument("--since", "-S", metavar="DUR|ISO", help="only jobs submitted since: ISO time or a duration "
+                                                            "back (7d); finished ones included")
+    q.add_argument("--until", "-E", metavar="DUR|ISO", help="only jobs submitted before this")
+    q.add_argument("--array", type=int, metavar="JOB", help="only the tasks of this job array")
+    q.add_argument("--format", "-o", dest="fields", metavar="FIELD,...",
+                   help="the columns to print, any key of `queue --json` (e.g. id,name,state,held,dependency,"
+                        "array_task_id); FIELD:WIDTH truncates")
+    q.add_argument("--noheader", action="store_true", help="with --format: no header line (for scripts)")
     q.add_argument("--json", action="store_true")
+
+    for verb, what in (("hold", "keep pending jobs from being planned (a planned one goes back to pending)"),
+                       ("release", "let held jobs be planned again")):
+        hr = sub.add_parser(verb, help=what)
+        hr.add_argument("jobs", type=int, nargs="+")
+        hr.add_argument("--json", action="store_true")
 
     sh = sub.add_parser("show", help="one job in detail, with its history")
     sh.add_argument("job", type=int)
@@ -174,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("job", type=int)
     lg.add_argument("--stderr", action="store_true", help="print stderr instead of stdout")
     lg.add_argument("--tail-bytes", type=int, help="only the last N bytes")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
 
     n = sub.add_parser("nodes", help="nodes and their GPUs")
     n.add_argument("--json", action="store_true")
@@ -419,9 +453,11 @@ def cmd_submit(args, config) -> int:
     if not command:
         raise CliError("empty command: give it after --, e.g. carbonsched submit --gpus 1 -- python run.py",
                        EXIT_USAGE)
+    cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
     body: dict = {"argv": command, "gpus": args.gpus, "gpu_mem_gib": args.gpu_mem,
-                  "cwd": os.getcwd(), "max_retries": args.retries}
+                  "cwd": cwd, "max_retries": args.retries}
     try:
+        _slurm_habits(args, body, cwd)
         if args.est_runtime:
             body["est_runtime_s"] = parse_duration(args.est_runtime)
         if args.time_limit:
@@ -455,10 +491,38 @@ def cmd_submit(args, config) -> int:
     body["env"] = env
     result = api_client(args, config).submit(**body)
     if args.json:
-        _print_json({"id": result["id"]})
+        _print_json({"id": result["id"], **({"array_job_id": result["array_job_id"], "ids": result["ids"]}
+                                            if "ids" in result else {})})
+    elif "ids" in result:
+        print(f"submitted job array {result['id']}: {len(result['ids'])} tasks (jobs {result['ids'][0]}-"
+              f"{result['ids'][-1]}, indices {result['array']})")
     else:
-        print(f"submitted job {result['id']}")
+        print(f"submitted job {result['id']}" + (" (held)" if args.hold else ""))
     return EXIT_OK
+
+
+def _slurm_habits(args, body: dict, cwd: str) -> None:
+    """--hold, --begin, --dependency, --array, --output/--error into the request (issue 28);
+    checked here too, so a mistake is one line before anything reaches the daemon."""
+    from scheduler.job_specs import check_log_pattern, parse_array, parse_dependency
+    from scheduler.timeparse import iso, parse_time
+
+    if args.hold:
+        body["hold"] = True
+    if args.begin:
+        try:
+            body["begin"] = iso(parse_time(args.begin, datetime.now(timezone.utc)))
+        except ValueError as e:
+            raise ValueError(f"--begin: {e}") from None
+    if args.dependency:
+        parse_dependency(args.dependency)
+        body["dependency"] = args.dependency
+    if args.array:
+        parse_array(args.array)
+        body["array"] = args.array
+    for flag, key, value in (("--output", "stdout_path", args.output), ("--error", "stderr_path", args.error)):
+        if value:
+            body[key] = check_log_pattern(os.path.join(cwd, value), flag)
 
 
 def _milliseconds(text: str) -> float:
@@ -473,15 +537,55 @@ def _milliseconds(text: str) -> float:
 
 
 def cmd_queue(args, config) -> int:
+    from scheduler.timeparse import iso, parse_time
+
     states = [s.upper() for v in (args.state or []) for s in v.split(",")]
+    filters: dict = {"users": [u for v in (args.user or []) for u in v.split(",") if u] or None,
+                     "names": args.name or None, "array": args.array}
+    now = datetime.now(timezone.utc)
+    for key in ("since", "until"):
+        text = getattr(args, key)
+        if text:
+            try:
+                filters[key] = iso(_past_or_iso(text, now))
+            except ValueError as e:
+                raise CliError(f"--{key}: {e}", EXIT_USAGE) from None
     client = api_client(args, config)
     if args.json:  # the daemon's JSON as is: no decode and re-encode of thousands of jobs
-        sys.stdout.buffer.write(client.jobs_raw(include_done=args.all, states=states or None) + b"\n")
+        sys.stdout.buffer.write(client.jobs_raw(include_done=args.all, states=states or None, **filters) + b"\n")
         return EXIT_OK
-    jobs = client.jobs(include_done=args.all, states=states or None)
+    jobs = client.jobs(include_done=args.all, states=states or None, **filters)
     from scheduler.cli import output
 
-    print(output.jobs_table(jobs))
+    if args.fields:
+        try:
+            print(output.jobs_fields(jobs, args.fields, header=not args.noheader))
+        except ValueError as e:
+            raise CliError(f"--format: {e}", EXIT_USAGE) from None
+    else:
+        print(output.jobs_table(jobs))
+    return EXIT_OK
+
+
+def _past_or_iso(text: str, now: datetime) -> datetime:
+    """`7d` (a duration back from now) or an ISO time (local if no zone), as sacct's -S."""
+    from scheduler.timeparse import parse_duration, parse_time
+
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        return parse_time(text, now)
+
+
+def cmd_hold(args, config) -> int:
+    client = api_client(args, config)
+    results = client.hold(args.jobs) if args.verb == "hold" else client.release(args.jobs)
+    if args.json:
+        _print_json(results)
+    else:
+        for r in results:
+            state = "held" if r["held"] else "released"
+            print(f"job {r['id']}: {state}" + ("" if r["changed"] else f" (it was {state} already)"))
     return EXIT_OK
 
 
@@ -512,10 +616,43 @@ def cmd_cancel(args, config) -> int:
 
 
 def cmd_logs(args, config) -> int:
-    r = api_client(args, config).logs(args.job, "stderr" if args.stderr else "stdout", args.tail_bytes)
-    sys.stdout.write(r["text"])
-    sys.stdout.flush()
-    return EXIT_OK
+    client = api_client(args, config)
+    stream = "stderr" if args.stderr else "stdout"
+    if not args.follow:
+        r = client.logs(args.job, stream, args.tail_bytes)
+        sys.stdout.write(r["text"])
+        sys.stdout.flush()
+        return EXIT_OK
+    return _follow(client, args.job, stream, args.tail_bytes)
+
+
+def _follow(client, job_id: int, stream: str, tail_bytes: int | None, poll_s: float = 1.0) -> int:
+    """`logs --follow`: print what there is, then what the job adds, until it has ended and
+    everything it wrote has been printed (like `tail -f` that stops with the job)."""
+    import time
+
+    from scheduler.cli.client import ApiError
+
+    offset = None
+    while True:
+        job = client.job(job_id)
+        try:
+            r = client.logs(job_id, stream, tail_bytes if offset is None else None, offset=offset)
+        except ApiError as e:
+            if e.status != 409:  # 409: not started yet, keep waiting
+                raise
+            r = None
+        if r is not None:
+            sys.stdout.write(r["text"])
+            sys.stdout.flush()
+            offset = r.get("next_offset", r["size"])
+        if job["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"):
+            if r is not None and not r["text"]:
+                return EXIT_OK
+            if r is None:
+                return EXIT_OK
+            continue  # one more read: what it wrote last
+        time.sleep(poll_s)
 
 
 def cmd_nodes(args, config) -> int:
@@ -574,7 +711,7 @@ def cmd_db(args, config) -> int:
 for _verb, _handler in {"daemon": cmd_daemon, "agent": cmd_agent, "submit": cmd_submit, "queue": cmd_queue,
                          "show": cmd_show, "cancel": cmd_cancel, "logs": cmd_logs, "nodes": cmd_nodes,
                          "plan": cmd_plan, "db": cmd_db, "config": cmd_config, "drain": cmd_drain,
-                         "resume": cmd_drain}.items():
+                         "resume": cmd_drain, "hold": cmd_hold, "release": cmd_hold}.items():
     register(_verb, _handler)
 
 

@@ -268,3 +268,34 @@ def plan_table(plan: list[dict]) -> str:
         total += f"; {unplaced} not placed"
     lines.append(total)
     return "\n".join(lines)
+
+
+def jobs_fields(jobs: list[dict], spec: str, *, header: bool = True) -> str:
+    """`queue --format id,name,state:10,...`: the chosen keys of each job's JSON, in columns
+    (like squeue -o); FIELD:WIDTH truncates a column. ValueError names an unknown key."""
+    fields: list[tuple[str, int | None]] = []
+    for item in spec.split(","):
+        name, _, width = item.strip().partition(":")
+        if not name:
+            continue
+        if width and not width.isdigit():
+            raise ValueError(f"{item!r}: the width after ':' must be a number")
+        fields.append((name, int(width) if width else None))
+    if not fields:
+        raise ValueError("no fields given; e.g. --format id,name,state")
+    known = set(jobs[0]) if jobs else None
+    if known is not None:
+        bad = [f for f, _ in fields if f not in known]
+        if bad:
+            raise ValueError(f"unknown field(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+
+    def cell(v, width: int | None) -> str:
+        text = "-" if v is None else ",".join(map(str, v)) if isinstance(v, list) else \
+            ("yes" if v else "no") if isinstance(v, bool) else str(v)
+        return text[:width] if width else text
+
+    rows = [[cell(j.get(f), w) for f, w in fields] for j in jobs]
+    headers = [f.upper() for f, _ in fields]
+    if not header:
+        return "\n".join("  ".join(r) for r in rows)
+    return table(headers, rows) if rows else "  ".join(headers)

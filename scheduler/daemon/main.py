@@ -179,7 +179,8 @@ class Daemon(ServiceProcess):
                                                       state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                                                       sample_hz=cfg.sample_hz,
                                                       node_static_w=cfg.node_static_w,
-                                                      min_free_disk_mib=cfg.min_free_disk_mib),
+                                                      min_free_disk_mib=cfg.min_free_disk_mib,
+                                                      ship_logs=False),  # the daemon reads them itself
                           on_change=plan_proc.wake,
                           on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note),
                           emulation=emulation)

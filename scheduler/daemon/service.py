@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, bindparam, func, insert, literal, null, select, update
+from sqlalchemy import Connection, bindparam, func, insert, literal, null, or_, select, update
 
 from policies.catalog import catalog
 from scheduler.job_view import gpu_map, job_select, jobs_json
@@ -60,6 +60,7 @@ NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                 "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "CARBONSCHED_METRICS_FILE",
                 "CARBONSCHED_MAX_BATCH", "CARBONSCHED_PRECISION", "CARBONSCHED_TP",
+                "CARBONSCHED_ARRAY_TASK_ID", "CARBONSCHED_ARRAY_JOB_ID", "CARBONSCHED_ARRAY_TASK_COUNT",
                 "HOME", "USER", "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH"}
 
 
@@ -70,6 +71,15 @@ class RequestError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@dataclass(frozen=True)
+class _Habits:
+    """The validated Slurm-style options of a submit: plain columns, dependencies, array."""
+
+    columns: dict
+    deps: list
+    array: object | None
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,10 @@ class JobService:
                                     "only run jobs as that user; run it as root to serve others")
         now = self._clock()
         row = self._validate_submit(body, caller, now)
+        extra = self._validate_slurm_habits(body, caller, now)
+        if extra.deps or extra.array is not None:
+            return self._submit_with_habits(caller, row, extra)
+        row.update(extra.columns)
 
         if self.store.dialect == "postgresql":
             # One statement, one round trip: the job row and its first event are inserted
@@ -139,12 +153,96 @@ class JobService:
         self._on_submit()
         return {"id": job_id, "state": State.PENDING.value}
 
+    def _validate_slurm_habits(self, body: dict, caller: Caller, now: datetime) -> "_Habits":
+        """--hold, --begin, --dependency, --array, --output/--error (issue 28), checked like
+        every other field: a bad one is refused with the flag named and nothing stored."""
+        from scheduler.job_specs import check_log_pattern, dependency_text, parse_array, parse_dependency
+
+        cols: dict = {}
+        hold = body.get("hold", False)
+        if not isinstance(hold, bool):
+            raise RequestError(400, "hold must be true or false")
+        if hold:
+            cols.update(held_at=now, held_by=caller.uid)
+        if body.get("begin") is not None:
+            begin = _parse_iso(body["begin"], "begin")
+            if begin > now + timedelta(seconds=MAX_RUNTIME_S * 12):
+                raise RequestError(400, f"--begin {iso(begin)} is more than a year away")
+            deadline = body.get("deadline")
+            if deadline is not None and _parse_iso(deadline, "deadline") <= begin:
+                raise RequestError(400, f"--begin {iso(begin)} is not before the deadline: it cannot be met")
+            cols["begin_at"] = begin
+        for key, flag, col in (("stdout_path", "--output", "stdout_path"), ("stderr_path", "--error", "stderr_path")):
+            if body.get(key) is not None:
+                try:
+                    cols[col] = check_log_pattern(body[key], flag)
+                except ValueError as e:
+                    raise RequestError(400, str(e)) from None
+        deps = []
+        if body.get("dependency") is not None:
+            try:
+                deps = parse_dependency(body["dependency"])
+            except ValueError as e:
+                raise RequestError(400, str(e)) from None
+            with self.store.read() as conn:
+                for d in deps:
+                    self._visible_job(conn, caller, d.job_id)  # 404 / 403: no waiting on the unseen
+            cols["dependency"] = dependency_text(deps)
+        array = None
+        if body.get("array") is not None:
+            try:
+                array = parse_array(body["array"])
+            except ValueError as e:
+                raise RequestError(400, str(e)) from None
+        return _Habits(cols, deps, array)
+
+    def _submit_with_habits(self, caller: Caller, row: dict, extra: "_Habits") -> dict:
+        """A job with dependencies, or the tasks of a job array, in one transaction: the
+        tasks share one deadline (the array's) and each gets its index in
+        CARBONSCHED_ARRAY_TASK_ID; the array's id is its first task's job id."""
+        from scheduler.store.models import job_dependencies
+
+        indices = extra.array.indices if extra.array is not None else (None,)
+
+        def tx(conn: Connection) -> list[int]:
+            at = self._clock()
+            ids: list[int] = []
+            for index in indices:
+                task = {**row, **extra.columns, "submitted_at": at}
+                if index is not None:
+                    env = {**row["env"], "CARBONSCHED_ARRAY_TASK_ID": str(index),
+                           "CARBONSCHED_ARRAY_TASK_COUNT": str(len(indices))}
+                    if ids:
+                        env["CARBONSCHED_ARRAY_JOB_ID"] = str(ids[0])
+                    task.update(env=env, array_task_id=index, array_max_running=extra.array.max_running,
+                                array_job_id=ids[0] if ids else None)
+                job_id = conn.execute(_INSERT_JOB, task).scalar_one()
+                record_submit(conn, job_id, caller.uid, at)
+                if index is not None and not ids:  # the first task: its id is the array's
+                    conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+                        array_job_id=job_id, env={**task["env"], "CARBONSCHED_ARRAY_JOB_ID": str(job_id)}))
+                ids.append(job_id)
+            if extra.deps:
+                conn.execute(insert(job_dependencies), [{"job_id": j, "on_job_id": d.job_id, "kind": d.kind}
+                                                        for j in ids for d in extra.deps])
+            return ids
+
+        ids = self.store.transact(tx)
+        log.info("job %s submitted by uid %s: %s%s", ids[0], caller.uid, row["name"],
+                 f" (array of {len(ids)} tasks)" if len(ids) > 1 else "")
+        self._on_submit()
+        out = {"id": ids[0], "state": State.PENDING.value}
+        if extra.array is not None:
+            out.update(array_job_id=ids[0], ids=ids, array=extra.array.text())
+        return out
+
     def _validate_submit(self, body: object, caller: Caller, now: datetime) -> dict:
         if not isinstance(body, dict):
             raise RequestError(400, "request body must be a JSON object")
         known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "ttft_slo_ms", "tpot_slo_ms",
                  "workload",
-                 "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s"}
+                 "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s",
+                 "hold", "begin", "dependency", "array", "stdout_path", "stderr_path"}
         unknown = sorted(set(body) - known)
         if unknown:
             raise RequestError(400, f"unknown field(s) in submit request: {', '.join(unknown)}")
@@ -318,9 +416,34 @@ class JobService:
     # -- reading ------------------------------------------------------------------------
 
     def list_jobs(self, caller: Caller, *, include_done: bool = False,
-                  states: list[str] | None = None, limit: int | None = None) -> list[dict]:
-        """The caller's jobs (everyone's for an admin), active ones unless asked otherwise."""
+                  states: list[str] | None = None, limit: int | None = None,
+                  users: list[str] | None = None, names: list[str] | None = None,
+                  since: datetime | None = None, until: datetime | None = None,
+                  array_job_id: int | None = None) -> list[dict]:
+        """The caller's jobs (everyone's for an admin), active ones unless asked otherwise;
+        `users` (names or uids), `names` (exact, or globs with * and ?) and a submission
+        window [since, until) narrow it, like squeue's --user/--name and sacct's -S/-E."""
         q = job_select(self.store.dialect).order_by(jobs.c.id)
+        if users:
+            uids = [int(u) for u in users if u.isdigit()]
+            q = q.where(jobs.c.owner_name.in_([u for u in users if not u.isdigit()]) | jobs.c.owner_uid.in_(uids))
+        if names:
+            conds = []
+            for n in names:
+                if "*" in n or "?" in n:
+                    like = n.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                    conds.append(jobs.c.name.like(like.replace("*", "%").replace("?", "_"), escape="\\"))
+                else:
+                    conds.append(jobs.c.name == n)
+            q = q.where(or_(*conds))
+        if since is not None:
+            q = q.where(jobs.c.submitted_at >= since)
+        if until is not None:
+            q = q.where(jobs.c.submitted_at < until)
+        if array_job_id is not None:
+            q = q.where(jobs.c.array_job_id == array_job_id)
+        if (since is not None or until is not None) and not states:
+            include_done = True  # a period asks for history, as sacct does
         if states:
             bad = [s for s in states if s not in State.__members__]
             if bad:
@@ -361,25 +484,71 @@ class JobService:
         return row
 
     def logs(self, caller: Caller, job_id: int, *, stream: str = "stdout",
-             tail_bytes: int | None = None) -> dict:
+             tail_bytes: int | None = None, offset: int | None = None) -> dict:
+        """A job's stdout or stderr: the tail (`tail_bytes`, at most MAX_LOG_BYTES), or from
+        `offset` on (`logs --follow` reads on from `next_offset`). From this host's log file
+        when the job ran here, else from the copy its node's agent keeps in the store
+        (`job_log_chunks`), so a job run by another node's agent can be read on the head."""
         if stream not in ("stdout", "stderr"):
             raise RequestError(400, "stream must be stdout or stderr")
         with self.store.read() as conn:
             row = self._visible_job(conn, caller, job_id)
-        path = self.log_dir / f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
+        redirected = row.stdout_path if stream == "stdout" else (row.stderr_path or row.stdout_path)
+        if redirected:
+            from scheduler.job_specs import expand_log_pattern
+
+            redirected = expand_log_pattern(redirected, job_id=row.id, user=row.owner_name,
+                                            array_job_id=row.array_job_id, array_task_id=row.array_task_id)
+            # written by the job itself, as its owner, on its node: the daemon does not read a
+            # path a user chose (it could be swapped for a link to a file only root may read)
+            raise RequestError(404, f"job {job_id}'s {stream} went to {redirected} on node {row.node or '?'} "
+                                    f"(--{'output' if stream == 'stdout' or not row.stderr_path else 'error'}); "
+                                    "read it there")
         limit = min(tail_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
+        path = self.log_dir / f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - limit))
-                data = f.read()
+                start = max(0, size - limit) if offset is None else min(offset, size)
+                f.seek(start)
+                data = f.read(MAX_LOG_BYTES)
         except FileNotFoundError:
-            if row.state in (State.PENDING.value, State.PLANNED.value):
-                raise RequestError(409, f"job {job_id} has not started yet ({row.state})") from None
-            raise RequestError(404, f"no {stream} log for job {job_id} on this host "
-                                    f"(it ran on node {row.node or '?'})") from None
-        return {"job": job_id, "stream": stream, "size": size, "truncated": size > len(data),
+            size, start, data = self._stored_log(job_id, stream, limit, offset)
+            if size is None:
+                if row.state in (State.PENDING.value, State.PLANNED.value):
+                    raise RequestError(409, f"job {job_id} has not started yet ({row.state})") from None
+                if row.state == State.RUNNING.value:  # its agent has not copied any output yet
+                    size, start, data = 0, 0, b""
+                else:
+                    raise RequestError(404, f"no {stream} log for job {job_id} on this host or in the store "
+                                            f"(it ran on node {row.node or '?'})") from None
+        return {"job": job_id, "stream": stream, "size": size, "offset": start,
+                "next_offset": start + len(data), "truncated": start > 0 and offset is None,
                 "text": data.decode("utf-8", errors="replace")}
+
+    def _stored_log(self, job_id: int, stream: str, limit: int,
+                    offset: int | None) -> tuple[int | None, int, bytes]:
+        """(size, start, bytes) of the output the agent copied into the store; size None: none."""
+        from scheduler.store.models import job_log_chunks as c
+
+        with self.store.read() as conn:
+            size = conn.execute(select(func.max(c.c.offset + func.length(c.c.data)))
+                                .where(c.c.job_id == job_id, c.c.stream == stream)).scalar()
+            if size is None:
+                return None, 0, b""
+            start = max(0, size - limit) if offset is None else min(offset, size)
+            chunks = conn.execute(select(c.c.offset, c.c.data)
+                                  .where(c.c.job_id == job_id, c.c.stream == stream,
+                                         c.c.offset + func.length(c.c.data) > start,
+                                         c.c.offset < start + MAX_LOG_BYTES)
+                                  .order_by(c.c.offset)).all()
+        buf = bytearray()
+        for at, data in chunks:
+            data = bytes(data)
+            if at < start:
+                data = data[start - at:]
+            buf += data
+        return int(size), start, bytes(buf[:MAX_LOG_BYTES])
 
     def nodes(self, caller: Caller) -> list[dict]:
         now = self._clock()
@@ -469,6 +638,58 @@ class JobService:
                 "gpus": [{"id": h.id, "node": h.node_name, "vendor": h.vendor, "index": h.index,
                           "name": f"{h.node_name}:{h.vendor}:{h.index}", "running_job": h.job_id}
                          for h in hit]}
+
+    # -- hold / release -----------------------------------------------------------------
+
+    def hold(self, caller: Caller, job_ids: list[int], *, held: bool) -> list[dict]:
+        """Keep jobs from being planned (hold) or let them be planned again (release), like
+        `scontrol hold/release`. A PLANNED job that is held goes back to PENDING, its plan
+        withdrawn; a running or ended job cannot be held. All or nothing, every refusal named."""
+        verb = "hold" if held else "release"
+        if not job_ids:
+            raise RequestError(400, f"give at least one job id to {verb}")
+        refused: dict[int, RequestError] = {}
+        rows = []
+        with self.store.read() as conn:
+            for j in dict.fromkeys(job_ids):
+                try:
+                    row = self._visible_job(conn, caller, j)
+                except RequestError as e:
+                    refused[j] = e
+                    continue
+                if row.state not in (State.PENDING.value, State.PLANNED.value):
+                    refused[j] = RequestError(409, f"job {j} is {row.state}: only a job that has not started "
+                                                   f"can be {'held' if held else 'released'}")
+                else:
+                    rows.append(row)
+        if refused:
+            first = next(iter(refused.values()))
+            raise RequestError(first.status, "; ".join(e.message for e in refused.values()))
+        now = self._clock()
+        results = []
+        for r in rows:
+            def tx(conn: Connection, r=r) -> dict:
+                if not held:
+                    n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.held_at.is_not(None))
+                                     .values(held_at=None, held_by=None, plan_rev=jobs.c.plan_rev + 1)).rowcount
+                    return {"id": r.id, "held": False, "changed": bool(n)}
+                values = dict(held_at=now, held_by=caller.uid, plan_rev=jobs.c.plan_rev + 1)
+                # bumping plan_rev makes a tick planned from before the hold write nothing
+                if transition(conn, r.id, State.PENDING, actor_uid=caller.uid, expect=(State.PLANNED,),
+                              reason=f"held by uid {caller.uid}: plan withdrawn",
+                              values={**values, "planned_node": None, "planned_gpu_ids": None,
+                                      "planned_start": None}):
+                    return {"id": r.id, "held": True, "changed": True}
+                n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.state == State.PENDING.value)
+                                 .values(**values)).rowcount
+                if not n:
+                    state = conn.execute(select(jobs.c.state).where(jobs.c.id == r.id)).scalar_one()
+                    raise RequestError(409, f"job {r.id} is {state}: it started before it could be held")
+                return {"id": r.id, "held": True, "changed": r.held_at is None}
+            results.append(self.store.transact(tx))
+        log.info("%s of job(s) %s by uid %s", verb, ", ".join(str(r.id) for r in rows), caller.uid)
+        self._on_submit()  # released jobs are plannable now
+        return results
 
     # -- cancel -------------------------------------------------------------------------
 
