@@ -261,3 +261,19 @@ def test_the_daemon_warns_once_at_start_when_its_zone_has_no_carbon_data(store, 
     with caplog.at_level(logging.WARNING, logger="scheduler.daemon.main"):
         _warn_if_zone_has_no_data("XX", {"carbon": {}}, signals)  # imported data prices it
     assert caplog.records == []
+
+
+# -- 8: `make test` in a clone other users cannot enter ----------------------------------
+
+def test_commands_run_as_another_user_read_a_copy_of_the_code_everyone_can_read():
+    import stat
+
+    from daemon_harness import REPO, readable_code_copy
+
+    copy = readable_code_copy()
+    assert not str(copy).startswith(str(REPO))
+    for path in [copy, *copy.rglob("*")]:
+        mode = path.stat().st_mode
+        assert mode & stat.S_IROTH and (not path.is_dir() or mode & stat.S_IXOTH), path
+        assert all(p.stat().st_mode & stat.S_IXOTH for p in path.parents if p != Path("/")), path
+    assert (copy / "scheduler" / "cli" / "main.py").read_bytes() == (REPO / "scheduler" / "cli" / "main.py").read_bytes()
