@@ -18,7 +18,7 @@ def daemon(request):
     root = world_dir("cs-habits-")
     with database_for(request.param, root) as url:
         d = DaemonProcess(root, url, extra=["--zone", "DE"])
-        d.start()
+        d.start(timeout_s=120)  # a busy shared host takes long to import OR-Tools
         try:
             yield d
         finally:
