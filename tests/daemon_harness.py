@@ -94,6 +94,14 @@ class DaemonProcess:
                 return
             except (DaemonUnreachable, ApiError, OSError):
                 time.sleep(0.05)
+        # Stop it: a fixture whose start() raises never reaches its cleanup, and daemons left
+        # behind by timed-out starts load a busy host further (issue 28's full run left 41).
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         raise TimeoutError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
 
     def kill9(self) -> None:
