@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DATA = ROOT.parent / "shared" / "data" / "carbon" / "electricitymaps"
+DATA = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data")) / "carbon" / "electricitymaps"
 PG_ADMIN_URL = os.environ.get("CARBONSCHED_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 TARGET_IMPORT_S = 2.0
 TARGET_QUERY_MS = 5.0

@@ -38,6 +38,7 @@ import json
 import statistics
 import sys
 import time
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,7 @@ if str(ROOT) not in sys.path:
 from telemetry.grid.csv_import import read_trace  # noqa: E402
 from telemetry.grid.forecast import baseline_forecast, epoch_hour, persistence_forecast  # noqa: E402
 
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "carbon" / "electricitymaps"
+DEFAULT_DATA = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data")) / "carbon" / "electricitymaps"
 YEAR = 2022
 HORIZONS_H = (1, 6, 24, 48, 72, 168)
 

@@ -251,3 +251,12 @@ class Plan:
 
     def by_job(self) -> dict[int, Assignment]:
         return {a.job_id: a for a in self.assignments}
+
+
+def grams(g: float) -> str:
+    """Grams of CO2 for explanations, never in exponent notation ("140 g", not "1.4e+02 g")."""
+    if abs(g) >= 10:
+        return f"{g:,.0f} g"
+    if abs(g) >= 0.01 or g == 0:
+        return f"{g:.2f}".rstrip("0").rstrip(".") + " g"
+    return f"{g:.6f}".rstrip("0").rstrip(".") + " g"

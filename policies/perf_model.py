@@ -328,6 +328,11 @@ def _mean_output(model_id: str, task: str) -> float:
 
 
 @cache
+def preset_names() -> list[str]:
+    """The names `presets()` has, without fitting the model (cheap: for input checks)."""
+    return sorted({*_PRESET_MODELS, *_ALIASES, "mlperf-llama2-70b", "train", "finetune"})
+
+
 def presets() -> dict[str, Workload]:
     """Named workloads: the profile classes, the CLI's names, and the MLPerf llama2-70b."""
     f = fit()

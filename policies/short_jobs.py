@@ -41,7 +41,7 @@ from policies.counterfactual import choose
 from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
                              seed_profiles, within_time_limit)
 from policies.margin import job_margin, latest_start_s
-from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, grams
 from policies.placement import Score, late_gpu_h
 
 
@@ -551,7 +551,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         if miss:  # which limit could not be kept
             binding = "max delay" if t > latest + 1e-6 else "deadline" if job.deadline else "capacity"
         when = "now" if t - t_now < 1 else f"at {start:%H:%M:%S}" if t - t_now < 86400 else f"at {start:%Y-%m-%d %H:%M}"
-        cost_txt = f"{cost:.2g} g" + (f" {price.note()}" if kind.zone in blind else "")
+        cost_txt = grams(cost) + (f" {price.note()}" if kind.zone in blind else "")
         why = f"{binding} cannot be met: as soon as possible" if miss else "short job packed between longer ones"
         placed.append(Assignment(
             job_id=job.id, node=node, gpu_ids=chosen, start_at=start,
@@ -561,6 +561,6 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                               blind_g_per_kwh=price.g_per_kwh if kind.zone in blind else None,
                               time_limit_s=job.derived_time_limit_s(shape.runtime_s)),
             explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs "
-                         + (f"{now_cost:.2g} g {now_where}" if now_cost is not None else "no free GPU alone")
+                         + (f"{grams(now_cost)} {now_where}" if now_cost is not None else "no free GPU alone")
                          + f" ({why})")))
     return placed, unplaced

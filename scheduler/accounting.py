@@ -422,7 +422,9 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         "submitted_at": iso(submitted), "started_at": iso(started), "ended_at": iso(ended),
         "wait_s": _seconds_between(submitted, started), "runtime_s": _seconds_between(started, ended),
         "deadline": iso(deadline),
-        "deadline_met": None if deadline is None or ended is None else ended <= deadline,
+        # met: the work was done in time; a job that ended FAILED/TIMEOUT/... met nothing
+        "deadline_met": None if deadline is None or ended is None else (
+            ended <= deadline and job.get("state") == State.COMPLETED.value),
         "energy_j": energy_j, "energy_kwh": None if energy_j is None else energy_j / J_PER_KWH,
         "measurement": describe_measurement(job.get("energy_method"), job.get("energy_note")),
         "gco2": gco2,
@@ -834,9 +836,33 @@ class Accountant:
         return {"since": iso(since), "until": iso(until), "by": by, "generated_at": iso(self._clock()),
                 "scope": "all users" if owner_uid is None else f"uid {owner_uid}",
                 "groups": groups, "total": total, "jobs_without_gco2": unaccounted,
+                "unpriced": self._unpriced(where) if unaccounted else [],
                 "assumptions": {"gpu_lifetime_years": self.config.gpu_lifetime_years,
                                 "energy_price_usd_per_kwh": self.config.energy_price_usd_per_kwh,
                                 "zone_energy_price_usd_per_kwh": dict(self.config.zone_energy_price_usd_per_kwh)}}
+
+    def _unpriced(self, where) -> list[dict]:
+        """Why jobs of the period have no gCO2: per zone, how many, and whether the zone has
+        any carbon data at all (none: it never will be priced until data is imported)."""
+        from telemetry.grid.static import static_intensity
+
+        j, ci = jobs.c, carbon_intensity.c
+        with self.store.read() as conn:
+            rows = conn.execute(select(j.zone, func.count(), func.sum(case((j.energy_j.is_(None), 1), else_=0)))
+                                .where(where, j.gco2.is_(None)).group_by(j.zone)).all()
+            with_data = set(conn.execute(select(ci.zone).distinct()
+                                         .where(ci.zone.in_([r[0] for r in rows if r[0]]))).scalars())
+        static = getattr(getattr(self.carbon, "config", None), "static", None)
+        out = []
+        for zone, count, unmeasured in sorted(rows, key=lambda r: str(r[0])):
+            has_data = zone in with_data or (zone is not None and static_intensity(zone, static) is not None)
+            out.append({"zone": zone, "jobs": int(count), "jobs_unmeasured": int(unmeasured or 0),
+                        "zone_has_data": has_data,
+                        "why": ("no energy measured" if count == unmeasured else
+                                f"zone {zone} has no carbon data (import it: carbonsched carbon import FILE "
+                                f"--zone {zone})" if not has_data else
+                                "no intensity data for the run's hours yet")})
+        return out
 
     def _aggregate(self, where, *keys) -> list[dict]:
         j = jobs.c
@@ -924,7 +950,9 @@ class Accountant:
             "gpu_hours": f("gpu_s") / 3600.0,
             "energy_kwh": f("energy_j") / J_PER_KWH,
             "facility_energy_kwh": f("facility_j") / J_PER_KWH,
-            "kgco2": f("gco2") / 1000.0,
+            # None, never 0, where no job of the group could be priced (issue 28): an unknown
+            # emission is not a zero one; partly priced groups sum the priced jobs only
+            "kgco2": f("gco2") / 1000.0 if r.get("priced") else None,
             "jobs_measured": int(r.get("measured") or 0), "jobs_with_gco2": int(r.get("priced") or 0),
             # energy from emulated GPUs' power model: included in the figures, but not measured
             "jobs_modelled": int(r.get("modelled") or 0), "modelled_energy_kwh": f("modelled_j") / J_PER_KWH,

@@ -717,6 +717,21 @@ class CarbonSignals:
             self._signal_cache.pop(zone, None)
         return n
 
+    def forget_zone(self, zone: str) -> int:
+        """Delete every intensity value, fetch record and status of `zone` (a zone imported
+        by mistake, or under a wrong id); the number of values deleted. Jobs already priced
+        keep their figures; the zone's caches are invalidated like after a write."""
+        from sqlalchemy import delete
+
+        def tx(conn: Connection) -> int:
+            n = conn.execute(delete(carbon_intensity).where(carbon_intensity.c.zone == zone)).rowcount
+            conn.execute(delete(carbon_fetches).where(carbon_fetches.c.zone == zone))
+            conn.execute(delete(carbon_zone_status).where(carbon_zone_status.c.zone == zone))
+            self._bump_versions(conn, [zone])
+            return int(n or 0)
+
+        return self.store.transact(tx)
+
     def _bump_versions(self, conn: Connection, zones: Iterable[str]) -> None:
         """Count one more change of each zone's carbon data, in the writing transaction, so
         readers in other processes (the planner) notice it (`data_versions`)."""

@@ -23,8 +23,10 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "max_delay_s", "est_gco2_if_now", "est_runtime_planned_s", "binding", "deadline_miss",
             "time_limit_factor", "tokens", "reported_prompts", "reported_input_tokens",
             "reported_output_tokens", "ttft_slo_ms", "tpot_slo_ms", "planned_max_batch", "planned_precision",
-            "planned_tp")
-_TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at"}
+            "planned_tp", "held_at", "begin_at", "dependency", "array_job_id", "array_task_id", "array_max_running",
+            "stdout_path", "stderr_path")
+_TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at",
+          "held_at", "begin_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
 
 
@@ -71,7 +73,8 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          workload, prompts, exit_code, energy, method, gco2, est_energy, est_gco2, explanation,
          attempts, argv, cwd, cancel_at, max_delay, est_gco2_now, est_runtime_planned, binding,
          deadline_miss, limit_factor, tokens, reported_prompts, reported_in, reported_out, ttft_slo, tpot_slo,
-         max_batch, precision, tp) in rows:
+         max_batch, precision, tp, held_at, begin_at, dependency, array_id, array_task, array_max,
+         stdout_path, stderr_path) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -112,5 +115,12 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "ttft_slo_ms": ttft_slo, "tpot_slo_ms": tpot_slo,
             "operating_point": ({"max_batch": max_batch, "precision": precision, "tp": tp}
                                 if max_batch is not None else None),
+            # Slurm habits (issue 28): held (not planned until released), not planned before
+            # begin_at, waiting on `dependency` ("afterok:12,afterany:13"), a task of array
+            # `array_job_id` with index `array_task_id` (at most `array_max_running` active),
+            # and where --output/--error send its stdout/stderr (null: carbonsched's own log).
+            "held": held_at is not None, "held_at": _iso_raw(held_at), "begin_at": _iso_raw(begin_at),
+            "dependency": dependency, "array_job_id": array_id, "array_task_id": array_task,
+            "array_max_running": array_max, "stdout_path": stdout_path, "stderr_path": stderr_path,
         })
     return out

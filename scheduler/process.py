@@ -217,3 +217,22 @@ class ServiceProcess:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def exit_when_orphaned(poll_s: float = 1.0) -> threading.Thread:
+    """In a helper process (planner, plan preview): exit at once when the process that
+    started it is gone. A daemon killed with SIGKILL cannot stop its helpers, and a helper
+    left behind (re-parented to init) would pile up over crashes, with the multiprocessing
+    resource tracker it keeps alive (issue 28). Polls the parent pid, since
+    PR_SET_PDEATHSIG fires when the starting *thread* ends, which an API thread soon does."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    t = threading.Thread(target=watch, name="orphan-watch", daemon=True)
+    t.start()
+    return t

@@ -59,13 +59,15 @@ class NoLatencyModel(ValueError):
 class UnknownWorkload(ValueError):
     """A workload name that is neither a preset of the model nor learned here."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(self, name: str, known: list[str], detail: str | None = None) -> None:
         self.name = name
         self.known = sorted(known)
         self.suggestions = difflib.get_close_matches(name, self.known, n=3, cutoff=0.5)
         *first, last = self.suggestions or [""]
         hint = f"; did you mean {', '.join(first) + ' or ' if first else ''}{last}?" if self.suggestions else ""
-        super().__init__(f"unknown workload {name!r}{hint} (known: {', '.join(self.known)})")
+        if detail:
+            hint = f": {detail}"
+        super().__init__(f"unknown workload {name!r}{hint} (known: {', '.join(self.known)}, or llm:SIZE)")
 
 
 def alias_of(w: Workload) -> str | None:
@@ -147,6 +149,13 @@ def resolve(name: str, learned: list[dict] | None) -> Workload | None:
     presets = perf_model.presets()
     if name in presets:
         return presets[name]
+    if name.startswith("llm:"):  # a model by size, as `submit --workload` takes it
+        from policies.operating_point import WorkloadSpecError, parse_spec
+
+        try:
+            return parse_spec(name)
+        except WorkloadSpecError as e:
+            raise UnknownWorkload(name, [*presets, *_learned_workloads(learned)], detail=str(e)) from None
     if name in _learned_workloads(learned):
         return None
     raise UnknownWorkload(name, [*presets, *_learned_workloads(learned)])

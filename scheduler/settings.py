@@ -88,6 +88,12 @@ def _text(v: Any) -> str:
     return v.strip()
 
 
+def _zone(v: Any) -> str:
+    from scheduler.zone_check import validate_zone
+
+    return validate_zone(v)
+
+
 def _groups(v: Any) -> list[str]:
     import grp
 
@@ -219,7 +225,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket", _path, None, "API socket path (default /run/carbonsched/carbonsched.sock as root, "
             "else STATE_DIR/carbonsched.sock)", _HEAD, "PATH"),
     Setting("node", _text, None, "name of this node (default: host name)", _BOTH, "NAME"),
-    Setting("zone", _text, "local", "carbon zone of this node, e.g. DE or US-CAL-CISO", _BOTH, "ZONE"),
+    Setting("zone", _zone, "local", "carbon zone of this node, e.g. DE or US-CAL-CISO (the default `local` has "
+            "no carbon data: set the real one)", _BOTH, "ZONE"),
     Setting("emulate", _fleet, None, "emulate a GPU fleet where none exists, e.g. 4xMI300X,2xH100",
             _BOTH, "SPEC"),
     Setting("truth", _truth, None, "with --emulate: how jobs really run on the emulated GPUs, hidden "

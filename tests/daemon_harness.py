@@ -6,6 +6,7 @@ non-root users can reach the socket and their jobs' working directory.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -28,6 +29,25 @@ def world_dir(prefix: str) -> Path:
     d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     d.chmod(0o1777)
     return d
+
+
+_CODE_COPY: Path | None = None
+
+
+def readable_code_copy() -> Path:
+    """A copy of the packages in a directory every user can read, made once per test process,
+    for commands run as throwaway users: a clone in a 0700 directory (`mktemp -d`, /root)
+    cannot be read by them, so `PYTHONPATH=<clone>` would give "No module named scheduler"."""
+    global _CODE_COPY
+    if _CODE_COPY is None or not _CODE_COPY.exists():
+        dst = Path(tempfile.mkdtemp(prefix="carbonsched-code-", dir="/tmp"))
+        for pkg in ("scheduler", "policies", "telemetry"):
+            shutil.copytree(REPO / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for path in [dst, *dst.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        _CODE_COPY = dst
+        atexit.register(shutil.rmtree, dst, True)
+    return _CODE_COPY
 
 
 class DaemonProcess:
@@ -75,7 +95,14 @@ class DaemonProcess:
                 return
             except (DaemonUnreachable, ApiError, OSError):
                 time.sleep(0.05)
-        self.kill9()  # never leave a daemon behind that did not come up in time
+        # Stop it: a fixture whose start() raises never reaches its cleanup, and daemons left
+        # behind by timed-out starts load a busy host further (issue 28's full run left 41).
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         raise TimeoutError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
 
     def kill9(self) -> None:
@@ -113,10 +140,12 @@ class DaemonProcess:
             # able to execute this virtualenv's interpreter (it can live under /root).
             python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or python
         cmd = [python, "-m", "scheduler", "--socket", str(self.socket), *args]
+        code = REPO
         if user is not None:
             cmd = ["runuser", "-u", user, "--", *cmd]
+            code = readable_code_copy()  # the clone may be one other users cannot enter (0700)
         env = {k: v for k, v in os.environ.items() if k not in ("CARBONSCHED_SOCKET",)}
-        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONPATH"] = str(code)
         return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or self.root,
                               env=env, check=check, timeout=60)
 

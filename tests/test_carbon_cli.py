@@ -215,9 +215,12 @@ def test_show_errors_are_one_clear_line(env):
 
 # -- zones ----------------------------------------------------------------------------------
 
-def test_zones_lists_data_providers_and_static_values(env, capsys):
-    assert carbon("zones") == 0
-    assert "no zones" in capsys.readouterr().out
+def test_zones_lists_data_providers_and_static_values(env, capsys, tmp_path):
+    from scheduler.cli.common import CliError
+
+    with pytest.raises(CliError, match="no database at"):  # a wrong --db is no "no zones", exit 0
+        carbon("zones")
+    assert not (tmp_path / "carbon.db").exists()
     carbon("import", str(DE))
     carbon("import", str(BR))
     capsys.readouterr()
@@ -244,7 +247,29 @@ def test_the_verb_is_wired_into_carbonsched(env):
 
     verbs = cli.build_parser()._subparsers._group_actions[0].choices
     assert "carbon" in verbs
+    assert carbonsched(env, "db", "upgrade").returncode == 0  # an empty store: no zones yet
     proc = subprocess.run([sys.executable, "-m", "scheduler", "carbon", "zones", "--json"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+def test_an_intensity_beyond_any_grid_is_refused_and_a_zone_can_be_forgotten(env, tmp_path, capsys):
+    """Issue 28: 1e9 g/kWh is a unit mistake, not data; a zone imported by mistake can go."""
+    from scheduler.cli.common import CliError
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time,gco2_per_kwh,zone\n2022-01-01T00:00:00Z,1e9,XX\n")
+    with pytest.raises(CliError, match="beyond any grid"):
+        carbon("import", str(bad))
+    ok = tmp_path / "ok.csv"
+    ok.write_text("time,gco2_per_kwh,zone\n2022-01-01T00:00:00Z,350,XX\n2022-01-01T01:00:00Z,1999,XX\n")
+    assert carbon("import", str(ok)) == 0
+    carbon("import", str(DE))
+    capsys.readouterr()
+    assert carbon("forget", "--zone", "XX") == 0
+    assert "deleted 2 values of zone XX" in capsys.readouterr().out
+    assert carbon("zones", "--json") == 0
+    assert [z["zone"] for z in json.loads(capsys.readouterr().out)] == ["DE"]
+    with pytest.raises(CliError, match="no carbon data for zone 'XX'"):
+        carbon("forget", "--zone", "XX")

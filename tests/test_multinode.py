@@ -95,3 +95,27 @@ def test_agent_runs_jobs_and_reports_live_power(head_and_agent):
     # The job's log lives on the agent's node, not the head node.
     log = root / "agent-state" / "logs" / f"{job}.out"
     assert log.read_text().strip() == ",".join(map(str, sorted(jobs[job]["gpus"])))
+
+
+def test_logs_of_a_job_run_by_another_nodes_agent_are_read_on_the_head_and_followed(head_and_agent):
+    """Issue 28: `logs` said "no stdout log for job 14 on this host" for a job another node
+    ran; its agent now copies the output into the store, and `logs --follow` streams it."""
+    head, agent, port, root = head_and_agent
+    r = head.cli("submit", "--json", "--est-runtime", "10s", "--", "sh", "-c",
+                 "echo first; sleep 3; echo second; echo oops >&2")
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)["id"]
+    head.wait_states([job], states={"RUNNING", "COMPLETED"}, timeout_s=60)
+    follow = subprocess.run([sys.executable, "-m", "scheduler", "--socket", str(head.socket), "logs", "--follow",
+                             str(job)], capture_output=True, text=True, timeout=60, cwd=REPO,
+                            env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert follow.returncode == 0, follow.stderr
+    assert follow.stdout == "first\nsecond\n"   # all of it, once, then it stopped with the job
+    assert head.client().job(job)["state"] == "COMPLETED"
+    assert not (head.state_dir / "logs" / f"{job}.out").exists()  # the head has no file of it
+    out = head.cli("logs", str(job))
+    assert out.returncode == 0 and out.stdout == "first\nsecond\n", out.stderr
+    err = head.cli("logs", "--stderr", str(job))
+    assert err.returncode == 0 and err.stdout == "oops\n"
+    tail = head.cli("logs", "--tail-bytes", "7", str(job))
+    assert tail.stdout == "second\n"

@@ -397,16 +397,16 @@ def test_a_learned_profile_changes_the_next_estimate(store, service):
     import_carbon(store, GB)
     add_node(store, "gb1", "GB")
     planner = planner_for(store)
-    job = submit(service, workload="site-eval", prompts=1000)
+    job = submit(service, workload="custom:site-eval", prompts=1000)
     _, before = planner.preview()
     assert before.by_job()[job].estimate.runtime_s == pytest.approx(3600, rel=0.5)  # no profile yet
     # This cluster measured 10 prompts/s per H100 at 500 W for this workload.
     store.transact(lambda conn: fold_run(conn, CompletedRun(
-        job_id=0, workload="site-eval", model="H100", gpus=1, runtime_s=100.0, energy_j=50_000.0,
+        job_id=0, workload="custom:site-eval", model="H100", gpus=1, runtime_s=100.0, energy_j=50_000.0,
         prompts=1000), T))
     with store.read() as conn:
         snap, _ = planner.snapshot(conn)
-    assert any(p.workload == "site-eval" and p.model == "H100" for p in snap.profiles)
+    assert any(p.workload == "custom:site-eval" and p.model == "H100" for p in snap.profiles)
     _, after = planner.preview()
     est = after.by_job()[job].estimate
     assert est.runtime_s == pytest.approx(100.0, rel=0.01)
@@ -418,11 +418,11 @@ def test_a_stored_estimate_is_refreshed_when_a_learned_profile_moves_it(store, s
     import_carbon(store, GB)
     add_node(store, "gb1", "GB")
     planner = planner_for(store)
-    job = submit(service, workload="site-eval", prompts=1000)
+    job = submit(service, workload="custom:site-eval", prompts=1000)
     planner.tick()
     old = job_row(store, job)
     store.transact(lambda conn: fold_run(conn, CompletedRun(
-        job_id=0, workload="site-eval", model="H100", gpus=1, runtime_s=100.0, energy_j=50_000.0,
+        job_id=0, workload="custom:site-eval", model="H100", gpus=1, runtime_s=100.0, energy_j=50_000.0,
         prompts=1000), T))
     stats = planner.tick()
     new = job_row(store, job)

@@ -95,3 +95,45 @@ def test_a_plan_preview_runs_in_a_worker_process_with_the_daemons_policy_and_sit
     assert grams[2.0] == pytest.approx(2 * grams[1.0])
     with store.read() as conn:
         assert conn.execute(select(jobs.c.state).where(jobs.c.id == job)).scalar_one() == "PENDING"
+
+
+def test_a_helper_process_exits_when_its_parent_is_killed(tmp_path):
+    """Issue 28: after `kill -9` of the daemon its preview worker stayed alive with PPID 1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "helper.pid"
+    helper = tmp_path / "helper.py"
+    helper.write_text("import os, sys, time\n"
+                      "from scheduler.process import exit_when_orphaned\n"
+                      "exit_when_orphaned(0.1)\n"
+                      "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                      "time.sleep(60)\n")
+    code = ("import subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, {str(helper)!r}, {str(pid_file)!r}])\n"
+            "time.sleep(60)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root})
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        helper = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(helper, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(helper, signal.SIGKILL)
+            raise AssertionError("the helper outlived its killed parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()

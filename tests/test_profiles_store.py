@@ -179,7 +179,7 @@ def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
     try:
         agent.start_sampling()
         job = service.submit(Caller(0, 0), {"argv": ["sleep", "1.2"], "gpus": 1,
-                                            "workload": "site-eval", "prompts": 240})["id"]
+                                            "workload": "custom:site-eval", "prompts": 240})["id"]
         deadline = time.monotonic() + 30
         state = None
         while time.monotonic() < deadline:
@@ -195,7 +195,7 @@ def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
             row = conn.execute(select(jobs).where(jobs.c.id == job)).one()
             (p,) = learned_profiles(conn)
         runtime_s = (row.ended_at - row.started_at).total_seconds()
-        assert (p.workload, p.model, p.samples) == ("site-eval", "H100", 1)
+        assert (p.workload, p.model, p.samples) == ("custom:site-eval", "H100", 1)
         assert p.prompts_per_s == pytest.approx(240 / runtime_s, rel=1e-6)
         assert p.power_w == pytest.approx(row.energy_j / runtime_s, rel=1e-6)
     finally:

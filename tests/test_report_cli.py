@@ -413,3 +413,68 @@ def cli_report_table(data: dict) -> str:
     from scheduler.cli.report import report_table
 
     return report_table(data)
+
+
+# -- an unknown emission is never 0 (issue 28) ------------------------------------------------
+
+@pytest.fixture
+def local_zone(store, monkeypatch, tmp_path):
+    """A one-machine install on the default zone `local`: energy measured, no carbon data."""
+    monkeypatch.setenv("CARBONSCHED_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    with store.write() as conn:
+        gpu = _add_node(conn, "box", "local", "H100")
+        for k in range(2):
+            _job(conn, ALICE, "alice", "box", [gpu[k]], D2 + 10 * H, D2 + 11 * H, 1.0 * KWH, zone="local")
+    return store
+
+
+def test_a_fleet_with_no_carbon_data_reports_unknown_emissions_not_zero_and_says_why(local_zone, capsys, tmp_path):
+    store = local_zone
+    r = Accountant(store).report(SINCE, UNTIL, by="user")
+    assert r["total"]["kgco2"] is None and _groups(r)["alice"]["kgco2"] is None
+    assert r["total"]["energy_kwh"] == pytest.approx(2.0)       # the energy is known
+    assert r["jobs_without_gco2"] == 2
+    assert r["unpriced"] == [{"zone": "local", "jobs": 2, "jobs_unmeasured": 0, "zone_has_data": False,
+                              "why": "zone local has no carbon data (import it: carbonsched carbon import FILE "
+                                     "--zone local)"}]
+    doc = Accountant(store).export(SINCE, UNTIL)
+    assert doc["totals"]["emissions_kgco2e"] is None and doc["systems"][0]["emissions_kgco2e"] is None
+    assert doc["totals"]["jobs_without_emissions"] == 2
+
+    url = store.engine.url.render_as_string(hide_password=False)
+    period = ("--since", "2026-03-01", "--until", "2026-04-01")
+    code, out, _ = run_cli(capsys, "report", "--db", url, *period)
+    assert code == 0
+    total = next(line for line in out.splitlines() if line.startswith("TOTAL")).split()
+    assert total[4] == "-"                                         # KGCO2: unknown, not 0
+    assert "2 job(s) are unpriced" in out and "zone local has no carbon data" in out
+    code, out, _ = run_cli(capsys, "export", "--db", url, *period)
+    assert json.loads(out)["totals"]["emissions_kgco2e"] is None
+    code, _, err = run_cli(capsys, "export", "--db", url, *period, "--out", str(tmp_path / "d.json"))
+    assert code == 0 and "emissions unknown (2 job(s) unpriced)" in err
+
+
+def test_a_partly_priced_group_sums_only_the_priced_jobs_and_counts_the_rest(fleet):
+    store, ids = fleet
+    with store.write() as conn:
+        gpu = _add_node(conn, "box", "local", "H100")
+        _job(conn, ALICE, "alice", "box", [gpu[0]], D2 + 10 * H, D2 + 11 * H, 1.0 * KWH, zone="local")
+    r = Accountant(store).report(SINCE, UNTIL, by="user")
+    assert _groups(r)["alice"]["kgco2"] == pytest.approx(0.6)     # its DE jobs; the local one is unpriced
+    assert r["jobs_without_gco2"] == 1 and r["unpriced"][0]["zone"] == "local"
+
+
+def test_report_plot_refuses_an_unwritable_path_before_printing_anything(db, capsys, tmp_path):
+    url, _ = db
+    code, out, err = run_cli(capsys, "report", "--db", url, "--plot", str(tmp_path / "nodir" / "p.png"))
+    assert code == EXIT_USAGE and out == "" and "no directory" in err and len(err.splitlines()) == 1
+
+
+def test_a_plot_of_a_period_without_priced_emissions_has_no_negative_axis(local_zone, tmp_path):
+    from scheduler.cli.report import plot_daily
+
+    data = Accountant(local_zone).report(SINCE, UNTIL, by="day")
+    assert [g["kgco2"] for g in data["groups"]] == [None]
+    plot_daily(data, str(tmp_path / "p.png"))  # draws, with a note instead of a zero bar
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -248,7 +248,7 @@ def test_out_of_range_numbers_and_bad_paths_are_rejected(service, calls):
 def test_a_workload_class_is_a_lower_case_identifier(service, calls):
     for workload in ("LLM-Inference", "llm inference", "", "-eval", "9b", "llm\n", "x" * 65, 7):
         assert_rejected(service, calls, body(workload=workload), 400, "bad workload class")
-    for workload in ("llm-inference", "finetune", "eval", "llm.inference_v2"):
+    for workload in ("llm-inference", "finetune", "eval", "custom:llm.inference_v2"):
         service.submit(ALICE, body(workload=workload))
 
 
@@ -499,3 +499,17 @@ def test_show_includes_the_plans_estimates_per_prompt_and_if_run_now(service):
     assert job["explanation"].startswith("H100 in GB")
     listed = {j["id"]: j for j in service.list_jobs(ALICE)}
     assert listed[job_id]["est_gco2"] == 40.0
+
+
+def test_a_cancel_of_a_missing_job_names_it_and_the_jobs_left_alone(service):
+    """`cancel 6 999` (issue 28): nothing is cancelled, and the error says so for each id."""
+    pending = service.submit(ALICE, body())["id"]
+    done = service.submit(ALICE, body())["id"]
+    set_state(service.store, done, State.COMPLETED)
+    with pytest.raises(RequestError) as err:
+        service.cancel(ALICE, [pending, 999_999, done])
+    assert err.value.status == 404
+    msg = err.value.message
+    assert "no job 999999" in msg and f"job {done} already ended" in msg
+    assert f"nothing cancelled (job {pending} left as is)" in msg
+    assert job_row(service.store, pending).state == "PENDING"

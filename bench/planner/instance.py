@@ -33,6 +33,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+import os
 from pathlib import Path
 
 from policies.catalog import catalog
@@ -41,7 +42,7 @@ from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_CARBON_DIR = ROOT.parent / "shared" / "data" / "carbon" / "electricitymaps"
+SHARED_CARBON_DIR = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data")) / "carbon" / "electricitymaps"
 DEFAULT_ZONES = ("DE-LU", "GB", "US-CAL-CISO", "JP-TK")
 REFERENCE_MODEL = "H100"
 GPUS_PER_NODE = 8

@@ -78,6 +78,12 @@ def add_parser(subparsers) -> None:
     sh.add_argument("--json", action="store_true")
     _db_flags(sh)
 
+    fg = sub.add_parser("forget", help="delete every value of a zone from the store (e.g. imported under a "
+                                       "wrong zone id)")
+    fg.add_argument("--zone", required=True, help="the zone id to delete")
+    fg.add_argument("--json", action="store_true")
+    _db_flags(fg)
+
     zs = sub.add_parser("zones", help="zones with carbon data, providers and fallback status")
     zs.add_argument("--json", action="store_true")
     _db_flags(zs)
@@ -99,7 +105,7 @@ def run(args, config: dict) -> int:
         carbon_config = CarbonConfig.from_config(config)
     except (ValueError, TypeError) as e:
         raise CliError(f"config: {e}", EXIT_USAGE) from None
-    action = {"import": _import, "show": _show, "zones": _zones}[args.carbon_action]
+    action = {"import": _import, "show": _show, "zones": _zones, "forget": _forget}[args.carbon_action]
     return action(args, config, carbon_config)
 
 
@@ -113,7 +119,10 @@ def _open(args, config, *, create: bool):
     from scheduler.store import SchemaError, Store
 
     if not create and _is_missing_sqlite(args, config):
-        return None
+        from scheduler.cli.common import missing_sqlite_path
+
+        raise CliError(f"no database at {missing_sqlite_path(db_url(args, config))} "
+                       "(import a trace first: carbonsched carbon import FILE --zone Z, or give --db URL)")
     try:
         store = Store(db_url(args, config))
     except (SQLAlchemyError, ImportError, ValueError) as e:
@@ -382,6 +391,29 @@ def _show_text(args, at, as_of, now, value, fc, fresh, status, static) -> str:
     lines.append("gaps: " + ("none" if not fc.gaps else
                              ", ".join(f"{_local(a)} to {_local(b)}" for a, b in fc.gaps)))
     return "\n".join(lines)
+
+
+# -- forget -------------------------------------------------------------------------------
+
+def _forget(args, config, carbon_config) -> int:
+    from scheduler.carbon import CarbonSignals
+
+    store = _open(args, config, create=False)
+    if store is None:
+        raise CliError("no carbon data yet: the database is empty")
+    try:
+        signals = CarbonSignals(store, carbon_config, track_status=False)
+        if not any(z["zone"] == args.zone for z in signals.zones()):
+            names = ", ".join(z["zone"] for z in signals.zones()) or "none"
+            raise CliError(f"no carbon data for zone {args.zone!r} (zones with data: {names})", EXIT_USAGE)
+        n = signals.forget_zone(args.zone)
+    finally:
+        store.dispose()
+    if args.json:
+        _print_json({"zone": args.zone, "values_deleted": n})
+    else:
+        print(f"deleted {n:,} values of zone {args.zone}")
+    return EXIT_OK
 
 
 # -- zones --------------------------------------------------------------------------------

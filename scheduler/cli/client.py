@@ -126,11 +126,17 @@ class Client:
     def submit(self, **fields) -> dict:
         return self.request("POST", "/jobs", fields)
 
-    def jobs(self, *, include_done: bool = False, states: list[str] | None = None) -> list[dict]:
-        return self.request("GET", "/jobs", query=_jobs_query(include_done, states))
+    def jobs(self, *, include_done: bool = False, states: list[str] | None = None, **filters) -> list[dict]:
+        return self.request("GET", "/jobs", query=_jobs_query(include_done, states, **filters))
 
-    def jobs_raw(self, *, include_done: bool = False, states: list[str] | None = None) -> bytes:
-        return self.request_raw("GET", "/jobs", query=_jobs_query(include_done, states))
+    def jobs_raw(self, *, include_done: bool = False, states: list[str] | None = None, **filters) -> bytes:
+        return self.request_raw("GET", "/jobs", query=_jobs_query(include_done, states, **filters))
+
+    def hold(self, job_ids: list[int]) -> list[dict]:
+        return self.request("POST", "/hold", {"ids": job_ids})
+
+    def release(self, job_ids: list[int]) -> list[dict]:
+        return self.request("POST", "/release", {"ids": job_ids})
 
     def job(self, job_id: int) -> dict:
         return self.request("GET", f"/jobs/{job_id}")
@@ -138,10 +144,13 @@ class Client:
     def cancel(self, job_ids: list[int]) -> list[dict]:
         return self.request("POST", "/cancel", {"ids": job_ids})
 
-    def logs(self, job_id: int, stream: str = "stdout", tail_bytes: int | None = None) -> dict:
+    def logs(self, job_id: int, stream: str = "stdout", tail_bytes: int | None = None,
+             offset: int | None = None) -> dict:
         q = {"stream": stream}
         if tail_bytes:
             q["tail_bytes"] = str(tail_bytes)
+        if offset is not None:
+            q["offset"] = str(offset)
         return self.request("GET", f"/jobs/{job_id}/logs", query=q)
 
     def nodes(self) -> list[dict]:
@@ -151,10 +160,22 @@ class Client:
         return self.request("GET", "/plan")
 
 
-def _jobs_query(include_done: bool, states: list[str] | None) -> dict | None:
+def _jobs_query(include_done: bool, states: list[str] | None, *, users: list[str] | None = None,
+                names: list[str] | None = None, since: str | None = None, until: str | None = None,
+                array: int | None = None) -> dict | None:
     q: dict = {}
     if include_done:
         q["all"] = "1"
     if states:
         q["state"] = ",".join(states)
+    if users:
+        q["user"] = ",".join(users)
+    if names:
+        q["name"] = names
+    if since:
+        q["since"] = since
+    if until:
+        q["until"] = until
+    if array is not None:
+        q["array"] = str(array)
     return q or None

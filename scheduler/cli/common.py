@@ -100,3 +100,51 @@ def db_url(args, config) -> str:
     from scheduler.store.engine import default_db_url
 
     return setting(args, config, "db", "CARBONSCHED_DB") or default_db_url(state_dir(args, config))
+
+
+def missing_sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL when that file does not exist (opening it would create it
+    and its directory), else None (it exists, it is in memory, or it is not SQLite)."""
+    from scheduler.store.engine import normalize_url
+
+    url = normalize_url(url)
+    if not url.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        path = make_url(url).database
+    except ArgumentError:
+        return None
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    return None if Path(path).exists() else path
+
+
+def open_existing_store(url: str, *, require_current: bool = True,
+                        hint: str = "start the daemon, or give --db URL"):
+    """The store at `url` for a read-only verb, which must never create anything: a SQLite
+    file that does not exist is `no database at PATH` (exit 1, nothing written); a URL that
+    cannot be opened or a schema at another revision is one clear line, never a traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.store import SchemaError, Store
+
+    missing = missing_sqlite_path(url)
+    if missing is not None:
+        raise CliError(f"no database at {missing} ({hint})", EXIT_ERROR)
+    try:
+        store = Store(url)
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        raise CliError(f"cannot open the database {url}: {str(e).splitlines()[0]}") from None
+    if require_current:
+        try:
+            store.require_current(f"carbonsched db upgrade --db {store.url}")
+        except SchemaError as e:
+            store.dispose()
+            raise CliError(str(e)) from None
+        except SQLAlchemyError as e:
+            store.dispose()
+            raise CliError(f"cannot read the database {store.url}: {str(e).splitlines()[0]}") from None
+    return store

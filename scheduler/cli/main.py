@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from scheduler import settings
@@ -26,9 +26,76 @@ from scheduler.settings import env_help
 
 # -- argument parsing --------------------------------------------------------------------
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr, exit 2 (the README's
+    promise): `carbonsched: submit: argument --gpus: invalid int value: 'abc' (carbonsched
+    submit --help)`, instead of argparse's usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        words = self.prog.split()[1:]  # "carbonsched submit" -> ["submit"]
+        where = f"{' '.join(words)}: " if words else ""
+        hint = f"{self.prog} --help" if words else "usage: carbonsched [--socket PATH] [--config FILE] VERB ...; " \
+                                                   "carbonsched --help lists the verbs"
+        print(f"carbonsched: {where}{message} ({hint})", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+GLOBAL_OPTIONS = ("--socket", "--config")
+
+
+def _global_options_after_verbs(parser: argparse.ArgumentParser) -> None:
+    """Let the global --socket and --config follow any verb too (`carbonsched queue --socket
+    X`, `config check --config X`): each sub-parser that has no option of that name gets one
+    whose default is SUPPRESS, so given after the verb it sets the same attribute and left
+    out it does not reset the value given before the verb."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in set(action.choices.values()):
+            have = {o for a in sub._actions for o in a.option_strings}
+            if "--socket" not in have:
+                sub.add_argument("--socket", default=argparse.SUPPRESS,
+                                 help=env_help("daemon API socket (also before the verb)", "CARBONSCHED_SOCKET"))
+            if "--config" not in have:
+                sub.add_argument("--config", default=argparse.SUPPRESS,
+                                 help=env_help("TOML config file (also before the verb)", "CARBONSCHED_CONFIG"))
+            _global_options_after_verbs(sub)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("carbonsched")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _latency_ms(text: str) -> float:
+    """argparse type of a latency limit: a duration (2s, 40ms) or a bare number of ms."""
+    try:
+        value = _milliseconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive duration (got {text!r})")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more (got {text!r})")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="carbonsched",
-                                description="Energy- and carbon-aware batch scheduler for GPU clusters.")
+    p = OneLineParser(prog="carbonsched",
+                      description="Energy- and carbon-aware batch scheduler for GPU clusters.")
+    p.add_argument("--version", action="version", version=f"carbonsched {_version()}")
     p.add_argument("--socket", help=env_help("daemon API socket", "CARBONSCHED_SOCKET"))
     p.add_argument("--config", help=env_help("TOML config file (default /etc/carbonsched/config.toml)",
                                               "CARBONSCHED_CONFIG"))
@@ -43,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     for verb, what in (("drain", "close GPUs to new jobs (running jobs finish); root/admins"),
                        ("resume", "open drained GPUs to new jobs again; root/admins")):
         dr = sub.add_parser(verb, help=what)
-        dr.add_argument("target", help="a node name (all its GPUs), NODE:INDEX, or a GPU UUID")
+        dr.add_argument("target", help="a node name (all its GPUs), NODE:VENDOR:INDEX as `nodes` prints a GPU "
+                                       "(e.g. vm:amd:1), NODE:INDEX where the node has one vendor, or a GPU UUID")
         if verb == "drain":
             dr.add_argument("--reason", help="why (logged with your uid)")
         dr.add_argument("--json", action="store_true")
@@ -59,21 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
     cfs.add_argument("--json", action="store_true")
 
     s = sub.add_parser("submit", help="queue a job: carbonsched submit [options] -- CMD [ARG...]")
-    s.add_argument("--gpus", type=int, default=1, help="GPUs on one node (default 1)")
+    s.add_argument("--gpus", type=_positive_int, default=1, help="GPUs on one node (default 1)")
     s.add_argument("--gpu-mem", metavar="GIB", type=float, default=0.0, help="GPU memory needed per GPU, in GiB, matched against each GPU's "
                    "nominal capacity (the data sheet's: 80 fits an H100 80GB, whose driver "
                    "reports 79.6 GiB)")
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")
-    s.add_argument("--latency-slo", metavar="MS", type=float,
-                   help="p95 per-prompt latency limit, ms: time to first token plus the decode time of a "
-                        "p95-long output")
+    s.add_argument("--latency-slo", metavar="DUR", type=_latency_ms,
+                   help="p95 per-prompt latency limit, e.g. 2s (a bare number: ms): time to first token plus "
+                        "the decode time of a p95-long output")
     s.add_argument("--ttft-slo", metavar="DUR", help="p95 time-to-first-token limit, e.g. 2s (a bare number: ms)")
     s.add_argument("--tpot-slo", metavar="DUR", help="p95 time-per-output-token limit, e.g. 40ms (a bare number: "
                                                      "ms); a preset's default applies where none is given")
     s.add_argument("--workload", metavar="CLASS",
                    help="workload: a preset (llm-inference, llm-chat-8b, llm-chat-70b, llm-code, llm-reason, eval, "
                         "mlperf-llama2-70b; finetune, train: no latency model) or a model by size, "
-                        "llm:70b, llm:70b,fp8, llm:params=47,active=13,in=2048,out=512,precision=fp8")
+                        "llm:70b, llm:70b,fp8, llm:params=47,active=13,in=2048,out=512,precision=fp8; a class "
+                        "of your own without a model: custom:NAME (other names are refused, with suggestions)")
     s.add_argument("--prompts", type=int, help="number of prompts the job serves (for gCO2/prompt; "
                                                "the job may report the real count, see README)")
     s.add_argument("--tokens", type=int, help="output tokens the job generates (for gCO2 per 1k tokens)")
@@ -89,13 +158,46 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="job name (default: the program name)")
     s.add_argument("--env", action="append", default=[], metavar="VAR[=VALUE]",
                    help="pass an environment variable (repeatable); PATH and LANG always pass")
+    s.add_argument("--hold", action="store_true", help="queue it held: not planned until `carbonsched release`")
+    s.add_argument("--begin", metavar="DUR|ISO", help="not planned before this time: a duration from now (2h) or "
+                                                      "an ISO time (local if no zone)")
+    s.add_argument("--dependency", "-d", metavar="TYPE:JOB[:JOB...][,...]",
+                   help="wait for other jobs: afterok (they COMPLETED), afterany (they ended), afternotok "
+                        "(they ended otherwise), e.g. afterok:12:13,afterany:14")
+    s.add_argument("--array", "-a", metavar="SPEC",
+                   help="a job array: one job per index, e.g. 0-99, 1,3,5, 0-20:5; %%N runs at most N at once "
+                        "(0-99%%8). Each task gets CARBONSCHED_ARRAY_TASK_ID; all share one --deadline")
+    s.add_argument("--output", "-o", metavar="PATH",
+                   help="write the job's stdout here instead of carbonsched's log (%%j job id, %%A array id, "
+                        "%%a array index, %%u user); written by the job as you, on its node")
+    s.add_argument("--error", "-e", metavar="PATH", help="the same for stderr (default: with --output, the same "
+                                                         "file as stdout)")
+    s.add_argument("--chdir", "-D", metavar="DIR", help="the job's working directory (default: the current one)")
     s.add_argument("--json", action="store_true")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
 
     q = sub.add_parser("queue", help="list jobs (active ones unless --all)")
     q.add_argument("--all", action="store_true", help="include finished jobs")
     q.add_argument("--state", action="append", help="only these states (repeatable)")
+    q.add_argument("--user", "-u", action="append", metavar="USER[,USER]",
+                   help="only jobs of these users (names or uids; others' jobs only for root/admins)")
+    q.add_argument("--name", "-n", action="append", metavar="NAME", help="only jobs of this name (* and ? match "
+                                                                          "any text / one character; repeatable)")
+    q.add_argument("--since", "-S", metavar="DUR|ISO", help="only jobs submitted since: ISO time or a duration "
+                                                            "back (7d); finished ones included")
+    q.add_argument("--until", "-E", metavar="DUR|ISO", help="only jobs submitted before this")
+    q.add_argument("--array", type=int, metavar="JOB", help="only the tasks of this job array")
+    q.add_argument("--format", "-o", dest="fields", metavar="FIELD,...",
+                   help="the columns to print, any key of `queue --json` (e.g. id,name,state,held,dependency,"
+                        "array_task_id); FIELD:WIDTH truncates")
+    q.add_argument("--noheader", action="store_true", help="with --format: no header line (for scripts)")
     q.add_argument("--json", action="store_true")
+
+    for verb, what in (("hold", "keep pending jobs from being planned (a planned one goes back to pending)"),
+                       ("release", "let held jobs be planned again")):
+        hr = sub.add_parser(verb, help=what)
+        hr.add_argument("jobs", type=int, nargs="+")
+        hr.add_argument("--json", action="store_true")
 
     sh = sub.add_parser("show", help="one job in detail, with its history")
     sh.add_argument("job", type=int)
@@ -109,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("job", type=int)
     lg.add_argument("--stderr", action="store_true", help="print stderr instead of stdout")
     lg.add_argument("--tail-bytes", type=int, help="only the last N bytes")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
 
     n = sub.add_parser("nodes", help="nodes and their GPUs")
     n.add_argument("--json", action="store_true")
@@ -125,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     report.add_parser(sub)
     profiles.add_parser(sub)
+    _global_options_after_verbs(p)
     return p
 
 
@@ -278,7 +382,7 @@ def cmd_drain(args, config) -> int:
     if args.json:
         _print_json(result)
     else:
-        gpus = ", ".join(f"{g['node']}:{g['index']}" + (f" (job {g['running_job']} finishes first)"
+        gpus = ", ".join(g.get("name", f"{g['node']}:{g['index']}") + (f" (job {g['running_job']} finishes first)"
                                                          if g["running_job"] and result["drained"] else "")
                          for g in result["gpus"])
         print(f"{'drained' if result['drained'] else 'resumed'} {len(result['gpus'])} GPU(s): {gpus}")
@@ -289,6 +393,7 @@ def cmd_config(args, config) -> int:
     path = config_path(args.config)
     if args.config_cmd == "show":
         r = resolve_settings(args, config, args.scope)
+        _fill_derived_paths(r, args.scope)
         rows = [{"key": k, "value": settings.BY_KEY[k].format(v) if not args.json else
                  (str(v) if isinstance(v, Path) else v), "source": r.sources[k]} for k, v in r.values.items()]
         if args.json:
@@ -311,8 +416,39 @@ def cmd_config(args, config) -> int:
         for x in errors:
             print(f"carbonsched: {x}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"config OK: {path or 'no config file; defaults and environment'} ({', '.join(scopes)})")
+    warnings = _zone_warnings(args, config, scopes, path)
+    for w in warnings:
+        print(f"carbonsched: warning: {w}", file=sys.stderr)
+    print(f"config OK: {path or 'no config file; defaults and environment'} ({', '.join(scopes)})"
+          + (f", {len(warnings)} warning(s)" if warnings else ""))
     return EXIT_OK
+
+
+def _zone_warnings(args, config, scopes: list[str], path: str | None) -> list[str]:
+    """What `config check` warns about: a zone nothing can price (the default `local`)."""
+    from scheduler.zone_check import zone_without_data
+
+    zones = {settings.resolve(scope, args, config, config_path=path)["zone"] for scope in scopes}
+    return [w for w in (zone_without_data(z, config) for z in sorted(zones)) if w]
+
+
+def _fill_derived_paths(r: settings.Resolved, scope: str) -> None:
+    """`config show` prints the paths the process will really use, not "(unset)" for the ones
+    derived from others (state dir, socket, SQLite URL), exactly as `daemon` derives them."""
+    from scheduler.cli.client import default_state_dir
+    from scheduler.store.engine import default_db_url
+
+    def derive(key: str, value) -> None:
+        if key in r.values and r.values[key] is None:
+            r.values[key] = value
+            r.sources[key] = "derived"
+
+    state = r.values.get("state_dir") or default_state_dir()
+    derive("state_dir", state)
+    if scope == settings.DAEMON:
+        derive("socket", Path("/run/carbonsched/carbonsched.sock") if os.geteuid() == 0
+               else Path(state) / "carbonsched.sock")
+        derive("db", default_db_url(Path(state)))
 
 
 def cmd_submit(args, config) -> int:
@@ -324,9 +460,11 @@ def cmd_submit(args, config) -> int:
     if not command:
         raise CliError("empty command: give it after --, e.g. carbonsched submit --gpus 1 -- python run.py",
                        EXIT_USAGE)
+    cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
     body: dict = {"argv": command, "gpus": args.gpus, "gpu_mem_gib": args.gpu_mem,
-                  "cwd": os.getcwd(), "max_retries": args.retries}
+                  "cwd": cwd, "max_retries": args.retries}
     try:
+        _slurm_habits(args, body, cwd)
         if args.est_runtime:
             body["est_runtime_s"] = parse_duration(args.est_runtime)
         if args.time_limit:
@@ -335,9 +473,13 @@ def cmd_submit(args, config) -> int:
             body["max_delay_s"] = parse_duration(args.max_delay)
         if args.deadline:
             body["deadline"] = iso(parse_time(args.deadline, datetime.now(timezone.utc)))
-        for key, value in (("ttft_slo_ms", args.ttft_slo), ("tpot_slo_ms", args.tpot_slo)):
+        for key, value, flag in (("ttft_slo_ms", args.ttft_slo, "--ttft-slo"),
+                                 ("tpot_slo_ms", args.tpot_slo, "--tpot-slo")):
             if value is not None:
-                body[key] = _milliseconds(value)
+                try:
+                    body[key] = _milliseconds(value)
+                except ValueError as e:
+                    raise ValueError(f"{flag}: {e}") from None
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     for key, value in (("latency_slo_ms", args.latency_slo), ("workload", args.workload),
@@ -357,34 +499,103 @@ def cmd_submit(args, config) -> int:
     result = api_client(args, config).submit(**body)
     warning = result.get("warning")  # accepted, but it waits: e.g. only drained GPUs can run it
     if args.json:
-        _print_json({"id": result["id"], **({"warning": warning} if warning else {})})
+        _print_json({"id": result["id"], **({"warning": warning} if warning else {}),
+                     **({"array_job_id": result["array_job_id"], "ids": result["ids"]} if "ids" in result else {})})
+    elif "ids" in result:
+        print(f"submitted job array {result['id']}: {len(result['ids'])} tasks (jobs {result['ids'][0]}-"
+              f"{result['ids'][-1]}, indices {result['array']})")
     else:
-        print(f"submitted job {result['id']}")
+        print(f"submitted job {result['id']}" + (" (held)" if args.hold else ""))
     if warning:
         print(f"carbonsched: warning: job {result['id']}: {warning}", file=sys.stderr)
     return EXIT_OK
+
+
+def _slurm_habits(args, body: dict, cwd: str) -> None:
+    """--hold, --begin, --dependency, --array, --output/--error into the request (issue 28);
+    checked here too, so a mistake is one line before anything reaches the daemon."""
+    from scheduler.job_specs import check_log_pattern, parse_array, parse_dependency
+    from scheduler.timeparse import iso, parse_time
+
+    if args.hold:
+        body["hold"] = True
+    if args.begin:
+        try:
+            body["begin"] = iso(parse_time(args.begin, datetime.now(timezone.utc)))
+        except ValueError as e:
+            raise ValueError(f"--begin: {e}") from None
+    if args.dependency:
+        parse_dependency(args.dependency)
+        body["dependency"] = args.dependency
+    if args.array:
+        parse_array(args.array)
+        body["array"] = args.array
+    for flag, key, value in (("--output", "stdout_path", args.output), ("--error", "stderr_path", args.error)):
+        if value:
+            body[key] = check_log_pattern(os.path.join(cwd, value), flag)
 
 
 def _milliseconds(text: str) -> float:
     """A latency limit in ms: a duration (40ms, 2s) or a bare number of milliseconds."""
     from scheduler.timeparse import parse_duration
 
-    try:
+    import re
+
+    if re.fullmatch(r"\s*\d+(\.\d+)?\s*", text):
         return float(text)
-    except ValueError:
-        return parse_duration(text) * 1000.0
+    return parse_duration(text) * 1000.0
 
 
 def cmd_queue(args, config) -> int:
+    from scheduler.timeparse import iso, parse_time
+
     states = [s.upper() for v in (args.state or []) for s in v.split(",")]
+    filters: dict = {"users": [u for v in (args.user or []) for u in v.split(",") if u] or None,
+                     "names": args.name or None, "array": args.array}
+    now = datetime.now(timezone.utc)
+    for key in ("since", "until"):
+        text = getattr(args, key)
+        if text:
+            try:
+                filters[key] = iso(_past_or_iso(text, now))
+            except ValueError as e:
+                raise CliError(f"--{key}: {e}", EXIT_USAGE) from None
     client = api_client(args, config)
     if args.json:  # the daemon's JSON as is: no decode and re-encode of thousands of jobs
-        sys.stdout.buffer.write(client.jobs_raw(include_done=args.all, states=states or None) + b"\n")
+        sys.stdout.buffer.write(client.jobs_raw(include_done=args.all, states=states or None, **filters) + b"\n")
         return EXIT_OK
-    jobs = client.jobs(include_done=args.all, states=states or None)
+    jobs = client.jobs(include_done=args.all, states=states or None, **filters)
     from scheduler.cli import output
 
-    print(output.jobs_table(jobs))
+    if args.fields:
+        try:
+            print(output.jobs_fields(jobs, args.fields, header=not args.noheader))
+        except ValueError as e:
+            raise CliError(f"--format: {e}", EXIT_USAGE) from None
+    else:
+        print(output.jobs_table(jobs))
+    return EXIT_OK
+
+
+def _past_or_iso(text: str, now: datetime) -> datetime:
+    """`7d` (a duration back from now) or an ISO time (local if no zone), as sacct's -S."""
+    from scheduler.timeparse import parse_duration, parse_time
+
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        return parse_time(text, now)
+
+
+def cmd_hold(args, config) -> int:
+    client = api_client(args, config)
+    results = client.hold(args.jobs) if args.verb == "hold" else client.release(args.jobs)
+    if args.json:
+        _print_json(results)
+    else:
+        for r in results:
+            state = "held" if r["held"] else "released"
+            print(f"job {r['id']}: {state}" + ("" if r["changed"] else f" (it was {state} already)"))
     return EXIT_OK
 
 
@@ -415,10 +626,43 @@ def cmd_cancel(args, config) -> int:
 
 
 def cmd_logs(args, config) -> int:
-    r = api_client(args, config).logs(args.job, "stderr" if args.stderr else "stdout", args.tail_bytes)
-    sys.stdout.write(r["text"])
-    sys.stdout.flush()
-    return EXIT_OK
+    client = api_client(args, config)
+    stream = "stderr" if args.stderr else "stdout"
+    if not args.follow:
+        r = client.logs(args.job, stream, args.tail_bytes)
+        sys.stdout.write(r["text"])
+        sys.stdout.flush()
+        return EXIT_OK
+    return _follow(client, args.job, stream, args.tail_bytes)
+
+
+def _follow(client, job_id: int, stream: str, tail_bytes: int | None, poll_s: float = 1.0) -> int:
+    """`logs --follow`: print what there is, then what the job adds, until it has ended and
+    everything it wrote has been printed (like `tail -f` that stops with the job)."""
+    import time
+
+    from scheduler.cli.client import ApiError
+
+    offset = None
+    while True:
+        job = client.job(job_id)
+        try:
+            r = client.logs(job_id, stream, tail_bytes if offset is None else None, offset=offset)
+        except ApiError as e:
+            if e.status != 409:  # 409: not started yet, keep waiting
+                raise
+            r = None
+        if r is not None:
+            sys.stdout.write(r["text"])
+            sys.stdout.flush()
+            offset = r.get("next_offset", r["size"])
+        if job["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"):
+            if r is not None and not r["text"]:
+                return EXIT_OK
+            if r is None:
+                return EXIT_OK
+            continue  # one more read: what it wrote last
+        time.sleep(poll_s)
 
 
 def cmd_nodes(args, config) -> int:
@@ -447,9 +691,13 @@ def cmd_db(args, config) -> int:
     import logging
 
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    from scheduler.cli.common import open_existing_store
     from scheduler.store import Store
 
-    store = Store(db_url(args, config))
+    url = db_url(args, config)
+    # `check` only reads: a missing SQLite file is "no database at PATH", never created
+    store = Store(url) if args.action == "upgrade" else open_existing_store(
+        url, require_current=False, hint=f"create it: carbonsched db upgrade --db {url}")
     try:
         if args.action == "upgrade":
             before = store.schema_revision()
@@ -473,7 +721,7 @@ def cmd_db(args, config) -> int:
 for _verb, _handler in {"daemon": cmd_daemon, "agent": cmd_agent, "submit": cmd_submit, "queue": cmd_queue,
                          "show": cmd_show, "cancel": cmd_cancel, "logs": cmd_logs, "nodes": cmd_nodes,
                          "plan": cmd_plan, "db": cmd_db, "config": cmd_config, "drain": cmd_drain,
-                         "resume": cmd_drain}.items():
+                         "resume": cmd_drain, "hold": cmd_hold, "release": cmd_hold}.items():
     register(_verb, _handler)
 
 

@@ -29,6 +29,24 @@ def _energy(j: float | None) -> str:
     return f"{j:.0f} J"
 
 
+def energy_unit(values) -> tuple[float, str]:
+    """One unit for a column of energies (J, Wh or kWh, by the largest), so a column never
+    mixes units: (joules per unit, unit name)."""
+    top = max((v for v in values if v is not None), default=0.0)
+    if top >= 3.6e6:
+        return 3.6e6, "kWh"
+    if top >= 3600:
+        return 3600.0, "Wh"
+    return 1.0, "J"
+
+
+def _energy_in(j: float | None, unit: tuple[float, str]) -> str:
+    if j is None:
+        return "-"
+    per, name = unit
+    return f"{j:.0f} J" if name == "J" else f"{j / per:.2f} {name}"
+
+
 def _gpus(job: dict) -> str:
     if not job.get("gpus"):
         return str(job.get("gpus_requested", "-"))
@@ -57,11 +75,12 @@ def jobs_table(jobs: list[dict]) -> str:
     if not jobs:
         return "no jobs"
     rows = []
+    unit = energy_unit(j["energy_j"] for j in jobs)  # one unit for the whole ENERGY column
     for j in jobs:
         when = j["started_at"] or (j["planned_start"] if j["state"] == "PLANNED" else None)
         rows.append([str(j["id"]), j["name"][:24], j["owner"], j["state"], _gpus(j),
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
-                     "-" if j["exit_code"] is None else str(j["exit_code"]), _energy(j["energy_j"]),
+                     "-" if j["exit_code"] is None else str(j["exit_code"]), _energy_in(j["energy_j"], unit),
                      _job_gco2(j),
                      # why a PENDING job waits, as squeue's REASON: the planner's word for it
                      (j.get("reason") or "-") if j["state"] == "PENDING" else ""])
@@ -116,7 +135,12 @@ def _slos(job: dict) -> str:
     given = [f"{name} p95 <= {job[key]:g} ms" for name, key in (("TTFT", "ttft_slo_ms"), ("TPOT", "tpot_slo_ms"),
                                                                 ("latency", "latency_slo_ms"))
              if job.get(key) is not None]
-    return ", ".join(given) or ("the workload's defaults" if job.get("workload") else "-")
+    workload = job.get("workload")
+    if given:
+        return ", ".join(given)
+    if workload and job.get("latency_model", True):  # `show`'s job says whether the class has one
+        return "the workload's defaults"
+    return "- (no latency model for this workload)" if workload else "-"
 
 
 def _point(job: dict) -> str:
@@ -185,20 +209,41 @@ def nodes_table(nodes: list[dict]) -> str:
     if not nodes:
         return "no nodes registered"
     rows = []
+    reasons = False
     for n in nodes:
-        status = "up" if n["up"] else "DOWN"
         tag = " (emulated)" if n.get("emulated") else ""
         for g in n["gpus"]:
             job = str(g["job"]) if g["job"] is not None else ("busy" if g.get("busy") else "-")
             util = g.get("utilization_pct")
             limit = g.get("power_limit_w")
+            # like `sinfo -R`: a drained GPU says so, with who drained it, when and why
+            if not n["up"]:
+                status, reason = "DOWN", "no heartbeat"
+            elif g.get("drained"):
+                status = "DRAINING" if g.get("busy") else "DRAINED"
+                reason = " ".join(x for x in (g.get("drain_reason") or "", _drained_by(g)) if x)
+            else:
+                status, reason = "up", "" if g["healthy"] else (g.get("unhealthy_reason") or "")
+            reasons = reasons or bool(reason)
             rows.append([n["name"] + tag, n["zone"], status, f"{g['vendor']}:{g['index']}", g["model"],
                          f"{g['memory_gib']:g}", "-" if g["power_w"] is None else f"{g['power_w']:.0f}",
                          "-" if limit is None else f"{limit:.0f}",
                          "-" if util is None else f"{util:.0f}%", _energy(g.get("energy_today_j")),
-                         "yes" if g["healthy"] else "NO", job])
-    return table(["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "LIMIT_W", "UTIL",
-                  "TODAY", "HEALTHY", "JOB"], rows)
+                         "yes" if g["healthy"] else "NO", job, reason or "-"])
+    headers = ["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "LIMIT_W", "UTIL",
+               "TODAY", "HEALTHY", "JOB", "REASON"]
+    if not reasons:
+        headers, rows = headers[:-1], [r[:-1] for r in rows]
+    return table(headers, rows)
+
+
+def _drained_by(g: dict) -> str:
+    who = g.get("drained_by")
+    at = g.get("drained_at")
+    if who is None and at is None:
+        return ""
+    return "(" + " ".join(x for x in ((f"uid {who}" if who is not None else ""),
+                                      (local_time(at, True) if at else "")) if x) + ")"
 
 
 def plan_table(plan: list[dict]) -> str:
@@ -232,3 +277,34 @@ def plan_table(plan: list[dict]) -> str:
         total += f"; {unplaced} not placed"
     lines.append(total)
     return "\n".join(lines)
+
+
+def jobs_fields(jobs: list[dict], spec: str, *, header: bool = True) -> str:
+    """`queue --format id,name,state:10,...`: the chosen keys of each job's JSON, in columns
+    (like squeue -o); FIELD:WIDTH truncates a column. ValueError names an unknown key."""
+    fields: list[tuple[str, int | None]] = []
+    for item in spec.split(","):
+        name, _, width = item.strip().partition(":")
+        if not name:
+            continue
+        if width and not width.isdigit():
+            raise ValueError(f"{item!r}: the width after ':' must be a number")
+        fields.append((name, int(width) if width else None))
+    if not fields:
+        raise ValueError("no fields given; e.g. --format id,name,state")
+    known = set(jobs[0]) if jobs else None
+    if known is not None:
+        bad = [f for f, _ in fields if f not in known]
+        if bad:
+            raise ValueError(f"unknown field(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+
+    def cell(v, width: int | None) -> str:
+        text = "-" if v is None else ",".join(map(str, v)) if isinstance(v, list) else \
+            ("yes" if v else "no") if isinstance(v, bool) else str(v)
+        return text[:width] if width else text
+
+    rows = [[cell(j.get(f), w) for f, w in fields] for j in jobs]
+    headers = [f.upper() for f, _ in fields]
+    if not header:
+        return "\n".join("  ".join(r) for r in rows)
+    return table(headers, rows) if rows else "  ".join(headers)

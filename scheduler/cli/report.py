@@ -75,10 +75,9 @@ class _Site:
 def _direct(args, config: dict):
     """An Accountant over the store named by --db, configured like the daemon."""
     from scheduler.accounting import Accountant, AccountingConfig
-    from scheduler.store import Store
+    from scheduler.cli.common import open_existing_store
 
-    store = Store(args.db)
-    store.require_current(f"carbonsched db upgrade --db {args.db}")
+    store = open_existing_store(args.db)
     return store, Accountant(store, site=_Site(config), carbon_config=config,
                              config=AccountingConfig.from_config(config))
 
@@ -104,8 +103,23 @@ def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
 
 # -- report -----------------------------------------------------------------------------------
 
+def _check_plot_path(path: str) -> None:
+    """Refuse a plot path that cannot be written before anything is printed (issue 28)."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError(f"--plot {path}: no directory {folder}", EXIT_USAGE)
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"--plot {path}: cannot write into {folder}", EXIT_USAGE)
+    if not path.lower().endswith((".png", ".svg", ".pdf")):
+        raise CliError(f"--plot {path}: give a .png, .svg or .pdf file", EXIT_USAGE)
+
+
 def cmd_report(args, config: dict) -> int:
     fmt = "json" if args.json else args.fmt
+    if args.plot:
+        _check_plot_path(args.plot)
     data = _fetch(args, config, "report", args.by)
     if fmt == "json":
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
@@ -180,8 +194,10 @@ def report_table(data: dict) -> str:
             for sig, v in g["by_signal"].items()) for g in mixed)
         lines.append("KGCO2 by signal where average and marginal grams meet (never added): " + parts)
     if data["jobs_without_gco2"]:
-        lines.append(f"{data['jobs_without_gco2']} job(s) have no gCO2 yet (not measured, or no intensity "
-                     "data for their run): left out of KGCO2 and savings")
+        why = "; ".join(f"{u['jobs']} in {u['zone'] or 'no zone'}: {u['why']}" for u in data.get("unpriced") or [])
+        lines.append(f"{data['jobs_without_gco2']} job(s) are unpriced, left out of KGCO2 and savings "
+                     f"('-': unknown, not zero)" + (f": {why}" if why else
+                                                    " (not measured, or no intensity data for their run)"))
     return "\n".join(lines)
 
 
@@ -204,7 +220,14 @@ def plot_daily(data: dict, path: str) -> None:
     days = [g for g in data["groups"] if g["group"] is not None]
     fig, ax = plt.subplots(figsize=(9, 4))
     x = list(range(len(days)))
-    ax.bar(x, [g["kgco2"] for g in days], color="#5b8c5a", label="kgCO2")
+    # an unpriced day is a gap, never a zero bar (issue 28)
+    ax.bar(x, [g["kgco2"] if g["kgco2"] is not None else float("nan") for g in days], color="#5b8c5a",
+           label="kgCO2")
+    ax.set_ylim(bottom=0)
+    if not any(g["kgco2"] is not None for g in days):
+        ax.text(0.5, 0.5, "no priced emissions in this period" + (
+            f" ({data['jobs_without_gco2']} unpriced job(s))" if data.get("jobs_without_gco2") else ""),
+            transform=ax.transAxes, ha="center", va="center")
     ax.set_ylabel("kgCO2 per day")
     ax.set_xticks(x, [g["group"] for g in days], rotation=45, ha="right", fontsize=8)
     ax2 = ax.twinx()
@@ -252,12 +275,17 @@ def cmd_export(args, config: dict) -> int:
     doc = _fetch(args, config, "export")
     text = json.dumps(doc, indent=2) + "\n" if args.fmt == "json" else export_csv(doc)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise CliError(f"--out {args.out}: {e.strerror}") from None
         kg = ", ".join(f"{v:.3f} kgCO2e ({sig} signal)" for sig, v in
-                       doc["totals"].get("emissions_kgco2e_by_signal", {}).items() if v is not None) or "no kgCO2e"
+                       doc["totals"].get("emissions_kgco2e_by_signal", {}).items() if v is not None) \
+            or "emissions unknown"
+        unpriced = doc["totals"].get("jobs_without_emissions")
         print(f"wrote {args.out}: {len(doc['systems'])} system(s), {doc['totals']['it_energy_kwh']:.3f} kWh, "
-              f"{kg}", file=sys.stderr)
+              f"{kg}" + (f" ({unpriced} job(s) unpriced)" if unpriced else ""), file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -295,7 +323,9 @@ def receipt_text(r: dict) -> str:
     lines = [
         ("energy", f"{energy} ({m['description']})"),
         ("gCO2", _g(r["gco2"]) + (f" = energy x {intensity} x PUE {r['pue']:g}" if r["gco2"] is not None else
-                                   " (no intensity data for the run yet)" if r["energy_j"] is not None else "")),
+                                   f" (unknown, not zero: no intensity data for zone {r['zone'] or '-'} over the "
+                                   "run yet; `carbonsched carbon zones` lists the zones with data)"
+                                   if r["energy_j"] is not None else "")),
         ("signal", f"{r['signal'] or '-'} intensity of {r['zone'] or '-'}"
                    + (f" from {', '.join(r['intensity_sources'])}" if r["intensity_sources"] else "")
                    + (f"; basis {basis}" if basis else "")
@@ -334,7 +364,9 @@ def receipt_text(r: dict) -> str:
             + (f" ({point['why']})" if point.get("why") else ""))] if point else []),
         ("waited", format_duration(r["wait_s"]) + f", ran {format_duration(r['runtime_s'])}"),
         ("deadline", "none" if r["deadline"] is None else
-         f"{local_time(r['deadline'], True)}: " + ("met" if r["deadline_met"] else "MISSED")),
+         f"{local_time(r['deadline'], True)}: " + (
+             "met" if r["deadline_met"] else
+             f"not met (the job ended {r['state']})" if r.get("state") not in (None, "COMPLETED") else "MISSED")),
     ]
     width = max(len(k) for k, _ in lines)
     return "carbon receipt:\n" + "\n".join(f"  {k.rjust(width)}: {v}" for k, v in lines)

@@ -272,13 +272,10 @@ def _with_store(args, config: dict, use):
     """`use(store)` on the store named by --db / the config, with clear errors; closed after."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from scheduler.store import Store
+    from scheduler.cli.common import open_existing_store
 
     url = db_url(args, config)
-    try:
-        store = Store(url)
-    except (SQLAlchemyError, ImportError, ValueError) as e:
-        raise CliError(f"cannot open the database: {type(e).__name__}: {e}") from None
+    store = open_existing_store(url)  # read only: a missing SQLite file is refused, not created
     try:
         return use(store)
     except SQLAlchemyError as e:

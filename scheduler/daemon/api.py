@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -419,8 +419,13 @@ class ApiServer(socketserver.UnixStreamServer):
         if route == ("GET", "jobs") and len(parts) == 1:
             states = [s.upper() for v in query.get("state", []) for s in v.split(",") if s]
             limit = _query_int(query, "limit")
+            users = [u for v in query.get("user", []) for u in v.split(",") if u]
+            names = [n for v in query.get("name", []) for n in v.split(",") if n]
             return 200, svc.list_jobs(caller, include_done=_flag(query, "all"),
-                                      states=states or None, limit=limit)
+                                      states=states or None, limit=limit, users=users or None,
+                                      names=names or None, since=_query_time(query, "since"),
+                                      until=_query_time(query, "until"),
+                                      array_job_id=_query_int(query, "array"))
         if parts[:1] == ["jobs"] and len(parts) >= 2:
             job_id = _job_id(parts[1])
             if method == "GET" and len(parts) == 2:
@@ -428,7 +433,8 @@ class ApiServer(socketserver.UnixStreamServer):
             if method == "GET" and parts[2:] == ["logs"]:
                 stream = query.get("stream", ["stdout"])[0]
                 return 200, svc.logs(caller, job_id, stream=stream,
-                                     tail_bytes=_query_int(query, "tail_bytes"))
+                                     tail_bytes=_query_int(query, "tail_bytes"),
+                                     offset=_query_int(query, "offset"))
             if method == "POST" and parts[2:] == ["cancel"]:
                 return 200, svc.cancel(caller, [job_id])[0]
         if route == ("POST", "cancel"):
@@ -436,6 +442,11 @@ class ApiServer(socketserver.UnixStreamServer):
             if not isinstance(ids, list):
                 raise RequestError(400, 'cancel body must be {"ids": [JOB, ...]}')
             return 200, svc.cancel(caller, [_job_id(i) for i in ids])
+        if route in (("POST", "hold"), ("POST", "release")) and len(parts) == 1:
+            ids = body.get("ids") if isinstance(body, dict) else None
+            if not isinstance(ids, list):
+                raise RequestError(400, f'{parts[0]} body must be {{"ids": [JOB, ...]}}')
+            return 200, svc.hold(caller, [_job_id(i) for i in ids], held=parts[0] == "hold")
         if route in (("POST", "drain"), ("POST", "resume")) and len(parts) == 1:
             return 200, svc.drain(caller, body, drained=parts[0] == "drain")
         if route == ("GET", "nodes"):
@@ -470,6 +481,20 @@ def _query_int(query: dict, name: str) -> int | None:
     if not 0 <= n < 2**63:
         raise RequestError(400, f"{name} must be between 0 and 2^63-1")
     return n
+
+
+def _query_time(query: dict, name: str) -> datetime | None:
+    """An ISO 8601 time with its zone from the query string (the CLI sends UTC)."""
+    if name not in query:
+        return None
+    text = query[name][0]
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise RequestError(400, f"{name} {text!r} is not an ISO 8601 time") from None
+    if t.tzinfo is None:
+        raise RequestError(400, f"{name} {text!r} has no time zone")
+    return t.astimezone(timezone.utc)
 
 
 def _remove_stale_socket(path: Path) -> None:

@@ -151,6 +151,7 @@ class Daemon(ServiceProcess):
 
         scheduler = new_scheduler()
         carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
+        _warn_if_zone_has_no_data(cfg.zone, {"carbon": cfg.carbon}, carbon)
         # For previews (`carbonsched plan`) and --no-planner-process ticks.
         planner = Planner(store, policy, carbon=carbon, site=cfg.site, plan_interval_s=cfg.plan_interval_s,
                           full_replan_s=cfg.full_replan_s)
@@ -183,7 +184,8 @@ class Daemon(ServiceProcess):
                                                       state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                                                       sample_hz=cfg.sample_hz,
                                                       node_static_w=cfg.node_static_w,
-                                                      min_free_disk_mib=cfg.min_free_disk_mib),
+                                                      min_free_disk_mib=cfg.min_free_disk_mib,
+                                                      ship_logs=False),  # the daemon reads them itself
                           on_change=plan_proc.wake,
                           on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note),
                           emulation=emulation)
@@ -292,3 +294,19 @@ def plan_preview(rows: list[dict], service: JobService, caller: Caller) -> list[
     own jobs, or every job for an admin."""
     visible = {j["id"] for j in service.list_jobs(caller, states=["PENDING", "PLANNED"])}
     return [r for r in rows if r["job"] in visible]
+
+
+def _warn_if_zone_has_no_data(zone: str, config: dict, carbon: CarbonSignals) -> None:
+    """Say loudly, once at start, that this node's zone cannot be priced (issue 28)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.zone_check import zone_without_data
+
+    try:
+        with_data = {z["zone"] for z in carbon.zones() if z["actual_rows"] or z["forecast_rows"]}
+    except SQLAlchemyError as e:  # a warning must never stop the daemon
+        log.debug("could not list the zones with carbon data: %s", e)
+        with_data = None
+    warning = zone_without_data(zone, config, with_data)
+    if warning:
+        log.warning("%s", warning)

@@ -41,17 +41,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, String, bindparam, select, type_coerce, update
+from sqlalchemy import Connection, String, and_, bindparam, func, literal, or_, select, type_coerce, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
 from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
-from scheduler.lifecycle import State, check_allowed, record_events, utcnow
+from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
 from scheduler.profiles import learned_profiles
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import gpus, job_dependencies, jobs, nodes
 
 log = logging.getLogger(__name__)
 
@@ -525,7 +525,7 @@ class Planner:
                                  healthy=bool(g.healthy) and alive, busy_until=busy_until,
                                  drained=bool(g.drained), pue=self.site.node_site_pue(g.node_name),
                                  power_limit_w=g.power_limit_w))
-        queued = _read_queue(conn)
+        queued = _read_queue(conn, now)
         usable = {s.id for s in slots if s.healthy and not s.drained}
         pin_before = now + timedelta(seconds=self.plan_interval_s)
         pinned_ids = {r.id for r in queued.values()
@@ -817,9 +817,39 @@ class QueuedRow(NamedTuple):
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
 
 
-def _read_queue(conn: Connection) -> dict[int, QueuedRow]:
+def not_yet_plannable(now: datetime):
+    """The SQL condition of a queued job the planner must leave alone for now (issue 28):
+    held (`hold`, `submit --hold`), before its `--begin` time, waiting on a dependency that
+    is not satisfied yet (afterok: the job COMPLETED; afterany: it ended; afternotok: it
+    ended otherwise; one that can never be satisfied keeps the job waiting, as in Slurm),
+    or a task of an array beyond its `%N` throttle (only the N lowest-index active tasks of
+    an array are plannable, so at most N of them run at once)."""
+    dep_job = jobs.alias("dep_job")
+    ended = [s.value for s in TERMINAL]
+    unsatisfied = (select(literal(1)).select_from(job_dependencies.join(dep_job, dep_job.c.id ==
+                                                                        job_dependencies.c.on_job_id, isouter=True))
+                   .where(job_dependencies.c.job_id == jobs.c.id,
+                          or_(dep_job.c.id.is_(None),
+                              and_(job_dependencies.c.kind == "afterok", dep_job.c.state != State.COMPLETED.value),
+                              and_(job_dependencies.c.kind == "afterany", dep_job.c.state.not_in(ended)),
+                              and_(job_dependencies.c.kind == "afternotok",
+                                   or_(dep_job.c.state.not_in(ended), dep_job.c.state == State.COMPLETED.value))))
+                   .exists())
+    sibling = jobs.alias("sibling")
+    ahead = (select(func.count()).select_from(sibling)
+             .where(sibling.c.array_job_id == jobs.c.array_job_id, sibling.c.array_task_id < jobs.c.array_task_id,
+                    sibling.c.state.in_([s.value for s in ACTIVE]))
+             .scalar_subquery())
+    throttled = and_(jobs.c.array_max_running.is_not(None), ahead >= jobs.c.array_max_running)
+    # every term is true or false, never NULL: NOT(NULL) would drop every ordinary job
+    return or_(jobs.c.held_at.is_not(None), and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now),
+               and_(jobs.c.dependency.is_not(None), unsatisfied), throttled)
+
+
+def _read_queue(conn: Connection, now: datetime | None = None) -> dict[int, QueuedRow]:
     """The queue, read fast: a tick reads thousands of rows, so on SQLite times and JSON come
-    back as raw text and are parsed here with the C parsers instead of per-value processors."""
+    back as raw text and are parsed here with the C parsers instead of per-value processors.
+    Jobs not yet plannable (`not_yet_plannable`) are left out."""
     raw = conn.dialect.name == "sqlite"
     cols = []
     for name in QueuedRow._fields:
@@ -827,7 +857,8 @@ def _read_queue(conn: Connection) -> dict[int, QueuedRow]:
         if raw and (name in _QUEUE_TIMES or name == "planned_gpu_ids"):
             col = type_coerce(col, String).label(name)
         cols.append(col)
-    q = (select(*cols).where(jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))
+    q = (select(*cols).where(jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]),
+                             ~not_yet_plannable(now or datetime.now(timezone.utc)))
          .order_by(jobs.c.id))
     out: dict[int, QueuedRow] = {}
     for r in conn.execute(q):

@@ -54,6 +54,9 @@ def build_planner(spec: PlannerSpec, store) -> Any:
 
 
 def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
+    from scheduler.process import exit_when_orphaned
+
+    exit_when_orphaned()  # a daemon killed with -9 leaves no planner behind
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # Planning is background work: when CPUs are short, requests and the database go first.
@@ -97,6 +100,9 @@ _preview_planner = None  # the preview worker's Planner (one per worker process)
 
 def _preview_init(spec: PlannerSpec) -> None:
     global _preview_planner
+    from scheduler.process import exit_when_orphaned
+
+    exit_when_orphaned()  # nor a preview worker (and the resource tracker it keeps alive)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(PLANNER_NICE)
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

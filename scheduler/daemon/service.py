@@ -6,6 +6,7 @@ in a request body can change who the caller is. A rejected request changes nothi
 
 from __future__ import annotations
 
+import difflib
 import functools
 import grp
 import logging
@@ -19,14 +20,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, bindparam, func, insert, literal, null, select, update
+from sqlalchemy import Connection, bindparam, func, insert, literal, null, or_, select, update
 
 from policies.model import QueuedJob
 from scheduler.daemon.admission import MAX_GPUS, Admission, Refused
 from scheduler.job_view import gpu_map, job_select, jobs_json
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition, utcnow
 from scheduler.store import Store
-from scheduler.store.models import gpus, job_events, jobs, nodes
+from scheduler.store.models import gpus, job_events, jobs, nodes, workload_profiles
 from scheduler.timeparse import iso
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ MAX_RUNTIME_S = 30 * 86400
 MIN_RUNTIME_S = 1.0  # shorter estimates and limits are typos (1e-300 s), not jobs
 MAX_DEADLINE_AHEAD_S = 366 * 86400
 MAX_LOG_BYTES = 4 * 1024 * 1024
+LEARNED_TTL_S = 5.0  # how long the learned workload names are cached for submit's check
 _INSERT_JOB = insert(jobs).returning(jobs.c.id)
 
 
@@ -54,6 +56,7 @@ def _submit_statement(columns: tuple[str, ...]):
 
 
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}\Z")
+CUSTOM_WORKLOAD_RE = re.compile(r"^custom:[a-z0-9][a-z0-9_.-]{0,55}\Z")  # a class of one's own, no model
 PARAMETRIC_WORKLOAD_RE = re.compile(r"^llm:[a-z0-9_.,=]{1,60}\Z")  # policies.operating_point.parse_spec
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
@@ -61,6 +64,7 @@ NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                 "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "CARBONSCHED_METRICS_FILE",
                 "CARBONSCHED_MAX_BATCH", "CARBONSCHED_PRECISION", "CARBONSCHED_TP",
+                "CARBONSCHED_ARRAY_TASK_ID", "CARBONSCHED_ARRAY_JOB_ID", "CARBONSCHED_ARRAY_TASK_COUNT",
                 "HOME", "USER", "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH"}
 
 
@@ -71,6 +75,15 @@ class RequestError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@dataclass(frozen=True)
+class _Habits:
+    """The validated Slurm-style options of a submit: plain columns, dependencies, array."""
+
+    columns: dict
+    deps: list
+    array: object | None
 
 
 @dataclass(frozen=True)
@@ -168,6 +181,10 @@ class JobService:
         row = self._validate_submit(body, caller, now)
         warning = self._admit(row)
         self._queue_limit.check(caller.uid)
+        extra = self._validate_slurm_habits(body, caller, now)
+        if extra.deps or extra.array is not None:
+            return self._submit_with_habits(caller, row, extra)
+        row.update(extra.columns)
 
         if self.store.dialect == "postgresql":
             # One statement, one round trip: the job row and its first event are inserted
@@ -193,12 +210,96 @@ class JobService:
             out["warning"] = warning
         return out
 
+    def _validate_slurm_habits(self, body: dict, caller: Caller, now: datetime) -> "_Habits":
+        """--hold, --begin, --dependency, --array, --output/--error (issue 28), checked like
+        every other field: a bad one is refused with the flag named and nothing stored."""
+        from scheduler.job_specs import check_log_pattern, dependency_text, parse_array, parse_dependency
+
+        cols: dict = {}
+        hold = body.get("hold", False)
+        if not isinstance(hold, bool):
+            raise RequestError(400, "hold must be true or false")
+        if hold:
+            cols.update(held_at=now, held_by=caller.uid)
+        if body.get("begin") is not None:
+            begin = _parse_iso(body["begin"], "begin")
+            if begin > now + timedelta(seconds=MAX_RUNTIME_S * 12):
+                raise RequestError(400, f"--begin {iso(begin)} is more than a year away")
+            deadline = body.get("deadline")
+            if deadline is not None and _parse_iso(deadline, "deadline") <= begin:
+                raise RequestError(400, f"--begin {iso(begin)} is not before the deadline: it cannot be met")
+            cols["begin_at"] = begin
+        for key, flag, col in (("stdout_path", "--output", "stdout_path"), ("stderr_path", "--error", "stderr_path")):
+            if body.get(key) is not None:
+                try:
+                    cols[col] = check_log_pattern(body[key], flag)
+                except ValueError as e:
+                    raise RequestError(400, str(e)) from None
+        deps = []
+        if body.get("dependency") is not None:
+            try:
+                deps = parse_dependency(body["dependency"])
+            except ValueError as e:
+                raise RequestError(400, str(e)) from None
+            with self.store.read() as conn:
+                for d in deps:
+                    self._visible_job(conn, caller, d.job_id)  # 404 / 403: no waiting on the unseen
+            cols["dependency"] = dependency_text(deps)
+        array = None
+        if body.get("array") is not None:
+            try:
+                array = parse_array(body["array"])
+            except ValueError as e:
+                raise RequestError(400, str(e)) from None
+        return _Habits(cols, deps, array)
+
+    def _submit_with_habits(self, caller: Caller, row: dict, extra: "_Habits") -> dict:
+        """A job with dependencies, or the tasks of a job array, in one transaction: the
+        tasks share one deadline (the array's) and each gets its index in
+        CARBONSCHED_ARRAY_TASK_ID; the array's id is its first task's job id."""
+        from scheduler.store.models import job_dependencies
+
+        indices = extra.array.indices if extra.array is not None else (None,)
+
+        def tx(conn: Connection) -> list[int]:
+            at = self._clock()
+            ids: list[int] = []
+            for index in indices:
+                task = {**row, **extra.columns, "submitted_at": at}
+                if index is not None:
+                    env = {**row["env"], "CARBONSCHED_ARRAY_TASK_ID": str(index),
+                           "CARBONSCHED_ARRAY_TASK_COUNT": str(len(indices))}
+                    if ids:
+                        env["CARBONSCHED_ARRAY_JOB_ID"] = str(ids[0])
+                    task.update(env=env, array_task_id=index, array_max_running=extra.array.max_running,
+                                array_job_id=ids[0] if ids else None)
+                job_id = conn.execute(_INSERT_JOB, task).scalar_one()
+                record_submit(conn, job_id, caller.uid, at)
+                if index is not None and not ids:  # the first task: its id is the array's
+                    conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+                        array_job_id=job_id, env={**task["env"], "CARBONSCHED_ARRAY_JOB_ID": str(job_id)}))
+                ids.append(job_id)
+            if extra.deps:
+                conn.execute(insert(job_dependencies), [{"job_id": j, "on_job_id": d.job_id, "kind": d.kind}
+                                                        for j in ids for d in extra.deps])
+            return ids
+
+        ids = self.store.transact(tx)
+        log.info("job %s submitted by uid %s: %s%s", ids[0], caller.uid, row["name"],
+                 f" (array of {len(ids)} tasks)" if len(ids) > 1 else "")
+        self._on_submit()
+        out = {"id": ids[0], "state": State.PENDING.value}
+        if extra.array is not None:
+            out.update(array_job_id=ids[0], ids=ids, array=extra.array.text())
+        return out
+
     def _validate_submit(self, body: object, caller: Caller, now: datetime) -> dict:
         if not isinstance(body, dict):
             raise RequestError(400, "request body must be a JSON object")
         known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "ttft_slo_ms", "tpot_slo_ms",
                  "workload",
-                 "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s"}
+                 "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s",
+                 "hold", "begin", "dependency", "array", "stdout_path", "stderr_path"}
         unknown = sorted(set(body) - known)
         if unknown:
             raise RequestError(400, f"unknown field(s) in submit request: {', '.join(unknown)}")
@@ -261,10 +362,14 @@ class JobService:
                 raise RequestError(400, f"{flag} must be between 0 and 3600000 ms (got {slos[key]:g})")
         workload = body.get("workload")
         if workload is not None and (not isinstance(workload, str) or not (
-                WORKLOAD_RE.match(workload) or PARAMETRIC_WORKLOAD_RE.match(workload))):
+                WORKLOAD_RE.match(workload) or PARAMETRIC_WORKLOAD_RE.match(workload)
+                or CUSTOM_WORKLOAD_RE.match(workload))):
             raise RequestError(400, f"bad workload class {workload!r}: use lower-case letters, digits "
-                                    "and . _ - (e.g. llm-inference, finetune, eval), or llm:SIZE (e.g. llm:70b)")
+                                    "and . _ - (e.g. llm-inference, finetune, eval), llm:SIZE (e.g. llm:70b) "
+                                    "or custom:NAME")
         _check_latency_model(workload, slos)
+        if workload is not None and WORKLOAD_RE.match(workload):
+            self._check_known_workload(workload)
         prompts = body.get("prompts")
         if prompts is not None:
             prompts = _int(prompts, "prompts")
@@ -324,12 +429,63 @@ class JobService:
         except Refused as e:
             raise RequestError(e.status, e.message) from None
 
+    def _learned_workloads(self) -> set[str]:
+        """Workload classes this cluster has learned profiles of (cached like the inventory)."""
+        now = time.monotonic()
+        cached = getattr(self, "_learned", None)
+        if cached is not None and now - cached[0] < LEARNED_TTL_S:
+            return cached[1]
+        with self.store.read() as conn:
+            names = set(conn.execute(select(workload_profiles.c.workload).distinct()).scalars())
+        self._learned = (now, names)
+        return names
+
+    def _check_known_workload(self, workload: str) -> None:
+        """A plain workload name must be one the model or this cluster knows: a typo
+        (`llm-chat-7b`) would otherwise be planned as nothing in particular while `show`
+        promised the workload's defaults (issue 28). Own classes are `custom:NAME`."""
+        from policies.perf_model import preset_names
+
+        known = set(preset_names()) | self._learned_workloads()
+        if workload in known:
+            return
+        close = difflib.get_close_matches(workload, sorted(known), n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise RequestError(400, f"unknown workload {workload!r}: {hint}known: {', '.join(sorted(known))}; "
+                                f"or llm:SIZE (e.g. llm:70b), or custom:{workload} for a class of your own "
+                                "(planned without a performance model, learned from its runs)")
+
     # -- reading ------------------------------------------------------------------------
 
     def list_jobs(self, caller: Caller, *, include_done: bool = False,
-                  states: list[str] | None = None, limit: int | None = None) -> list[dict]:
-        """The caller's jobs (everyone's for an admin), active ones unless asked otherwise."""
+                  states: list[str] | None = None, limit: int | None = None,
+                  users: list[str] | None = None, names: list[str] | None = None,
+                  since: datetime | None = None, until: datetime | None = None,
+                  array_job_id: int | None = None) -> list[dict]:
+        """The caller's jobs (everyone's for an admin), active ones unless asked otherwise;
+        `users` (names or uids), `names` (exact, or globs with * and ?) and a submission
+        window [since, until) narrow it, like squeue's --user/--name and sacct's -S/-E."""
         q = job_select(self.store.dialect).order_by(jobs.c.id)
+        if users:
+            uids = [int(u) for u in users if u.isdigit()]
+            q = q.where(jobs.c.owner_name.in_([u for u in users if not u.isdigit()]) | jobs.c.owner_uid.in_(uids))
+        if names:
+            conds = []
+            for n in names:
+                if "*" in n or "?" in n:
+                    like = n.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                    conds.append(jobs.c.name.like(like.replace("*", "%").replace("?", "_"), escape="\\"))
+                else:
+                    conds.append(jobs.c.name == n)
+            q = q.where(or_(*conds))
+        if since is not None:
+            q = q.where(jobs.c.submitted_at >= since)
+        if until is not None:
+            q = q.where(jobs.c.submitted_at < until)
+        if array_job_id is not None:
+            q = q.where(jobs.c.array_job_id == array_job_id)
+        if (since is not None or until is not None) and not states:
+            include_done = True  # a period asks for history, as sacct does
         if states:
             bad = [s for s in states if s not in State.__members__]
             if bad:
@@ -350,6 +506,10 @@ class JobService:
             self._visible_job(conn, caller, job_id)
             q = job_select(self.store.dialect).where(jobs.c.id == job_id)
             out = jobs_json(conn.execute(q), gpu_map(conn))[0]
+            from policies.operating_point import has_latency_model
+
+            # whether the workload's latency is modelled (its preset's SLOs apply); for `show`
+            out["latency_model"] = has_latency_model(out["workload"])
             out["events"] = [
                 {"at": iso(e.at), "from": e.from_state, "to": e.to_state,
                  "actor_uid": e.actor_uid, "reason": e.reason}
@@ -366,25 +526,71 @@ class JobService:
         return row
 
     def logs(self, caller: Caller, job_id: int, *, stream: str = "stdout",
-             tail_bytes: int | None = None) -> dict:
+             tail_bytes: int | None = None, offset: int | None = None) -> dict:
+        """A job's stdout or stderr: the tail (`tail_bytes`, at most MAX_LOG_BYTES), or from
+        `offset` on (`logs --follow` reads on from `next_offset`). From this host's log file
+        when the job ran here, else from the copy its node's agent keeps in the store
+        (`job_log_chunks`), so a job run by another node's agent can be read on the head."""
         if stream not in ("stdout", "stderr"):
             raise RequestError(400, "stream must be stdout or stderr")
         with self.store.read() as conn:
             row = self._visible_job(conn, caller, job_id)
-        path = self.log_dir / f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
+        redirected = row.stdout_path if stream == "stdout" else (row.stderr_path or row.stdout_path)
+        if redirected:
+            from scheduler.job_specs import expand_log_pattern
+
+            redirected = expand_log_pattern(redirected, job_id=row.id, user=row.owner_name,
+                                            array_job_id=row.array_job_id, array_task_id=row.array_task_id)
+            # written by the job itself, as its owner, on its node: the daemon does not read a
+            # path a user chose (it could be swapped for a link to a file only root may read)
+            raise RequestError(404, f"job {job_id}'s {stream} went to {redirected} on node {row.node or '?'} "
+                                    f"(--{'output' if stream == 'stdout' or not row.stderr_path else 'error'}); "
+                                    "read it there")
         limit = min(tail_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
+        path = self.log_dir / f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - limit))
-                data = f.read()
+                start = max(0, size - limit) if offset is None else min(offset, size)
+                f.seek(start)
+                data = f.read(MAX_LOG_BYTES)
         except FileNotFoundError:
-            if row.state in (State.PENDING.value, State.PLANNED.value):
-                raise RequestError(409, f"job {job_id} has not started yet ({row.state})") from None
-            raise RequestError(404, f"no {stream} log for job {job_id} on this host "
-                                    f"(it ran on node {row.node or '?'})") from None
-        return {"job": job_id, "stream": stream, "size": size, "truncated": size > len(data),
+            size, start, data = self._stored_log(job_id, stream, limit, offset)
+            if size is None:
+                if row.state in (State.PENDING.value, State.PLANNED.value):
+                    raise RequestError(409, f"job {job_id} has not started yet ({row.state})") from None
+                if row.state == State.RUNNING.value:  # its agent has not copied any output yet
+                    size, start, data = 0, 0, b""
+                else:
+                    raise RequestError(404, f"no {stream} log for job {job_id} on this host or in the store "
+                                            f"(it ran on node {row.node or '?'})") from None
+        return {"job": job_id, "stream": stream, "size": size, "offset": start,
+                "next_offset": start + len(data), "truncated": start > 0 and offset is None,
                 "text": data.decode("utf-8", errors="replace")}
+
+    def _stored_log(self, job_id: int, stream: str, limit: int,
+                    offset: int | None) -> tuple[int | None, int, bytes]:
+        """(size, start, bytes) of the output the agent copied into the store; size None: none."""
+        from scheduler.store.models import job_log_chunks as c
+
+        with self.store.read() as conn:
+            size = conn.execute(select(func.max(c.c.offset + func.length(c.c.data)))
+                                .where(c.c.job_id == job_id, c.c.stream == stream)).scalar()
+            if size is None:
+                return None, 0, b""
+            start = max(0, size - limit) if offset is None else min(offset, size)
+            chunks = conn.execute(select(c.c.offset, c.c.data)
+                                  .where(c.c.job_id == job_id, c.c.stream == stream,
+                                         c.c.offset + func.length(c.c.data) > start,
+                                         c.c.offset < start + MAX_LOG_BYTES)
+                                  .order_by(c.c.offset)).all()
+        buf = bytearray()
+        for at, data in chunks:
+            data = bytes(data)
+            if at < start:
+                data = data[start - at:]
+            buf += data
+        return int(size), start, bytes(buf[:MAX_LOG_BYTES])
 
     def nodes(self, caller: Caller) -> list[dict]:
         now = self._clock()
@@ -398,10 +604,15 @@ class JobService:
                 select(jobs.c.id, jobs.c.owner_uid).where(jobs.c.state == State.RUNNING.value))}
         out = []
         for n in node_rows:
+            node_gpus = [g for g in gpu_rows if g.node_name == n.name]
             up = n.last_heartbeat is not None and (now - n.last_heartbeat).total_seconds() <= self.config.node_timeout_s
             out.append({
                 "name": n.name, "zone": n.zone, "backend": n.backend, "emulated": n.emulated,
                 "up": up, "last_heartbeat": iso(n.last_heartbeat),
+                # DRAINED: every GPU drained (like `sinfo`'s drain); reasons per GPU below
+                "state": "DOWN" if not up else (
+                    "DRAINED" if node_gpus and all(g.drained for g in node_gpus) else
+                    "MIXED-DRAINED" if any(g.drained for g in node_gpus) else "UP"),
                 "gpus": [
                     {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
                      "vendor": g.vendor, "memory_gib": g.memory_gib,
@@ -412,6 +623,11 @@ class JobService:
                      "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
                      "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
                      "busy": g.job_id is not None, "drained": bool(g.drained),
+                     "drain_reason": g.drain_reason, "drained_at": iso(g.drained_at), "drained_by": g.drained_by,
+                     "name": f"{n.name}:{g.vendor}:{g.index}",
+                     "state": ("DOWN" if not up else "DRAINING" if g.drained and g.job_id is not None
+                               else "DRAINED" if g.drained else "UNHEALTHY" if not g.healthy
+                               else "BUSY" if g.job_id is not None else "IDLE"),
                      "job": g.job_id if g.job_id is not None and (admin or holders.get(g.job_id) == caller.uid) else None}
                     for g in gpu_rows if g.node_name == n.name],
             })
@@ -435,40 +651,111 @@ class JobService:
         reason = body.get("reason")
         if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
             raise RequestError(400, "reason must be text of at most 500 characters")
-        node, sep, index = target.rpartition(":")
-        if sep and index.isdigit():
-            where = (gpus.c.node_name == node) & (gpus.c.index == int(index))
-        else:
-            where = (gpus.c.node_name == target) | (gpus.c.uuid == target)
+        where = _gpu_target(target)
+        now = self._clock()
+        values = (dict(drained=True, drain_reason=reason, drained_at=now, drained_by=caller.uid) if drained
+                  else dict(drained=False, drain_reason=None, drained_at=None, drained_by=None))
 
         def tx(conn: Connection) -> list:
-            hit = list(conn.execute(select(gpus.c.id, gpus.c.node_name, gpus.c.index, gpus.c.job_id)
-                                    .where(where, gpus.c.index >= 0)))
+            hit = list(conn.execute(select(gpus.c.id, gpus.c.node_name, gpus.c.vendor, gpus.c.index, gpus.c.job_id)
+                                    .where(where, gpus.c.index >= 0).order_by(gpus.c.vendor, gpus.c.index)))
+            vendors = {h.vendor for h in hit}
+            if len(vendors) > 1 and target.count(":") == 1 and target.rpartition(":")[2].isdigit():
+                names = " and ".join(f"{h.node_name}:{h.vendor}:{h.index}" for h in hit)
+                raise RequestError(409, f"{target} is ambiguous on a mixed-vendor node: it names {names}; "
+                                        "give NODE:VENDOR:INDEX as `carbonsched nodes` prints it")
             if hit:
-                conn.execute(update(gpus).where(gpus.c.id.in_([h.id for h in hit])).values(drained=drained))
+                conn.execute(update(gpus).where(gpus.c.id.in_([h.id for h in hit])).values(**values))
             return hit
 
         hit = self.store.transact(tx)
         if not hit:
-            raise RequestError(404, f"no node or GPU {target!r} (give a node name, NODE:INDEX or a GPU UUID)")
+            raise RequestError(404, f"no node or GPU {target!r} (give a node name, NODE:VENDOR:INDEX as "
+                                    "`carbonsched nodes` prints it, NODE:INDEX or a GPU UUID)")
         log.warning("%s of %d GPU(s) (%s) by uid %s%s", verb, len(hit), target, caller.uid,
                     f": {reason}" if reason else "")
         self.admission.invalidate()
         self._on_submit()  # re-plan now: jobs planned on drained GPUs move, resumed GPUs take work
         return {"target": target, "drained": drained, "reason": reason,
-                "gpus": [{"id": h.id, "node": h.node_name, "index": h.index, "running_job": h.job_id}
+                "gpus": [{"id": h.id, "node": h.node_name, "vendor": h.vendor, "index": h.index,
+                          "name": f"{h.node_name}:{h.vendor}:{h.index}", "running_job": h.job_id}
                          for h in hit]}
+
+    # -- hold / release -----------------------------------------------------------------
+
+    def hold(self, caller: Caller, job_ids: list[int], *, held: bool) -> list[dict]:
+        """Keep jobs from being planned (hold) or let them be planned again (release), like
+        `scontrol hold/release`. A PLANNED job that is held goes back to PENDING, its plan
+        withdrawn; a running or ended job cannot be held. All or nothing, every refusal named."""
+        verb = "hold" if held else "release"
+        if not job_ids:
+            raise RequestError(400, f"give at least one job id to {verb}")
+        refused: dict[int, RequestError] = {}
+        rows = []
+        with self.store.read() as conn:
+            for j in dict.fromkeys(job_ids):
+                try:
+                    row = self._visible_job(conn, caller, j)
+                except RequestError as e:
+                    refused[j] = e
+                    continue
+                if row.state not in (State.PENDING.value, State.PLANNED.value):
+                    refused[j] = RequestError(409, f"job {j} is {row.state}: only a job that has not started "
+                                                   f"can be {'held' if held else 'released'}")
+                else:
+                    rows.append(row)
+        if refused:
+            first = next(iter(refused.values()))
+            raise RequestError(first.status, "; ".join(e.message for e in refused.values()))
+        now = self._clock()
+        results = []
+        for r in rows:
+            def tx(conn: Connection, r=r) -> dict:
+                if not held:
+                    n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.held_at.is_not(None))
+                                     .values(held_at=None, held_by=None, plan_rev=jobs.c.plan_rev + 1)).rowcount
+                    return {"id": r.id, "held": False, "changed": bool(n)}
+                values = dict(held_at=now, held_by=caller.uid, plan_rev=jobs.c.plan_rev + 1)
+                # bumping plan_rev makes a tick planned from before the hold write nothing
+                if transition(conn, r.id, State.PENDING, actor_uid=caller.uid, expect=(State.PLANNED,),
+                              reason=f"held by uid {caller.uid}: plan withdrawn",
+                              values={**values, "planned_node": None, "planned_gpu_ids": None,
+                                      "planned_start": None}):
+                    return {"id": r.id, "held": True, "changed": True}
+                n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.state == State.PENDING.value)
+                                 .values(**values)).rowcount
+                if not n:
+                    state = conn.execute(select(jobs.c.state).where(jobs.c.id == r.id)).scalar_one()
+                    raise RequestError(409, f"job {r.id} is {state}: it started before it could be held")
+                return {"id": r.id, "held": True, "changed": r.held_at is None}
+            results.append(self.store.transact(tx))
+        log.info("%s of job(s) %s by uid %s", verb, ", ".join(str(r.id) for r in rows), caller.uid)
+        self._on_submit()  # released jobs are plannable now
+        return results
 
     # -- cancel -------------------------------------------------------------------------
 
     def cancel(self, caller: Caller, job_ids: list[int]) -> list[dict]:
         if not job_ids:
             raise RequestError(400, "give at least one job id to cancel")
+        # All or nothing (a mistyped id cancels none of the others), but every refused id is
+        # named, not only the first (`cancel 6 999`: 999 does not exist, 6 was left alone).
+        rows, refused = [], {}
         with self.store.read() as conn:
-            rows = [self._visible_job(conn, caller, j) for j in job_ids]
-        done = [r for r in rows if r.state in TERMINAL]
-        if done:
-            raise RequestError(409, "; ".join(f"job {r.id} already ended ({r.state})" for r in done))
+            for j in dict.fromkeys(job_ids):
+                try:
+                    row = self._visible_job(conn, caller, j)
+                except RequestError as e:
+                    refused[j] = e
+                    continue
+                if row.state in TERMINAL:
+                    refused[j] = RequestError(409, f"job {row.id} already ended ({row.state})")
+                else:
+                    rows.append(row)
+        if refused:
+            first = next(iter(refused.values()))
+            left = f"; nothing cancelled ({', '.join(f'job {r.id}' for r in rows)} left as is)" if rows else ""
+            raise RequestError(first.status, "; ".join(e.message for e in refused.values()) + left)
         now = self._clock()
         results = []
         for r in rows:
@@ -493,6 +780,20 @@ class JobService:
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
         return {"ok": True, "jobs": counts, "time": iso(self._clock())}
+
+
+def _gpu_target(target: str):
+    """The GPUs a drain/resume target names: a node (all its GPUs), NODE:VENDOR:INDEX (as
+    `nodes` prints a GPU: node, then vendor:index), NODE:INDEX (every vendor's GPU of that
+    index, refused by the caller when that is more than one vendor) or a GPU UUID."""
+    parts = target.split(":")
+    if len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isalpha():
+        node = ":".join(parts[:-2])
+        return (gpus.c.node_name == node) & (gpus.c.vendor == parts[-2]) & (gpus.c.index == int(parts[-1]))
+    node, sep, index = target.rpartition(":")
+    if sep and index.isdigit():
+        return (gpus.c.node_name == node) & (gpus.c.index == int(index))
+    return (gpus.c.node_name == target) | (gpus.c.uuid == target)
 
 
 def _int(v: object, field: str) -> int:

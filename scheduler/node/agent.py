@@ -17,12 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sqlalchemy import Connection, case, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from policies.catalog import match_device_name, nominal_memory_gib
 from scheduler.accounting import energy_note_of
 from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
 from scheduler.node import job_metrics
 from scheduler.node.executor import Executor, JobExecutor, LaunchSpec, RunState, RunStatus
+from scheduler.node.log_shipper import LogShipper
 from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
 from scheduler.store import Store
@@ -59,6 +61,30 @@ class AgentConfig:
     # Below this much free space where job logs and run records live, the node takes no new
     # jobs (its GPUs show as unhealthy with the reason) until space is freed.
     min_free_disk_mib: float = 256.0
+    # Copy jobs' output into the store for `logs` on the head (scheduler.node.log_shipper);
+    # off for the daemon's own agent, whose log files the daemon reads itself.
+    ship_logs: bool = True
+
+
+def redirected_argv(job) -> list[str]:
+    """The job's command, with `--output`/`--error` (issue 28) applied by a shell that runs
+    as the job's owner in its working directory: the files are opened with the owner's
+    rights, never root's. Without them, the command itself (its output goes to
+    carbonsched's log)."""
+    from scheduler.job_specs import expand_log_pattern
+
+    argv = list(job.argv)
+    if not getattr(job, "stdout_path", None) and not getattr(job, "stderr_path", None):
+        return argv
+    names = dict(job_id=job.id, user=job.owner_name, array_job_id=job.array_job_id,
+                 array_task_id=job.array_task_id)
+    out = expand_log_pattern(job.stdout_path, **names) if job.stdout_path else None
+    err = expand_log_pattern(job.stderr_path, **names) if job.stderr_path else out
+    if out is None:
+        return ["/bin/sh", "-c", 'exec 2>"$1"; shift; exec "$@"', "carbonsched-redirect", err, *argv]
+    if err == out:
+        return ["/bin/sh", "-c", 'exec >"$1" 2>&1; shift; exec "$@"', "carbonsched-redirect", out, *argv]
+    return ["/bin/sh", "-c", 'exec >"$1" 2>"$2"; shift 2; exec "$@"', "carbonsched-redirect", out, err, *argv]
 
 
 class Agent:
@@ -75,6 +101,7 @@ class Agent:
         self.config = config
         # How jobs run: supervised local processes unless another backend is given (Slurm).
         self.executor = executor or Executor(config.state_dir, grace_s=config.grace_s)
+        self._logs = LogShipper(store, self.executor.log_paths) if config.ship_logs else None
         self._on_change = on_change or (lambda: None)
         # Called with (job id, energy note) once a run's end is recorded: the head prices its carbon.
         self._on_finished = on_finished or (lambda job_id, note: None)
@@ -310,9 +337,11 @@ class Agent:
         changed = False
         running = self._running_jobs()
         self._stop_orphans({j.id for j in running})
+        alive = []
         for job in running:
             status = self.executor.status(job.id)
             if status.state is RunState.RUNNING:
+                alive.append(job.id)
                 if job.cancel_requested_at is not None and job.id not in self._signalled:
                     if self.executor.signal_cancel(job.id):
                         self._signalled.add(job.id)
@@ -320,12 +349,28 @@ class Agent:
                 continue
             changed = True
             if status.state is RunState.FINISHED:
+                self._ship_logs(job.id, final=True)  # all of its output, before it shows as ended
                 self._finish(job, status)
             elif status.state is RunState.NOT_LAUNCHED:
                 self._requeue_unlaunched(job)
             else:
                 self._lose(job, status.note or "its supervisor vanished without a result (killed?)")
+        if self._logs is not None and alive:
+            try:
+                self._logs.tick(alive)
+            except (OSError, SQLAlchemyError) as e:  # output copies are best effort; jobs go on
+                log.warning("copying job output into the store failed: %s", e)
         return changed
+
+    def _ship_logs(self, job_id: int, *, final: bool = False) -> None:
+        if self._logs is None:
+            return
+        try:
+            self._logs.ship(job_id)
+        except (OSError, SQLAlchemyError) as e:
+            log.warning("copying job %s's output into the store failed: %s", job_id, e)
+        if final:
+            self._logs.forget(job_id)
 
     def _finish(self, job, status: RunStatus) -> None:
         result = status.result or {}
@@ -501,7 +546,7 @@ class Agent:
         metrics = self.executor.metrics_path(job.id)
         env[job_metrics.ENV_VAR] = str(metrics)
         env.update(operating_point_env(job.planned_max_batch, job.planned_precision, job.planned_tp))
-        return LaunchSpec(job_id=job.id, argv=list(job.argv), cwd=job.cwd, env=env,
+        return LaunchSpec(job_id=job.id, argv=redirected_argv(job), cwd=job.cwd, env=env,
                           uid=job.owner_uid, gid=job.owner_gid, groups=list(job.owner_groups or []),
                           time_limit_s=job.time_limit_s, grace_s=self.config.grace_s,
                           stdout=str(out), stderr=str(err), metrics_file=str(metrics),

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -102,6 +103,10 @@ class Gpu(Base):
     energy_day: Mapped[str | None] = mapped_column(String(10), nullable=True)
     energy_day_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     unhealthy_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Who drained the GPU, when and why (`drain --reason`); NULL while it is not drained.
+    drain_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    drained_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    drained_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # The job holding this GPU. Claims set it with a conditional UPDATE, so two jobs can
     # never hold one GPU; deliberately no foreign key (jobs and gpus reference each other).
     job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
@@ -211,6 +216,24 @@ class Job(Base):
     # (unique: one Slurm job is adopted once). NULL for jobs submitted to carbonsched.
     slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True, unique=True)
 
+    # Slurm habits (issue 28). A held job (`submit --hold`, `hold JOB`) is not planned until
+    # released; nor one whose `--begin` time is ahead, nor one whose dependencies
+    # (job_dependencies; `dependency` is their text, e.g. "afterok:12,afterany:13") are not
+    # satisfied: scheduler.plannable is the filter.
+    held_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    held_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    begin_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    dependency: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # A task of a job array (`--array 0-99%8`): the array's id (its first task's job id), this
+    # task's index (CARBONSCHED_ARRAY_TASK_ID) and the most of its tasks active at once.
+    array_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+    array_task_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # `--output` / `--error`: the paths the job's stdout / stderr go to, written by the job
+    # itself as its owner (%j, %A, %a expanded at launch); NULL: carbonsched's own log.
+    stdout_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    stderr_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+
 
 class JobEvent(Base):
     """One state change of one job: the audit trail (who, when, from, to, why)."""
@@ -225,6 +248,34 @@ class JobEvent(Base):
     actor_uid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class JobDependency(Base):
+    """`--dependency=afterok:ID`: this job waits until job `on_job_id` ended as `kind` says
+    (afterok: COMPLETED; afternotok: ended otherwise; afterany: ended at all)."""
+
+    __tablename__ = "job_dependencies"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    on_job_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+
+
+class JobLogChunk(Base):
+    """A piece of a job's stdout or stderr, copied into the store by the agent that runs it,
+    so `carbonsched logs` works on the head node for a job that ran on another node."""
+
+    __tablename__ = "job_log_chunks"
+    __table_args__ = (Index("ix_job_log_chunks_job_id_stream_offset", "job_id", "stream", "offset"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    stream: Mapped[str] = mapped_column(String(8))
+    offset: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class WorkloadProfile(Base):
@@ -257,6 +308,8 @@ jobs = Job.__table__
 gpus = Gpu.__table__
 nodes = Node.__table__
 job_events = JobEvent.__table__
+job_dependencies = JobDependency.__table__
+job_log_chunks = JobLogChunk.__table__
 workload_profiles = WorkloadProfile.__table__
 
 from scheduler.store import telemetry_models  # noqa: E402,F401  (register tables)

@@ -36,7 +36,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from telemetry.grid.readings import (
     KIND_ACTUAL,
     KIND_FORECAST,
-    MAX_G_PER_KWH,
     SIGNAL_AVERAGE,
     SIGNAL_MARGINAL,
     SIGNALS,
@@ -254,7 +253,14 @@ def _parse_time(text: str, default_tz, what: str, line: int, name: str) -> datet
     return value.astimezone(timezone.utc)
 
 
-def _parse_value(text: str, line: int, name: str) -> float | None:
+#: Above any real grid: the dirtiest generation, coal, emits a median 820 gCO2eq/kWh over its
+#: life cycle (IPCC AR5 WGIII Annex III, Table A.III.2), so a grid average or margin beyond
+#: twice that is a unit or column mistake (lbs/MWh, kg, a wrong column), not data.
+MAX_G_PER_KWH = 2000.0
+
+
+def _parse_value(text: str, line: int, name: str, maximum: float = MAX_G_PER_KWH,
+                 unit: str = "g/kWh") -> float | None:
     t = text.strip()
     if not t:
         return None
@@ -266,9 +272,9 @@ def _parse_value(text: str, line: int, name: str) -> float | None:
         raise CsvFormatError(name, line, f"value {text!r} is not a finite number")
     if v < 0:
         raise CsvFormatError(name, line, f"negative intensity {text!r}")
-    if v > MAX_G_PER_KWH:
-        raise CsvFormatError(name, line, f"intensity {text!r} is above {MAX_G_PER_KWH:g} gCO2/kWh: "
-                                         "no grid emits that much (wrong unit or column?)")
+    if v > maximum:
+        raise CsvFormatError(name, line, f"intensity {text!r} {unit} is beyond any grid's (at most "
+                                         f"{maximum:,.0f}): a wrong unit or column?")
     return v
 
 
@@ -318,7 +324,8 @@ def _row_parser(name: str, fmt: str, cols: list[str], zone: str | None, tz, emis
             if i_units is not None and record[i_units].strip() not in ("", "lbs_co2_per_mwh"):
                 raise CsvFormatError(name, line, f"units {record[i_units]!r}: only lbs_co2_per_mwh "
                                                  "MOER values can be imported")
-            value = _parse_value(record[i_value], line, name)
+            value = _parse_value(record[i_value], line, name, MAX_G_PER_KWH / lbs_per_mwh_to_g_per_kwh(1.0),
+                                 "lbs/MWh")
             at = _parse_time(record[i_time], timezone.utc, "time", line, name)
             issued = (_parse_time(record[i_gen], timezone.utc, "generated_at", line, name)
                       if i_gen is not None and record[i_gen].strip() else None)

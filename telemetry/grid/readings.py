@@ -22,9 +22,6 @@ KIND_ACTUAL = "actual"
 KIND_FORECAST = "forecast"
 KINDS = (KIND_ACTUAL, KIND_FORECAST)
 
-#: Above this no value is an intensity but a typo or an attack (1e308 g/kWh made plans print
-#: "nan g"): several times any real grid's or power plant's emission rate.
-MAX_G_PER_KWH = 5000.0
 #: A zone id: Electricity Maps' (DE, US-CAL-CISO), WattTime's regions (CAISO_NORTH), UK
 #: regions; letters, digits and . _ : - only, at most 64 characters (no NUL, no controls).
 ZONE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")

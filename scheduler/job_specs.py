@@ -1,0 +1,137 @@
+"""The Slurm-style job options carbonsched takes (issue 28), parsed in one place for the CLI
+(to refuse a mistake before anything is sent) and the API edge (which trusts no client):
+
+- `--dependency=afterok:12[:13][,afterany:14][,afternotok:15]`: wait until those jobs ended
+  COMPLETED (afterok), ended at all (afterany) or ended otherwise (afternotok). Several
+  conditions separated by `,` must all hold (Slurm's `?`, "any of", is not supported).
+- `--array 0-99%8`, `1,3,5`, `0-20:5`: one job per index, at most `%N` active at once.
+- `--output` / `--error` patterns: `%j` job id, `%A` array id, `%a` array index, `%u` user, `%%`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
+MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
+MAX_ARRAY_INDEX = 100_000
+MAX_DEPENDENCIES = 64
+
+
+@dataclass(frozen=True)
+class Dependency:
+    kind: str
+    job_id: int
+
+    def text(self) -> str:
+        return f"{self.kind}:{self.job_id}"
+
+
+def parse_dependency(text: str) -> list[Dependency]:
+    """`afterok:12:13,afterany:14` -> [Dependency('afterok', 12), ...]; ValueError otherwise."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("empty --dependency; e.g. afterok:12 (also afterany, afternotok)")
+    if "?" in text:
+        raise ValueError("--dependency with '?' (any of) is not supported; separate conditions with ','")
+    out: list[Dependency] = []
+    for part in text.strip().split(","):
+        kind, _, ids = part.strip().partition(":")
+        if kind not in DEPENDENCY_KINDS:
+            raise ValueError(f"--dependency {part.strip()!r}: use {', '.join(DEPENDENCY_KINDS)} "
+                             "followed by :JOB[:JOB...]")
+        if not ids:
+            raise ValueError(f"--dependency {part.strip()!r}: no job id after {kind}:")
+        for j in ids.split(":"):
+            if not j.isdigit() or not 1 <= int(j) < 2**63:
+                raise ValueError(f"--dependency {part.strip()!r}: {j!r} is not a job id")
+            dep = Dependency(kind, int(j))
+            if dep not in out:
+                out.append(dep)
+    if len(out) > MAX_DEPENDENCIES:
+        raise ValueError(f"--dependency names {len(out)} jobs; at most {MAX_DEPENDENCIES}")
+    return out
+
+
+def dependency_text(deps: list[Dependency]) -> str:
+    """The canonical text: kinds grouped in order of first appearance, `afterok:12:13,afterany:14`."""
+    groups: dict[str, list[int]] = {}
+    for d in deps:
+        groups.setdefault(d.kind, []).append(d.job_id)
+    return ",".join(f"{k}:" + ":".join(map(str, ids)) for k, ids in groups.items())
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    indices: tuple[int, ...]
+    max_running: int | None
+
+    def text(self) -> str:
+        return _ranges(self.indices) + (f"%{self.max_running}" if self.max_running else "")
+
+
+def parse_array(text: str) -> ArraySpec:
+    """`0-99%8`, `1,3,5`, `0-20:5` (step) -> the indices and the throttle; ValueError otherwise."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("empty --array; e.g. 0-99 or 0-99%8 (at most 8 running at once)")
+    body, pct, limit = text.strip().partition("%")
+    max_running = None
+    if pct:
+        if not limit.isdigit() or int(limit) < 1:
+            raise ValueError(f"--array {text!r}: %N must be a whole number of at least 1")
+        max_running = int(limit)
+    indices: list[int] = []
+    for part in body.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part.strip())
+        if not m:
+            raise ValueError(f"--array {text!r}: {part.strip()!r} is not N, N-M or N-M:STEP")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if hi < lo or step < 1:
+            raise ValueError(f"--array {text!r}: {part.strip()!r} is an empty range")
+        if hi > MAX_ARRAY_INDEX:
+            raise ValueError(f"--array {text!r}: indices go up to {MAX_ARRAY_INDEX}")
+        if (hi - lo) // step + 1 + len(indices) > MAX_ARRAY_TASKS:
+            raise ValueError(f"--array {text!r}: at most {MAX_ARRAY_TASKS} tasks in one array")
+        indices.extend(range(lo, hi + 1, step))
+    unique = tuple(sorted(set(indices)))
+    return ArraySpec(unique, max_running)
+
+
+def _ranges(indices: tuple[int, ...]) -> str:
+    parts, start, prev = [], None, None
+    for i in indices:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = i
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
+_PATTERN = re.compile(r"%(.)")
+
+
+def check_log_pattern(text: str, flag: str) -> str:
+    """An --output/--error pattern: an absolute path (the CLI makes it so) without NULs, with
+    only the known % escapes; ValueError otherwise."""
+    if not isinstance(text, str) or not text.startswith("/") or "\x00" in text or len(text) > 4096:
+        raise ValueError(f"{flag} must be an absolute path (got {text!r})")
+    for m in _PATTERN.finditer(text.replace("%%", "")):
+        if m.group(1) not in "jAau":
+            raise ValueError(f"{flag} {text!r}: unknown %{m.group(1)} (known: %j job id, %A array id, "
+                             "%a array index, %u user, %% a percent sign)")
+    return text
+
+
+def expand_log_pattern(text: str, *, job_id: int, user: str, array_job_id: int | None = None,
+                       array_task_id: int | None = None) -> str:
+    """The path a job's --output/--error pattern names, as Slurm's sbatch expands it."""
+    values = {"j": str(job_id), "u": user, "A": str(array_job_id if array_job_id is not None else job_id),
+              "a": str(array_task_id) if array_task_id is not None else "4294967294", "%": "%"}
+    return _PATTERN.sub(lambda m: values.get(m.group(1), m.group(0)), text)
