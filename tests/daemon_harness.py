@@ -83,7 +83,11 @@ class DaemonProcess:
         log.close()
         self.starts += 1
         if wait:
-            self.wait_ready(timeout_s)
+            try:
+                self.wait_ready(timeout_s)
+            except BaseException:  # never leave a daemon behind that no fixture will stop
+                self.stop()
+                raise
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
