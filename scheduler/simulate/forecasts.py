@@ -13,10 +13,15 @@ unit in which anything new becomes known.
   not depend on which other zones or ticks were planned.
 - `persistence`: each target hour gets the value at the same hour on the newest day already
   known (24 h earlier for targets up to a day ahead, 48 h earlier for the next day, ...).
-- `model`: the project's own forecaster (`telemetry.grid.forecast.baseline_forecast`, the
-  daemon's fallback when no provider forecast exists), fed only hours complete at `now`.
-  Where it has no value (too little history) persistence is used, and at a cold start
-  (nothing known yet) the zone's first actual value; both are counted.
+- `model`: the project's own forecaster, the same as the daemon's: the learned model
+  (`telemetry.grid.forecast_model.LearnedForecaster`) for the first 72 h, refitted every
+  `REFIT_H` simulated hours on the hours known at the refit (so never on a value from after
+  the issue), the profile + anomaly baseline beyond it or while there is too little history
+  to fit (under 3 weeks). Fits are shared between the policies of one run.
+- `baseline`: the profile + anomaly baseline alone (`telemetry.grid.forecast.baseline_forecast`,
+  the project's forecaster before issue 26), fed only hours complete at `now`.
+  For both, where there is no value (too little history) persistence is used, and at a cold
+  start (nothing known yet) the zone's first actual value; both are counted.
 
 A value is "known" at `now` once its hour has ended: the newest known hour is the one
 before the hour holding `now`.
@@ -36,7 +41,10 @@ from scheduler.simulate.intensity import HOUR_S, ZoneIntensity
 
 log = logging.getLogger(__name__)
 
-KINDS = ("perfect", "noisy", "persistence", "model")
+KINDS = ("perfect", "noisy", "persistence", "model", "baseline")
+#: Simulated hours between refits of the learned model (the daemon refits daily; weekly
+#: here keeps a year-long replay to ~50 fits per zone, and the model changes little in a week).
+REFIT_H = 168
 
 
 @dataclass
@@ -51,6 +59,8 @@ class ForecastModel:
     fallbacks: int = 0
     _cache: dict[tuple[str, int, int], CarbonCurve] = field(default_factory=dict, repr=False)
     _hourly: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
+    #: fitted learned models by (zone, fit hour), shared by the ForecastModels of one run
+    fits: dict = field(default_factory=dict, repr=False)
 
     def curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
         """The forecast issued at `now_s` for `zone`, hourly, covering [now, now + horizon]."""
@@ -92,6 +102,10 @@ class ForecastModel:
         if hourly is None:
             hourly = self._hourly[zone] = z.hourly_dict()
         own = baseline_forecast(hourly, last_known, targets)
+        if self.kind == "model":
+            learned = self._learned(zone, hourly, last_known)
+            if learned is not None:
+                own = [m if m is not None else b for m, b in zip(learned.predict(hourly, last_known, targets), own)]
         out = []
         for h, v in zip(targets, own):
             if v is None:
@@ -99,6 +113,20 @@ class ForecastModel:
                 v = self._persistence(z, h, last_known)
             out.append(v)
         return out
+
+    def _learned(self, zone: str, hourly: dict[int, float], last_known: int):
+        """The learned model fitted at the newest refit hour <= last_known (None: too little history)."""
+        from telemetry.grid.forecast_model import LearnedForecaster, NotEnoughHistory
+
+        fit_hour = last_known - last_known % REFIT_H
+        key = (zone, fit_hour)
+        if key not in self.fits:
+            try:
+                self.fits[key] = LearnedForecaster.fit(hourly, fit_hour)
+            except NotEnoughHistory as e:
+                log.debug("forecast model %s at hour %d: %s", zone, fit_hour, e)
+                self.fits[key] = None
+        return self.fits[key]
 
     def _persistence(self, z: ZoneIntensity, target: int, last_known: int) -> float:
         if last_known < z.first_hour:
@@ -108,13 +136,17 @@ class ForecastModel:
         return z.hour_value(max(target - 24 * days, z.first_hour))
 
 
-def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0) -> ForecastModel:
-    """Parse `perfect`, `noisy:SIGMA`, `persistence` or `model` into a ForecastModel."""
+def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
+                   fits: dict | None = None) -> ForecastModel:
+    """Parse `perfect`, `noisy:SIGMA`, `persistence`, `model` or `baseline` into a ForecastModel.
+
+    `fits`: a dict to share the learned model's fits with other ForecastModels of the run.
+    """
     text = spec.strip().lower()
     kind, _, arg = text.partition(":")
     if kind not in KINDS:
         raise ValueError(f"unknown forecast {spec!r}; use perfect, noisy:SIGMA (e.g. noisy:0.1), "
-                         "persistence or model")
+                         "persistence, model or baseline")
     sigma = 0.0
     if kind == "noisy":
         if not arg:
@@ -127,4 +159,5 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0) ->
             raise ValueError(f"noise level {sigma} must be between 0 and 5 (relative)")
     elif arg:
         raise ValueError(f"forecast {kind} takes no argument (got {spec!r})")
-    return ForecastModel(kind=kind, zones=zones, sigma=sigma, seed=seed, name=text)
+    return ForecastModel(kind=kind, zones=zones, sigma=sigma, seed=seed, name=text,
+                         fits=fits if fits is not None else {})
