@@ -20,7 +20,12 @@ unit in which anything new becomes known.
   to fit (under 3 weeks). Fits are shared between the policies of one run.
 - `baseline`: the profile + anomaly baseline alone (`telemetry.grid.forecast.baseline_forecast`,
   the project's forecaster before issue 26), fed only hours complete at `now`.
-  For both, where there is no value (too little history) persistence is used, and at a cold
+- `stored`: the recorded forecasts of each zone (forecast rows of its `--carbon` files, or
+  the store's for `ZONE=store`) as they were issued: at `now` the newest run issued at or
+  before `now` (`scheduler.simulate.issued`), never a later one. Hours that have ended are
+  actuals; hours the run does not cover come from `model` (counted as fallbacks). The runs
+  used are recorded in `seen` (zone, now, issue time) so a replay can be checked.
+  For `model` and `baseline`, where there is no value (too little history) persistence is used, and at a cold
   start (nothing known yet) the zone's first actual value; both are counted.
 
 A value is "known" at `now` once its hour has ended: the newest known hour is the one
@@ -41,7 +46,7 @@ from scheduler.simulate.intensity import HOUR_S, ZoneIntensity
 
 log = logging.getLogger(__name__)
 
-KINDS = ("perfect", "noisy", "persistence", "model", "baseline")
+KINDS = ("perfect", "noisy", "persistence", "model", "baseline", "stored")
 #: Simulated hours between refits of the learned model (the daemon refits daily; weekly
 #: here keeps a year-long replay to ~50 fits per zone, and the model changes little in a week).
 REFIT_H = 168
@@ -61,18 +66,26 @@ class ForecastModel:
     _hourly: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
     #: fitted learned models by (zone, fit hour), shared by the ForecastModels of one run
     fits: dict = field(default_factory=dict, repr=False)
+    #: `stored`: (zone, now_s, issued_s or None) of every curve issued
+    seen: list[tuple[str, float, float | None]] = field(default_factory=list, repr=False)
 
     def curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
         """The forecast issued at `now_s` for `zone`, hourly, covering [now, now + horizon]."""
         issue_hour = int(now_s // HOUR_S)
         n_hours = int(math.ceil(horizon_s / HOUR_S)) + 1
-        key = (zone, issue_hour, n_hours)
+        run = None
+        if self.kind == "stored":
+            issued = self.zones[zone].issued
+            run = issued.latest(now_s) if issued is not None else None
+            self.seen.append((zone, now_s, issued.issued_s[run] if run is not None else None))
+        key = (zone, issue_hour, n_hours, run)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         if len(self._cache) > 4096:
             self._cache.clear()
-        values = self.values(zone, issue_hour, n_hours)
+        values = self._stored(zone, issue_hour, n_hours, run) if self.kind == "stored" \
+            else self.values(zone, issue_hour, n_hours)
         from datetime import datetime, timezone
 
         z = self.zones[zone]
@@ -82,19 +95,21 @@ class ForecastModel:
         self._cache[key] = curve
         return curve
 
-    def values(self, zone: str, issue_hour: int, n_hours: int) -> list[float]:
-        """Forecast values for the hours issue_hour .. issue_hour + n_hours - 1."""
+    def values(self, zone: str, issue_hour: int, n_hours: int, kind: str | None = None) -> list[float]:
+        """Forecast values for the hours issue_hour .. issue_hour + n_hours - 1 (by `kind`,
+        default this model's)."""
+        kind = kind or self.kind
         z = self.zones[zone]
         targets = range(issue_hour, issue_hour + n_hours)
-        if self.kind == "perfect":
+        if kind == "perfect":
             return z.hour_values(issue_hour, n_hours)
-        if self.kind == "noisy":
+        if kind == "noisy":
             actual = np.array(z.hour_values(issue_hour, n_hours))
             rng = np.random.default_rng([self.seed, zlib.crc32(zone.encode()), issue_hour & 0xFFFFFFFF])
             noise = rng.standard_normal(n_hours)
             return np.maximum(0.0, actual * (1.0 + self.sigma * noise)).tolist()
         last_known = issue_hour - 1
-        if self.kind == "persistence":
+        if kind == "persistence":
             return [self._persistence(z, h, last_known) for h in targets]
         from telemetry.grid.forecast import baseline_forecast
 
@@ -102,7 +117,7 @@ class ForecastModel:
         if hourly is None:
             hourly = self._hourly[zone] = z.hourly_dict()
         own = baseline_forecast(hourly, last_known, targets)
-        if self.kind == "model":
+        if kind == "model":
             learned = self._learned(zone, hourly, last_known)
             if learned is not None:
                 own = [m if m is not None else b for m, b in zip(learned.predict(hourly, last_known, targets), own)]
@@ -113,6 +128,27 @@ class ForecastModel:
                 v = self._persistence(z, h, last_known)
             out.append(v)
         return out
+
+    def _stored(self, zone: str, issue_hour: int, n_hours: int, run: int | None) -> list[float]:
+        """The run's hourly values; ended hours from actuals, uncovered hours from `model`."""
+        z = self.zones[zone]
+        values = self.values(zone, issue_hour, n_hours, kind="model")
+        if run is None:
+            self.fallbacks += n_hours
+            return values
+        issued = z.issued
+        assert issued is not None
+        forecast = issued.runs[run]
+        known_until = int(issued.issued_s[run] // HOUR_S)  # hours before the issue's hour have ended
+        for i, hour in enumerate(range(issue_hour, issue_hour + n_hours)):
+            v = forecast.get(hour)
+            if v is not None:
+                values[i] = v
+            elif hour < known_until:
+                values[i] = z.hour_value(hour)
+            else:
+                self.fallbacks += 1
+        return values
 
     def _learned(self, zone: str, hourly: dict[int, float], last_known: int):
         """The learned model fitted at the newest refit hour <= last_known (None: too little history)."""
@@ -138,7 +174,7 @@ class ForecastModel:
 
 def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
                    fits: dict | None = None) -> ForecastModel:
-    """Parse `perfect`, `noisy:SIGMA`, `persistence`, `model` or `baseline` into a ForecastModel.
+    """Parse `perfect`, `noisy:SIGMA`, `persistence`, `model`, `baseline` or `stored`.
 
     `fits`: a dict to share the learned model's fits with other ForecastModels of the run.
     """
@@ -146,7 +182,7 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
     kind, _, arg = text.partition(":")
     if kind not in KINDS:
         raise ValueError(f"unknown forecast {spec!r}; use perfect, noisy:SIGMA (e.g. noisy:0.1), "
-                         "persistence, model or baseline")
+                         "persistence, model, baseline or stored")
     sigma = 0.0
     if kind == "noisy":
         if not arg:
@@ -159,5 +195,11 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
             raise ValueError(f"noise level {sigma} must be between 0 and 5 (relative)")
     elif arg:
         raise ValueError(f"forecast {kind} takes no argument (got {spec!r})")
+    if kind == "stored":
+        bare = sorted(z for z, zi in zones.items() if not zi.issued)
+        if bare:
+            raise ValueError(f"--forecast stored: no recorded forecasts (rows with an issue time) for zone(s) "
+                             f"{', '.join(bare)}; import them with `carbonsched carbon import` and use "
+                             "--carbon ZONE=store, or pass a file with an issue-time column")
     return ForecastModel(kind=kind, zones=zones, sigma=sigma, seed=seed, name=text,
                          fits=fits if fits is not None else {})
