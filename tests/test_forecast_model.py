@@ -262,3 +262,74 @@ def test_stored_without_recorded_forecasts_is_a_clear_error():
     carbon = {"GB": load_zone_files("GB", [DEMO / "GB.csv"])}
     with pytest.raises(ValueError, match="no recorded forecasts .* zone\\(s\\) GB"):
         parse_forecast("stored", carbon)
+
+
+def _vessim_files(tmp_path: Path) -> tuple[Path, Path, dict[datetime, dict[datetime, float]]]:
+    """Vessim's WattTime layout: 5-min actuals `time,<region>` and, every 30 min, a forecast
+    `request_time,forecast_time,<region>` for the next 65 min (values already in gCO2/kWh)."""
+    t0 = datetime(2023, 6, 8, tzinfo=timezone.utc)
+    actual = ["time,Caiso_North"]
+    for i in range(12 * 48):
+        actual.append(f"{(t0 + timedelta(minutes=5 * i)).strftime('%Y-%m-%d %H:%M:%S')},{400 + (i % 12)}")
+    forecast = ["request_time,forecast_time,Caiso_North"]
+    runs: dict[datetime, dict[datetime, float]] = {}
+    for k in range(2 * 47):
+        issue = t0 + timedelta(minutes=30 * k)
+        run = runs[issue] = {}
+        for j in range(13):
+            at = issue + timedelta(minutes=5 * j)
+            run[at] = 200.0 + k + j / 10
+            forecast.append(f"{issue.strftime('%Y-%m-%d %H:%M:%S')},{at.strftime('%Y-%m-%d %H:%M:%S')},{run[at]}")
+    a, f = tmp_path / "watttime2023_caiso-north_actual.csv", tmp_path / "watttime2023_caiso-north_forecast.csv"
+    a.write_text("\n".join(actual) + "\n")
+    f.write_text("\n".join(forecast) + "\n")
+    return a, f, runs
+
+
+def test_vessim_watttime_files_import_with_their_issue_times_and_replay_from_the_store(tmp_path):
+    from scheduler.carbon import CarbonSignals
+    from scheduler.simulate.shadow import store_carbon
+    from scheduler.store import Store
+    from telemetry.grid.csv_import import read_trace
+
+    a, f, runs = _vessim_files(tmp_path)
+    actual, forecast = read_trace(a), read_trace(f)
+    assert (actual.fmt, forecast.fmt) == ("vessim", "vessim")
+    assert actual.zones == forecast.zones == ["Caiso_North"]
+    assert {r.kind for r in actual.readings} == {"actual"} and {r.kind for r in forecast.readings} == {"forecast"}
+    assert {r.signal for r in forecast.readings} == {"marginal"} and forecast.duration_s["Caiso_North"] == 300
+    first = forecast.readings[0]
+    assert first.issued_at == datetime(2023, 6, 8, tzinfo=timezone.utc) and first.gco2_per_kwh == 200.0
+
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    store.upgrade()
+    try:
+        signals = CarbonSignals(store, track_status=False, clock=lambda: datetime(2024, 1, 1, tzinfo=timezone.utc))
+        signals.import_file(a, zone="CAISO_NORTH")
+        signals.import_file(f, zone="CAISO_NORTH")
+        z = store_carbon(store, ["CAISO_NORTH"])["CAISO_NORTH"]
+    finally:
+        store.dispose()
+    assert z.signal == "marginal" and z.issued is not None and len(z.issued) == len(runs)
+    issues = sorted(runs)
+    for now in (issues[3] + timedelta(minutes=1), issues[3] + timedelta(minutes=29), issues[10]):
+        i = z.issued.latest(now.timestamp())
+        newest = max(t for t in issues if t <= now)
+        assert z.issued.issued_s[i] == newest.timestamp()
+        hour = int(newest.timestamp() // 3600)
+        in_hour = [v for at, v in runs[newest].items() if int(at.timestamp() // 3600) == hour]
+        assert z.issued.runs[i][hour] == pytest.approx(sum(in_hour) / len(in_hour))
+    assert z.issued.latest(issues[0].timestamp() - 1) is None
+
+
+def test_an_electricity_maps_export_with_an_issue_column_is_a_forecast(tmp_path):
+    from telemetry.grid.csv_import import read_trace
+
+    p = tmp_path / "em-forecast.csv"
+    p.write_text("Datetime (UTC),Zone Id,Carbon Intensity gCO₂eq/kWh (direct),updatedAt\n"
+                 "2022-06-01 10:00:00,DE,300.5,2022-06-01 08:00:00\n"
+                 "2022-06-01 11:00:00,DE,280.0,2022-06-01 08:00:00\n"
+                 "2022-06-01 09:00:00,DE,310.0,\n", encoding="utf-8")
+    t = read_trace(p)
+    kinds = {(r.at.hour, r.kind, r.issued_at.hour) for r in t.readings}
+    assert kinds == {(9, "actual", 10), (10, "forecast", 8), (11, "forecast", 8)}
