@@ -27,6 +27,9 @@ Definitions used here:
   January, and no value at or after T is ever used for T.
 
 Run: `.venv/bin/python bench/forecast_eval.py [--data DIR] [--zones Z,Z,...] [--json FILE]`.
+`--rolling` compares the candidate forecasters of issue 26 instead (`rolling_evaluate`):
+persistence, seasonal-naive, the baseline, ridge, the learned LightGBM model and an ensemble,
+on rolling origins over the year, MAPE/MAE at 1/6/24/48 h and the next 24 h's rank correlation.
 A script, not a test. The medians of the horizon table are `EXPECTED_MAPE_PCT` in
 telemetry/grid/forecast.py (the quality figure the scheduler reports with own forecasts).
 """
@@ -242,16 +245,63 @@ def _spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def rolling_table(zone: str, r: dict) -> list[str]:
+    """Rows of the rolling-origin table for one zone."""
+    out = [f"{zone}  ({r['refits']} fits, mean fit {r['fit_s_mean'] or 0:.1f} s)",
+           f"  {'candidate':<15} {'MAPE 1h':>7} {'6h':>6} {'24h':>6} {'48h':>6} {'MAE 24h':>8} {'rank 24h':>8}"
+           f" {'24h vs pers.':>12}"]
+    pers = r.get("persistence", {}).get("mape_24h_pct")
+    for c, row in r.items():
+        if not isinstance(row, dict):
+            continue
+        vs = f"{100 * (row['mape_24h_pct'] / pers - 1):+.1f}%" if pers else ""
+        rank = f"{row['rank_corr_24h']:.3f}" if row.get("rank_corr_24h") is not None else "-"
+        cov = row.get("interval_coverage_pct")
+        extra = f"  coverage 10-90 {cov['10-90']:.0f}%, 5-95 {cov['5-95']:.0f}%" if cov else ""
+        out.append(f"  {c:<15} {row['mape_1h_pct']:>7.2f} {row['mape_6h_pct']:>6.2f} {row['mape_24h_pct']:>6.2f} "
+                   f"{row['mape_48h_pct']:>6.2f} {row['mae_24h']:>8.1f} {rank:>8} {vs:>12}{extra}")
+    return out
+
+
+def rolling_main(args, folders: list[Path]) -> int:
+    wanted = set(args.zones.split(",")) if args.zones else set(ROLLING_ZONES)
+    candidates = tuple(args.candidates.split(","))
+    unknown = set(candidates) - set(CANDIDATES)
+    if unknown:
+        print(f"unknown candidate(s) {', '.join(sorted(unknown))}; use {', '.join(CANDIDATES)}", file=sys.stderr)
+        return 2
+    results = {}
+    print(f"Rolling origins over {YEAR}: every hour an issue time; learned candidates refitted every "
+          f"{args.refit_days} d on the hours known then")
+    for folder in (f for f in folders if f.name in wanted):
+        _, values = load_zone(folder)
+        if not values:
+            continue
+        results[folder.name] = rolling_evaluate(values, refit_days=args.refit_days, candidates=candidates)
+        print("\n".join(rolling_table(folder.name, results[folder.name])), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"year": YEAR, "refit_days": args.refit_days, "zones": results}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of <ZONE>/<ZONE>_<YEAR>_hourly.csv")
     ap.add_argument("--zones", help="comma-separated folder names (default: all)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--rolling", action="store_true",
+                    help="rolling-origin comparison of the candidate forecasters (issue 26) on "
+                         f"{','.join(ROLLING_ZONES)} unless --zones")
+    ap.add_argument("--refit-days", type=int, default=61, help="--rolling: days between refits (default 61)")
+    ap.add_argument("--candidates", default=",".join(CANDIDATES),
+                    help=f"--rolling: which of {','.join(CANDIDATES)} (default all)")
     args = ap.parse_args(argv)
     if not args.data.is_dir():
         print(f"no data at {args.data} (needs ../shared/data/carbon/electricitymaps)", file=sys.stderr)
         return 2
     folders = sorted(p for p in args.data.iterdir() if p.is_dir())
+    if args.rolling:
+        return rolling_main(args, folders)
     if args.zones:
         wanted = set(args.zones.split(","))
         folders = [f for f in folders if f.name in wanted]

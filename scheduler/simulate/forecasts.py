@@ -18,6 +18,10 @@ unit in which anything new becomes known.
   `REFIT_H` simulated hours on the hours known at the refit (so never on a value from after
   the issue), the profile + anomaly baseline beyond it or while there is too little history
   to fit (under 3 weeks). Fits are shared between the policies of one run.
+  Using its uncertainty: `model:q=Q` plans on the quantile Q of the forecast (0.5 the
+  median; above it a pessimist's forecast), `model:spread=K` on the median plus K times the
+  10-90 % spread (an expected value with a penalty for uncertainty: hours whose forecast is
+  less sure look dearer).
 - `baseline`: the profile + anomaly baseline alone (`telemetry.grid.forecast.baseline_forecast`,
   the project's forecaster before issue 26), fed only hours complete at `now`.
 - `stored`: the recorded forecasts of each zone (forecast rows of its `--carbon` files, or
@@ -59,6 +63,8 @@ class ForecastModel:
     kind: str
     zones: dict[str, ZoneIntensity]
     sigma: float = 0.0
+    quantile: float | None = None
+    spread_penalty: float = 0.0
     seed: int = 0
     name: str = ""
     fallbacks: int = 0
@@ -120,7 +126,8 @@ class ForecastModel:
         if kind == "model":
             learned = self._learned(zone, hourly, last_known)
             if learned is not None:
-                own = [m if m is not None else b for m, b in zip(learned.predict(hourly, last_known, targets), own)]
+                own = [m if m is not None else b for m, b in zip(self._learned_values(learned, hourly, last_known,
+                                                                                       targets), own)]
         out = []
         for h, v in zip(targets, own):
             if v is None:
@@ -149,6 +156,15 @@ class ForecastModel:
             else:
                 self.fallbacks += 1
         return values
+
+    def _learned_values(self, learned, hourly: dict[int, float], last_known: int, targets) -> list[float | None]:
+        if self.quantile is None and not self.spread_penalty:
+            return learned.predict(hourly, last_known, targets)
+        if self.quantile is not None:
+            return learned.predict_quantiles(hourly, last_known, targets, (self.quantile,))[self.quantile]
+        q = learned.predict_quantiles(hourly, last_known, targets, (0.1, 0.5, 0.9))
+        return [None if m is None else m + self.spread_penalty * (hi - lo)
+                for lo, m, hi in zip(q[0.1], q[0.5], q[0.9])]
 
     def _learned(self, zone: str, hourly: dict[int, float], last_known: int):
         """The learned model fitted at the newest refit hour <= last_known (None: too little history)."""
@@ -193,6 +209,20 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
             raise ValueError(f"malformed noise level {arg!r}; e.g. noisy:0.1 or noisy:10%") from None
         if not (0.0 <= sigma <= 5.0):
             raise ValueError(f"noise level {sigma} must be between 0 and 5 (relative)")
+    quantile: float | None = None
+    spread = 0.0
+    if kind == "model" and arg:
+        key, _, val = arg.partition("=")
+        try:
+            number = float(val)
+        except ValueError:
+            number = float("nan")
+        if key == "q" and 0.0 < number < 1.0:
+            quantile = number
+        elif key == "spread" and 0.0 <= number <= 10.0:
+            spread = number
+        else:
+            raise ValueError(f"malformed {spec!r}; use model, model:q=Q (0 < Q < 1) or model:spread=K (0-10)")
     elif arg:
         raise ValueError(f"forecast {kind} takes no argument (got {spec!r})")
     if kind == "stored":
@@ -201,5 +231,6 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
             raise ValueError(f"--forecast stored: no recorded forecasts (rows with an issue time) for zone(s) "
                              f"{', '.join(bare)}; import them with `carbonsched carbon import` and use "
                              "--carbon ZONE=store, or pass a file with an issue-time column")
-    return ForecastModel(kind=kind, zones=zones, sigma=sigma, seed=seed, name=text,
+    return ForecastModel(kind=kind, zones=zones, sigma=sigma, quantile=quantile, spread_penalty=spread,
+                         seed=seed, name=text,
                          fits=fits if fits is not None else {})
