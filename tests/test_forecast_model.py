@@ -153,6 +153,30 @@ def test_the_store_uses_the_model_for_its_own_forecast_only_when_fitted_as_of_th
         store.dispose()
 
 
+def test_the_daemon_fits_in_the_background_and_answers_with_the_baseline_meanwhile(tmp_path, grid):
+    import time
+
+    from telemetry.grid.forecast import METHOD as BASELINE_METHOD
+    from telemetry.grid.forecast import hour_start
+    from telemetry.grid.forecast_model import METHOD
+
+    known = {h: v for h, v in grid.items() if h < T0 + 24 * 45}
+    store, signals = _store_with(tmp_path, known)  # model_fit = background, the default
+    try:
+        as_of = hour_start(T0 + 24 * 45)
+        first = signals.forecast("XX", as_of, as_of + timedelta(hours=24), as_of=as_of)
+        assert first.level == "own" and first.method == BASELINE_METHOD  # no waiting on the fit
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            later = signals.forecast("XX", as_of, as_of + timedelta(hours=24), as_of=as_of)
+            if later.method == METHOD:
+                break
+            time.sleep(0.2)
+        assert later.method == METHOD
+    finally:
+        store.dispose()
+
+
 def test_without_a_fitted_model_the_store_says_it_used_the_baseline(tmp_path, grid):
     from telemetry.grid.forecast import METHOD, hour_start
 
