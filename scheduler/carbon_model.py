@@ -7,8 +7,9 @@ before `last_known_hour`, from rows recorded by `as_of`, is returned, so a repla
 past (`carbon show --at`, the planner's `as_of`) never sees a value from after its issue.
 
 A model is refitted once it is `refit_h` hours behind (default daily). A fit of a year of
-hourly history takes a few seconds, so by default it runs in a background thread and the
-query that asked gets the previous model, or None (the caller then uses the profile +
+hourly history takes a few seconds, so by default it runs in a background thread (the
+history is read first, in the caller's thread) and the query that asked gets the previous
+model, or None (the caller then uses the profile +
 anomaly baseline and says so in `method`). `inline=True` fits in the caller's thread (the
 tests, and one-off CLI queries that want the model's answer).
 """
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime
 
-from telemetry.grid.forecast_model import LearnedForecaster, NotEnoughHistory
+from telemetry.grid.forecast_model import MIN_HISTORY_DAYS, LearnedForecaster, NotEnoughHistory
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,23 @@ class ForecastModels:
             if start:
                 self._fitting.add(key)
         if start:
+            # the history is read here, in the caller's thread (one query, a day apart): the
+            # fit thread never touches the database, so closing the store never races it
+            try:
+                values = self._history(zone, signal, last_known_hour, as_of)
+            except Exception:
+                with self._lock:
+                    self._fitting.discard(key)
+                raise
+            if sum(1 for h in values if h <= last_known_hour) < 24 * MIN_HISTORY_DAYS:
+                with self._lock:
+                    self._fitting.discard(key)
+                    self._short[key] = last_known_hour
+                return best
             if self._inline:
-                self._fit(key, last_known_hour, as_of)
+                self._fit(key, last_known_hour, values)
                 return self.get(zone, signal, last_known_hour, as_of) if self._has(key, last_known_hour) else best
-            threading.Thread(target=self._fit, args=(key, last_known_hour, as_of), daemon=True,
+            threading.Thread(target=self._fit, args=(key, last_known_hour, values), daemon=True,
                              name=f"carbon-fit-{zone}").start()
         return best
 
@@ -72,29 +86,24 @@ class ForecastModels:
         with self._lock:
             return any(m.last_known_hour == last_known_hour for m in self._models.get(key, ()))
 
-    def _fit(self, key: tuple[str, str], last_known_hour: int, as_of: datetime) -> None:
-        zone, signal = key
+    def _fit(self, key: tuple[str, str], last_known_hour: int, values: dict[int, float]) -> None:
+        zone, _ = key
+        model = None
         try:
-            values = self._history(zone, signal, last_known_hour, as_of)
             model = LearnedForecaster.fit(values, last_known_hour)
         except NotEnoughHistory as e:
             log.info("carbon %s: forecast model not fitted yet: %s", zone, e)
-            with self._lock:
-                self._short[key] = last_known_hour
-            return
         except Exception:  # a failed fit must not stop forecasts: the baseline serves meanwhile
             log.exception("carbon %s: fitting the forecast model failed; using the baseline", zone)
-            with self._lock:
-                self._short[key] = last_known_hour
-            return
-        finally:
-            with self._lock:
-                self._fitting.discard(key)
-        log.info("carbon %s: forecast model fitted on %d rows up to hour %d", zone, model.trained_rows,
-                 last_known_hour)
         with self._lock:
+            self._fitting.discard(key)
+            if model is None:
+                self._short[key] = last_known_hour
+                return
             models = self._models.setdefault(key, [])
             models.append(model)
             models.sort(key=lambda m: m.last_known_hour)
             del models[:-3]  # a replay at an older as_of may need an older one; three are plenty
             self._short.pop(key, None)
+        log.info("carbon %s: forecast model fitted on %d rows up to hour %d", zone, model.trained_rows,
+                 last_known_hour)
