@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -223,7 +224,8 @@ def rolling_evaluate(values: dict[int, float], *, refit_days: int = 30, candidat
             if np.isnan(a).any() or np.isnan(f).any():
                 continue
             rhos.append(_spearman(a, f))
-        row["rank_corr_24h"] = float(np.nanmean(rhos)) if rhos else None
+        rhos = [r for r in rhos if not math.isnan(r)]
+        row["rank_corr_24h"] = float(np.mean(rhos)) if rhos else None
         out[c] = row
     if "lgbm" in candidates:
         cov = {}
@@ -238,10 +240,10 @@ def rolling_evaluate(values: dict[int, float], *, refit_days: int = 30, candidat
 def _spearman(a, b) -> float:
     import numpy as np
 
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")  # a flat forecast (persistence) ranks nothing
     ra = np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(float)
     rb = np.argsort(np.argsort(b, kind="stable"), kind="stable").astype(float)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
