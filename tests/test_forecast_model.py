@@ -357,3 +357,15 @@ def test_an_electricity_maps_export_with_an_issue_column_is_a_forecast(tmp_path)
     t = read_trace(p)
     kinds = {(r.at.hour, r.kind, r.issued_at.hour) for r in t.readings}
     assert kinds == {(9, "actual", 10), (10, "forecast", 8), (11, "forecast", 8)}
+
+
+def test_forecast_specs_parse_and_bad_ones_say_what_is_accepted():
+    from scheduler.simulate.forecasts import parse_forecast
+
+    assert parse_forecast("noisy:0.2", {}).sigma == 0.2
+    assert parse_forecast("model:q=0.7", {}).quantile == 0.7
+    assert parse_forecast("model:spread=0.5", {}).spread_penalty == 0.5
+    assert parse_forecast("baseline", {}).kind == "baseline"
+    for bad in ("model:q=1.5", "model:x=1", "baseline:3", "persistence:1"):
+        with pytest.raises(ValueError):
+            parse_forecast(bad, {})

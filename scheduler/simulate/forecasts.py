@@ -223,7 +223,7 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
             spread = number
         else:
             raise ValueError(f"malformed {spec!r}; use model, model:q=Q (0 < Q < 1) or model:spread=K (0-10)")
-    elif arg:
+    elif arg and kind != "noisy":
         raise ValueError(f"forecast {kind} takes no argument (got {spec!r})")
     if kind == "stored":
         bare = sorted(z for z, zi in zones.items() if not zi.issued)
