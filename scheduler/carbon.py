@@ -46,6 +46,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Float, Integer, and_, bindparam, cast, extract, func, insert, select, update
 
+from scheduler.carbon_model import ForecastModels
 from scheduler.store import Store
 from scheduler.lifecycle import utcnow
 from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status, carbon_zone_versions
@@ -62,6 +63,10 @@ from telemetry.grid.forecast import (
     hour_start,
     hourly_means,
 )
+from telemetry.grid.forecast_model import LOOKBACK_H as MODEL_LOOKBACK_H
+from telemetry.grid.forecast_model import METHOD as MODEL_METHOD
+from telemetry.grid.forecast_model import TRAIN_DAYS as MODEL_TRAIN_DAYS
+from telemetry.grid.forecast_model import expected_model_mape_pct
 from telemetry.grid.readings import (
     KIND_ACTUAL,
     KIND_FORECAST,
@@ -251,6 +256,8 @@ class CarbonConfig:
     watttime_password = "..."          # or CARBONSCHED_WATTTIME_PASSWORD
     timeout = "10s"
     forecast_max_age = "6h"
+    own_forecast = "model"             # or "baseline" (profile + anomaly only)
+    model_fit = "background"           # or "inline" (fit in the querying thread)
     [carbon.zones.DE]
     provider = "electricitymaps"
     [carbon.zones.CAISO_NORTH]
@@ -274,6 +281,11 @@ class CarbonConfig:
     timeout_s: float = 10.0
     retries: int = 2
     forecast_max_age_s: float = 6 * 3600.0
+    #: the own forecast: "model" (learned, telemetry.grid.forecast_model; the baseline serves
+    #: beyond its 72 h and until it is fitted) or "baseline" (profile + anomaly only)
+    own_forecast: str = "model"
+    #: fit the learned model in the querying thread (True) or in the background (False)
+    model_fit_inline: bool = False
     min_interval_s: dict[tuple[str, str], float] = field(default_factory=lambda: dict(DEFAULT_MIN_INTERVAL_S))
     static: dict[str, float] = field(default_factory=dict)
 
@@ -304,6 +316,15 @@ class CarbonConfig:
             cfg.retries = int(section["retries"])
         if "forecast_max_age" in section:
             cfg.forecast_max_age_s = _seconds(section["forecast_max_age"], "forecast_max_age")
+        if "own_forecast" in section:
+            cfg.own_forecast = str(section["own_forecast"])
+            if cfg.own_forecast not in ("model", "baseline"):
+                raise ValueError(f"carbon config own_forecast: {cfg.own_forecast!r}; use model or baseline")
+        if "model_fit" in section:
+            fit = str(section["model_fit"])
+            if fit not in ("background", "inline"):
+                raise ValueError(f"carbon config model_fit: {fit!r}; use background or inline")
+            cfg.model_fit_inline = fit == "inline"
         for key, value in (section.get("min_interval") or {}).items():
             provider, _, endpoint = str(key).partition(".")
             cfg.min_interval_s[(provider, endpoint)] = _seconds(value, f"min_interval.{key}")
@@ -464,6 +485,18 @@ class CarbonSignals:
         self._levels: dict[tuple[str, str], str] = {}
         self._levels_lock = threading.Lock()
         self._q = _Queries(store.dialect)
+        self._models = ForecastModels(self._model_history, inline=self.config.model_fit_inline) \
+            if self.config.own_forecast == "model" else None
+
+    def _model_history(self, zone: str, signal: str, last_known_hour: int, as_of: datetime) -> dict[int, float]:
+        """Hourly actuals of a zone up to `last_known_hour`, as recorded by `as_of`, for a fit."""
+        end = hour_start(last_known_hour + 1)
+        params = {"zone": zone, "signal": signal, "as_of": as_of, "end": end,
+                  "since": end - timedelta(hours=24 * MODEL_TRAIN_DAYS + MODEL_LOOKBACK_H)}
+        with self.store.read() as conn:
+            rows = conn.execute(self._q.history, params).all()
+        latest = {at_s: (d, v) for at_s, d, v in rows}
+        return hourly_means((at_s, d, v) for at_s, (d, v) in latest.items())
 
     # -- signal resolution ------------------------------------------------------------------
 
@@ -577,6 +610,7 @@ class CarbonSignals:
         past_gaps, ahead = _split(uncovered, record_end)
         own_points: list[ForecastPoint] = []
         own_h: list[int] = []
+        used_model = False
         if ahead:
             hourly = hourly_means((at_s, d, v) for at_s, (d, v) in latest.items())
             if hourly:
@@ -584,6 +618,11 @@ class CarbonSignals:
                 targets = sorted({h for a, b in ahead
                                   for h in range(epoch_hour(a), epoch_hour(b - timedelta(microseconds=1)) + 1)})
                 values = baseline_forecast(hourly, last_known, targets)
+                learned = self._models.get(zone, sig, last_known, as_of) if self._models is not None else None
+                if learned is not None:
+                    model_values = learned.predict(hourly, last_known, targets)
+                    used_model = any(v is not None for v in model_values)
+                    values = [m if m is not None else b for m, b in zip(model_values, values)]
                 own_items = []
                 one_hour = timedelta(hours=1)
                 for h, v in zip(targets, values):
@@ -625,14 +664,14 @@ class CarbonSignals:
             if level == "actual":
                 mape = 0.0
             elif level == "own":
-                mape = expected_mape_pct(max(own_h) if own_h else 1)
+                mape = (expected_model_mape_pct if used_model else expected_mape_pct)(max(own_h) if own_h else 1)
             elif level == "static":
                 mape = STATIC_EXPECTED_MAPE_PCT
         reason = "; ".join(notes) if notes and level in ("own", "static", "none") else None
         result = CarbonForecast(zone=zone, signal=sig, start=start, end=end, as_of=as_of,
                                 points=tuple(points), gaps=tuple(gaps), level=level, source=source,
                                 expected_mape_pct=mape, reason=reason,
-                                method=METHOD if level == "own" else None)
+                                method=(MODEL_METHOD if used_model else METHOD) if level == "own" else None)
         if self._track_status and abs((as_of - self._clock()).total_seconds()) <= CURRENT_WINDOW_S:
             self._note_level(zone, sig, level, source, reason)
         return result

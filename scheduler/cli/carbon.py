@@ -23,7 +23,7 @@ from typing import Any
 from scheduler.cli.common import EXIT_OK, EXIT_USAGE, CliError, db_url, register
 from scheduler.settings import env_help
 
-FORMATS = ("electricitymaps", "watttime", "plain")
+FORMATS = ("electricitymaps", "watttime", "plain", "vessim")
 PROGRESS_MIN_BYTES = 256 * 1024
 
 

@@ -74,7 +74,8 @@ def add_parser(subparsers) -> None:
                         "fifo:seed=2 (its tie-breaking seed)")
     m.add_argument("--forecast", default="perfect", metavar="F",
                    help="forecast model: perfect, noisy:SIGMA (relative, e.g. noisy:0.1), persistence, "
-                        "model (the project's own forecaster); default perfect")
+                        "model (the project's own forecaster, as the daemon's), baseline (its profile + anomaly "
+                        "fallback alone); default perfect")
     m.add_argument("--truth", default="perfect", metavar="T",
                    help="how jobs really run: perfect (as the planner estimates), noisy:SIGMA (per workload "
                         "and GPU model a lognormal error on runtime and power, e.g. noisy:0.3), "

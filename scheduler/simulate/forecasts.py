@@ -13,10 +13,24 @@ unit in which anything new becomes known.
   not depend on which other zones or ticks were planned.
 - `persistence`: each target hour gets the value at the same hour on the newest day already
   known (24 h earlier for targets up to a day ahead, 48 h earlier for the next day, ...).
-- `model`: the project's own forecaster (`telemetry.grid.forecast.baseline_forecast`, the
-  daemon's fallback when no provider forecast exists), fed only hours complete at `now`.
-  Where it has no value (too little history) persistence is used, and at a cold start
-  (nothing known yet) the zone's first actual value; both are counted.
+- `model`: the project's own forecaster, the same as the daemon's: the learned model
+  (`telemetry.grid.forecast_model.LearnedForecaster`) for the first 72 h, refitted every
+  `REFIT_H` simulated hours on the hours known at the refit (so never on a value from after
+  the issue), the profile + anomaly baseline beyond it or while there is too little history
+  to fit (under 3 weeks). Fits are shared between the policies of one run.
+  Using its uncertainty: `model:q=Q` plans on the quantile Q of the forecast (0.5 the
+  median; above it a pessimist's forecast), `model:spread=K` on the median plus K times the
+  10-90 % spread (an expected value with a penalty for uncertainty: hours whose forecast is
+  less sure look dearer).
+- `baseline`: the profile + anomaly baseline alone (`telemetry.grid.forecast.baseline_forecast`,
+  the project's forecaster before issue 26), fed only hours complete at `now`.
+- `stored`: the recorded forecasts of each zone (forecast rows of its `--carbon` files, or
+  the store's for `ZONE=store`) as they were issued: at `now` the newest run issued at or
+  before `now` (`scheduler.simulate.issued`), never a later one. Hours that have ended are
+  actuals; hours the run does not cover come from `model` (counted as fallbacks). The runs
+  used are recorded in `seen` (zone, now, issue time) so a replay can be checked.
+  For `model` and `baseline`, where there is no value (too little history) persistence is used, and at a cold
+  start (nothing known yet) the zone's first actual value; both are counted.
 
 A value is "known" at `now` once its hour has ended: the newest known hour is the one
 before the hour holding `now`.
@@ -42,7 +56,10 @@ from scheduler.simulate.intensity import HOUR_S, ZoneIntensity
 
 log = logging.getLogger(__name__)
 
-KINDS = ("perfect", "noisy", "persistence", "model")
+KINDS = ("perfect", "noisy", "persistence", "model", "baseline", "stored")
+#: Simulated hours between refits of the learned model (the daemon refits daily; weekly
+#: here keeps a year-long replay to ~50 fits per zone, and the model changes little in a week).
+REFIT_H = 168
 
 
 @dataclass
@@ -52,6 +69,8 @@ class ForecastModel:
     kind: str
     zones: dict[str, ZoneIntensity]
     sigma: float = 0.0
+    quantile: float | None = None
+    spread_penalty: float = 0.0
     seed: int = 0
     name: str = ""
     fallbacks: int = 0
@@ -59,18 +78,28 @@ class ForecastModel:
     _cache: dict[tuple[str, int, int], CarbonCurve] = field(default_factory=dict, repr=False)
     _hourly: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
     _tails: dict[tuple[str, int], Climatology | None] = field(default_factory=dict, repr=False)
+    #: fitted learned models by (zone, fit hour), shared by the ForecastModels of one run
+    fits: dict = field(default_factory=dict, repr=False)
+    #: `stored`: (zone, now_s, issued_s or None) of every curve issued
+    seen: list[tuple[str, float, float | None]] = field(default_factory=list, repr=False)
 
     def curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
         """The forecast issued at `now_s` for `zone`, hourly, covering [now, now + horizon]."""
         issue_hour = int(now_s // HOUR_S)
         n_hours = int(math.ceil(horizon_s / HOUR_S)) + 1
-        key = (zone, issue_hour, n_hours)
+        run = None
+        if self.kind == "stored":
+            issued = self.zones[zone].issued
+            run = issued.latest(now_s) if issued is not None else None
+            self.seen.append((zone, now_s, issued.issued_s[run] if run is not None else None))
+        key = (zone, issue_hour, n_hours, run)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         if len(self._cache) > 4096:
             self._cache.clear()
-        values = self.values(zone, issue_hour, n_hours)
+        values = self._stored(zone, issue_hour, n_hours, run) if self.kind == "stored" \
+            else self.values(zone, issue_hour, n_hours)
         from datetime import datetime, timezone
 
         z = self.zones[zone]
@@ -104,19 +133,21 @@ class ForecastModel:
         self._tails[key] = tail
         return tail
 
-    def values(self, zone: str, issue_hour: int, n_hours: int) -> list[float]:
-        """Forecast values for the hours issue_hour .. issue_hour + n_hours - 1."""
+    def values(self, zone: str, issue_hour: int, n_hours: int, kind: str | None = None) -> list[float]:
+        """Forecast values for the hours issue_hour .. issue_hour + n_hours - 1 (by `kind`,
+        default this model's)."""
+        kind = kind or self.kind
         z = self.zones[zone]
         targets = range(issue_hour, issue_hour + n_hours)
-        if self.kind == "perfect":
+        if kind == "perfect":
             return z.hour_values(issue_hour, n_hours)
-        if self.kind == "noisy":
+        if kind == "noisy":
             actual = np.array(z.hour_values(issue_hour, n_hours))
             rng = np.random.default_rng([self.seed, zlib.crc32(zone.encode()), issue_hour & 0xFFFFFFFF])
             noise = rng.standard_normal(n_hours)
             return np.maximum(0.0, actual * (1.0 + self.sigma * noise)).tolist()
         last_known = issue_hour - 1
-        if self.kind == "persistence":
+        if kind == "persistence":
             return [self._persistence(z, h, last_known) for h in targets]
         from telemetry.grid.forecast import baseline_forecast
 
@@ -124,6 +155,11 @@ class ForecastModel:
         if hourly is None:
             hourly = self._hourly[zone] = z.hourly_dict()
         own = baseline_forecast(hourly, last_known, targets)
+        if kind == "model":
+            learned = self._learned(zone, hourly, last_known)
+            if learned is not None:
+                own = [m if m is not None else b for m, b in zip(self._learned_values(learned, hourly, last_known,
+                                                                                       targets), own)]
         out = []
         for h, v in zip(targets, own):
             if v is None:
@@ -131,6 +167,50 @@ class ForecastModel:
                 v = self._persistence(z, h, last_known)
             out.append(v)
         return out
+
+    def _stored(self, zone: str, issue_hour: int, n_hours: int, run: int | None) -> list[float]:
+        """The run's hourly values; ended hours from actuals, uncovered hours from `model`."""
+        z = self.zones[zone]
+        values = self.values(zone, issue_hour, n_hours, kind="model")
+        if run is None:
+            self.fallbacks += n_hours
+            return values
+        issued = z.issued
+        assert issued is not None
+        forecast = issued.runs[run]
+        known_until = int(issued.issued_s[run] // HOUR_S)  # hours before the issue's hour have ended
+        for i, hour in enumerate(range(issue_hour, issue_hour + n_hours)):
+            v = forecast.get(hour)
+            if v is not None:
+                values[i] = v
+            elif hour < known_until:
+                values[i] = z.hour_value(hour)
+            else:
+                self.fallbacks += 1
+        return values
+
+    def _learned_values(self, learned, hourly: dict[int, float], last_known: int, targets) -> list[float | None]:
+        if self.quantile is None and not self.spread_penalty:
+            return learned.predict(hourly, last_known, targets)
+        if self.quantile is not None:
+            return learned.predict_quantiles(hourly, last_known, targets, (self.quantile,))[self.quantile]
+        q = learned.predict_quantiles(hourly, last_known, targets, (0.1, 0.5, 0.9))
+        return [None if m is None else m + self.spread_penalty * (hi - lo)
+                for lo, m, hi in zip(q[0.1], q[0.5], q[0.9])]
+
+    def _learned(self, zone: str, hourly: dict[int, float], last_known: int):
+        """The learned model fitted at the newest refit hour <= last_known (None: too little history)."""
+        from telemetry.grid.forecast_model import LearnedForecaster, NotEnoughHistory
+
+        fit_hour = last_known - last_known % REFIT_H
+        key = (zone, fit_hour)
+        if key not in self.fits:
+            try:
+                self.fits[key] = LearnedForecaster.fit(hourly, fit_hour)
+            except NotEnoughHistory as e:
+                log.debug("forecast model %s at hour %d: %s", zone, fit_hour, e)
+                self.fits[key] = None
+        return self.fits[key]
 
     def _persistence(self, z: ZoneIntensity, target: int, last_known: int) -> float:
         if last_known < z.first_hour:
@@ -140,13 +220,17 @@ class ForecastModel:
         return z.hour_value(max(target - 24 * days, z.first_hour))
 
 
-def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0) -> ForecastModel:
-    """Parse `perfect`, `noisy:SIGMA`, `persistence` or `model` into a ForecastModel."""
+def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
+                   fits: dict | None = None) -> ForecastModel:
+    """Parse `perfect`, `noisy:SIGMA`, `persistence`, `model`, `baseline` or `stored`.
+
+    `fits`: a dict to share the learned model's fits with other ForecastModels of the run.
+    """
     text = spec.strip().lower()
     kind, _, arg = text.partition(":")
     if kind not in KINDS:
         raise ValueError(f"unknown forecast {spec!r}; use perfect, noisy:SIGMA (e.g. noisy:0.1), "
-                         "persistence or model")
+                         "persistence, model, baseline or stored")
     sigma = 0.0
     if kind == "noisy":
         if not arg:
@@ -157,6 +241,28 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0) ->
             raise ValueError(f"malformed noise level {arg!r}; e.g. noisy:0.1 or noisy:10%") from None
         if not (0.0 <= sigma <= 5.0):
             raise ValueError(f"noise level {sigma} must be between 0 and 5 (relative)")
-    elif arg:
+    quantile: float | None = None
+    spread = 0.0
+    if kind == "model" and arg:
+        key, _, val = arg.partition("=")
+        try:
+            number = float(val)
+        except ValueError:
+            number = float("nan")
+        if key == "q" and 0.0 < number < 1.0:
+            quantile = number
+        elif key == "spread" and 0.0 <= number <= 10.0:
+            spread = number
+        else:
+            raise ValueError(f"malformed {spec!r}; use model, model:q=Q (0 < Q < 1) or model:spread=K (0-10)")
+    elif arg and kind != "noisy":
         raise ValueError(f"forecast {kind} takes no argument (got {spec!r})")
-    return ForecastModel(kind=kind, zones=zones, sigma=sigma, seed=seed, name=text)
+    if kind == "stored":
+        bare = sorted(z for z, zi in zones.items() if not zi.issued)
+        if bare:
+            raise ValueError(f"--forecast stored: no recorded forecasts (rows with an issue time) for zone(s) "
+                             f"{', '.join(bare)}; import them with `carbonsched carbon import` and use "
+                             "--carbon ZONE=store, or pass a file with an issue-time column")
+    return ForecastModel(kind=kind, zones=zones, sigma=sigma, quantile=quantile, spread_penalty=spread,
+                         seed=seed, name=text,
+                         fits=fits if fits is not None else {})

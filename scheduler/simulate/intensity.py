@@ -44,6 +44,8 @@ class ZoneIntensity:
     signal: str
     source: str
     filled_hours: int = 0
+    #: recorded forecasts with their issue times (trace files' or the store's forecast rows)
+    issued: "IssuedForecasts | None" = None
 
     def __post_init__(self) -> None:
         self.values_g_per_kwh = np.asarray(self.values_g_per_kwh, dtype=float)
@@ -130,13 +132,14 @@ def load_zone_files(zone: str, paths: list[str | Path]) -> ZoneIntensity:
     """Read one zone's actual intensity from trace files (several files are merged in order).
 
     The files are read with the carbon layer's `read_trace`, relabelled to `zone` (folder and
-    file zone ids differ: DE-LU holds DE); forecast rows are left out (a simulation's
-    forecasts come from its forecast model).
+    file zone ids differ: DE-LU holds DE). Forecast rows (with an issue time) are kept apart
+    in `issued`, for `--forecast stored`; the other forecast models ignore them.
     """
     from telemetry.grid.csv_import import read_trace
     from telemetry.grid.readings import KIND_ACTUAL, CsvFormatError
 
     points: list[tuple[float, int, float]] = []
+    forecast_rows: list[tuple[float, float, int, float, str]] = []
     signals: set[str] = set()
     sources: list[str] = []
     for path in paths:
@@ -145,8 +148,8 @@ def load_zone_files(zone: str, paths: list[str | Path]) -> ZoneIntensity:
         except CsvFormatError as e:
             raise CarbonInputError(f"--carbon {zone}={path}: {e}") from None
         actual = [r for r in trace.readings if r.kind == KIND_ACTUAL]
-        if len(actual) < len(trace.readings):
-            log.info("%s: %d forecast rows ignored", path, len(trace.readings) - len(actual))
+        forecast_rows.extend((r.issued_at.timestamp(), r.at.timestamp(), r.duration_s, r.gco2_per_kwh, r.signal)
+                             for r in trace.readings if r.kind != KIND_ACTUAL)
         signals.update(r.signal for r in actual)
         points.extend((r.at.timestamp(), r.duration_s, r.gco2_per_kwh) for r in actual)
         sources.append(f"{Path(path).name} ({trace.fmt})")
@@ -154,7 +157,17 @@ def load_zone_files(zone: str, paths: list[str | Path]) -> ZoneIntensity:
         raise CarbonInputError(f"zone {zone}: the files mix average and marginal signals")
     if not points:
         raise CarbonInputError(f"zone {zone}: no actual carbon-intensity rows in {', '.join(map(str, paths))}")
-    return from_hourly(zone, hourly_means(points), signal=signals.pop(), source=", ".join(sources))
+    signal = signals.pop()
+    if {r[4] for r in forecast_rows} - {signal}:
+        raise CarbonInputError(f"zone {zone}: the forecast rows' signal differs from the actuals' ({signal})")
+    out = from_hourly(zone, hourly_means(points), signal=signal, source=", ".join(sources))
+    if forecast_rows:
+        from scheduler.simulate.issued import IssuedForecasts
+
+        out.issued = IssuedForecasts.from_rows(r[:4] for r in forecast_rows)
+        log.info("zone %s: %d forecast rows in %d issued runs kept for --forecast stored", zone,
+                 len(forecast_rows), len(out.issued))
+    return out
 
 
 def load_carbon(specs: list[str]) -> dict[str, ZoneIntensity]:

@@ -76,9 +76,10 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
     first = min(j.submitted_at for j in scenario.jobs).timestamp()
     last = max(j.submitted_at for j in scenario.jobs).timestamp()
     specs = [p if isinstance(p, PolicySpec) else parse_policies(p)[0] for p in policies]
+    fits: dict = {}  # the learned forecaster's fits, the same for every policy
     for spec in specs:
         name = spec.label
-        model = parse_forecast(forecast, scenario.carbon, seed=settings.seed)
+        model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
         model.climatology = settings.climatology
         bar = None
         tick_progress = None

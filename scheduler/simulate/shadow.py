@@ -117,7 +117,9 @@ def _store_cluster(gpu_rows, node_zone: dict[str, str]) -> ClusterSpec:
 
 
 def store_carbon(store: Store, zones: list[str]) -> dict[str, ZoneIntensity]:
-    """The recorded actual intensity of `zones` from the store (read-only), hourly."""
+    """The recorded actual intensity of `zones` from the store (read-only), hourly, and the
+    forecasts stored for them with their issue times (for `--forecast stored`)."""
+    from scheduler.simulate.issued import IssuedForecasts
     from scheduler.store.carbon_models import carbon_intensity as ci
 
     with store.read() as conn:
@@ -125,7 +127,18 @@ def store_carbon(store: Store, zones: list[str]) -> dict[str, ZoneIntensity]:
             select(ci.c.zone, ci.c.signal, ci.c.at, ci.c.duration_s, ci.c.gco2_per_kwh)
             .where(ci.c.kind == "actual", ci.c.zone.in_(zones))
             .order_by(ci.c.zone, ci.c.at)).all()
-    return _store_carbon(rows, zones)
+        forecast_rows = conn.execute(
+            select(ci.c.zone, ci.c.signal, ci.c.issued_at, ci.c.at, ci.c.duration_s, ci.c.gco2_per_kwh)
+            .where(ci.c.kind == "forecast", ci.c.zone.in_(zones))
+            .order_by(ci.c.zone, ci.c.issued_at, ci.c.at)).all()
+    out = _store_carbon(rows, zones)
+    for zone, z in out.items():
+        mine = [(r.issued_at.timestamp(), r.at.timestamp(),
+                 int(r.duration_s), float(r.gco2_per_kwh))
+                for r in forecast_rows if r.zone == zone and r.signal == z.signal]
+        if mine:
+            z.issued = IssuedForecasts.from_rows(mine)
+    return out
 
 
 def _store_carbon(rows, zones: list[str]) -> dict[str, ZoneIntensity]:

@@ -13,6 +13,15 @@ Three formats, told apart by their header row (or named with `fmt`):
   Values in lbs CO2/MWh are converted to gCO2/kWh and marked `marginal`.
 - `plain`: `time,gco2_per_kwh` with optional `zone`, `signal` (average|marginal) and
   `issued_at` (rows with an issue time are forecasts).
+- `vessim`: the WattTime files Vessim publishes (e.g. `watttime2023_caiso-north_actual.csv`
+  and `_forecast.csv`): actuals `time,<region>` and historical forecasts
+  `request_time,forecast_time,<region>`, the request time being the forecast's issue time.
+  Values are MOER already converted to gCO2/kWh, so they are stored as `marginal` as they are.
+  The region column names the zone unless `zone` overrides it.
+
+An Electricity Maps export may carry forecasts: a column `issued_at` (or `updated_at`,
+`forecast issued at (utc)`, `Datetime of forecast issue (UTC)`; Electricity Maps' API calls the
+issue time `updatedAt`) makes each row with a value there a forecast issued then.
 
 Times: ISO 8601; an offset in the text wins, otherwise Electricity Maps and WattTime times
 are UTC (as documented) and plain times are in `tz` (an IANA name, default UTC).
@@ -45,9 +54,14 @@ from telemetry.grid.readings import (
     zone_problem,
 )
 
-FORMATS = ("electricitymaps", "watttime", "plain")
-SOURCES = {"electricitymaps": "electricitymaps-csv", "watttime": "watttime-csv", "plain": "csv"}
-DEFAULT_DURATION_S = {"electricitymaps": 3600, "watttime": 300, "plain": 3600}
+FORMATS = ("electricitymaps", "watttime", "plain", "vessim")
+SOURCES = {"electricitymaps": "electricitymaps-csv", "watttime": "watttime-csv", "plain": "csv",
+           "vessim": "vessim-watttime-csv"}
+DEFAULT_DURATION_S = {"electricitymaps": 3600, "watttime": 300, "plain": 3600, "vessim": 300}
+_EM_ISSUED = ("issued_at", "updated_at", "updatedat", "forecast issued at (utc)",
+              "datetime of forecast issue (utc)")
+_KNOWN_COLUMNS = {"gco2_per_kwh", "value", "moer", "point_time", "timestamp", "zone", "signal", "issued_at",
+                  "region", "generated_at", "units", "datetime"}
 PROGRESS_EVERY_ROWS = 2000
 
 Progress = Callable[[int, int], None]  # (lines done, lines in total)
@@ -102,6 +116,9 @@ def detect_format(header: list[str]) -> str | None:
         return "plain"
     if _find(cols, "value", "moer") is not None and _find(cols, "point_time", "timestamp") is not None:
         return "watttime"
+    if (len(cols) == 2 and cols[0] == "time" and cols[1] and cols[1] not in _KNOWN_COLUMNS) or \
+            (len(cols) == 3 and cols[:2] == ["request_time", "forecast_time"] and cols[2]):
+        return "vessim"
     return None
 
 
@@ -154,13 +171,15 @@ def read_trace(
     fmt = fmt or detected
     if fmt is None:
         raise CsvFormatError(name, 1, "unrecognised header; expected an Electricity Maps export, "
-                                      "WattTime point_time,value or plain time,gco2_per_kwh "
+                                      "WattTime point_time,value, Vessim time,<region> or "
+                                      "request_time,forecast_time,<region>, or plain time,gco2_per_kwh "
                                       f"(got {','.join(header)[:120]!r})")
     if emission_factor not in _EM_VALUE:
         raise ValueError(f"emission_factor must be direct or lifecycle, not {emission_factor!r}")
     cols = [_norm(c) for c in header]
     try:
-        parse_row = _row_parser(name, fmt, cols, zone, _tzinfo(tz), emission_factor)
+        parse_row = _row_parser(name, fmt, cols, zone, _tzinfo(tz), emission_factor,
+                                [c.strip() for c in header])
     except ValueError as e:
         raise CsvFormatError(name, 1, str(e)) from None
 
@@ -278,7 +297,8 @@ def _parse_value(text: str, line: int, name: str, maximum: float = MAX_G_PER_KWH
     return v
 
 
-def _row_parser(name: str, fmt: str, cols: list[str], zone: str | None, tz, emission_factor: str):
+def _row_parser(name: str, fmt: str, cols: list[str], zone: str | None, tz, emission_factor: str,
+                raw_header: list[str] | None = None):
     """A function (record, line) -> one row as a tuple.
 
     The tuple is (zone, signal, at, issued_at or None, gco2_per_kwh or None for an empty value
@@ -290,6 +310,7 @@ def _row_parser(name: str, fmt: str, cols: list[str], zone: str | None, tz, emis
         i_value = _find(cols, *_EM_VALUE[emission_factor])
         i_zone = _find(cols, "zone id")
         i_est = _find(cols, "data estimated")
+        i_issued = _find(cols, *_EM_ISSUED)
         if i_time is None or i_value is None:
             raise ValueError("Electricity Maps export without 'Datetime (UTC)' or the "
                              f"{emission_factor} carbon intensity column")
@@ -305,7 +326,29 @@ def _row_parser(name: str, fmt: str, cols: list[str], zone: str | None, tz, emis
                 raise CsvFormatError(name, line, "empty Zone Id")
             est = record[i_est].strip().lower() if i_est is not None else ""
             estimated = True if est == "true" else False if est == "false" else None
-            return (zone or file_zone, SIGNAL_AVERAGE, at, None, value, estimated, file_zone)
+            issued = (_parse_time(record[i_issued], time_tz, "issue time", line, name)
+                      if i_issued is not None and record[i_issued].strip() else None)
+            return (zone or file_zone, SIGNAL_AVERAGE, at, issued, value, estimated, file_zone)
+
+        return parse
+
+    if fmt == "vessim":
+        header = raw_header or cols
+        forecast = cols[:2] == ["request_time", "forecast_time"]
+        if forecast and len(cols) == 3:
+            i_issue, i_time, i_value = 0, 1, 2
+        elif not forecast and len(cols) == 2 and cols[0] == "time":
+            i_issue, i_time, i_value = None, 0, 1
+        else:
+            raise ValueError("Vessim file: expected time,<region> or request_time,forecast_time,<region>")
+        region = header[i_value].strip()
+
+        def parse(record: list[str], line: int):
+            value = _parse_value(record[i_value], line, name)
+            at = _parse_time(record[i_time], timezone.utc, "time", line, name)
+            issued = _parse_time(record[i_issue], timezone.utc, "request_time", line, name) \
+                if i_issue is not None else None
+            return (zone or region, SIGNAL_MARGINAL, at, issued, value, None, region)
 
         return parse
 
