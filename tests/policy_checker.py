@@ -83,7 +83,9 @@ def violations(snapshot: Snapshot, plan: Plan) -> list[str]:
         for zone, t, _, _ in planned:  # a plan must not add a job where the cap has no room
             if zone != cap.zone or (cap.start and t < cap.start) or (cap.end and t >= cap.end):
                 continue
-            used = sum(w for z, s, f, w in draws if z == zone and s <= t < f)
+            # the same second of tolerance as for GPU overlaps: a job starting where another
+            # ends (float seconds vs datetimes) may differ from its end by a microsecond
+            used = sum(w for z, s, f, w in draws if z == zone and s <= t < f - timedelta(seconds=1))
             if used > cap.cap_w + 1e-6:
                 out.append(f"zone {zone}: {used:.0f} W over the {cap.cap_w:.0f} W cap at {t}")
     return out
