@@ -75,7 +75,7 @@ from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.runtime_correction import correction_for, estimate_class
 from scheduler.simulate.cluster import ClusterSpec
-from scheduler.simulate.estimates import estimated, parse_estimate
+from scheduler.simulate.estimates import EstimateModel, estimated, parse_estimate
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
 from scheduler.simulate.truth import parse_truth
@@ -115,6 +115,9 @@ class SimSettings:
     # Learn real / estimated runtime per estimate class and correct later estimates by it
     # (policies.runtime_correction); None: on unless the estimate is exact.
     correct_estimates: bool | None = None
+    # With the correction, widen a corrected estimate's deadline margin by its learned spread
+    # (QueuedJob.runtime_rel_uncertainty, policies.margin); False: correct the estimate only.
+    estimate_margin: bool = True
 
 
 @dataclass(slots=True)
@@ -232,7 +235,8 @@ class Simulation:
     def __init__(self, *, cluster: ClusterSpec, jobs: list[QueuedJob], carbon: dict[str, ZoneIntensity],
                  policy: str | Policy, forecast: ForecastModel, settings: SimSettings = SimSettings(),
                  policy_params: dict | None = None, profiles: tuple = (),
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None,
+                 estimate_model: EstimateModel | None = None) -> None:
         from policies.base import get_policy
         from policies.energy import ProfileBook, seed_profiles
 
@@ -263,7 +267,8 @@ class Simulation:
         self.healthy = [True] * n
         self.reservations: list[list[int]] = [[] for _ in range(n)]  # job indices in commit order
         self.running_on: list[int | None] = [None] * n  # the job really running on each GPU
-        self.estimate_model = parse_estimate(settings.estimate, seed=settings.seed)
+        # settings.estimate, or any EstimateModel (tests, experiments: a fixed estimate per job)
+        self.estimate_model = estimate_model or parse_estimate(settings.estimate, seed=settings.seed)
         # the oracle is a bound with perfect knowledge: it plans with the real lengths
         seen = list(jobs) if self.clairvoyant else self.estimate_model.apply(jobs)
         self.correct = (settings.correct_estimates if settings.correct_estimates is not None
@@ -462,7 +467,8 @@ class Simulation:
         n = float(c.samples)
         u = math.sqrt((PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + n * spread ** 2) / (PRIOR_RUNS + n))
         r.correction = c.factor
-        r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor), runtime_rel_uncertainty=u)
+        r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor),
+                        runtime_rel_uncertainty=u if self.settings.estimate_margin else None)
         return r.job
 
     def _replan_behind_overruns(self, now_s: float) -> None:
