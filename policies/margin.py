@@ -82,12 +82,13 @@ def _combined(u_profile: float, u_estimate: float) -> float:
     return 1.0 + Z * math.sqrt(u_profile ** 2 + u_estimate ** 2)
 
 
-def job_margin(job: QueuedJob, model: str, book) -> float:
+def job_margin(job: QueuedJob, model: str, book, estimates: bool = True) -> float:
     """`runtime_margin` of `job` on `model` by the planner's `ProfileBook` (1: no profile),
-    widened by the job's learned estimate error (`estimate_rel_uncertainty`)."""
+    widened by the job's learned estimate error (`estimate_rel_uncertainty`) unless
+    `estimates` is False (`Snapshot.estimate_margin`)."""
     profile = book.get(job.workload, model)
     u = run_rel_uncertainty(profile) if profile is not None and profile.prompts_per_s > 0 else 0.0
-    return _combined(u, estimate_rel_uncertainty(job))
+    return _combined(u, estimate_rel_uncertainty(job) if estimates else 0.0)
 
 
 def latest_start_s(deadline_s: float, runtime_s: float, margin: float, earliest_s: float) -> float:
@@ -95,14 +96,14 @@ def latest_start_s(deadline_s: float, runtime_s: float, margin: float, earliest_
     return max(deadline_s - runtime_s * margin, min(earliest_s, deadline_s - runtime_s))
 
 
-def margin_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book) -> np.ndarray:
-    """`runtime_margin` of every (job, model) pair, shape (jobs, models); `book` is the
+def margin_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book, estimates: bool = True) -> np.ndarray:
+    """`job_margin` of every (job, model) pair, shape (jobs, models); `book` is the
     planner's `policies.energy.ProfileBook`."""
     out = np.ones((len(jobs), len(models)))
     by_workload: dict[str | None, list[int]] = {}
     for i, j in enumerate(jobs):
         by_workload.setdefault(j.workload, []).append(i)
-    learned = [i for i, j in enumerate(jobs) if estimate_rel_uncertainty(j)]
+    learned = [i for i, j in enumerate(jobs) if estimate_rel_uncertainty(j)] if estimates else []
     for c, model in enumerate(models):
         for workload, rows in by_workload.items():
             out[rows, c] = job_margin(replace(jobs[rows[0]], runtime_rel_uncertainty=None), model, book)

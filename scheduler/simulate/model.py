@@ -118,6 +118,9 @@ class SimSettings:
     # With the correction, widen a corrected estimate's deadline margin by its learned spread
     # (QueuedJob.runtime_rel_uncertainty, policies.margin); False: correct the estimate only.
     estimate_margin: bool = True
+    # With the correction, price a job's start by its expected gCO2 over that spread instead
+    # of at its point estimate (Snapshot.expected_length_cost, policies.problem).
+    expected_length_cost: bool = False
 
 
 @dataclass(slots=True)
@@ -392,7 +395,8 @@ class Simulation:
             planned_end = fa
             if self.running_on[g] is not None:  # expected to run by its estimate + deadline margin
                 r = self.records[self.running_on[g]]
-                planned_end = r.start_s + r.planned_runtime_s * job_margin(r.job, r.model, self.book)
+                planned_end = r.start_s + r.planned_runtime_s * job_margin(r.job, r.model, self.book,
+                                                                       self.settings.estimate_margin)
                 fa = max(fa, planned_end)
             if self.running_on[g] is not None and fa <= now_s + EPS_S:
                 # running past its estimate: "ends soon", as the daemon says, or, once it has
@@ -411,7 +415,8 @@ class Simulation:
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
                         default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
                         profiles=self.profiles, power_caps=self.power_caps, slot_s=self.settings.slot_s,
-                        horizon_s=horizon_s, keep=keep or {})
+                        horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin,
+                        expected_length_cost=self.settings.expected_length_cost)
 
     def _plan(self, now_s: float) -> None:
         if not self.queue:
@@ -467,8 +472,7 @@ class Simulation:
         n = float(c.samples)
         u = math.sqrt((PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + n * spread ** 2) / (PRIOR_RUNS + n))
         r.correction = c.factor
-        r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor),
-                        runtime_rel_uncertainty=u if self.settings.estimate_margin else None)
+        r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor), runtime_rel_uncertainty=u)
         return r.job
 
     def _replan_behind_overruns(self, now_s: float) -> None:
@@ -480,7 +484,8 @@ class Simulation:
             if ridx is None or not self.reservations[g]:
                 continue
             rr = self.records[ridx]
-            planned_end = rr.start_s + rr.planned_runtime_s * job_margin(rr.job, rr.model, self.book)
+            margin = job_margin(rr.job, rr.model, self.book, self.settings.estimate_margin)
+            planned_end = rr.start_s + rr.planned_runtime_s * margin
             if now_s <= planned_end + EPS_S:
                 continue
             behind.update(i for i in self.reservations[g] if i != ridx and self.records[i].state == "committed")
