@@ -50,9 +50,9 @@ def _carbon(zones: list[str], years: tuple[int, ...] = (2022,)):
 def _estimate_options(args) -> dict:
     """What the planner is told of job lengths (issue 31), for any scenario's SimSettings:
     `SimSettings(..., **_estimate_options(args))`; `--estimate`, `--[no-]correct-estimates`,
-    `--[no-]estimate-margin`, `--[no-]expected-length-cost`."""
+    `--[no-]estimate-margin`."""
     return {"estimate": args.estimate, "correct_estimates": args.correct_estimates,
-            "estimate_margin": args.estimate_margin, "expected_length_cost": args.expected_length_cost}
+            "estimate_margin": args.estimate_margin}
 
 
 def _run(scenario, policies: str, settings, forecast: str = "perfect"):
@@ -202,8 +202,6 @@ def main() -> None:
                    help="learn and correct estimates per class (default: on unless --estimate exact)")
     p.add_argument("--estimate-margin", action=argparse.BooleanOptionalAction, default=True,
                    help="widen deadline margins by the learned estimate spread (default on)")
-    p.add_argument("--expected-length-cost", action=argparse.BooleanOptionalAction, default=False,
-                   help="price starts by the expected gCO2 over the learned estimate spread (default off)")
     p.add_argument("--plan-interval", type=float, default=3600.0, help="planner tick in seconds (default 3600)")
     p.add_argument("--wake", action="store_true", help="also plan at every submit")
     p.add_argument("--full-replan", type=float, default=None, metavar="S",

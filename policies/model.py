@@ -196,12 +196,9 @@ class Snapshot:
     # not a constraint. cpsat tries them first, where they still fit, so a re-plan goes on
     # from the last tick's answer instead of starting over.
     previous: Mapping[int, Assignment] = field(default_factory=dict)
-    # How policies use a job's learned estimate error (`QueuedJob.runtime_rel_uncertainty`):
-    # widen its deadline margin by it (`policies.margin`), and price its start by the
-    # expected gCO2 over its length's spread rather than at the point estimate
-    # (`policies.problem`).
+    # Whether a job's learned estimate error (`QueuedJob.runtime_rel_uncertainty`) widens its
+    # deadline margin (`policies.margin`); False: the estimate is planned as a point.
     estimate_margin: bool = True
-    expected_length_cost: bool = False
 
     def gpu_pue(self, gpu: GpuSlot) -> float:
         """The PUE a GPU's energy is scaled by: its site's, else its zone's default, else 1.0."""

@@ -23,14 +23,7 @@
   that only need arrays (greedy, cpsat) never pay for it: 5,000 jobs compile in 0.03 s
   instead of 1.1 s.
 * **capacity(pool)**: GPUs free per slot; **power_cap_w(zone)**: watts left per slot.
-* **uncertain lengths**: a job whose runtime is an estimate with a learned error
-  (`QueuedJob.runtime_rel_uncertainty` u, `policies.runtime_correction`) is priced by its
-  *expected* gCO2 over that error instead of at its point estimate, when the snapshot says so
-  (`Snapshot.expected_length_cost`): its runtime is lognormal around the estimate (the
-  corrected estimate is a median) with sigma = log(1 + u), and the expected integral is a
-  three-point Gauss-Hermite rule (factors exp(-sqrt(3) sigma), 1, exp(sqrt(3) sigma), weights
-  1/6, 2/3, 1/6). A job that may run 3x longer than its estimate is then not placed in a
-  window that fits only its estimate. The GPUs are still held for the point estimate.
+
 
 Time is discretised into `slot_s` slots from `now` (slot 0 starts now) over `horizon_s`.
 Starts fall on slot boundaries; a job holds its GPUs for `duration_slots = ceil(runtime /
@@ -74,7 +67,7 @@ import numpy as np
 
 from policies.blind import BlindPrice, blind_price, priced_curves
 from policies.energy import J_PER_KWH, JobShape, ProfileBook, fits, generic_power_w, job_shape, seed_profiles, shape_arrays
-from policies.margin import estimate_rel_uncertainty, latest_start_slots, margin_arrays
+from policies.margin import latest_start_slots, margin_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
@@ -403,11 +396,6 @@ class Problem:
             if job.deadline is not None:
                 deadline_s[i] = (job.deadline - self.now).total_seconds()
         self.job_earliest: np.ndarray = earliest
-        # log-space spread of each job's length for the expected-cost rule (0: point estimate)
-        self.job_length_sigma: np.ndarray = np.zeros(n_jobs)
-        if getattr(self.snapshot, "expected_length_cost", False):
-            self.job_length_sigma = np.log1p([estimate_rel_uncertainty(j) for j in jobs]) if n_jobs else \
-                self.job_length_sigma
         rt = self.job_runtime_s
         self.job_duration: np.ndarray = np.maximum(1, np.ceil(rt / self.slot_s - 1e-9)).astype(np.int64)
         has = ~np.isnan(deadline_s)
@@ -463,8 +451,7 @@ class Problem:
             tk, gk = self._zone_knots[z]
             rows = slice(int(gz[0]), int(gz[-1]) + 1)  # groups are sorted by zone first
             view = out[:, rows, :]
-            view[...] = _expected_end_integral(self.slot_offsets_s[None, None, :], runtime[:, rows, None],
-                                               self.job_length_sigma[js][:, None, None], tk, gk)
+            view[...] = np.interp(self.slot_offsets_s[None, None, :] + runtime[:, rows, None], tk, gk)
             view -= self._zone_base[z]
             view *= scale[:, rows, None]
         out[~self.job_fit[js]] = np.inf
@@ -551,8 +538,7 @@ class Problem:
         for z in np.unique(jo.row_zone).tolist():
             rows = np.flatnonzero(jo.row_zone == z)
             tk, gk = self._zone_knots[z]
-            ends = _expected_end_integral(self.slot_offsets_s[None, :], jo.row_runtime_s[rows][:, None],
-                                          np.full((rows.size, 1), self.job_length_sigma[j]), tk, gk)
+            ends = np.interp(self.slot_offsets_s[None, :] + jo.row_runtime_s[rows][:, None], tk, gk)
             table[rows] = (ends - self._zone_base[z][None, :]) * jo.row_scale[rows][:, None]
         self._cost_cache = (j, table)
         return table
@@ -685,24 +671,6 @@ def _topology(snap: Snapshot) -> _Topology:
 def compile_problem(snapshot: Snapshot) -> Problem:
     """Compile a snapshot into the slot-indexed problem (see the module docstring)."""
     return Problem(snapshot)
-
-
-_GH_X = math.sqrt(3.0)  # three-point Gauss-Hermite nodes (standard normal): 0, +-sqrt(3)
-_GH_W = (1.0 / 6.0, 2.0 / 3.0, 1.0 / 6.0)
-
-
-def _expected_end_integral(offsets_s: np.ndarray, runtime_s: np.ndarray, sigma: np.ndarray,
-                           tk: np.ndarray, gk: np.ndarray) -> np.ndarray:
-    """The cumulative intensity at start + runtime (`numpy.interp` on the knots), in
-    expectation over a lognormal runtime of log-space spread `sigma` where it is > 0 (module
-    docstring); arrays broadcast."""
-    point = np.interp(offsets_s + runtime_s, tk, gk)
-    if not np.any(sigma > 0):
-        return point
-    lo = np.interp(offsets_s + runtime_s * np.exp(-_GH_X * sigma), tk, gk)
-    hi = np.interp(offsets_s + runtime_s * np.exp(_GH_X * sigma), tk, gk)
-    expected = _GH_W[0] * lo + _GH_W[1] * point + _GH_W[2] * hi
-    return np.where(sigma > 0, expected, point)
 
 
 def _cumulative_knots(curve: CarbonCurve, now: datetime) -> tuple[np.ndarray, np.ndarray]:

@@ -118,9 +118,6 @@ class SimSettings:
     # With the correction, widen a corrected estimate's deadline margin by its learned spread
     # (QueuedJob.runtime_rel_uncertainty, policies.margin); False: correct the estimate only.
     estimate_margin: bool = True
-    # With the correction, price a job's start by its expected gCO2 over that spread instead
-    # of at its point estimate (Snapshot.expected_length_cost, policies.problem).
-    expected_length_cost: bool = False
 
 
 @dataclass(slots=True)
@@ -415,8 +412,7 @@ class Simulation:
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
                         default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
                         profiles=self.profiles, power_caps=self.power_caps, slot_s=self.settings.slot_s,
-                        horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin,
-                        expected_length_cost=self.settings.expected_length_cost)
+                        horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin)
 
     def _plan(self, now_s: float) -> None:
         if not self.queue:
