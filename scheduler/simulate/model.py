@@ -595,6 +595,13 @@ class Simulation:
             return
         blocked = next((g for g in r.gpu_ids if self.running_on[g] not in (None, idx)), None)
         if blocked is not None:
+            before = self.records[self.running_on[blocked]]
+            if before.start_s + before.runtime_s <= self.env.now + EPS_S:
+                # it ends at this very instant (its end is simply processed after this start):
+                # start right after it, as planned
+                ev = self.env.timeout(0.0)
+                ev.callbacks.append(lambda _e, idx=idx, token=token: self._start(idx, token))
+                return
             # the job before it overran: its plan assumed GPUs that are not free. Like an agent
             # that cannot claim them, hand it back; the planner places it again at once.
             self.replanned_behind_overruns += 1
