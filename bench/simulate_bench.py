@@ -50,6 +50,14 @@ def _carbon(zones: list[str], years: tuple[int, ...] = (2022,)):
     return {z: load_zone_files(z, [EM / FOLDERS[z] / f"{FOLDERS[z]}_{y}_hourly.csv" for y in years]) for z in zones}
 
 
+def _estimate_options(args) -> dict:
+    """What the planner is told of job lengths (issue 31), for any scenario's SimSettings:
+    `SimSettings(..., **_estimate_options(args))`; `--estimate`, `--[no-]correct-estimates`,
+    `--[no-]estimate-margin`."""
+    return {"estimate": args.estimate, "correct_estimates": args.correct_estimates,
+            "estimate_margin": args.estimate_margin}
+
+
 def _run(scenario, policies: str, settings, forecast: str = "perfect"):
     from scheduler.simulate.runner import parse_policies, run_policies
 
@@ -76,12 +84,14 @@ def bench_gap(args) -> dict:
     scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon(cluster.zones), start=GAIA_START,
                               slack_s=24 * 3600.0, mix=parse_mix(args.mix))
     settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
-                           full_replan_s=args.full_replan, truth=args.truth, learn=args.learn)
+                           full_replan_s=args.full_replan, truth=args.truth, learn=args.learn,
+                           **_estimate_options(args))
     result = _run(scenario, args.policies or f"fifo,greedy,cpsat:max_time_s={args.cpsat_s},oracle", settings,
                   args.forecast)
     _print(result)
     return {"scenario": "gap", "cluster": "examples/cluster-4zone.toml", "start": GAIA_START.isoformat(),
             "slack_h": 24, "forecast": args.forecast, "truth": args.truth, "learn": args.learn, "mix": args.mix,
+            **_estimate_options(args),
             "plan_interval_s": args.plan_interval,
             "wake_on_submit": args.wake, "summaries": result.summaries, "comparison": result.comparison}
 
@@ -93,13 +103,14 @@ def bench_gaia(args) -> dict:
     from scheduler.simulate.scenario import build_scenario
     from scheduler.simulate.traces import read_jobs
 
-    out: dict = {"scenario": "gaia", "start": GAIA_START.isoformat(), "max_wait_h": 24, "zones": {}}
+    out: dict = {"scenario": "gaia", "start": GAIA_START.isoformat(), "max_wait_h": 24, "zones": {},
+                 "forecast": args.forecast, **_estimate_options(args)}
     for zone, cluster_file in (("DE", "cluster-gaia-de.toml"), ("US-CAL-CISO", "cluster-gaia-caiso.toml")):
         cluster = load_cluster(ROOT / "examples" / cluster_file)
         scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon([zone]), start=GAIA_START,
                                   slack_s=24 * 3600.0, max_wait_s=24 * 3600.0)
         # fifo plans at every submit on a pool that is never full: each job runs at its arrival.
-        settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=True)
+        settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=True, **_estimate_options(args))
         # --forecast a,b,...: one run per forecast model (issue 26: what a real forecast keeps)
         forecasts = args.forecast.split(",")
         for forecast in forecasts:
@@ -243,7 +254,7 @@ def bench_overload(args) -> dict:
                                            capacity, cluster.max_gpus_per_node())
             scenario = build_scenario(cluster, trace, carbon, start=GAIA_START, slack_s=24 * 3600.0)
             settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
-                                   full_replan_s=args.full_replan)
+                                   full_replan_s=args.full_replan, **_estimate_options(args))
             specs = [f"fifo:seed={s}" for s in range(args.fifo_seeds)] + ["edf"]
             specs += [f"greedy:lateness_g_per_gpu_h={p}" for p in prices]
             specs += [f"cpsat:max_time_s={args.cpsat_s}:lateness_g_per_gpu_h={p}" for p in prices]
@@ -292,6 +303,12 @@ def main() -> None:
     p.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
                    help="gap: the planner learns from finished jobs (default on)")
     p.add_argument("--mix", help="gap: give the trace's jobs workload classes, e.g. llm-chat-8b=1.0")
+    p.add_argument("--estimate", default="exact", help="what the planner is told of job lengths: exact, "
+                                                        "class-mean, lognormal:SIGMA, user:K (gap, gaia)")
+    p.add_argument("--correct-estimates", action=argparse.BooleanOptionalAction, default=None,
+                   help="learn and correct estimates per class (default: on unless --estimate exact)")
+    p.add_argument("--estimate-margin", action=argparse.BooleanOptionalAction, default=True,
+                   help="widen deadline margins by the learned estimate spread (default on)")
     p.add_argument("--plan-interval", type=float, default=3600.0, help="planner tick in seconds (default 3600)")
     p.add_argument("--wake", action="store_true", help="also plan at every submit")
     p.add_argument("--full-replan", type=float, default=None, metavar="S",
@@ -302,7 +319,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=3600, help="speed: per-policy limit, seconds")
     p.add_argument("--loads", default="0.6,0.9,1.2", help="overload: offered loads, share of the GPU-hours")
     p.add_argument("--variants", default="gaia,long", help="overload: job lengths, gaia (pai's own) and/or long "
-                   f"({LONG_SHARE:.0%} of the jobs run 1-7 days)")
+                   f"({LONG_SHARE * 100:.0f}%% of the jobs run 1-7 days)")
     p.add_argument("--prices", default="strict,2000,500,100,20",
                    help="overload: lateness prices (g per GPU-hour late) for greedy and cpsat")
     p.add_argument("--fifo-seeds", type=int, default=3, help="overload: fifo runs (its tie-breaking seeds)")

@@ -18,6 +18,10 @@ where `u` is the relative uncertainty of *one run's* throughput on that GPU mode
   one with fewer than two runs: `PRIOR_REL_UNCERTAINTY`;
 * a job without a profile (no workload class, or none for the model): no margin. Its runtime
   is the user's own `--est-runtime`, which its time limit already takes as a bound.
+* a job whose runtime is an estimate with a learned error (`QueuedJob.runtime_rel_uncertainty`,
+  from `policies.runtime_correction`: the spread of real / estimate over the runs of its
+  class): that spread, combined with the profile's as independent errors,
+  u = sqrt(u_profile^2 + u_estimate^2).
 
 Z = 2 leaves about a 2.5 % chance (one-sided, normal in log space) that a job run at its
 last start misses. The margin never turns a job that fits by its point estimate into a
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -65,10 +70,25 @@ def runtime_margin(profile: Profile | None) -> float:
     return 1.0 + Z * run_rel_uncertainty(profile)
 
 
-def job_margin(job: QueuedJob, model: str, book) -> float:
-    """`runtime_margin` of `job` on `model` by the planner's `ProfileBook` (1: no profile)."""
+def estimate_rel_uncertainty(job: QueuedJob) -> float:
+    """The learned relative error of `job`'s runtime estimate (0: none known)."""
+    u = getattr(job, "runtime_rel_uncertainty", None)  # also the daemon's job rows
+    return float(u) if u is not None and math.isfinite(u) and u > 0 else 0.0
+
+
+def _combined(u_profile: float, u_estimate: float) -> float:
+    if not u_estimate:
+        return 1.0 + Z * u_profile
+    return 1.0 + Z * math.sqrt(u_profile ** 2 + u_estimate ** 2)
+
+
+def job_margin(job: QueuedJob, model: str, book, estimates: bool = True) -> float:
+    """`runtime_margin` of `job` on `model` by the planner's `ProfileBook` (1: no profile),
+    widened by the job's learned estimate error (`estimate_rel_uncertainty`) unless
+    `estimates` is False (`Snapshot.estimate_margin`)."""
     profile = book.get(job.workload, model)
-    return runtime_margin(profile) if profile is not None and profile.prompts_per_s > 0 else 1.0
+    u = run_rel_uncertainty(profile) if profile is not None and profile.prompts_per_s > 0 else 0.0
+    return _combined(u, estimate_rel_uncertainty(job) if estimates else 0.0)
 
 
 def latest_start_s(deadline_s: float, runtime_s: float, margin: float, earliest_s: float) -> float:
@@ -76,16 +96,19 @@ def latest_start_s(deadline_s: float, runtime_s: float, margin: float, earliest_
     return max(deadline_s - runtime_s * margin, min(earliest_s, deadline_s - runtime_s))
 
 
-def margin_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book) -> np.ndarray:
-    """`runtime_margin` of every (job, model) pair, shape (jobs, models); `book` is the
+def margin_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book, estimates: bool = True) -> np.ndarray:
+    """`job_margin` of every (job, model) pair, shape (jobs, models); `book` is the
     planner's `policies.energy.ProfileBook`."""
     out = np.ones((len(jobs), len(models)))
     by_workload: dict[str | None, list[int]] = {}
     for i, j in enumerate(jobs):
         by_workload.setdefault(j.workload, []).append(i)
+    learned = [i for i, j in enumerate(jobs) if estimate_rel_uncertainty(j)] if estimates else []
     for c, model in enumerate(models):
         for workload, rows in by_workload.items():
-            out[rows, c] = job_margin(jobs[rows[0]], model, book)
+            out[rows, c] = job_margin(replace(jobs[rows[0]], runtime_rel_uncertainty=None), model, book)
+        for i in learned:
+            out[i, c] = job_margin(jobs[i], model, book)
     return out
 
 

@@ -37,6 +37,11 @@ class QueuedJob:
     # (p95 per-prompt latency); None: the workload preset's default (policies.operating_point).
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
+    # How far one run strays from `est_runtime_s` (relative, one sigma), where that is an
+    # estimate whose error was learned from the runs of its class
+    # (`policies.runtime_correction`); None: not known. `policies.margin` widens the job's
+    # deadline margin by it.
+    runtime_rel_uncertainty: float | None = None
     # The "if run now" counterfactual fixed when the job was first planned
     # (policies.counterfactual); None: not planned yet, the policy computes it. It changes no
     # plan, only what the plan is compared with, so it is left out of equality and hashing
@@ -236,6 +241,9 @@ class Snapshot:
     # not a constraint. cpsat tries them first, where they still fit, so a re-plan goes on
     # from the last tick's answer instead of starting over.
     previous: Mapping[int, Assignment] = field(default_factory=dict)
+    # Whether a job's learned estimate error (`QueuedJob.runtime_rel_uncertainty`) widens its
+    # deadline margin (`policies.margin`); False: the estimate is planned as a point.
+    estimate_margin: bool = True
 
     def gpu_pue(self, gpu: GpuSlot) -> float:
         """The PUE a GPU's energy is scaled by: its site's, else its zone's default, else 1.0."""

@@ -25,6 +25,7 @@
   instead of 1.1 s.
 * **capacity(pool)**: GPUs free per slot; **power_cap_w(zone)**: watts left per slot.
 
+
 Time is discretised into `slot_s` slots from `now` (slot 0 starts now) over `horizon_s`.
 Starts fall on slot boundaries; a job holds its GPUs for `duration_slots = ceil(runtime /
 slot_s)` whole slots, so per-slot GPU counts are exact: if at most c(s) GPUs of a pool are
@@ -413,7 +414,8 @@ class Problem:
         self.job_duration: np.ndarray = np.maximum(1, np.ceil(rt / self.slot_s - 1e-9)).astype(np.int64)
         has = ~np.isnan(deadline_s)
         # the deadline with a margin for the estimate's uncertainty (policies.margin)
-        margin = margin_arrays(jobs, [m for m, _ in kinds], self.book)[:, gm].reshape(n_jobs, n_groups)
+        margin = margin_arrays(jobs, [m for m, _ in kinds], self.book,
+                               estimates=getattr(self.snapshot, "estimate_margin", True))[:, gm].reshape(n_jobs, n_groups)
         by_deadline = latest_start_slots(deadline_s, rt, margin, earliest, self.slot_s)
         by_deadline = np.where(has[:, None], by_deadline, float(self.n_slots))
         self.job_latest: np.ndarray = np.minimum(limit[:, None], by_deadline).astype(np.int64)

@@ -499,7 +499,9 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             limit = latest
             if job.deadline is not None:
                 limit = min(limit, latest_start_s(job.deadline.timestamp(), shape.runtime_s,
-                                                  job_margin(job, shape.model, book), release))
+                                                  job_margin(job, shape.model, book,
+                                                             getattr(snapshot, "estimate_margin", True)),
+                                                  release))
             return limit
 
         # cheapest feasible within the window, then the earliest start about as cheap

@@ -163,8 +163,10 @@ def test_a_noisy_truth_does_not_drift_with_what_the_planner_learns(tmp_path):
     it (a job estimated after two runs of its workload on its GPU model finished is estimated
     within the per-job noise), and what the jobs really draw per prompt is the same with and
     without learning. Estimates made before that carry the other GPU models' shared
-    correction, which this truth (independent per model) does not follow."""
-    sc = scenario(80, tmp_path, mix={"llm-chat-8b": 1.0})
+    correction, which this truth (independent per model) does not follow. (100 jobs: jobs
+    that would wait behind an overrunning job are placed again, so enough of them reach a
+    second GPU model after its first runs.)"""
+    sc = scenario(100, tmp_path, mix={"llm-chat-8b": 1.0})
     late_error, j_per_prompt = {}, {}
     for learn in (False, True):
         run = simulate(sc, truth="noisy:0.3", learn=learn, seed=1)  # H100 x2.24, H200 x1.37 runtime

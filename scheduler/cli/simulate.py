@@ -3,6 +3,7 @@
     carbonsched simulate --cluster FILE.toml --jobs FILE [--jobs-format F] --carbon ZONE=FILE ...
                          [--start ISO-DATE] [--slack DUR] --policy a,b,... [--forecast F]
                          [--truth perfect|noisy:SIGMA|profiles:FILE] [--[no-]learn]
+                         [--estimate exact|class-mean|lognormal:SIGMA|user:K] [--[no-]correct-estimates]
                          [--seed N] [--out DIR] [--json]
     carbonsched simulate --from-store [--since T] [--until T] [--db URL] --policy a,b,...
     carbonsched simulate                      # the bundled demo scenario (real data)
@@ -81,6 +82,17 @@ def add_parser(subparsers) -> None:
                         "and GPU model a lognormal error on runtime and power, e.g. noisy:0.3), "
                         "profiles:FILE (TOML [[profile]] rows: workload, model, prompts_per_s, power_w); the "
                         "planner never sees it. Default perfect")
+    m.add_argument("--estimate", default="exact", metavar="E",
+                   help="what the planner is told of a runtime-given job's length (the job runs its real "
+                        "length): exact, class-mean (GAIA: the mean of its queue, under/over 2 h), "
+                        "lognormal:SIGMA (a per-job error, e.g. lognormal:0.5), user:K (the runtime x ~K "
+                        "rounded up to 30m/1h/2h/4h/12h/1d, as users request); default exact")
+    m.add_argument("--correct-estimates", action=argparse.BooleanOptionalAction, default=None,
+                   help="learn real/estimated runtime per estimate class from finished jobs and correct "
+                        "later estimates by it (default: on unless --estimate exact)")
+    m.add_argument("--estimate-margin", action=argparse.BooleanOptionalAction, default=True,
+                   help="with the correction, widen deadline margins by the learned estimate spread "
+                        "(default on)")
     m.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
                    help="fold finished jobs' measured runtime and energy into the planner's profiles, as "
                         "the daemon does (default on)")
@@ -150,6 +162,7 @@ def _run(args, config: dict) -> int:
     from scheduler.simulate.report import table, write_report
     from scheduler.simulate.runner import parse_policies, run_policies
     from scheduler.simulate.scenario import DEMO_POLICIES, build_scenario, parse_mix
+    from scheduler.simulate.estimates import EstimateError, parse_estimate
     from scheduler.simulate.truth import TruthError, parse_truth
 
     trace_args = [a for a in ("cluster", "jobs") if getattr(args, a)] + (["carbon"] if args.carbon else [])
@@ -164,10 +177,12 @@ def _run(args, config: dict) -> int:
                            horizon_s=horizon, gpu_mtbf_s=_duration(args.gpu_mtbf, "--gpu-mtbf"),
                            full_replan_s=_duration(args.full_replan, "--full-replan"),
                            gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed,
-                           truth=args.truth, learn=args.learn)
+                           truth=args.truth, learn=args.learn, estimate=args.estimate,
+                           correct_estimates=args.correct_estimates, estimate_margin=args.estimate_margin)
     try:
         parse_truth(args.truth, seed=args.seed)  # a bad spec or file fails before any work
-    except TruthError as e:
+        parse_estimate(args.estimate, seed=args.seed)
+    except (TruthError, EstimateError) as e:
         raise CliError(str(e), EXIT_USAGE) from None
     policies = parse_policies(args.policy or _default_policies(DEMO_POLICIES if demo else "fifo,greedy,cpsat"))
     slack_s = _duration(args.slack, "--slack")
@@ -218,14 +233,15 @@ def _run(args, config: dict) -> int:
     progress = args.progress if args.progress is not None else (not args.json and sys.stderr.isatty())
     if not args.json:
         print(f"simulating {what}; policies {', '.join(p.label for p in policies)}; forecast {args.forecast}; "
-              f"truth {args.truth}{' (learning)' if args.learn else ''}",
+              f"truth {args.truth}{' (learning)' if args.learn else ''}; estimate {args.estimate}",
               file=sys.stderr)
     result = run_policies(scenario, policies, forecast=args.forecast, settings=settings, progress=progress)
     out = _out_dir(args.out)
     info = scenario.describe()
     info.update({"policies": [p.label for p in policies],
                  "policy_params": {p.label: dict(p.params) for p in policies}, "forecast": args.forecast,
-                 "seed": args.seed, "truth": args.truth, "learn": args.learn,
+                 "seed": args.seed, "truth": args.truth, "learn": args.learn, "estimate": args.estimate,
+                 "correct_estimates": args.correct_estimates, "estimate_margin": args.estimate_margin,
                  "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
                  "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit,
                  "demo": demo, "from_store": bool(args.from_store)})

@@ -16,6 +16,11 @@ Definitions (the report and the JSON use these names):
 - cost: `capex_usd` = busy GPU-seconds x the model's list price / the amortisation life
   (cluster file, default 4 years); `energy_cost_usd` = facility kWh x the zone's price.
 - planner: time per call of `policy.plan` (mean, p95, max) and the number of calls.
+- `forecast`, `truth`, `estimate`: the models the run used (what the planner believed of
+  carbon, how jobs really ran, what it was told of their lengths); `runtime_estimate_error_pct`:
+  median |estimate / real - 1| of the `estimated_jobs` (None with exact lengths);
+  `replanned_behind_overruns`: committed jobs taken back and planned again because the job
+  before them on their GPUs ran past its plan.
 """
 
 from __future__ import annotations
@@ -106,6 +111,13 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
                       "power_cap_w": m.cap_w, "over_cap_s": m.over_cap_s}
                   for z, m in sorted(run.meters.items())},
         "forecast": run.forecast,
+        "truth": run.truth,
+        "estimate": run.estimate,
+        # how far the planner's first runtime estimate was from the real runtime (jobs whose
+        # length is an estimate; median |estimate / real - 1|, %) and how many such jobs
+        "estimated_jobs": sum(1 for r in run.records if r.real is not None),
+        "runtime_estimate_error_pct": _runtime_estimate_error_pct(run.records),
+        "replanned_behind_overruns": run.replanned_behind_overruns,
         # how wrong the planner's energy estimate was at commit (median over finished jobs)
         "estimate_error_pct": _estimate_error_pct(done),
         "span_s": span_s,
@@ -140,6 +152,13 @@ def compare(summaries: dict[str, dict]) -> dict[str, dict]:
             entry["of_oracle_savings_pct"] = (base - kg) / (base - oracle) * 100.0
         out[name] = entry
     return out
+
+
+def _runtime_estimate_error_pct(records: list) -> float | None:
+    """Median |estimated / real runtime - 1| (%) of the jobs planned with an estimate (None: none)."""
+    errors = [abs(r.estimated_job.est_runtime_s / r.real.est_runtime_s - 1.0) * 100.0 for r in records
+              if r.real is not None and r.estimated_job is not None and r.real.est_runtime_s]
+    return statistics.median(errors) if errors else None
 
 
 def _estimate_error_pct(done: list) -> float | None:

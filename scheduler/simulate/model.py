@@ -21,14 +21,28 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
   `Snapshot.keep`; the policy keeps those that still fit (node and start) and places only
   the new jobs around them. Every `full_replan_s` a tick re-plans every queued job. It
   trades plan freshness for planner time (the whole pai-100k year: see bench/README.md).
-- **Execution**: a committed job starts at its planned time on its planned GPUs, once they
-  are free (a job that overran holds them, as on a real node), and runs for the runtime, at
+- **Execution**: a committed job starts at its planned time on its planned GPUs if they are
+  free; if a job that overran still holds them (as on a real node) it goes back to the queue
+  and the planner places it again at once. It runs for the runtime, at
   the mean power, that the *truth* gives (`scheduler.simulate.truth`: by default the energy
   model the policies plan with, `policies.energy.job_shape`; `noisy:SIGMA` or a profiles file
   make the planner's estimates wrong). The planner sees a GPU busy until the job's *planned*
-  end (then, while it overruns, for another minute at a time, as the daemon does), and with
+  end (then, while it overruns, for another minute at a time, as the daemon does); a tick
+  that finds a job running past its planned end (with its deadline margin) takes the jobs
+  committed behind it on its GPUs back into the queue and plans them again, so they can
+  move to free GPUs instead of waiting for it. With
   `learn` each finished job's measured runtime and energy are folded into the profiles it
-  plans with (`policies.learning`), as the daemon's agents do. A site meter per zone integrates the simulated power over time;
+  plans with (`policies.learning`), as the daemon's agents do.
+- **Runtime estimates** (`estimate`, `scheduler.simulate.estimates`): a job whose length is a
+  runtime is planned with an *estimate* of it (exact, GAIA's class mean, a per-job lognormal
+  error, or a user's rounded-up request) and runs its real length; the policies only ever
+  see the estimate. With `correct_estimates` (on whenever the estimate is not exact) each
+  finished job's real / estimated runtime is learned per estimate class
+  (`policies.runtime_correction`): later estimates of the class are scaled by the median
+  ratio and carry its spread as `QueuedJob.runtime_rel_uncertainty`, which widens their
+  deadline margin (`policies.margin`). The oracle, a bound with perfect knowledge, is
+  planned with the real lengths.
+- **Metering**: a site meter per zone integrates the simulated power over time;
   emissions are that power x PUE x the zone's *actual* intensity. Decisions only ever see
   the *forecast*.
 - **GPU failures** (optional, `gpu_mtbf_s`): each GPU fails after an exponential time
@@ -50,16 +64,18 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 import simpy
 
 from policies.base import Policy
 from policies.energy import job_shape
-from policies.margin import job_margin
+from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
+from policies.runtime_correction import correction_for, estimate_class
 from scheduler.simulate.cluster import ClusterSpec
+from scheduler.simulate.estimates import EstimateModel, estimated, parse_estimate
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
 from scheduler.simulate.truth import parse_truth
@@ -97,15 +113,26 @@ class SimSettings:
     # past hours (CarbonCurve.tail, as the daemon does); False: the curve's last value holds
     # (the planner before issue 24), for comparisons.
     climatology: bool = True
+    # What the planner is told of a runtime-given job's length (scheduler.simulate.estimates):
+    # exact, class-mean, lognormal:SIGMA or user:K.
+    estimate: str = "exact"
+    # Learn real / estimated runtime per estimate class and correct later estimates by it
+    # (policies.runtime_correction); None: on unless the estimate is exact.
+    correct_estimates: bool | None = None
+    # With the correction, widen a corrected estimate's deadline margin by its learned spread
+    # (QueuedJob.runtime_rel_uncertainty, policies.margin); False: correct the estimate only.
+    estimate_margin: bool = True
 
 
 @dataclass(slots=True)
 class JobRecord:
     """One job through the simulation; times are epoch seconds, None where it never got there."""
 
-    job: QueuedJob
+    job: QueuedJob  # the job as the planner last saw it (its estimate, corrected)
     arrival_s: float
     deadline_s: float | None
+    real: QueuedJob | None = None  # the job as it really is (None: as `job`); only the truth reads it
+    estimated_job: QueuedJob | None = None  # the job with its estimate, before any correction
     state: str = "future"  # future, queued, committed, running, done
     start_s: float | None = None
     end_s: float | None = None
@@ -127,6 +154,7 @@ class JobRecord:
     lost_energy_j: float = 0.0
     lost_gco2: float = 0.0
     token: int = 0
+    correction: float = 1.0  # the estimate correction factor the planner used at the last commit
 
 
 @dataclass
@@ -201,6 +229,9 @@ class PolicyRun:
     gpu_failures: int = 0
     unplaced_reasons: dict[str, int] = field(default_factory=dict)
     planner_failures: int = 0  # planner calls in which the policy raised (policies.guard)
+    truth: str = "perfect"
+    estimate: str = "exact"
+    replanned_behind_overruns: int = 0  # committed jobs taken back because the job before them overran
 
 
 class Simulation:
@@ -209,7 +240,8 @@ class Simulation:
     def __init__(self, *, cluster: ClusterSpec, jobs: list[QueuedJob], carbon: dict[str, ZoneIntensity],
                  policy: str | Policy, forecast: ForecastModel, settings: SimSettings = SimSettings(),
                  policy_params: dict | None = None, profiles: tuple = (),
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None,
+                 estimate_model: EstimateModel | None = None) -> None:
         from policies.base import get_policy
         from policies.energy import ProfileBook, seed_profiles
 
@@ -244,9 +276,19 @@ class Simulation:
         self.healthy = [True] * n
         self.reservations: list[list[int]] = [[] for _ in range(n)]  # job indices in commit order
         self.running_on: list[int | None] = [None] * n  # the job really running on each GPU
-        self.waiting: dict[int, list[tuple[int, int]]] = {}  # GPU -> jobs due there but blocked
-        self.records = [JobRecord(job=j, arrival_s=j.submitted_at.timestamp(),
-                                  deadline_s=j.deadline.timestamp() if j.deadline else None) for j in jobs]
+        # settings.estimate, or any EstimateModel (tests, experiments: a fixed estimate per job)
+        self.estimate_model = estimate_model or parse_estimate(settings.estimate, seed=settings.seed)
+        # the oracle is a bound with perfect knowledge: it plans with the real lengths
+        seen = list(jobs) if self.clairvoyant else self.estimate_model.apply(jobs)
+        self.correct = (settings.correct_estimates if settings.correct_estimates is not None
+                        else self.estimate_model.kind != "exact") and not self.clairvoyant
+        self.records = [JobRecord(job=e, arrival_s=j.submitted_at.timestamp(),
+                                  deadline_s=j.deadline.timestamp() if j.deadline else None,
+                                  real=j if e is not j else None, estimated_job=e) for j, e in zip(jobs, seen)]
+        self._est_runs: dict[tuple[str, str], list[float]] = {}  # estimate class -> log(real / estimate)
+        self._est_version = 0  # bumps when a ratio is learned: seen jobs are corrected again
+        self._seen_version: dict[int, int] = {}  # record index -> the version its `job` reflects
+        self.replanned_behind_overruns = 0
         self.records.sort(key=lambda r: (r.arrival_s, r.job.id))
         self.index = {r.job.id: i for i, r in enumerate(self.records)}
         self.queue: dict[int, int] = {}  # job id -> record index, in arrival order
@@ -259,12 +301,12 @@ class Simulation:
         self.rejected = 0
         self.failures = 0
         self.unplaced_reasons: dict[str, int] = {}
-        self._shapes: dict[tuple[int, str], object] = {}
+        self._shapes: dict[tuple[int, str, float | None], object] = {}
         self._last_plan: tuple[float, int] | None = None
         self._previous: dict[int, Assignment] = {}  # the last plan's uncommitted assignments
         self._last_full_s = -math.inf
         self._changes = 0
-        longest = max((j.est_runtime_s or settings.default_runtime_s for j in jobs), default=0.0)
+        longest = max((j.est_runtime_s or settings.default_runtime_s for j in list(jobs) + seen), default=0.0)
         self._tail_s = min(7 * 86400.0, 2.0 * longest)  # runtimes vary by model: a margin
         self._t0 = self._first_tick()
         self.env = simpy.Environment(initial_time=self._t0)
@@ -356,11 +398,17 @@ class Simulation:
         slots = self.slots
         for g in range(len(slots)):
             fa = self.free_at[g]
+            planned_end = fa
             if self.running_on[g] is not None:  # expected to run by its estimate + deadline margin
                 r = self.records[self.running_on[g]]
-                fa = max(fa, r.start_s + r.planned_runtime_s * job_margin(r.job, r.model, self.book))
+                planned_end = r.start_s + r.planned_runtime_s * job_margin(r.job, r.model, self.book,
+                                                                       self.settings.estimate_margin)
+                fa = max(fa, planned_end)
             if self.running_on[g] is not None and fa <= now_s + EPS_S:
-                fa = now_s + OVERRUN_BUSY_S  # running past its estimate: "ends soon", as the daemon says
+                # running past its estimate: "ends soon", as the daemon says, or, once it has
+                # overrun by more than that, as long again as it has overrun so far (a job's
+                # remaining time grows with its overrun when estimates err by factors)
+                fa = now_s + max(OVERRUN_BUSY_S, now_s - planned_end)
             key = fa if fa > now_s + EPS_S else None
             if not self.healthy[g]:
                 key = "down"
@@ -373,7 +421,7 @@ class Simulation:
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
                         default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
                         profiles=self.profiles, power_caps=self.power_caps, slot_s=self.settings.slot_s,
-                        horizon_s=horizon_s, keep=keep or {})
+                        horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin)
 
     def _plan(self, now_s: float) -> None:
         if not self.queue:
@@ -382,7 +430,8 @@ class Simulation:
         if self._last_plan == state:
             return  # a wake-up and a tick at the same instant with nothing new: one plan
         self._last_plan = state
-        jobs = tuple(self.records[i].job for i in self.queue.values())
+        self._replan_behind_overruns(now_s)
+        jobs = tuple(self._seen(i) for i in self.queue.values())
         horizon = self.settings.horizon_s
         # the forecast also covers the runs of jobs that start near the horizon's end
         carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in self.meters}
@@ -411,6 +460,43 @@ class Simulation:
         self.ticks.append(TickStat(at_s=now_s, queued=len(jobs), planned=len(plan.assignments),
                                    committed=committed, plan_s=plan_s, full=not incremental,
                                    kept=len(keep)))
+
+    def _seen(self, idx: int) -> QueuedJob:
+        """The job of record `idx` as the planner sees it now: its estimate, corrected by what
+        the runs of its estimate class taught (`policies.runtime_correction`)."""
+        r = self.records[idx]
+        if not self.correct or self._seen_version.get(idx) == self._est_version:
+            return r.job
+        self._seen_version[idx] = self._est_version
+        base = r.estimated_job or r.job
+        if not estimated(base):
+            return r.job
+        c = correction_for(estimate_class(base.workload, base.est_runtime_s), self._est_runs)
+        spread = c.rel_spread if c.samples >= 2 and math.isfinite(c.rel_spread) else PRIOR_REL_UNCERTAINTY
+        # one run's error, pooled with the prior as PRIOR_RUNS pseudo-runs (policies.margin's rule)
+        n = float(c.samples)
+        u = math.sqrt((PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + n * spread ** 2) / (PRIOR_RUNS + n))
+        r.correction = c.factor
+        r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor), runtime_rel_uncertainty=u)
+        return r.job
+
+    def _replan_behind_overruns(self, now_s: float) -> None:
+        """Take back into the queue every committed job waiting behind a job that runs past
+        its planned end (with its deadline margin): the plan it was given assumed GPUs that
+        are not free, so this tick plans it again, on those GPUs or others."""
+        behind: set[int] = set()
+        for g, ridx in enumerate(self.running_on):
+            if ridx is None or not self.reservations[g]:
+                continue
+            rr = self.records[ridx]
+            margin = job_margin(rr.job, rr.model, self.book, self.settings.estimate_margin)
+            planned_end = rr.start_s + rr.planned_runtime_s * margin
+            if now_s <= planned_end + EPS_S:
+                continue
+            behind.update(i for i in self.reservations[g] if i != ridx and self.records[i].state == "committed")
+        for idx in sorted(behind):
+            self.replanned_behind_overruns += 1
+            self._evict(idx, now_s, "the job before it on its GPUs overran its plan")
 
     def _plan_all(self, now_s: float) -> None:
         """The oracle's single look at the whole future: all jobs, actual intensity throughout."""
@@ -443,7 +529,7 @@ class Simulation:
         return max(self._shape(job, m).runtime_s for m in models)
 
     def _shape(self, job: QueuedJob, model: str):
-        key = (job.id, model)
+        key = (job.id, model, job.est_runtime_s)  # a corrected estimate is another shape
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = job_shape(job, model, self.book, self.settings.default_runtime_s)
@@ -479,10 +565,12 @@ class Simulation:
         r.node, r.zone, r.model, r.gpu_ids = first.node, first.zone, first.model, tuple(ids)
         r.planned_runtime_s, r.planned_power_w = shape.runtime_s, shape.power_w
         r.committed_s = self.env.now
-        # the truth is anchored on the scenario's own profiles, never on what was learned since
-        base = shape if not self.learned else job_shape(job, first.model, self._base_book,
-                                                        self.settings.default_runtime_s)
-        r.runtime_s, r.power_w = self.truth.actual(job, first.model, base, self.settings.default_runtime_s)
+        # the truth is anchored on the real job and the scenario's own profiles, never on the
+        # estimate or on what was learned since
+        real = r.real or job
+        base = shape if not self.learned and real is job else job_shape(real, first.model, self._base_book,
+                                                                         self.settings.default_runtime_s)
+        r.runtime_s, r.power_w = self.truth.actual(real, first.model, base, self.settings.default_runtime_s)
         r.pue = self._gpu_pue(first)
         r.start_s = start_s
         r.est_gco2 = a.estimate.gco2
@@ -515,8 +603,20 @@ class Simulation:
         if r.token != token or r.state != "committed":
             return
         blocked = next((g for g in r.gpu_ids if self.running_on[g] not in (None, idx)), None)
-        if blocked is not None:  # the job before it overran: start when it ends
-            self.waiting.setdefault(blocked, []).append((idx, token))
+        if blocked is not None:
+            before = self.records[self.running_on[blocked]]
+            if before.start_s + before.runtime_s <= self.env.now + EPS_S:
+                # it ends at this very instant (its end is simply processed after this start):
+                # start right after it, as planned
+                ev = self.env.timeout(0.0)
+                ev.callbacks.append(lambda _e, idx=idx, token=token: self._start(idx, token))
+                return
+            # the job before it overran: its plan assumed GPUs that are not free. Like an agent
+            # that cannot claim them, hand it back; the planner places it again at once.
+            self.replanned_behind_overruns += 1
+            self._evict(idx, self.env.now, f"GPU {blocked} is still running the job before it")
+            self._changes += 1
+            self._plan(self.env.now)
             return
         self.events += 1
         now = self.env.now
@@ -546,13 +646,15 @@ class Simulation:
         self._release(idx, now)
         if self.settings.learn:
             self._learn(r)
+        if self.correct:
+            self._learn_estimate(r)
         self.done += 1
         if self.done == len(self.records) and not self._all_done.triggered:
             self._all_done.succeed()
 
     def _release(self, idx: int, now_s: float) -> None:
         """Free a job's GPUs (done or evicted): the planner's view goes back to the planned
-        ends of the jobs still reserved there, and jobs waiting for them start."""
+        ends of the jobs still reserved there."""
         r = self.records[idx]
         for g in r.gpu_ids:
             res = self.reservations[g]
@@ -563,9 +665,6 @@ class Simulation:
             self.free_at[g] = max(ends + [now_s])
             if self.running_on[g] == idx:
                 self.running_on[g] = None
-        for g in r.gpu_ids:
-            for w_idx, w_token in self.waiting.pop(g, []):
-                self._start(w_idx, w_token)
 
     def _learn(self, r: JobRecord) -> None:
         """Fold a finished job's measured runtime and energy into the profiles the planner
@@ -587,6 +686,18 @@ class Simulation:
         self.book = ProfileBook(self.profiles)
         self._shapes = {k: v for k, v in self._shapes.items() if self.index_job(k[0]).workload != job.workload}
         self.learned += 1
+
+    def _learn_estimate(self, r: JobRecord) -> None:
+        """Fold a finished runtime-given job's real / estimated runtime into its estimate class."""
+        base = r.estimated_job or r.job
+        if not estimated(base) or r.planned_runtime_s <= 0 or r.end_s is None or r.start_s is None:
+            return
+        # planned_runtime_s is the corrected estimate on the job's GPUs: undo the correction
+        ratio = (r.end_s - r.start_s) / r.planned_runtime_s * r.correction
+        if ratio <= 0:
+            return
+        self._est_runs.setdefault(estimate_class(base.workload, base.est_runtime_s), []).append(math.log(ratio))
+        self._est_version += 1
 
     def index_job(self, job_id: int) -> QueuedJob:
         return self.records[self.index[job_id]].job
@@ -621,7 +732,9 @@ class Simulation:
                          records=self.records, meters=self.meters, ticks=self.ticks, start_s=self._t0,
                          end_s=end, events=self.events, wall_s=time.perf_counter() - wall0,
                          rejected_assignments=self.rejected, gpu_failures=self.failures,
-                         unplaced_reasons=self.unplaced_reasons,
+                         unplaced_reasons=self.unplaced_reasons, truth=self.truth.name,
+                         estimate=self.estimate_model.spec,
+                         replanned_behind_overruns=self.replanned_behind_overruns,
                          planner_failures=int(getattr(self.policy, "failures", 0)))
 
 

@@ -200,6 +200,11 @@ def table(summaries: dict[str, dict], comparison: dict[str, dict]) -> str:
     row("deadline misses", lambda s, c: f"{s['deadline_misses']} ({_hours(s['lateness_s'])} late)")
     row("energy estimate error", lambda s, c: "-" if s.get("estimate_error_pct") is None
         else f"{s['estimate_error_pct']:.1f}% (median)")
+    row("runtime estimate", lambda s, c: s.get("estimate", "exact") + (
+        "" if s.get("runtime_estimate_error_pct") is None
+        else f" ({s['runtime_estimate_error_pct']:.0f}% off, median of {s['estimated_jobs']})"))
+    if any(s.get("replanned_behind_overruns") for s in summaries.values()):
+        row("re-planned behind overruns", lambda s, c: str(s.get("replanned_behind_overruns", 0)))
     row("finished/jobs", lambda s, c: f"{s['finished']}/{s['jobs']}")
     models = sorted({m for s in summaries.values() for m in s["gpu_utilization"]})
     for m in models:
