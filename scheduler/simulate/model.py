@@ -605,10 +605,12 @@ class Simulation:
         blocked = next((g for g in r.gpu_ids if self.running_on[g] not in (None, idx)), None)
         if blocked is not None:
             before = self.records[self.running_on[blocked]]
-            if before.start_s + before.runtime_s <= self.env.now + EPS_S:
-                # it ends at this very instant (its end is simply processed after this start):
-                # start right after it, as planned
-                ev = self.env.timeout(0.0)
+            before_end = before.start_s + before.runtime_s
+            if before_end <= self.env.now + EPS_S:
+                # it ends at this very instant (its end is simply processed after this start, or
+                # a float hair later): start right after it, as planned. Waiting 0 s where its end
+                # lies a hair ahead would spin at this instant for ever.
+                ev = self.env.timeout(max(0.0, before_end - self.env.now))
                 ev.callbacks.append(lambda _e, idx=idx, token=token: self._start(idx, token))
                 return
             # the job before it overran: its plan assumed GPUs that are not free. Like an agent
