@@ -8,6 +8,7 @@ on a real GPU node. Needs root and Debian's `slurm-wlm` and `munge` packages.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -184,21 +185,32 @@ def munge_works() -> bool:
 
 
 def ensure_munged() -> None:
-    """Start munged as the munge user (with a key, made if missing) unless one answers."""
+    """Start munged as the munge user (with a key, made if missing) unless one answers.
+
+    Every pytest-xdist worker calls this at once on a fresh machine: a lock file makes one of
+    them start munged while the others wait, and a munged that another worker started (its
+    socket lock taken) counts as started."""
     if munge_works():
         return
     run_dir = MUNGE_SOCKET.parent
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.chown(run_dir, "munge", "munge")
     run_dir.chmod(0o755)
-    key = Path("/etc/munge/munge.key")
-    if not key.exists():
-        subprocess.run([_sbin("mungekey"), "--create", "--keyfile", str(key)], check=True, timeout=30)
-        shutil.chown(key, "munge", "munge")
-        key.chmod(0o400)
-    subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged")], check=True, timeout=30)
-    for _ in range(50):
+    with open("/tmp/carbonsched-tests-munged.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if munge_works():
             return
-        time.sleep(0.1)
-    raise RuntimeError("munged started but munge -n | unmunge fails")
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            subprocess.run([_sbin("mungekey"), "--create", "--keyfile", str(key)], check=True,
+                           timeout=30)
+            shutil.chown(key, "munge", "munge")
+            key.chmod(0o400)
+        started = subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged")],
+                                 capture_output=True, text=True, timeout=30)
+        for _ in range(100):
+            if munge_works():
+                return
+            time.sleep(0.1)
+    raise RuntimeError(f"munged did not start ({started.stderr.strip() or started.returncode}): "
+                       "munge -n | unmunge fails")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_harness import DaemonProcess, database_for, world_dir
+from daemon_harness import DaemonProcess, database_for, readable_code_copy, world_dir
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,11 +55,12 @@ def daemon():
 
 
 def as_user(user: str, code: str) -> subprocess.CompletedProcess:
-    """Run Python code as `user`, with this checkout importable (the CLI needs only the stdlib)."""
+    """Run Python code as `user`, with a copy of the packages every user can read importable
+    (the CLI needs only the stdlib; the clone itself may be one other users cannot enter)."""
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
     return subprocess.run([shutil.which("runuser") or "runuser", "-u", user, "--", python, "-c", code], capture_output=True,
                           text=True, timeout=60, cwd="/",
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parent.parent)})
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(readable_code_copy())})
 
 
 def submit_as(d: DaemonProcess, user: str, argv: list[str], cwd: str, env: dict | None = None) -> int:
