@@ -126,9 +126,16 @@ class DaemonProcess:
                 self.proc.wait()
         return self.proc.returncode
 
+    def dump_stacks(self) -> None:
+        """Have the daemon write its threads' stacks into its log (SIGUSR2), so that a test
+        that timed out shows where the daemon was."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR2)
+            time.sleep(0.5)
+
     def log(self) -> str:
         try:
-            return self.log_path.read_text()[-8000:]
+            return self.log_path.read_text()[-20000:]
         except FileNotFoundError:
             return ""
 
@@ -165,6 +172,7 @@ class DaemonProcess:
             time.sleep(0.1)
         pending = {i: jobs.get(i, {}).get("state") for i in job_ids
                    if jobs.get(i, {}).get("state") not in states}
+        self.dump_stacks()
         raise TimeoutError(f"jobs not in {sorted(states)} after {timeout_s}s: {pending}\n{self.log()}")
 
     def cleanup(self) -> None:

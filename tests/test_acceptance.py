@@ -124,6 +124,14 @@ def test_time_limit_gives_timeout(daemon):
     assert jobs[est]["time_limit_s"] == 2.0
 
 
+def test_sigusr2_writes_every_threads_stack_to_the_log_and_the_daemon_carries_on(daemon):
+    daemon.dump_stacks()
+    log = daemon.log()
+    assert "Thread 0x" in log and "apscheduler" in log  # the scheduler's threads among them
+    job = submit(daemon, "--", "true")
+    assert daemon.wait_states([job], timeout_s=30)[job]["state"] == "COMPLETED"
+
+
 def test_bad_requests_get_clear_errors_and_change_nothing(daemon):
     before = daemon.client().jobs(include_done=True)
     cases = [
