@@ -179,8 +179,8 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
     elif binding in ("deadline", "capacity", "power cap") and job.deadline is not None:
         # what being on time cost: the chosen grams over the cheapest start from release on
         # (any GPU that fits, the queue and the deadline ignored)
-        lo = int(problem.job_earliest[j])
-        cheapest = float(problem.cost_tables([j])[0][:, lo:].min()) if lo < problem.n_slots else gco2_model
+        cheapest = problem.cheapest_start_g(j)
+        cheapest = gco2_model if cheapest is None else cheapest
         extra = gco2_model - cheapest
         why = f"{binding} binds; on time for +{extra:.0f} g over its cheapest start" if extra >= 0.5 \
             else f"{binding} binds"
