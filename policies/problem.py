@@ -494,6 +494,9 @@ class Problem:
         if not new:
             return
         idx = np.asarray(new, dtype=np.int64)
+        if tables.shape[1] == 0 or tables.shape[2] == 0:  # no usable GPU group, no slot
+            self._cheapest_g.update((j, math.inf) for j in js[idx].tolist())
+            return
         per_slot = tables[idx].min(axis=1)  # (jobs x slots): the cheapest group at each start
         per_slot[self.slot_index[None, :] < self.job_earliest[js[idx]][:, None]] = np.inf
         for j, g in zip(js[idx].tolist(), per_slot.min(axis=1).tolist()):

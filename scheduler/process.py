@@ -6,13 +6,14 @@ database is unreachable, and the stall check their systemd watchdog relies on.
 
 from __future__ import annotations
 
-import faulthandler
 import fcntl
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -148,6 +149,23 @@ class CoalescedJob:
                 self._wake_pending = False
 
 
+def log_thread_stacks() -> None:
+    """Log the current stack of every thread of this process, in one record.
+
+    Runs as a Python-level signal handler (SIGUSR2), on the main thread between bytecodes,
+    where reading other threads' frames is safe; `faulthandler`'s C-level dump of all
+    threads from inside the signal can crash the process while those threads run (seen:
+    SIGSEGV in about one dump in twelve under load)."""
+    try:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        parts = [f"Thread {names.get(ident, '?')} (0x{ident:x}), most recent call last:\n"
+                 + "".join(traceback.format_stack(frame))
+                 for ident, frame in sys._current_frames().items()]
+        log.warning("stacks of %d threads (SIGUSR2):\n%s\nend of stacks", len(parts), "\n".join(parts))
+    except Exception:  # noqa: BLE001 - a diagnostic must never take the process down
+        log.exception("could not log the threads' stacks")
+
+
 DISPATCH_STALL_S = 120.0
 
 
@@ -183,9 +201,9 @@ class ServiceProcess:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        # `kill -USR2 PID` writes every thread's stack to stderr (the journal under systemd):
-        # what an operator needs when a tick seems stuck, without stopping the daemon.
-        faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
+        # `kill -USR2 PID` logs every thread's stack (the journal under systemd): what an
+        # operator needs when a tick seems stuck, without stopping the daemon.
+        signal.signal(signal.SIGUSR2, lambda signum, frame: log_thread_stacks())
 
     def _take_instance_lock(self) -> None:
         path = self.state_dir / self.lock_name

@@ -126,12 +126,26 @@ class DaemonProcess:
                 self.proc.wait()
         return self.proc.returncode
 
-    def dump_stacks(self) -> None:
+    def dump_stacks(self, timeout_s: float = 10.0) -> str:
         """Have the daemon write its threads' stacks into its log (SIGUSR2), so that a test
-        that timed out shows where the daemon was."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGUSR2)
-            time.sleep(0.5)
+        that timed out shows where the daemon was; returns what it wrote ("" if nothing came
+        within `timeout_s`)."""
+        if not self.proc or self.proc.poll() is not None:
+            return ""
+        try:
+            before = self.log_path.stat().st_size
+        except FileNotFoundError:
+            before = 0
+        self.proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with open(self.log_path, "rb") as f:
+                f.seek(before)
+                new = f.read().decode(errors="replace")
+            if "stacks of" in new and "end of stacks" in new:
+                return new
+            time.sleep(0.05)
+        return ""
 
     def log(self) -> str:
         try:

@@ -91,6 +91,21 @@ def violations(snapshot: Snapshot, plan: Plan) -> list[str]:
     return out
 
 
+def strict_score(snapshot: Snapshot, plan: Plan) -> tuple[int, int, float, float]:
+    """(unplaced, deadline misses, GPU-hours late, total estimated gCO2): the policies' strict
+    order (issue 24: a job that must miss finishes as soon as it can), smaller is better."""
+    jobs = {j.id: j for j in snapshot.jobs}
+    late_gpu_h = 0.0
+    for a in plan.assignments:
+        job = jobs.get(a.job_id)
+        if job is None or job.deadline is None or a.estimate.runtime_s is None:
+            continue
+        finish = a.start_at + timedelta(seconds=a.estimate.runtime_s)
+        late_gpu_h += max(1, job.gpus) * max(0.0, (finish - job.deadline).total_seconds()) / 3600.0
+    unplaced, misses, grams = score(plan)
+    return unplaced, misses, late_gpu_h, grams
+
+
 def score(plan: Plan) -> tuple[int, int, float]:
     """(unplaced, deadline misses, total estimated gCO2): smaller is better, in that order."""
     return (len(plan.unplaced), sum(a.estimate.deadline_miss for a in plan.assignments),
