@@ -62,6 +62,8 @@ from telemetry.grid.forecast import (
     expected_mape_pct,
     hour_start,
     hourly_means,
+    intra_hour_shape,
+    native_step_s,
 )
 from telemetry.grid.forecast_model import LOOKBACK_H as MODEL_LOOKBACK_H
 from telemetry.grid.forecast_model import METHOD as MODEL_METHOD
@@ -210,6 +212,8 @@ class ImportResult:
     future_last: datetime | None = None
     as_forecast: bool = False
     imported_at: datetime | None = None
+    #: the detected step (period length) of each zone's rows, seconds
+    step_s: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -624,11 +628,20 @@ class CarbonSignals:
                     used_model = any(v is not None for v in model_values)
                     values = [m if m is not None else b for m, b in zip(model_values, values)]
                 own_items = []
-                one_hour = timedelta(hours=1)
+                # at the data's own step: sub-hourly data gets each hour split by the zone's
+                # recent intra-hour shape (telemetry.grid.forecast.intra_hour_shape)
+                history = [(at_s, d, v) for at_s, (d, v) in latest.items()]
+                step_s = native_step_s(history)
+                shape = intra_hour_shape(history, step_s, last_known) if step_s < 3600 else {}
+                parts = 3600 // step_s if shape else 1
+                part = timedelta(seconds=3600 // parts)
                 for h, v in zip(targets, values):
                     if v is not None:
                         at = hour_start(h)
-                        own_items.append(_Item(at, at + one_hour, v, KIND_FORECAST, SOURCE_OWN, as_of))
+                        ratios = shape.get(h % 24, (1.0,) * parts)
+                        for k in range(parts):
+                            a = at + k * part
+                            own_items.append(_Item(a, a + part, v * ratios[k], KIND_FORECAST, SOURCE_OWN, as_of))
                 own_points, ahead = _cover(ahead, own_items)
                 if ahead:
                     notes.append(f"own forecast needs history within {MAX_HORIZON_H // 24} d: newest known "
@@ -846,7 +859,7 @@ class CarbonSignals:
                             future_values=len(future),
                             future_first=min((trace.readings[i].at for i in future), default=None),
                             future_last=max((trace.readings[i].at for i in future), default=None),
-                            as_forecast=as_forecast, imported_at=now)
+                            as_forecast=as_forecast, imported_at=now, step_s=dict(trace.duration_s))
 
     # -- live providers ---------------------------------------------------------------------
 
