@@ -57,6 +57,7 @@ from telemetry.grid.forecast import (
     MAX_HORIZON_H,
     METHOD,
     PROFILE_DAYS,
+    SHAPE_DAYS,
     baseline_forecast,
     epoch_hour,
     expected_mape_pct,
@@ -615,6 +616,7 @@ class CarbonSignals:
         own_points: list[ForecastPoint] = []
         own_h: list[int] = []
         used_model = False
+        shaped = ""  # the sub-hourly split of the own forecast, named in `method`
         if ahead:
             hourly = hourly_means((at_s, d, v) for at_s, (d, v) in latest.items())
             if hourly:
@@ -635,6 +637,9 @@ class CarbonSignals:
                 shape = intra_hour_shape(history, step_s, last_known) if step_s < 3600 else {}
                 parts = 3600 // step_s if shape else 1
                 part = timedelta(seconds=3600 // parts)
+                if shape:
+                    shaped = (f"; hours split into {step_s // 60}-min steps by the last "
+                              f"{SHAPE_DAYS} days' intra-hour shape")
                 for h, v in zip(targets, values):
                     if v is not None:
                         at = hour_start(h)
@@ -684,7 +689,7 @@ class CarbonSignals:
         result = CarbonForecast(zone=zone, signal=sig, start=start, end=end, as_of=as_of,
                                 points=tuple(points), gaps=tuple(gaps), level=level, source=source,
                                 expected_mape_pct=mape, reason=reason,
-                                method=(MODEL_METHOD if used_model else METHOD) if level == "own" else None)
+                                method=(MODEL_METHOD if used_model else METHOD) + shaped if level == "own" else None)
         if self._track_status and abs((as_of - self._clock()).total_seconds()) <= CURRENT_WINDOW_S:
             self._note_level(zone, sig, level, source, reason)
         return result

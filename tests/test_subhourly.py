@@ -26,7 +26,7 @@ from telemetry.grid.csv_import import MixedStepsError, read_trace
 
 from tests.conftest import DATA_DIR
 
-GB30 = DATA_DIR / "carbon" / "GB_2020-05-25_to_2020-06-21_30min_lwa.csv"
+GB30 = DATA_DIR / "carbon" / "GB_2020-04-27_to_2020-06-21_30min_lwa.csv"
 MIXED = DATA_DIR / "carbon" / "GB_2020-10-30_to_2020-10-31_mixed_lwa.csv"
 T = datetime(2020, 6, 11, 13, 0, tzinfo=timezone.utc)
 GREEN = datetime(2020, 6, 11, 14, 0, tzinfo=timezone.utc)       # 117.6 g/kWh for half an hour
@@ -65,7 +65,7 @@ def test_the_data_has_a_green_half_hour_that_its_hourly_mean_hides():
 
 def test_a_30_minute_file_is_stored_at_30_minutes(store):
     result = CarbonSignals(store, track_status=False, clock=lambda: T).import_file(GB30, zone="GB")
-    assert result.step_s == {"GB": 1800} and result.rows_stored == 1344
+    assert result.step_s == {"GB": 1800} and result.rows_stored == 2688
     with store.read() as conn:
         durations = set(conn.execute(select(carbon_intensity.c.duration_s)
                                      .where(carbon_intensity.c.zone == "GB")).scalars())
@@ -132,6 +132,7 @@ def test_the_own_forecast_of_a_30_minute_zone_is_at_30_minutes_and_as_of_safe(st
     end = T + timedelta(hours=24)
     before = signals.forecast("GB", T, end, as_of=T)
     assert before.level == "own" and before.complete
+    assert before.method.startswith("gradient-boosted") and "split into 30-min steps" in before.method
     assert {(p.until - p.at) for p in before.points} == {timedelta(minutes=30)}
     # the halves of an hour differ (the shape), unlike an hourly forecast cut in two
     halves = [p.gco2_per_kwh for p in before.points]

@@ -2,7 +2,7 @@
 and PostgreSQL, plan a 30-minute job into the 30-minute green slot of a real GB trace that
 the trace's hourly mean hides.
 
-The trace is tests/data/carbon/GB_2020-05-25_to_2020-06-21_30min_lwa.csv with its times moved
+The trace is tests/data/carbon/GB_2020-04-27_to_2020-06-21_30min_lwa.csv with its times moved
 by whole half-hours so that 2020-06-11 13:00 UTC becomes the current half-hour; its values
 are unchanged. The rows ahead are imported with --as-forecast (a forecast issued now). In
 the next twelve hours the half-hour that was 14:00 (117.6 g/kWh) is the cleanest; on hourly
