@@ -5,6 +5,7 @@ comparison, and replay speed. Reads ../shared/data (not shipped); see bench/READ
     .venv/bin/python bench/simulate_bench.py gaia  [--json OUT]   # GAIA's setting, DE and US-CAL-CISO
     .venv/bin/python bench/simulate_bench.py speed [--policy greedy] [--days N]  # pai-100k, 256 GPUs
     .venv/bin/python bench/simulate_bench.py overload [--loads 0.6,0.9,1.2] [--variants gaia,long]
+    .venv/bin/python bench/simulate_bench.py halfhour [--forecast perfect,baseline]  # 30-min GB vs its hourly mean
 
 Each scenario runs the simulator's own API (the same code as the CLI) and prints a table;
 `--json` writes the figures. Speed runs each policy in a child process and reports its wall
@@ -290,9 +291,90 @@ def bench_overload(args) -> dict:
     return out
 
 
+GB30 = ROOT / "tests" / "data" / "carbon" / "GB_2020-04-27_to_2020-06-21_30min_lwa.csv"
+HALFHOUR_START = datetime(2020, 6, 8, tzinfo=timezone.utc)
+
+
+def bench_halfhour(args) -> dict:
+    """What hourly averaging costs: pai_1k on a never-full GB pool (16 x 8 H100) from
+    2020-06-08 with 8 h of slack, on Let's Wait Awhile's 30-minute GB trace. Each forecast
+    runs twice, once on the half-hours and once on their hourly means (`+hourly`); emissions
+    are counted on the 30-minute truth in both."""
+    from scheduler.simulate.cluster import load_cluster
+    from scheduler.simulate.intensity import load_zone_files
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.traces import read_jobs
+
+    import dataclasses
+
+    cluster = load_cluster(ROOT / "examples" / "cluster-gb.toml")
+    carbon = {"GB": load_zone_files("GB", [GB30])}
+    trace = read_jobs(PAI_1K)
+    if args.lengths != "pai":  # pai_1k's arrivals, every job of this length (short jobs)
+        from scheduler.timeparse import parse_duration
+
+        length = parse_duration(args.lengths)
+        trace.jobs = [dataclasses.replace(j, est_runtime_s=length) for j in trace.jobs]
+    scenario = build_scenario(cluster, trace, carbon, start=HALFHOUR_START, slack_s=args.slack_h * 3600.0)
+    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake, **_estimate_options(args))
+    policies = args.policies or "fifo,greedy"
+    out: dict = {"scenario": "halfhour", "cluster": "examples/cluster-gb.toml", "carbon": str(GB30.relative_to(ROOT)),
+                 "jobs": str(PAI_1K.name), "lengths": args.lengths, "start": HALFHOUR_START.isoformat(), "slack_h": args.slack_h,
+                 "plan_interval_s": args.plan_interval, "rows": []}
+    print(f"{'forecast':<12} {'view':<8} {'policy':<8} {'kgCO2':>9} {'saving vs fifo':>15} {'misses':>7}")
+    for fc in [f for f in args.forecast.split(",") if f]:
+        by_view = {}
+        for view, spec in (("30 min", fc), ("hourly", f"{fc}+hourly")):
+            result = _run(scenario, policies, settings, spec)
+            fifo = result.summaries.get("fifo", {}).get("kgco2")
+            for name, summ in result.summaries.items():
+                saving = 100.0 * (1 - summ["kgco2"] / fifo) if fifo else None
+                row = {"forecast": fc, "view": view, "policy": name, "kgco2": summ["kgco2"],
+                       "saving_pct": saving, "deadline_misses": summ["deadline_misses"]}
+                out["rows"].append(row)
+                by_view[(view, name)] = row
+                print(f"{fc:<12} {view:<8} {name:<8} {summ['kgco2']:>9.2f} "
+                      f"{'' if saving is None else f'{saving:.2f} %':>15} {summ['deadline_misses']:>7}", flush=True)
+        for name in policies.split(","):
+            a, b = by_view.get(("30 min", name)), by_view.get(("hourly", name))
+            if a and b and name != "fifo" and a["saving_pct"] is not None:
+                print(f"  {fc} {name}: hourly averaging cost {a['saving_pct'] - b['saving_pct']:.2f} points of "
+                      f"saving ({b['kgco2'] - a['kgco2']:+.2f} kgCO2)")
+    out["mae_30min"] = _halfhour_mae(carbon["GB"], [f for f in args.forecast.split(",") if f])
+    return out
+
+
+def _halfhour_mae(zone, forecasts: list[str]) -> dict:
+    """Mean absolute error (g/kWh) against the half-hours of each forecast over the next 24 h
+    (30 min to 24 h ahead), issued every 3 h from HALFHOUR_START to 2020-06-21, on the
+    half-hours and on hourly means (`+hourly`)."""
+    from scheduler.simulate.forecasts import parse_forecast
+
+    t0 = HALFHOUR_START.timestamp()
+    t1 = datetime(2020, 6, 21, tzinfo=timezone.utc).timestamp()
+    out: dict = {}
+    print("\nforecast error against the half-hours, 30 min to 24 h ahead (MAE, g/kWh):")
+    for fc in forecasts:
+        for spec in (fc, f"{fc}+hourly"):
+            model = parse_forecast(spec, {"GB": zone})
+            errors = []
+            now = t0
+            while now < t1:
+                curve = model.curve("GB", now, 24 * 3600.0)
+                start = curve.start.timestamp()
+                for k in range(1, 48):
+                    t = now + k * 1800.0
+                    errors.append(abs(curve.values_g_per_kwh[int((t - start) // curve.step_s)] - zone.value_at(t)))
+                now += 3 * 3600.0
+            out[spec] = sum(errors) / len(errors)
+            print(f"  {spec:<16} {out[spec]:7.2f}", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["gap", "gaia", "speed", "overload", "_speed_child"])
+    p.add_argument("scenario", choices=["gap", "gaia", "speed", "overload", "halfhour", "_speed_child"])
     p.add_argument("--policies", help="policy specs (default per scenario)")
     p.add_argument("--cpsat-s", type=float, default=1.0, help="cpsat time budget per planner call (default 1)")
     p.add_argument("--forecast", default="perfect",
@@ -323,6 +405,9 @@ def main() -> None:
     p.add_argument("--prices", default="strict,2000,500,100,20",
                    help="overload: lateness prices (g per GPU-hour late) for greedy and cpsat")
     p.add_argument("--fifo-seeds", type=int, default=3, help="overload: fifo runs (its tie-breaking seeds)")
+    p.add_argument("--slack-h", type=float, default=8.0, help="halfhour: hours of slack per job (default 8)")
+    p.add_argument("--lengths", default="pai", help="halfhour: pai (pai_1k's own lengths) or a duration that "
+                                                    "every job runs (e.g. 30m)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"))
@@ -334,7 +419,7 @@ def main() -> None:
     if args.scenario == "overload" and not args.days:
         args.days = 3.0
     figures = {"gap": bench_gap, "gaia": bench_gaia, "speed": bench_speed,
-               "overload": bench_overload}[args.scenario](args)
+               "overload": bench_overload, "halfhour": bench_halfhour}[args.scenario](args)
     figures["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -57,11 +57,14 @@ from telemetry.grid.forecast import (
     MAX_HORIZON_H,
     METHOD,
     PROFILE_DAYS,
+    SHAPE_DAYS,
     baseline_forecast,
     epoch_hour,
     expected_mape_pct,
     hour_start,
     hourly_means,
+    intra_hour_shape,
+    native_step_s,
 )
 from telemetry.grid.forecast_model import LOOKBACK_H as MODEL_LOOKBACK_H
 from telemetry.grid.forecast_model import METHOD as MODEL_METHOD
@@ -210,6 +213,8 @@ class ImportResult:
     future_last: datetime | None = None
     as_forecast: bool = False
     imported_at: datetime | None = None
+    #: the detected step (period length) of each zone's rows, seconds
+    step_s: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -611,6 +616,7 @@ class CarbonSignals:
         own_points: list[ForecastPoint] = []
         own_h: list[int] = []
         used_model = False
+        shaped = ""  # the sub-hourly split of the own forecast, named in `method`
         if ahead:
             hourly = hourly_means((at_s, d, v) for at_s, (d, v) in latest.items())
             if hourly:
@@ -624,11 +630,23 @@ class CarbonSignals:
                     used_model = any(v is not None for v in model_values)
                     values = [m if m is not None else b for m, b in zip(model_values, values)]
                 own_items = []
-                one_hour = timedelta(hours=1)
+                # at the data's own step: sub-hourly data gets each hour split by the zone's
+                # recent intra-hour shape (telemetry.grid.forecast.intra_hour_shape)
+                history = [(at_s, d, v) for at_s, (d, v) in latest.items()]
+                step_s = native_step_s(history)
+                shape = intra_hour_shape(history, step_s, last_known) if step_s < 3600 else {}
+                parts = 3600 // step_s if shape else 1
+                part = timedelta(seconds=3600 // parts)
+                if shape:
+                    shaped = (f"; hours split into {step_s // 60}-min steps by the last "
+                              f"{SHAPE_DAYS} days' intra-hour shape")
                 for h, v in zip(targets, values):
                     if v is not None:
                         at = hour_start(h)
-                        own_items.append(_Item(at, at + one_hour, v, KIND_FORECAST, SOURCE_OWN, as_of))
+                        ratios = shape.get(h % 24, (1.0,) * parts)
+                        for k in range(parts):
+                            a = at + k * part
+                            own_items.append(_Item(a, a + part, v * ratios[k], KIND_FORECAST, SOURCE_OWN, as_of))
                 own_points, ahead = _cover(ahead, own_items)
                 if ahead:
                     notes.append(f"own forecast needs history within {MAX_HORIZON_H // 24} d: newest known "
@@ -671,7 +689,7 @@ class CarbonSignals:
         result = CarbonForecast(zone=zone, signal=sig, start=start, end=end, as_of=as_of,
                                 points=tuple(points), gaps=tuple(gaps), level=level, source=source,
                                 expected_mape_pct=mape, reason=reason,
-                                method=(MODEL_METHOD if used_model else METHOD) if level == "own" else None)
+                                method=(MODEL_METHOD if used_model else METHOD) + shaped if level == "own" else None)
         if self._track_status and abs((as_of - self._clock()).total_seconds()) <= CURRENT_WINDOW_S:
             self._note_level(zone, sig, level, source, reason)
         return result
@@ -846,7 +864,7 @@ class CarbonSignals:
                             future_values=len(future),
                             future_first=min((trace.readings[i].at for i in future), default=None),
                             future_last=max((trace.readings[i].at for i in future), default=None),
-                            as_forecast=as_forecast, imported_at=now)
+                            as_forecast=as_forecast, imported_at=now, step_s=dict(trace.duration_s))
 
     # -- live providers ---------------------------------------------------------------------
 

@@ -214,7 +214,7 @@ def _import(args, config, carbon_config) -> int:
                      "future_last": _iso(result.future_last),
                      "future_stored_as": ("forecast" if result.as_forecast else "actual")
                      if result.future_values else None,
-                     "imported_at": _iso(result.imported_at)})
+                     "imported_at": _iso(result.imported_at), "step_s": result.step_s})
         return EXIT_OK
     if not result.rows_stored:
         print(f"{result.path}: no values to import ({result.missing} empty values)")
@@ -228,14 +228,21 @@ def _import(args, config, carbon_config) -> int:
         notes.append(f"{result.out_of_order} rows out of order (sorted)")
     if result.missing:
         notes.append(f"{result.missing} empty values skipped as gaps")
+    steps = sorted(set(result.step_s.values()))
+    step = "/".join(_step(s) for s in steps) + " steps, " if steps else ""
     print(f"imported {result.rows_stored:,} values for {', '.join(result.zones)} "
-          f"({', '.join(result.signals)} signal, {result.fmt} format) from {_iso(result.first)} "
+          f"({', '.join(result.signals)} signal, {step}{result.fmt} format) from {_iso(result.first)} "
           f"to {_iso(result.last)} in {result.elapsed_s:.2f} s")
     for note in notes:
         print(f"  note: {note}")
     for line in _future_lines(result):
         print(line)
     return EXIT_OK
+
+
+def _step(seconds: int) -> str:
+    return f"{seconds // 3600} h" if seconds % 3600 == 0 else f"{seconds // 60} min" if seconds % 60 == 0 \
+        else f"{seconds} s"
 
 
 def _future_lines(result) -> list[str]:

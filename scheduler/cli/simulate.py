@@ -76,7 +76,8 @@ def add_parser(subparsers) -> None:
     m.add_argument("--forecast", default="perfect", metavar="F",
                    help="forecast model: perfect, noisy:SIGMA (relative, e.g. noisy:0.1), persistence, "
                         "model (the project's own forecaster, as the daemon's), baseline (its profile + anomaly "
-                        "fallback alone); default perfect")
+                        "fallback alone), stored; F+hourly (e.g. perfect+hourly) plans on hourly means of a "
+                        "sub-hourly trace, emissions still at its own step; default perfect")
     m.add_argument("--truth", default="perfect", metavar="T",
                    help="how jobs really run: perfect (as the planner estimates), noisy:SIGMA (per workload "
                         "and GPU model a lognormal error on runtime and power, e.g. noisy:0.3), "

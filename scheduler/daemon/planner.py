@@ -375,7 +375,8 @@ class CarbonCurves:
                 log.warning("carbon forecast of zone %s unreadable: %s", z, e)
                 out[z] = ZoneCarbon(z, None, f"its forecast could not be read ({e})")
                 continue
-            curve = curve_from_forecast(fc, start, self.slot_s, int(round((end - start).total_seconds() / self.slot_s)))
+            step = curve_step_s(fc, self.slot_s)
+            curve = curve_from_forecast(fc, start, step, int(round((end - start).total_seconds() / step)))
             if curve is None:
                 why = f"no {signal} carbon data"
                 if own[z] and own[z] != signal:
@@ -402,6 +403,18 @@ class CarbonCurves:
         except SQLAlchemyError as e:
             log.warning("carbon history of zone %s unreadable, no climatology past the forecast: %s", zone, e)
             return None
+
+
+MIN_CURVE_STEP_S = 300.0
+
+
+def curve_step_s(fc: Any, slot_s: float) -> float:
+    """The step of a zone's curve: its data's shortest period (5-minute MOER) where that is
+    finer than the planner's slot and divides it, so no value is averaged away; else the slot."""
+    periods = Counter((p.until - p.at).total_seconds() for p in fc.points)
+    # a period cut at the window's edge is no step; nothing provides finer than 5 minutes
+    finest = min((d for d, n in periods.items() if d >= MIN_CURVE_STEP_S and n >= 2), default=slot_s)
+    return float(finest) if finest < slot_s and slot_s % finest == 0 else float(slot_s)
 
 
 def curve_from_forecast(fc: Any, start: datetime, step_s: float, n_steps: int) -> CarbonCurve | None:

@@ -35,6 +35,14 @@ unit in which anything new becomes known.
 A value is "known" at `now` once its hour has ended: the newest known hour is the one
 before the hour holding `now`.
 
+Sub-hourly traces (`ZoneIntensity.fine`: 30-minute GB, 5-minute MOER) get curves at their
+own step, issued per step: `perfect` and `noisy` from the values at that step; `model`,
+`baseline` and `persistence` forecast the hours as above and split each hour by the zone's
+intra-hour shape over the last week known (`telemetry.grid.forecast.intra_hour_shape`, as
+the daemon's own forecast does); `stored` stays hourly. A spec ending in `+hourly`
+(`perfect+hourly`) makes the planner see the trace averaged into whole hours while
+emissions are still counted at its own step: what hourly averaging costs.
+
 Past its end every curve carries the zone's climatology (`CarbonCurve.tail`, the typical
 intensity by month and UTC hour: `scheduler.carbon_climatology`), computed as the daemon
 does from the trace's hours that ended before the start of the simulated day (a year of them
@@ -74,6 +82,7 @@ class ForecastModel:
     seed: int = 0
     name: str = ""
     fallbacks: int = 0
+    hourly: bool = False  # `+hourly`: curves of hourly means even for sub-hourly traces
     climatology: bool = True  # curves carry the zone's climatology past their end (`tail`)
     _cache: dict[tuple[str, int, int], CarbonCurve] = field(default_factory=dict, repr=False)
     _hourly: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
@@ -84,7 +93,11 @@ class ForecastModel:
     seen: list[tuple[str, float, float | None]] = field(default_factory=list, repr=False)
 
     def curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
-        """The forecast issued at `now_s` for `zone`, hourly, covering [now, now + horizon]."""
+        """The forecast issued at `now_s` for `zone`, hourly (or at a sub-hourly trace's own
+        step), covering [now, now + horizon]."""
+        z = self.zones[zone]
+        if z.fine is not None and not self.hourly and self.kind != "stored":
+            return self._fine_curve(zone, now_s, horizon_s)
         issue_hour = int(now_s // HOUR_S)
         n_hours = int(math.ceil(horizon_s / HOUR_S)) + 1
         run = None
@@ -107,6 +120,51 @@ class ForecastModel:
                             step_s=HOUR_S, values_g_per_kwh=tuple(values), signal=z.signal,
                             source=f"simulated forecast {self.name or self.kind} of {z.source}",
                             tail=self.tail(zone, issue_hour) if self.climatology else None)
+        self._cache[key] = curve
+        return curve
+
+    def _fine_curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
+        """The curve at the zone's own sub-hourly step (see the module docstring)."""
+        from datetime import datetime, timezone
+
+        z = self.zones[zone]
+        fine = z.fine
+        step = fine.step_s
+        issue = int(now_s // step)
+        n = int(math.ceil(horizon_s / step)) + 1
+        key = (zone, -1, issue, n)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        if self.kind == "perfect":
+            values = fine.values(issue, n)
+        elif self.kind == "noisy":
+            actual = np.array(fine.values(issue, n))
+            rng = np.random.default_rng([self.seed, zlib.crc32(zone.encode()), issue & 0xFFFFFFFF, int(step)])
+            values = np.maximum(0.0, actual * (1.0 + self.sigma * rng.standard_normal(n))).tolist()
+        else:
+            from telemetry.grid.forecast import SHAPE_DAYS, intra_hour_shape
+
+            issue_hour = int(issue * step // HOUR_S)
+            last_s = (issue + n) * step
+            n_hours = int(math.ceil((last_s - issue_hour * HOUR_S) / HOUR_S))
+            hourly = self.values(zone, issue_hour, n_hours)
+            known = fine.points((issue_hour - 24 * SHAPE_DAYS) * HOUR_S, issue_hour * HOUR_S)
+            shape = intra_hour_shape(known, int(step), issue_hour - 1)
+            parts = int(HOUR_S // step)
+            values = []
+            for k in range(issue, issue + n):
+                t = k * step
+                h = int(t // HOUR_S)
+                ratios = shape.get(h % 24)
+                v = hourly[h - issue_hour]
+                values.append(v * ratios[int((t - h * HOUR_S) // step)] if ratios and len(ratios) == parts else v)
+        curve = CarbonCurve(zone=zone, start=datetime.fromtimestamp(issue * step, timezone.utc), step_s=step,
+                            values_g_per_kwh=tuple(values), signal=z.signal,
+                            source=f"simulated forecast {self.name or self.kind} of {z.source} at {step:g} s",
+                            tail=self.tail(zone, int(now_s // HOUR_S)) if self.climatology else None)
         self._cache[key] = curve
         return curve
 
@@ -227,7 +285,10 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
     `fits`: a dict to share the learned model's fits with other ForecastModels of the run.
     """
     text = spec.strip().lower()
-    kind, _, arg = text.partition(":")
+    base, plus, view = text.partition("+")
+    if plus and view != "hourly":
+        raise ValueError(f"malformed {spec!r}: the only view after '+' is hourly (e.g. perfect+hourly)")
+    kind, _, arg = base.partition(":")
     if kind not in KINDS:
         raise ValueError(f"unknown forecast {spec!r}; use perfect, noisy:SIGMA (e.g. noisy:0.1), "
                          "persistence, model, baseline or stored")
@@ -264,5 +325,5 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
                              f"{', '.join(bare)}; import them with `carbonsched carbon import` and use "
                              "--carbon ZONE=store, or pass a file with an issue-time column")
     return ForecastModel(kind=kind, zones=zones, sigma=sigma, quantile=quantile, spread_penalty=spread,
-                         seed=seed, name=text,
+                         seed=seed, name=text, hourly=bool(plus),
                          fits=fits if fits is not None else {})

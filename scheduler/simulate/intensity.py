@@ -7,6 +7,11 @@ averaged); a missing hour takes the previous hour's value and is counted. Before
 hour the first value holds and after the last hour the last value holds, as in
 `CarbonCurve`, and the time spent outside the data is reported.
 
+Sub-hourly data (a 30-minute GB trace, 5-minute MOER: a step that divides the hour) is also
+kept at its own step (`fine`): emissions are then integrated at that step, the truth a job
+really met, and the `perfect`/`noisy` forecasts issue curves at that step; the hourly view
+(`hour_value`, `hourly_dict`) stays for the hourly forecasters and the climatology.
+
 Times are float seconds since the Unix epoch (UTC) inside the simulator, for speed.
 """
 
@@ -46,6 +51,8 @@ class ZoneIntensity:
     filled_hours: int = 0
     #: recorded forecasts with their issue times (trace files' or the store's forecast rows)
     issued: "IssuedForecasts | None" = None
+    #: the data at its own sub-hourly step, when it has one (see the module docstring)
+    fine: "FineSeries | None" = None
 
     def __post_init__(self) -> None:
         self.values_g_per_kwh = np.asarray(self.values_g_per_kwh, dtype=float)
@@ -81,7 +88,14 @@ class ZoneIntensity:
             return self._values_list[i:i + n]
         return [self._values_list[min(max(j, 0), last)] for j in range(i, i + n)]
 
+    @property
+    def step_s(self) -> float:
+        """The data's own step: sub-hourly where `fine` holds it, else an hour."""
+        return self.fine.step_s if self.fine is not None else HOUR_S
+
     def value_at(self, t_s: float) -> float:
+        if self.fine is not None:
+            return self.fine.value_at(t_s)
         return self.hour_value(int(t_s // HOUR_S))
 
     def _cum(self, t_s: float) -> float:
@@ -95,7 +109,9 @@ class ZoneIntensity:
         return self._cum_list[i] + (x - i) * HOUR_S * self._values_list[i]
 
     def integral_g_per_kwh_s(self, start_s: float, end_s: float) -> float:
-        """Integral of intensity over [start_s, end_s] in (gCO2/kWh)*s."""
+        """Integral of intensity over [start_s, end_s] in (gCO2/kWh)*s (at the data's own step)."""
+        if self.fine is not None:
+            return self.fine.integral(start_s, end_s)
         return self._cum(end_s) - self._cum(start_s)
 
     def outside_s(self, start_s: float, end_s: float) -> float:
@@ -105,6 +121,75 @@ class ZoneIntensity:
     def hourly_dict(self) -> dict[int, float]:
         """Epoch hour -> value (gap-filled hours included), for the own forecaster."""
         return {self.first_hour + i: v for i, v in enumerate(self._values_list)}
+
+
+@dataclass
+class FineSeries:
+    """A zone's values at a sub-hourly step from `first` (in steps since the epoch), gaps
+    filled with the previous value; edges held as in the hourly series."""
+
+    step_s: float
+    first: int
+    values_g_per_kwh: np.ndarray
+    filled: int = 0
+
+    def __post_init__(self) -> None:
+        self.values_g_per_kwh = np.asarray(self.values_g_per_kwh, dtype=float)
+        self._values = self.values_g_per_kwh.tolist()
+        self._cum = np.concatenate(([0.0], np.cumsum(self.values_g_per_kwh) * self.step_s)).tolist()
+
+    def values(self, first: int, n: int) -> list[float]:
+        """The values of steps first .. first + n - 1 (clamped to the data's edges)."""
+        i, last = first - self.first, len(self._values) - 1
+        if 0 <= i and i + n - 1 <= last:
+            return self._values[i:i + n]
+        return [self._values[min(max(j, 0), last)] for j in range(i, i + n)]
+
+    def value_at(self, t_s: float) -> float:
+        return self.values(int(t_s // self.step_s), 1)[0]
+
+    def _at(self, t_s: float) -> float:
+        x = t_s / self.step_s - self.first
+        n = len(self._values)
+        if x <= 0:
+            return x * self.step_s * self._values[0]
+        if x >= n:
+            return self._cum[n] + (x - n) * self.step_s * self._values[n - 1]
+        i = int(x)
+        return self._cum[i] + (x - i) * self.step_s * self._values[i]
+
+    def integral(self, start_s: float, end_s: float) -> float:
+        return self._at(end_s) - self._at(start_s)
+
+    def points(self, since_s: float, until_s: float) -> list[tuple[float, int, float]]:
+        """(at_s, step, value) of the steps from `since_s` that ended by `until_s` (known then)."""
+        lo = max(0, int(since_s // self.step_s) - self.first)
+        hi = min(len(self._values), max(0, int(until_s // self.step_s) - self.first))
+        return [((self.first + i) * self.step_s, int(self.step_s), self._values[i]) for i in range(lo, hi)]
+
+
+def fine_series(zone: str, points: list[tuple[float, int, float]]) -> FineSeries | None:
+    """The sub-hourly series of (at_s, duration_s, value) rows of one step dividing the hour;
+    None for hourly (or coarser) data, or rows of several steps."""
+    steps = {int(d) for _, d, _ in points}
+    if len(steps) != 1:
+        return None
+    step = steps.pop()
+    if step >= HOUR_S or HOUR_S % step:
+        return None
+    by_step = {int(at // step): v for at, _, v in points}
+    first, last = min(by_step), max(by_step)
+    values, filled, prev = [], 0, by_step[first]
+    for k in range(first, last + 1):
+        v = by_step.get(k)
+        if v is None:
+            filled += 1
+            v = prev
+        values.append(v)
+        prev = v
+    if filled:
+        log.info("zone %s: %d missing %d-s steps filled with the previous value", zone, filled, step)
+    return FineSeries(step_s=float(step), first=first, values_g_per_kwh=np.array(values), filled=filled)
 
 
 def from_hourly(zone: str, hourly: dict[int, float], *, signal: str, source: str) -> ZoneIntensity:
@@ -161,6 +246,7 @@ def load_zone_files(zone: str, paths: list[str | Path]) -> ZoneIntensity:
     if {r[4] for r in forecast_rows} - {signal}:
         raise CarbonInputError(f"zone {zone}: the forecast rows' signal differs from the actuals' ({signal})")
     out = from_hourly(zone, hourly_means(points), signal=signal, source=", ".join(sources))
+    out.fine = fine_series(zone, points)
     if forecast_rows:
         from scheduler.simulate.issued import IssuedForecasts
 

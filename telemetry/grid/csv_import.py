@@ -12,7 +12,9 @@ Three formats, told apart by their header row (or named with `fmt`):
   `generated_at` for historical forecasts, `units`) or `timestamp,MOER` (v2 exports).
   Values in lbs CO2/MWh are converted to gCO2/kWh and marked `marginal`.
 - `plain`: `time,gco2_per_kwh` with optional `zone`, `signal` (average|marginal) and
-  `issued_at` (rows with an issue time are forecasts).
+  `issued_at` (rows with an issue time are forecasts). `Time,Carbon Intensity` (the
+  30-minute files of Let's Wait Awhile, gCO2/kWh, average) is read as plain too; its zone
+  comes from `zone` (--zone).
 - `vessim`: the WattTime files Vessim publishes (e.g. `watttime2023_caiso-north_actual.csv`
   and `_forecast.csv`): actuals `time,<region>` and historical forecasts
   `request_time,forecast_time,<region>`, the request time being the forecast's issue time.
@@ -28,6 +30,14 @@ are UTC (as documented) and plain times are in `tz` (an IANA name, default UTC).
 Out-of-order rows are sorted; a repeated timestamp keeps the last row (counted, and
 counted separately when the values differ); an empty value is a gap (counted, skipped,
 never a zero). Anything else malformed is rejected with its line number.
+
+Resolution: each zone's step is detected from its timestamps, never assumed (5, 15, 30 or
+60 minutes are all kept as they are): the shortest step between consecutive rows. A longer
+step that is a whole multiple of it is a gap (rows missing), but two such steps of one
+length in a row mean the file changes resolution (30 min, then 15 min) and the file is
+refused (`MixedStepsError`), as is a step that is no multiple of the resolution (00:00,
+00:30, 01:10): one period length per zone and file, so a value always holds for the
+period its row says.
 """
 
 from __future__ import annotations
@@ -35,7 +45,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -60,7 +69,8 @@ SOURCES = {"electricitymaps": "electricitymaps-csv", "watttime": "watttime-csv",
 DEFAULT_DURATION_S = {"electricitymaps": 3600, "watttime": 300, "plain": 3600, "vessim": 300}
 _EM_ISSUED = ("issued_at", "updated_at", "updatedat", "forecast issued at (utc)",
               "datetime of forecast issue (utc)")
-_KNOWN_COLUMNS = {"gco2_per_kwh", "value", "moer", "point_time", "timestamp", "zone", "signal", "issued_at",
+_VALUE_COLUMNS = ("gco2_per_kwh", "carbon intensity")
+_KNOWN_COLUMNS = {"gco2_per_kwh", "carbon intensity", "value", "moer", "point_time", "timestamp", "zone", "signal", "issued_at",
                   "region", "generated_at", "units", "datetime"}
 PROGRESS_EVERY_ROWS = 2000
 
@@ -112,7 +122,7 @@ def detect_format(header: list[str]) -> str | None:
     cols = [_norm(c) for c in header]
     if _find(cols, *_EM_VALUE["direct"], *_EM_VALUE["lifecycle"]) is not None:
         return "electricitymaps"
-    if "gco2_per_kwh" in cols:
+    if _find(cols, *_VALUE_COLUMNS) is not None:
         return "plain"
     if _find(cols, "value", "moer") is not None and _find(cols, "point_time", "timestamp") is not None:
         return "watttime"
@@ -234,12 +244,11 @@ def read_trace(
             if old[4] != r[4]:
                 trace.conflicting_duplicates += 1
         by_key[key] = r
-    # One period length per zone: the most common step between consecutive timestamps
-    # (rows with an empty value count: they show the cadence); the shorter one on a tie.
+    # One period length per zone, detected from the timestamps (rows with an empty value
+    # count: they show the cadence): see the module docstring.
     for z in zones_in_file:
         times = sorted({k[2] for k in by_key if k[0] == z} | {t for gz, t in gap_times if gz == z})
-        steps = Counter(int((b - a).total_seconds()) for a, b in zip(times, times[1:]))
-        best = min(steps.items(), key=lambda kv: (-kv[1], kv[0]))[0] if steps else None
+        best = detect_step_s(times, name, z) if duration_s is None else None
         trace.duration_s[z] = duration_s or best or DEFAULT_DURATION_S[fmt]
     readings = []
     for (z, sig, at, issued), r in sorted(by_key.items(), key=_sort_key):
@@ -254,6 +263,46 @@ def read_trace(
 
 
 _NO_ISSUE = datetime.min.replace(tzinfo=timezone.utc)
+
+
+class MixedStepsError(CsvFormatError):
+    """A zone's timestamps change their step within one file, or follow no regular step."""
+
+
+def _step_text(seconds: float) -> str:
+    s = int(seconds)
+    if s % 3600 == 0:
+        return f"{s // 3600} h"
+    if s % 60 == 0:
+        return f"{s // 60} min"
+    return f"{s} s"
+
+
+def detect_step_s(times: list[datetime], name: str = "", zone: str = "") -> int | None:
+    """The step of sorted, distinct `times` (None for fewer than two); MixedStepsError if
+    they follow no single step (see the module docstring)."""
+    steps = [int((b - a).total_seconds()) for a, b in zip(times, times[1:])]
+    if not steps:
+        return None
+    base = min(steps)
+    where = f" for zone {zone}" if zone else ""
+    for i, step in enumerate(steps):
+        if step % base:
+            raise MixedStepsError(name, None, f"irregular time steps{where}: {_step_text(base)} steps, but "
+                                              f"{_iso(times[i])} to {_iso(times[i + 1])} is {_step_text(step)}; "
+                                              "one file needs one regular step")
+        if step != base and i + 1 < len(steps) and steps[i + 1] == step:
+            j = i
+            while j + 1 < len(steps) and steps[j + 1] == step:
+                j += 1
+            raise MixedStepsError(name, None, f"mixed time steps{where}: {_step_text(step)} from "
+                                              f"{_iso(times[i])} to {_iso(times[j + 1])}, {_step_text(base)} "
+                                              "elsewhere; import each resolution from its own file")
+    return base
+
+
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%MZ")
 
 
 def _sort_key(item: tuple) -> tuple:
@@ -381,7 +430,7 @@ def _row_parser(name: str, fmt: str, cols: list[str], zone: str | None, tz, emis
         return parse
 
     i_time = _find(cols, "time", "timestamp", "datetime")
-    i_value = _find(cols, "gco2_per_kwh")
+    i_value = _find(cols, *_VALUE_COLUMNS)
     i_zone = _find(cols, "zone")
     i_signal = _find(cols, "signal")
     i_issued = _find(cols, "issued_at")

@@ -139,3 +139,57 @@ def persistence_forecast(values: Mapping[int, float], last_known_hour: int,
     """Plain persistence: the newest known hourly value, carried forward to every target."""
     last = values.get(last_known_hour)
     return [last if target > last_known_hour else None for target in target_hours]
+
+
+#: Days of sub-hourly history the intra-hour shape is learned from (within the history the
+#: signal store reads for an own forecast: PROFILE_DAYS + EXTRA_SEARCH_DAYS).
+SHAPE_DAYS = 7
+
+
+def native_step_s(points: Iterable[tuple[float, int, float]]) -> int:
+    """The step of a zone's newest rows: the period of its latest (at_s, duration_s, value)."""
+    newest = max(points, key=lambda p: p[0], default=None)
+    return int(newest[1]) if newest is not None else 3600
+
+
+def intra_hour_shape(points: Iterable[tuple[float, int, float]], step_s: int, last_known_hour: int,
+                     days: int = SHAPE_DAYS) -> dict[int, tuple[float, ...]]:
+    """How a zone's value typically moves inside an hour, by UTC hour of day.
+
+    From the sub-hourly rows (at_s, duration_s, value) of period `step_s` (dividing an hour)
+    in the `days` days up to and including epoch hour `last_known_hour` (so only what is
+    known at the issue): for each complete hour, each part's value over the hour's mean;
+    per hour of day, the mean of those ratios, scaled so that they average 1. An hourly
+    forecast times its hour's shape keeps its hourly mean and gains the sub-hourly pattern
+    the zone has shown lately (GB's half-hour settlement periods). Hours of day without a
+    complete hour of data are left out (flat).
+    """
+    parts = 3600 // step_s
+    if parts <= 1 or 3600 % step_s:
+        return {}
+    lo = (last_known_hour + 1 - 24 * days) * 3600
+    hi = (last_known_hour + 1) * 3600
+    by_hour: dict[int, dict[int, float]] = {}
+    for at_s, duration_s, value in points:
+        if int(duration_s) != step_s or not lo <= at_s < hi or at_s % step_s:
+            continue
+        h = int(at_s // 3600)
+        by_hour.setdefault(h, {})[int((at_s - h * 3600) // step_s)] = value
+    sums: dict[int, list[float]] = {}
+    counts: dict[int, int] = {}
+    for h, vals in by_hour.items():
+        if len(vals) != parts:
+            continue
+        mean = sum(vals.values()) / parts
+        if mean <= 0:
+            continue
+        acc = sums.setdefault(h % 24, [0.0] * parts)
+        for k in range(parts):
+            acc[k] += vals[k] / mean
+        counts[h % 24] = counts.get(h % 24, 0) + 1
+    out: dict[int, tuple[float, ...]] = {}
+    for hod, acc in sums.items():
+        ratios = [a / counts[hod] for a in acc]
+        norm = sum(ratios) / parts
+        out[hod] = tuple(r / norm for r in ratios)
+    return out
