@@ -160,3 +160,180 @@ def test_an_emulated_limit_outlives_the_backend_like_a_real_boards(tmp_path):
     assert again.devices()[0].power_limit.current_w == 420.0
     again.restore_power_limit(uuid)
     assert EmulatedBackend(models, node="n1", limits_path=tmp_path / "limits.json").power_limit(uuid).current_w == 700
+
+
+# -- the agent applies the plan's limit (in-process agent, SQLite and PostgreSQL) ------------
+
+import logging  # noqa: E402
+import time  # noqa: E402
+
+from sqlalchemy import select, update  # noqa: E402
+
+from scheduler.daemon.service import Caller, JobService, ServiceConfig  # noqa: E402
+from scheduler.lifecycle import utcnow  # noqa: E402
+from scheduler.node.agent import ENV_POWER_LIMIT, Agent, AgentConfig  # noqa: E402
+from scheduler.store.models import gpus, job_events, jobs  # noqa: E402
+
+ROOT = Caller(uid=0, gid=0)
+
+
+def make_agent(store, backend, tmp_path) -> Agent:
+    agent = Agent(store, backend, AgentConfig(node="n1", zone="DE", state_dir=tmp_path / "state",
+                                              grace_s=1.0, sample_hz=2.0, heartbeat_s=0.2))
+    agent.register()
+    agent.startup_reconcile()
+    return agent
+
+
+def plan_on(store, job_id: int, gpu_ids: list[int], limit_w: float | None) -> None:
+    """What the planner writes for a job: PLANNED on these GPUs now, with this power limit."""
+    with store.engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+            state="PLANNED", planned_node="n1", planned_gpu_ids=gpu_ids, planned_start=utcnow(),
+            planned_power_limit_w=limit_w))
+
+
+def gpu_ids_of(store) -> list[int]:
+    with store.read() as conn:
+        return sorted(conn.execute(select(gpus.c.id).where(gpus.c.node_name == "n1")).scalars())
+
+
+def tick_until(agent, store, job_id, states, timeout_s=30.0, during=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        agent.tick()
+        with store.read() as conn:
+            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+        if during is not None and state == "RUNNING":
+            during()
+        if state in states:
+            return state
+        time.sleep(0.05)
+    raise TimeoutError(f"job {job_id} still {state}")
+
+
+def row(store, job_id):
+    with store.read() as conn:
+        return conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+
+
+def events(store, job_id) -> list[str]:
+    with store.read() as conn:
+        return [r.reason for r in conn.execute(select(job_events.c.reason).where(
+            job_events.c.job_id == job_id).order_by(job_events.c.id))]
+
+
+@pytest.fixture(params=["emulated", "fake-nvml", "fake-amdsmi"])
+def node(request, monkeypatch, tmp_path, store):
+    """An agent over one backend with two GPUs; `current(uuid)` reads the board's limit in W
+    straight from the (fake) hardware, not through the backend under test."""
+    if request.param == "emulated":
+        b = EmulatedBackend([EmulatedModel("H100", "nvidia", 80, 70, 700)] * 2, node="n1", seed=3,
+                            limits_path=tmp_path / "limits.json")
+        current = lambda u: b.power_limit(u).current_w  # noqa: E731
+        deny = lambda: setattr(b, "deny_power_limits", True)  # noqa: E731
+    elif request.param == "fake-nvml":
+        fake = FakeNvml([FakeNvmlGpu(uuid=f"GPU-{i}aaa1111-0000-0000-0000-000000000000", pci=(0, 0x1B + i, 0))
+                         for i in range(2)])
+        monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+        b = NvmlBackend(env={})
+        current = lambda u: next(g.limit_mw for g in fake.gpus if g.uuid == u) / 1000  # noqa: E731
+        deny = lambda: [setattr(g, "privileged", False) for g in fake.gpus]  # noqa: E731
+    else:
+        fake = FakeAmdSmi([FakeAmdGpu(uuid=f"{i}1111111-0000-1000-8000-000000000000", hip_id=i,
+                                      asic_serial=f"0x5F3A1C0DE000000{i}") for i in range(2)])
+        monkeypatch.setitem(sys.modules, "amdsmi", fake.module)
+        b = AmdSmiBackend(env={})
+        current = lambda u: next(g.cap_w for g in fake.gpus if g.uuid == u)  # noqa: E731
+        deny = lambda: [setattr(g, "privileged", False) for g in fake.gpus]  # noqa: E731
+    agent = make_agent(store, b, tmp_path)
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
+    yield agent, service, current, deny
+    agent.stop()
+    b.close()
+
+
+def submit(service, tmp_path, argv, **kw):
+    return service.submit(ROOT, {"argv": argv, "gpus": 2, "cwd": str(tmp_path), **kw})["id"]
+
+
+@pytest.mark.parametrize("ending", ["completed", "failed", "cancelled"])
+def test_the_planned_limit_reaches_the_gpus_before_the_start_and_is_restored_at_the_end(node, store, tmp_path, ending):
+    agent, service, current, _ = node
+    uuids = [d.uuid for d in agent.devices]
+    default = agent.backend.power_limit(uuids[0]).default_w
+    cap = round(0.7 * default)
+    out = tmp_path / "env.txt"
+    script = {"completed": f'echo "${ENV_POWER_LIMIT}" > {out}; sleep 0.5',
+              "failed": f'echo "${ENV_POWER_LIMIT}" > {out}; sleep 0.5; exit 3',
+              "cancelled": f'echo "${ENV_POWER_LIMIT}" > {out}; sleep 30'}[ending]
+    job = submit(service, tmp_path, ["sh", "-c", script])
+    plan_on(store, job, gpu_ids_of(store), cap)
+    seen: list[float] = []
+
+    def during():
+        seen.extend(current(u) for u in uuids)
+        if ending == "cancelled" and out.exists() and out.read_text().strip():
+            service.cancel(ROOT, [job])
+
+    end = {"completed": "COMPLETED", "failed": "FAILED", "cancelled": "CANCELLED"}[ending]
+    assert tick_until(agent, store, job, {end}, during=during) == end
+    assert seen and all(w == pytest.approx(cap) for w in seen)  # capped while it ran
+    assert out.read_text().strip() == f"{cap:g}"
+    assert [current(u) for u in uuids] == [pytest.approx(default)] * 2  # restored after
+    r = row(store, job)
+    assert r.power_limit_w == cap and r.power_limit_note is None
+    assert any(f"power limit set to {cap:g} W" in (e or "") for e in events(store, job))
+
+
+def test_a_job_without_a_planned_limit_leaves_the_gpus_alone(node, store, tmp_path):
+    agent, service, current, _ = node
+    job = submit(service, tmp_path, ["sh", "-c", f'echo "x${ENV_POWER_LIMIT}" > {tmp_path}/env.txt'])
+    plan_on(store, job, gpu_ids_of(store), None)
+    assert tick_until(agent, store, job, {"COMPLETED"}) == "COMPLETED"
+    assert (tmp_path / "env.txt").read_text().strip() == "x"
+    assert row(store, job).power_limit_w is None
+
+
+def test_no_privilege_runs_the_job_uncapped_with_a_clear_event_logged_once(node, store, tmp_path, caplog):
+    agent, service, current, deny = node
+    deny()
+    uuids = [d.uuid for d in agent.devices]
+    default = agent.backend.power_limit(uuids[0]).default_w
+    caplog.set_level(logging.WARNING, logger="scheduler.node.agent")
+    for _ in range(2):
+        job = submit(service, tmp_path, ["sh", "-c", f'echo "x${ENV_POWER_LIMIT}" > {tmp_path}/env.txt'])
+        plan_on(store, job, gpu_ids_of(store), round(0.7 * default))
+        assert tick_until(agent, store, job, {"COMPLETED"}) == "COMPLETED"
+        r = row(store, job)
+        assert r.power_limit_w is None
+        assert "runs uncapped" in r.power_limit_note and "no privilege" in r.power_limit_note
+        assert any("runs uncapped" in (e or "") and "no privilege" in e for e in events(store, job))
+        assert (tmp_path / "env.txt").read_text().strip() == "x"  # not told a limit it does not have
+        assert [current(u) for u in uuids] == [pytest.approx(default)] * 2
+    warned = [r for r in caplog.records if "runs uncapped" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+
+
+def test_at_start_up_the_agent_restores_every_gpu_that_runs_no_job_of_ours(node, store, tmp_path):
+    """Crash recovery: a new agent finds one GPU capped by a job it adopts (it stays capped)
+    and one capped with no job on it (left by a killed agent): that one is restored."""
+    agent, service, current, _ = node
+    uuids = [d.uuid for d in agent.devices]
+    ids = gpu_ids_of(store)
+    default = agent.backend.power_limit(uuids[0]).default_w
+    cap = round(0.7 * default)
+    job = service.submit(ROOT, {"argv": ["sleep", "30"], "gpus": 1, "cwd": str(tmp_path)})["id"]
+    plan_on(store, job, [ids[0]], cap)
+    tick_until(agent, store, job, {"RUNNING"})
+    agent.backend.set_power_limit(uuids[1], cap)  # as a killed agent may leave it
+    agent.sampler.stop()
+    again = make_agent(store, agent.backend, tmp_path)  # the restarted agent, same boards
+    try:
+        assert current(uuids[0]) == pytest.approx(cap)      # its adopted job's limit stays
+        assert current(uuids[1]) == pytest.approx(default)  # nobody's: restored
+        service.cancel(ROOT, [job])
+        tick_until(again, store, job, {"CANCELLED"})
+        assert current(uuids[0]) == pytest.approx(default)
+    finally:
+        again.stop()
