@@ -337,3 +337,20 @@ def test_at_start_up_the_agent_restores_every_gpu_that_runs_no_job_of_ours(node,
         assert current(uuids[0]) == pytest.approx(default)
     finally:
         again.stop()
+
+
+def test_show_and_the_receipt_say_what_limit_was_planned_and_whether_it_was_applied():
+    from scheduler.accounting import power_limit
+    from scheduler.cli.output import power_limit_text
+
+    assert power_limit({"planned_power_limit_w": None, "power_limit_w": None}) is None
+    assert power_limit_text(None, None, None).startswith("- (the GPUs' default)")
+    uncapped = {"planned_power_limit_w": 490.0, "power_limit_w": None,
+                "power_limit_note": "runs uncapped: ... (no privilege: NVML_ERROR_NO_PERMISSION)",
+                "est_gco2": 80.0, "est_uncapped_gco2": 95.0}
+    r = power_limit(uncapped)
+    assert r["planned_w"] == 490.0 and r["applied_w"] is None and "no privilege" in r["note"]
+    assert r["estimate_uncapped"]["gco2"] == 95.0 and r["estimate_capped"]["gco2"] == 80.0
+    text = power_limit_text(490.0, None, uncapped["power_limit_note"], 95.0, 80.0)
+    assert "runs uncapped" in text and "no privilege" in text and "80.0 g vs 95.0 g" in text
+    assert "applied 490 W" in power_limit_text(490.0, 490.0, None)
