@@ -354,3 +354,46 @@ def test_show_and_the_receipt_say_what_limit_was_planned_and_whether_it_was_appl
     text = power_limit_text(490.0, None, uncapped["power_limit_note"], 95.0, 80.0)
     assert "runs uncapped" in text and "no privilege" in text and "80.0 g vs 95.0 g" in text
     assert "applied 490 W" in power_limit_text(490.0, 490.0, None)
+
+
+def test_gpu_check_sets_80_percent_checks_it_under_load_and_restores_the_default(case, tmp_path):
+    import io
+
+    from test_gpu_backends import load_gpu_check
+
+    gpu_check = load_gpu_check()
+    out = io.StringIO()
+    default = case.backend.power_limit(case.uuid).default_w
+    if case.fake is None:  # the emulated board draws a load's power, capped at the limit
+        case.backend.set_busy_power_w(case.uuid, 0.95 * default)
+        case.backend.set_busy(case.uuid, True)
+    else:  # a fake reports its scripted power: script one under the 80 % limit
+        for g in case.fake.gpus:
+            g.power_w = 0.7 * default
+    rc = gpu_check.power_limit_check(case.backend, fraction=0.8, seconds=0.3, hz=20, use_load=False, out=out)
+    text = out.getvalue()
+    assert rc == 0, text
+    assert f"set {0.8 * default:.0f} W" in text and "ok" in text and "restored" in text
+    assert case.backend.power_limit(case.uuid).current_w == pytest.approx(default)
+    assert [round(w) for _, w, _ in case.set_calls()] == [round(0.8 * default), round(default)]
+
+
+def test_gpu_check_reports_a_limit_not_held_or_not_settable_and_leaves_the_default(case):
+    import io
+
+    from test_gpu_backends import load_gpu_check
+
+    gpu_check = load_gpu_check()
+    default = case.backend.power_limit(case.uuid).default_w
+    if case.fake is not None:
+        for g in case.fake.gpus:
+            g.power_w = 0.95 * default  # a board that ignores its limit
+        out = io.StringIO()
+        rc = gpu_check.power_limit_check(case.backend, fraction=0.8, seconds=0.3, hz=20, use_load=False, out=out)
+        assert rc == gpu_check.EXIT_LIMIT_NOT_HELD and "ABOVE THE LIMIT" in out.getvalue()
+    else:
+        case.deny()
+        out = io.StringIO()
+        rc = gpu_check.power_limit_check(case.backend, fraction=0.8, seconds=0.3, hz=20, use_load=False, out=out)
+        assert rc == gpu_check.EXIT_LIMIT_NOT_SET and "could not set" in out.getvalue()
+    assert case.backend.power_limit(case.uuid).current_w == pytest.approx(default)
