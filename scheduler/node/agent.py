@@ -663,6 +663,7 @@ class Agent:
 
         self.store.transact(tx)
         if applied is not None:
+            self._limits_read_at = None  # the next heartbeat stores the limit set (`nodes`)
             log.info("job %s: power limit %g W set on GPUs %s", job.id, applied, gpu_ids)
         return applied
 
