@@ -87,10 +87,35 @@ def bench_gap(args) -> dict:
     settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
                            full_replan_s=args.full_replan, truth=args.truth, learn=args.learn,
                            **_estimate_options(args))
-    result = _run(scenario, args.policies or f"fifo,greedy,cpsat:max_time_s={args.cpsat_s},oracle", settings,
-                  args.forecast)
-    _print(result)
-    return {"scenario": "gap", "cluster": "examples/cluster-4zone.toml", "start": GAIA_START.isoformat(),
+    policies = args.policies or f"fifo,greedy,cpsat:max_time_s={args.cpsat_s},oracle"
+    caps = None
+    if args.caps:
+        # issue 29: the same scenario with the planner choosing GPU power limits, beside it without
+        from dataclasses import replace
+
+        from policies.power_cap import CapBounds
+
+        bounds = CapBounds(allow=True, min_fraction=args.min_cap_fraction)
+        print("-- without power caps --")
+        free = _run(scenario, policies, settings, args.forecast)
+        _print(free)
+        print(f"-- with power caps (min {args.min_cap_fraction:.0%} of the default limit) --")
+        result = _run(scenario, policies, replace(settings, caps=bounds), args.forecast)
+        _print(result)
+        caps = {"min_cap_fraction": args.min_cap_fraction, "without": free.summaries, "with": result.summaries,
+                "change": {name: {k: (result.summaries[name][k] / free.summaries[name][k] - 1
+                                      if free.summaries[name].get(k) else None)
+                                  for k in ("energy_kwh", "kgco2")}
+                           | {"deadline_misses": (free.summaries[name]["deadline_misses"],
+                                                  result.summaries[name]["deadline_misses"])}
+                           for name in result.summaries}}
+        for name, ch in caps["change"].items():
+            print(f"{name:>8}: energy {ch['energy_kwh']:+.1%}, kgCO2 {ch['kgco2']:+.1%}, deadline misses "
+                  f"{ch['deadline_misses'][0]} without -> {ch['deadline_misses'][1]} with caps")
+    else:
+        result = _run(scenario, policies, settings, args.forecast)
+        _print(result)
+    return {"scenario": "gap", "caps": caps, "cluster": "examples/cluster-4zone.toml", "start": GAIA_START.isoformat(),
             "slack_h": 24, "forecast": args.forecast, "truth": args.truth, "learn": args.learn, "mix": args.mix,
             **_estimate_options(args),
             "plan_interval_s": args.plan_interval,
@@ -385,6 +410,10 @@ def main() -> None:
     p.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
                    help="gap: the planner learns from finished jobs (default on)")
     p.add_argument("--mix", help="gap: give the trace's jobs workload classes, e.g. llm-chat-8b=1.0")
+    p.add_argument("--caps", action="store_true", help="gap: run the scenario without and with GPU power "
+                   "limits chosen by the planner (issue 29) and compare energy, kgCO2 and deadline misses")
+    p.add_argument("--min-cap-fraction", type=float, default=0.7, help="gap --caps: the lowest limit, a "
+                   "fraction of the default (default 0.7)")
     p.add_argument("--estimate", default="exact", help="what the planner is told of job lengths: exact, "
                                                         "class-mean, lognormal:SIGMA, user:K (gap, gaia)")
     p.add_argument("--correct-estimates", action=argparse.BooleanOptionalAction, default=None,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,13 @@ class Estimate:
     max_batch: int | None = None
     precision: str | None = None
     tp: int | None = None
+    # The GPU power limit chosen with the operating point (policies.power_cap.choose_caps), W
+    # per GPU; None: the GPUs' default. The figures above are then at that limit, and these
+    # are the same placement at the default limit.
+    power_limit_w: float | None = None
+    uncapped_energy_j: float | None = None
+    uncapped_gco2: float | None = None
+    uncapped_runtime_s: float | None = None
 
     @property
     def gco2_per_prompt(self) -> float | None:
@@ -244,6 +252,8 @@ class Snapshot:
     # Whether a job's learned estimate error (`QueuedJob.runtime_rel_uncertainty`) widens its
     # deadline margin (`policies.margin`); False: the estimate is planned as a point.
     estimate_margin: bool = True
+    # What operators allow of GPU power limits (policies.power_cap.CapBounds); None: no caps.
+    caps: Any = None
 
     def gpu_pue(self, gpu: GpuSlot) -> float:
         """The PUE a GPU's energy is scaled by: its site's, else its zone's default, else 1.0."""

@@ -464,8 +464,25 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         "gco2_if_started_at_submit": shift.gco2 if shift is not None else None,
         # The operating point the plan chose (policies.operating_point), and why; null: none.
         "operating_point": operating_point(job),
+        # The GPU power limit (issue 29): planned, applied (null: ran at the default) and why
+        # not, with the plan's estimate at the default limit beside the capped one.
+        "power_limit": power_limit(job),
     }
     return receipt
+
+
+def power_limit(job: Mapping[str, Any]) -> dict | None:
+    """What the plan chose for the job's GPU power limit and what the run got; None when the
+    plan chose none."""
+    if job.get("planned_power_limit_w") is None and job.get("power_limit_w") is None:
+        return None
+    return {"planned_w": job.get("planned_power_limit_w"), "applied_w": job.get("power_limit_w"),
+            "note": job.get("power_limit_note"),
+            "estimate_uncapped": {"energy_j": job.get("est_uncapped_energy_j"),
+                                  "gco2": job.get("est_uncapped_gco2"),
+                                  "runtime_s": job.get("est_uncapped_runtime_s")},
+            "estimate_capped": {"energy_j": job.get("est_energy_j"), "gco2": job.get("est_gco2"),
+                                "runtime_s": job.get("est_runtime_planned_s")}}
 
 
 def operating_point(job: Mapping[str, Any]) -> dict | None:
@@ -485,7 +502,9 @@ _JOB_COLUMNS = ("id", "name", "state", "owner_uid", "owner_name", "workload", "g
                 "reported_prompts", "reported_input_tokens", "reported_output_tokens",
                 "energy_j", "energy_method", "energy_note", "gco2", "pue", "gco2_signal", "gco2_basis",
                 "gco2_coverage", "est_energy_j", "est_gco2", "est_gco2_if_now", "explanation", "accounted_at",
-                "planned_max_batch", "planned_precision", "planned_tp")
+                "planned_max_batch", "planned_precision", "planned_tp", "planned_power_limit_w",
+                "power_limit_w", "power_limit_note", "est_uncapped_energy_j", "est_uncapped_gco2",
+                "est_uncapped_runtime_s", "est_runtime_planned_s")
 
 
 class NotFound(LookupError):

@@ -24,7 +24,8 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "time_limit_factor", "tokens", "reported_prompts", "reported_input_tokens",
             "reported_output_tokens", "ttft_slo_ms", "tpot_slo_ms", "planned_max_batch", "planned_precision",
             "planned_tp", "held_at", "begin_at", "dependency", "array_job_id", "array_task_id", "array_max_running",
-            "stdout_path", "stderr_path")
+            "stdout_path", "stderr_path", "planned_power_limit_w", "power_limit_w", "power_limit_note",
+            "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at",
           "held_at", "begin_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
@@ -74,7 +75,8 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          attempts, argv, cwd, cancel_at, max_delay, est_gco2_now, est_runtime_planned, binding,
          deadline_miss, limit_factor, tokens, reported_prompts, reported_in, reported_out, ttft_slo, tpot_slo,
          max_batch, precision, tp, held_at, begin_at, dependency, array_id, array_task, array_max,
-         stdout_path, stderr_path) in rows:
+         stdout_path, stderr_path, planned_limit_w, limit_w, limit_note, unc_energy, unc_gco2,
+         unc_runtime) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -122,5 +124,11 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "held": held_at is not None, "held_at": _iso_raw(held_at), "begin_at": _iso_raw(begin_at),
             "dependency": dependency, "array_job_id": array_id, "array_task_id": array_task,
             "array_max_running": array_max, "stdout_path": stdout_path, "stderr_path": stderr_path,
+            # The GPU power limit (issue 29): what the plan chose (W per GPU; null: the
+            # default), what the agent applied (null: ran at the default) and why not, and
+            # the plan's estimate at the default limit beside est_energy_j / est_gco2.
+            "planned_power_limit_w": planned_limit_w, "power_limit_w": limit_w,
+            "power_limit_note": limit_note, "est_uncapped_energy_j": unc_energy,
+            "est_uncapped_gco2": unc_gco2, "est_uncapped_runtime_s": unc_runtime,
         })
     return out

@@ -104,9 +104,16 @@ def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None =
     job = conn.execute(select(jobs.c.state, jobs.c.workload, jobs.c.prompts, jobs.c.reported_prompts,
                               jobs.c.gpu_ids, jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j,
                               jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp,
-                              jobs.c.ttft_slo_ms, jobs.c.tpot_slo_ms, jobs.c.latency_slo_ms)
+                              jobs.c.ttft_slo_ms, jobs.c.tpot_slo_ms, jobs.c.latency_slo_ms,
+                              jobs.c.power_limit_w)
                        .where(jobs.c.id == job_id)).first()
     if job is None or job.state != State.COMPLETED.value:
+        return None
+    if job.power_limit_w is not None:
+        # Observations at different power limits are kept apart (issue 29): a run under a
+        # cap is slower and draws less than the same work at the default limit, so folding
+        # it into the (workload, model) profile would teach the planner a GPU that is not
+        # there. The planner's capped estimates come from the cap response instead.
         return None
     energy_j = gpu_energy_j if gpu_energy_j is not None else job.energy_j
     prompts = job.reported_prompts or job.prompts

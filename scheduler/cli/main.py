@@ -242,6 +242,12 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
+def _cap_bounds(whole):
+    from policies.power_cap import CapBounds
+
+    return CapBounds.from_config(whole)
+
+
 def _register_config_tables() -> None:
     """Nested config tables are checked by the code that owns them."""
     from scheduler.accounting import AccountingConfig
@@ -266,6 +272,7 @@ def _register_config_tables() -> None:
     settings.register_table("carbon", owner_check(lambda whole: CarbonConfig.from_config(
         {"carbon": whole.get("carbon", {})})))
     settings.register_table("accounting", owner_check(AccountingConfig.from_config))
+    settings.register_table("power", owner_check(_cap_bounds))
     settings.register_table("slurm", owner_check(SlurmConfig.from_config))
 
 

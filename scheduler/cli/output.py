@@ -151,6 +151,20 @@ def _point(job: dict) -> str:
             "(CARBONSCHED_MAX_BATCH, CARBONSCHED_PRECISION, CARBONSCHED_TP)")
 
 
+def power_limit_text(planned_w, applied_w, note, uncapped_gco2=None, capped_gco2=None) -> str:
+    """The GPU power limit of a job for `show` and the receipt (issue 29)."""
+    if planned_w is None and applied_w is None:
+        return "- (the GPUs' default)"
+    text = f"planned {planned_w:g} W per GPU" if planned_w is not None else "none planned"
+    if applied_w is not None:
+        text += f", applied {applied_w:g} W (CARBONSCHED_POWER_LIMIT_W)"
+    elif note:
+        text += f"; {note}"
+    if uncapped_gco2 is not None and capped_gco2 is not None:
+        text += f"; estimate {capped_gco2:.1f} g vs {uncapped_gco2:.1f} g at the default limit"
+    return text
+
+
 def job_detail(job: dict) -> str:
     runtime = None
     if job["started_at"] and job["ended_at"]:
@@ -184,6 +198,9 @@ def job_detail(job: dict) -> str:
             if job.get("gco2_per_prompt") is not None else "")),
         ("latency SLOs", _slos(job)),
         ("operating point", _point(job)),
+        ("power limit", power_limit_text(job.get("planned_power_limit_w"), job.get("power_limit_w"),
+                                         job.get("power_limit_note"), job.get("est_uncapped_gco2"),
+                                         job.get("est_gco2"))),
         ("plan", job.get("explanation") or "-"),
         ("est. energy", _energy(job.get("est_energy_j"))),
         ("est. gCO2", _estimate_line(job.get("est_gco2"), job.get("est_gco2_per_prompt"))),

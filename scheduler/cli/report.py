@@ -313,7 +313,7 @@ def _g(v: float | None) -> str:
 
 def receipt_text(r: dict) -> str:
     """The receipt as lines for people (times local)."""
-    from scheduler.cli.output import local_time
+    from scheduler.cli.output import local_time, power_limit_text
     from scheduler.timeparse import format_duration
 
     m = r["measurement"]
@@ -362,6 +362,10 @@ def receipt_text(r: dict) -> str:
         ("ran on", f"{r['gpus'] or '-'} x {r['gpu_model'] or '-'} on {r['node'] or '-'} ({r['zone'] or '-'})"),
         *([("operating point", f"batch {point['max_batch']} {str(point['precision']).upper()} TP{point['tp']}"
             + (f" ({point['why']})" if point.get("why") else ""))] if point else []),
+        *([("power limit", power_limit_text(
+            r["power_limit"]["planned_w"], r["power_limit"]["applied_w"], r["power_limit"]["note"],
+            r["power_limit"]["estimate_uncapped"]["gco2"], r["power_limit"]["estimate_capped"]["gco2"]))]
+          if r.get("power_limit") else []),
         ("waited", format_duration(r["wait_s"]) + f", ran {format_duration(r['runtime_s'])}"),
         ("deadline", "none" if r["deadline"] is None else
          f"{local_time(r['deadline'], True)}: " + (

@@ -175,7 +175,7 @@ class Daemon(ServiceProcess):
                 cfg.slurm or SlurmConfig(), on_change=plan_proc.wake,
                 on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note))
         elif local:
-            backend = make_backend(cfg.emulate, cfg.node)
+            backend = make_backend(cfg.emulate, cfg.node, cfg.state_dir)
             try:
                 emulation = make_emulation(cfg.truth, backend)
             except EmulationError as e:

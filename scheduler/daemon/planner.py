@@ -157,6 +157,8 @@ class SiteConfig:
     node_pue: Mapping[str, float] = field(default_factory=dict)  # [nodes.NAME] pue
     sites_pue: Mapping[str, float] = field(default_factory=dict)  # [sites.S] pue
     site_of: Mapping[str, str] = field(default_factory=dict)  # node -> its [sites.S]
+    # What operators allow of GPU power limits: `[power]` (policies.power_cap.CapBounds).
+    caps: Any = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> SiteConfig:
@@ -190,8 +192,10 @@ class SiteConfig:
                 caps[str(zone)] = float(cap)
         sites_pue, site_of = _sites(config.get("sites") or {})
         node_pue = _nodes(config.get("nodes") or {})
+        from policies.power_cap import CapBounds
+
         return cls(site_pue=site_pue, zone_pue=pue, zone_power_cap_w=caps, node_pue=node_pue,
-                   sites_pue=sites_pue, site_of=site_of)
+                   sites_pue=sites_pue, site_of=site_of, caps=CapBounds.from_config(config))
 
     def pue(self, zone: str | None, node: str | None = None) -> float:
         """The PUE of `node` (in `zone`): its own, its site's, its zone's, else the default."""
@@ -522,7 +526,7 @@ class Planner:
         node_rows = {r.name: r for r in conn.execute(select(nodes))}
         running = {r.id: r for r in conn.execute(
             select(jobs.c.id, jobs.c.started_at, jobs.c.est_runtime_s, jobs.c.time_limit_s,
-                   jobs.c.est_runtime_planned_s, jobs.c.workload)
+                   jobs.c.est_runtime_planned_s, jobs.c.workload, jobs.c.power_limit_w)
             .where(jobs.c.state == State.RUNNING.value))}
         learned = learned_profiles(conn)
         book = _book(self.seed_profiles() + learned)
@@ -537,7 +541,7 @@ class Planner:
                                  index=g.index, model=g.model, memory_gib=g.memory_gib,
                                  healthy=bool(g.healthy) and alive, busy_until=busy_until,
                                  drained=bool(g.drained), pue=self.site.node_site_pue(g.node_name),
-                                 power_limit_w=g.power_limit_w))
+                                 power_limit_w=_standing_limit_w(g, running.get(g.job_id))))
         queued = _read_queue(conn, now)
         usable = {s.id for s in slots if s.healthy and not s.drained}
         pin_before = now + timedelta(seconds=self.plan_interval_s)
@@ -582,6 +586,7 @@ class Planner:
             pinned=pinned,
             keep=keep,
             previous=previous,
+            caps=self.site.caps,
         )
         return snapshot, queued
 
@@ -697,10 +702,20 @@ class Planner:
 
 
 def _with_points(snapshot: Snapshot, plan: Plan) -> Plan:
-    """The plan with each job's operating point on its GPUs, in its estimate and explanation."""
+    """The plan with each job's operating point on its GPUs, in its estimate and explanation,
+    and the GPU power limit chosen with it where operators allow caps (policies.power_cap)."""
     from policies.operating_point import annotate
+    from policies.power_cap import choose_caps
 
-    return annotate(snapshot, plan)
+    return choose_caps(snapshot, annotate(snapshot, plan))
+
+
+def _standing_limit_w(g, running_job) -> float | None:
+    """The power limit a GPU has for planning: what the driver enforces, except while a job of
+    ours runs on it at a limit the agent set for that job only (then the GPU's default)."""
+    if running_job is not None and running_job.power_limit_w is not None and g.power_limit_default_w:
+        return g.power_limit_default_w
+    return g.power_limit_w
 
 
 def _fingerprint(snapshot: Snapshot) -> int:
@@ -743,13 +758,18 @@ def plan_rows(snapshot: Snapshot, plan: Plan, blind_zones: Iterable[str] = ()) -
                     "pinned": a.job_id in pinned, "priced_blind_g_per_kwh": e.blind_g_per_kwh,
                     "time_limit_s": e.time_limit_s if e.time_limit_s is not None
                     else getattr(queued.get(a.job_id), "time_limit_s", None),
-                    "operating_point": operating_point_json(e.max_batch, e.precision, e.tp)})
+                    "operating_point": operating_point_json(e.max_batch, e.precision, e.tp),
+                    # the GPU power limit chosen (W per GPU; null: the default), and the same
+                    # placement's estimate at the default limit
+                    "power_limit_w": e.power_limit_w, "gco2_uncapped": e.uncapped_gco2,
+                    "energy_j_uncapped": e.uncapped_energy_j, "runtime_s_uncapped": e.uncapped_runtime_s})
     out += [{"job": job_id, "node": None, "gpus": None, "start": None, "gco2": None,
              "gco2_if_now": None, "reason": why, "model": None, "zone": None, "carbon_blind": False,
              "finish": None, "runtime_s": None, "energy_j": None, "prompts": None,
              "gco2_per_prompt": None, "binding": None, "deadline_miss": False, "pinned": False,
              "priced_blind_g_per_kwh": None, "time_limit_s": getattr(queued.get(job_id), "time_limit_s", None),
-             "operating_point": None}
+             "operating_point": None, "power_limit_w": None, "gco2_uncapped": None,
+             "energy_j_uncapped": None, "runtime_s_uncapped": None}
             for job_id, why in plan.unplaced.items()]
     return sorted(out, key=lambda p: p["job"])
 
@@ -770,7 +790,9 @@ def preview_rows(planner: Planner) -> list[dict]:
 _PLAN_COLUMNS = (jobs.c.id, jobs.c.planned_node, jobs.c.planned_gpu_ids, jobs.c.planned_start,
                  jobs.c.est_energy_j, jobs.c.est_gco2, jobs.c.est_gco2_if_now,
                  jobs.c.est_runtime_planned_s, jobs.c.prompts, jobs.c.binding, jobs.c.deadline_miss,
-                 jobs.c.explanation, jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp)
+                 jobs.c.explanation, jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp,
+                 jobs.c.planned_power_limit_w, jobs.c.est_uncapped_energy_j, jobs.c.est_uncapped_gco2,
+                 jobs.c.est_uncapped_runtime_s)
 # Ids per IN (...) query: a kept queue holds thousands of plans, and SQLite caps bound parameters.
 READ_BATCH = 900
 
@@ -791,7 +813,9 @@ def _current_plans(conn: Connection, job_ids: set[int]) -> dict[int, Assignment]
             estimate=Estimate(finish_at=finish, energy_j=r.est_energy_j, gco2=r.est_gco2,
                               gco2_if_now=r.est_gco2_if_now, runtime_s=r.est_runtime_planned_s,
                               prompts=r.prompts, binding=r.binding, deadline_miss=bool(r.deadline_miss),
-                              max_batch=r.planned_max_batch, precision=r.planned_precision, tp=r.planned_tp),
+                              max_batch=r.planned_max_batch, precision=r.planned_precision, tp=r.planned_tp,
+                              power_limit_w=r.planned_power_limit_w, uncapped_energy_j=r.est_uncapped_energy_j,
+                              uncapped_gco2=r.est_uncapped_gco2, uncapped_runtime_s=r.est_uncapped_runtime_s),
             explanation=r.explanation or "")
     return out
 
@@ -825,6 +849,7 @@ class QueuedRow(NamedTuple):
     planned_max_batch: int | None
     planned_precision: str | None
     planned_tp: int | None
+    planned_power_limit_w: float | None
 
 
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
@@ -909,6 +934,8 @@ def _estimate_changed(row, a) -> bool:
     if (row.planned_max_batch, row.planned_precision, row.planned_tp) != (a.estimate.max_batch, a.estimate.precision,
                                                                           a.estimate.tp):
         return True
+    if row.planned_power_limit_w != a.estimate.power_limit_w:
+        return True
     old, new = row.est_gco2, a.estimate.gco2
     if (old is None) != (new is None):
         return True
@@ -919,7 +946,8 @@ def _estimate_changed(row, a) -> bool:
 
 _ESTIMATE_FIELDS = ("explanation", "est_energy_j", "est_gco2", "est_gco2_if_now",
                     "est_runtime_planned_s", "binding", "deadline_miss", "reason", "time_limit_s",
-                    "planned_max_batch", "planned_precision", "planned_tp")
+                    "planned_max_batch", "planned_precision", "planned_tp", "planned_power_limit_w",
+                    "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s")
 _PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "state") + _ESTIMATE_FIELDS
 _UPDATE_PLAN = (update(jobs).where(jobs.c.id == bindparam("b_id"))
                 .values({f: bindparam(f"b_{f}") for f in _PLAN_FIELDS}))
@@ -991,7 +1019,11 @@ def _plan_row(row, a, state: State, why: str) -> dict:
             "b_deadline_miss": bool(a.estimate.deadline_miss) if a else False,
             "b_planned_max_batch": a.estimate.max_batch if a else None,
             "b_planned_precision": a.estimate.precision if a else None,
-            "b_planned_tp": a.estimate.tp if a else None}
+            "b_planned_tp": a.estimate.tp if a else None,
+            "b_planned_power_limit_w": a.estimate.power_limit_w if a else None,
+            "b_est_uncapped_energy_j": a.estimate.uncapped_energy_j if a else None,
+            "b_est_uncapped_gco2": a.estimate.uncapped_gco2 if a else None,
+            "b_est_uncapped_runtime_s": a.estimate.uncapped_runtime_s if a else None}
 
 
 def _event(job_id: int, src: State, dst: State, why: str, now) -> dict:

@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from policies.catalog import match_device_name, nominal_memory_gib
 from scheduler.accounting import energy_note_of
-from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end, transition, utcnow
+from scheduler.lifecycle import UNPLACED, State, end_run, record_events, retry_or_end, transition, utcnow
 from scheduler.node import job_metrics
 from scheduler.node.executor import Executor, JobExecutor, LaunchSpec, RunState, RunStatus
 from scheduler.node.log_shipper import LogShipper
@@ -31,7 +31,7 @@ from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
 from scheduler.timeparse import format_duration
 from telemetry.energy import MODELLED, Sample
-from telemetry.gpu import GpuBackend, GpuError
+from telemetry.gpu import GpuBackend, GpuError, GpuLost, GpuNotSupported, GpuPermissionDenied
 from telemetry.sampler import Reading, Sampler
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,9 @@ BURST_HZ = 10.0
 BURST_S = 5.0
 # How often the heartbeat re-reads the GPUs' power limits (an operator may change them).
 POWER_LIMIT_REFRESH_S = 60.0
+# A limit within this of the default is the default (drivers report mW/uW, shown rounded).
+POWER_LIMIT_TOLERANCE_W = 0.5
+ENV_POWER_LIMIT = "CARBONSCHED_POWER_LIMIT_W"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ class Agent:
         # The latest power limit of each GPU (by UUID), for the metrics.
         self.power_limits: dict[str, object] = {}
         self._warned_unknown: set[str] = set()
+        # Kinds of power-limit failure already logged at WARNING (each is logged once per agent).
+        self._cap_warned: set[str] = set()
         self._unwritten: list[StoredSample] = []
         self.dropped_samples = 0
 
@@ -193,7 +198,8 @@ class Agent:
                     memory_reported_gib=d.memory_gib,
                     power_limit_w=limit.current_w if limit else None,
                     power_limit_min_w=limit.min_w if limit else None,
-                    power_limit_max_w=limit.max_w if limit else None)
+                    power_limit_max_w=limit.max_w if limit else None,
+                    power_limit_default_w=limit.default_w if limit else None)
 
     def _fresh_power_limits(self, now: datetime) -> dict[str, object]:
         """The GPUs' current power limits, read at most every POWER_LIMIT_REFRESH_S."""
@@ -330,7 +336,8 @@ class Agent:
         with self.store.read() as conn:
             return list(conn.execute(
                 select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
-                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus)
+                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
+                       jobs.c.power_limit_w, jobs.c.planned_power_limit_w)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _reconcile_running(self) -> bool:
@@ -407,7 +414,7 @@ class Agent:
             conn, job.id, to, actor_uid=actor, reason=why,
             values=dict(ended_at=ended, exit_code=code, energy_j=energy_j, energy_method=method,
                         **work.values())))
-        self._release_gpus(job.gpu_ids or [])
+        self._release_gpus(job.gpu_ids or [], job)
         self.executor.forget(job.id)
         self._signalled.discard(job.id)
         log.info("job %s %s (%s)", job.id, to.value, why)
@@ -447,7 +454,9 @@ class Agent:
             conn, job.id, State.PENDING, actor_uid=None,
             reason="agent stopped between claim and launch; the command never started, so it "
                    "was put back in the queue",
-            values=dict(UNPLACED, started_at=None, attempts=jobs.c.attempts - 1)))
+            values=dict(UNPLACED, started_at=None, attempts=jobs.c.attempts - 1,
+                        power_limit_w=None, power_limit_note=None)))
+        self._restore_power_limits(job.gpu_ids or [], f"job {job.id} never launched")
         self.executor.forget(job.id)
         log.warning("job %s was claimed but never launched; re-queued", job.id)
 
@@ -461,7 +470,7 @@ class Agent:
         else:
             end, values = State.LOST, dict(ended_at=self._clock())
         self.store.transact(lambda conn: retry_or_end(conn, job, why, end=end, values=values))
-        self._release_gpus(job.gpu_ids or [])
+        self._release_gpus(job.gpu_ids or [], job)
         self.executor.forget(job.id)
         log.error("job %s lost: %s", job.id, why)
 
@@ -519,9 +528,13 @@ class Agent:
 
         if not self.store.transact(tx):
             return False
+        limit_w = self._apply_power_limit(job, gpu_ids)
         energy_start = self._read_now(gpu_ids)
         emulated_env = {} if self._emulation is None else self._emulation.begin(
-            job, gpu_rows[gpu_ids[0]].model, [self._uuid_of[g] for g in gpu_ids if g in self._uuid_of])
+            job, gpu_rows[gpu_ids[0]].model, [self._uuid_of[g] for g in gpu_ids if g in self._uuid_of],
+            power_limit_w=limit_w)
+        if limit_w is not None:
+            emulated_env = {**emulated_env, ENV_POWER_LIMIT: f"{limit_w:g}"}
         try:
             self.executor.launch(self._launch_spec(job, vendor, indices, energy_start, emulated_env))
         except OSError as e:
@@ -601,9 +614,87 @@ class Agent:
         if uuid:
             self.backend.set_busy(uuid, busy)
 
-    def _release_gpus(self, gpu_ids: list[int]) -> None:
+    def _release_gpus(self, gpu_ids: list[int], job=None) -> None:
         for gid in gpu_ids:
             self._set_busy(gid, False)
+        if job is not None and (getattr(job, "power_limit_w", None) is not None
+                                or getattr(job, "planned_power_limit_w", None) is not None):
+            self._restore_power_limits(gpu_ids, f"job {job.id} ended")
+
+    # -- power limits (issue 29) --------------------------------------------------------
+
+    def _apply_power_limit(self, job, gpu_ids: list[int]) -> float | None:
+        """Set the plan's power limit on the job's GPUs before it starts; the limit set (W
+        per GPU), or None when the plan has none or it could not be set. Then the job runs at
+        the default limit on all of its GPUs (never capped on some only), the reason is a job
+        event and in `power_limit_note`, and the kind of failure is logged once per agent."""
+        planned = getattr(job, "planned_power_limit_w", None)
+        if planned is None:
+            return None
+        uuids = [self._uuid_of[g] for g in gpu_ids if g in self._uuid_of]
+        done: list[str] = []
+        note = None
+        try:
+            for uuid in uuids:
+                self.backend.set_power_limit(uuid, planned)
+                done.append(uuid)
+        except GpuError as e:
+            kind = ("no privilege" if isinstance(e, GpuPermissionDenied) else
+                    "not supported" if isinstance(e, GpuNotSupported) else
+                    "GPU lost" if isinstance(e, GpuLost) else "driver error")
+            note = (f"runs uncapped: the planned power limit of {planned:g} W per GPU could not be "
+                    f"set ({kind}: {e})")
+            if kind not in self._cap_warned:
+                self._cap_warned.add(kind)
+                log.warning("job %s %s; further '%s' failures are logged at debug level", job.id, note, kind)
+            else:
+                log.debug("job %s %s", job.id, note)
+            self._restore_power_limits([self._gpu_of[u] for u in done], f"job {job.id} runs uncapped")
+        applied = None if note else float(planned)
+        now = self._clock()
+
+        def tx(conn: Connection) -> None:
+            conn.execute(update(jobs).where(jobs.c.id == job.id).values(
+                power_limit_w=applied, power_limit_note=note))
+            record_events(conn, [{"job_id": job.id, "from_state": State.RUNNING.value,
+                                  "to_state": State.RUNNING.value, "actor_uid": None, "at": now,
+                                  "reason": note or f"GPU power limit set to {planned:g} W per GPU "
+                                                    f"on {len(uuids)} GPU(s) before the start"}])
+
+        self.store.transact(tx)
+        if applied is not None:
+            self._limits_read_at = None  # the next heartbeat stores the limit set (`nodes`)
+            log.info("job %s: power limit %g W set on GPUs %s", job.id, applied, gpu_ids)
+        return applied
+
+    def _restore_power_limits(self, gpu_ids: list[int], why: str) -> int:
+        """Put each GPU whose limit is not its default back to the default; how many were."""
+        restored = 0
+        for gid in gpu_ids:
+            uuid = self._uuid_of.get(gid)
+            if uuid is not None and self._restore_power_limit(uuid, why):
+                restored += 1
+        return restored
+
+    def _restore_power_limit(self, uuid: str, why: str) -> bool:
+        try:
+            limit = self.backend.power_limit(uuid)
+        except GpuError:
+            return False  # no limit reported (or a failing GPU, whose reads say so)
+        if (limit.current_w is None or limit.default_w is None
+                or abs(limit.current_w - limit.default_w) <= POWER_LIMIT_TOLERANCE_W):
+            return False
+        try:
+            self.backend.restore_power_limit(uuid)
+        except GpuError as e:
+            log.error("GPU %s: could not restore its power limit from %.0f W to the default %.0f W "
+                      "(%s): %s", uuid, limit.current_w, limit.default_w, why, e)
+            return False
+        self.power_limits.pop(uuid, None)
+        self._limits_read_at = None  # the next heartbeat stores the restored limit
+        log.info("GPU %s: power limit restored from %.0f W to its default %.0f W (%s)", uuid,
+                 limit.current_w, limit.default_w, why)
+        return True
 
     def _heartbeat(self) -> None:
         now = self._clock()
@@ -669,6 +760,14 @@ class Agent:
         for job in adopted:
             for gid in job.gpu_ids or []:
                 self._set_busy(gid, True)
+        # Crash recovery: a limit outlives the agent that set it, so every GPU that runs no
+        # job of ours goes back to its default limit (an adopted job keeps its own).
+        ours = {int(g) for j in adopted for g in (j.gpu_ids or [])}
+        restored = self._restore_power_limits([g for g in self._uuid_of if g not in ours],
+                                              "at start-up, no job of ours runs on it")
+        if restored:
+            log.warning("restored the default power limit of %d GPU(s) that ran no job of ours "
+                        "(left capped by an agent that stopped without restoring them?)", restored)
         self._stop_orphans({j.id for j in running})
         log.info("reconciled %d running job(s) on %s", len(running), self.config.node)
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from policies.energy import ProfileBook, job_shape, seed_profiles
 from policies.model import QueuedJob
+from policies.power_cap import capped
 from scheduler.simulate.truth import Truth, parse_truth
 from telemetry.gpu import EmulatedBackend, GpuBackend
 
@@ -83,16 +84,25 @@ class JobEmulation:
             env[ENV_S_PER_PROMPT] = f"{runtime_s / job.prompts:.6g}"
         return EmulatedRun(runtime_s=runtime_s, power_w_per_gpu=power_w / max(1, gpus), env=env)
 
-    def begin(self, job, model: str, uuids: list[str]) -> dict[str, str]:
+    def begin(self, job, model: str, uuids: list[str], *, power_limit_w: float | None = None) -> dict[str, str]:
         """Set the job's GPUs to draw the truth's power in their busy period (the agent marks
         them busy once the job is launched) and return the environment the job is told its
-        pace by."""
+        pace by. Under a power limit below the truth's draw the GPUs draw the limit and the
+        job is told the slower pace of the cap response (`policies.power_cap`)."""
         try:
             run = self.run_of(job, model, len(uuids))
         except (ValueError, ArithmeticError) as e:  # never fail a launch over the emulation
             log.error("job %s: the truth %s cannot describe it (%s); its GPUs draw the load model's power",
                       job.id, self.truth.name, e)
             return {}
+        if power_limit_w is not None:
+            vendor = next((d.vendor for d in self.backend.devices() if d.uuid in set(uuids)), None)
+            factor, power_w = capped(run.power_w_per_gpu, power_limit_w, vendor)
+            runtime_s = run.runtime_s * factor
+            env = {ENV_RUNTIME_S: f"{runtime_s:.6g}"}
+            if job.prompts:
+                env[ENV_S_PER_PROMPT] = f"{runtime_s / job.prompts:.6g}"
+            run = EmulatedRun(runtime_s=runtime_s, power_w_per_gpu=power_w, env=env)
         for uuid in uuids:
             self.backend.set_busy_power_w(uuid, run.power_w_per_gpu)
         log.info("job %s on emulated %s: by the truth (%s) %.1f s at %.0f W per GPU", job.id, model,

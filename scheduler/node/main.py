@@ -30,8 +30,13 @@ log = logging.getLogger(__name__)
 DEFAULT_EMULATED_FLEET = "2xMI300X,2xH100"
 
 
-def make_backend(emulate: str | None, node: str) -> GpuBackend:
-    """The GPU backend for the local agent: --emulate, else real GPUs, else a loud emulation."""
+EMULATED_LIMITS_FILE = "emulated-power-limits.json"
+
+
+def make_backend(emulate: str | None, node: str, state_dir: Path | None = None) -> GpuBackend:
+    """The GPU backend for the local agent: --emulate, else real GPUs, else a loud emulation.
+    An emulated fleet keeps its GPUs' power limits in the state directory, as real boards keep
+    theirs across an agent restart (issue 29's crash recovery is tested against that)."""
     if emulate:
         spec = emulate
     else:
@@ -48,7 +53,8 @@ def make_backend(emulate: str | None, node: str) -> GpuBackend:
     models = [EmulatedModel(model=m.name, vendor=m.vendor, memory_gib=m.memory_gib,
                             idle_w=m.idle_w, tdp_w=m.tdp_w) for m in parse_fleet(spec)]
     log.warning("EMULATED GPUs on node %s: %s (no real hardware is measured)", node, spec)
-    return EmulatedBackend(models, node=node)
+    return EmulatedBackend(models, node=node,
+                           limits_path=state_dir / EMULATED_LIMITS_FILE if state_dir is not None else None)
 
 
 @dataclass
@@ -97,7 +103,7 @@ def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **ag
             return SlurmAgent(store, backend, agent_config(cfg, zone), slurm=slurm,
                               slurm_config=slurm_config, node_info=info, **agent_kwargs)
         emulate = info.fleet_spec()
-    return SlurmAgent(store, make_backend(emulate, cfg.node), agent_config(cfg, zone), slurm=slurm,
+    return SlurmAgent(store, make_backend(emulate, cfg.node, cfg.state_dir), agent_config(cfg, zone), slurm=slurm,
                       slurm_config=slurm_config, node_info=info, **agent_kwargs)
 
 
@@ -124,7 +130,7 @@ class AgentRunner(ServiceProcess):
             agent = make_slurm_agent(store, cfg, cfg.slurm or SlurmConfig())
             backend = agent.backend
         else:
-            backend = make_backend(cfg.emulate, cfg.node)
+            backend = make_backend(cfg.emulate, cfg.node, cfg.state_dir)
             try:
                 emulation = make_emulation(cfg.truth, backend)
             except EmulationError as e:

@@ -204,7 +204,7 @@ class SlurmAgent(Agent):
             return list(conn.execute(
                 select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
                        jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
-                       jobs.c.slurm_job_id)
+                       jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.slurm_job_id)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _requeue_unlaunched(self, job) -> None:

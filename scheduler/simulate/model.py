@@ -66,6 +66,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import Any
 
 import simpy
 
@@ -122,6 +123,8 @@ class SimSettings:
     # With the correction, widen a corrected estimate's deadline margin by its learned spread
     # (QueuedJob.runtime_rel_uncertainty, policies.margin); False: correct the estimate only.
     estimate_margin: bool = True
+    # GPU power limits the planner may choose (policies.power_cap.CapBounds); None: none.
+    caps: Any = None
 
 
 @dataclass(slots=True)
@@ -145,6 +148,7 @@ class JobRecord:
     planned_runtime_s: float = 0.0  # what the planner expected when it was committed
     committed_s: float | None = None  # when it was last committed (its estimate's moment)
     planned_power_w: float = 0.0
+    power_limit_w: float | None = None  # the GPU power limit it runs at (None: the default)
     pue: float = 1.0
     energy_j: float = 0.0
     gco2: float = 0.0
@@ -421,7 +425,8 @@ class Simulation:
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
                         default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
                         profiles=self.profiles, power_caps=self.power_caps, slot_s=self.settings.slot_s,
-                        horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin)
+                        horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin,
+                        caps=self.settings.caps)
 
     def _plan(self, now_s: float) -> None:
         if not self.queue:
@@ -445,6 +450,10 @@ class Simulation:
         snap = self._snapshot(now_s, jobs, horizon, carbon, keep)
         t = time.perf_counter()
         plan = self.policy.plan(snap)
+        if self.settings.caps is not None:  # the daemon's step after the policy (planner._with_points)
+            from policies.power_cap import choose_caps
+
+            plan = choose_caps(snap, plan)
         plan_s = time.perf_counter() - t
         self._previous = {a.job_id: a for a in plan.assignments}
         for why in plan.unplaced.values():
@@ -571,12 +580,24 @@ class Simulation:
         base = shape if not self.learned and real is job else job_shape(real, first.model, self._base_book,
                                                                          self.settings.default_runtime_s)
         r.runtime_s, r.power_w = self.truth.actual(real, first.model, base, self.settings.default_runtime_s)
+        r.power_limit_w = a.estimate.power_limit_w
+        if r.power_limit_w is not None:
+            # the agent sets the limit; the job runs by the cap response, as planned
+            from policies.catalog import lookup
+            from policies.power_cap import capped
+
+            vendor = lookup(first.model).vendor
+            n = max(1, len(ids))
+            plan_factor, plan_w = capped(shape.power_w / n, r.power_limit_w, vendor)
+            r.planned_runtime_s, r.planned_power_w = shape.runtime_s * plan_factor, plan_w * n
+            factor, per_gpu_w = capped(r.power_w / n, r.power_limit_w, vendor)
+            r.runtime_s, r.power_w = r.runtime_s * factor, per_gpu_w * n
         r.pue = self._gpu_pue(first)
         r.start_s = start_s
         r.est_gco2 = a.estimate.gco2
         r.explanation = a.explanation
         r.token += 1
-        end_s = start_s + shape.runtime_s
+        end_s = start_s + r.planned_runtime_s
         for g in ids:
             self.free_at[g] = end_s
             self.reservations[g].append(idx)
@@ -678,6 +699,8 @@ class Simulation:
         run_s = (r.end_s or 0.0) - (r.start_s or 0.0)
         if not job.workload or not job.prompts or run_s < 1.0 or r.model is None:
             return
+        if r.power_limit_w is not None:
+            return  # runs at a power limit are kept out of the default-limit profiles (issue 29)
         runs = self._runs.setdefault((job.workload, r.model), [])
         runs.append(seed_equivalent_run(job, r.model, Run.of(gpus=max(1, job.gpus), runtime_s=run_s,
                                                              energy_j=r.energy_j, prompts=job.prompts)))

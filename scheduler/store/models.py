@@ -93,6 +93,8 @@ class Gpu(Base):
     power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     power_limit_min_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     power_limit_max_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The limit the board returns to when nobody has set one (issue 29: the agent restores it).
+    power_limit_default_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     # Healthy but closed to new work by an operator (maintenance); running jobs finish.
     drained: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
@@ -180,6 +182,12 @@ class Job(Base):
     planned_max_batch: Mapped[int | None] = mapped_column(Integer, nullable=True)
     planned_precision: Mapped[str | None] = mapped_column(String(8), nullable=True)
     planned_tp: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The GPU power limit the plan chose (W per GPU, policies.power_cap; NULL: the default),
+    # and the estimate the same placement had without it, for `show` and the receipt.
+    planned_power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    est_uncapped_energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    est_uncapped_gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
+    est_uncapped_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     # The run (RUNNING and after).
     node: Mapped[str | None] = mapped_column(String(255), nullable=True)
@@ -190,6 +198,10 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     energy_method: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # The power limit the agent set on the job's GPUs for its run (W per GPU; NULL: it ran
+    # at the default), and why a planned limit was not applied (no privilege, unsupported).
+    power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    power_limit_note: Mapped[str | None] = mapped_column(Text, nullable=True)
     gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Carbon accounting of the run (scheduler/accounting.py): where it ran, how its gCO2 was
     # priced, and when; re-checked while actual intensity data may still arrive.

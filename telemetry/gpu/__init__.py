@@ -14,7 +14,9 @@ from telemetry.gpu.common import (
     GpuLost,
     GpuNotFound,
     GpuNotSupported,
+    GpuPermissionDenied,
     PowerLimit,
+    PowerLimitOutOfRange,
     PowerReading,
 )
 from telemetry.gpu.detect import detect_backend, probe_backends
@@ -32,7 +34,9 @@ __all__ = [
     "GpuLost",
     "GpuNotFound",
     "GpuNotSupported",
+    "GpuPermissionDenied",
     "PowerLimit",
+    "PowerLimitOutOfRange",
     "PowerReading",
     "detect_backend",
     "probe_backends",

@@ -63,9 +63,11 @@ from telemetry.gpu.common import (
     GpuLibraryMissing,
     GpuLost,
     GpuNotSupported,
+    GpuPermissionDenied,
     PowerLimit,
     PowerReading,
     VendorBackend,
+    check_limit_in_range,
     power_ceiling_w,
     translate_vendor_errors,
     valid_number,
@@ -209,7 +211,9 @@ class AmdSmiBackend(VendorBackend):
             return GpuNotSupported(msg)
         if self._is(code, _GONE):
             return GpuLost(msg)
-        if self._is(code, ("NOT_INIT", "INIT_ERROR", "NO_PERM")):
+        if self._is(code, ("NO_PERM",)):
+            return GpuPermissionDenied(msg)
+        if self._is(code, ("NOT_INIT", "INIT_ERROR")):
             return GpuDriverError(msg)
         return GpuError(msg)
 
@@ -491,6 +495,35 @@ class AmdSmiBackend(VendorBackend):
         if limit is None:
             raise GpuNotSupported(f"AMD GPU {uuid} does not report a power cap")
         return limit
+
+    def set_power_limit(self, uuid: str, limit_w: float) -> PowerLimit:
+        """amdsmi_set_power_cap(handle, sensor_ind=0, cap) with the cap in microwatts, within
+        the min_power_cap..max_power_cap of amdsmi_get_power_cap_info (AMD SMI Python API;
+        a caller without root gets AMDSMI_STATUS_NO_PERM). A compute partition shares its
+        card's one cap with the other partitions, so it is never set per partition here."""
+        dev = self._device(uuid)
+        if dev.info.partitions > 1:
+            raise GpuNotSupported(f"AMD GPU {uuid} is one of {dev.info.partitions} partitions "
+                                  f"({dev.info.partition_mode}) sharing one card power cap; it is "
+                                  "not set per job")
+        setter = getattr(self._am, "amdsmi_set_power_cap", None)
+        if setter is None:
+            raise GpuNotSupported("this amdsmi version has no amdsmi_set_power_cap")
+        now = self._limits(dev.handle, None)
+        if now is None or (now.min_w is None and now.max_w is None):
+            raise GpuNotSupported(f"AMD GPU {uuid} reports no settable power cap range")
+        check_limit_in_range(now, limit_w, f"AMD GPU {uuid}")
+        try:
+            self._call(setter, dev.handle, 0, int(round(limit_w * 1e6)))
+        except GpuLost as e:
+            self._mark_lost(uuid, e)
+            raise
+        after = self._limits(dev.handle, None)
+        if after is None:
+            raise GpuNotSupported(f"AMD GPU {uuid} does not report its power cap after setting it")
+        with self._lock:
+            dev.cap_w = after.current_w if after.current_w is not None else dev.cap_w
+        return after
 
     def versions(self) -> dict[str, str]:
         """AMD SMI library version and amdgpu driver version (of the first GPU)."""

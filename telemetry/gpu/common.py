@@ -50,6 +50,18 @@ def valid_number(value: Any, *, low: float = 0.0, high: float | None = None) -> 
     return number
 
 
+def check_limit_in_range(limit: PowerLimit, limit_w: float, what: str) -> None:
+    """PowerLimitOutOfRange unless `limit_w` lies within the range `limit` reports (a bound
+    that is not reported is not checked; the driver checks it too)."""
+    if not isinstance(limit_w, (int, float)) or limit_w != limit_w or limit_w <= 0:
+        raise PowerLimitOutOfRange(f"{what}: {limit_w!r} is not a power limit in watts")
+    # Half a watt of slack: the range comes from the driver in mW/uW and is shown rounded.
+    if limit.min_w is not None and limit_w < limit.min_w - 0.5:
+        raise PowerLimitOutOfRange(f"{what}: {limit_w:.1f} W is below the minimum {limit.min_w:.1f} W")
+    if limit.max_w is not None and limit_w > limit.max_w + 0.5:
+        raise PowerLimitOutOfRange(f"{what}: {limit_w:.1f} W is above the maximum {limit.max_w:.1f} W")
+
+
 def power_ceiling_w(*rated_w: float | None) -> float:
     """The highest power reading accepted for a board rated at `rated_w` (cap, TDP, ...)."""
     known = [r for r in rated_w if r]
@@ -69,6 +81,16 @@ class GpuDriverError(GpuError):
 
 class GpuNotSupported(GpuError):
     """The device does not support this query."""
+
+
+class GpuPermissionDenied(GpuDriverError):
+    """The call needs a privilege this process lacks (setting a power limit needs root:
+    NVML answers NVML_ERROR_NO_PERMISSION, AMD SMI AMDSMI_STATUS_NO_PERM). A subclass of
+    GpuDriverError, as a read refused for privilege always was."""
+
+
+class PowerLimitOutOfRange(GpuError, ValueError):
+    """A power limit outside the range the driver accepts (checked before the vendor call)."""
 
 
 class GpuNotFound(GpuError):
@@ -238,6 +260,23 @@ class GpuBackend(abc.ABC):
     def power_limit(self, uuid: str) -> PowerLimit:
         """The board power limit now (an operator may have changed it since start)."""
         raise GpuNotSupported(f"the {self.name} backend does not report power limits")
+
+    def set_power_limit(self, uuid: str, limit_w: float) -> PowerLimit:
+        """Set the board power limit to `limit_w` watts and return the limit read back.
+
+        The value must lie within the device's [min_w, max_w] (PowerLimitOutOfRange, and the
+        vendor is never called). GpuPermissionDenied without the privilege, GpuNotSupported
+        where the device has no settable limit. A limit is not persistent across a driver
+        reload or reboot; it does outlive the process that set it, so whoever sets one must
+        restore it (`restore_power_limit`)."""
+        raise GpuNotSupported(f"the {self.name} backend cannot set power limits")
+
+    def restore_power_limit(self, uuid: str) -> PowerLimit:
+        """Set the board power limit back to its default; the limit read back."""
+        limit = self.power_limit(uuid)
+        if limit.default_w is None:
+            raise GpuNotSupported(f"GPU {uuid} reports no default power limit to restore")
+        return self.set_power_limit(uuid, limit.default_w)
 
     def set_rated_power_w(self, uuid: str, rated_w: float | None) -> None:
         """Tell the backend the part's rated power (the catalog's TDP), which telemetry cannot

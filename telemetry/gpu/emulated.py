@@ -9,6 +9,13 @@ between them, so it equals exactly the trapezoid integral of the power a single 
 sees: a test that compares the counter with integrated power checks the consumer, not the
 noise of the model.
 
+Power limits: `set_power_limit` works as on a real board (within idle..TDP, the default
+being the TDP) and the GPU then never draws more than its limit. A real limit outlives the
+process that set it (until a driver reload), so with `limits_path` the fleet keeps its
+limits in that file, and a fresh backend over the same file (the agent restarted after a
+crash) finds the GPUs still limited, as it would on real hardware. `set_calls` records every
+call. `deny_power_limits` makes setting a limit fail as it does without root.
+
 For tests, faults can be injected: `lose(uuid)` makes the GPU fall off the bus (reads raise
 GpuLost), `counter_fault(uuid, "backwards")` restarts its counter from zero at the next read
 (as a driver reload does), `counter_fault(uuid, "stuck")` freezes the counter while power
@@ -17,12 +24,15 @@ keeps flowing, and `counter_fault(uuid, None)` lets it count on from where it is
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from telemetry.gpu.common import (
     CounterWatch,
@@ -32,8 +42,10 @@ from telemetry.gpu.common import (
     GpuError,
     GpuLost,
     GpuNotFound,
+    GpuPermissionDenied,
     PowerLimit,
     PowerReading,
+    check_limit_in_range,
 )
 
 COUNTER_FAULTS = ("backwards", "stuck")
@@ -65,6 +77,7 @@ class _State:
     lost: bool = False
     fault: str | None = None
     busy_w: float | None = None  # what the next busy period draws (None: the load model)
+    limit_w: float = 0.0  # the board power limit now (the TDP by default)
 
 
 class EmulatedBackend(GpuBackend):
@@ -72,8 +85,12 @@ class EmulatedBackend(GpuBackend):
     emulated = True
 
     def __init__(self, models: list[EmulatedModel], *, node: str = "node", seed: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, limits_path: Path | None = None,
+                 deny_power_limits: bool = False) -> None:
         self._clock = clock
+        self._limits_path = limits_path
+        self.deny_power_limits = deny_power_limits
+        self.set_calls: list[tuple[str, float]] = []
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._watch = CounterWatch()
@@ -93,12 +110,36 @@ class EmulatedBackend(GpuBackend):
                                        default_w=m.tdp_w),
                 capabilities=_CAPABILITIES))
         now = clock()
-        self._state = {d.uuid: _State(model=m, power_w=m.idle_w, last_s=now)
+        self._state = {d.uuid: _State(model=m, power_w=m.idle_w, last_s=now, limit_w=m.tdp_w)
                        for d, m in zip(self._devices, models)}
+        for uuid_, limit_w in self._load_limits().items():
+            if uuid_ in self._state:
+                s = self._state[uuid_]
+                s.limit_w = min(s.model.tdp_w, max(s.model.idle_w, float(limit_w)))
+
+    def _load_limits(self) -> dict[str, float]:
+        if self._limits_path is None:
+            return {}
+        try:
+            return {str(k): float(v) for k, v in json.loads(self._limits_path.read_text()).items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, AttributeError):
+            return {}  # a torn or foreign file: the boards start at their defaults
+
+    def _save_limits(self) -> None:
+        """Write every GPU's limit (the board state that outlives this process) atomically."""
+        if self._limits_path is None:
+            return
+        data = {u: s.limit_w for u, s in self._state.items()}
+        tmp = self._limits_path.with_name(self._limits_path.name + ".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self._limits_path)
 
     def devices(self) -> list[GpuDevice]:
         with self._lock:
-            return [d for d in self._devices if not self._state[d.uuid].lost]
+            return [replace(d, power_limit=replace(d.power_limit, current_w=self._state[d.uuid].limit_w))
+                    for d in self._devices if not self._state[d.uuid].lost]
 
     def _get(self, uuid: str) -> _State:
         if self._closed:
@@ -136,6 +177,7 @@ class EmulatedBackend(GpuBackend):
             m = s.model
             target = m.idle_w + (m.tdp_w - m.idle_w) * s.load
             power = round(max(m.idle_w * 0.9, target * self._rng.uniform(0.98, 1.02)), 3)
+            power = min(power, s.limit_w)  # the board never draws above its limit
             added = (s.power_w + power) / 2 * max(0.0, now - s.last_s)
             s.energy_j += added
             if s.fault == "backwards":
@@ -151,8 +193,24 @@ class EmulatedBackend(GpuBackend):
 
     def power_limit(self, uuid: str) -> PowerLimit:
         with self._lock:
-            m = self._get(uuid).model
-        return PowerLimit(current_w=m.tdp_w, min_w=m.idle_w, max_w=m.tdp_w, default_w=m.tdp_w)
+            s = self._get(uuid)
+            m, current = s.model, s.limit_w
+        return PowerLimit(current_w=current, min_w=m.idle_w, max_w=m.tdp_w, default_w=m.tdp_w)
+
+    def set_power_limit(self, uuid: str, limit_w: float) -> PowerLimit:
+        with self._lock:
+            s = self._get(uuid)
+            if s.lost:
+                raise GpuLost(f"emulated GPU {uuid} has fallen off the bus")
+            self.set_calls.append((uuid, limit_w))
+            if self.deny_power_limits:
+                raise GpuPermissionDenied(f"emulated GPU {uuid}: setting a power limit needs root "
+                                          "(emulated NVML_ERROR_NO_PERMISSION)")
+            check_limit_in_range(PowerLimit(current_w=s.limit_w, min_w=s.model.idle_w,
+                                            max_w=s.model.tdp_w), limit_w, f"emulated GPU {uuid}")
+            s.limit_w = float(limit_w)
+            self._save_limits()
+        return self.power_limit(uuid)
 
     # -- fault injection (tests) ------------------------------------------------------------
 

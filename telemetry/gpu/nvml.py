@@ -41,9 +41,11 @@ from telemetry.gpu.common import (
     GpuLibraryMissing,
     GpuLost,
     GpuNotSupported,
+    GpuPermissionDenied,
     PowerLimit,
     PowerReading,
     VendorBackend,
+    check_limit_in_range,
     power_ceiling_w,
     translate_vendor_errors,
     valid_number,
@@ -117,9 +119,10 @@ class NvmlBackend(VendorBackend):
             return GpuLost(msg)
         if code == self._code("NVML_ERROR_LIBRARY_NOT_FOUND"):
             return GpuLibraryMissing(msg)
+        if code == self._code("NVML_ERROR_NO_PERMISSION"):
+            return GpuPermissionDenied(msg)
         if code in (self._code("NVML_ERROR_DRIVER_NOT_LOADED"), self._code("NVML_ERROR_UNINITIALIZED"),
-                    self._code("NVML_ERROR_LIB_RM_VERSION_MISMATCH"),
-                    self._code("NVML_ERROR_NO_PERMISSION")):
+                    self._code("NVML_ERROR_LIB_RM_VERSION_MISMATCH")):
             return GpuDriverError(msg)
         return GpuError(msg)
 
@@ -317,6 +320,27 @@ class NvmlBackend(VendorBackend):
         if limit is None:
             raise GpuNotSupported(f"NVIDIA GPU {uuid} does not report a power limit")
         return limit
+
+    def set_power_limit(self, uuid: str, limit_w: float) -> PowerLimit:
+        """nvmlDeviceSetPowerManagementLimit, in milliwatts, within
+        nvmlDeviceGetPowerManagementLimitConstraints (NVML API reference: "Requires root/admin
+        permissions"; non-admin callers get NVML_ERROR_NO_PERMISSION, a value out of range
+        NVML_ERROR_INVALID_ARGUMENT; "Limit is not persistent across reboots or driver
+        unloads"). The limit is checked against the range first, then read back."""
+        dev = self._device(uuid)
+        try:
+            now = self._limits(dev.handle, None)
+            if now is None or (now.min_w is None and now.max_w is None):
+                raise GpuNotSupported(f"NVIDIA GPU {uuid} reports no settable power limit range")
+            check_limit_in_range(now, limit_w, f"NVIDIA GPU {uuid}")
+            self._call(self._nv.nvmlDeviceSetPowerManagementLimit, dev.handle, int(round(limit_w * 1000)))
+            after = self._limits(dev.handle, None)
+        except GpuLost as e:
+            self._mark_lost(uuid, e)
+            raise
+        if after is None:
+            raise GpuNotSupported(f"NVIDIA GPU {uuid} does not report its power limit after setting it")
+        return after
 
     def versions(self) -> dict[str, str]:
         """NVIDIA driver, NVML library and CUDA driver API versions, as far as NVML tells."""

@@ -144,6 +144,14 @@ class FakeAmdGpu:
     lost_status: str = "AMDSMI_STATUS_FILE_ERROR"
     lost_failures: int | None = None
     calls: int = 0
+    # The card's default cap (0: cap_w as created) and whether the caller may set it
+    # (False: amdsmi_set_power_cap answers AMDSMI_STATUS_NO_PERM, as for a non-root caller).
+    default_cap_w: float = 0.0
+    privileged: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.default_cap_w:
+            self.default_cap_w = self.cap_w
 
 
 class FakeAmdSmi:
@@ -158,6 +166,8 @@ class FakeAmdSmi:
         self.init_flags: list[object] = []
         self.initialized = False
         self.shutdowns = 0
+        # Every amdsmi_set_power_cap call: (uuid, sensor_ind, cap in µW, status code).
+        self.set_calls: list[tuple[str, int, int, int]] = []
         self.module = self._build_module()
 
     def advance(self, seconds: float) -> None:
@@ -307,10 +317,35 @@ class FakeAmdSmi:
 
         def amdsmi_get_power_cap_info(processor_handle):
             g = fake._gpu(processor_handle, "amdsmi_get_power_cap_info")
-            uw = int(g.cap_w * 1e6)
+            uw, default_uw = int(g.cap_w * 1e6), int(g.default_cap_w * 1e6)
             return fake._script(g, "amdsmi_get_power_cap_info", {
-                "power_cap": uw, "default_power_cap": uw, "dpm_cap": 0,
-                "min_power_cap": int(0.3 * uw), "max_power_cap": uw})
+                "power_cap": uw, "default_power_cap": default_uw, "dpm_cap": 0,
+                "min_power_cap": int(0.3 * default_uw), "max_power_cap": default_uw})
+
+        def amdsmi_set_power_cap(processor_handle, sensor_ind, cap):
+            # amdsmi_interface: handle, sensor_ind and cap type-checked (AmdSmiParameterException),
+            # cap in microwatts; the library refuses a cap outside min..max_power_cap.
+            if not isinstance(processor_handle, ProcessorHandle):
+                raise AmdSmiParameterException(processor_handle, ProcessorHandle)
+            if not isinstance(sensor_ind, int):
+                raise AmdSmiParameterException(sensor_ind, int)
+            if not isinstance(cap, int):
+                raise AmdSmiParameterException(cap, int)
+            try:
+                g = fake._gpu(processor_handle, "amdsmi_set_power_cap")
+            except AmdSmiLibraryException as e:
+                fake.set_calls.append((processor_handle.gpu.uuid, sensor_ind, cap, e.err_code))
+                raise
+            default_uw = int(g.default_cap_w * 1e6)
+            status = STATUS["AMDSMI_STATUS_SUCCESS"]
+            if not g.privileged:
+                status = STATUS["AMDSMI_STATUS_NO_PERM"]
+            elif sensor_ind != 0 or not int(0.3 * default_uw) <= cap <= default_uw:
+                status = STATUS["AMDSMI_STATUS_INVAL"]
+            fake.set_calls.append((g.uuid, sensor_ind, cap, status))
+            if status != STATUS["AMDSMI_STATUS_SUCCESS"]:
+                raise AmdSmiLibraryException(status)
+            g.cap_w = cap / 1e6
 
         def amdsmi_get_gpu_compute_partition(processor_handle):
             return fake._gpu(processor_handle, "amdsmi_get_gpu_compute_partition").partition

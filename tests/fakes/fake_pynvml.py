@@ -107,6 +107,9 @@ class FakeNvmlGpu:
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
     calls: int = 0
+    # Setting a limit needs root: False makes nvmlDeviceSetPowerManagementLimit answer
+    # NVML_ERROR_NO_PERMISSION, as it does for a non-admin caller.
+    privileged: bool = True
 
 
 class FakeNvml:
@@ -119,6 +122,8 @@ class FakeNvml:
         self.bytes_strings = bytes_strings
         self.initialized = 0
         self.shutdowns = 0
+        # Every nvmlDeviceSetPowerManagementLimit call: (uuid, limit in mW, NVML return code).
+        self.set_calls: list[tuple[str, int, int]] = []
         self.module = self._build_module()
 
     def advance(self, seconds: float) -> None:
@@ -248,6 +253,26 @@ class FakeNvml:
         def nvmlDeviceGetPowerManagementLimitConstraints(handle):
             g = fake._gpu(handle, "nvmlDeviceGetPowerManagementLimitConstraints")
             return [g.min_limit_mw, g.max_limit_mw]
+
+        def nvmlDeviceSetPowerManagementLimit(handle, limit):
+            # NVML API reference: limit in milliwatts within the constraints (else
+            # NVML_ERROR_INVALID_ARGUMENT); root only (else NVML_ERROR_NO_PERMISSION).
+            try:
+                g = fake._gpu(handle, "nvmlDeviceSetPowerManagementLimit")
+            except NVMLError as e:
+                fake.set_calls.append((handle.gpu.uuid, limit, e.value))
+                raise
+            if isinstance(limit, bool) or not isinstance(limit, int):
+                raise TypeError(f"limit must be an int of milliwatts (c_uint), not {limit!r}")
+            code = NVML_SUCCESS
+            if not g.privileged:
+                code = NVML_ERROR_NO_PERMISSION
+            elif not g.min_limit_mw <= limit <= g.max_limit_mw:
+                code = NVML_ERROR_INVALID_ARGUMENT
+            fake.set_calls.append((g.uuid, limit, code))
+            if code != NVML_SUCCESS:
+                raise NVMLError(code)
+            g.limit_mw = limit
 
         def nvmlDeviceGetPowerManagementDefaultLimit(handle):
             return fake._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit").default_limit_mw
