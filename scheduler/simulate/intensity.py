@@ -178,35 +178,34 @@ def fine_series(zone: str, points: list[tuple[float, int, float]]) -> FineSeries
     if step >= HOUR_S or HOUR_S % step:
         return None
     by_step = {int(at // step): v for at, _, v in points}
-    first, last = min(by_step), max(by_step)
-    values, filled, prev = [], 0, by_step[first]
+    first = min(by_step)
+    values, filled = _forward_filled(by_step)
+    if filled:
+        log.info("zone %s: %d missing %d-s steps filled with the previous value", zone, filled, step)
+    return FineSeries(step_s=float(step), first=first, values_g_per_kwh=np.array(values), filled=filled)
+
+
+def _forward_filled(by_index: dict[int, float]) -> tuple[list[float], int]:
+    """The values from the first index to the last, a missing one taking the one before it;
+    and how many were missing."""
+    first, last = min(by_index), max(by_index)
+    values, filled, prev = [], 0, by_index[first]
     for k in range(first, last + 1):
-        v = by_step.get(k)
+        v = by_index.get(k)
         if v is None:
             filled += 1
             v = prev
         values.append(v)
         prev = v
-    if filled:
-        log.info("zone %s: %d missing %d-s steps filled with the previous value", zone, filled, step)
-    return FineSeries(step_s=float(step), first=first, values_g_per_kwh=np.array(values), filled=filled)
+    return values, filled
 
 
 def from_hourly(zone: str, hourly: dict[int, float], *, signal: str, source: str) -> ZoneIntensity:
     """A ZoneIntensity from epoch hour -> value, forward-filling missing hours."""
     if not hourly:
         raise CarbonInputError(f"zone {zone}: no carbon-intensity values")
-    first, last = min(hourly), max(hourly)
-    values = []
-    filled = 0
-    prev = hourly[first]
-    for h in range(first, last + 1):
-        v = hourly.get(h)
-        if v is None:
-            filled += 1
-            v = prev
-        values.append(v)
-        prev = v
+    first = min(hourly)
+    values, filled = _forward_filled(hourly)
     if filled:
         log.info("zone %s: %d missing hours filled with the previous hour's value", zone, filled)
     return ZoneIntensity(zone=zone, first_hour=first, values_g_per_kwh=np.array(values), signal=signal,
