@@ -185,8 +185,10 @@ def test_inventory_comes_from_slurm_zones_from_features_and_models_from_gres_typ
 
 def test_a_submitted_job_becomes_one_slurm_job_on_the_planned_node_and_gpus_with_a_receipt(world, slurm_cluster):
     store, service, planner, agents, root = world
-    job = service.submit(ROOT, {"argv": ["sh", "-c", 'echo "rocr=$ROCR_VISIBLE_DEVICES gpus=$SLURM_JOB_GPUS"; sleep 2'],
-                                "gpus": 2, "gpu_mem_gib": 150, "est_runtime_s": 5, "cwd": str(root)})["id"]
+    # Long enough for the agent to see it RUNNING in squeue: the emulated GPUs draw busy power
+    # only from that poll on, so a 2 s job once ran whole between two polls at idle power.
+    job = service.submit(ROOT, {"argv": ["sh", "-c", 'echo "rocr=$ROCR_VISIBLE_DEVICES gpus=$SLURM_JOB_GPUS"; sleep 6'],
+                                "gpus": 2, "gpu_mem_gib": 150, "est_runtime_s": 10, "cwd": str(root)})["id"]
     rows = drive(store, planner, agents, [job])
     row = rows[job]
     assert row.state == "COMPLETED", row.reason
