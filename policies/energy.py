@@ -504,18 +504,41 @@ def seed_equivalent_run(job: QueuedJob, model: str, run: Run, point: OperatingPo
     seed = _seed_index().get((job.workload, canonical)) if job.workload else None
     if seed is None:
         return run
+    figures = _model_figures_per_gpu(job, canonical, point)
+    if figures is None:
+        return run
+    pps_gpu, power_gpu = figures
+    return Run(run.prompts_per_s * seed.prompts_per_s / pps_gpu, run.power_w * seed.power_w / power_gpu)
+
+
+def _model_figures_per_gpu(job: QueuedJob, canonical: str, point: OperatingPoint | None) -> tuple[float, float] | None:
+    """(prompts/s, W) per GPU the uncorrected performance model gives `job` on `canonical` at
+    `point` (None: at the point the model picks for the job); None where it has no figure."""
     k = max(1, job.gpus)
     if point is not None:
         from policies.perf_model import parts, predict
 
         w = workload_model(job.workload)
         if w is None or canonical not in parts() or k % point.tp:
-            return run
+            return None
         p = predict(w, canonical, point)
-        pps_gpu, power_gpu = p.prompts_per_s / point.tp, p.power_w / point.tp
-    else:
-        c = job_choice(job.workload, canonical, k, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
-        if not isinstance(c, Choice):
-            return run
-        pps_gpu, power_gpu = c.prompts_per_s / k, c.power_w / k
-    return Run(run.prompts_per_s * seed.prompts_per_s / pps_gpu, run.power_w * seed.power_w / power_gpu)
+        return p.prompts_per_s / point.tp, p.power_w / point.tp
+    c = job_choice(job.workload, canonical, k, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
+    if not isinstance(c, Choice):
+        return None
+    return c.prompts_per_s / k, c.power_w / k
+
+
+def point_change(job: QueuedJob, model: str, point: OperatingPoint) -> tuple[float, float]:
+    """(runtime factor, power factor) of running `job` on `model` at `point` rather than at the
+    point the uncorrected model picks for it: how a planned batch limit, precision or TP
+    degree changes a run by the performance model (1, 1 where it has no figures). The
+    emulated fleet's truth follows the plan's point through it (`scheduler.node.emulation`)."""
+    if not job.workload:
+        return 1.0, 1.0
+    canonical = _canonical_model(model)
+    at_point = _model_figures_per_gpu(job, canonical, point)
+    picked = _model_figures_per_gpu(job, canonical, None)
+    if at_point is None or picked is None or at_point[0] <= 0 or picked[1] <= 0:
+        return 1.0, 1.0
+    return picked[0] / at_point[0], at_point[1] / picked[1]

@@ -194,6 +194,30 @@ def test_a_gpu_lost_mid_run_is_taken_out_of_service_and_its_job_failed_or_requeu
     assert assigned is None or first.gpu_ids[0] not in assigned.gpu_ids
 
 
+def test_a_gpu_lost_while_its_jobs_supervisor_is_still_starting_stops_the_job_once_it_can(cluster, store):
+    # Under load the supervisor may not have recorded its launch when the loss is noticed;
+    # the stop is passed on at a later tick, not dropped (the job would run on a lost GPU).
+    agent, service, planner = cluster
+    agent.start_sampling()
+    job = service.submit(ROOT, {"argv": ["sleep", "30"], "gpus": 1})["id"]
+    run_until(agent, planner, store, job, {"RUNNING"})
+    real = agent.executor.signal_cancel
+    refused = []
+
+    def not_yet(job_id):
+        if len(refused) < 3:
+            refused.append(job_id)
+            return False
+        return real(job_id)
+
+    agent.executor.signal_cancel = not_yet
+    agent.backend.lose(agent._uuid_of[job_row(store, job).gpu_ids[0]])
+    started = time.monotonic()
+    assert run_until(agent, planner, store, job, {"FAILED", "LOST", "COMPLETED"}, timeout_s=20) == "FAILED"
+    assert refused == [job] * 3 and time.monotonic() - started < 15  # stopped, not run to its end
+    assert "lost" in job_row(store, job).reason
+
+
 def test_a_full_log_disk_stops_new_jobs_on_the_node_until_space_is_freed(cluster, store, monkeypatch):
     import scheduler.node.agent as agent_module
 

@@ -17,10 +17,15 @@ from convergence_bench import FRUGAL, SLOW, TARGET_REL_ERROR, converge, first_wi
 from daemon_harness import world_dir  # noqa: E402
 
 
+# Each run's measured time includes its supervisor's and its interpreter's start-up, which a
+# loaded CI host stretches by up to a second: 4 s runs keep that noise well inside the 10 %.
+SECONDS = 4.0
+
+
 @pytest.fixture(scope="module")
 def rows():
     root = world_dir("cs-converge-test-")
-    return converge(f"sqlite:///{root}/state/carbonsched.db", runs=5, seconds=2.0, root=root)
+    return converge(f"sqlite:///{root}/state/carbonsched.db", runs=5, seconds=SECONDS, root=root)
 
 
 def test_the_first_estimate_on_each_model_is_the_seeds(rows):

@@ -89,6 +89,32 @@ def test_a_job_runs_by_the_truth_not_by_the_seed(tmp_path):
         assert mean_power_w(backend, uuid, clock) == pytest.approx(0.7 * SEED.power_w, rel=0.01)
 
 
+def test_a_job_runs_at_the_operating_point_its_plan_chose_not_at_the_seed_shapes():
+    # The seed shape of llm-chat-8b on one H100 is its unconstrained pick; a plan at a smaller
+    # batch limit runs slower and draws less, by the performance model, on top of the truth.
+    from policies.energy import point_change
+    from policies.model import QueuedJob
+    from policies.operating_point import job_choice, workload_model
+    from policies.perf_model import OperatingPoint, predict
+
+    backend = h100_backend(Clock())
+    truth = JobEmulation(parse_truth("perfect"), backend)
+    picked = job_choice("llm-chat-8b", "H100", 1, None, None, None)
+    small = OperatingPoint(max(1, picked.point.max_batch // 4), picked.point.precision, 1)
+    at_small = predict(workload_model("llm-chat-8b"), "H100", small)
+    plain = truth.run_of(job_row(prompts=500), "H100", 1)
+    row = SimpleNamespace(**vars(job_row(prompts=500)), planned_max_batch=small.max_batch,
+                          planned_precision=small.precision, planned_tp=1)
+    planned = truth.run_of(row, "H100", 1)
+    assert planned.runtime_s == pytest.approx(plain.runtime_s * picked.prompts_per_s / at_small.prompts_per_s, rel=1e-6)
+    assert planned.power_w_per_gpu == pytest.approx(plain.power_w_per_gpu * at_small.power_w / picked.power_w, rel=1e-6)
+    assert planned.runtime_s > plain.runtime_s  # a quarter of the batch is slower
+    same = SimpleNamespace(**vars(job_row(prompts=500)), planned_max_batch=picked.point.max_batch,
+                           planned_precision=picked.point.precision, planned_tp=picked.point.tp)
+    assert truth.run_of(same, "H100", 1).runtime_s == pytest.approx(plain.runtime_s, rel=1e-9)
+    assert point_change(QueuedJob(1, 1, 0.0, NOW), "H100", small) == (1.0, 1.0)  # no workload: no figures
+
+
 def test_the_perfect_truth_is_the_seed_and_a_job_without_prompts_has_no_pace_per_prompt():
     backend = h100_backend(Clock())
     run = JobEmulation(parse_truth("perfect"), backend).run_of(job_row(prompts=500), "H100", 1)

@@ -7,8 +7,9 @@ by whole half-hours so that 2020-06-11 13:00 UTC becomes the current half-hour; 
 are unchanged. The rows ahead are imported with --as-forecast (a forecast issued now). In
 the next twelve hours the half-hour that was 14:00 (117.6 g/kWh) is the cleanest; on hourly
 means the hour that was 00:00 the next day is (see tests/test_subhourly.py). The daemon's
-slots are 15 minutes from the tick's `now`, so the planned start lies within half a slot
-of the half-hour's start.
+slots are 15 minutes from the tick's `now`, not from the clock's quarter-hours, so the
+planned start is one of the two slots around the half-hour's start: within one slot of it
+(which of the two depends on the minute the test runs and on the neighbouring half-hours).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from test_subhourly import GREEN, HOURLY_PICK, T, rows, write_plain
 
 pytestmark = pytest.mark.slow
 
-HALF_SLOT = timedelta(seconds=450)
+SLOT = timedelta(seconds=900)
 
 
 def _moved(path, hourly: bool) -> tuple[timedelta, list]:
@@ -65,7 +66,7 @@ def test_the_daemon_plans_a_half_hour_job_into_the_green_half_hour(db, view):
             assert shown.returncode == 0, shown.stderr
             start = datetime.fromisoformat(json.loads(shown.stdout)["planned_start"].replace("Z", "+00:00"))
             if view == "30min":
-                assert abs(start - (GREEN + shift)) <= HALF_SLOT + timedelta(seconds=5), (start, GREEN + shift)
+                assert abs(start - (GREEN + shift)) < SLOT, (start, GREEN + shift)
             else:
                 pick = HOURLY_PICK + shift
                 assert pick - timedelta(seconds=5) <= start <= pick + timedelta(minutes=30), (start, pick)

@@ -291,7 +291,8 @@ class Agent:
             log.error("GPU %s (id %s) marked unhealthy: %s", uuid, gid, why)
             if job_id is not None:
                 self._stopped_by_agent[job_id] = f"GPU {uuid} was lost during the run: {why}"
-                if self.executor.signal_cancel(job_id):
+                if self.executor.signal_cancel(job_id):  # else retried each tick until it takes
+                    self._signalled.add(job_id)
                     log.error("job %s: stopping it, its GPU %s is lost", job_id, uuid)
         return changed
 
@@ -349,10 +350,13 @@ class Agent:
             status = self.executor.status(job.id)
             if status.state is RunState.RUNNING:
                 alive.append(job.id)
-                if job.cancel_requested_at is not None and job.id not in self._signalled:
-                    if self.executor.signal_cancel(job.id):
-                        self._signalled.add(job.id)
-                        log.info("job %s: cancel requested, stopping it", job.id)
+                # A stop asked for (by its user, or by this agent for a lost GPU) is passed on
+                # once the supervisor can take it: one still starting cannot yet.
+                stop_why = ("cancel requested" if job.cancel_requested_at is not None
+                            else self._stopped_by_agent.get(job.id))
+                if stop_why and job.id not in self._signalled and self.executor.signal_cancel(job.id):
+                    self._signalled.add(job.id)
+                    log.info("job %s: %s, stopping it", job.id, stop_why)
                 continue
             changed = True
             if status.state is RunState.FINISHED:

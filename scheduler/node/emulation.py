@@ -12,7 +12,9 @@ When the agent starts a job on emulated GPUs, `JobEmulation.begin`:
 
 * asks the truth for the job's runtime and power on that GPU model, given the shape the seed
   profiles give it (`policies.energy.job_shape` over `seed_profiles()`: the planner's figures
-  before it learned anything, so the truth never drifts with what is learned);
+  before it learned anything, so the truth never drifts with what is learned), moved to the
+  operating point the plan chose (`policies.energy.point_change`: a job planned at batch 256
+  runs as the performance model says batch 256 runs, where the seed shape is at batch 512);
 * sets each of the job's GPUs to draw the truth's power (`EmulatedBackend.set_busy_power_w`);
 * tells the job how long its work takes, since a job is a real process that the emulator
   cannot slow down: the **emulation seam** is two environment variables,
@@ -35,8 +37,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from policies.energy import ProfileBook, job_shape, seed_profiles
+from policies.energy import ProfileBook, job_shape, point_change, seed_profiles
 from policies.model import QueuedJob
+from policies.perf_model import OperatingPoint
 from policies.power_cap import capped
 from scheduler.simulate.truth import Truth, parse_truth
 from telemetry.gpu import EmulatedBackend, GpuBackend
@@ -79,6 +82,12 @@ class JobEmulation:
                            workload=job.workload, prompts=job.prompts)
         seed = job_shape(queued, model, self._seeds, self.default_runtime_s)
         runtime_s, power_w = self.truth.actual(queued, model, seed, self.default_runtime_s)
+        planned_batch = getattr(job, "planned_max_batch", None)
+        if planned_batch:  # the job runs at the plan's operating point, not the seed shape's
+            slower, power = point_change(queued, model, OperatingPoint(
+                int(planned_batch), getattr(job, "planned_precision", None) or "bf16",
+                int(getattr(job, "planned_tp", None) or 1)))
+            runtime_s, power_w = runtime_s * slower, power_w * power
         env = {ENV_RUNTIME_S: f"{runtime_s:.6g}"}
         if job.prompts:
             env[ENV_S_PER_PROMPT] = f"{runtime_s / job.prompts:.6g}"
