@@ -48,6 +48,17 @@ class QueuedJob:
     # plan, only what the plan is compared with, so it is left out of equality and hashing
     # (an unchanged queue still skips a re-plan once the figure is stored).
     gco2_if_now: float | None = field(default=None, compare=False)
+    # Interruptible work (issue 30): "checkpoint" (the job saves its state when told and exits
+    # to be resumed later, possibly on other GPUs of the same model) or "pause" (stopped in
+    # place: its GPUs stay held and draw idle power); None: it runs in one piece.
+    interruptible: str | None = None
+    min_run_s: float | None = None  # the shortest useful segment; None: any
+    resume_cost_s: float = 0.0  # time lost per resume (reload, warm-up), added to each later segment
+    max_segments: int = 4  # the most segments a plan may cut it into, the first included
+    # Work already done by earlier segments, as a fraction of the whole job (0: none): the
+    # planner plans the rest, plus one resume cost when it is above 0.
+    done_fraction: float = 0.0
+    resume_count: int = 0  # segments already run (CARBONSCHED_RESUME_COUNT of the next one)
 
     def derived_time_limit_s(self, runtime_s: float) -> float | None:
         """The time limit that follows a plan with this estimated runtime on its chosen GPUs:
@@ -210,6 +221,21 @@ class Assignment:
     start_at: datetime
     estimate: Estimate = field(default_factory=Estimate)
     explanation: str = ""
+    # An interruptible job's plan in segments (issue 30): (start, end) of each, the first
+    # starting at `start_at`; empty: one piece from `start_at`. Only the first segment is
+    # acted on: the job is interrupted at `interrupt_at` (its end) and the rest re-planned,
+    # or, for a "pause" job, continued in place at `resume_at` (the second segment's start).
+    segments: tuple[tuple[datetime, datetime], ...] = ()
+
+    @property
+    def interrupt_at(self) -> datetime | None:
+        """The planned end of the first segment when more follow; None: it runs to the end."""
+        return self.segments[0][1] if len(self.segments) > 1 else None
+
+    @property
+    def resume_at(self) -> datetime | None:
+        """The planned start of the second segment; None: one piece."""
+        return self.segments[1][0] if len(self.segments) > 1 else None
 
 
 @dataclass(frozen=True)
