@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -132,6 +133,14 @@ class CoalescedJob:
             log.warning("%s: database still unreachable after %d attempts", self._id, self._db_failures)
             self._outage_logged_at = now
 
+    def state(self) -> str:
+        """One line on this job's flags, for the SIGUSR2 diagnostics."""
+        now = self._clock()
+        with self._lock:
+            return (f"{self._id}: running={self._running} dirty={self._dirty} wake_pending={self._wake_pending} "
+                    f"last run ended {now - self.last_end:.1f}s ago, gap {self._gap_s:.2f}s"
+                    + (f", backing off {self._retry_at - now:.1f}s more" if self._retry_at > now else ""))
+
     def wake(self) -> None:
         if self._stopping.is_set():
             return
@@ -149,21 +158,59 @@ class CoalescedJob:
                 self._wake_pending = False
 
 
+# What a process can say about its own state beside its threads' stacks (SIGUSR2): name ->
+# a function returning lines. The daemon registers its periodic jobs' next runs and the
+# agent what it would claim, so a job that waits for no visible reason can be explained.
+_DIAGNOSTICS: dict[str, Callable[[], list[str]]] = {}
+DIAGNOSTIC_TIMEOUT_S = 5.0
+
+
+def register_diagnostic(name: str, fn: Callable[[], list[str]]) -> None:
+    """Add `fn`'s lines to every SIGUSR2 dump of this process, under `name`."""
+    _DIAGNOSTICS[name] = fn
+
+
+def _diagnostic_lines() -> list[str]:
+    out = []
+    for name, fn in list(_DIAGNOSTICS.items()):
+        try:
+            out += [f"{name}: {line}" for line in fn()]
+        except Exception as e:  # noqa: BLE001 - a diagnostic must never take the process down
+            out.append(f"{name}: could not be read: {type(e).__name__}: {e}")
+    return out
+
+
 def log_thread_stacks() -> None:
-    """Log the current stack of every thread of this process, in one record.
+    """Log the current stack of every thread of this process and the registered diagnostics,
+    in one record.
 
     Runs as a Python-level signal handler (SIGUSR2), on the main thread between bytecodes,
     where reading other threads' frames is safe; `faulthandler`'s C-level dump of all
     threads from inside the signal can crash the process while those threads run (seen:
-    SIGSEGV in about one dump in twelve under load)."""
+    SIGSEGV in about one dump in twelve under load). The diagnostics (which may read the
+    database) run on a thread of their own, waited for at most DIAGNOSTIC_TIMEOUT_S: never
+    inside the handler, where the interrupted code may hold a lock they need."""
     try:
         names = {t.ident: t.name for t in threading.enumerate()}
         parts = [f"Thread {names.get(ident, '?')} (0x{ident:x}), most recent call last:\n"
                  + "".join(traceback.format_stack(frame))
                  for ident, frame in sys._current_frames().items()]
-        log.warning("stacks of %d threads (SIGUSR2):\n%s\nend of stacks", len(parts), "\n".join(parts))
-    except Exception:  # noqa: BLE001 - a diagnostic must never take the process down
+    except Exception:  # noqa: BLE001
         log.exception("could not log the threads' stacks")
+        return
+
+    def finish() -> None:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(_diagnostic_lines()), name="diagnostics",
+                                  daemon=True)
+        reader.start()
+        reader.join(DIAGNOSTIC_TIMEOUT_S)
+        said = list(lines) if not reader.is_alive() else \
+            list(lines) + [f"(diagnostics still running after {DIAGNOSTIC_TIMEOUT_S:g}s)"]
+        log.warning("stacks of %d threads (SIGUSR2):\n%s\ndiagnostics:\n%s\nend of stacks", len(parts),
+                    "\n".join(parts), "\n".join(said) or "(none registered)")
+
+    threading.Thread(target=finish, name="stack-dump", daemon=True).start()
 
 
 DISPATCH_STALL_S = 120.0
@@ -174,6 +221,19 @@ def stalled(job: CoalescedJob, interval_s: float) -> str | None:
     idle_s = time.monotonic() - job.last_end
     limit_s = max(DISPATCH_STALL_S, 20 * interval_s)
     return f"no {job.job_id} tick finished for {idle_s:.0f}s" if idle_s > limit_s else None
+
+
+def scheduler_diagnostics(scheduler: BackgroundScheduler, jobs: list[CoalescedJob]) -> Callable[[], list[str]]:
+    """SIGUSR2 diagnostic lines of a process's periodic work: APScheduler's state and each
+    job's next run, and the flags of the coalesced ticks."""
+    def lines() -> list[str]:
+        now = datetime.now(timezone.utc)
+        out = [f"APScheduler running={scheduler.running}"]
+        for job in scheduler.get_jobs():
+            nxt = job.next_run_time
+            out.append(f"job {job.id}: next run " + (f"in {(nxt - now).total_seconds():.1f}s" if nxt else "none (paused)"))
+        return out + [j.state() for j in jobs]
+    return lines
 
 
 def new_scheduler() -> BackgroundScheduler:

@@ -127,6 +127,9 @@ def test_time_limit_gives_timeout(daemon):
 def test_sigusr2_writes_every_threads_stack_to_the_log_and_the_daemon_carries_on(daemon):
     dump = daemon.dump_stacks()
     assert "Thread MainThread" in dump and "apscheduler" in dump  # the scheduler's threads among them
+    # ... and what the daemon can say of its periodic work and of what its agent would claim
+    assert "daemon: job dispatch: next run in" in dump and "daemon: dispatch: running=" in dump
+    assert "agent: GPU 1: job=None healthy=True drained=False" in dump
     job = submit(daemon, "--", "true")
     assert daemon.wait_states([job], timeout_s=30)[job]["state"] == "COMPLETED"
 

@@ -26,7 +26,8 @@ from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
 from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.slurm.config import SlurmConfig
-from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
+from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
+                               scheduler_diagnostics, stalled)
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.state_dir import bind_state_dir
 from scheduler.store import SchemaError, Store
@@ -231,6 +232,10 @@ class Daemon(ServiceProcess):
                           seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1,
                           next_run_time=datetime.now(timezone.utc))
 
+        register_diagnostic("daemon", scheduler_diagnostics(
+            scheduler, [j for j in (dispatch_job, getattr(plan_proc, "_job", None)) if isinstance(j, CoalescedJob)]))
+        if agent is not None:
+            register_diagnostic("agent", agent.diagnose)
         self._install_signals()
         # Everything built so far lives as long as the daemon: keep it out of the cyclic
         # collector's way, and collect less often, so requests see shorter GC pauses.

@@ -233,6 +233,25 @@ class Agent:
         finally:
             self._tick_lock.release()
 
+    def diagnose(self) -> list[str]:
+        """What this agent sees when it would claim (SIGUSR2 diagnostics): its GPUs, the
+        PLANNED jobs on this node with their start against now, whether a tick is running."""
+        now = self._clock()
+        out = [f"tick running={self._tick_lock.locked()}, lost pending={sorted(self._lost_pending)}"]
+        with self.store.read() as conn:
+            for g in conn.execute(select(gpus.c.id, gpus.c.job_id, gpus.c.healthy, gpus.c.drained)
+                                  .where(gpus.c.node_name == self.config.node).order_by(gpus.c.id)):
+                out.append(f"GPU {g.id}: job={g.job_id} healthy={g.healthy} drained={g.drained}")
+            for j in conn.execute(select(jobs.c.id, jobs.c.planned_start, jobs.c.planned_gpu_ids, jobs.c.plan_rev)
+                                  .where(jobs.c.state == State.PLANNED.value,
+                                         jobs.c.planned_node == self.config.node)
+                                  .order_by(jobs.c.planned_start).limit(10)):
+                due = (now - j.planned_start).total_seconds() if j.planned_start else None
+                out.append(f"PLANNED job {j.id}: GPUs {j.planned_gpu_ids}, rev {j.plan_rev}, "
+                           + (f"due {due:.1f}s ago" if due is not None and due >= 0 else f"starts in {-due:.1f}s"
+                              if due is not None else "no start"))
+        return out
+
     def start_sampling(self) -> None:
         self.sampler.start()
 

@@ -14,7 +14,8 @@ from scheduler.metrics import GpuCollector, Metrics
 from scheduler.node.agent import Agent, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.slurm_agent import SlurmAgent
-from scheduler.process import CoalescedJob, DaemonError, ServiceProcess, new_scheduler, stalled
+from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
+                               scheduler_diagnostics, stalled)
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
@@ -145,6 +146,9 @@ class AgentRunner(ServiceProcess):
                             stopping=self.stop_event)
         scheduler.add_job(tick.run, "interval", seconds=cfg.dispatch_interval_s, id="dispatch",
                           next_run_time=datetime.now(timezone.utc))
+        register_diagnostic("agent process", scheduler_diagnostics(scheduler, [tick]))
+        if hasattr(agent, "diagnose"):
+            register_diagnostic("agent", agent.diagnose)
         self._install_signals()
         agent.start_sampling()
         scheduler.start()
