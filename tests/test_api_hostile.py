@@ -8,6 +8,7 @@ nothing it should not, and keeps serving. One uid cannot take all of the daemon.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -375,3 +376,24 @@ def test_a_user_cannot_queue_more_than_max_queued_per_user(tmp_path):
         conn.execute(jobs.update().where(jobs.c.owner_uid == 1000).values(state="CANCELLED"))
     service._queue_limit._counts.clear()
     service.submit(alice, {"argv": ["true"]})
+
+
+def test_a_client_that_leaves_before_its_reply_is_not_logged_as_a_daemon_error(tmp_path, caplog):
+    # A timed-out probe or a killed CLI breaks the pipe under the reply: a debug line, never
+    # an ERROR with a traceback in the operator's log. Anything else still is one.
+    service = JobService(Store(f"sqlite:///{tmp_path}/db.sqlite"), ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service)
+    try:
+        for error, logged in ((BrokenPipeError(32, "Broken pipe"), False),
+                              (ConnectionResetError(104, "reset"), False), (ValueError("a bug"), True)):
+            def finish_request(request, client_address, error=error):
+                raise error
+
+            api.finish_request = finish_request
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG, logger="scheduler.daemon.api"):
+                api._serve_connection(socket.socket(socket.AF_UNIX), None, 0)
+            errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert bool(errors) is logged, (error, [r.getMessage() for r in caplog.records])
+    finally:
+        api.server_close()

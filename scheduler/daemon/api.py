@@ -368,6 +368,10 @@ class ApiServer(socketserver.UnixStreamServer):
     def _serve_connection(self, request, client_address, uid: int) -> None:
         try:
             self.finish_request(request, client_address)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            # The client went away before its reply (a timed-out probe, a killed CLI): not
+            # the daemon's failure, and no traceback for it.
+            log.debug("API client went away before its reply: %s", e)
         except Exception:
             self.handle_error(request, client_address)
         finally:
