@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import and_, case, func, or_, select
 
@@ -184,6 +184,13 @@ class Metrics:
             "carbonsched_planner_duration_seconds", "Planner tick wall time", ["policy"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry)
+        self.governor_actions = Counter(
+            "carbonsched_governor_actions", "Power limits of running jobs changed by the power governor",
+            ["zone", "direction"], registry=self.registry)
+        self.zone_power = Gauge("carbonsched_zone_power_watts", "Measured GPU power of a budgeted zone",
+                                ["zone"], registry=self.registry)
+        self.zone_power_cap = Gauge("carbonsched_zone_power_cap_watts", "GPU power cap in force in a zone",
+                                    ["zone"], registry=self.registry)
         self._server = None
 
     def add(self, collector) -> None:

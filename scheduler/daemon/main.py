@@ -17,6 +17,7 @@ from scheduler.accounting import Accountant, AccountingConfig
 from scheduler.carbon import CarbonConfig, CarbonSignals
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
 from scheduler.daemon.planner import Planner, SiteConfig, make_policy, preview_rows
+from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
@@ -227,6 +228,23 @@ class Daemon(ServiceProcess):
                           seconds=60, id="rollup", max_instances=1)
         # Price finished jobs' carbon, and re-price them as late intensity data arrives.
         scheduler.add_job(accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
+        if cfg.site.zone_budgets:
+            governor = PowerGovernor(store, cfg.site.zone_budgets, cfg.site.caps,
+                                     on_action=lambda a: metrics.governor_actions.labels(
+                                         a.zone, "lower" if a.to_w is not None and (a.from_w is None or a.to_w < a.from_w)
+                                         else "raise").inc())
+
+            def govern() -> None:
+                actions = governor.tick()
+                for zone, r in governor.last.items():
+                    metrics.zone_power.labels(zone).set(r.measured_w)
+                    metrics.zone_power_cap.labels(zone).set(r.cap_w)
+                if actions and dispatch_job is not None:
+                    dispatch_job.wake()  # the local agent applies the new limits at once
+
+            scheduler.add_job(govern, "interval", seconds=governor_period_s(cfg.sample_hz), id="governor",
+                              max_instances=1, next_run_time=now)
+            log.info("power governor on for zone(s) %s", ", ".join(sorted(cfg.site.zone_budgets)))
         reaper = NodeReaper(store, lost_after_s=cfg.node_lost_after_s)
         scheduler.add_job(lambda: plan_proc.wake() if reaper.reap() else None, "interval",
                           seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1,

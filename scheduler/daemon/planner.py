@@ -49,6 +49,7 @@ from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
 from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
+from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget
 from scheduler.profiles import learned_profiles
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_dependencies, jobs, nodes
@@ -153,7 +154,8 @@ class SiteConfig:
 
     site_pue: float = 1.0
     zone_pue: Mapping[str, float] = field(default_factory=dict)
-    zone_power_cap_w: Mapping[str, float] = field(default_factory=dict)
+    zone_power_cap_w: Mapping[str, float] = field(default_factory=dict)  # the caps always in force
+    zone_budgets: Mapping[str, ZoneBudget] = field(default_factory=dict)  # with their daily windows
     node_pue: Mapping[str, float] = field(default_factory=dict)  # [nodes.NAME] pue
     sites_pue: Mapping[str, float] = field(default_factory=dict)  # [sites.S] pue
     site_of: Mapping[str, str] = field(default_factory=dict)  # node -> its [sites.S]
@@ -175,26 +177,26 @@ class SiteConfig:
             raise ValueError(f"config [site]: unknown key(s) {', '.join(unknown)} (known: pue)")
         pue: dict[str, float] = {}
         caps: dict[str, float] = {}
+        budgets: dict[str, ZoneBudget] = {}
         for zone, zc in zones.items():
             if not isinstance(zc, Mapping):
                 raise ValueError(f"config zones.{zone}: expected a table with pue and/or power_cap_w")
-            unknown = sorted(set(zc) - {"pue", "power_cap_w"})
+            unknown = sorted(set(zc) - {"pue", "power_cap_w", "power_windows"})
             if unknown:
                 raise ValueError(f"config zones.{zone}: unknown key(s) {', '.join(unknown)} "
-                                 "(known: pue, power_cap_w)")
+                                 "(known: pue, power_cap_w, power_windows)")
             if "pue" in zc:
                 pue[str(zone)] = _pue(zc["pue"], f"zones.{zone}.pue")
-            if "power_cap_w" in zc:
-                cap = zc["power_cap_w"]
-                if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
-                    raise ValueError(f"config zones.{zone}.power_cap_w: a positive number of watts "
-                                     f"(got {cap!r})")
-                caps[str(zone)] = float(cap)
+            budget = parse_zone_budget(str(zone), zc)
+            if budget is not None:
+                budgets[str(zone)] = budget
+                if budget.cap_w is not None:
+                    caps[str(zone)] = budget.cap_w
         sites_pue, site_of = _sites(config.get("sites") or {})
         node_pue = _nodes(config.get("nodes") or {})
         from policies.power_cap import CapBounds
 
-        return cls(site_pue=site_pue, zone_pue=pue, zone_power_cap_w=caps, node_pue=node_pue,
+        return cls(site_pue=site_pue, zone_pue=pue, zone_power_cap_w=caps, zone_budgets=budgets, node_pue=node_pue,
                    sites_pue=sites_pue, site_of=site_of, caps=CapBounds.from_config(config))
 
     def pue(self, zone: str | None, node: str | None = None) -> float:
@@ -223,11 +225,16 @@ class SiteConfig:
             return f"zones.{zone}"
         return "site"
 
-    def power_caps(self, zones: Iterable[str] | None = None) -> tuple[PowerCap, ...]:
-        """The caps of `zones` (all configured zones when None), always in force."""
-        wanted = None if zones is None else set(zones)
-        return tuple(PowerCap(zone=z, cap_w=w) for z, w in sorted(self.zone_power_cap_w.items())
-                     if wanted is None or z in wanted)
+    def power_caps(self, zones: Iterable[str] | None = None, now: datetime | None = None,
+                   horizon_s: float = 0.0) -> tuple[PowerCap, ...]:
+        """The power budgets of `zones` (all configured zones when None) as PowerCaps: the
+        caps always in force, and with `now` each daily window that overlaps the next
+        `horizon_s` (`scheduler.power_budget`)."""
+        if now is None:
+            wanted = None if zones is None else set(zones)
+            return tuple(PowerCap(zone=z, cap_w=w) for z, w in sorted(self.zone_power_cap_w.items())
+                         if wanted is None or z in wanted)
+        return caps_between(self.zone_budgets, zones, now, now + timedelta(seconds=horizon_s))
 
 
 def _sites(table: object) -> tuple[dict[str, float], dict[str, str]]:
@@ -580,7 +587,7 @@ class Planner:
             carbon={z: zc.curve for z, zc in carbon.items() if zc.curve is not None},
             pue={z: self.site.pue(z) for z in zones},  # zone defaults; a GPU's own site: GpuSlot.pue
             profiles=self.seed_profiles() + learned,
-            power_caps=self.site.power_caps(zones),
+            power_caps=self.site.power_caps(zones, now, self.horizon_s),
             slot_s=self.slot_s,
             horizon_s=self.horizon_s,
             pinned=pinned,

@@ -357,7 +357,7 @@ class Agent:
             return list(conn.execute(
                 select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
                        jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
-                       jobs.c.power_limit_w, jobs.c.planned_power_limit_w)
+                       jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.power_limit_note)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _reconcile_running(self) -> bool:
@@ -369,6 +369,8 @@ class Agent:
             status = self.executor.status(job.id)
             if status.state is RunState.RUNNING:
                 alive.append(job.id)
+                if job.planned_power_limit_w != job.power_limit_w and job.power_limit_note is None:
+                    self._follow_power_limit(job)
                 # A stop asked for (by its user, or by this agent for a lost GPU) is passed on
                 # once the supervisor can take it: one still starting cannot yet.
                 stop_why = ("cancel requested" if job.cancel_requested_at is not None
@@ -689,6 +691,37 @@ class Agent:
             self._limits_read_at = None  # the next heartbeat stores the limit set (`nodes`)
             log.info("job %s: power limit %g W set on GPUs %s", job.id, applied, gpu_ids)
         return applied
+
+    def _follow_power_limit(self, job) -> None:
+        """Set a running job's GPUs to the limit it should run at now: the head node's power
+        governor lowers or raises `planned_power_limit_w` while it runs (None: the default).
+        A limit that cannot be set leaves the job as it is, with the reason (not retried)."""
+        target = job.planned_power_limit_w
+        gpu_ids = [int(g) for g in (job.gpu_ids or [])]
+        note = None
+        try:
+            if target is None:
+                self._restore_power_limits(gpu_ids, f"job {job.id}: the governor raised it to the default")
+            else:
+                for gid in gpu_ids:
+                    uuid = self._uuid_of.get(gid)
+                    if uuid is not None:
+                        self.backend.set_power_limit(uuid, target)
+        except GpuError as e:
+            note = f"the governor's limit of {target:g} W per GPU could not be set: {e}"
+            log.warning("job %s: %s", job.id, note)
+        now = self._clock()
+        applied = job.power_limit_w if note else target
+
+        def tx(conn: Connection) -> None:
+            conn.execute(update(jobs).where(jobs.c.id == job.id).values(power_limit_w=applied, power_limit_note=note))
+            record_events(conn, [{"job_id": job.id, "from_state": State.RUNNING.value,
+                                  "to_state": State.RUNNING.value, "actor_uid": None, "at": now,
+                                  "reason": note or ("GPU power limit back to the default" if target is None else
+                                                     f"GPU power limit set to {target:g} W per GPU while running")}])
+
+        self.store.transact(tx)
+        self._limits_read_at = None
 
     def _restore_power_limits(self, gpu_ids: list[int], why: str) -> int:
         """Put each GPU whose limit is not its default back to the default; how many were."""

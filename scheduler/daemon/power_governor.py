@@ -1,0 +1,227 @@
+"""The head node's power governor: measured GPU power of each budgeted zone within its cap.
+
+The planner keeps *planned* power within each zone's budget (`scheduler.power_budget`), but a
+plan is an estimate: a job can draw more than its profile said, a window can begin while
+jobs run. Every sampling period the governor sums the newest reading of each GPU of a
+budgeted zone (`gpu_samples`, written by the agents about once a second) and compares it with
+the cap in force now. Over the cap, it lowers the power limit of running jobs there, the ones
+with the most slack first (no deadline, then the latest deadline), each no lower than the
+operators' floor (`[power] min_cap_fraction` of the GPU's default limit, and the board's
+minimum), until the power is `MARGIN` below the cap (readings jitter). With room again (below the cap by `HEADROOM`), it
+raises them back towards their planned limit, the ones with the least slack first.
+
+It acts through the store: a running job's `planned_power_limit_w` is its limit now, which
+its agent applies on its next tick (`Agent._follow_power_limit`, a job event each time); a
+job's default limit comes back when it ends, as for any capped job. Every action is a job
+event and counted in the metrics (`carbonsched_governor_actions_total`, the measured power
+and cap per zone). What it lowered it remembers in memory only: after a daemon restart those
+jobs stay at their lowered limit until they end (never above the budget).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from sqlalchemy import Connection, select, update
+
+from policies.power_cap import CapBounds
+from scheduler.lifecycle import State, record_events
+from scheduler.power_budget import ZoneBudget
+from scheduler.store import Store
+from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.telemetry_models import gpu_samples
+
+log = logging.getLogger(__name__)
+
+FRESH_S = 5.0  # readings older than this do not count (a GPU without one counts its last heartbeat power)
+MARGIN = 0.02  # over the cap, limits are lowered to reach (1 - MARGIN) x the cap: readings jitter
+HEADROOM = 0.05  # raise limits again only below (1 - HEADROOM) x the cap
+STEP_W = 1.0  # limits are set in whole watts
+
+
+@dataclass(frozen=True)
+class GovernorAction:
+    """One change of a running job's power limit."""
+
+    zone: str
+    job_id: int
+    from_w: float | None  # None: the default limit
+    to_w: float | None
+    measured_w: float
+    cap_w: float
+
+
+@dataclass
+class ZoneReading:
+    """What the governor saw of one zone in one period (also for the metrics)."""
+
+    measured_w: float
+    cap_w: float
+    gpus: int
+    stale: int  # GPUs without a fresh reading
+
+
+@dataclass
+class _RunningJob:
+    id: int
+    deadline: datetime | None
+    gpu_ids: list[int]
+    limit_w: float | None  # its limit now (planned_power_limit_w; None: default)
+    draw_w: float  # measured, summed over its GPUs
+    default_w: float  # per GPU
+    floor_w: float  # per GPU
+
+
+@dataclass
+class PowerGovernor:
+    """Holds each budgeted zone's measured GPU power within its cap in force now."""
+
+    store: Store
+    budgets: Mapping[str, ZoneBudget]
+    bounds: CapBounds = field(default_factory=CapBounds)
+    clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    on_action: Callable[[GovernorAction], None] | None = None
+    lowered: dict[int, float | None] = field(default_factory=dict)  # job -> its limit before we lowered it
+    last: dict[str, ZoneReading] = field(default_factory=dict)
+
+    def tick(self) -> list[GovernorAction]:
+        """One period: read every budgeted zone, lower or raise limits; the changes made."""
+        now = self.clock()
+        actions: list[GovernorAction] = []
+        for zone, budget in sorted(self.budgets.items()):
+            cap = budget.cap_at(now)
+            if cap is None:
+                if self.lowered:
+                    actions += self._raise(zone, self._running(zone, now)[1], None, 0.0)
+                continue
+            reading, running = self._running(zone, now)
+            reading.cap_w = cap
+            self.last[zone] = reading
+            if reading.measured_w > cap:
+                actions += self._lower(zone, running, cap, reading.measured_w)
+            elif reading.measured_w < cap * (1 - HEADROOM) and any(j.id in self.lowered for j in running):
+                actions += self._raise(zone, running, cap, reading.measured_w)
+        for a in actions:
+            if self.on_action is not None:
+                self.on_action(a)
+        return actions
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _running(self, zone: str, now: datetime) -> tuple[ZoneReading, list[_RunningJob]]:
+        now_s = now.timestamp()
+        with self.store.read() as conn:
+            rows = list(conn.execute(
+                select(gpus.c.id, gpus.c.model, gpus.c.job_id, gpus.c.power_w, gpus.c.power_limit_default_w,
+                       gpus.c.power_limit_min_w, gpus.c.power_limit_w)
+                .join(nodes, nodes.c.name == gpus.c.node_name)
+                .where(nodes.c.zone == zone, gpus.c.healthy.is_(True))))
+            ids = [r.id for r in rows]
+            fresh: dict[int, tuple[float, float]] = {}
+            if ids:
+                for s in conn.execute(
+                        select(gpu_samples.c.gpu_id, gpu_samples.c.t_s, gpu_samples.c.power_w)
+                        .where(gpu_samples.c.gpu_id.in_(ids),
+                               gpu_samples.c.minute_s >= int((now_s - FRESH_S) // 60) * 60,
+                               gpu_samples.c.t_s >= now_s - FRESH_S, gpu_samples.c.power_w.is_not(None))):
+                    if s.gpu_id not in fresh or s.t_s > fresh[s.gpu_id][0]:
+                        fresh[s.gpu_id] = (s.t_s, float(s.power_w))
+            job_ids = sorted({r.job_id for r in rows if r.job_id is not None})
+            job_rows = {j.id: j for j in conn.execute(
+                select(jobs.c.id, jobs.c.deadline, jobs.c.planned_power_limit_w, jobs.c.power_limit_note)
+                .where(jobs.c.id.in_(job_ids), jobs.c.state == State.RUNNING.value))} if job_ids else {}
+        draw = {r.id: fresh[r.id][1] if r.id in fresh else float(r.power_w or 0.0) for r in rows}
+        reading = ZoneReading(measured_w=sum(draw.values()), cap_w=0.0, gpus=len(rows),
+                              stale=sum(1 for r in rows if r.id not in fresh))
+        by_job: dict[int, list] = {}
+        for r in rows:
+            if r.job_id in job_rows:
+                by_job.setdefault(r.job_id, []).append(r)
+        running = []
+        for job_id, grows in by_job.items():
+            j = job_rows[job_id]
+            if j.power_limit_note:  # its GPUs refused a limit: nothing to govern there
+                continue
+            default = min(float(g.power_limit_default_w or g.power_limit_w or 0.0) for g in grows)
+            if default <= 0:
+                continue
+            _, min_fraction = self.bounds.for_model(grows[0].model)
+            floor = max(min_fraction * default, max(float(g.power_limit_min_w or 0.0) for g in grows))
+            running.append(_RunningJob(job_id, j.deadline, [g.id for g in grows], j.planned_power_limit_w,
+                                       sum(draw[g.id] for g in grows), default, floor))
+        return reading, running
+
+    # -- acting -------------------------------------------------------------------------
+
+    def _lower(self, zone: str, running: list[_RunningJob], cap: float, measured: float) -> list[GovernorAction]:
+        excess = measured - cap * (1 - MARGIN)
+        far = datetime.max.replace(tzinfo=timezone.utc)
+        out = []
+        for j in sorted(running, key=lambda j: (j.deadline is not None, -(j.deadline or far).timestamp(), j.id)):
+            if excess <= 0:
+                break
+            k = len(j.gpu_ids)
+            per_gpu_draw = j.draw_w / k
+            now_limit = j.limit_w if j.limit_w is not None else j.default_w
+            target = max(j.floor_w, min(now_limit, per_gpu_draw) - excess / k)
+            target = float(int(target / STEP_W) * STEP_W) if target > j.floor_w else j.floor_w
+            if target >= now_limit - STEP_W / 2:
+                continue  # at its floor already
+            excess -= k * max(0.0, per_gpu_draw - target)
+            self.lowered.setdefault(j.id, j.limit_w)
+            out.append(self._set(zone, j, target, measured, cap, "lowered"))
+        if excess > 0:
+            log.warning("power governor: zone %s draws %.0f W over its %.0f W cap with every governable "
+                        "job at its floor", zone, excess, cap)
+        return out
+
+    def _raise(self, zone: str, running: list[_RunningJob], cap: float | None,
+               measured: float) -> list[GovernorAction]:
+        room = float("inf") if cap is None else cap * (1 - HEADROOM) - measured
+        far = datetime.max.replace(tzinfo=timezone.utc)
+        out = []
+        for j in sorted(running, key=lambda j: (j.deadline is None, (j.deadline or far).timestamp(), j.id)):
+            if j.id not in self.lowered or room <= 0:
+                continue
+            k = len(j.gpu_ids)
+            planned = self.lowered[j.id]
+            ceiling = planned if planned is not None else j.default_w
+            now_limit = j.limit_w if j.limit_w is not None else j.default_w
+            target = min(ceiling, now_limit + room / k)
+            if target >= ceiling - STEP_W / 2:
+                self.lowered.pop(j.id)
+                new = planned
+            else:
+                new = float(int(target / STEP_W) * STEP_W)
+                if new <= now_limit + STEP_W / 2:
+                    continue
+            room -= k * ((new if new is not None else j.default_w) - now_limit)
+            out.append(self._set(zone, j, new, measured, cap or 0.0, "raised"))
+        return out
+
+    def _set(self, zone: str, j: _RunningJob, to_w: float | None, measured: float, cap: float,
+             verb: str) -> GovernorAction:
+        now = self.clock()
+        limit_text = f"{to_w:g} W per GPU" if to_w is not None else "its default"
+        reason = (f"power governor: zone {zone} measured {measured:.0f} W against its cap of {cap:.0f} W; "
+                  f"limit {verb} to {limit_text} on {len(j.gpu_ids)} GPU(s)")
+
+        def tx(conn: Connection) -> None:
+            conn.execute(update(jobs).where(jobs.c.id == j.id, jobs.c.state == State.RUNNING.value)
+                         .values(planned_power_limit_w=to_w))
+            record_events(conn, [{"job_id": j.id, "from_state": State.RUNNING.value,
+                                  "to_state": State.RUNNING.value, "actor_uid": None, "at": now,
+                                  "reason": reason}])
+
+        self.store.transact(tx)
+        log.info("job %s: %s", j.id, reason)
+        return GovernorAction(zone, j.id, j.limit_w, to_w, measured, cap)
+
+
+def governor_period_s(sample_hz: float) -> float:
+    """The governor runs once per sampling period of the agents (at most 1 s apart)."""
+    return min(1.0, 1.0 / max(sample_hz, 1e-3))
+

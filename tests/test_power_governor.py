@@ -1,0 +1,200 @@
+"""Site power budgets (issue 29 item 3): the budget and its daily windows, planned as
+PowerCaps; the head node's governor holding the measured GPU power of a zone within the cap
+in force by lowering running jobs' limits (most slack first, never below the floor) and raising
+them again with room; the agent applying a limit changed while its job runs. SQLite and
+PostgreSQL (the `store` fixture)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select, update
+
+from policies.power_cap import CapBounds
+from scheduler.daemon.planner import SiteConfig
+from scheduler.daemon.power_governor import PowerGovernor
+from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.lifecycle import utcnow
+from scheduler.node.agent import Agent, AgentConfig
+from scheduler.power_budget import ZoneBudget, parse_zone_budget
+from scheduler.store.models import gpus, job_events, jobs
+from telemetry.gpu import EmulatedBackend, EmulatedModel
+
+ROOT = Caller(uid=0, gid=0)
+DAY = datetime(2026, 12, 2, tzinfo=timezone.utc)
+
+
+def at(hh: int, mm: int = 0, day: int = 0) -> datetime:
+    return DAY + timedelta(days=day, hours=hh, minutes=mm)
+
+
+# -- the budget -----------------------------------------------------------------------------
+
+def test_the_cap_in_force_is_the_lowest_of_the_constant_cap_and_the_windows_over_midnight_too():
+    budget = parse_zone_budget("DE", {"power_cap_w": 2000, "power_windows": [
+        {"start": "17:00", "end": "19:00", "cap_w": 1200}, {"start": "23:00", "end": "02:00", "cap_w": 1500}]})
+    assert budget.cap_at(at(12)) == 2000 and budget.cap_at(at(17)) == 1200 and budget.cap_at(at(18, 59)) == 1200
+    assert budget.cap_at(at(19)) == 2000  # [start, end)
+    assert budget.cap_at(at(1, 30)) == 1500 and budget.cap_at(at(23, 30)) == 1500  # over midnight
+    only_windows = parse_zone_budget("GB", {"power_windows": [{"start": "08:00", "end": "09:00", "cap_w": 900}]})
+    assert only_windows.cap_at(at(8, 30)) == 900 and only_windows.cap_at(at(10)) is None
+    assert parse_zone_budget("FR", {"pue": 1.2}) is None
+
+
+def test_the_planner_sees_each_window_of_its_horizon_as_a_power_cap():
+    site = SiteConfig.from_config({"zones": {"DE": {"power_cap_w": 2000, "power_windows": [
+        {"start": "17:00", "end": "19:00", "cap_w": 1200}]}}})
+    caps = site.power_caps(["DE"], at(16), 48 * 3600)
+    assert [(c.cap_w, c.start, c.end) for c in caps] == [
+        (2000.0, None, None), (1200.0, at(17), at(19)), (1200.0, at(17, day=1), at(19, day=1))]
+    assert site.power_caps(["GB"], at(16), 48 * 3600) == ()
+    assert site.power_caps(["DE"]) == (caps[0],)  # without a time: the caps always in force
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"power_windows": [{"start": "17:00", "end": "19:00"}]}, "missing cap_w"),
+    ({"power_windows": [{"start": "5pm", "end": "19:00", "cap_w": 10}]}, "HH:MM"),
+    ({"power_windows": [{"start": "17:00", "end": "17:00", "cap_w": 10}]}, "empty window"),
+    ({"power_windows": [{"start": "17:00", "end": "19:00", "cap_w": -1}]}, "positive number of watts"),
+    ({"power_windows": {"start": "17:00"}}, "a list of tables"),
+    ({"power_cap_w": True}, "positive number of watts"),
+])
+def test_a_bad_budget_is_refused_with_the_keys_path(table, words):
+    with pytest.raises(ValueError, match=words) as e:
+        SiteConfig.from_config({"zones": {"DE": table}})
+    assert "zones.DE" in str(e.value) and "\n" not in str(e.value)
+
+
+# -- the governor over a real agent and store -----------------------------------------------
+
+@pytest.fixture
+def node(store, tmp_path):
+    """An agent with four emulated 700 W H100s in zone DE, and a service to submit with."""
+    b = EmulatedBackend([EmulatedModel("H100", "nvidia", 80, 70, 700)] * 4, node="n1", seed=5,
+                        limits_path=tmp_path / "limits.json")
+    agent = Agent(store, b, AgentConfig(node="n1", zone="DE", state_dir=tmp_path / "state",
+                                        grace_s=1.0, sample_hz=5.0, heartbeat_s=0.2))
+    agent.register()
+    agent.startup_reconcile()
+    agent.start_sampling()
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
+    yield agent, service, b
+    agent.stop()
+
+
+def start_jobs(agent, service, store, tmp_path, deadlines):
+    """One 1-GPU `sleep 60` per deadline, started on GPUs 1, 2, ... at their default limit."""
+    ids = sorted(agent._uuid_of)
+    out = []
+    for i, deadline in enumerate(deadlines):
+        job = service.submit(ROOT, {"argv": ["sleep", "60"], "gpus": 1, "cwd": str(tmp_path),
+                                    **({"deadline": deadline.isoformat()} if deadline else {})})["id"]
+        with store.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job).values(
+                state="PLANNED", planned_node="n1", planned_gpu_ids=[ids[i]], planned_start=utcnow()))
+        out.append(job)
+    deadline_s = time.monotonic() + 30
+    while time.monotonic() < deadline_s:
+        agent.tick()
+        with store.read() as conn:
+            if all(s == "RUNNING" for s in conn.execute(select(jobs.c.state).where(jobs.c.id.in_(out))).scalars()):
+                return out
+        time.sleep(0.05)
+    raise TimeoutError("jobs did not start")
+
+
+def measured_w(agent, store, gpu_ids, settle_s=1.2):
+    """Let the agent sample and flush, then the zone's GPU power from the newest readings."""
+    end = time.monotonic() + settle_s
+    while time.monotonic() < end:
+        agent.tick()
+        time.sleep(0.1)
+    return sum(r.power_w for r in agent.sampler.latest().values())
+
+
+def limits_of(store, job_ids):
+    with store.read() as conn:
+        return {r.id: (r.planned_power_limit_w, r.power_limit_w)
+                for r in conn.execute(select(jobs.c.id, jobs.c.planned_power_limit_w, jobs.c.power_limit_w)
+                                      .where(jobs.c.id.in_(job_ids)))}
+
+
+def test_over_its_cap_the_zone_is_brought_back_under_it_most_slack_first_and_limits_come_back_with_room(
+        node, store, tmp_path):
+    agent, service, backend = node
+    soon, late = utcnow() + timedelta(hours=2), utcnow() + timedelta(days=2)
+    urgent, relaxed, free = start_jobs(agent, service, store, tmp_path, [soon, late, None])
+    before = measured_w(agent, store, None)  # three busy H100s (the load model: 70-95 % of 700 W) + an idle one
+    assert before > 3 * 0.68 * 700
+    cap = before - 200.0
+    budgets = {"DE": ZoneBudget(cap_w=cap)}
+    governor = PowerGovernor(store, budgets, CapBounds(min_fraction=0.3))
+    actions = governor.tick()
+    # the job without a deadline has the most slack: it is lowered first, and 200 W is within
+    # what it alone can give (from its >= 490 W draw down to 30 % of 700 W), so it is the only one
+    assert [a.job_id for a in actions] == [free] and actions[0].to_w >= 0.3 * 700
+    agent.tick()  # the agent applies it
+    lim = limits_of(store, [urgent, relaxed, free])
+    assert lim[free][0] == lim[free][1] == actions[0].to_w and lim[urgent] == (None, None) == lim[relaxed]
+    assert backend.power_limit(agent._uuid_of[job_gpu(store, free)]).current_w == actions[0].to_w
+    after = measured_w(agent, store, None)
+    assert after <= cap + 1.0, (before, cap, after)
+    with store.read() as conn:
+        reasons = [r for r in conn.execute(select(job_events.c.reason).where(job_events.c.job_id == free)).scalars()]
+    assert any("power governor: zone DE measured" in r and "lowered" in r for r in reasons)
+    assert any("set to" in r and "while running" in r for r in reasons)
+
+    # A deeper cut than one job can give takes the next most relaxed one too, each at its floor at most
+    governor.budgets = {"DE": ZoneBudget(cap_w=after - 500.0)}
+    more = governor.tick()
+    order = [free, relaxed, urgent]
+    ids = [a.job_id for a in more]
+    assert relaxed in ids and ids == sorted(ids, key=order.index)  # most slack first, the urgent one last
+    assert all(a.to_w >= 0.3 * 700 - 1e-9 for a in more)
+
+    # Room again: raised back to the planned limit (the default here), least slack first
+    governor.budgets = {"DE": ZoneBudget(cap_w=10_000.0)}
+    agent.tick()
+    back = governor.tick()
+    assert {a.job_id for a in back} == {a.job_id for a in actions + more} and all(a.to_w is None for a in back)
+    agent.tick()
+    assert all(v == (None, None) for v in limits_of(store, [urgent, relaxed, free]).values())
+    assert not governor.lowered
+
+
+def test_a_zone_within_its_cap_or_without_one_is_left_alone(node, store, tmp_path):
+    agent, service, _ = node
+    start_jobs(agent, service, store, tmp_path, [None, None])
+    measured = measured_w(agent, store, None)
+    assert PowerGovernor(store, {"DE": ZoneBudget(cap_w=measured + 500)}).tick() == []
+    assert PowerGovernor(store, {"GB": ZoneBudget(cap_w=1.0)}).tick() == []  # no GPUs there
+    window_later = ZoneBudget(windows=(parse_zone_budget("DE", {"power_windows": [
+        {"start": _hhmm(utcnow() + timedelta(hours=2)), "end": _hhmm(utcnow() + timedelta(hours=3)),
+         "cap_w": 1.0}]}).windows))
+    assert PowerGovernor(store, {"DE": window_later}).tick() == []  # its window is not in force
+
+
+def test_a_job_whose_gpus_refused_a_limit_is_not_governed(node, store, tmp_path):
+    agent, service, backend = node
+    (job,) = start_jobs(agent, service, store, tmp_path, [None])
+    backend.deny_power_limits = True
+    with store.engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job).values(planned_power_limit_w=600.0))
+    agent.tick()
+    planned, applied = limits_of(store, [job])[job]
+    assert applied is None  # not set: the job runs on as it was, with the reason
+    with store.read() as conn:
+        note = conn.execute(select(jobs.c.power_limit_note).where(jobs.c.id == job)).scalar_one()
+    assert "could not be set" in note
+    assert PowerGovernor(store, {"DE": ZoneBudget(cap_w=1.0)}).tick() == []
+
+
+def job_gpu(store, job_id) -> int:
+    with store.read() as conn:
+        return conn.execute(select(gpus.c.id).where(gpus.c.job_id == job_id)).scalar_one()
+
+
+def _hhmm(t: datetime) -> str:
+    return f"{t.hour:02d}:{t.minute:02d}"
