@@ -135,6 +135,7 @@ def test_over_its_cap_the_zone_is_brought_back_under_it_most_slack_first_and_lim
     # the job without a deadline has the most slack: it is lowered first, and 200 W is within
     # what it alone can give (from its >= 490 W draw down to 30 % of 700 W), so it is the only one
     assert [a.job_id for a in actions] == [free] and actions[0].to_w >= 0.3 * 700
+    assert governor.tick() == []  # no second cut on readings from before the first took effect
     agent.tick()  # the agent applies it
     lim = limits_of(store, [urgent, relaxed, free])
     assert lim[free][0] == lim[free][1] == actions[0].to_w and lim[urgent] == (None, None) == lim[relaxed]
@@ -148,7 +149,7 @@ def test_over_its_cap_the_zone_is_brought_back_under_it_most_slack_first_and_lim
 
     # A deeper cut than one job can give takes the next most relaxed one too, each at its floor at most
     governor.budgets = {"DE": ZoneBudget(cap_w=after - 500.0)}
-    more = governor.tick()
+    more = govern(governor, agent)
     order = [free, relaxed, urgent]
     ids = [a.job_id for a in more]
     assert relaxed in ids and ids == sorted(ids, key=order.index)  # most slack first, the urgent one last
@@ -156,8 +157,7 @@ def test_over_its_cap_the_zone_is_brought_back_under_it_most_slack_first_and_lim
 
     # Room again: raised back to the planned limit (the default here), least slack first
     governor.budgets = {"DE": ZoneBudget(cap_w=10_000.0)}
-    agent.tick()
-    back = governor.tick()
+    back = govern(governor, agent)
     assert {a.job_id for a in back} == {a.job_id for a in actions + more} and all(a.to_w is None for a in back)
     agent.tick()
     assert all(v == (None, None) for v in limits_of(store, [urgent, relaxed, free]).values())
@@ -189,6 +189,18 @@ def test_a_job_whose_gpus_refused_a_limit_is_not_governed(node, store, tmp_path)
         note = conn.execute(select(jobs.c.power_limit_note).where(jobs.c.id == job)).scalar_one()
     assert "could not be set" in note
     assert PowerGovernor(store, {"DE": ZoneBudget(cap_w=1.0)}).tick() == []
+
+
+def govern(governor, agent, timeout_s: float = 10.0):
+    """Governor ticks, the agent applying and sampling between them, until one acts."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        agent.tick()
+        actions = governor.tick()
+        if actions:
+            return actions
+        time.sleep(0.2)
+    return []
 
 
 def job_gpu(store, job_id) -> int:

@@ -62,6 +62,7 @@ class ZoneReading:
     cap_w: float
     gpus: int
     stale: int  # GPUs without a fresh reading
+    oldest_fresh_s: float | None = None  # the oldest of the GPUs' newest readings (epoch s)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class _RunningJob:
     deadline: datetime | None
     gpu_ids: list[int]
     limit_w: float | None  # its limit now (planned_power_limit_w; None: default)
+    applied_w: float | None  # the limit its agent set (power_limit_w)
     draw_w: float  # measured, summed over its GPUs
     default_w: float  # per GPU
     floor_w: float  # per GPU
@@ -86,6 +88,10 @@ class PowerGovernor:
     on_action: Callable[[GovernorAction], None] | None = None
     lowered: dict[int, float | None] = field(default_factory=dict)  # job -> its limit before we lowered it
     last: dict[str, ZoneReading] = field(default_factory=dict)
+    # A zone acted on waits for the result before it is judged again: until its agents have
+    # applied the new limits and every GPU has a reading from after that (acting again on
+    # readings from before would cut, or raise, twice for one excess).
+    _settling: dict[str, tuple[set[int], float | None]] = field(default_factory=dict)
 
     def tick(self) -> list[GovernorAction]:
         """One period: read every budgeted zone, lower or raise limits; the changes made."""
@@ -100,14 +106,36 @@ class PowerGovernor:
             reading, running = self._running(zone, now)
             reading.cap_w = cap
             self.last[zone] = reading
+            if self._still_settling(zone, running, reading, now):
+                continue
             if reading.measured_w > cap:
-                actions += self._lower(zone, running, cap, reading.measured_w)
+                done = self._lower(zone, running, cap, reading.measured_w)
             elif reading.measured_w < cap * (1 - HEADROOM) and any(j.id in self.lowered for j in running):
-                actions += self._raise(zone, running, cap, reading.measured_w)
+                done = self._raise(zone, running, cap, reading.measured_w)
+            else:
+                done = []
+            if done:
+                self._settling[zone] = ({a.job_id for a in done}, None)
+            actions += done
         for a in actions:
             if self.on_action is not None:
                 self.on_action(a)
         return actions
+
+    def _still_settling(self, zone: str, running: list[_RunningJob], reading: ZoneReading, now: datetime) -> bool:
+        if zone not in self._settling:
+            return False
+        acted, applied_at = self._settling[zone]
+        live = {j.id: j for j in running if j.id in acted}
+        if applied_at is None:
+            if any(j.applied_w != j.limit_w for j in live.values()):
+                return True  # an agent has not set it yet
+            self._settling[zone] = (acted, now.timestamp())
+            return True
+        if reading.oldest_fresh_s is not None and reading.oldest_fresh_s < applied_at:
+            return True  # some GPU's newest reading is from before the limits were set
+        del self._settling[zone]
+        return False
 
     # -- reading ------------------------------------------------------------------------
 
@@ -131,11 +159,13 @@ class PowerGovernor:
                         fresh[s.gpu_id] = (s.t_s, float(s.power_w))
             job_ids = sorted({r.job_id for r in rows if r.job_id is not None})
             job_rows = {j.id: j for j in conn.execute(
-                select(jobs.c.id, jobs.c.deadline, jobs.c.planned_power_limit_w, jobs.c.power_limit_note)
+                select(jobs.c.id, jobs.c.deadline, jobs.c.planned_power_limit_w, jobs.c.power_limit_w,
+                       jobs.c.power_limit_note)
                 .where(jobs.c.id.in_(job_ids), jobs.c.state == State.RUNNING.value))} if job_ids else {}
         draw = {r.id: fresh[r.id][1] if r.id in fresh else float(r.power_w or 0.0) for r in rows}
         reading = ZoneReading(measured_w=sum(draw.values()), cap_w=0.0, gpus=len(rows),
-                              stale=sum(1 for r in rows if r.id not in fresh))
+                              stale=sum(1 for r in rows if r.id not in fresh),
+                              oldest_fresh_s=min((t for t, _ in fresh.values()), default=None))
         by_job: dict[int, list] = {}
         for r in rows:
             if r.job_id in job_rows:
@@ -151,7 +181,7 @@ class PowerGovernor:
             _, min_fraction = self.bounds.for_model(grows[0].model)
             floor = max(min_fraction * default, max(float(g.power_limit_min_w or 0.0) for g in grows))
             running.append(_RunningJob(job_id, j.deadline, [g.id for g in grows], j.planned_power_limit_w,
-                                       sum(draw[g.id] for g in grows), default, floor))
+                                       j.power_limit_w, sum(draw[g.id] for g in grows), default, floor))
         return reading, running
 
     # -- acting -------------------------------------------------------------------------
