@@ -269,3 +269,17 @@ def test_a_full_re_plan_offers_the_stored_plans_as_its_starting_point(store, ser
     with store.read() as conn:
         snap, _ = planner.snapshot(conn, incremental=True)
     assert set(snap.keep) == {job} and not snap.previous  # between full re-plans it is kept instead
+
+
+@pytest.mark.parametrize("policy", ["greedy", "cpsat", "fifo"])
+def test_a_job_submitted_while_the_snapshot_is_read_starts_now_not_a_slot_later(store, clocks, policy, tmp_path):
+    """On a loaded host the queue is read a moment after the tick's clock: a job submitted in
+    between (its time later than the tick's now) once rounded up to the next 15-minute slot
+    and waited that long on an idle cluster (seen on CI: PLANNED, starts in 870 s)."""
+    add_node(store, "a")  # no carbon data: carbon-blind, as soon as possible
+    late_clock = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs",
+                            clock=lambda: clocks.now + timedelta(seconds=0.4))
+    job = late_clock.submit(ROOT, {"argv": ["true"], "gpus": 1, "est_runtime_s": 3600})["id"]
+    planner_for(store, clocks, policy=policy).tick()
+    state, _, _, start = plan_of(store, job)
+    assert state == "PLANNED" and abs(start - clocks.now) < timedelta(seconds=1), (start, clocks.now)

@@ -571,7 +571,10 @@ class Planner:
                         and r.planned_start is not None and r.planned_node and r.planned_gpu_ids}
         zones = sorted({s.zone for s in slots})
         carbon = self.curves.for_zones(zones, now)
-        jobs_ = tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, r.submitted_at, self._runtime_estimate(r),
+        # A job submitted while this snapshot was read (after `now` was taken: a loaded host,
+        # or a row committed between the clock and the query) is released now, not at the
+        # next 15-minute slot its later submission time would round up to.
+        jobs_ = tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, min(r.submitted_at, now), self._runtime_estimate(r),
                                 r.deadline, r.latency_slo_ms, r.workload, r.prompts,
                                 max_delay_s=r.max_delay_s, pinned=r.id in pinned,
                                 # an explicit --time-limit binds; a derived one follows the plan
