@@ -26,9 +26,9 @@ CAP_W = 0.6 * GPUS * TDP_W  # 1,680 W
 
 
 def _window_start(now: datetime) -> datetime:
-    """The first whole minute at least 20 s ahead (windows are set to the minute)."""
-    start = (now + timedelta(seconds=20)).replace(second=0, microsecond=0) + timedelta(minutes=1)
-    return start
+    """The first whole minute at least 45 s ahead (windows are set to the minute): time for the
+    daemon to start on a loaded host and for the job to be planned before the window."""
+    return (now + timedelta(seconds=45)).replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
 def per_second_power_w(url: str, since_s: float, until_s: float) -> list[tuple[int, float]]:
@@ -66,6 +66,7 @@ def test_a_demand_response_window_is_held_by_the_governor_while_jobs_run_into_it
                 f'start = "{start:%H:%M}"\nend = "{end:%H:%M}"\ncap_w = {CAP_W:g}\n'))
             d.start()
             run_s = (start - datetime.now(timezone.utc)).total_seconds() + 15
+            assert run_s > 15 + 12, f"the daemon took until {run_s - 15:.0f} s before the window to start"
             # one job on all four GPUs (four 1-GPU jobs of 10 s may be packed two by two)
             sub = d.cli("submit", "--json", "--gpus", str(GPUS), "--est-runtime", "10s", "--time-limit", "5m",
                         "--", "sleep", f"{run_s:.0f}")
