@@ -50,6 +50,9 @@ def readable_code_copy() -> Path:
     return _CODE_COPY
 
 
+PLANNER_LOAD_WAIT_S = 90.0  # beyond the daemon's readiness: its planner process on a loaded host
+
+
 class DaemonProcess:
     def __init__(self, root: Path, db_url: str, *, emulate: str | None = "4xH100",
                  extra: list[str] | None = None, grace: str = "1s", local_agent: bool = True,
@@ -96,9 +99,11 @@ class DaemonProcess:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 Client(self.socket, timeout=2).request("GET", "/health")
-                return
             except (DaemonUnreachable, ApiError, OSError):
                 time.sleep(0.05)
+                continue
+            self._wait_planner_loaded(PLANNER_LOAD_WAIT_S)
+            return
         # Stop it: a fixture whose start() raises never reaches its cleanup, and daemons left
         # behind by timed-out starts load a busy host further (issue 28's full run left 41).
         if self.proc and self.proc.poll() is None:
@@ -108,6 +113,23 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         raise TimeoutError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
+
+    def _wait_planner_loaded(self, timeout_s: float) -> None:
+        """A daemon serves once its planner process has loaded, or after 15 s without it; on a
+        loaded host the child can take far longer to import OR-Tools, and a test that submits
+        then would wait on a planner that has not planned yet. So wait for its "ready" line
+        (this start's part of the log only); carry on when it does not come."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                this_start = self.log_path.read_text(errors="replace").rsplit("==== start ", 1)[-1]
+            except FileNotFoundError:
+                return
+            if "planner process started" not in this_start or "planner process ready" in this_start:
+                return
+            if self.proc and self.proc.poll() is not None:
+                return
+            time.sleep(0.1)
 
     def kill9(self) -> None:
         if self.proc and self.proc.poll() is None:

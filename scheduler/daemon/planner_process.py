@@ -195,6 +195,7 @@ class PlannerProcess:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_child_main, args=(self.spec, child, self._min_gap_s),
                                  name="carbonsched-planner", daemon=True)
+        self._started_mono = time.monotonic()
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
@@ -213,6 +214,7 @@ class PlannerProcess:
                 continue
             if kind == "loaded":
                 self._loaded.set()
+                log.info("planner process ready (its policy loaded in %.1fs)", time.monotonic() - self._started_mono)
                 continue
             try:
                 self._on_tick(duration_s, changed)
