@@ -384,6 +384,12 @@ class Problem:
                               [cap or None for _, cap in kinds])
         self.job_runtime_s: np.ndarray = shapes.runtime_s[:, gm].reshape(n_jobs, n_groups)
         self.job_power_w: np.ndarray = shapes.power_w[:, gm].reshape(n_jobs, n_groups)
+        # an interrupted job (issue 30) has only the rest of its work left, plus one resume
+        self.job_resumed: np.ndarray = np.array([j.done_fraction > 0 or j.resume_count > 0 for j in jobs], dtype=bool)
+        if self.job_resumed.any():
+            left = np.array([max(0.0, 1.0 - j.done_fraction) for j in jobs])
+            resume = np.array([j.resume_cost_s if r else 0.0 for j, r in zip(jobs, self.job_resumed)])
+            self.job_runtime_s = np.maximum(1.0, self.job_runtime_s * left[:, None] + resume[:, None])
         pue = np.array([g.pue for g in groups], dtype=np.float64)
         self.job_scale: np.ndarray = self.job_power_w * pue[None, :] / J_PER_KWH
         self.job_k: np.ndarray = np.array([max(1, j.gpus) for j in jobs], dtype=np.int64)
@@ -649,6 +655,16 @@ class Problem:
         if lo <= hi:
             out[lo:hi + 1] = raw[lo:hi + 1]
         return out
+
+    def slot_integrals(self, zone: str) -> np.ndarray:
+        """The zone's forecast intensity integrated over each slot (g/kWh x s), cached:
+        what one slot of running costs per kWh-rate (`policies.segments`)."""
+        cache = self.__dict__.setdefault("_slot_integrals", {})
+        hit = cache.get(zone)
+        if hit is None:
+            tk, gk = self._knots[zone]
+            hit = cache[zone] = np.interp(self.slot_offsets_s + self.slot_s, tk, gk) - self._base_integral[zone]
+        return hit
 
     def gco2_at(self, zone: str, start: datetime, runtime_s: float, power_w: float, pue: float) -> float:
         """Internal cost of drawing power_w from `start` in a zone (blind zones: fallback)."""
