@@ -410,6 +410,7 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         if a.start_at < release - timedelta(seconds=1):
             out.append(f"job {job.id}: starts before its release")
         if job.max_delay_s is not None and not a.estimate.deadline_miss and a.estimate.binding != "max delay" and \
+                not (job.done_fraction > 0 or job.resume_count > 0) and \
                 a.start_at > job.submitted_at + timedelta(seconds=job.max_delay_s + 1):
             out.append(f"job {job.id}: starts after its maximum delay")
         shape = job_shape(job, g0.model, problem.book, snap.default_runtime_s,

@@ -412,7 +412,8 @@ class Problem:
         deadline_s = np.full(n_jobs, np.nan)
         for i, job in enumerate(jobs):
             earliest[i] = self._slot_ceil(max(self.now, job.submitted_at))
-            if job.max_delay_s is not None:
+            # a job resuming after a checkpoint (issue 30) has started: its maximum delay is met
+            if job.max_delay_s is not None and not (job.done_fraction > 0 or job.resume_count > 0):
                 limit[i] = min(limit[i], self._slot_floor(job.submitted_at + timedelta(seconds=job.max_delay_s)))
             if job.deadline is not None:
                 deadline_s[i] = (job.deadline - self.now).total_seconds()
