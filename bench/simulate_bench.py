@@ -193,7 +193,10 @@ def _gaia_interrupting(args, out: dict) -> dict:
     out["interruptible"] = {"share": args.interruptible, "kind": args.interruptible_kind, "min_run_s": args.min_run,
                             "max_segments": args.max_segments, "resume_costs_s": costs}
     settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=True, **_estimate_options(args))
+    zones = args.gaia_zones.split(",")
     for zone, cluster_file in (("DE", "cluster-gaia-de.toml"), ("US-CAL-CISO", "cluster-gaia-caiso.toml")):
+        if zone not in zones:
+            continue
         cluster = load_cluster(ROOT / "examples" / cluster_file)
         entry: dict = {"cluster": f"examples/{cluster_file}", "gaia_reported_pct": GAIA_REPORTED[zone], "runs": {}}
         for cost in costs:
@@ -507,6 +510,7 @@ def main() -> None:
     p.add_argument("--resume-cost", type=float, default=60.0, metavar="S",
                    help="gap, overload: running time lost per resume, s (default 60)")
     p.add_argument("--resume-costs", default="0,60,600", help="gaia --interruptible: resume costs, s (default 0,60,600)")
+    p.add_argument("--gaia-zones", default="DE,US-CAL-CISO", help="gaia --interruptible: the zones (default both)")
     p.add_argument("--max-segments", type=int, default=4, help="at most this many segments a job (default 4)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
