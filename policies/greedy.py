@@ -45,6 +45,14 @@ price of lateness (`lateness_g_per_gpu_h`, policies.lateness) the window is the 
 that has no option at all (memory, SLO, gang size) or no free GPUs anywhere within the
 horizon is reported in `Plan.unplaced` with the reason.
 
+An interruptible job (`QueuedJob.interruptible`, issue 30) is placed in one piece as above
+first; then `policies.segments.segmented_pick` looks for the cheapest plan of up to
+`max_segments` segments against the same state (an exact DP over slots per group, groups
+pruned by a lower bound), and takes it when it is at least `segments.MIN_GAIN` cheaper. A
+checkpoint job's segments take capacity in their own slots (the GPUs are free between
+them); a pause job's take its whole span (held, idle power priced). A job that is not
+interruptible costs one attribute test: the 5,000-job planner benchmark is unchanged.
+
 Finally the plan is compared with fifo's (on the model's own estimate, `placement.Score`)
 and fifo's plan is kept if it is feasible and strictly better, so greedy is never worse than
 the carbon-agnostic baseline.
