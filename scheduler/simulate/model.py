@@ -742,8 +742,9 @@ class Simulation:
         self.queue[r.job.id] = idx
         self.queue = dict(sorted(self.queue.items(), key=lambda kv: kv[1]))
         self._changes += 1
-        if self.settings.wake_on_submit:  # back to PENDING wakes the planner, as a submit does
-            self._plan(now)
+        # back to PENDING is planned at once: the daemon's planner ticks every 15 s, so a
+        # checkpointed job waits seconds, not the simulator's (often hourly) tick, for its plan
+        self._plan(now)
 
     def _resume_in_place(self, idx: int, token: int, paused_s: float) -> None:
         """A paused job's next segment begins on the GPUs it held: its idle energy counted."""
