@@ -3,6 +3,7 @@ comparison, and replay speed. Reads ../shared/data (not shipped); see bench/READ
 
     .venv/bin/python bench/simulate_bench.py gap   [--json OUT]   # cpsat vs oracle, pai_1k, 4 zones
     .venv/bin/python bench/simulate_bench.py gaia  [--json OUT]   # GAIA's setting, DE and US-CAL-CISO
+    .venv/bin/python bench/simulate_bench.py gaia --interruptible 1 [--resume-costs 0,60,600]   # issue 30
     .venv/bin/python bench/simulate_bench.py speed [--policy greedy] [--days N]  # pai-100k, 256 GPUs
     .venv/bin/python bench/simulate_bench.py overload [--loads 0.6,0.9,1.2] [--variants gaia,long]
     .venv/bin/python bench/simulate_bench.py halfhour [--forecast perfect,baseline]  # 30-min GB vs its hourly mean
@@ -83,7 +84,8 @@ def bench_gap(args) -> dict:
     from scheduler.simulate.scenario import parse_mix
 
     scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon(cluster.zones), start=GAIA_START,
-                              slack_s=24 * 3600.0, mix=parse_mix(args.mix))
+                              slack_s=24 * 3600.0, mix=parse_mix(args.mix),
+                              interruptible=_interruptible(args) if args.interruptible else None)
     settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
                            full_replan_s=args.full_replan, truth=args.truth, learn=args.learn,
                            **_estimate_options(args))
@@ -116,6 +118,8 @@ def bench_gap(args) -> dict:
         result = _run(scenario, policies, settings, args.forecast)
         _print(result)
     return {"scenario": "gap", "caps": caps, "cluster": "examples/cluster-4zone.toml", "start": GAIA_START.isoformat(),
+            "interruptible": scenario.notes.get("interruptible"),
+            "interruptible_jobs": scenario.notes.get("interruptible_jobs"),
             "slack_h": 24, "forecast": args.forecast, "truth": args.truth, "learn": args.learn, "mix": args.mix,
             **_estimate_options(args),
             "plan_interval_s": args.plan_interval,
@@ -131,6 +135,8 @@ def bench_gaia(args) -> dict:
 
     out: dict = {"scenario": "gaia", "start": GAIA_START.isoformat(), "max_wait_h": 24, "zones": {},
                  "forecast": args.forecast, **_estimate_options(args)}
+    if args.interruptible:
+        return _gaia_interrupting(args, out)
     for zone, cluster_file in (("DE", "cluster-gaia-de.toml"), ("US-CAL-CISO", "cluster-gaia-caiso.toml")):
         cluster = load_cluster(ROOT / "examples" / cluster_file)
         scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon([zone]), start=GAIA_START,
@@ -162,6 +168,60 @@ def bench_gaia(args) -> dict:
                 print(f"kept of the perfect-forecast reduction with {forecast}: "
                       + ", ".join(f"{k} {v:.0f}%" for k, v in kept.items() if v is not None))
         print("GAIA reported:", ", ".join(f"{k} {v}%" for k, v in GAIA_REPORTED[zone].items()))
+    return out
+
+
+def _interruptible(args, resume_cost_s: float | None = None):
+    """The scenario's `Interruptible` from --interruptible, --interruptible-kind, --min-run and
+    --resume-cost (seconds; `resume_cost_s` overrides it)."""
+    from scheduler.simulate.scenario import Interruptible
+
+    return Interruptible(share=args.interruptible, kind=args.interruptible_kind, min_run_s=args.min_run,
+                         resume_cost_s=args.resume_cost if resume_cost_s is None else resume_cost_s,
+                         max_segments=args.max_segments)
+
+
+def _gaia_interrupting(args, out: dict) -> dict:
+    """GAIA's setting with --interruptible SHARE of the jobs interruptible (issue 30), at each
+    of --resume-costs: the reduction vs run-at-arrival beside GAIA's suspend-resume figure."""
+    from scheduler.simulate.cluster import load_cluster
+    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.traces import read_jobs
+
+    costs = [float(x) for x in args.resume_costs.split(",")]
+    out["interruptible"] = {"share": args.interruptible, "kind": args.interruptible_kind, "min_run_s": args.min_run,
+                            "max_segments": args.max_segments, "resume_costs_s": costs}
+    settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=True, **_estimate_options(args))
+    zones = args.gaia_zones.split(",")
+    for zone, cluster_file in (("DE", "cluster-gaia-de.toml"), ("US-CAL-CISO", "cluster-gaia-caiso.toml")):
+        if zone not in zones:
+            continue
+        cluster = load_cluster(ROOT / "examples" / cluster_file)
+        entry: dict = {"cluster": f"examples/{cluster_file}", "gaia_reported_pct": GAIA_REPORTED[zone], "runs": {}}
+        for cost in costs:
+            scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon([zone]), start=GAIA_START,
+                                      slack_s=24 * 3600.0, max_wait_s=24 * 3600.0,
+                                      interruptible=_interruptible(args, cost))
+            result = _run(scenario, args.policies or "fifo,greedy", settings, args.forecast)
+            print(f"\n== {zone} ({cluster_file}), every {args.interruptible:.0%} of the jobs "
+                  f"{args.interruptible_kind}, resume cost {cost:g} s ==")
+            _print(result)
+            entry["runs"][f"{cost:g}"] = {
+                "reduction_pct": {n: c.get("vs_first_pct") for n, c in result.comparison.items()},
+                "kgco2": {n: s["kgco2"] for n, s in result.summaries.items()},
+                "deadline_misses": {n: s["deadline_misses"] for n, s in result.summaries.items()},
+                "interrupted_jobs": {n: s.get("interrupted_jobs") for n, s in result.summaries.items()},
+                "segments": {n: s.get("segments") for n, s in result.summaries.items()},
+                "max_wait_s": {n: s["max_wait_s"] for n, s in result.summaries.items()},
+                "planner_total_s": {n: s["planner_total_s"] for n, s in result.summaries.items()}}
+            print(f"reduction vs run-at-arrival: " + ", ".join(
+                f"{n} {v:.1f}%" for n, v in entry["runs"][f"{cost:g}"]["reduction_pct"].items() if v is not None)
+                + f"; GAIA's suspend-resume {GAIA_REPORTED[zone]['wait awhile (suspend-resume)']}%", flush=True)
+        out["zones"][zone] = entry
+        if args.json:  # partial results survive a long run being stopped
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(out, indent=2, default=str))
     return out
 
 
@@ -273,12 +333,16 @@ def bench_overload(args) -> dict:
     variants = [v for v in args.variants.split(",") if v]
     prices = [p for p in args.prices.split(",") if p]
     out: dict = {"scenario": "overload", "cluster": "examples/cluster-4zone.toml", "days": args.days,
+                 "interruptible": {"share": args.interruptible, "kind": args.interruptible_kind,
+                                   "min_run_s": args.min_run, "resume_cost_s": args.resume_cost}
+                 if args.interruptible else None,
                  "start": GAIA_START.isoformat(), "slack_h": 24, "cpsat_s": args.cpsat_s, "cells": []}
     for variant in variants:
         for load in loads:
             trace, gpu_h = _overload_trace(load, args.days, LONG_SHARE if variant == "long" else 0.0, 7,
                                            capacity, cluster.max_gpus_per_node())
-            scenario = build_scenario(cluster, trace, carbon, start=GAIA_START, slack_s=24 * 3600.0)
+            scenario = build_scenario(cluster, trace, carbon, start=GAIA_START, slack_s=24 * 3600.0,
+                                      interruptible=_interruptible(args) if args.interruptible else None)
             settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=args.wake,
                                    full_replan_s=args.full_replan, **_estimate_options(args))
             specs = [f"fifo:seed={s}" for s in range(args.fifo_seeds)] + ["edf"]
@@ -295,7 +359,8 @@ def bench_overload(args) -> dict:
                               "misses": s["deadline_misses"], "late_gpu_h": s["late_gpu_h"],
                               "lateness_h": s["lateness_s"] / 3600.0, "unfinished": s["unfinished"],
                               "planner_failures": s.get("planner_failures", 0),
-                              "mean_wait_h": (s["mean_wait_s"] or 0) / 3600.0}
+                              "mean_wait_h": (s["mean_wait_s"] or 0) / 3600.0,
+                              "interrupted_jobs": s.get("interrupted_jobs", 0)}
             fifo = [rows[n] for n in rows if n.startswith("fifo")]
             if fifo:
                 rows["fifo (mean of seeds)"] = {
@@ -437,6 +502,16 @@ def main() -> None:
     p.add_argument("--slack-h", type=float, default=8.0, help="halfhour: hours of slack per job (default 8)")
     p.add_argument("--lengths", default="pai", help="halfhour: pai (pai_1k's own lengths) or a duration that "
                                                     "every job runs (e.g. 30m)")
+    p.add_argument("--interruptible", type=float, default=0.0, metavar="SHARE",
+                   help="gap, gaia, overload: this share of the jobs may be cut into segments (issue 30); "
+                        "gaia then runs fifo,greedy at each of --resume-costs")
+    p.add_argument("--interruptible-kind", choices=("checkpoint", "pause"), default="checkpoint")
+    p.add_argument("--min-run", type=float, default=None, metavar="S", help="shortest segment, s (default one slot)")
+    p.add_argument("--resume-cost", type=float, default=60.0, metavar="S",
+                   help="gap, overload: running time lost per resume, s (default 60)")
+    p.add_argument("--resume-costs", default="0,60,600", help="gaia --interruptible: resume costs, s (default 0,60,600)")
+    p.add_argument("--gaia-zones", default="DE,US-CAL-CISO", help="gaia --interruptible: the zones (default both)")
+    p.add_argument("--max-segments", type=int, default=4, help="at most this many segments a job (default 4)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"))

@@ -106,6 +106,7 @@ from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_win
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, estimate_score, picks_to_plan
 from policies.problem import Problem, compile_problem
+from policies.segments import interruptible
 from policies.short_jobs import plan_with_short_jobs
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,9 @@ def _previous_plan(problem: Problem, best: _Solution, state: GreedyState) -> tup
     """The last tick's plan (`Snapshot.previous`) where it still fits, in start order, the
     other jobs placed after it by greedy in EDF order: returned with its GreedyState if
     better than `best`, so a re-plan goes on from where the last tick's search ended."""
-    previous = sorted(problem.previous_picks(), key=lambda x: (x[2], x[0]))
+    # an interruptible job is placed afresh by greedy (its segments are not in a start slot)
+    previous = sorted((x for x in problem.previous_picks() if not interruptible(problem.jobs[x[0]])),
+                      key=lambda x: (x[2], x[0]))
     if not previous:
         return best, state
     s = GreedyState(problem)
@@ -436,7 +439,11 @@ def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadlin
     cand: dict[int, list[tuple[int, int, int]]] = {}  # j -> [(cost, group, slot)]
     regret: dict[int, int] = {}
     cost_now: dict[int, int] = {}
-    jobs = sorted(current)
+    # jobs planned in segments (policies.segments) keep greedy's segments: the sub-model
+    # places one-piece runs only
+    jobs = sorted(j for j, p in current.items() if not p.segments)
+    if len(jobs) < 2:
+        return 0, 0
     for c0 in range(0, len(jobs), CHUNK):
         if time.monotonic() > deadline:
             return 0, 0
@@ -455,8 +462,8 @@ def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadlin
         return 0, 0  # every job holds its own cheapest in-window start: the costs add up, so optimal
     # who holds which (pool, slot)
     holders: dict[int, list[int]] = defaultdict(list)  # pool -> jobs
-    for j, p in current.items():
-        holders[p.pool].append(j)
+    for j in jobs:
+        holders[current[j].pool].append(j)
     rounds = improved = 0
     overhead = 0.0  # the slowest round's time outside the solver (model building, bookkeeping)
     while time.monotonic() + 0.05 + overhead < deadline:
@@ -535,7 +542,7 @@ def _lp_neighbourhood(problem, current, support, holders, rng, size) -> set[int]
     """Jobs placed where the LP relaxation does not put them (in random order), each with the
     jobs holding the pools and slots the LP uses for it (RINS: search where the incumbent
     and the relaxation disagree)."""
-    disagree = [j for j, p in current.items() if support.get(j) and
+    disagree = [j for j, p in current.items() if not p.segments and support.get(j) and
                 (int(problem.pool_group[p.pool]), p.slot) not in support[j]]
     rng.shuffle(disagree)
     free: set[int] = set()

@@ -45,6 +45,14 @@ price of lateness (`lateness_g_per_gpu_h`, policies.lateness) the window is the 
 that has no option at all (memory, SLO, gang size) or no free GPUs anywhere within the
 horizon is reported in `Plan.unplaced` with the reason.
 
+An interruptible job (`QueuedJob.interruptible`, issue 30) is placed in one piece as above
+first; then `policies.segments.segmented_pick` looks for the cheapest plan of up to
+`max_segments` segments against the same state (an exact DP over slots per group, groups
+pruned by a lower bound), and takes it when it is at least `segments.MIN_GAIN` cheaper. A
+checkpoint job's segments take capacity in their own slots (the GPUs are free between
+them); a pause job's take its whole span (held, idle power priced). A job that is not
+interruptible costs one attribute test: the 5,000-job planner benchmark is unchanged.
+
 Finally the plan is compared with fifo's (on the model's own estimate, `placement.Score`)
 and fifo's plan is kept if it is feasible and strictly better, so greedy is never worse than
 the carbon-agnostic baseline.
@@ -64,6 +72,7 @@ from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
 from policies.problem import Problem, compile_problem
+from policies.segments import held_ranges, interruptible, segmented_pick
 from policies.short_jobs import plan_with_short_jobs
 
 log = logging.getLogger(__name__)
@@ -368,15 +377,29 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
             if isinstance(res, str):
                 unplaced[problem.jobs[j].id] = res
                 continue
+            seg = None
+            if interruptible(problem.jobs[j]):  # cut into segments where that is cheaper (issue 30)
+                g = int(problem.pool_group[res.pool])
+                one_g = float(tables[i, g, res.slot]) + (
+                    problem.late_penalty_at(j, g, res.slot) if problem.penalised or res.deadline_miss else 0.0)
+                seg = segmented_pick(problem, state, j, one_g, res.pool)
+                if seg is not None:
+                    res = Pick(j, seg[0], seg[1][0][0], False, seg[1])
             g = int(problem.pool_group[res.pool])
-            state.take(res.pool, res.slot, int(problem.job_k[j]), int(problem.job_duration[j, g]),
-                       float(problem.job_power_w[j, g]))
+            if seg is None:
+                state.take(res.pool, res.slot, int(problem.job_k[j]), int(problem.job_duration[j, g]),
+                           float(problem.job_power_w[j, g]))
+            else:
+                for a, b in held_ranges(res.segments, problem.jobs[j].interruptible == "pause"):
+                    state.take(res.pool, a, int(problem.job_k[j]), b - a, float(problem.job_power_w[j, g]))
             picks.append(res)
             if costs is not None:  # the objective: grams, plus the priced lateness (strict: of a miss)
-                costs[j] = float(tables[i, g, res.slot]) + (
+                costs[j] = seg[2] if seg is not None else float(tables[i, g, res.slot]) + (
                     problem.late_penalty_at(j, g, res.slot) if problem.penalised or res.deadline_miss else 0.0)
             if chunk_notes is not None:
                 notes[j] = chunk_notes.notes(i, j, res, tables[i])
+                if seg is not None:
+                    notes[j] = notes[j]._replace(gco2=seg[2])
     return picks, unplaced
 
 

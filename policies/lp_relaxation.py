@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.segments import interruptible, wall_s, work_s
+
 log = logging.getLogger(__name__)
 
 
@@ -785,6 +787,8 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
                 cost = np.full(T, np.inf)
                 cost[lo:hi + 1] = table[row, lo:hi + 1]
                 opts.append(LpOption(cost=cost, **common))
+                if interruptible(problem.jobs[j]):
+                    opts.append(_segmented_option(problem, j, gi, resources, lo, hi))
             if late_budget > 0 and max(lo, hi + 1) < T:
                 cost = np.full(T, np.inf)
                 cost[max(lo, hi + 1):] = table[row, max(lo, hi + 1):]
@@ -798,6 +802,30 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
         notes.append(f"up to {late_budget} other jobs may start after their deadline (the compared plans' misses)")
     return LpInstance(n_slots=T, capacity=cap, jobs=jobs, power_cap=power, late_budget=float(late_budget),
                       notes=notes)
+
+
+def _segmented_option(problem, j: int, gi: int, resources: tuple[int, ...], lo: int, hi: int) -> LpOption:
+    """The relaxation of an interruptible job's segmented plans on group gi (issue 30): an
+    option that uses no capacity, at the price of the cheapest whole slots its running time
+    could fill in its on-time window (`floor(running time / slot)` of them; segment count,
+    minimum run, capacity and a pause job's idle power ignored). Every segmented plan on gi
+    runs at least that long in slots of that window and costs at least that much, as long as
+    the forecast is constant within a slot (hourly data, slots of an hour or less), so the
+    bound stays a bound. Loose, but valid; one-piece starts keep their own options."""
+    job = problem.jobs[j]
+    resumed = bool(problem.job_resumed[j])
+    w = work_s(problem, j, gi)
+    run_s = wall_s(w, 1, job.resume_cost_s or 0.0, resumed)
+    dur = int(problem.job_duration[j, gi])
+    end = min(problem.n_slots, int(problem.job_on_time_latest[j, gi]) + dur) if job.deadline is not None \
+        else problem.n_slots
+    per_slot = problem.slot_integrals(problem.groups[gi].zone) * float(problem.job_scale[j, gi])
+    n = int(math.floor(run_s / problem.slot_s + 1e-9))
+    window = per_slot[lo:end]
+    g = 0.0 if n <= 0 else float(np.sort(window)[:n].sum()) if window.size >= n else float(window.sum())
+    cost = np.full(problem.n_slots, np.inf)
+    cost[lo:hi + 1] = g
+    return LpOption(cost=cost, resources=resources, gpus=0, duration=1, power_w=0.0, zone=-1)
 
 
 def round_solution(inst: LpInstance, result: LpResult) -> tuple[float, dict[int, tuple[int, int]]]:

@@ -17,10 +17,11 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.counterfactual import Counterfactual, choose
-from policies.energy import fits, gang_power_limit_w, job_shape, within_time_limit
+from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w, job_shape, within_time_limit
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.model import Assignment, Estimate, Plan, QueuedJob
 from policies.problem import Problem
+from policies.segments import exact_segments_s, held_ranges, idle_power_w, segment_cost, work_s
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ class Pick(NamedTuple):
     pool: int
     slot: int
     deadline_miss: bool = False
+    # an interruptible job's segments as slot ranges [start, end), the first at `slot`
+    # (policies.segments); empty: one piece
+    segments: tuple[tuple[int, int], ...] = ()
 
 
 def assign_gpu_ids(problem: Problem, picks: Iterable[Pick]) -> dict[int, tuple[int, ...]]:
@@ -52,7 +56,11 @@ def gpu_ids_with_kept(problem: Problem, picks: Iterable[Pick]) -> tuple[dict[int
     by_pool: dict[int, list[tuple[int, int, int, int, int]]] = defaultdict(list)  # slot, kind, key, k, dur
     for p in picks:
         group = problem.pools[p.pool].group
-        by_pool[p.pool].append((p.slot, 1, p.j, int(problem.job_k[p.j]), int(problem.job_duration[p.j, group])))
+        # a segmented pick is given GPUs for its first segment (a checkpoint job may move at its
+        # resume) or, paused in place, for its whole span (policies.segments)
+        dur = int(problem.job_duration[p.j, group]) if not p.segments else \
+            held_ranges(p.segments, problem.jobs[p.j].interruptible == "pause")[0][1] - p.slot
+        by_pool[p.pool].append((p.slot, 1, p.j, int(problem.job_k[p.j]), dur))
     for kp in problem.kept:
         by_pool[kp.pool].append((kp.slot, 0, kp.assignment.job_id, kp.k, kp.duration))
     out: dict[int, tuple[int, ...]] = {}
@@ -136,6 +144,16 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
     gco2_model, now, binding = notes
     blind = pool.zone in problem.blind_zones
     finish = start + timedelta(seconds=runtime_s)
+    segments: tuple[tuple[datetime, datetime], ...] = ()
+    pause_note = ""
+    if pick.segments:  # issue 30: the job runs in segments (policies.segments)
+        pause = job.interruptible == "pause"
+        segs_s = exact_segments_s(pick.segments, work_s(problem, j, pool.group), job.resume_cost_s or 0.0,
+                                  bool(problem.job_resumed[j]), problem.slot_s)
+        runtime_s, energy_j, gco2_model = segment_cost(problem, j, pool.group, segs_s, pause)
+        segments = tuple((problem.now + timedelta(seconds=a), problem.now + timedelta(seconds=b)) for a, b in segs_s)
+        finish = segments[-1][1]
+        pause_note = "; " + pause_text(problem, pool.zone, segments, pause)
     # a pick outside its window (pick.deadline_miss) ran as soon as possible; the estimate
     # flags a miss only when it really finishes after the deadline
     miss = job.deadline is not None and finish > job.deadline
@@ -189,9 +207,23 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
     tail_h = problem.tail_s(pool.zone, start, runtime_s) / 3600.0
     if tail_h >= 0.05:  # a long run: priced past the forecast by the zone's typical values
         why += f"; {tail_h:.3g} h of the run past the forecast priced at {pool.zone}'s typical values"
-    explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why})"
+    explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why}{pause_note})"
     return Assignment(job_id=job.id, node=pool.node, gpu_ids=gpu_ids, start_at=start,
-                      estimate=estimate, explanation=explanation)
+                      estimate=estimate, explanation=explanation, segments=segments)
+
+
+def pause_text(problem: Problem, zone: str, segments: tuple[tuple[datetime, datetime], ...], pause: bool) -> str:
+    """Why a job runs in segments, for its explanation: its longest break and the forecast
+    intensity then vs in the segment after it ("in 2 segments, paused 14:00-19:00: 410 g/kWh
+    vs 120 after")."""
+    gaps = [(b, a2, (a2, b2)) for (_, b), (a2, b2) in zip(segments, segments[1:])]
+    b, a2, after = max(gaps, key=lambda x: x[1] - x[0])
+    curve = problem.curves[zone]
+    during = curve_integral_g_per_kwh_s(curve, b, a2) / max(1.0, (a2 - b).total_seconds())
+    then = curve_integral_g_per_kwh_s(curve, *after) / max(1.0, (after[1] - after[0]).total_seconds())
+    held = "GPUs held idle" if pause else "GPUs freed, checkpointed"
+    return (f"in {len(segments)} segments, paused {b:%H:%M}-{a2:%H:%M} ({held}): "
+            f"{during:.0f} g/kWh vs {then:.0f} after")
 
 
 def _when(now: datetime, start: datetime) -> str:
@@ -300,9 +332,18 @@ def plan_score(problem: Problem, plan: Plan) -> Score:
         job = jobs[a.job_id]
         g = gpu[a.gpu_ids[0]]
         shape = job_shape(job, g.model, problem.book, problem.snapshot.default_runtime_s, g.power_limit_w)
-        total += problem.gco2_at(g.zone, a.start_at, shape.runtime_s, shape.power_w,
-                                 problem.snapshot.gpu_pue(g))
-        finish = a.start_at + timedelta(seconds=shape.runtime_s)
+        if a.segments:  # issue 30: each segment at the job's power, a pause job's gaps at idle power
+            total += sum(problem.gco2_at(g.zone, s0, (s1 - s0).total_seconds(), shape.power_w,
+                                         problem.snapshot.gpu_pue(g)) for s0, s1 in a.segments)
+            if job.interruptible == "pause":
+                idle_w = idle_power_w(g.model, len(a.gpu_ids))
+                total += sum(problem.gco2_at(g.zone, e0, (s1 - e0).total_seconds(), idle_w, problem.snapshot.gpu_pue(g))
+                             for (_, e0), (s1, _) in zip(a.segments, a.segments[1:]))
+            finish = a.segments[-1][1]
+        else:
+            total += problem.gco2_at(g.zone, a.start_at, shape.runtime_s, shape.power_w,
+                                     problem.snapshot.gpu_pue(g))
+            finish = a.start_at + timedelta(seconds=shape.runtime_s)
         if job.deadline is not None and finish > job.deadline:
             misses += 1
             late += late_gpu_h(job, finish)
@@ -369,14 +410,20 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         if a.start_at < release - timedelta(seconds=1):
             out.append(f"job {job.id}: starts before its release")
         if job.max_delay_s is not None and not a.estimate.deadline_miss and a.estimate.binding != "max delay" and \
+                not (job.done_fraction > 0 or job.resume_count > 0) and \
                 a.start_at > job.submitted_at + timedelta(seconds=job.max_delay_s + 1):
             out.append(f"job {job.id}: starts after its maximum delay")
         shape = job_shape(job, g0.model, problem.book, snap.default_runtime_s,
                           gang_power_limit_w(g.power_limit_w for g in gs))
         end = a.start_at + timedelta(seconds=shape.runtime_s)
+        if a.segments:
+            # a pause job holds its GPUs from its first start to its last end; a checkpoint job
+            # holds the listed GPUs for its first segment (it may resume on others)
+            end = a.segments[-1][1] if job.interruptible == "pause" else a.segments[0][1]
         for g in gs:
             busy[g.id].append((a.start_at, end))
-        power.append((g0.zone, a.start_at, a.start_at + timedelta(seconds=shape.runtime_s), shape.power_w))
+        for s0, s1 in (a.segments or ((a.start_at, a.start_at + timedelta(seconds=shape.runtime_s)),)):
+            power.append((g0.zone, s0, s1, shape.power_w))
     for gid, spans in busy.items():
         spans.sort()
         for (s1, e1), (s2, e2) in zip(spans, spans[1:]):

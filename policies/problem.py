@@ -384,6 +384,12 @@ class Problem:
                               [cap or None for _, cap in kinds])
         self.job_runtime_s: np.ndarray = shapes.runtime_s[:, gm].reshape(n_jobs, n_groups)
         self.job_power_w: np.ndarray = shapes.power_w[:, gm].reshape(n_jobs, n_groups)
+        # an interrupted job (issue 30) has only the rest of its work left, plus one resume
+        self.job_resumed: np.ndarray = np.array([j.done_fraction > 0 or j.resume_count > 0 for j in jobs], dtype=bool)
+        if self.job_resumed.any():
+            left = np.array([max(0.0, 1.0 - j.done_fraction) for j in jobs])
+            resume = np.array([j.resume_cost_s if r else 0.0 for j, r in zip(jobs, self.job_resumed)])
+            self.job_runtime_s = np.maximum(1.0, self.job_runtime_s * left[:, None] + resume[:, None])
         pue = np.array([g.pue for g in groups], dtype=np.float64)
         self.job_scale: np.ndarray = self.job_power_w * pue[None, :] / J_PER_KWH
         self.job_k: np.ndarray = np.array([max(1, j.gpus) for j in jobs], dtype=np.int64)
@@ -406,7 +412,8 @@ class Problem:
         deadline_s = np.full(n_jobs, np.nan)
         for i, job in enumerate(jobs):
             earliest[i] = self._slot_ceil(max(self.now, job.submitted_at))
-            if job.max_delay_s is not None:
+            # a job resuming after a checkpoint (issue 30) has started: its maximum delay is met
+            if job.max_delay_s is not None and not (job.done_fraction > 0 or job.resume_count > 0):
                 limit[i] = min(limit[i], self._slot_floor(job.submitted_at + timedelta(seconds=job.max_delay_s)))
             if job.deadline is not None:
                 deadline_s[i] = (job.deadline - self.now).total_seconds()
@@ -649,6 +656,16 @@ class Problem:
         if lo <= hi:
             out[lo:hi + 1] = raw[lo:hi + 1]
         return out
+
+    def slot_integrals(self, zone: str) -> np.ndarray:
+        """The zone's forecast intensity integrated over each slot (g/kWh x s), cached:
+        what one slot of running costs per kWh-rate (`policies.segments`)."""
+        cache = self.__dict__.setdefault("_slot_integrals", {})
+        hit = cache.get(zone)
+        if hit is None:
+            tk, gk = self._knots[zone]
+            hit = cache[zone] = np.interp(self.slot_offsets_s + self.slot_s, tk, gk) - self._base_integral[zone]
+        return hit
 
     def gco2_at(self, zone: str, start: datetime, runtime_s: float, power_w: float, pue: float) -> float:
         """Internal cost of drawing power_w from `start` in a zone (blind zones: fallback)."""

@@ -340,9 +340,17 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         else:
             run_s = snapshot.default_runtime_s
         t0 = a.start_at.timestamp()
+        # a job planned in segments (issue 30) holds its GPUs in each segment (a pause job: over
+        # its whole span)
+        if a.segments and job is not None and job.interruptible == "pause":
+            spans = [(t0, a.segments[-1][1].timestamp())]
+        elif a.segments:
+            spans = [(s0.timestamp(), s1.timestamp()) for s0, s1 in a.segments]
+        else:
+            spans = [(t0, t0 + run_s)]
         for gid in a.gpu_ids:
             if gid in usable_ids:
-                per_gpu[gid].append((t0, t0 + run_s))
+                per_gpu[gid].extend(spans)
     lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
     # when each GPU is free as the "if run now" counterfactual sees it (policies.counterfactual):
     # the job alone, only running and pinned jobs hold GPUs, until their end (as in the slot

@@ -4,6 +4,8 @@
                          [--start ISO-DATE] [--slack DUR] --policy a,b,... [--forecast F]
                          [--truth perfect|noisy:SIGMA|profiles:FILE] [--[no-]learn]
                          [--estimate exact|class-mean|lognormal:SIGMA|user:K] [--[no-]correct-estimates]
+                         [--interruptible SHARE [--interruptible-kind checkpoint|pause] [--min-run DUR]
+                          [--resume-cost DUR] [--max-segments N]]
                          [--seed N] [--out DIR] [--json]
     carbonsched simulate --from-store [--since T] [--until T] [--db URL] --policy a,b,...
     carbonsched simulate                      # the bundled demo scenario (real data)
@@ -52,6 +54,17 @@ def add_parser(subparsers) -> None:
     g.add_argument("--max-wait", metavar="DUR", help="a job must start within this time of its arrival")
     g.add_argument("--mix", metavar="CLASS=SHARE,...",
                    help="give generic jobs workload classes in these shares, e.g. llm-chat-8b=0.5,none=0.5")
+    g.add_argument("--interruptible", metavar="SHARE", type=float, default=0.0,
+                   help="this share of the jobs (0-1, seeded) may be cut into segments (issue 30); "
+                        "a generic trace's interruptible column wins for its jobs")
+    g.add_argument("--interruptible-kind", choices=("checkpoint", "pause"), default="checkpoint",
+                   help="checkpoint (GPUs freed between segments, may resume elsewhere) or pause (held, idle "
+                        "power counted); default checkpoint")
+    g.add_argument("--min-run", metavar="DUR", help="interruptible jobs: the shortest segment (default: one slot)")
+    g.add_argument("--resume-cost", metavar="DUR", default="0s",
+                   help="interruptible jobs: running time lost per resume (default 0s)")
+    g.add_argument("--max-segments", metavar="N", type=int, default=4,
+                   help="interruptible jobs: at most N segments (default 4)")
     g.add_argument("--llm-batch-prompts", type=int, default=1000, metavar="N",
                    help="LLM traces: at most N requests per batch job (default 1000)")
     g.add_argument("--llm-batch-window", default="15m", metavar="DUR",
@@ -189,6 +202,15 @@ def _run(args, config: dict) -> int:
     slack_s = _duration(args.slack, "--slack")
     max_wait_s = _duration(args.max_wait, "--max-wait")
     mix = parse_mix(args.mix)
+    from scheduler.simulate.scenario import Interruptible
+
+    try:
+        cut = Interruptible(share=args.interruptible, kind=args.interruptible_kind,
+                            min_run_s=_duration(args.min_run, "--min-run"),
+                            resume_cost_s=_duration(args.resume_cost, "--resume-cost") or 0.0,
+                            max_segments=args.max_segments)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
 
     if args.from_store:
         if trace_args and trace_args != ["cluster"]:
@@ -201,7 +223,7 @@ def _run(args, config: dict) -> int:
 
         cluster, trace, carbon, start = demo_inputs()
         scenario = build_scenario(cluster, trace, carbon, start=_start(args.start) or start, slack_s=slack_s,
-                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed)
+                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed, interruptible=cut)
         what = (f"the bundled demo: {len(scenario.jobs)} PAI jobs on {cluster.describe()}, "
                 f"Electricity Maps 2022 carbon")
     else:
@@ -228,7 +250,7 @@ def _run(args, config: dict) -> int:
                           llm_batch_prompts=args.llm_batch_prompts, llm_batch_window_s=window or 900.0,
                           llm_workload=args.llm_workload)
         scenario = build_scenario(cluster, trace, carbon, start=_start(args.start), slack_s=slack_s,
-                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed)
+                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed, interruptible=cut)
         what = f"{len(scenario.jobs)} jobs from {args.jobs} on {cluster.describe()}"
 
     progress = args.progress if args.progress is not None else (not args.json and sys.stderr.isatty())

@@ -107,6 +107,10 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
         "planner_failures": run.planner_failures,
         "restarts": sum(max(0, r.attempts - 1) for r in run.records),
         "lost_energy_kwh": sum(r.lost_energy_j for r in run.records) / J_PER_KWH,
+        # issue 30: jobs that ran in more than one segment, the segments run, a pause's idle energy
+        "interrupted_jobs": sum(1 for r in done if len(r.segment_log) > 1),
+        "segments": sum(len(r.segment_log) for r in done),
+        "pause_idle_energy_kwh": sum(r.idle_energy_j for r in run.records) / J_PER_KWH,
         "zones": {z: {"kgco2": m.gco2 / 1000.0, "energy_kwh": m.energy_j / J_PER_KWH, "peak_power_w": m.peak_w,
                       "power_cap_w": m.cap_w, "over_cap_s": m.over_cap_s}
                   for z, m in sorted(run.meters.items())},

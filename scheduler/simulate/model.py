@@ -159,6 +159,20 @@ class JobRecord:
     lost_gco2: float = 0.0
     token: int = 0
     correction: float = 1.0  # the estimate correction factor the planner used at the last commit
+    # Interruptible jobs (issue 30): the planned segments of the current commit (epoch s; a
+    # checkpoint job's first one, a pause job's whole list), real seconds of work done by
+    # earlier segments, the segments run so far (start, end, energy J, gCO2) and a pause
+    # job's idle energy and grams while held.
+    segments: list[tuple[float, float]] = field(default_factory=list)
+    seg_index: int = 0
+    work_done_s: float = 0.0
+    run_start_s: float | None = None  # when the running segment began
+    resume_paid_s: float = 0.0  # the resume cost the running segment pays first
+    first_start_s: float | None = None
+    segment_log: list[tuple[float, float, float, float]] = field(default_factory=list)
+    idle_energy_j: float = 0.0
+    idle_gco2: float = 0.0
+    idle_w: float = 0.0
 
 
 @dataclass
@@ -593,6 +607,26 @@ class Simulation:
             factor, per_gpu_w = capped(r.power_w / n, r.power_limit_w, vendor)
             r.runtime_s, r.power_w = r.runtime_s * factor, per_gpu_w * n
         r.pue = self._gpu_pue(first)
+        # an interrupted job has only the rest of its work left, plus one resume (issue 30)
+        resumed = job.done_fraction > 0 or job.resume_count > 0
+        if resumed:
+            left = max(0.0, 1.0 - job.done_fraction)
+            r.planned_runtime_s = r.planned_runtime_s * left + job.resume_cost_s
+            # its progress is a share of the work: on other GPUs, of their runtime
+            r.work_done_s = job.done_fraction * r.runtime_s
+        r.segments = []
+        r.seg_index = 0
+        if len(a.segments) > 1 and job.interruptible in ("checkpoint", "pause"):
+            segs = [(x.timestamp(), y.timestamp()) for x, y in a.segments]
+            segs[0] = (start_s, max(start_s + EPS_S, segs[0][1]))
+            r.segments = segs if job.interruptible == "pause" else segs[:1]
+            # the planner sees the GPUs held to the first segment's end (checkpoint) or the
+            # last one's (pause)
+            r.planned_runtime_s = r.segments[-1][1] - start_s
+            if job.interruptible == "pause":
+                from policies.segments import idle_power_w
+
+                r.idle_w = idle_power_w(first.model, len(ids))
         r.start_s = start_s
         r.est_gco2 = a.estimate.gco2
         r.explanation = a.explanation
@@ -648,11 +682,89 @@ class Simulation:
             if now > r.start_s + EPS_S:  # started late: the planner's view moves with it
                 self.free_at[g] = max(self.free_at[g], now + r.planned_runtime_s)
         r.start_s = now
+        if r.first_start_s is None:
+            r.first_start_s = now
         r.state = "running"
-        r.attempts += 1
+        if not r.work_done_s:
+            r.attempts += 1
         self.meters[r.zone].change(self.env.now, r.power_w, r.pue)
-        ev = self.env.timeout(r.runtime_s)
-        ev.callbacks.append(lambda _e, idx=idx, token=token: self._finish(idx, token))
+        self._run_segment(idx, token)
+
+    def _run_segment(self, idx: int, token: int) -> None:
+        """Run the job's next stretch of work: to its end, or (issue 30) to the end of its
+        planned segment, paying the resume cost first when it resumes."""
+        r = self.records[idx]
+        now = self.env.now
+        r.run_start_s = now
+        resumed = r.work_done_s > 0 or r.job.resume_count > 0
+        r.resume_paid_s = r.job.resume_cost_s if resumed else 0.0
+        run_s = r.resume_paid_s + max(0.0, r.runtime_s - r.work_done_s)
+        if r.segments:
+            run_s = min(run_s, max(0.0, r.segments[r.seg_index][1] - now))
+        ev = self.env.timeout(run_s)
+        ev.callbacks.append(lambda _e, idx=idx, token=token: self._segment_end(idx, token))
+
+    def _segment_end(self, idx: int, token: int) -> None:
+        """A stretch of work ends: the job is done, or it is interrupted (issue 30): a
+        checkpoint job frees its GPUs and goes back to the queue with its progress; a pause job
+        idles on its GPUs until its next segment."""
+        r = self.records[idx]
+        if r.token != token or r.state != "running":
+            return
+        now = self.env.now
+        ran = now - r.run_start_s
+        r.work_done_s += max(0.0, ran - r.resume_paid_s)
+        if r.work_done_s >= r.runtime_s - 1e-6 or not r.segments:
+            self._finish(idx, token)
+            return
+        self.events += 1
+        self._log_segment(r, now)
+        self.meters[r.zone].change(now, -r.power_w, r.pue)
+        job = r.job
+        progress = dict(done_fraction=min(1.0, r.work_done_s / r.runtime_s), resume_count=job.resume_count + 1)
+        if job.interruptible == "pause" and r.seg_index + 1 < len(r.segments):
+            r.seg_index += 1
+            r.job = replace(job, **progress)
+            self.meters[r.zone].change(now, r.idle_w, r.pue)
+            r.run_start_s = None  # paused
+            gap_end = r.segments[r.seg_index][0]
+            ev = self.env.timeout(max(0.0, gap_end - now))
+            ev.callbacks.append(lambda _e, idx=idx, token=token, t0=now: self._resume_in_place(idx, token, t0))
+            return
+        # checkpointed: back to the queue with its progress, planned again like any job
+        r.job = replace(job, **progress)
+        if r.estimated_job is not None:
+            r.estimated_job = replace(r.estimated_job, **progress)
+        self._release(idx, now)
+        r.state = "queued"
+        r.token += 1
+        r.segments = []
+        self.queue[r.job.id] = idx
+        self.queue = dict(sorted(self.queue.items(), key=lambda kv: kv[1]))
+        self._changes += 1
+        # back to PENDING is planned at once: the daemon's planner ticks every 15 s, so a
+        # checkpointed job waits seconds, not the simulator's (often hourly) tick, for its plan
+        self._plan(now)
+
+    def _resume_in_place(self, idx: int, token: int, paused_s: float) -> None:
+        """A paused job's next segment begins on the GPUs it held: its idle energy counted."""
+        r = self.records[idx]
+        if r.token != token or r.state != "running":
+            return
+        self.events += 1
+        now = self.env.now
+        r.idle_energy_j += r.idle_w * (now - paused_s)
+        r.idle_gco2 += r.idle_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(paused_s, now) / J_PER_KWH
+        self.meters[r.zone].change(now, r.power_w - r.idle_w, r.pue)
+        self._run_segment(idx, token)
+
+    def _log_segment(self, r: JobRecord, now: float) -> None:
+        """Account the segment that ends now: its energy and grams, beside the others."""
+        e = r.power_w * (now - r.run_start_s)
+        g = r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.run_start_s, now) / J_PER_KWH
+        r.segment_log.append((r.run_start_s, now, e, g))
+        r.energy_j += e
+        r.gco2 += g
 
     def _finish(self, idx: int, token: int) -> None:
         r = self.records[idx]
@@ -663,13 +775,17 @@ class Simulation:
         self.meters[r.zone].change(now, -r.power_w, r.pue)
         r.state = "done"
         r.end_s = now
-        r.energy_j = r.power_w * (now - r.start_s)
-        integral = self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, now)
-        r.gco2 = r.power_w * r.pue * integral / J_PER_KWH
+        segmented = bool(r.segment_log)
+        self._log_segment(r, now)  # one piece: its whole run; else its last segment
+        if segmented:
+            r.energy_j += r.idle_energy_j
+            r.gco2 += r.idle_gco2
         self._release(idx, now)
-        if self.settings.learn:
+        if r.first_start_s is not None:
+            r.start_s = r.first_start_s  # its wait ends at its first start
+        if self.settings.learn and not segmented:
             self._learn(r)
-        if self.correct:
+        if self.correct and not segmented:
             self._learn_estimate(r)
         self.done += 1
         if self.done == len(self.records) and not self._all_done.triggered:
@@ -731,10 +847,22 @@ class Simulation:
         """Stop or un-commit a job whose GPU failed; it goes back to the queue."""
         r = self.records[idx]
         if r.state == "running":
-            self.meters[r.zone].change(now_s, -r.power_w, r.pue)
-            ran = now_s - r.start_s
-            r.lost_energy_j += r.power_w * ran
-            r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, now_s) / J_PER_KWH
+            paused = r.run_start_s is None
+            t0 = r.start_s if paused else r.run_start_s
+            self.meters[r.zone].change(now_s, -(r.idle_w if paused else r.power_w), r.pue)
+            if paused:  # its idle time so far was spent holding the GPUs
+                since = r.segment_log[-1][1] if r.segment_log else now_s
+                r.lost_energy_j += r.idle_w * (now_s - since)
+                r.lost_gco2 += r.idle_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(since, now_s) / J_PER_KWH
+            else:
+                ran = now_s - t0
+                r.lost_energy_j += r.power_w * ran
+                r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(t0, now_s) / J_PER_KWH
+            # work since the last checkpoint is lost; a pause job's progress was never saved
+            if r.job.interruptible != "checkpoint":
+                r.work_done_s = 0.0
+                r.job = replace(r.job, done_fraction=0.0, resume_count=0)
+            r.segments = []
         self._release(idx, now_s)
         log.debug("job %s back to the queue: %s", r.job.id, why)
         r.state = "queued"
@@ -750,9 +878,9 @@ class Simulation:
         for m in self.meters.values():
             m.advance(end)
         for r in self.records:  # cut off by the overrun limit: what they drew so far was spent
-            if r.state == "running":
-                r.lost_energy_j += r.power_w * (end - r.start_s)
-                r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.start_s, end) / J_PER_KWH
+            if r.state == "running" and r.run_start_s is not None:
+                r.lost_energy_j += r.power_w * (end - r.run_start_s)
+                r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.run_start_s, end) / J_PER_KWH
         return PolicyRun(policy=self.policy_name, forecast=self.forecast.name or self.forecast.kind,
                          records=self.records, meters=self.meters, ticks=self.ticks, start_s=self._t0,
                          end_s=end, events=self.events, wall_s=time.perf_counter() - wall0,

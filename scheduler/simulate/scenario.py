@@ -13,6 +13,10 @@
   arrival (GAIA's "maximum wait"); None for no such limit.
 - **Width**: jobs never span nodes (as in the daemon); a job wider than the widest node is
   narrowed to it with its GPU-hours kept (see `traces.clamp_widths`), and counted.
+- **Interruptible jobs** (`interruptible`, --interruptible SHARE, issue 30): that share of
+  the jobs (seeded, its own random stream, so the mix is unchanged) may be cut into
+  segments, as `Interruptible` says (kind, minimum run, resume cost, most segments); a
+  trace's own `interruptible` column wins for its jobs.
 - **Workload mix** (`mix`, --mix CLASS=SHARE,...): jobs without a workload class are given
   one at random (seeded) in these shares ("none" keeps a job generic). A job given a class
   gets prompts = its reference runtime x GPUs x the class's H100 throughput, so its work on
@@ -90,6 +94,34 @@ def parse_mix(text: str | None) -> dict[str, float] | None:
     return {k: v / total for k, v in shares.items()}
 
 
+@dataclass(frozen=True)
+class Interruptible:
+    """Which jobs of a scenario may be interrupted, and how (`QueuedJob.interruptible`)."""
+
+    share: float = 0.0  # of the jobs, drawn at random (seeded)
+    kind: str = "checkpoint"  # or "pause"
+    min_run_s: float | None = None
+    resume_cost_s: float = 0.0
+    max_segments: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"--interruptible: a share from 0 to 1, got {self.share}")
+        if self.kind not in ("checkpoint", "pause"):
+            raise ValueError(f"--interruptible-kind: checkpoint or pause, got {self.kind!r}")
+        if self.resume_cost_s < 0 or (self.min_run_s is not None and self.min_run_s < 0):
+            raise ValueError("--min-run and --resume-cost are durations of 0 or more")
+        if self.max_segments < 1:
+            raise ValueError("--max-segments: 1 or more")
+
+    def apply(self, job: QueuedJob, kind: str | None) -> QueuedJob:
+        """The job as an interruptible one of `kind` with these knobs (None: unchanged)."""
+        if kind is None:
+            return job
+        return replace(job, interruptible=kind, min_run_s=self.min_run_s, resume_cost_s=self.resume_cost_s,
+                       max_segments=self.max_segments)
+
+
 def build_scenario(
     cluster: ClusterSpec,
     trace: JobTrace,
@@ -101,6 +133,7 @@ def build_scenario(
     mix: dict[str, float] | None = None,
     seed: int = 0,
     profiles: tuple = (),
+    interruptible: Interruptible | None = None,
 ) -> Scenario:
     """Place a trace on the calendar of the carbon data and make the jobs (module docstring)."""
     from policies.energy import ProfileBook, fits, seed_profiles, shape_arrays
@@ -138,6 +171,8 @@ def build_scenario(
             raise ValueError(f"--mix: no {REFERENCE_MODEL} profile for {', '.join(unknown)}; "
                              f"known classes: {', '.join(book.workloads()) or 'none'}")
     rng = random.Random(seed)
+    cut = interruptible or Interruptible()
+    cut_rng = random.Random(f"interruptible:{seed}")  # its own stream: the mix's draws are unchanged
     models = sorted(cluster.gpus_by_model())
     memory = {m: _memory(cluster, m) for m in models}
     jobs: list[QueuedJob] = []
@@ -155,6 +190,10 @@ def build_scenario(
                 pps = book.get(workload, REFERENCE_MODEL).prompts_per_s
                 job = replace(job, workload=workload,
                               prompts=max(1, round(job.est_runtime_s * job.gpus * pps)))
+        kind = getattr(tj, "interruptible", None)
+        if kind is None and cut.share > 0 and cut_rng.random() < cut.share:
+            kind = cut.kind
+        job = cut.apply(job, kind)
         jobs.append(job)
         arrivals.append(arrival)
         names[job_id] = tj.name
@@ -178,7 +217,11 @@ def build_scenario(
         log.warning("%d jobs fit no GPU model of the cluster (memory or latency SLO); they will stay unplaced",
                     no_model)
     notes: dict[str, object] = {"origin": origin.isoformat(), "slack_s": slack_s, "max_wait_s": max_wait_s,
-                                "narrowed_jobs": capped, "unfit_jobs": no_model, "mix": mix}
+                                "narrowed_jobs": capped, "unfit_jobs": no_model, "mix": mix,
+                                "interruptible_jobs": sum(1 for j in jobs if j.interruptible)}
+    if interruptible is not None:
+        notes["interruptible"] = {"share": cut.share, "kind": cut.kind, "min_run_s": cut.min_run_s,
+                                  "resume_cost_s": cut.resume_cost_s, "max_segments": cut.max_segments}
     return Scenario(cluster=cluster, jobs=jobs, carbon=carbon, origin=origin, trace=trace, names=names,
                     notes=notes, profiles=tuple(profiles))
 

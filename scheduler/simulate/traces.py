@@ -30,7 +30,9 @@ Formats, told apart by the header row (or named with `fmt`):
   90m) or `work_gpu_h` [gpu_hours] (GPU-hours on the reference GPU: runtime = work / gpus),
   `workload` [class, workload_class], `prompts`, `deadline` (ISO or offset) or `slack`
   [slack_s] (a duration), `gpu_mem_gib` [memory_gib, mem_gib], `latency_slo_ms`,
-  `name` [id]. A row needs a submit time and one of runtime, work or prompts+workload.
+  `name` [id], `interruptible` (checkpoint, pause, or empty / none / no: one piece; issue
+  30: the job may be planned in segments, with the simulation's --min-run / --resume-cost).
+  A row needs a submit time and one of runtime, work or prompts+workload.
 
 A bad row raises TraceFormatError with the file and line number.
 """
@@ -87,6 +89,7 @@ class TraceJob:
     slack_s: float | None = None
     name: str = ""
     tokens: int | None = None
+    interruptible: str | None = None  # "checkpoint" | "pause" | None: one piece (issue 30)
 
 
 @dataclass
@@ -331,6 +334,7 @@ _GENERIC = {
     "memory": ("gpu_mem_gib", "memory_gib", "mem_gib"),
     "slo": ("latency_slo_ms",),
     "name": ("name", "id"),
+    "interruptible": ("interruptible", "interrupt"),
 }
 
 
@@ -375,11 +379,16 @@ def _read_generic(name: str, cols: list[str], rows, time_unit: str | None) -> Jo
             raise TraceFormatError(name, line, "runtime must be positive")
         deadline = _time_or_offset(get("deadline"), unit_s, "deadline", name, line) if get("deadline") else None
         slack = _duration(get("slack"), "slack", name, line) if get("slack") else None
+        cut = get("interruptible").lower() or None
+        if cut in ("none", "no", "false", "0", "-"):
+            cut = None
+        if cut not in (None, "checkpoint", "pause"):
+            raise TraceFormatError(name, line, f"interruptible: checkpoint, pause or empty, got {cut!r}")
         job = TraceJob(
             arrival_s=0.0, gpus=gpus, est_runtime_s=runtime, workload=workload, prompts=prompts,
             gpu_mem_gib=_number(get("memory"), "gpu_mem_gib", name, line) if get("memory") else 0.0,
             latency_slo_ms=_number(get("slo"), "latency_slo_ms", name, line) if get("slo") else None,
-            slack_s=slack, name=get("name") or f"job-{line - 1}")
+            slack_s=slack, name=get("name") or f"job-{line - 1}", interruptible=cut)
         parsed.append((submit, job, deadline))
     if not parsed:
         return JobTrace(path=name, fmt="generic", jobs=[])

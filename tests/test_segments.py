@@ -1,0 +1,231 @@
+"""Planning interruptible jobs in segments (issue 30): policies.segments and greedy's use of it.
+
+The dynamic programme is checked against brute force over every subset of slots of small
+instances; greedy's plans against the rules (minimum run, resume cost, most segments,
+deadline, a pause job's GPUs held), against the job's one-piece plan on a curve with a dirty
+middle, and the LP bound against the plans it must bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+from policies.cpsat import CpsatPolicy
+from policies.greedy import GreedyPolicy
+from policies.lp_relaxation import lp_instance, solve_lp_bound
+from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
+from policies.placement import plan_violations
+from policies.problem import compile_problem
+from policies.segments import cheapest_segments, slots_needed
+
+NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
+SLOT_S = 900.0
+
+
+# -- the dynamic programme ------------------------------------------------------------------------
+
+def _brute(run, avail, lo, end, first_latest, work_s, resume_s, resumed, mr, M, pause, idle):
+    """The cheapest valid plan by enumerating every subset of slots (small T only)."""
+    best = math.inf
+    T = end - lo
+    for mask in range(1, 1 << T):
+        used = [lo + t for t in range(T) if mask >> t & 1]
+        runs, start = [], used[0]
+        for a, b in zip(used, used[1:]):
+            if b != a + 1:
+                runs.append((start, a + 1))
+                start = b
+        runs.append((start, used[-1] + 1))
+        m = len(runs)
+        if m > M or len(used) != slots_needed(work_s, m, resume_s, resumed, SLOT_S):
+            continue
+        if runs[0][0] > first_latest or any(b - a < mr for a, b in runs) or not all(avail[t] for t in used):
+            continue
+        cost = sum(run[t] for t in used)
+        if pause:
+            gaps = [t for (_, b), (a2, _) in zip(runs, runs[1:]) for t in range(b, a2)]
+            if not all(avail[t] for t in gaps):
+                continue
+            cost += sum(idle[t] for t in gaps)
+        best = min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_dp_finds_the_cheapest_valid_segments(seed):
+    rng = random.Random(seed)
+    T = rng.randint(6, 11)
+    run = np.array([rng.choice([1.0, 2.0, 5.0, 9.0]) * rng.uniform(0.9, 1.1) for _ in range(T)])
+    avail = np.array([rng.random() > 0.15 for _ in range(T)])
+    idle = run * 0.2
+    lo, end = rng.randint(0, 1), T
+    work_s = rng.randint(2, max(2, T - 3)) * SLOT_S - rng.choice([0.0, 300.0])
+    resume_s = rng.choice([0.0, 60.0, 600.0, 1200.0])
+    resumed = rng.random() < 0.3
+    mr = rng.choice([1, 1, 2, 3])
+    M = rng.choice([1, 2, 3, 4])
+    pause = rng.random() < 0.4
+    first_latest = rng.randint(lo, end - 1)
+    plan = cheapest_segments(run, avail, lo, end, first_latest, work_s, SLOT_S, resume_s, resumed, mr, M,
+                             pause, idle)
+    best = _brute(run, avail, lo, end, first_latest, work_s, resume_s, resumed, mr, M, pause, idle)
+    if plan is None:
+        assert best == math.inf
+        return
+    assert plan.gco2 == pytest.approx(best, rel=1e-6)
+    segs = plan.slots
+    # the plan itself keeps the rules
+    assert 1 <= len(segs) <= M
+    assert segs[0][0] <= first_latest and segs[0][0] >= lo and segs[-1][1] <= end
+    assert all(b - a >= mr for a, b in segs)
+    assert all(b1 < a2 for (_, b1), (a2, _) in zip(segs, segs[1:]))  # a real break between segments
+    assert sum(b - a for a, b in segs) == slots_needed(work_s, len(segs), resume_s, resumed, SLOT_S)
+    assert all(avail[t] for a, b in segs for t in range(a, b))
+
+
+# -- greedy ---------------------------------------------------------------------------------------
+
+def _curve(values=None) -> CarbonCurve:
+    # clean 6 h, dirty 6 h, clean 12 h, then dirty
+    values = values or [100.0] * 6 + [500.0] * 6 + [100.0] * 12 + [400.0] * 30
+    return CarbonCurve(zone="DE", start=NOW, step_s=3600.0, values_g_per_kwh=tuple(values))
+
+
+def _gpus(n: int = 2) -> tuple[GpuSlot, ...]:
+    return tuple(GpuSlot(id=i, node="n1", zone="DE", index=i, model="H100", memory_gib=80) for i in range(n))
+
+
+def _job(i: int = 1, kind: str | None = "checkpoint", **kw) -> QueuedJob:
+    base = dict(id=i, gpus=1, gpu_mem_gib=10, submitted_at=NOW, est_runtime_s=8 * 3600.0,
+                deadline=NOW + timedelta(hours=15), interruptible=kind, min_run_s=3600.0, resume_cost_s=300.0)
+    base.update(kw)
+    return QueuedJob(**base)
+
+
+def _snap(*jobs, gpus=None, values=None) -> Snapshot:
+    return Snapshot(now=NOW, jobs=tuple(jobs), gpus=gpus or _gpus(), carbon={"DE": _curve(values)})
+
+
+def _one(plan):
+    (a,) = plan.assignments
+    return a
+
+
+def test_a_checkpoint_job_is_cut_around_the_dirty_middle_and_costs_less_than_one_piece():
+    whole = _one(GreedyPolicy().plan(_snap(_job(kind=None))))
+    cut = _one(GreedyPolicy().plan(_snap(_job())))
+    assert whole.segments == ()
+    assert len(cut.segments) == 2
+    assert cut.estimate.gco2 < 0.6 * whole.estimate.gco2
+    (s0, e0), (s1, e1) = cut.segments
+    assert cut.start_at == s0 and cut.interrupt_at == e0 and cut.resume_at == s1
+    assert e0 <= NOW + timedelta(hours=6) and s1 >= NOW + timedelta(hours=12)
+    assert cut.estimate.finish_at == e1 <= NOW + timedelta(hours=15)
+    # total running time: the work plus one resume
+    assert cut.estimate.runtime_s == pytest.approx(8 * 3600.0 + 300.0)
+    assert (e0 - s0).total_seconds() + (e1 - s1).total_seconds() == pytest.approx(8 * 3600.0 + 300.0)
+    assert "paused 06:00-12:00" in cut.explanation and "500 g/kWh vs 100 after" in cut.explanation
+
+
+def test_segments_respect_min_run_resume_cost_max_segments_and_deadline():
+    rng = random.Random(3)
+    for trial in range(25):
+        values = [rng.choice([80.0, 120.0, 300.0, 600.0]) for _ in range(60)]
+        runtime_s = rng.choice([2, 3, 5, 8]) * 3600.0 + rng.choice([0.0, 1200.0])
+        job = _job(est_runtime_s=runtime_s, deadline=NOW + timedelta(seconds=runtime_s + rng.choice([6, 12, 20]) * 3600),
+                   min_run_s=rng.choice([900.0, 3600.0, 7200.0]), resume_cost_s=rng.choice([0.0, 60.0, 600.0]),
+                   max_segments=rng.choice([2, 3, 4]), interruptible=rng.choice(["checkpoint", "pause"]))
+        a = _one(GreedyPolicy().plan(_snap(job, values=values)))
+        if not a.segments:
+            continue
+        segs = a.segments
+        assert 2 <= len(segs) <= job.max_segments
+        lengths = [(e - s).total_seconds() for s, e in segs]
+        assert all(x >= job.min_run_s - 1e-6 for x in lengths[:-1])
+        # the last one ends when the work is done, inside its last whole slot
+        assert lengths[-1] > (math.ceil(job.min_run_s / SLOT_S) - 1) * SLOT_S
+        assert sum(lengths) == pytest.approx(runtime_s + (len(segs) - 1) * job.resume_cost_s, abs=1e-6)
+        assert all(e1 < s2 for (_, e1), (s2, _) in zip(segs, segs[1:]))
+        assert segs[-1][1] <= job.deadline
+        assert not a.estimate.deadline_miss
+
+
+def test_a_pause_job_pays_for_its_idle_gpus_and_keeps_them():
+    cut = GreedyPolicy().plan(_snap(_job(kind="pause"), gpus=_gpus(1)))
+    a = _one(cut)
+    assert len(a.segments) == 2
+    checkpoint = _one(GreedyPolicy().plan(_snap(_job(), gpus=_gpus(1))))
+    assert a.estimate.energy_j > checkpoint.estimate.energy_j  # idle power in the pause
+    assert a.estimate.gco2 > checkpoint.estimate.gco2
+    assert "GPUs held idle" in a.explanation
+
+
+def test_a_pause_jobs_gpus_are_never_given_to_another_job_during_its_pause():
+    # one GPU: the pause job, and short jobs that would love the GPU in the pause (it is free
+    # of work there) but must wait for the pause job's end or go unplaced
+    others = [QueuedJob(id=10 + i, gpus=1, gpu_mem_gib=10, submitted_at=NOW, est_runtime_s=3600.0,
+                        deadline=NOW + timedelta(hours=40)) for i in range(3)]
+    snap = _snap(_job(kind="pause"), *others, gpus=_gpus(1))
+    for policy in (GreedyPolicy(), CpsatPolicy(max_time_s=2)):
+        plan = policy.plan(snap)
+        by = plan.by_job()
+        pause = by[1]
+        assert len(pause.segments) == 2, pause.explanation
+        held = pause.segments[0][0], pause.segments[-1][1]
+        for o in others:
+            a = by.get(o.id)
+            if a is None:
+                continue
+            end = a.start_at + timedelta(seconds=a.estimate.runtime_s)
+            assert end <= held[0] or a.start_at >= held[1], (policy.name, a.explanation)
+        assert plan_violations(compile_problem(snap), plan) == []
+
+
+def test_a_checkpoint_jobs_gpus_are_free_between_its_segments():
+    others = [QueuedJob(id=10, gpus=1, gpu_mem_gib=10, submitted_at=NOW + timedelta(hours=6), est_runtime_s=3600.0,
+                        max_delay_s=3600.0)]
+    plan = GreedyPolicy().plan(_snap(_job(), *others, gpus=_gpus(1)))
+    by = plan.by_job()
+    assert len(by[1].segments) == 2
+    o = by[10]
+    assert by[1].segments[0][1] <= o.start_at < by[1].segments[1][0]
+
+
+def test_non_interruptible_plans_are_unchanged_by_the_segment_fields():
+    rng = random.Random(5)
+    values = [rng.uniform(50, 600) for _ in range(60)]
+    jobs = [_job(i, kind=None, est_runtime_s=rng.choice([1, 2, 5, 9]) * 3600.0,
+                 deadline=NOW + timedelta(hours=rng.choice([12, 20, 30]))) for i in range(1, 9)]
+    base = GreedyPolicy().plan(_snap(*jobs, values=values))
+    # max_segments 1, or no interruptible kind: the one-piece plan, assignment for assignment
+    one = GreedyPolicy().plan(_snap(*[replace(j, interruptible="checkpoint", max_segments=1) for j in jobs],
+                                    values=values))
+    assert [(a.job_id, a.gpu_ids, a.start_at, a.estimate.gco2, a.segments) for a in one.assignments] == \
+        [(a.job_id, a.gpu_ids, a.start_at, a.estimate.gco2, a.segments) for a in base.assignments]
+    assert all(a.segments == () for a in base.assignments)
+
+
+def test_a_resumed_job_plans_the_rest_of_its_work_plus_one_resume():
+    job = _job(done_fraction=0.75, resume_count=1, deadline=NOW + timedelta(hours=20))
+    a = _one(GreedyPolicy().plan(_snap(job)))
+    assert a.segments == ()  # 2 h 5 min fit in one clean stretch
+    assert a.estimate.runtime_s == pytest.approx(0.25 * 8 * 3600.0 + 300.0)
+
+
+def test_cpsat_accepts_interruptible_jobs_and_the_lp_bound_stays_below_every_plan():
+    jobs = [_job(1), _job(2, kind="pause"), _job(3, kind=None, est_runtime_s=3 * 3600.0)]
+    snap = _snap(*jobs, gpus=_gpus(3))
+    greedy = GreedyPolicy().plan(snap)
+    cpsat = CpsatPolicy(max_time_s=2).plan(snap)
+    assert not cpsat.unplaced and len(cpsat.assignments) == 3
+    assert any(len(a.segments) == 2 for a in cpsat.assignments)
+    bound = solve_lp_bound(lp_instance(compile_problem(snap)), time_limit_s=10).bound_g
+    for plan in (greedy, cpsat):
+        assert bound <= sum(a.estimate.gco2 for a in plan.assignments) + 1e-6
