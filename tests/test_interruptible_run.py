@@ -11,7 +11,9 @@ plans into segments.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -275,3 +277,38 @@ def test_an_agent_that_dies_during_a_checkpoint_finds_it_done_and_the_job_finish
     assert out.read_text() == uninterrupted_output(tmp_path, 80)
     assert sorted(steps_run(trace)) == list(range(1, 81))
     assert [s.outcome for s in segs(store, job)] == ["checkpointed", "checkpointed", "completed"]
+
+
+def _process_state(pid: int) -> str | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split()[1]
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def test_a_paused_job_whose_supervisor_vanished_is_killed_not_left_stopped_and_resumed(world, store, tmp_path):
+    holder, service, planner, policy, backend, state = world
+    policy.first_s, policy.gap_s = 1.0, 3.0
+    job, out, trace = submit(service, tmp_path, kind="pause", steps=60, extra_args=("--checkpoint-every", "5"))
+    drive(holder, planner, store, job, lambda r: service.get_job(ME, job)["paused_until"] is not None)
+    run_dir = state / "run" / str(job)
+    deadline = time.monotonic() + 10
+    while not (run_dir / "phase.json").exists():  # the supervisor has stopped it
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    job_pid = json.loads((run_dir / "pid.json").read_text())["pid"]
+    assert _process_state(job_pid) == "T"
+    os.kill(json.loads((run_dir / "launched.json").read_text())["supervisor_pid"], signal.SIGKILL)
+    final = drive(holder, planner, store, job, {"COMPLETED", "FAILED", "LOST"})
+    assert final.state == "COMPLETED", final.reason
+    assert _process_state(job_pid) in (None, "Z")  # killed, never left stopped
+    assert out.read_text() == uninterrupted_output(tmp_path, 60)
+    rows = segs(store, job)
+    assert rows[0].outcome == "vanished" and rows[0].lost_s > 0
+    assert rows[-1].outcome == "completed"
+    ran = steps_run(trace)
+    assert sorted(set(ran)) == list(range(1, 61))
+    assert len(ran) - 60 <= 5  # only the steps since its last checkpoint ran twice

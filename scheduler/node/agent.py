@@ -379,6 +379,9 @@ class Agent:
                 self._finish(job, status)
             elif status.state is RunState.NOT_LAUNCHED:
                 self._requeue_unlaunched(job)
+            elif (job.interruptible and hasattr(self.executor, "kill_leftovers")
+                  and (job.resume_count or 0) < interruptible.MAX_SEGMENTS):
+                self._resume_vanished(job, status)
             else:
                 self._lose(job, status.note or "its supervisor vanished without a result (killed?)")
         if self._logs is not None and alive:
@@ -544,6 +547,35 @@ class Agent:
         self.executor.forget(job.id)
         self._signalled.discard(job.id)
         log.info("job %s segment %s: %s", job.id, outcome, why)
+
+    def _resume_vanished(self, job, status: RunStatus) -> None:
+        """An interruptible job whose supervisor vanished (killed with it): whatever is left
+        of it is killed (a paused one is never left stopped), and it goes back to the queue to
+        resume from its last checkpoint, the run counted as lost work, instead of being LOST."""
+        left = self.executor.kill_leftovers(job.id)
+        ended = self._clock()
+        energy_j, method, _note = self._job_energy(job, status, ended)
+        run_s = max(0.0, (ended - job.started_at).total_seconds()) if job.started_at else 0.0
+        why = ("its supervisor vanished without a result (killed?)"
+               + (f"; {left} process(es) could not be killed" if left else "")
+               + f": back in the queue to resume from its last checkpoint ({format_duration(run_s)} of work lost)")
+        parts = [("run", job.started_at or ended, ended)]
+
+        def tx(conn: Connection) -> bool:
+            total = segments.record(conn, job.id, parts, [energy_j], node=self.config.node,
+                                    gpu_ids=job.gpu_ids or [], outcome=segments.VANISHED, method=method,
+                                    lost_s=run_s, done_fraction=job.done_fraction)
+            return end_run(conn, job.id, State.PENDING, actor_uid=None, reason=why, values=dict(
+                UNPLACED, planned_segments=None, planned_interrupt_at=None, planned_resume_at=None,
+                attempts=jobs.c.attempts - 1, resume_count=jobs.c.resume_count + 1, energy_j=total,
+                energy_method=method, power_limit_w=None, power_limit_note=None))
+
+        self.store.transact(tx)
+        self._release_gpus(job.gpu_ids or [], job)
+        self._paused.discard(job.id)
+        self.executor.forget(job.id)
+        self._signalled.discard(job.id)
+        log.error("job %s: %s", job.id, why)
 
     def _reported_work(self, job, status: RunStatus) -> job_metrics.ReportedWork:
         """The prompts and tokens the job wrote into its metrics file (none for a run

@@ -20,6 +20,7 @@ from scheduler.store.models import job_segments
 
 CHECKPOINTED = "checkpointed"
 KILLED = "killed"  # it ignored its checkpoint request and was killed after the grace period
+VANISHED = "vanished"  # its supervisor died with it: resumed from its last checkpoint
 
 
 @dataclass(frozen=True)
