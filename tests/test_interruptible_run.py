@@ -312,3 +312,29 @@ def test_a_paused_job_whose_supervisor_vanished_is_killed_not_left_stopped_and_r
     ran = steps_run(trace)
     assert sorted(set(ran)) == list(range(1, 61))
     assert len(ran) - 60 <= 5  # only the steps since its last checkpoint ran twice
+
+
+def test_a_job_cancelled_while_paused_is_continued_to_take_its_stop_and_its_checkpoint_dir_goes(
+        world, store, tmp_path):
+    holder, service, planner, policy, backend, state = world
+    policy.first_s, policy.gap_s = 1.0, 30.0
+    job, out, trace = _pause_job(service, tmp_path, steps=400)
+    drive(holder, planner, store, job, lambda r: service.get_job(ME, job)["paused_until"] is not None)
+    time.sleep(0.5)
+    service.cancel(ME, [job])
+    final = drive(holder, planner, store, job, {"CANCELLED", "FAILED", "COMPLETED"}, timeout_s=15)
+    assert final.state == "CANCELLED"
+    assert not (state / "checkpoints" / str(job)).exists()
+
+
+def test_the_checkpoint_dir_of_a_job_cancelled_between_segments_is_swept(world, store, tmp_path):
+    holder, service, planner, policy, backend, state = world
+    policy.gap_s = 60.0  # its second segment is far off: it waits PENDING/PLANNED
+    job, out, trace = submit(service, tmp_path, kind="checkpoint", steps=400, checkpoint_grace_s=5)
+    drive(holder, planner, store, job, lambda r: r.resume_count == 1)
+    ckdir = state / "checkpoints" / str(job)
+    assert (ckdir / "state.json").exists()
+    service.cancel(ME, [job])
+    holder["agent"]._swept_at = None  # the next tick sweeps
+    holder["agent"].tick()
+    assert row(store, job).state == "CANCELLED" and not ckdir.exists()

@@ -50,6 +50,8 @@ POWER_LIMIT_REFRESH_S = 60.0
 # A limit within this of the default is the default (drivers report mW/uW, shown rounded).
 POWER_LIMIT_TOLERANCE_W = 0.5
 ENV_POWER_LIMIT = "CARBONSCHED_POWER_LIMIT_W"
+# How often the agent removes the checkpoint directories of jobs that have ended.
+CHECKPOINT_SWEEP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Agent:
         self._lost_lock = threading.Lock()
         self._stopped_by_agent: dict[int, str] = {}
         self._paused: set[int] = set()  # pause jobs stopped now (their GPUs idle)
+        self._swept_at: float | None = None
         self._prev_reading: dict[str, Reading] = {}
         self._day_j: dict[int, float] = {}
         self._disk_full = False
@@ -238,6 +241,7 @@ class Agent:
             changed |= self._reconcile_running()
             changed |= self._claim_due()
             self._heartbeat()
+            self._sweep_checkpoints()
             if changed:
                 self._on_change()
         finally:
@@ -390,6 +394,30 @@ class Agent:
             except (OSError, SQLAlchemyError) as e:  # output copies are best effort; jobs go on
                 log.warning("copying job output into the store failed: %s", e)
         return changed
+
+    def _sweep_checkpoints(self) -> None:
+        """Remove the checkpoint directories of jobs that have ended elsewhere than on this
+        agent's watch (cancelled while queued between segments, ended on another node), every
+        CHECKPOINT_SWEEP_S. A directory of an active job is kept."""
+        now = time.monotonic()
+        if self._swept_at is not None and now - self._swept_at < CHECKPOINT_SWEEP_S:
+            return
+        self._swept_at = now
+        root = self.config.checkpoints
+        try:
+            ids = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
+        except FileNotFoundError:
+            return
+        if not ids:
+            return
+        with self.store.read() as conn:
+            active = set(conn.execute(select(jobs.c.id).where(
+                jobs.c.id.in_(ids), jobs.c.state.in_([s.value for s in (State.PENDING, State.PLANNED,
+                                                                       State.RUNNING)]))).scalars())
+        for job_id in ids:
+            if job_id not in active:
+                checkpoint.remove_job_dir(root, job_id)
+                log.info("job %s has ended: its checkpoint directory was removed", job_id)
 
     def _follow_pause(self, job) -> bool:
         """Mirror a pause job's phase (its supervisor stops and continues it by the plan) on
