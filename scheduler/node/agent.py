@@ -29,6 +29,7 @@ from scheduler.node.executor import Executor, JobExecutor, LaunchSpec, RunState,
 from scheduler.node.log_shipper import LogShipper
 from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
+from scheduler.slurm.commands import SlurmError
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
 from scheduler.timeparse import format_duration
@@ -78,6 +79,16 @@ class AgentConfig:
     @property
     def checkpoints(self) -> Path:
         return self.checkpoint_root or self.state_dir / "checkpoints"
+
+
+# What the agent reads of its running jobs each tick (the Slurm agent adds its own).
+RUNNING_COLUMNS = (jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
+                   jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
+                   jobs.c.power_limit_w, jobs.c.planned_power_limit_w,
+                   # interruptible jobs (issue 30)
+                   jobs.c.interruptible, jobs.c.resume_count, jobs.c.done_fraction, jobs.c.resume_cost_s,
+                   jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.planned_segments,
+                   jobs.c.prompts, jobs.c.checkpoints_ignored)
 
 
 def redirected_argv(job) -> list[str]:
@@ -350,12 +361,7 @@ class Agent:
     def _running_jobs(self) -> list:
         with self.store.read() as conn:
             return list(conn.execute(
-                select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
-                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
-                       jobs.c.power_limit_w, jobs.c.planned_power_limit_w,
-                       jobs.c.interruptible, jobs.c.resume_count, jobs.c.done_fraction, jobs.c.resume_cost_s,
-                       jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.planned_segments,
-                       jobs.c.prompts, jobs.c.checkpoints_ignored)
+                select(*RUNNING_COLUMNS)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _reconcile_running(self) -> bool:
@@ -376,6 +382,11 @@ class Agent:
                     log.info("job %s: %s, stopping it", job.id, stop_why)
                 if job.interruptible == interruptible.PAUSE:
                     changed |= self._follow_pause(job)
+                elif job.interruptible == interruptible.CHECKPOINT and hasattr(self.executor, "keep_timetable"):
+                    try:  # the Slurm backend: no supervisor of ours keeps it
+                        self.executor.keep_timetable(job.id)
+                    except (OSError, SlurmError) as e:
+                        log.warning("job %s: checkpoint request through the executor failed: %s", job.id, e)
                 continue
             changed = True
             if status.state is RunState.FINISHED:
