@@ -208,3 +208,14 @@ def test_submit_flags_reach_the_store_show_and_queue_and_a_bad_one_is_one_line(d
     assert "segment 1: run" in text
     log = daemon.cli("logs", str(job), check=True).stdout
     assert "resume=0 dir=" in log and f"/checkpoints/{job}" in log
+
+
+def test_queue_says_until_when_a_pause_job_is_stopped():
+    from scheduler.cli.output import jobs_table
+
+    at = (datetime.now(timezone.utc) + timedelta(hours=2)).replace(microsecond=0)
+    job = {"id": 3, "name": "train", "owner": "alice", "state": "RUNNING", "gpus": [0], "gpus_requested": 1,
+           "gpu_model": "H100", "submitted_at": None, "started_at": None, "planned_start": None, "ended_at": None,
+           "exit_code": None, "energy_j": None, "gco2": None, "est_gco2": None, "reason": None,
+           "paused_until": at.isoformat().replace("+00:00", "Z")}
+    assert f"paused until {at.astimezone():%H:%M}" in jobs_table([job])

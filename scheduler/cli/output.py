@@ -82,8 +82,10 @@ def jobs_table(jobs: list[dict]) -> str:
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
                      "-" if j["exit_code"] is None else str(j["exit_code"]), _energy_in(j["energy_j"], unit),
                      _job_gco2(j),
-                     # why a PENDING job waits, as squeue's REASON: the planner's word for it
-                     (j.get("reason") or "-") if j["state"] == "PENDING" else ""])
+                     # why a PENDING job waits, as squeue's REASON: the planner's word for it;
+                     # a pause job stopped by its plan says until when (issue 30)
+                     (j.get("reason") or "-") if j["state"] == "PENDING"
+                     else f"paused until {local_time(j['paused_until'])[:5]}" if j.get("paused_until") else ""])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
                   "ENERGY", "GCO2(~EST)", "REASON"], rows)
 
