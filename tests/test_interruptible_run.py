@@ -167,6 +167,15 @@ def test_a_checkpoint_job_runs_in_three_planned_segments_and_gives_an_uninterrup
     assert final.attempts == 1  # resumes are not retries
     detail = service.get_job(ME, job)
     assert [s["outcome"] for s in detail["segments"]] == ["checkpointed", "checkpointed", "completed"]
+    # The receipt lists the segments, each priced over its own window; the job's gCO2 is their sum.
+    receipt = service_receipt(store, job)
+    assert [s["outcome"] for s in receipt["segments"]] == ["checkpointed", "checkpointed", "completed"]
+    assert all(s["gco2"] and s["gco2"] > 0 for s in receipt["segments"])
+    assert receipt["gco2"] == pytest.approx(sum(s["gco2"] for s in receipt["segments"]))
+    assert receipt["energy_j"] == pytest.approx(final.energy_j)
+    assert receipt["runtime_s"] == pytest.approx(sum(s["duration_s"] for s in receipt["segments"]))
+    assert receipt["lost_work_s"] == 0 and receipt["resume_count"] == 2
+    assert row(store, job).gco2 == pytest.approx(receipt["gco2"])
 
 
 def test_a_job_that_ignores_its_checkpoint_request_is_killed_and_resumed_from_its_last_checkpoint(
