@@ -219,3 +219,16 @@ def test_queue_says_until_when_a_pause_job_is_stopped():
            "exit_code": None, "energy_j": None, "gco2": None, "est_gco2": None, "reason": None,
            "paused_until": at.isoformat().replace("+00:00", "Z")}
     assert f"paused until {at.astimezone():%H:%M}" in jobs_table([job])
+
+
+def test_a_replan_that_barely_moves_the_segments_keeps_the_stored_ones():
+    from scheduler.daemon.planner import segments_moved
+
+    t0 = datetime(2026, 12, 2, 1, 0, tzinfo=timezone.utc)
+    h = timedelta(hours=1)
+    plan = ((t0, t0 + h), (t0 + 3 * h, t0 + 4 * h))
+    stored = interruptible.segments_to_json(plan)
+    assert not segments_moved(stored, tuple((a + timedelta(seconds=20), b + timedelta(seconds=20)) for a, b in plan))
+    assert segments_moved(stored, ((t0, t0 + h), (t0 + 2 * h, t0 + 3 * h)))
+    assert segments_moved(stored, ())  # now one piece
+    assert segments_moved(None, plan) and not segments_moved(None, ())

@@ -828,6 +828,22 @@ def _current_plans(conn: Connection, job_ids: set[int]) -> dict[int, Assignment]
     return out
 
 
+# A re-plan that moves an interruptible job's segment boundaries by less than this keeps the
+# stored segments (a policy planning from `now` shifts them a little every tick).
+SEGMENT_TOLERANCE_S = 60.0
+
+
+def segments_moved(stored: list | None, segments: tuple) -> bool:
+    """Whether a plan's segments differ from the stored ones: another count, or a boundary
+    more than SEGMENT_TOLERANCE_S away."""
+    old = interruptible.segments_from_json(stored)
+    new = list(segments) if len(segments) > 1 else []
+    if len(old) != len(new):
+        return True
+    return any(abs((x - y).total_seconds()) > SEGMENT_TOLERANCE_S
+               for (a0, a1), (b0, b1) in zip(old, new) for x, y in ((a0, b0), (a1, b1)))
+
+
 def _interruptible_fields(r: "QueuedRow") -> dict:
     """The issue-30 fields of a queued job as the policy sees them (policies.model.QueuedJob).
     A job that ignored a checkpoint request runs its rest in one piece: asking it again would
@@ -980,7 +996,7 @@ def _estimate_changed(row, a) -> bool:
         return True
     if row.planned_power_limit_w != a.estimate.power_limit_w:
         return True
-    if (row.planned_segments or None) != interruptible.segments_to_json(a.segments):
+    if segments_moved(row.planned_segments, a.segments):
         return True
     old, new = row.est_gco2, a.estimate.gco2
     if (old is None) != (new is None):
