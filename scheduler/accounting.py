@@ -52,7 +52,7 @@ from policies.counterfactual import RULE_SHORT
 from scheduler.lifecycle import TERMINAL, State, utcnow
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_intensity
-from scheduler.store.models import UTCDateTime, gpus, jobs, nodes
+from scheduler.store.models import UTCDateTime, gpus, job_segments, jobs, nodes
 from scheduler.store.telemetry_models import gpu_power_minutes, gpu_samples
 from scheduler.timeparse import utc_aware
 from telemetry.energy import MODELLED, Sample, clip_window, window_energy
@@ -468,7 +468,41 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         # not, with the plan's estimate at the default limit beside the capped one.
         "power_limit": power_limit(job),
     }
+    if job.get("segments"):
+        receipt.update(segments_summary(job, job["segments"]))
     return receipt
+
+
+def combine_runs(runs: Sequence[RunCarbon]) -> RunCarbon:
+    """One RunCarbon for several runs (an interruptible job's segments): energies and gCO2
+    summed (None when any is unpriced), pieces and gaps in order, the basis "actual" only
+    when every run's is, coverage weighted by energy."""
+    energy = sum(r.energy_j for r in runs)
+    gco2 = None if any(r.gco2 is None for r in runs) else sum(r.gco2 for r in runs)  # type: ignore[misc]
+    bases = {r.basis for r in runs}
+    basis = None if None in bases else (bases.pop() if len(bases) == 1 else "mixed")
+    coverage = (sum(r.coverage * r.energy_j for r in runs) / energy) if energy > 0 else min(r.coverage for r in runs)
+    weightings = {r.weighting for r in runs}
+    return RunCarbon(energy_j=energy, pue=runs[0].pue,
+                     weighting=weightings.pop() if len(weightings) == 1 else "mixed",
+                     pieces=tuple(p for r in runs for p in r.pieces), gco2=gco2, basis=basis, coverage=coverage,
+                     gaps=tuple(g for r in runs for g in r.gaps))
+
+
+def segments_summary(job: Mapping[str, Any], segments: Sequence[Mapping[str, Any]]) -> dict:
+    """The receipt's part for an interruptible job (issue 30): each segment with what it
+    cost, the time run, paused and lost (work run after the last checkpoint of a job killed
+    for ignoring its request), and the wait until its first segment."""
+    run_s = sum(s["duration_s"] for s in segments if s["kind"] == "run")
+    first = job.get("first_started_at")
+    return {"interruptible": job.get("interruptible"), "resume_count": job.get("resume_count"),
+            "segments": [dict(s) for s in segments],
+            "runtime_s": run_s,
+            "paused_s": sum(s["duration_s"] for s in segments if s["kind"] == "pause"),
+            "lost_work_s": sum(s.get("lost_s") or 0.0 for s in segments),
+            "checkpoints_ignored": job.get("checkpoints_ignored") or 0,
+            "wait_s": _seconds_between(job.get("submitted_at"), first) if first else None,
+            "first_started_at": iso(first)}
 
 
 def power_limit(job: Mapping[str, Any]) -> dict | None:
@@ -504,7 +538,8 @@ _JOB_COLUMNS = ("id", "name", "state", "owner_uid", "owner_name", "workload", "g
                 "gco2_coverage", "est_energy_j", "est_gco2", "est_gco2_if_now", "explanation", "accounted_at",
                 "planned_max_batch", "planned_precision", "planned_tp", "planned_power_limit_w",
                 "power_limit_w", "power_limit_note", "est_uncapped_energy_j", "est_uncapped_gco2",
-                "est_uncapped_runtime_s", "est_runtime_planned_s")
+                "est_uncapped_runtime_s", "est_runtime_planned_s", "interruptible", "first_started_at",
+                "resume_count", "done_fraction", "checkpoints_ignored")
 
 
 class NotFound(LookupError):
@@ -661,8 +696,50 @@ class Accountant:
                 notes.append(f"GPU {gid}: {est.note}")
         return "; ".join(notes) or None
 
+    def _segments(self, conn: Connection, job: dict) -> list:
+        if not job.get("interruptible"):
+            return []
+        return list(conn.execute(select(job_segments).where(job_segments.c.job_id == job["id"])
+                                 .order_by(job_segments.c.seq)))
+
+    def price_segments(self, conn: Connection, job: dict, rows: list) -> tuple[RunCarbon | None, dict, list[dict]]:
+        """The carbon of an interruptible job: each segment priced over its own window,
+        on its own node's zone and GPUs (a checkpoint job may move), and the sums. Returns
+        the job's carbon, its column values and each segment's gCO2 ({id, gco2})."""
+        zone, model = self._placement(conn, job)
+        pue = self._pue(zone, job.get("node"))
+        signal = self._signal(zone)
+        values: dict[str, Any] = {"zone": zone, "gpu_model": model, "pue": pue, "gco2_signal": signal}
+        runs: list[RunCarbon] = []
+        updates: list[dict] = []
+        for seg in rows:
+            seg_zone = zone
+            if seg.node and seg.node != job.get("node"):
+                seg_zone = conn.execute(select(nodes.c.zone).where(nodes.c.name == seg.node)).scalar() or zone
+            if seg.energy_j is None or seg_zone is None:
+                updates.append({"id": seg.id, "gco2": None})
+                continue
+            gpu_ids = [int(g) for g in (seg.gpu_ids or [])]
+            series, weighting = self._power_series(conn, gpu_ids, seg.started_at.timestamp(), seg.ended_at.timestamp())
+            spans = self.intensity_spans(conn, seg_zone, self._signal(seg_zone), seg.started_at, seg.ended_at)
+            run = run_carbon(float(seg.energy_j), seg.started_at, seg.ended_at, spans,
+                             pue=self._pue(seg_zone, seg.node), gpu_power=series, weighting=weighting)
+            runs.append(run)
+            updates.append({"id": seg.id, "gco2": run.gco2})
+        if not runs:
+            values.update(gco2=None, gco2_basis=None, gco2_coverage=None)
+            return None, values, updates
+        total = combine_runs(runs)
+        values.update(gco2=total.gco2, gco2_basis=total.basis, gco2_coverage=total.coverage)
+        return total, values, updates
+
     def price_job(self, conn: Connection, job: dict) -> tuple[RunCarbon | None, dict]:
-        """The carbon of a job's run and the column values that record it."""
+        """The carbon of a job's run and the column values that record it (an interruptible
+        job's: the sum over its segments, `price_segments`)."""
+        rows = self._segments(conn, job)
+        if rows:
+            run, values, _ = self.price_segments(conn, job, rows)
+            return run, values
         zone, model = self._placement(conn, job)
         pue = self._pue(zone, job.get("node"))
         signal = self._signal(zone)
@@ -692,7 +769,13 @@ class Accountant:
                 raise ValueError(f"job {job_id} is {job['state']}: only finished jobs are accounted")
             if energy_note is not None:
                 job["energy_note"] = energy_note
-            run, values = self.price_job(conn, job)
+            rows = self._segments(conn, job)
+            if rows:
+                run, values, seg_gco2 = self.price_segments(conn, job, rows)
+                for u in seg_gco2:
+                    conn.execute(update(job_segments).where(job_segments.c.id == u["id"]).values(gco2=u["gco2"]))
+            else:
+                run, values = self.price_job(conn, job)
             if energy_note is not None:
                 values["energy_note"] = energy_note
             if tokens is not None:
@@ -762,6 +845,11 @@ class Accountant:
             cost = self._cost_usd(job)
         if stale:
             self.account(job_id)
+        if job.get("interruptible"):
+            from scheduler.job_view import segment_rows
+
+            with self.store.read() as conn:
+                job["segments"] = segment_rows(conn, job_id)
         return build_receipt(job, run, signal=values["gco2_signal"], shift=shift, cost_usd=cost)
 
     def _cost_usd(self, job: dict) -> float | None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from datetime import datetime, timezone
 
 from sqlalchemy import Connection, Select, String, select, type_coerce
 
-from scheduler.store.models import gpus, jobs
+from scheduler import interruptible
+from scheduler.store.models import gpus, job_segments, jobs
 
 # Key order of the JSON object; add keys freely, never rename (DESIGN.md).
 _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids", "planned_gpu_ids",
@@ -25,10 +27,13 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "reported_output_tokens", "ttft_slo_ms", "tpot_slo_ms", "planned_max_batch", "planned_precision",
             "planned_tp", "held_at", "begin_at", "dependency", "array_job_id", "array_task_id", "array_max_running",
             "stdout_path", "stderr_path", "planned_power_limit_w", "power_limit_w", "power_limit_note",
-            "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s")
+            "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s",
+            "interruptible", "checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
+            "max_segments", "done_fraction", "resume_count", "checkpoints_ignored", "first_started_at",
+            "planned_segments", "planned_interrupt_at", "planned_resume_at")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at",
-          "held_at", "begin_at"}
-_JSONS = {"gpu_ids", "planned_gpu_ids", "argv"}
+          "held_at", "begin_at", "first_started_at", "planned_interrupt_at", "planned_resume_at"}
+_JSONS = {"gpu_ids", "planned_gpu_ids", "argv", "planned_segments"}
 
 
 def job_select(dialect: str) -> Select:
@@ -66,6 +71,20 @@ def _per(gco2: float | None, prompts: int | None) -> float | None:
     return gco2 / prompts if gco2 is not None and prompts else None
 
 
+def _segments_iso(data) -> list[list[str]] | None:
+    if not data:
+        return None
+    return [[_iso_raw(datetime.fromisoformat(a)), _iso_raw(datetime.fromisoformat(b))] for a, b in data]
+
+
+def _paused_until(state: str, kind: str | None, data) -> str | None:
+    """When a RUNNING pause job that its plan has stopped now is continued (else null)."""
+    if state != "RUNNING" or kind != interruptible.PAUSE or not data:
+        return None
+    until = interruptible.paused_until(interruptible.segments_from_json(data), datetime.now(timezone.utc))
+    return _iso_raw(until)
+
+
 def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[dict]:
     """Job objects from rows of `job_select`."""
     out = []
@@ -76,7 +95,8 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          deadline_miss, limit_factor, tokens, reported_prompts, reported_in, reported_out, ttft_slo, tpot_slo,
          max_batch, precision, tp, held_at, begin_at, dependency, array_id, array_task, array_max,
          stdout_path, stderr_path, planned_limit_w, limit_w, limit_note, unc_energy, unc_gco2,
-         unc_runtime) in rows:
+         unc_runtime, kind, ck_signal, ck_grace, min_run, resume_cost, max_segments, done_fraction,
+         resume_count, ignored, first_started, planned_segments, interrupt_at, resume_at) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -130,5 +150,27 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "planned_power_limit_w": planned_limit_w, "power_limit_w": limit_w,
             "power_limit_note": limit_note, "est_uncapped_energy_j": unc_energy,
             "est_uncapped_gco2": unc_gco2, "est_uncapped_runtime_s": unc_runtime,
+            # Interruptible jobs (issue 30): the kind (checkpoint | pause; null: one piece) and
+            # its knobs; progress across segments (done_fraction of the whole, resume_count
+            # segments run); the plan's segments [[start, end], ...] (null: one piece), when
+            # the job is asked to checkpoint (planned_interrupt_at) and when it goes on
+            # (planned_resume_at), and, for a pause job stopped now, when it continues.
+            "interruptible": kind, "checkpoint_signal": ck_signal, "checkpoint_grace_s": ck_grace,
+            "min_run_s": min_run, "resume_cost_s": resume_cost, "max_segments": max_segments,
+            "done_fraction": done_fraction, "resume_count": resume_count, "checkpoints_ignored": ignored,
+            "first_started_at": _iso_raw(first_started),
+            "planned_segments": _segments_iso(_json_raw(planned_segments)),
+            "planned_interrupt_at": _iso_raw(interrupt_at), "planned_resume_at": _iso_raw(resume_at),
+            "paused_until": _paused_until(state, kind, _json_raw(planned_segments)),
         })
     return out
+
+
+def segment_rows(conn: Connection, job_id: int) -> list[dict]:
+    """The recorded segments of an interruptible job, oldest first (`show`, the receipt)."""
+    s = job_segments.c
+    return [{"seq": r.seq, "kind": r.kind, "outcome": r.outcome, "start": _iso_raw(r.started_at),
+             "end": _iso_raw(r.ended_at), "duration_s": (r.ended_at - r.started_at).total_seconds(),
+             "node": r.node, "gpu_ids": r.gpu_ids, "energy_j": r.energy_j, "energy_method": r.energy_method,
+             "gco2": r.gco2, "lost_s": r.lost_s, "done_fraction": r.done_fraction}
+            for r in conn.execute(select(job_segments).where(s.job_id == job_id).order_by(s.seq))]

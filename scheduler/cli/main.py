@@ -173,6 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--error", "-e", metavar="PATH", help="the same for stderr (default: with --output, the same "
                                                          "file as stdout)")
     s.add_argument("--chdir", "-D", metavar="DIR", help="the job's working directory (default: the current one)")
+    s.add_argument("--interruptible", choices=("checkpoint", "pause"),
+                   help="the job may run in segments that follow the green hours: checkpoint (it saves its state "
+                        "when told, by --checkpoint-signal and $CARBONSCHED_CHECKPOINT_FILE, and exits 75 to be "
+                        "resumed later, maybe on other GPUs) or pause (stopped and continued in place; its GPUs "
+                        "stay held and their idle power is counted)")
+    s.add_argument("--checkpoint-signal", metavar="SIG", help="the signal that asks a checkpoint job to save its "
+                                                               "state and exit 75 (default SIGUSR1)")
+    s.add_argument("--checkpoint-grace", metavar="DUR", help="how long a checkpoint job has to exit after being "
+                                                              "asked before it is killed (default 60s)")
+    s.add_argument("--min-run", metavar="DUR", help="the shortest useful segment of an interruptible job, e.g. 30m")
+    s.add_argument("--resume-cost", metavar="DUR", help="the time each resume loses (reload, warm-up), e.g. 1m")
+    s.add_argument("--max-segments", type=int, metavar="N", help="cut an interruptible job into at most N "
+                                                                  "segments (default 4)")
     s.add_argument("--json", action="store_true")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
 
@@ -478,6 +491,16 @@ def cmd_submit(args, config) -> int:
             body["time_limit_s"] = parse_duration(args.time_limit)
         if args.max_delay:
             body["max_delay_s"] = parse_duration(args.max_delay)
+        if args.interruptible:
+            body["interruptible"] = args.interruptible
+        for key, value in (("checkpoint_grace_s", args.checkpoint_grace), ("min_run_s", args.min_run),
+                           ("resume_cost_s", args.resume_cost)):
+            if value is not None:
+                body[key] = parse_duration(value)
+        if args.checkpoint_signal is not None:
+            body["checkpoint_signal"] = args.checkpoint_signal
+        if args.max_segments is not None:
+            body["max_segments"] = args.max_segments
         if args.deadline:
             body["deadline"] = iso(parse_time(args.deadline, datetime.now(timezone.utc)))
         for key, value, flag in (("ttft_slo_ms", args.ttft_slo, "--ttft-slo"),

@@ -82,8 +82,10 @@ def jobs_table(jobs: list[dict]) -> str:
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
                      "-" if j["exit_code"] is None else str(j["exit_code"]), _energy_in(j["energy_j"], unit),
                      _job_gco2(j),
-                     # why a PENDING job waits, as squeue's REASON: the planner's word for it
-                     (j.get("reason") or "-") if j["state"] == "PENDING" else ""])
+                     # why a PENDING job waits, as squeue's REASON: the planner's word for it;
+                     # a pause job stopped by its plan says until when (issue 30)
+                     (j.get("reason") or "-") if j["state"] == "PENDING"
+                     else f"paused until {local_time(j['paused_until'])[:5]}" if j.get("paused_until") else ""])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
                   "ENERGY", "GCO2(~EST)", "REASON"], rows)
 
@@ -210,6 +212,7 @@ def job_detail(job: dict) -> str:
     ]
     if job.get("deadline_miss"):
         fields.append(("DEADLINE", "cannot be met on any GPU: planned as soon as possible"))
+    fields += interruptible_fields(job)
     width = max(len(k) for k, _ in fields)
     lines = [f"{k.rjust(width)}: {printable(str(v))}" for k, v in fields]
     if job.get("events"):
@@ -220,6 +223,40 @@ def job_detail(job: dict) -> str:
             lines.append(f"  {local_time(e['at'], True)}  {(e['from'] or '-'):>9} -> {e['to']:<9} "
                          f"{who}: {printable(e['reason'] or '')}")
     return "\n".join(lines)
+
+
+def interruptible_fields(job: dict) -> list[tuple[str, str]]:
+    """`show` lines of an interruptible job (issue 30): its kind and knobs, progress, the
+    planned segments, "paused until HH:MM" while a pause job is stopped, and each segment
+    run so far with its energy and gCO2."""
+    kind = job.get("interruptible")
+    if not kind:
+        return []
+    knobs = [kind]
+    if kind == "checkpoint":
+        knobs.append(f"signal {job.get('checkpoint_signal')}, grace {format_duration(job.get('checkpoint_grace_s'))}")
+    if job.get("min_run_s"):
+        knobs.append(f"min run {format_duration(job['min_run_s'])}")
+    if job.get("resume_cost_s"):
+        knobs.append(f"resume cost {format_duration(job['resume_cost_s'])}")
+    if job.get("max_segments"):
+        knobs.append(f"at most {job['max_segments']} segments")
+    out = [("interruptible", ", ".join(knobs)),
+           ("progress", f"{100 * (job.get('done_fraction') or 0):.0f}% done, {job.get('resume_count') or 0} "
+                        f"segment(s) run" + (f", ignored {job['checkpoints_ignored']} checkpoint request(s)"
+                                             if job.get("checkpoints_ignored") else ""))]
+    if job.get("planned_segments"):
+        out.append(("segments", ", ".join(f"{local_time(a)}-{local_time(b)}" for a, b in job["planned_segments"])))
+    if job.get("paused_until"):
+        out.append(("paused", f"paused until {local_time(job['paused_until'])[:5]}"))
+    elif job.get("state") == "RUNNING" and job.get("planned_interrupt_at") and kind == "checkpoint":
+        out.append(("checkpoint at", local_time(job["planned_interrupt_at"])))
+    for seg in job.get("segments") or []:
+        cost = _energy(seg.get("energy_j")) + ("" if seg.get("gco2") is None else f", {seg['gco2']:.1f} g")
+        lost = f", lost {format_duration(seg['lost_s'])} of work" if seg.get("lost_s") else ""
+        out.append((f"segment {seg['seq']}", f"{seg['kind']} {local_time(seg['start'])}-{local_time(seg['end'])} "
+                                             f"{seg['outcome']}: {cost}{lost}"))
+    return out
 
 
 def nodes_table(nodes: list[dict]) -> str:

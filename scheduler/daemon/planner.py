@@ -48,6 +48,7 @@ from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
 from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
+from scheduler import interruptible
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
 from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget
 from scheduler.profiles import learned_profiles
@@ -533,7 +534,9 @@ class Planner:
         node_rows = {r.name: r for r in conn.execute(select(nodes))}
         running = {r.id: r for r in conn.execute(
             select(jobs.c.id, jobs.c.started_at, jobs.c.est_runtime_s, jobs.c.time_limit_s,
-                   jobs.c.est_runtime_planned_s, jobs.c.workload, jobs.c.power_limit_w)
+                   jobs.c.est_runtime_planned_s, jobs.c.workload, jobs.c.power_limit_w,
+                   jobs.c.interruptible, jobs.c.planned_segments, jobs.c.planned_interrupt_at,
+                   jobs.c.checkpoint_grace_s)
             .where(jobs.c.state == State.RUNNING.value))}
         learned = learned_profiles(conn)
         book = _book(self.seed_profiles() + learned)
@@ -580,7 +583,8 @@ class Planner:
                                 # an explicit --time-limit binds; a derived one follows the plan
                                 time_limit_s=r.time_limit_s if r.time_limit_factor is None else None,
                                 time_limit_factor=r.time_limit_factor, gco2_if_now=r.est_gco2_if_now,
-                                ttft_slo_ms=r.ttft_slo_ms, tpot_slo_ms=r.tpot_slo_ms)
+                                ttft_slo_ms=r.ttft_slo_ms, tpot_slo_ms=r.tpot_slo_ms,
+                                **_interruptible_fields(r))
                       for r in queued.values())
         snapshot = Snapshot(
             now=now,
@@ -616,6 +620,9 @@ class Planner:
         their deadlines when it runs somewhat long."""
         if job is None or job.started_at is None:
             return now + timedelta(seconds=60)
+        planned_end = _segmented_end(job)
+        if planned_end is not None:  # an interruptible job frees its GPUs when its plan says
+            return planned_end if planned_end > now else now + timedelta(seconds=60)
         runtime = (job.est_runtime_planned_s or job.est_runtime_s or job.time_limit_s
                    or self.default_runtime_s)
         if book is not None and model is not None and job.est_runtime_planned_s:
@@ -802,7 +809,7 @@ _PLAN_COLUMNS = (jobs.c.id, jobs.c.planned_node, jobs.c.planned_gpu_ids, jobs.c.
                  jobs.c.est_runtime_planned_s, jobs.c.prompts, jobs.c.binding, jobs.c.deadline_miss,
                  jobs.c.explanation, jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp,
                  jobs.c.planned_power_limit_w, jobs.c.est_uncapped_energy_j, jobs.c.est_uncapped_gco2,
-                 jobs.c.est_uncapped_runtime_s)
+                 jobs.c.est_uncapped_runtime_s, jobs.c.planned_segments)
 # Ids per IN (...) query: a kept queue holds thousands of plans, and SQLite caps bound parameters.
 READ_BATCH = 900
 
@@ -826,8 +833,52 @@ def _current_plans(conn: Connection, job_ids: set[int]) -> dict[int, Assignment]
                               max_batch=r.planned_max_batch, precision=r.planned_precision, tp=r.planned_tp,
                               power_limit_w=r.planned_power_limit_w, uncapped_energy_j=r.est_uncapped_energy_j,
                               uncapped_gco2=r.est_uncapped_gco2, uncapped_runtime_s=r.est_uncapped_runtime_s),
-            explanation=r.explanation or "")
+            explanation=r.explanation or "",
+            segments=tuple(interruptible.segments_from_json(r.planned_segments)))
     return out
+
+
+# A re-plan that moves an interruptible job's segment boundaries by less than this keeps the
+# stored segments (a policy planning from `now` shifts them a little every tick).
+SEGMENT_TOLERANCE_S = 60.0
+
+
+def segments_moved(stored: list | None, segments: tuple) -> bool:
+    """Whether a plan's segments differ from the stored ones: another count, or a boundary
+    more than SEGMENT_TOLERANCE_S away."""
+    old = interruptible.segments_from_json(stored)
+    new = list(segments) if len(segments) > 1 else []
+    if len(old) != len(new):
+        return True
+    return any(abs((x - y).total_seconds()) > SEGMENT_TOLERANCE_S
+               for (a0, a1), (b0, b1) in zip(old, new) for x, y in ((a0, b0), (a1, b1)))
+
+
+def _interruptible_fields(r: "QueuedRow") -> dict:
+    """The issue-30 fields of a queued job as the policy sees them (policies.model.QueuedJob).
+    A job that ignored a checkpoint request runs its rest in one piece: asking it again would
+    lose its work again."""
+    kind = r.interruptible if not r.checkpoints_ignored else None
+    if kind is None:
+        return {"done_fraction": float(r.done_fraction or 0.0), "resume_count": int(r.resume_count or 0),
+                "resume_cost_s": float(r.resume_cost_s or 0.0) if r.resume_count else 0.0}
+    return {"interruptible": kind, "min_run_s": r.min_run_s, "resume_cost_s": float(r.resume_cost_s or 0.0),
+            "max_segments": int(r.max_segments or interruptible.DEFAULT_MAX_SEGMENTS),
+            "done_fraction": float(r.done_fraction or 0.0), "resume_count": int(r.resume_count or 0)}
+
+
+def _segmented_end(job) -> datetime | None:
+    """When a running interruptible job frees its GPUs by its plan: a checkpoint job at its
+    checkpoint request (plus the grace it has to exit), a pause job at its last segment's end
+    (it holds its GPUs through the pauses). None: not segmented."""
+    if getattr(job, "interruptible", None) is None:
+        return None
+    if job.interruptible == interruptible.CHECKPOINT and job.planned_interrupt_at is not None:
+        return job.planned_interrupt_at + timedelta(seconds=job.checkpoint_grace_s or 0.0)
+    segments = interruptible.segments_from_json(job.planned_segments)
+    if job.interruptible == interruptible.PAUSE and len(segments) > 1:
+        return segments[-1][1]
+    return None
 
 
 class QueuedRow(NamedTuple):
@@ -860,6 +911,15 @@ class QueuedRow(NamedTuple):
     planned_precision: str | None
     planned_tp: int | None
     planned_power_limit_w: float | None
+    # Interruptible jobs (issue 30).
+    interruptible: str | None
+    min_run_s: float | None
+    resume_cost_s: float | None
+    max_segments: int | None
+    done_fraction: float | None
+    resume_count: int | None
+    checkpoints_ignored: int | None
+    planned_segments: list | None
 
 
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
@@ -946,6 +1006,8 @@ def _estimate_changed(row, a) -> bool:
         return True
     if row.planned_power_limit_w != a.estimate.power_limit_w:
         return True
+    if segments_moved(row.planned_segments, a.segments):
+        return True
     old, new = row.est_gco2, a.estimate.gco2
     if (old is None) != (new is None):
         return True
@@ -957,7 +1019,8 @@ def _estimate_changed(row, a) -> bool:
 _ESTIMATE_FIELDS = ("explanation", "est_energy_j", "est_gco2", "est_gco2_if_now",
                     "est_runtime_planned_s", "binding", "deadline_miss", "reason", "time_limit_s",
                     "planned_max_batch", "planned_precision", "planned_tp", "planned_power_limit_w",
-                    "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s")
+                    "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s",
+                    "planned_segments", "planned_interrupt_at", "planned_resume_at")
 _PLAN_FIELDS = ("planned_node", "planned_gpu_ids", "planned_start", "plan_rev", "state") + _ESTIMATE_FIELDS
 _UPDATE_PLAN = (update(jobs).where(jobs.c.id == bindparam("b_id"))
                 .values({f: bindparam(f"b_{f}") for f in _PLAN_FIELDS}))
@@ -1033,7 +1096,12 @@ def _plan_row(row, a, state: State, why: str) -> dict:
             "b_planned_power_limit_w": a.estimate.power_limit_w if a else None,
             "b_est_uncapped_energy_j": a.estimate.uncapped_energy_j if a else None,
             "b_est_uncapped_gco2": a.estimate.uncapped_gco2 if a else None,
-            "b_est_uncapped_runtime_s": a.estimate.uncapped_runtime_s if a else None}
+            "b_est_uncapped_runtime_s": a.estimate.uncapped_runtime_s if a else None,
+            # An interruptible job's segments (issue 30): the agent asks it to checkpoint at
+            # planned_interrupt_at; a pause job is stopped and continued by planned_segments.
+            "b_planned_segments": interruptible.segments_to_json(a.segments) if a else None,
+            "b_planned_interrupt_at": a.interrupt_at if a else None,
+            "b_planned_resume_at": a.resume_at if a else None}
 
 
 def _event(job_id: int, src: State, dst: State, why: str, now) -> dict:

@@ -24,7 +24,8 @@ from sqlalchemy import Connection, bindparam, func, insert, literal, null, or_, 
 
 from policies.model import QueuedJob
 from scheduler.daemon.admission import MAX_GPUS, Admission, Refused
-from scheduler.job_view import gpu_map, job_select, jobs_json
+from scheduler.job_view import gpu_map, job_select, jobs_json, segment_rows
+from scheduler import interruptible
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition, utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_events, jobs, nodes, workload_profiles
@@ -65,7 +66,7 @@ RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEV
                 "CUDA_DEVICE_ORDER", "CARBONSCHED_JOB_ID", "CARBONSCHED_NODE", "CARBONSCHED_METRICS_FILE",
                 "CARBONSCHED_MAX_BATCH", "CARBONSCHED_PRECISION", "CARBONSCHED_TP",
                 "CARBONSCHED_ARRAY_TASK_ID", "CARBONSCHED_ARRAY_JOB_ID", "CARBONSCHED_ARRAY_TASK_COUNT",
-                "HOME", "USER", "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH"}
+                "HOME", "USER", "LOGNAME", "LD_PRELOAD", "LD_LIBRARY_PATH", *interruptible.ENV_NAMES}
 
 
 class RequestError(Exception):
@@ -299,7 +300,9 @@ class JobService:
         known = {"argv", "name", "gpus", "gpu_mem_gib", "deadline", "latency_slo_ms", "ttft_slo_ms", "tpot_slo_ms",
                  "workload",
                  "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s",
-                 "hold", "begin", "dependency", "array", "stdout_path", "stderr_path"}
+                 "hold", "begin", "dependency", "array", "stdout_path", "stderr_path",
+                 "interruptible", "checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
+                 "max_segments"}
         unknown = sorted(set(body) - known)
         if unknown:
             raise RequestError(400, f"unknown field(s) in submit request: {', '.join(unknown)}")
@@ -397,8 +400,9 @@ class JobService:
                 raise RequestError(400, f"environment variable {k} is set by carbonsched and "
                                         "cannot be overridden")
 
+        pieces = _validate_interruptible(body, est, limit if factor is None else None)
         owner, groups = _account(caller.uid, caller.gid)
-        return dict(
+        return dict(**pieces,
             name=name, state=State.PENDING.value, reason="waiting for the planner",
             owner_uid=caller.uid, owner_gid=caller.gid,
             owner_groups=groups, owner_name=owner,
@@ -515,6 +519,7 @@ class JobService:
                  "actor_uid": e.actor_uid, "reason": e.reason}
                 for e in conn.execute(select(job_events).where(job_events.c.job_id == job_id)
                                       .order_by(job_events.c.id))]
+            out["segments"] = segment_rows(conn, job_id)
         return out
 
     def _visible_job(self, conn: Connection, caller: Caller, job_id: int):
@@ -880,3 +885,65 @@ def admin_gids(names: list[str]) -> frozenset[int]:
         except KeyError:
             raise ValueError(f"admin group {name!r} does not exist") from None
     return frozenset(out)
+
+
+def _validate_interruptible(body: dict, est_runtime_s: float | None, time_limit_s: float | None) -> dict:
+    """The interruptible-job fields of a submit (issue 30) as job columns, each refused with
+    a one-line reason naming its flag: an unknown kind, a signal a job cannot catch, a
+    segment longer than the job, knobs given without --interruptible."""
+    kind = body.get("interruptible")
+    knobs = {k: body.get(k) for k in ("checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
+                                      "max_segments") if body.get(k) is not None}
+    if kind is None:
+        if knobs:
+            flags = ", ".join("--" + k.removesuffix("_s").replace("_", "-") for k in knobs)
+            raise RequestError(400, f"{flags} need --interruptible checkpoint|pause")
+        return {}
+    if kind not in interruptible.KINDS:
+        raise RequestError(400, f"--interruptible must be one of {', '.join(interruptible.KINDS)} (got {kind!r})")
+    if kind == interruptible.PAUSE:
+        for k, flag in (("checkpoint_signal", "--checkpoint-signal"), ("checkpoint_grace_s", "--checkpoint-grace")):
+            if k in knobs:
+                raise RequestError(400, f"{flag} is for --interruptible checkpoint; a pause job is stopped "
+                                        "and continued in place")
+    out: dict = {"interruptible": kind}
+    if kind == interruptible.CHECKPOINT:
+        sig = body.get("checkpoint_signal", interruptible.DEFAULT_SIGNAL)
+        if not isinstance(sig, (str, int)) or isinstance(sig, bool):
+            raise RequestError(400, "--checkpoint-signal must be a signal name such as SIGUSR1")
+        try:
+            out["checkpoint_signal"] = interruptible.signal_name(str(sig))
+        except ValueError as e:
+            raise RequestError(400, str(e)) from None
+        grace = _optional_number(body.get("checkpoint_grace_s"), "checkpoint_grace_s")
+        if grace is None:
+            grace = interruptible.DEFAULT_GRACE_S
+        if not 1 <= grace <= interruptible.MAX_GRACE_S:
+            raise RequestError(400, f"--checkpoint-grace must be between 1s and 1h (got {grace:g}s)")
+        out["checkpoint_grace_s"] = grace
+    min_run = _optional_number(body.get("min_run_s"), "min_run_s")
+    if min_run is not None:
+        if not MIN_RUNTIME_S <= min_run <= MAX_RUNTIME_S:
+            raise RequestError(400, f"--min-run must be between 1s and 30d (got {min_run:g}s)")
+        longest = est_runtime_s if est_runtime_s is not None else time_limit_s
+        if longest is not None and min_run > longest:
+            what = "--est-runtime" if est_runtime_s is not None else "--time-limit"
+            raise RequestError(400, f"--min-run {min_run:g}s is longer than the job's {what} of {longest:g}s: "
+                                    "no segment could be that long")
+    out["min_run_s"] = min_run
+    cost = _optional_number(body.get("resume_cost_s"), "resume_cost_s")
+    cost = 0.0 if cost is None else cost
+    if not 0 <= cost <= MAX_RUNTIME_S:
+        raise RequestError(400, f"--resume-cost must be between 0s and 30d (got {cost:g}s)")
+    if est_runtime_s is not None and cost >= est_runtime_s:
+        raise RequestError(400, f"--resume-cost {cost:g}s is not shorter than the job's --est-runtime of "
+                                f"{est_runtime_s:g}s: every resume would cost more than the whole job")
+    out["resume_cost_s"] = cost
+    segs = body.get("max_segments")
+    if segs is not None:
+        segs = _int(segs, "max_segments")
+        if not 1 <= segs <= interruptible.MAX_SEGMENTS:
+            raise RequestError(400, f"--max-segments must be between 1 and {interruptible.MAX_SEGMENTS} "
+                                    f"(got {segs})")
+    out["max_segments"] = segs
+    return out

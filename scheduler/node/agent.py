@@ -16,17 +16,20 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, case, insert, select, update
+from sqlalchemy import Connection, case, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from policies.catalog import match_device_name, nominal_memory_gib
 from scheduler.accounting import energy_note_of
 from scheduler.lifecycle import UNPLACED, State, end_run, record_events, retry_or_end, transition, utcnow
-from scheduler.node import job_metrics
+from scheduler import interruptible
+from scheduler.node import checkpoint, job_metrics, segments
+from scheduler.node.segment_clock import read_phase
 from scheduler.node.executor import Executor, JobExecutor, LaunchSpec, RunState, RunStatus
 from scheduler.node.log_shipper import LogShipper
 from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
+from scheduler.slurm.commands import SlurmError
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
 from scheduler.timeparse import format_duration
@@ -48,6 +51,8 @@ POWER_LIMIT_REFRESH_S = 60.0
 # A limit within this of the default is the default (drivers report mW/uW, shown rounded).
 POWER_LIMIT_TOLERANCE_W = 0.5
 ENV_POWER_LIMIT = "CARBONSCHED_POWER_LIMIT_W"
+# How often the agent removes the checkpoint directories of jobs that have ended.
+CHECKPOINT_SWEEP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,23 @@ class AgentConfig:
     # Copy jobs' output into the store for `logs` on the head (scheduler.node.log_shipper);
     # off for the daemon's own agent, whose log files the daemon reads itself.
     ship_logs: bool = True
+    # Where interruptible jobs' checkpoint directories live (scheduler.node.checkpoint);
+    # None: STATE_DIR/checkpoints. Storage shared by the nodes lets a checkpoint job move.
+    checkpoint_root: Path | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.checkpoint_root or self.state_dir / "checkpoints"
+
+
+# What the agent reads of its running jobs each tick (the Slurm agent adds its own).
+RUNNING_COLUMNS = (jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
+                   jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
+                   jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.power_limit_note,
+                   # interruptible jobs (issue 30)
+                   jobs.c.interruptible, jobs.c.resume_count, jobs.c.done_fraction, jobs.c.resume_cost_s,
+                   jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.planned_segments,
+                   jobs.c.prompts, jobs.c.checkpoints_ignored)
 
 
 def redirected_argv(job) -> list[str]:
@@ -120,6 +142,8 @@ class Agent:
         self._lost_pending: dict[str, str] = {}
         self._lost_lock = threading.Lock()
         self._stopped_by_agent: dict[int, str] = {}
+        self._paused: set[int] = set()  # pause jobs stopped now (their GPUs idle)
+        self._swept_at: float | None = None
         self._prev_reading: dict[str, Reading] = {}
         self._day_j: dict[int, float] = {}
         self._disk_full = False
@@ -228,6 +252,7 @@ class Agent:
             changed |= self._reconcile_running()
             changed |= self._claim_due()
             self._heartbeat()
+            self._sweep_checkpoints()
             if changed:
                 self._on_change()
         finally:
@@ -355,9 +380,7 @@ class Agent:
     def _running_jobs(self) -> list:
         with self.store.read() as conn:
             return list(conn.execute(
-                select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
-                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
-                       jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.power_limit_note)
+                select(*RUNNING_COLUMNS)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _reconcile_running(self) -> bool:
@@ -378,6 +401,13 @@ class Agent:
                 if stop_why and job.id not in self._signalled and self.executor.signal_cancel(job.id):
                     self._signalled.add(job.id)
                     log.info("job %s: %s, stopping it", job.id, stop_why)
+                if job.interruptible == interruptible.PAUSE:
+                    changed |= self._follow_pause(job)
+                elif job.interruptible == interruptible.CHECKPOINT and hasattr(self.executor, "keep_timetable"):
+                    try:  # the Slurm backend: no supervisor of ours keeps it
+                        self.executor.keep_timetable(job.id)
+                    except (OSError, SlurmError) as e:
+                        log.warning("job %s: checkpoint request through the executor failed: %s", job.id, e)
                 continue
             changed = True
             if status.state is RunState.FINISHED:
@@ -385,6 +415,9 @@ class Agent:
                 self._finish(job, status)
             elif status.state is RunState.NOT_LAUNCHED:
                 self._requeue_unlaunched(job)
+            elif (job.interruptible and hasattr(self.executor, "kill_leftovers")
+                  and (job.resume_count or 0) < interruptible.MAX_SEGMENTS):
+                self._resume_vanished(job, status)
             else:
                 self._lose(job, status.note or "its supervisor vanished without a result (killed?)")
         if self._logs is not None and alive:
@@ -393,6 +426,55 @@ class Agent:
             except (OSError, SQLAlchemyError) as e:  # output copies are best effort; jobs go on
                 log.warning("copying job output into the store failed: %s", e)
         return changed
+
+    def _sweep_checkpoints(self) -> None:
+        """Remove the checkpoint directories of jobs that have ended elsewhere than on this
+        agent's watch (cancelled while queued between segments, ended on another node), every
+        CHECKPOINT_SWEEP_S. A directory of an active job is kept."""
+        now = time.monotonic()
+        if self._swept_at is not None and now - self._swept_at < CHECKPOINT_SWEEP_S:
+            return
+        self._swept_at = now
+        root = self.config.checkpoints
+        try:
+            ids = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
+        except FileNotFoundError:
+            return
+        if not ids:
+            return
+        with self.store.read() as conn:
+            active = set(conn.execute(select(jobs.c.id).where(
+                jobs.c.id.in_(ids), jobs.c.state.in_([s.value for s in (State.PENDING, State.PLANNED,
+                                                                       State.RUNNING)]))).scalars())
+        for job_id in ids:
+            if job_id not in active:
+                checkpoint.remove_job_dir(root, job_id)
+                log.info("job %s has ended: its checkpoint directory was removed", job_id)
+
+    def _follow_pause(self, job) -> bool:
+        """Mirror a pause job's phase (its supervisor stops and continues it by the plan) on
+        its GPUs: idle while stopped (an emulated GPU then draws idle power), busy again after."""
+        run_dir = getattr(self.executor, "run_dir", None)
+        if run_dir is None:
+            return False
+        phase = read_phase(run_dir(job.id))
+        paused = bool(phase and phase.get("paused"))
+        if paused == (job.id in self._paused):
+            return False
+        for gid in job.gpu_ids or []:
+            self._set_busy(gid, not paused)
+        if paused:
+            self._paused.add(job.id)
+            why = f"paused by its plan until {phase.get('until')}"
+        else:
+            self._paused.discard(job.id)
+            why = "continued by its plan"
+        now = self._clock()
+        self.store.transact(lambda conn: record_events(conn, [{
+            "job_id": job.id, "from_state": State.RUNNING.value, "to_state": State.RUNNING.value,
+            "actor_uid": None, "at": now, "reason": why}]))
+        log.info("job %s %s", job.id, why)
+        return True
 
     def _ship_logs(self, job_id: int, *, final: bool = False) -> None:
         if self._logs is None:
@@ -408,8 +490,13 @@ class Agent:
         result = status.result or {}
         code = result.get("exit_code")
         stopped_why = self._stopped_by_agent.pop(job.id, None)
+        self._paused.discard(job.id)
         if stopped_why and code != 0:
             self._lose(job, stopped_why, status)
+            return
+        run = segments.classify(job, result)
+        if run.requeue and job.cancel_requested_at is None:
+            self._requeue_segment(job, status, run.outcome)
             return
         if result.get("cancelled_outside"):  # stopped by the executor's own tools (scancel)
             to, why = State.CANCELLED, result["cancelled_outside"]
@@ -435,20 +522,120 @@ class Agent:
             why = f"{why}; {work.note}"
 
         actor = job.cancel_requested_by if to is State.CANCELLED else None
-        self.store.transact(lambda conn: end_run(
-            conn, job.id, to, actor_uid=actor, reason=why,
-            values=dict(ended_at=ended, exit_code=code, energy_j=energy_j, energy_method=method,
-                        **work.values())))
+        parts = energies = None
+        if job.interruptible:  # the last segment: the job's energy is the sum over its segments
+            parts = segments.pieces(job.started_at, ended, result.get("pauses") or [])
+            energies = segments.piece_energies(parts, energy_j, self._piece_energy(job))
+
+        def tx(conn: Connection) -> bool:
+            total = energy_j
+            if parts is not None:
+                total = segments.record(conn, job.id, parts, energies, node=self.config.node,
+                                        gpu_ids=job.gpu_ids or [], outcome=to.value.lower(), method=method)
+            return end_run(conn, job.id, to, actor_uid=actor, reason=why,
+                           values=dict(ended_at=ended, exit_code=code, energy_j=total, energy_method=method,
+                                       **work.values()))
+
+        self.store.transact(tx)
         self._release_gpus(job.gpu_ids or [], job)
         self.executor.forget(job.id)
         self._signalled.discard(job.id)
+        if job.interruptible:
+            checkpoint.remove_job_dir(self.config.checkpoints, job.id)
         log.info("job %s %s (%s)", job.id, to.value, why)
-        if to is State.COMPLETED and energy_j is not None:
+        segmented = bool(job.interruptible) and (bool(job.resume_count) or len(parts or []) > 1)
+        if to is State.COMPLETED and energy_j is not None and not segmented:
             self._learn_profile(job, ended, energy_j, method)
         try:  # its carbon receipt; the head's accounting backfill prices it if this fails
             self._on_finished(job.id, energy_note)
         except Exception:
             log.exception("job %s: pricing its carbon failed; the accounting backfill will retry", job.id)
+
+    def _piece_energy(self, job):
+        """Energy of the job's GPUs over a part of its run, from the stored samples (the
+        pieces of a pause job's run; scaled to the run's measured total by the caller)."""
+        gpu_ids = [int(g) for g in (job.gpu_ids or [])]
+
+        def energy_of(a: datetime, b: datetime) -> float | None:
+            return self.samples.job_energy(gpu_ids, a.timestamp(), b.timestamp(), {}).energy_j
+
+        return energy_of
+
+    def _requeue_segment(self, job, status: RunStatus, outcome: str) -> None:
+        """A checkpoint job's run ended at a segment's end: back to the queue to be resumed,
+        its segment recorded. Checkpointed (exit 75): its done share moves on
+        (scheduler.interruptible.next_done_fraction). Killed after ignoring the request: it
+        resumes from its last checkpoint, the segment's work is counted lost, and its rest
+        is planned in one piece (asking it again would lose its work again). Not a retry: its
+        attempts are not used up."""
+        result = status.result or {}
+        ended = _parse_time(result.get("ended_at")) or self._clock()
+        self.flush_samples()
+        energy_j, method, _note = self._job_energy(job, status, ended)
+        work = self._reported_work(job, status)
+        run_s = max(0.0, (ended - job.started_at).total_seconds() - float(result.get("paused_s") or 0.0))
+        done = float(job.done_fraction or 0.0)
+        lost_s = 0.0
+        if outcome == segments.CHECKPOINTED:
+            plan = interruptible.segments_from_json(job.planned_segments)
+            done = interruptible.next_done_fraction(
+                done, run_s=run_s, resume_count=job.resume_count or 0, resume_cost_s=job.resume_cost_s or 0.0,
+                plan_runtime_s=job.est_runtime_planned_s or job.est_runtime_s, plan_segments=max(1, len(plan)),
+                prompts=job.prompts, reported_prompts=work.prompts)
+            why = (f"checkpointed (exit {interruptible.CHECKPOINT_EXIT_CODE}) after {format_duration(run_s)}: "
+                   f"{100 * done:.0f}% done; back in the queue to resume")
+        else:
+            lost_s = run_s
+            why = (f"ignored its checkpoint request and was killed after its grace period: the "
+                   f"{format_duration(run_s)} since its last checkpoint are lost; back in the queue to "
+                   "resume from its last checkpoint, its rest in one piece")
+        parts = [("run", job.started_at, ended)]
+
+        def tx(conn: Connection) -> bool:
+            total = segments.record(conn, job.id, parts, [energy_j], node=self.config.node,
+                                    gpu_ids=job.gpu_ids or [], outcome=outcome, method=method, lost_s=lost_s,
+                                    done_fraction=done)
+            return end_run(conn, job.id, State.PENDING, actor_uid=None, reason=why, values=dict(
+                UNPLACED, planned_segments=None, planned_interrupt_at=None, planned_resume_at=None,
+                attempts=jobs.c.attempts - 1, resume_count=jobs.c.resume_count + 1, done_fraction=done,
+                checkpoints_ignored=jobs.c.checkpoints_ignored + (1 if outcome == segments.KILLED else 0),
+                energy_j=total, energy_method=method, exit_code=result.get("exit_code"),
+                power_limit_w=None, power_limit_note=None, **work.values()))
+
+        self.store.transact(tx)
+        self._release_gpus(job.gpu_ids or [], job)
+        self.executor.forget(job.id)
+        self._signalled.discard(job.id)
+        log.info("job %s segment %s: %s", job.id, outcome, why)
+
+    def _resume_vanished(self, job, status: RunStatus) -> None:
+        """An interruptible job whose supervisor vanished (killed with it): whatever is left
+        of it is killed (a paused one is never left stopped), and it goes back to the queue to
+        resume from its last checkpoint, the run counted as lost work, instead of being LOST."""
+        left = self.executor.kill_leftovers(job.id)
+        ended = self._clock()
+        energy_j, method, _note = self._job_energy(job, status, ended)
+        run_s = max(0.0, (ended - job.started_at).total_seconds()) if job.started_at else 0.0
+        why = ("its supervisor vanished without a result (killed?)"
+               + (f"; {left} process(es) could not be killed" if left else "")
+               + f": back in the queue to resume from its last checkpoint ({format_duration(run_s)} of work lost)")
+        parts = [("run", job.started_at or ended, ended)]
+
+        def tx(conn: Connection) -> bool:
+            total = segments.record(conn, job.id, parts, [energy_j], node=self.config.node,
+                                    gpu_ids=job.gpu_ids or [], outcome=segments.VANISHED, method=method,
+                                    lost_s=run_s, done_fraction=job.done_fraction)
+            return end_run(conn, job.id, State.PENDING, actor_uid=None, reason=why, values=dict(
+                UNPLACED, planned_segments=None, planned_interrupt_at=None, planned_resume_at=None,
+                attempts=jobs.c.attempts - 1, resume_count=jobs.c.resume_count + 1, energy_j=total,
+                energy_method=method, power_limit_w=None, power_limit_note=None))
+
+        self.store.transact(tx)
+        self._release_gpus(job.gpu_ids or [], job)
+        self._paused.discard(job.id)
+        self.executor.forget(job.id)
+        self._signalled.discard(job.id)
+        log.error("job %s: %s", job.id, why)
 
     def _reported_work(self, job, status: RunStatus) -> job_metrics.ReportedWork:
         """The prompts and tokens the job wrote into its metrics file (none for a run
@@ -546,6 +733,7 @@ class Agent:
                             reason=f"claimed by {self.config.node}",
                             values=dict(node=self.config.node, gpu_ids=gpu_ids,
                                         gpu_indices=indices, started_at=now,
+                                        first_started_at=func.coalesce(jobs.c.first_started_at, now),
                                         attempts=jobs.c.attempts + 1))
             if not ok:
                 conn.rollback()
@@ -584,11 +772,36 @@ class Agent:
         metrics = self.executor.metrics_path(job.id)
         env[job_metrics.ENV_VAR] = str(metrics)
         env.update(operating_point_env(job.planned_max_batch, job.planned_precision, job.planned_tp))
+        extra = {"start_readings": energy_start}
+        if job.interruptible:
+            env_i, extra_i = self._interruptible_launch(job, out.parent)
+            env.update(env_i)
+            extra.update(extra_i)
         return LaunchSpec(job_id=job.id, argv=redirected_argv(job), cwd=job.cwd, env=env,
                           uid=job.owner_uid, gid=job.owner_gid, groups=list(job.owner_groups or []),
                           time_limit_s=job.time_limit_s, grace_s=self.config.grace_s,
                           stdout=str(out), stderr=str(err), metrics_file=str(metrics),
-                          extra={"start_readings": energy_start})
+                          extra=extra)
+
+    def _interruptible_launch(self, job, log_dir: Path) -> tuple[dict[str, str], dict]:
+        """What an interruptible job's run is told (CARBONSCHED_RESUME_COUNT, its checkpoint
+        directory, the checkpoint request file) and what its supervisor keeps for it: when to
+        ask it to checkpoint, with which signal and grace period, or when to stop and continue it."""
+        ckdir = checkpoint.ensure_job_dir(self.config.checkpoints, job.id, job.owner_uid, job.owner_gid)
+        env = {interruptible.ENV_INTERRUPTIBLE: job.interruptible,
+               interruptible.ENV_RESUME_COUNT: str(job.resume_count or 0),
+               interruptible.ENV_CHECKPOINT_DIR: str(ckdir)}
+        extra: dict = {"interruptible": job.interruptible}
+        if job.interruptible == interruptible.CHECKPOINT:
+            request = log_dir / f"{job.id}.checkpoint"
+            env[interruptible.ENV_CHECKPOINT_FILE] = str(request)
+            extra.update(checkpoint_file=str(request),
+                         checkpoint_signal=interruptible.signal_number(job.checkpoint_signal or "SIGUSR1"),
+                         checkpoint_grace_s=float(job.checkpoint_grace_s or interruptible.DEFAULT_GRACE_S),
+                         checkpoint_at=job.planned_interrupt_at.isoformat() if job.planned_interrupt_at else None)
+        elif job.planned_segments:
+            extra["pause_segments"] = job.planned_segments
+        return env, extra
 
     # -- energy and GPU state -----------------------------------------------------------
 

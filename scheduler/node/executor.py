@@ -158,6 +158,24 @@ class Executor:
             return False
         return True
 
+    def kill_leftovers(self, job_id: int) -> int:
+        """Kill what is left of a run whose supervisor vanished (its cgroup, else its run
+        token's processes; stopped ones too): an interruptible job is resumed from its last
+        checkpoint rather than lost, and must not run twice meanwhile. How many were left."""
+        from scheduler.node import job_cgroup
+
+        run_dir = self.run_dir(job_id)
+        launched = _read_json(run_dir / "launched.json") or {}
+        spec = _read_json(run_dir / "spec.json") or {}
+        if launched.get("cgroup"):
+            cgroup = job_cgroup.JobCgroup(Path(launched["cgroup"]), Path(launched["cgroup"]).parent)
+            left = cgroup.kill_all() if cgroup.path.exists() else 0
+            cgroup.remove()
+            return left
+        if launched.get("run_id") and spec.get("uid") is not None:
+            return job_cgroup.kill_run(str(launched["run_id"]), int(spec["uid"]))
+        return 0
+
     def forget(self, job_id: int) -> None:
         """Remove a finished run's directory (its outcome is in the store by now)."""
         proc = self._children.pop(job_id, None)

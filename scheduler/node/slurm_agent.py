@@ -21,7 +21,7 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from scheduler.lifecycle import State, record_submit, transition
-from scheduler.node.agent import Agent, AgentConfig, _parse_time
+from scheduler.node.agent import RUNNING_COLUMNS, Agent, AgentConfig, _parse_time
 from scheduler.node.executor import LaunchSpec, RunStatus
 from scheduler.node.slurm_executor import SlurmExecutor, slurm_time
 from scheduler.node.supervise import write_json_atomic
@@ -117,7 +117,9 @@ class SlurmAgent(Agent):
                  if g in self._slurm_gpu_of_id}
         if len(types) != 1:
             raise OSError(f"job {job.id}: planned GPUs {ids} are not one Slurm GRES type ({types})")
-        attempt = int(job.attempts or 0) + 1
+        # One Slurm job per attempt and per segment of an interruptible job (a resume is not
+        # an attempt), so a resumed segment is never mistaken for its checkpointed predecessor.
+        attempt = int(job.attempts or 0) + 1 + int(getattr(job, "resume_count", 0) or 0)
         slurm = dict(partition=self.slurm_config.submit_partition, node=self.config.node,
                      gres_type=types.pop(), count=len(ids),
                      begin=slurm_time(job.planned_start), comment=comment_for(job.id, attempt),
@@ -202,9 +204,7 @@ class SlurmAgent(Agent):
         """The base agent's running jobs, with the Slurm job id of adopted and observed ones."""
         with self.store.read() as conn:
             return list(conn.execute(
-                select(jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
-                       jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
-                       jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.slurm_job_id)
+                select(*RUNNING_COLUMNS, jobs.c.slurm_job_id)
                 .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
 
     def _requeue_unlaunched(self, job) -> None:

@@ -23,12 +23,14 @@ import logging
 import math
 import os
 import shlex
+import signal
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler.node import job_metrics
+from scheduler.node.segment_clock import create_request_file, remove_request_file
 from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus, _read_json
 from scheduler.node.supervise import open_job_log, write_json_atomic
 from scheduler.slurm.commands import Identity, SlurmCommands, SlurmError
@@ -151,6 +153,7 @@ class SlurmExecutor(Executor):
             _create_owned(Path(path), spec.uid, spec.gid)
         if spec.metrics_file:
             job_metrics.create(Path(spec.metrics_file), spec.uid, spec.gid)
+        remove_request_file((spec.extra or {}).get("checkpoint_file"))  # this segment starts unasked
         argv = ["sbatch", "--parsable", f"--partition={s['partition']}", f"--nodelist={s['node']}",
                 f"--gres={gres(s)}", f"--begin={s['begin']}",
                 f"--comment={s['comment']}", f"--job-name={s['name']}",
@@ -160,7 +163,12 @@ class SlurmExecutor(Executor):
         # job gets exactly its own environment, and sbatch parses none of it.
         if spec.time_limit_s:
             argv.append(f"--time={max(1, math.ceil(spec.time_limit_s / 60))}")
-        argv += ["--wrap", shlex.join(spec.argv)]
+        command = shlex.join(spec.argv)
+        if (spec.extra or {}).get("interruptible") == "checkpoint":
+            # The batch script becomes the job itself: `scancel --signal --batch` reaches it
+            # (a shell in between would die of the signal and end the job unsaved).
+            command = "exec " + command
+        argv += ["--wrap", command]
         env = {k: v for k, v in spec.env.items() if k not in SLURM_SETS}
         env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
         out = self.slurm.run(argv, as_user=owner, job_env=env).stdout.strip()
@@ -168,6 +176,40 @@ class SlurmExecutor(Executor):
             return int(out.split(";")[0])
         except ValueError:
             raise SlurmError(f"sbatch printed no job id: {out!r}") from None
+
+    def keep_timetable(self, job_id: int) -> None:
+        """A checkpoint job's request at the planned end of its segment (issue 30), kept by the
+        agent here (Slurm runs no supervisor of ours): at `checkpoint_at` the request file is
+        created and the job's batch process gets its checkpoint signal (`scancel --signal
+        --batch`); one still running `checkpoint_grace_s` later is `scancel`led and counted as
+        having ignored it. Recorded in RUN_DIR/checkpoint.json, so a restarted agent neither
+        asks twice nor forgets to kill. The job exits 75 and is re-planned like any other
+        (a new Slurm job for its next segment)."""
+        run_dir = self.run_dir(job_id)
+        spec = _read_json(run_dir / "spec.json") or {}
+        extra = spec.get("extra") or {}
+        if extra.get("interruptible") != "checkpoint" or not extra.get("checkpoint_at"):
+            return
+        slurm_id = self.slurm_job_id(job_id)
+        job = self.jobs().get(slurm_id) if slurm_id is not None else None
+        if job is None or job.state != "RUNNING":
+            return
+        rec = _read_json(run_dir / "checkpoint.json") or {}
+        now = time.time()
+        if not rec.get("requested_at"):
+            if now < datetime.fromisoformat(extra["checkpoint_at"]).timestamp():
+                return
+            if extra.get("checkpoint_file"):
+                create_request_file(extra["checkpoint_file"], int(spec["uid"]), int(spec["gid"]))
+            name = signal.Signals(int(extra.get("checkpoint_signal") or signal.SIGUSR1)).name.removeprefix("SIG")
+            self.slurm.run(["scancel", f"--signal={name}", "--batch", str(slurm_id)])
+            write_json_atomic(run_dir / "checkpoint.json", {"requested_at": now})
+            log.info("job %s: asked Slurm job %s to checkpoint (SIG%s)", job_id, slurm_id, name)
+        elif not rec.get("killed") and now - float(rec["requested_at"]) >= float(extra.get("checkpoint_grace_s") or 60):
+            write_json_atomic(run_dir / "checkpoint.json", {**rec, "killed": True})
+            self.slurm.run(["scancel", str(slurm_id)])
+            self._snapshot_at = -math.inf
+            log.warning("job %s: Slurm job %s ignored its checkpoint request; cancelled", job_id, slurm_id)
 
     def _place_adopted(self, slurm_id: int, s: dict) -> None:
         """Put a held user job where and when carbonsched planned it, then release it."""
@@ -200,8 +242,16 @@ class SlurmExecutor(Executor):
             if job.state == "RUNNING" and job.gpu_idx:
                 self._note_gpus(run_dir, slurm_id, job)
             return RunStatus(RunState.RUNNING, spec=spec)
-        return _status_of(job, spec, cancelled_here=(run_dir / "cancel.json").exists(),
-                          gpu_idx=self._noted_gpus(run_dir))
+        status = _status_of(job, spec, cancelled_here=(run_dir / "cancel.json").exists(),
+                            gpu_idx=self._noted_gpus(run_dir))
+        ck = _read_json(run_dir / "checkpoint.json")
+        if ck and status.result is not None:  # a checkpoint job's segment end (keep_timetable)
+            status.result["checkpoint_requested_at"] = datetime.fromtimestamp(
+                float(ck["requested_at"]), timezone.utc).isoformat()
+            if ck.get("killed") and status.result.get("exit_code") != 75:
+                status.result.pop("cancelled_outside", None)
+                status.result["checkpoint_killed"] = True
+        return status
 
     def _note_gpus(self, run_dir: Path, slurm_id: int, job: SlurmJob) -> None:
         rec = _read_json(run_dir / "slurm.json") or {}

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler.node import job_cgroup, job_metrics
+from scheduler.node.segment_clock import SegmentClock, remove_request_file
 from scheduler.slurm.commands import JOB_UMASK  # one umask for jobs, local or Slurm
 
 
@@ -120,6 +121,7 @@ def supervise(run_dir: Path) -> int:
     err_fd = open_job_log(spec["stderr"], uid, gid)
     if spec.get("metrics_file"):
         job_metrics.create(Path(spec["metrics_file"]), uid, gid)
+    remove_request_file((spec.get("extra") or {}).get("checkpoint_file"))  # this run starts unasked
     as_other = os.geteuid() == 0 and uid != 0  # a non-root daemon only runs its own jobs
     result: dict = {"exit_code": None, "signal": None, "timed_out": False, "cancelled": False,
                     "error": None}
@@ -184,6 +186,10 @@ def supervise(run_dir: Path) -> int:
     limit_s = spec.get("time_limit_s")
     grace_s = float(spec.get("grace_s", 10.0))
     term_sent_at: float | None = None
+    # Interruptible jobs (issue 30): the checkpoint request and the pauses are kept by the
+    # supervisor, which outlives the agent, so an agent crash never leaves a job stopped or
+    # unasked; the agent reads what happened from result.json (and phase.json meanwhile).
+    clock = SegmentClock.from_spec(spec, run_dir, uid, gid)
     while True:
         try:
             rc = proc.wait(timeout=0.1)
@@ -194,11 +200,15 @@ def supervise(run_dir: Path) -> int:
         if term_sent_at is None:
             if stop.requested:
                 result["cancelled"] = True
-            elif limit_s is not None and now - started >= limit_s:
-                result["timed_out"] = True
+            elif limit_s is not None and now - started - clock.paused_s(now) >= limit_s:
+                result["timed_out"] = True  # paused time does not count against the limit
             if result["cancelled"] or result["timed_out"]:
                 signal_job(signal.SIGTERM)
+                if clock.paused:  # a stopped job gets its TERM only once continued
+                    clock.resume(now, signal_job, why="stopping")
                 term_sent_at = now
+            else:
+                clock.tick(now, signal_job, lambda sig: _kill_group(proc.pid, sig))
         elif now - term_sent_at >= grace_s:
             signal_job(signal.SIGKILL)
             term_sent_at = float("inf")  # sent both; just wait now
@@ -213,6 +223,7 @@ def supervise(run_dir: Path) -> int:
         sys.stderr.write(f"carbonsched supervisor: job {spec.get('job_id')}: {left} process(es) "
                          f"still alive {job_cgroup.KILL_WAIT_S:g}s after SIGKILL\n")
     result["ended_at"] = _now()
+    result.update(clock.result(time.monotonic()))
     if rc < 0:
         result["signal"] = -rc
     result["exit_code"] = rc

@@ -246,6 +246,32 @@ class Job(Base):
     stdout_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_path: Mapped[str | None] = mapped_column(Text, nullable=True)
 
+    # Interruptible jobs (issue 30). `interruptible`: "checkpoint" (told to save its state at
+    # the planned end of a segment by `checkpoint_signal` and the checkpoint file, it exits
+    # with CHECKPOINT_EXIT_CODE and is re-planned) or "pause" (SIGSTOP/SIGCONT in place, its
+    # GPUs held); NULL: one piece. min_run_s: the shortest useful segment; resume_cost_s: the
+    # time each resume loses; max_segments: the most segments (NULL: the policy's default).
+    interruptible: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    checkpoint_signal: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    checkpoint_grace_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    min_run_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    resume_cost_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    max_segments: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Progress across segments: the share of the whole job done by the segments run so far
+    # (scheduler.node.segments.next_done_fraction has the rule), how many ran, and how many
+    # checkpoint requests the job ignored (after one it runs its rest in one piece).
+    done_fraction: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    resume_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    checkpoints_ignored: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # When the job's first segment started (started_at is the current segment's start).
+    first_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The plan's segments, [[start ISO, end ISO], ...] (NULL: one piece), and the first
+    # segment's end (the checkpoint request) and the second's start. A pause job's list is
+    # fixed when it starts: the supervisor stops and continues it by it.
+    planned_segments: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    planned_interrupt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    planned_resume_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
 
 class JobEvent(Base):
     """One state change of one job: the audit trail (who, when, from, to, why)."""
@@ -260,6 +286,37 @@ class JobEvent(Base):
     actor_uid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class JobSegment(Base):
+    """One piece of an interruptible job's run (issue 30): a run between two checkpoints, a
+    pause in place, or the last run. The job's energy and gCO2 are the sums over its
+    segments; the receipt lists them.
+
+    kind: run | pause. outcome: checkpointed (exit 75 after the request), killed (ignored
+    the request: its work since the last checkpoint is lost, `lost_s`), paused, continued,
+    or how the job ended (completed, failed, ...)."""
+
+    __tablename__ = "job_segments"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_segments_job_id_seq"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    node: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    gpu_ids: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
+    energy_method: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Work run but not kept (a job killed after ignoring its checkpoint request), in s.
+    lost_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # The job's done_fraction after this segment.
+    done_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JobDependency(Base):
@@ -321,6 +378,7 @@ gpus = Gpu.__table__
 nodes = Node.__table__
 job_events = JobEvent.__table__
 job_dependencies = JobDependency.__table__
+job_segments = JobSegment.__table__
 job_log_chunks = JobLogChunk.__table__
 workload_profiles = WorkloadProfile.__table__
 

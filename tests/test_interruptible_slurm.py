@@ -1,0 +1,62 @@
+"""Checkpoint jobs through the Slurm backend, against the real Slurm (issue 30): at the end
+of each planned segment the agent sends the job's checkpoint signal to its batch process
+(`scancel --signal --batch`) and creates its request file; the job exits 75 and its next
+segment is a new Slurm job. One that ignores the request is `scancel`led after its grace
+period and resumed from its last checkpoint."""
+
+from __future__ import annotations
+
+import sys
+
+from scheduler.daemon.planner import Planner
+
+from test_interruptible_run import EXAMPLE, SegmentingPolicy, segs, steps_run, uninterrupted_output
+from test_slurm import ROOT, drive, slurm_jobs, world  # noqa: F401  (world: the fixture)
+
+
+def _submit(service, root, steps, *extra):
+    out, trace = root / "out.txt", root / "trace.txt"
+    argv = [sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-s", "0.05", "--out", str(out),
+            "--trace", str(trace), *extra]
+    job = service.submit(ROOT, {"argv": argv, "gpus": 1, "est_runtime_s": steps * 0.05, "prompts": steps,
+                                "interruptible": "checkpoint", "checkpoint_grace_s": 3, "cwd": str(root)})["id"]
+    return job, out, trace
+
+
+def _drive(store, planner, agents, job):
+    try:
+        return drive(store, planner, agents, [job], timeout_s=60)
+    except TimeoutError:
+        from sqlalchemy import select
+
+        from scheduler.store.models import job_events
+        with store.read() as conn:
+            events = [(e.from_state, e.to_state, e.reason) for e in conn.execute(
+                select(job_events).where(job_events.c.job_id == job).order_by(job_events.c.id))]
+        raise AssertionError(events) from None
+
+
+def test_a_checkpoint_job_runs_as_three_slurm_jobs_and_gives_an_uninterrupted_runs_output(world, slurm_cluster):
+    store, service, _fifo, agents, root = world
+    planner = Planner(store, SegmentingPolicy(first_s=4.0, gap_s=0.5))
+    job, out, trace = _submit(service, root, 160)
+    rows = _drive(store, planner, agents, job)
+    assert rows[job].state == "COMPLETED", rows[job].reason
+    assert out.read_text() == uninterrupted_output(root, 160)
+    assert [s.outcome for s in segs(store, job)] == ["checkpointed", "checkpointed", "completed"]
+    assert sorted(steps_run(trace)) == list(range(1, 161))
+    mine = [j for j in slurm_jobs(slurm_cluster, "carbonsched:") if j.carbonsched_id == job]
+    assert sorted(j.state for j in mine) == ["COMPLETED", "FAILED", "FAILED"]  # exit 75 twice, then done
+
+
+def test_a_slurm_job_that_ignores_its_checkpoint_request_is_cancelled_and_resumed(world, slurm_cluster):
+    store, service, _fifo, agents, root = world
+    planner = Planner(store, SegmentingPolicy(first_s=4.0, gap_s=0.5))
+    job, out, trace = _submit(service, root, 160, "--ignore", "--checkpoint-every", "10")
+    rows = _drive(store, planner, agents, job)
+    assert rows[job].state == "COMPLETED", rows[job].reason
+    assert out.read_text() == uninterrupted_output(root, 160)
+    assert [s.outcome for s in segs(store, job)] == ["killed", "completed"]
+    assert rows[job].checkpoints_ignored == 1
+    ran = steps_run(trace)
+    assert sorted(set(ran)) == list(range(1, 161)) and len(ran) - 160 <= 10
