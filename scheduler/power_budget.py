@@ -64,6 +64,16 @@ class ZoneBudget:
                     caps.append(w.cap_w)
         return min(caps) if caps else None
 
+    def changes_between(self, start: datetime, end: datetime) -> list[datetime]:
+        """The times in (start, end) at which the cap in force may change (window edges)."""
+        out = set()
+        day = start.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+        while day < end:
+            for w in self.windows:
+                out.update(t for t in w.spans_on(day) if start < t < end)
+            day += timedelta(days=1)
+        return sorted(out)
+
     def caps_between(self, zone: str, start: datetime, end: datetime) -> tuple[PowerCap, ...]:
         """The budget as PowerCaps over [start, end): the constant cap and each window's
         occurrences that overlap it."""

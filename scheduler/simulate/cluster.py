@@ -12,6 +12,10 @@ Format (DESIGN.md, plus optional site-wide settings):
     energy_price_usd_per_kwh = 0.30
     power_cap_w = 20000
     pue = 1.15                          # default PUE of the zone's nodes without their own
+    [[zone.DE.power_windows]]           # a daily window (UTC) with its own cap, as in the
+    start = "17:00"                     # daemon's [[zones.Z.power_windows]]
+    end = "19:00"
+    cap_w = 12000
 
     [[node]]
     name = "de-mi300x-1"                # unique
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from policies.catalog import lookup, parse_fleet
 from policies.model import GpuSlot, PowerCap
+from scheduler.power_budget import ZoneBudget, parse_zone_budget
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class ClusterSpec:
     power_caps: tuple[PowerCap, ...] = ()
     path: str = ""
     zone_pue: dict[str, float] = field(default_factory=dict)  # [zone.Z] pue, else [site] pue
+    # zones with daily power windows: their whole budget (the constant cap included)
+    budgets: dict[str, ZoneBudget] = field(default_factory=dict)
 
     @property
     def zones(self) -> list[str]:
@@ -182,6 +189,7 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
 
     prices: dict[str, float] = {}
     caps: list[PowerCap] = []
+    budgets: dict[str, ZoneBudget] = {}
     for zone in sorted(by_zone):
         zt = zone_tables.get(zone, {})
         price = zt.get("energy_price_usd_per_kwh", site.get("energy_price_usd_per_kwh", 0.0))
@@ -189,9 +197,16 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
         cap = zt.get("power_cap_w", site.get("power_cap_w"))
         if cap is not None:
             caps.append(PowerCap(zone=zone, cap_w=_positive(cap, f"zone {zone} power_cap_w", fail)))
+        if "power_windows" in zt:
+            try:
+                windows = parse_zone_budget(zone, {"power_windows": zt["power_windows"]})
+            except ValueError as e:
+                raise fail(str(e).removeprefix("config ")) from None
+            if windows is not None:
+                budgets[zone] = ZoneBudget(caps[-1].cap_w if cap is not None else None, windows.windows)
     years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
     return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
-                       power_caps=tuple(caps), path=path,
+                       power_caps=tuple(caps), path=path, budgets=budgets,
                        zone_pue={z: zone_pue.get(z, site_pue) for z in sorted(by_zone)})
 
 

@@ -65,7 +65,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import simpy
@@ -75,6 +75,7 @@ from policies.energy import job_shape
 from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.runtime_correction import correction_for, estimate_class
+from scheduler.power_budget import ZoneBudget
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.estimates import EstimateModel, estimated, parse_estimate
 from scheduler.simulate.forecasts import ForecastModel
@@ -196,6 +197,7 @@ class ZoneMeter:
     peak_w: float = 0.0
     over_cap_s: float = 0.0
     cap_w: float | None = None
+    budget: ZoneBudget | None = None  # with daily windows: the cap in force changes with the time
     # (time, GPU power after the change, facility power after the change)
     timeline: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -205,9 +207,23 @@ class ZoneMeter:
             self.energy_j += self.power_w * dt
             self.facility_j += self.facility_w * dt
             self.gco2 += self.facility_w * self.intensity.integral_g_per_kwh_s(self.last_s, now_s) / J_PER_KWH
-            if self.cap_w is not None and self.power_w > self.cap_w + EPS_S:
+            if self.budget is not None:
+                self.over_cap_s += self._over_budget_s(self.last_s, now_s)
+            elif self.cap_w is not None and self.power_w > self.cap_w + EPS_S:
                 self.over_cap_s += dt
         self.last_s = now_s
+
+    def _over_budget_s(self, start_s: float, end_s: float) -> float:
+        """Seconds of [start, end) at constant power over the cap in force, piece by piece
+        between the windows' edges."""
+        start, end = (datetime.fromtimestamp(t, timezone.utc) for t in (start_s, end_s))
+        edges = [start, *self.budget.changes_between(start, end), end]
+        over = 0.0
+        for a, b in zip(edges, edges[1:]):
+            cap = self.budget.cap_at(a)
+            if cap is not None and self.power_w > cap + EPS_S:
+                over += (b - a).total_seconds()
+        return over
 
     def change(self, now_s: float, delta_w: float, pue: float | None = None) -> None:
         self.advance(now_s)
@@ -311,8 +327,10 @@ class Simulation:
         self.index = {r.job.id: i for i, r in enumerate(self.records)}
         self.queue: dict[int, int] = {}  # job id -> record index, in arrival order
         caps = {c.zone: c.cap_w for c in cluster.power_caps if c.start is None and c.end is None}
-        self.meters = {z: ZoneMeter(zone=z, pue=self.pue.get(z, 1.0), intensity=carbon[z], cap_w=caps.get(z))
+        self.meters = {z: ZoneMeter(zone=z, pue=self.pue.get(z, 1.0), intensity=carbon[z], cap_w=caps.get(z),
+                                    budget=cluster.budgets.get(z))
                        for z in cluster.zones}
+        self.budgets = cluster.budgets
         self.ticks: list[TickStat] = []
         self.events = 0
         self.done = 0
@@ -411,6 +429,16 @@ class Simulation:
 
     # -- planning ------------------------------------------------------------------------------
 
+    def _caps_at(self, now_s: float, horizon_s: float) -> tuple:
+        """The power caps a tick at `now_s` plans with: the constant ones, and each zone's
+        daily windows over the horizon (`scheduler.power_budget`)."""
+        if not self.budgets:
+            return self.power_caps
+        now = _dt(now_s)
+        windows = tuple(c for z, b in sorted(self.budgets.items())
+                        for c in b.caps_between(z, now, now + timedelta(seconds=horizon_s)) if c.start is not None)
+        return self.power_caps + windows
+
     def _snapshot(self, now_s: float, jobs: tuple[QueuedJob, ...], horizon_s: float,
                   carbon: dict, keep: dict[int, Assignment] | None = None) -> Snapshot:
         slots = self.slots
@@ -438,7 +466,7 @@ class Simulation:
                 self._busy_key[g] = key
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
                         default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
-                        profiles=self.profiles, power_caps=self.power_caps, slot_s=self.settings.slot_s,
+                        profiles=self.profiles, power_caps=self._caps_at(now_s, horizon_s), slot_s=self.settings.slot_s,
                         horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin,
                         caps=self.settings.caps)
 
