@@ -210,3 +210,23 @@ def job_gpu(store, job_id) -> int:
 
 def _hhmm(t: datetime) -> str:
     return f"{t.hour:02d}:{t.minute:02d}"
+
+
+def test_when_a_window_ends_the_limits_it_lowered_come_back(node, store, tmp_path):
+    agent, service, _ = node
+    (job,) = start_jobs(agent, service, store, tmp_path, [None])
+    now = utcnow()
+    window = lambda start, end: ZoneBudget(windows=parse_zone_budget("DE", {"power_windows": [  # noqa: E731
+        {"start": _hhmm(start), "end": _hhmm(end), "cap_w": 200.0}]}).windows)
+    governor = PowerGovernor(store, {"DE": window(now - timedelta(minutes=5), now + timedelta(minutes=30))},
+                             CapBounds(min_fraction=0.3))
+    measured_w(agent, store, None)
+    assert [a.job_id for a in governor.tick()] == [job]
+    governor.budgets = {"DE": window(now + timedelta(hours=2), now + timedelta(hours=3))}  # none in force now
+    back = govern(governor, agent)
+    assert [(a.job_id, a.to_w, a.cap_w) for a in back] == [(job, None, None)]
+    agent.tick()
+    assert limits_of(store, [job])[job] == (None, None)
+    with store.read() as conn:
+        reasons = list(conn.execute(select(job_events.c.reason).where(job_events.c.job_id == job)).scalars())
+    assert any("has no cap in force now; limit raised to its default" in r for r in reasons), reasons

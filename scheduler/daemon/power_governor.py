@@ -51,7 +51,7 @@ class GovernorAction:
     from_w: float | None  # None: the default limit
     to_w: float | None
     measured_w: float
-    cap_w: float
+    cap_w: float | None  # None: no cap in force (a window ended)
 
 
 @dataclass
@@ -229,15 +229,16 @@ class PowerGovernor:
                 if new <= now_limit + STEP_W / 2:
                     continue
             room -= k * ((new if new is not None else j.default_w) - now_limit)
-            out.append(self._set(zone, j, new, measured, cap or 0.0, "raised"))
+            out.append(self._set(zone, j, new, measured, cap, "raised"))
         return out
 
-    def _set(self, zone: str, j: _RunningJob, to_w: float | None, measured: float, cap: float,
+    def _set(self, zone: str, j: _RunningJob, to_w: float | None, measured: float, cap: float | None,
              verb: str) -> GovernorAction:
         now = self.clock()
         limit_text = f"{to_w:g} W per GPU" if to_w is not None else "its default"
-        reason = (f"power governor: zone {zone} measured {measured:.0f} W against its cap of {cap:.0f} W; "
-                  f"limit {verb} to {limit_text} on {len(j.gpu_ids)} GPU(s)")
+        against = (f"measured {measured:.0f} W against its cap of {cap:.0f} W" if cap is not None
+                   else "has no cap in force now")
+        reason = f"power governor: zone {zone} {against}; limit {verb} to {limit_text} on {len(j.gpu_ids)} GPU(s)"
 
         def tx(conn: Connection) -> None:
             conn.execute(update(jobs).where(jobs.c.id == j.id, jobs.c.state == State.RUNNING.value)
