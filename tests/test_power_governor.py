@@ -230,3 +230,21 @@ def test_when_a_window_ends_the_limits_it_lowered_come_back(node, store, tmp_pat
     with store.read() as conn:
         reasons = list(conn.execute(select(job_events.c.reason).where(job_events.c.job_id == job)).scalars())
     assert any("has no cap in force now; limit raised to its default" in r for r in reasons), reasons
+
+
+def test_a_zone_whose_agent_never_applies_a_limit_is_judged_again_after_the_settle_timeout(node, store, tmp_path):
+    from scheduler.daemon.power_governor import SETTLE_TIMEOUT_S
+
+    agent, service, _ = node
+    first, second = start_jobs(agent, service, store, tmp_path, [None, None])
+    measured = measured_w(agent, store, None)
+    clock = {"now": utcnow()}
+    governor = PowerGovernor(store, {"DE": ZoneBudget(cap_w=measured - 100.0)}, CapBounds(min_fraction=0.3),
+                             clock=lambda: clock["now"])
+    (acted,) = governor.tick()
+    # the agent is "down": nothing applied; the governor waits for the result ...
+    assert governor.tick() == []
+    # ... but not for ever: then the zone, still over its cap, is judged again
+    clock["now"] += timedelta(seconds=SETTLE_TIMEOUT_S + 1)
+    again = governor.tick()
+    assert again, "the zone stayed over its cap and the governor kept waiting"

@@ -40,6 +40,7 @@ FRESH_S = 5.0  # readings older than this do not count (a GPU without one counts
 MARGIN = 0.02  # over the cap, limits are lowered to reach (1 - MARGIN) x the cap: readings jitter
 HEADROOM = 0.05  # raise limits again only below (1 - HEADROOM) x the cap
 STEP_W = 1.0  # limits are set in whole watts
+SETTLE_TIMEOUT_S = 10.0  # a zone acted on is judged again after this long even without the result
 
 
 @dataclass(frozen=True)
@@ -91,19 +92,22 @@ class PowerGovernor:
     # A zone acted on waits for the result before it is judged again: until its agents have
     # applied the new limits and every GPU has a reading from after that (acting again on
     # readings from before would cut, or raise, twice for one excess).
-    _settling: dict[str, tuple[set[int], float | None]] = field(default_factory=dict)
+    # (jobs acted on, when their limits were seen applied, when the governor acted)
+    _settling: dict[str, tuple[set[int], float | None, float]] = field(default_factory=dict)
 
     def tick(self) -> list[GovernorAction]:
         """One period: read every budgeted zone, lower or raise limits; the changes made."""
         now = self.clock()
         actions: list[GovernorAction] = []
+        governed: set[int] = set()
         for zone, budget in sorted(self.budgets.items()):
             cap = budget.cap_at(now)
-            if cap is None:
-                if self.lowered:
-                    actions += self._raise(zone, self._running(zone, now)[1], None, 0.0)
-                continue
             reading, running = self._running(zone, now)
+            governed.update(j.id for j in running)
+            if cap is None:
+                if any(j.id in self.lowered for j in running):
+                    actions += self._raise(zone, running, None, 0.0)
+                continue
             reading.cap_w = cap
             self.last[zone] = reading
             if self._still_settling(zone, running, reading, now):
@@ -115,8 +119,10 @@ class PowerGovernor:
             else:
                 done = []
             if done:
-                self._settling[zone] = ({a.job_id for a in done}, None)
+                self._settling[zone] = ({a.job_id for a in done}, None, now.timestamp())
             actions += done
+        for job_id in set(self.lowered) - governed:  # ended (or no longer governable)
+            del self.lowered[job_id]
         for a in actions:
             if self.on_action is not None:
                 self.on_action(a)
@@ -125,12 +131,17 @@ class PowerGovernor:
     def _still_settling(self, zone: str, running: list[_RunningJob], reading: ZoneReading, now: datetime) -> bool:
         if zone not in self._settling:
             return False
-        acted, applied_at = self._settling[zone]
+        acted, applied_at, acted_at = self._settling[zone]
+        if now.timestamp() - acted_at > SETTLE_TIMEOUT_S:
+            log.warning("power governor: zone %s: the limits set %.0f s ago have not shown in its readings "
+                        "(an agent down?); judging it again", zone, now.timestamp() - acted_at)
+            del self._settling[zone]
+            return False
         live = {j.id: j for j in running if j.id in acted}
         if applied_at is None:
             if any(j.applied_w != j.limit_w for j in live.values()):
                 return True  # an agent has not set it yet
-            self._settling[zone] = (acted, now.timestamp())
+            self._settling[zone] = (acted, now.timestamp(), acted_at)
             return True
         if reading.oldest_fresh_s is not None and reading.oldest_fresh_s < applied_at:
             return True  # some GPU's newest reading is from before the limits were set
