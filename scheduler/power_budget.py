@@ -53,38 +53,31 @@ class ZoneBudget:
     cap_w: float | None = None
     windows: tuple[PowerWindow, ...] = ()
 
+    def _occurrences(self, start: datetime, end: datetime):
+        """(start, end, window) of each daily window occurrence that begins on a day from the
+        one before `start` to the day of `end` (a window may run past midnight)."""
+        day = start.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+        while day <= end:
+            for w in self.windows:
+                yield (*w.spans_on(day), w)
+            day += timedelta(days=1)
+
     def cap_at(self, t: datetime) -> float | None:
         """The cap in force at `t`: the lowest that covers it; None when nothing does."""
         caps = [self.cap_w] if self.cap_w is not None else []
-        day = t.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-        for w in self.windows:
-            for d in (day - timedelta(days=1), day):
-                start, end = w.spans_on(d)
-                if start <= t < end:
-                    caps.append(w.cap_w)
+        caps += [w.cap_w for a, b, w in self._occurrences(t, t) if a <= t < b]
         return min(caps) if caps else None
 
     def changes_between(self, start: datetime, end: datetime) -> list[datetime]:
         """The times in (start, end) at which the cap in force may change (window edges)."""
-        out = set()
-        day = start.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
-        while day < end:
-            for w in self.windows:
-                out.update(t for t in w.spans_on(day) if start < t < end)
-            day += timedelta(days=1)
-        return sorted(out)
+        return sorted({t for a, b, _ in self._occurrences(start, end) for t in (a, b) if start < t < end})
 
     def caps_between(self, zone: str, start: datetime, end: datetime) -> tuple[PowerCap, ...]:
         """The budget as PowerCaps over [start, end): the constant cap and each window's
         occurrences that overlap it."""
         out = [PowerCap(zone=zone, cap_w=self.cap_w)] if self.cap_w is not None else []
-        day = start.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
-        while day < end:
-            for w in self.windows:
-                a, b = w.spans_on(day)
-                if b > start and a < end:
-                    out.append(PowerCap(zone=zone, cap_w=w.cap_w, start=a, end=b))
-            day += timedelta(days=1)
+        out += [PowerCap(zone=zone, cap_w=w.cap_w, start=a, end=b)
+                for a, b, w in self._occurrences(start, end) if b > start and a < end]
         return tuple(sorted(out, key=lambda c: (c.start or datetime.min.replace(tzinfo=timezone.utc), c.cap_w)))
 
 
