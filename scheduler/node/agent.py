@@ -889,17 +889,8 @@ class Agent:
                 log.debug("job %s %s", job.id, note)
             self._restore_power_limits([self._gpu_of[u] for u in done], f"job {job.id} runs uncapped")
         applied = None if note else float(planned)
-        now = self._clock()
-
-        def tx(conn: Connection) -> None:
-            conn.execute(update(jobs).where(jobs.c.id == job.id).values(
-                power_limit_w=applied, power_limit_note=note))
-            record_events(conn, [{"job_id": job.id, "from_state": State.RUNNING.value,
-                                  "to_state": State.RUNNING.value, "actor_uid": None, "at": now,
-                                  "reason": note or f"GPU power limit set to {planned:g} W per GPU "
-                                                    f"on {len(uuids)} GPU(s) before the start"}])
-
-        self.store.transact(tx)
+        self._store_power_limit(job.id, applied, note, note or f"GPU power limit set to {planned:g} W per GPU "
+                                                               f"on {len(uuids)} GPU(s) before the start")
         if applied is not None:
             self._limits_read_at = None  # the next heartbeat stores the limit set (`nodes`)
             log.info("job %s: power limit %g W set on GPUs %s", job.id, applied, gpu_ids)
@@ -923,18 +914,22 @@ class Agent:
         except GpuError as e:
             note = f"the governor's limit of {target:g} W per GPU could not be set: {e}"
             log.warning("job %s: %s", job.id, note)
-        now = self._clock()
         applied = job.power_limit_w if note else target
+        self._store_power_limit(job.id, applied, note, note or (
+            "GPU power limit back to the default" if target is None
+            else f"GPU power limit set to {target:g} W per GPU while running"))
+        self._limits_read_at = None
+
+    def _store_power_limit(self, job_id: int, applied_w: float | None, note: str | None, reason: str) -> None:
+        """Record the limit a job's GPUs run at (and why none, `note`) with a job event."""
+        now = self._clock()
 
         def tx(conn: Connection) -> None:
-            conn.execute(update(jobs).where(jobs.c.id == job.id).values(power_limit_w=applied, power_limit_note=note))
-            record_events(conn, [{"job_id": job.id, "from_state": State.RUNNING.value,
-                                  "to_state": State.RUNNING.value, "actor_uid": None, "at": now,
-                                  "reason": note or ("GPU power limit back to the default" if target is None else
-                                                     f"GPU power limit set to {target:g} W per GPU while running")}])
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(power_limit_w=applied_w, power_limit_note=note))
+            record_events(conn, [{"job_id": job_id, "from_state": State.RUNNING.value,
+                                  "to_state": State.RUNNING.value, "actor_uid": None, "at": now, "reason": reason}])
 
         self.store.transact(tx)
-        self._limits_read_at = None
 
     def _restore_power_limits(self, gpu_ids: list[int], why: str) -> int:
         """Put each GPU whose limit is not its default back to the default; how many were."""
