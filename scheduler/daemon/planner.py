@@ -155,8 +155,7 @@ class SiteConfig:
 
     site_pue: float = 1.0
     zone_pue: Mapping[str, float] = field(default_factory=dict)
-    zone_power_cap_w: Mapping[str, float] = field(default_factory=dict)  # the caps always in force
-    zone_budgets: Mapping[str, ZoneBudget] = field(default_factory=dict)  # with their daily windows
+    zone_budgets: Mapping[str, ZoneBudget] = field(default_factory=dict)  # power caps, with their daily windows
     node_pue: Mapping[str, float] = field(default_factory=dict)  # [nodes.NAME] pue
     sites_pue: Mapping[str, float] = field(default_factory=dict)  # [sites.S] pue
     site_of: Mapping[str, str] = field(default_factory=dict)  # node -> its [sites.S]
@@ -177,7 +176,6 @@ class SiteConfig:
         if unknown:
             raise ValueError(f"config [site]: unknown key(s) {', '.join(unknown)} (known: pue)")
         pue: dict[str, float] = {}
-        caps: dict[str, float] = {}
         budgets: dict[str, ZoneBudget] = {}
         for zone, zc in zones.items():
             if not isinstance(zc, Mapping):
@@ -191,13 +189,11 @@ class SiteConfig:
             budget = parse_zone_budget(str(zone), zc)
             if budget is not None:
                 budgets[str(zone)] = budget
-                if budget.cap_w is not None:
-                    caps[str(zone)] = budget.cap_w
         sites_pue, site_of = _sites(config.get("sites") or {})
         node_pue = _nodes(config.get("nodes") or {})
         from policies.power_cap import CapBounds
 
-        return cls(site_pue=site_pue, zone_pue=pue, zone_power_cap_w=caps, zone_budgets=budgets, node_pue=node_pue,
+        return cls(site_pue=site_pue, zone_pue=pue, zone_budgets=budgets, node_pue=node_pue,
                    sites_pue=sites_pue, site_of=site_of, caps=CapBounds.from_config(config))
 
     def pue(self, zone: str | None, node: str | None = None) -> float:
@@ -233,8 +229,8 @@ class SiteConfig:
         `horizon_s` (`scheduler.power_budget`)."""
         if now is None:
             wanted = None if zones is None else set(zones)
-            return tuple(PowerCap(zone=z, cap_w=w) for z, w in sorted(self.zone_power_cap_w.items())
-                         if wanted is None or z in wanted)
+            return tuple(PowerCap(zone=z, cap_w=b.cap_w) for z, b in sorted(self.zone_budgets.items())
+                         if b.cap_w is not None and (wanted is None or z in wanted))
         return caps_between(self.zone_budgets, zones, now, now + timedelta(seconds=horizon_s))
 
 
