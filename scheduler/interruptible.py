@@ -44,6 +44,14 @@ ALLOWED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGALRM
                    "SIGWINCH", "SIGURG", "SIGPWR")
 
 
+def checkpoint_request_at_s(planned_s: float, started_s: float, min_run_s: float | None) -> float:
+    """When a segment's checkpoint request is due (epoch s): at the plan's end of the
+    segment, but never before the run has lasted the job's `--min-run`. A segment that
+    started late (a busy Slurm, a slow launch) is not cut below the shortest length the user
+    called useful, and a job is not asked before it has had time to start listening."""
+    return max(planned_s, started_s + (min_run_s or 0.0))
+
+
 def signal_number(name: str) -> int:
     """The number of an allowed checkpoint signal given by name (USR1, SIGUSR1, sigusr1) or
     number; ValueError with a one-line reason otherwise."""

@@ -199,6 +199,41 @@ def test_a_job_that_ignores_its_checkpoint_request_is_killed_and_resumed_from_it
     assert [s["outcome"] for s in receipt["segments"]] == ["killed", "completed"]
 
 
+def test_a_job_killed_by_its_own_checkpoint_signal_is_resumed_not_failed(world, store, tmp_path):
+    """A job that has no handler for its checkpoint signal (or has not installed it yet)
+    dies of the request: carbonsched's interrupt ended it, so it goes back to the queue
+    from its last checkpoint like one that ignored the request, never FAILED."""
+    holder, service, planner, policy, backend, state = world
+    job = service.submit(ME, {"argv": ["sh", "-c", "sleep 3"], "gpus": 1, "est_runtime_s": 3,
+                              "interruptible": "checkpoint", "checkpoint_grace_s": 30, "cwd": str(tmp_path)})["id"]
+    final = drive(holder, planner, store, job, {"COMPLETED", "FAILED", "LOST"})
+    assert final.state == "COMPLETED", final.reason
+    assert [s.outcome for s in segs(store, job)] == ["killed", "completed"]  # as one that ignored it
+    assert final.checkpoints_ignored == 1 and final.resume_count == 1
+
+
+def test_a_segment_is_not_asked_to_checkpoint_before_it_has_run_its_min_run(world, store, tmp_path):
+    """The plan cuts the first segment after 1.5 s; the job said 3 s is its shortest useful
+    run, so the request waits until the run has lasted that long."""
+    holder, service, planner, policy, backend, state = world
+    job, out, trace = submit(service, tmp_path, kind="checkpoint", steps=120, checkpoint_grace_s=5, min_run_s=3)
+    final = drive(holder, planner, store, job, {"COMPLETED", "FAILED", "LOST"})
+    assert final.state == "COMPLETED", final.reason
+    assert out.read_text() == uninterrupted_output(tmp_path, 120)
+    rows = segs(store, job)
+    assert [s.outcome for s in rows] == ["checkpointed", "checkpointed", "completed"]
+    assert all((s.ended_at - s.started_at).total_seconds() >= 3.0 for s in rows[:2])
+
+
+def test_the_checkpoint_request_waits_for_min_run_after_a_late_start():
+    from scheduler.interruptible import checkpoint_request_at_s
+
+    assert checkpoint_request_at_s(100.0, 90.0, None) == 100.0  # on time: the plan's end
+    assert checkpoint_request_at_s(100.0, 90.0, 5.0) == 100.0  # it has run 10 s by then
+    assert checkpoint_request_at_s(100.0, 99.0, 5.0) == 104.0  # started late: min run first
+    assert checkpoint_request_at_s(100.0, 120.0, 0.0) == 120.0  # started after the plan's end
+
+
 def service_receipt(store, job_id):
     from scheduler.accounting import Accountant
 

@@ -19,7 +19,8 @@ def _submit(service, root, steps, *extra):
     argv = [sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-s", "0.05", "--out", str(out),
             "--trace", str(trace), *extra]
     job = service.submit(ROOT, {"argv": argv, "gpus": 1, "est_runtime_s": steps * 0.05, "prompts": steps,
-                                "interruptible": "checkpoint", "checkpoint_grace_s": 3, "cwd": str(root)})["id"]
+                                "interruptible": "checkpoint", "checkpoint_grace_s": 3, "min_run_s": 3,
+                                "cwd": str(root)})["id"]
     return job, out, trace
 
 

@@ -798,7 +798,8 @@ class Agent:
             extra.update(checkpoint_file=str(request),
                          checkpoint_signal=interruptible.signal_number(job.checkpoint_signal or "SIGUSR1"),
                          checkpoint_grace_s=float(job.checkpoint_grace_s or interruptible.DEFAULT_GRACE_S),
-                         checkpoint_at=job.planned_interrupt_at.isoformat() if job.planned_interrupt_at else None)
+                         checkpoint_at=job.planned_interrupt_at.isoformat() if job.planned_interrupt_at else None,
+                         min_run_s=job.min_run_s)
         elif job.planned_segments:
             extra["pause_segments"] = job.planned_segments
         return env, extra

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from scheduler import interruptible
+
 Signaller = Callable[[int], None]
 
 PHASE_FILE = "phase.json"
@@ -96,7 +98,9 @@ class SegmentClock:
         at = extra.get("checkpoint_at")
         segments = [(_epoch(a), _epoch(b)) for a, b in extra.get("pause_segments") or []]
         pauses = [(segments[i][1], segments[i + 1][0]) for i in range(len(segments) - 1)]
-        return cls(kind=kind, run_dir=run_dir, checkpoint_at_s=_epoch(at) if at else None,
+        # The run starts now: the request waits until it has lasted its --min-run.
+        ask_at = interruptible.checkpoint_request_at_s(_epoch(at), time.time(), extra.get("min_run_s")) if at else None
+        return cls(kind=kind, run_dir=run_dir, checkpoint_at_s=ask_at,
                    checkpoint_signal=int(extra.get("checkpoint_signal") or signal.SIGUSR1),
                    checkpoint_grace_s=float(extra.get("checkpoint_grace_s") or 60.0),
                    checkpoint_file=extra.get("checkpoint_file"), pauses=pauses, uid=uid, gid=gid)

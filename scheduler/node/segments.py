@@ -34,17 +34,30 @@ class RunOutcome:
 
 def classify(job, result: dict) -> RunOutcome:
     """A checkpoint job that exited 75 checkpointed (asked or on its own); one killed after
-    ignoring the request is re-queued from its last checkpoint. Anything else ends the job
-    as usual (exit 75 of a non-checkpoint job is a plain failure)."""
+    ignoring the request, or killed by the request itself (it died of its checkpoint signal:
+    it had no handler, or had not installed it yet), is re-queued from its last checkpoint:
+    carbonsched's interrupt ended it, not a fault of its own. Anything else ends the job as
+    usual (exit 75 of a non-checkpoint job is a plain failure)."""
     if getattr(job, "interruptible", None) != interruptible.CHECKPOINT:
         return RunOutcome(None, False)
     if result.get("cancelled") or result.get("timed_out") or result.get("cancelled_outside"):
         return RunOutcome(None, False)
     if result.get("exit_code") == interruptible.CHECKPOINT_EXIT_CODE:
         return RunOutcome(CHECKPOINTED, True)
-    if result.get("checkpoint_killed"):
+    if result.get("checkpoint_killed") or _died_of_the_request(job, result):
         return RunOutcome(KILLED, True)
     return RunOutcome(None, False)
+
+
+def _died_of_the_request(job, result: dict) -> bool:
+    """Whether the run was ended by the checkpoint signal carbonsched sent it."""
+    if not result.get("checkpoint_requested_at") or not result.get("signal"):
+        return False
+    try:
+        wanted = interruptible.signal_number(getattr(job, "checkpoint_signal", None) or interruptible.DEFAULT_SIGNAL)
+    except ValueError:
+        return False
+    return int(result["signal"]) == wanted
 
 
 def _parse(text: str | None) -> datetime | None:

@@ -29,6 +29,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from scheduler import interruptible
 from scheduler.node import job_metrics
 from scheduler.node.segment_clock import create_request_file, remove_request_file
 from scheduler.node.executor import Executor, LaunchSpec, RunState, RunStatus, _read_json
@@ -197,7 +198,9 @@ class SlurmExecutor(Executor):
         rec = _read_json(run_dir / "checkpoint.json") or {}
         now = time.time()
         if not rec.get("requested_at"):
-            if now < datetime.fromisoformat(extra["checkpoint_at"]).timestamp():
+            started = job.start_time.timestamp() if job.start_time else now
+            if now < interruptible.checkpoint_request_at_s(
+                    datetime.fromisoformat(extra["checkpoint_at"]).timestamp(), started, extra.get("min_run_s")):
                 return
             if extra.get("checkpoint_file"):
                 create_request_file(extra["checkpoint_file"], int(spec["uid"]), int(spec["gid"]))
