@@ -188,6 +188,38 @@ def test_an_array_throttle_lets_only_that_many_tasks_be_active(world):
     assert states(store, *ids).count("PLANNED") == 3 and states(store, ids[3]) == ["PLANNED"]
 
 
+def test_the_reason_of_a_job_left_alone_says_why_as_squeue_does(world):
+    """queue's REASON for a held, not-yet-begun, dependent or throttled job names the wait
+    (JobHeldUser, BeginTime, Dependency, JobArrayTaskLimit), and goes once it is plannable."""
+    store, service, planner, clock = world
+    first = submit(service)["id"]
+    held = submit(service, hold=True)["id"]
+    later = submit(service, begin=(T + timedelta(hours=2)).isoformat())["id"]
+    dependent = submit(service, dependency=f"afterok:{first}")["id"]
+    tasks = submit(service, array="0-3%2")["ids"]
+    planner.tick()
+
+    def reason(job_id):
+        return service.get_job(ROOT, job_id)["reason"]
+
+    assert "JobHeldUser" in reason(held)
+    assert "BeginTime" in reason(later)
+    assert reason(dependent) == f"waiting on its dependency afterok:{first} (Dependency)"
+    assert [("JobArrayTaskLimit" in (reason(t) or "")) for t in tasks] == [False, False, True, True]
+    assert "at most 2 tasks at once" in reason(tasks[2])
+    listed = {j["id"]: j["reason"] for j in service.list_jobs(ROOT)}
+    assert "JobHeldUser" in listed[held]  # the listing queue's table reads
+
+    service.hold(ROOT, [held], held=False)
+    assert "JobHeldUser" not in reason(held)
+    finish(store, first, "COMPLETED")
+    clock["now"] = T + timedelta(hours=3)
+    with store.write() as conn:  # the node is still there
+        conn.execute(update(nodes).values(last_heartbeat=clock["now"]))
+    planner.tick()
+    assert states(store, held, later, dependent) == ["PLANNED"] * 3
+
+
 @pytest.mark.parametrize(("text", "indices", "limit"), [("0-99%8", tuple(range(100)), 8), ("1,3,5", (1, 3, 5), None),
                                                         ("0-20:5", (0, 5, 10, 15, 20), None)])
 def test_array_specs_as_sbatch_takes_them(text, indices, limit):

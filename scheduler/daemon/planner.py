@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, String, and_, bindparam, func, literal, or_, select, type_coerce, update
+from sqlalchemy import Connection, String, and_, bindparam, case, func, literal, or_, select, type_coerce, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from policies import Plan, Policy, QueuedJob, Snapshot
@@ -659,6 +659,8 @@ class Planner:
         full = self.full_replan_due()
         with self.store.read() as conn:
             snapshot, queued = self.snapshot(conn, incremental=not full)
+            waiting_now = waiting_reasons(conn, snapshot.now)
+        self._note_waiting(waiting_now)
         snapshot, waiting = self.bounded(snapshot)
         fingerprint = _fingerprint(snapshot)
         mono = self._monotonic()
@@ -712,6 +714,17 @@ class Planner:
                      stats.jobs, stats.planned, stats.moved, stats.withdrawn, stats.pinned, stats.kept,
                      len(snapshot.keep), stats.duration_s)
         return stats
+
+
+    def _note_waiting(self, waiting: dict[int, tuple[str | None, str]]) -> None:
+        """Store why each job the planner leaves alone waits (held, --begin, a dependency,
+        an array throttle), so `queue`'s REASON says it as squeue does."""
+        changed = [{"b_id": job_id, "b_reason": why} for job_id, (stored, why) in waiting.items() if stored != why]
+        if not changed:
+            return
+        stmt = (update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.state == State.PENDING.value)
+                .values(reason=bindparam("b_reason")))
+        self.store.transact(lambda conn: conn.execute(stmt, changed))
 
 
 def _with_points(snapshot: Snapshot, plan: Plan) -> Plan:
@@ -921,13 +934,14 @@ class QueuedRow(NamedTuple):
 _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
 
 
-def not_yet_plannable(now: datetime):
-    """The SQL condition of a queued job the planner must leave alone for now (issue 28):
-    held (`hold`, `submit --hold`), before its `--begin` time, waiting on a dependency that
-    is not satisfied yet (afterok: the job COMPLETED; afterany: it ended; afternotok: it
-    ended otherwise; one that can never be satisfied keeps the job waiting, as in Slurm),
-    or a task of an array beyond its `%N` throttle (only the N lowest-index active tasks of
-    an array are plannable, so at most N of them run at once)."""
+def _waits(now: datetime) -> list[tuple[Any, Any]]:
+    """Each reason a queued job is left alone for now (issue 28), as (SQL condition, the
+    REASON `queue` shows), in the order squeue would name them: held (JobHeldUser), before
+    its `--begin` time (BeginTime), waiting on a dependency that is not satisfied yet
+    (Dependency; afterok: the job COMPLETED; afterany: it ended; afternotok: it ended
+    otherwise; one that can never be satisfied keeps the job waiting, as in Slurm), or a
+    task of an array beyond its `%N` throttle (JobArrayTaskLimit: only the N lowest-index
+    active tasks of an array are plannable, so at most N of them run at once)."""
     dep_job = jobs.alias("dep_job")
     ended = [s.value for s in TERMINAL]
     unsatisfied = (select(literal(1)).select_from(job_dependencies.join(dep_job, dep_job.c.id ==
@@ -944,10 +958,29 @@ def not_yet_plannable(now: datetime):
              .where(sibling.c.array_job_id == jobs.c.array_job_id, sibling.c.array_task_id < jobs.c.array_task_id,
                     sibling.c.state.in_([s.value for s in ACTIVE]))
              .scalar_subquery())
-    throttled = and_(jobs.c.array_max_running.is_not(None), ahead >= jobs.c.array_max_running)
-    # every term is true or false, never NULL: NOT(NULL) would drop every ordinary job
-    return or_(jobs.c.held_at.is_not(None), and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now),
-               and_(jobs.c.dependency.is_not(None), unsatisfied), throttled)
+    # every condition is true or false, never NULL: NOT(NULL) would drop every ordinary job
+    return [
+        (jobs.c.held_at.is_not(None), literal("held (JobHeldUser): `carbonsched release` plans it")),
+        (and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now), literal("before its --begin time (BeginTime)")),
+        (and_(jobs.c.dependency.is_not(None), unsatisfied),
+         literal("waiting on its dependency ") + jobs.c.dependency + literal(" (Dependency)")),
+        (and_(jobs.c.array_max_running.is_not(None), ahead >= jobs.c.array_max_running),
+         literal("array throttle: at most ") + type_coerce(jobs.c.array_max_running, String)
+         + literal(" tasks at once (JobArrayTaskLimit)")),
+    ]
+
+
+def not_yet_plannable(now: datetime):
+    """The SQL condition of a queued job the planner must leave alone for now (`_waits`)."""
+    return or_(*(cond for cond, _ in _waits(now)))
+
+
+def waiting_reasons(conn: Connection, now: datetime) -> dict[int, tuple[str | None, str]]:
+    """The PENDING jobs left alone for now: id -> (the reason stored, the reason they wait)."""
+    waits = _waits(now)
+    why = case(*waits)
+    q = select(jobs.c.id, jobs.c.reason, why).where(jobs.c.state == State.PENDING.value, or_(*(c for c, _ in waits)))
+    return {r[0]: (r[1], r[2]) for r in conn.execute(q)}
 
 
 def _read_queue(conn: Connection, now: datetime | None = None) -> dict[int, QueuedRow]:

@@ -718,7 +718,8 @@ class JobService:
             def tx(conn: Connection, r=r) -> dict:
                 if not held:
                     n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.held_at.is_not(None))
-                                     .values(held_at=None, held_by=None, plan_rev=jobs.c.plan_rev + 1)).rowcount
+                                     .values(held_at=None, held_by=None, plan_rev=jobs.c.plan_rev + 1,
+                                             reason="released; waiting for the planner")).rowcount
                     return {"id": r.id, "held": False, "changed": bool(n)}
                 values = dict(held_at=now, held_by=caller.uid, plan_rev=jobs.c.plan_rev + 1)
                 # bumping plan_rev makes a tick planned from before the hold write nothing
