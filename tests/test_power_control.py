@@ -308,6 +308,7 @@ def test_no_privilege_runs_the_job_uncapped_with_a_clear_event_logged_once(node,
         r = row(store, job)
         assert r.power_limit_w is None
         assert "runs uncapped" in r.power_limit_note and "no privilege" in r.power_limit_note
+        assert "CAP_SYS_ADMIN" in r.power_limit_note and "systemd/power-limits.conf" in r.power_limit_note
         assert any("runs uncapped" in (e or "") and "no privilege" in e for e in events(store, job))
         assert (tmp_path / "env.txt").read_text().strip() == "x"  # not told a limit it does not have
         assert [current(u) for u in uuids] == [pytest.approx(default)] * 2

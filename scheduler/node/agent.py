@@ -39,6 +39,10 @@ from telemetry.sampler import Reading, Sampler
 
 log = logging.getLogger(__name__)
 
+# What an operator does about a power limit refused for privilege (issue 29).
+NO_PRIVILEGE_HINT = ("setting GPU power limits needs root with CAP_SYS_ADMIN: under systemd install "
+                     "systemd/power-limits.conf as a drop-in of the agent's unit")
+
 DUE_PER_FREE_GPU = 8
 # Samples kept in memory while the store is unreachable: an hour of 64 GPUs at 1 Hz.
 MAX_UNWRITTEN_SAMPLES = 64 * 3600
@@ -882,7 +886,7 @@ class Agent:
                     "not supported" if isinstance(e, GpuNotSupported) else
                     "GPU lost" if isinstance(e, GpuLost) else "driver error")
             note = (f"runs uncapped: the planned power limit of {planned:g} W per GPU could not be "
-                    f"set ({kind}: {e})")
+                    f"set ({kind}: {e})" + (f"; {NO_PRIVILEGE_HINT}" if kind == "no privilege" else ""))
             if kind not in self._cap_warned:
                 self._cap_warned.add(kind)
                 log.warning("job %s %s; further '%s' failures are logged at debug level", job.id, note, kind)
