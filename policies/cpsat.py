@@ -181,8 +181,10 @@ class CpsatPolicy:
         best = _Solution.of(picks, unplaced, costs, "edf", problem)
         rounds = improved = 0
         try:
-            if time.monotonic() + pass_s < deadline:
-                best, state = _previous_plan(problem, best, state)
+            # always, whatever is left of the budget (it costs about one greedy pass): a
+            # re-plan must never come out worse than the plan it was given (on a loaded host
+            # the budget could be gone before the search began)
+            best, state = _previous_plan(problem, best, state)
             support, price = self._lp_support(problem, started, deadline)
             if price is None:
                 price = self._prices(problem, deadline, best.gco2)

@@ -245,3 +245,8 @@ def test_cpsat_goes_on_from_the_previous_plan_when_given_one():
     again = get_policy("cpsat", max_time_s=0.3).plan(replace(snapshot, previous=good.by_job()))
     assert violations(snapshot, again) == []
     assert score(again) <= score(good)
+    # with no budget left at all (a loaded host: the first greedy pass used it up), the
+    # previous plan is still tried, and kept
+    starved = get_policy("cpsat", max_time_s=0.001).plan(replace(snapshot, previous=good.by_job()))
+    assert violations(snapshot, starved) == []
+    assert score(starved) <= score(good)
