@@ -14,6 +14,11 @@ import re
 from dataclasses import dataclass
 
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
+
+# Why a job the planner leaves alone waits, as `queue`'s REASON says it (squeue's word in
+# brackets); the planner stores them each tick, `submit --hold` at once.
+HELD_REASON = "held (JobHeldUser): `carbonsched release` plans it"
+BEGIN_REASON = "before its --begin time (BeginTime)"
 MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 MAX_ARRAY_INDEX = 100_000
 MAX_DEPENDENCIES = 64

@@ -197,10 +197,12 @@ def test_the_reason_of_a_job_left_alone_says_why_as_squeue_does(world):
     later = submit(service, begin=(T + timedelta(hours=2)).isoformat())["id"]
     dependent = submit(service, dependency=f"afterok:{first}")["id"]
     tasks = submit(service, array="0-3%2")["ids"]
-    planner.tick()
 
     def reason(job_id):
         return service.get_job(ROOT, job_id)["reason"]
+
+    assert "JobHeldUser" in reason(held) and "BeginTime" in reason(later)  # said at submit
+    planner.tick()
 
     assert "JobHeldUser" in reason(held)
     assert "BeginTime" in reason(later)

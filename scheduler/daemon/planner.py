@@ -49,6 +49,7 @@ from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
 from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
 from scheduler import interruptible
+from scheduler.job_specs import BEGIN_REASON, HELD_REASON
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
 from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget
 from scheduler.profiles import learned_profiles
@@ -960,8 +961,8 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
              .scalar_subquery())
     # every condition is true or false, never NULL: NOT(NULL) would drop every ordinary job
     return [
-        (jobs.c.held_at.is_not(None), literal("held (JobHeldUser): `carbonsched release` plans it")),
-        (and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now), literal("before its --begin time (BeginTime)")),
+        (jobs.c.held_at.is_not(None), literal(HELD_REASON)),
+        (and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now), literal(BEGIN_REASON)),
         (and_(jobs.c.dependency.is_not(None), unsatisfied),
          literal("waiting on its dependency ") + jobs.c.dependency + literal(" (Dependency)")),
         (and_(jobs.c.array_max_running.is_not(None), ahead >= jobs.c.array_max_running),

@@ -214,14 +214,15 @@ class JobService:
     def _validate_slurm_habits(self, body: dict, caller: Caller, now: datetime) -> "_Habits":
         """--hold, --begin, --dependency, --array, --output/--error (issue 28), checked like
         every other field: a bad one is refused with the flag named and nothing stored."""
-        from scheduler.job_specs import check_log_pattern, dependency_text, parse_array, parse_dependency
+        from scheduler.job_specs import (BEGIN_REASON, HELD_REASON, check_log_pattern, dependency_text, parse_array,
+                                         parse_dependency)
 
         cols: dict = {}
         hold = body.get("hold", False)
         if not isinstance(hold, bool):
             raise RequestError(400, "hold must be true or false")
         if hold:
-            cols.update(held_at=now, held_by=caller.uid)
+            cols.update(held_at=now, held_by=caller.uid, reason=HELD_REASON)
         if body.get("begin") is not None:
             begin = _parse_iso(body["begin"], "begin")
             if begin > now + timedelta(seconds=MAX_RUNTIME_S * 12):
@@ -230,6 +231,8 @@ class JobService:
             if deadline is not None and _parse_iso(deadline, "deadline") <= begin:
                 raise RequestError(400, f"--begin {iso(begin)} is not before the deadline: it cannot be met")
             cols["begin_at"] = begin
+            if begin > now and not hold:
+                cols["reason"] = BEGIN_REASON
         for key, flag, col in (("stdout_path", "--output", "stdout_path"), ("stderr_path", "--error", "stderr_path")):
             if body.get(key) is not None:
                 try:
