@@ -52,6 +52,16 @@ def checkpoint_request_at_s(planned_s: float, started_s: float, min_run_s: float
     return max(planned_s, started_s + (min_run_s or 0.0))
 
 
+def startup_ignored_signal(extra: dict | None) -> int | None:
+    """The signal a run starts with ignored: a checkpoint job's checkpoint signal (from the
+    launch spec's `extra`), so that a request during its start-up cannot kill it before it
+    has installed its handler; None for any other job."""
+    extra = extra or {}
+    if extra.get("interruptible") != CHECKPOINT:
+        return None
+    return int(extra.get("checkpoint_signal") or signal.SIGUSR1)
+
+
 def signal_number(name: str) -> int:
     """The number of an allowed checkpoint signal given by name (USR1, SIGUSR1, sigusr1) or
     number; ValueError with a one-line reason otherwise."""

@@ -199,12 +199,32 @@ def test_a_job_that_ignores_its_checkpoint_request_is_killed_and_resumed_from_it
     assert [s["outcome"] for s in receipt["segments"]] == ["killed", "completed"]
 
 
-def test_a_job_killed_by_its_own_checkpoint_signal_is_resumed_not_failed(world, store, tmp_path):
-    """A job that has no handler for its checkpoint signal (or has not installed it yet)
-    dies of the request: carbonsched's interrupt ended it, so it goes back to the queue
-    from its last checkpoint like one that ignored the request, never FAILED."""
+def test_a_checkpoint_job_starts_with_its_checkpoint_signal_ignored_until_it_installs_a_handler(
+        world, store, tmp_path):
+    """A request while the job is still starting cannot kill it (its own handler replaces the
+    ignored disposition); any other job starts with the signal at its default."""
     holder, service, planner, policy, backend, state = world
-    job = service.submit(ME, {"argv": ["sh", "-c", "sleep 3"], "gpus": 1, "est_runtime_s": 3,
+    probe = ("import signal, sys; print('USR1', 'ignored' if signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN "
+             "else 'default')")
+    seen = {}
+    for kind in ("checkpoint", None):
+        body = {"argv": [sys.executable, "-c", probe], "gpus": 1, "est_runtime_s": 1, "cwd": str(tmp_path)}
+        if kind:
+            body["interruptible"] = kind
+        job = service.submit(ME, body)["id"]
+        final = drive(holder, planner, store, job, {"COMPLETED", "FAILED", "LOST"})
+        assert final.state == "COMPLETED", final.reason
+        seen[kind] = (state / "logs" / f"{job}.out").read_text().strip()
+    assert seen == {"checkpoint": "USR1 ignored", None: "USR1 default"}
+
+
+def test_a_job_killed_by_its_own_checkpoint_signal_is_resumed_not_failed(world, store, tmp_path):
+    """A job that sets its checkpoint signal back to the default and so dies of the request
+    was ended by carbonsched's interrupt: it goes back to the queue from its last checkpoint,
+    like one that ignored the request, never FAILED."""
+    holder, service, planner, policy, backend, state = world
+    code = "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_DFL); time.sleep(3)"
+    job = service.submit(ME, {"argv": [sys.executable, "-c", code], "gpus": 1, "est_runtime_s": 3,
                               "interruptible": "checkpoint", "checkpoint_grace_s": 30, "cwd": str(tmp_path)})["id"]
     final = drive(holder, planner, store, job, {"COMPLETED", "FAILED", "LOST"})
     assert final.state == "COMPLETED", final.reason

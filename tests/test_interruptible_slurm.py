@@ -61,3 +61,19 @@ def test_a_slurm_job_that_ignores_its_checkpoint_request_is_cancelled_and_resume
     assert rows[job].checkpoints_ignored == 1
     ran = steps_run(trace)
     assert sorted(set(ran)) == list(range(1, 161)) and len(ran) - 160 <= 10
+
+
+def test_a_slurm_checkpoint_job_starts_with_its_checkpoint_signal_ignored(world, slurm_cluster):
+    """As under the local supervisor: the batch script ignores the signal and execs the job,
+    whose own handler replaces that; a request while the batch step starts cannot kill it."""
+    store, service, _fifo, agents, root = world
+    planner = Planner(store, SegmentingPolicy(first_s=600.0, gap_s=0.5))
+    out = root / "disposition.txt"
+    probe = (f"import signal; open({str(out)!r}, 'w').write('ignored' if signal.getsignal(signal.SIGUSR2) "
+             "== signal.SIG_IGN else 'default')")
+    job = service.submit(ROOT, {"argv": [sys.executable, "-c", probe], "gpus": 1, "est_runtime_s": 5,
+                                "interruptible": "checkpoint", "checkpoint_signal": "SIGUSR2",
+                                "cwd": str(root)})["id"]
+    rows = _drive(store, planner, agents, job)
+    assert rows[job].state == "COMPLETED", rows[job].reason
+    assert out.read_text() == "ignored"

@@ -165,10 +165,13 @@ class SlurmExecutor(Executor):
         if spec.time_limit_s:
             argv.append(f"--time={max(1, math.ceil(spec.time_limit_s / 60))}")
         command = shlex.join(spec.argv)
-        if (spec.extra or {}).get("interruptible") == "checkpoint":
+        ignored = interruptible.startup_ignored_signal(spec.extra)
+        if ignored is not None:
             # The batch script becomes the job itself: `scancel --signal --batch` reaches it
-            # (a shell in between would die of the signal and end the job unsaved).
-            command = "exec " + command
+            # (a shell in between would die of the signal and end the job unsaved). It starts
+            # with the signal ignored, as under the local supervisor: a request while the
+            # batch step is still starting cannot kill it (the request file is there too).
+            command = f"trap '' {signal.Signals(ignored).name.removeprefix('SIG')}; exec {command}"
         argv += ["--wrap", command]
         env = {k: v for k, v in spec.env.items() if k not in SLURM_SETS}
         env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))

@@ -26,6 +26,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from scheduler import interruptible
 from scheduler.node import job_cgroup, job_metrics
 from scheduler.node.segment_clock import SegmentClock, remove_request_file
 from scheduler.slurm.commands import JOB_UMASK  # one umask for jobs, local or Slurm
@@ -94,6 +95,21 @@ def _enter_cwd(cwd: str):
     return enter
 
 
+def _child_setup(cwd: str, ignore_signal: int | None):
+    """The child's set-up before exec: a checkpoint job starts with its checkpoint signal
+    ignored (the disposition survives exec; the job's own handler replaces it), so a request
+    that comes while it is still starting cannot kill it: the request file is there too, for
+    a job that watches it. Then the working directory, entered as the owner (`_enter_cwd`)."""
+    enter = _enter_cwd(cwd)
+
+    def setup() -> None:
+        if ignore_signal is not None:
+            signal.signal(ignore_signal, signal.SIG_IGN)
+        enter()
+
+    return setup
+
+
 class _Stop:
     requested = False
 
@@ -145,7 +161,7 @@ def supervise(run_dir: Path) -> int:
         proc = subprocess.Popen(
             spec["argv"],
             cwd="/",  # the job's own cwd is entered by _enter_cwd, as the job's owner
-            preexec_fn=_enter_cwd(spec["cwd"]),
+            preexec_fn=_child_setup(spec["cwd"], interruptible.startup_ignored_signal(spec.get("extra"))),
             umask=JOB_UMASK,
             env=env,
             stdin=subprocess.DEVNULL,
