@@ -204,7 +204,7 @@ class FifoPolicy:
               default_runtime_s: float) -> int:
         """The pool the job takes: fifo the earliest start, edf the earliest finish; then the
         earliest finish (fifo) or start (edf); then a seeded random one of the tied pools."""
-        cand = np.flatnonzero(np.isfinite(starts))
+        cand = np.isfinite(starts).nonzero()[0]  # starts is 1-D (pools)
         if cand.size == 0:
             return int(np.argmin(starts))
         if not self.by_deadline:  # only the equally early pools can win
