@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import numpy as np
 
@@ -113,6 +114,10 @@ class FifoPolicy:
         kind_of = [(zone_of[key], key[1]) for key in keys]
         pue_of = [snapshot.gpu_pue(pools[key][0]) for key in keys]
         cap_of = [gang_power_limit_w(g.power_limit_w for g in pools[key]) for key in keys]
+        # pools by (model, power limit): a job's runtime depends on these only (see `_pick`)
+        shape_ix: dict[tuple[str, float | None], int] = {}
+        pool_shape = np.array([shape_ix.setdefault(mc, len(shape_ix)) for mc in zip(models, cap_of)], dtype=np.int64)
+        shapes = _PoolShapes(pool_shape, list(shape_ix))
 
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
@@ -140,7 +145,7 @@ class FifoPolicy:
                 unplaced[job.id] = _why_unplaceable(job, by_node, book)
                 continue
             starts = np.where(ok, np.maximum(free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
-            p = self._pick(job, starts, ok, models, cap_of, book, snapshot.default_runtime_s)
+            p = self._pick(job, starts, shapes, book, snapshot.default_runtime_s)
             start_s = float(starts[p])
             model = models[p]
             chosen = sorted(range(k), key=lambda i: index[p, i])
@@ -195,23 +200,26 @@ class FifoPolicy:
         return Plan(assignments=tuple(assignments), unplaced=unplaced)
 
 
-    def _pick(self, job: QueuedJob, starts: np.ndarray, ok: np.ndarray, models: list[str],
-              cap_of: list[float | None], book: ProfileBook, default_runtime_s: float) -> int:
+    def _pick(self, job: QueuedJob, starts: np.ndarray, shapes: "_PoolShapes", book: ProfileBook,
+              default_runtime_s: float) -> int:
         """The pool the job takes: fifo the earliest start, edf the earliest finish; then the
         earliest finish (fifo) or start (edf); then a seeded random one of the tied pools."""
-        cand = np.flatnonzero(np.isfinite(starts))
+        cand = np.isfinite(starts).nonzero()[0]  # starts is 1-D (pools)
         if cand.size == 0:
             return int(np.argmin(starts))
         if not self.by_deadline:  # only the equally early pools can win
             cand = cand[starts[cand] <= starts[cand].min() + START_TOL_S]
             if cand.size == 1:
                 return int(cand[0])
-        runtime = {}
-        for p in cand.tolist():
-            key = (models[p], cap_of[p])
-            if key not in runtime:
-                runtime[key] = job_shape(job, models[p], book, default_runtime_s, cap_of[p]).runtime_s
-        finish = np.array([starts[p] + runtime[(models[p], cap_of[p])] for p in cand.tolist()])
+        # one runtime per (model, power limit) among the candidates, then the finishes as one
+        # array sum (the same float additions): a Python loop over ~100 pools per job was half
+        # of edf's time when greedy compares its plan (5,000 jobs)
+        kinds = shapes.of_pool[cand]
+        runtime = np.zeros(len(shapes.keys))
+        for q in set(kinds.tolist()):
+            model, cap = shapes.keys[q]
+            runtime[q] = job_shape(job, model, book, default_runtime_s, cap).runtime_s
+        finish = starts[cand] + runtime[kinds]
         first, then = (finish, starts[cand]) if self.by_deadline else (starts[cand], finish)
         tied = cand[first <= first.min() + START_TOL_S]
         then = then[first <= first.min() + START_TOL_S]
@@ -219,6 +227,14 @@ class FifoPolicy:
         if tied.size == 1:
             return int(tied[0])
         return int(np.random.default_rng((self.seed, job.id)).choice(tied))
+
+
+class _PoolShapes(NamedTuple):
+    """Pools grouped by what a job's runtime depends on: `keys[of_pool[p]]` is pool p's
+    (model, gang power limit)."""
+
+    of_pool: np.ndarray
+    keys: list[tuple[str, float | None]]
 
 
 def _cannot_beat(unplaced: int, misses: int, beat: tuple[int, int]) -> bool:

@@ -118,9 +118,12 @@ class GreedyState:
             self._stale[k] = set()
         else:
             stale = self._stale[k]
-            for g in stale:
-                np.cumsum(self.gmax[g] < k, out=cs[g, 1:])
-            stale.clear()
+            if stale:
+                # all stale groups in one cumsum: one call per group was 13,852 calls, ~0.1 s
+                # of greedy at 5,000 jobs (cProfile); integer sums, so the same counts
+                rows = np.fromiter(stale, dtype=np.int64, count=len(stale))
+                cs[rows, 1:] = np.cumsum(self.gmax[rows] < k, axis=1)
+                stale.clear()
         return cs
 
     def upper_feasible(self, j: int, ends: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
@@ -163,22 +166,27 @@ class GreedyState:
     def give_back(self, pool: int, slot: int, k: int, dur: int, power_w: float) -> None:
         self.take(pool, slot, -k, dur, -power_w)
 
-    def free_pool(self, j: int, g: int, s: int) -> int | None:
+    def free_pool(self, j: int, g: int, s: int, upper_checked: bool = False) -> int | None:
         """A pool of group g with job j's k GPUs free over its whole run from slot s, and
-        watts left under the zone's cap (tightest fit), or None."""
+        watts left under the zone's cap (tightest fit), or None.
+
+        `upper_checked`: the caller took (g, s) from `upper_feasible` of the current state,
+        which has already tested the group maximum and the power cap over the run; they are
+        not tested again (8,754 calls at 5,000 jobs; about a fifth of their time)."""
         p = self.problem
         k = int(p.job_k[j])
         end = min(s + int(p.job_duration[j, g]), p.n_slots)
-        if self.gmax[g, s:end].min() < k:
-            return None
-        cap = self.power.get(p.groups[g].zone)
-        if cap is not None and cap[s:end].min() < p.job_power_w[j, g] - _TOL:
-            return None
+        if not upper_checked:
+            if self.gmax[g, s:end].min() < k:
+                return None
+            cap = self.power.get(p.groups[g].zone)
+            if cap is not None and cap[s:end].min() < p.job_power_w[j, g] - _TOL:
+                return None
         if self.group_pools[g].size == 1:  # gmax is that pool's own count
             return int(self.group_pools[g][0])
         members = p._members(g, k)
         mins = self.rem[members, s:end].min(axis=1)
-        ok = np.flatnonzero(mins >= k)
+        ok = (mins >= k).nonzero()[0]  # 1-D: np.flatnonzero's ravel and dispatch cost more than the search
         if ok.size == 0:
             return None
         return int(members[ok[np.argmin(mins[ok])]])  # tightest fit keeps big gaps for big jobs
@@ -214,16 +222,17 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
         # (then group order); at half load the first one is usually free on some pool
         while True:
             best = masked.min()
-            if not np.isfinite(best):
+            if not math.isfinite(best):
                 break
             # equal up to float noise (a flat curve's prefix sums differ in the last bits from slot
-            # to slot): otherwise "the cheapest" start on a flat curve is a random later one
-            ties = np.flatnonzero(masked <= best + 1e-9 * max(1.0, abs(best)))
+            # to slot): otherwise "the cheapest" start on a flat curve is a random later one.
+            # `masked` is 1-D: .nonzero() directly (np.flatnonzero's wrappers: ~15,000 calls)
+            ties = (masked <= best + 1e-9 * max(1.0, abs(best))).nonzero()[0]
             if ties.size > 1:
                 ties = ties[np.lexsort((ties, ties % W))]
             for idx in ties.tolist():
                 g, s = divmod(idx, W)
-                pool = state.free_pool(j, g, lo + s)
+                pool = state.free_pool(j, g, lo + s, upper_checked=True)
                 if pool is not None:  # priced: a start past the on-time window is a late pick
                     return Pick(j, pool, lo + s, deadline_miss=not problem.strict
                                 and lo + s > problem.job_on_time_latest[j, g])
@@ -259,7 +268,7 @@ def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np
     finish = ss * problem.slot_s + problem.job_runtime_s[j, gs]
     for idx in np.lexsort((table[gs, ss], ss, finish)).tolist():
         g, s = int(gs[idx]), int(ss[idx])
-        pool = state.free_pool(j, g, s)
+        pool = state.free_pool(j, g, s, upper_checked=True)
         if pool is not None:
             return Pick(j, pool, s, deadline_miss=True)
     return "no GPUs free within the planning horizon"
@@ -308,11 +317,14 @@ class ChunkNotes:
         self._kinds: dict[bytes, tuple[tuple[str, str], ...]] = {}
         # the cheapest start in each job's window (and its group), and from its release on
         slots = problem.slot_index
-        after = slots[None, None, :] >= lo[:, None, None]
-        per_group = np.where(after & (slots[None, None, :] <= problem.job_latest[js][:, :, None]), tables,
-                             np.inf).min(axis=2)
+        after = slots[None, :] >= lo[:, None]
+        in_window = slots[None, None, :] <= problem.job_latest[js][:, :, None]
+        in_window &= after[:, None, :]
+        # masked minima (`where=`), not minima of np.where(mask, tables, inf) copies: the same
+        # values (a minimum is exact) at half the time, ~2.5 ms of ~8.5 per 256-job chunk
+        per_group = np.min(tables, axis=2, where=in_window, initial=np.inf)
         self.best_window = per_group.min(axis=1, initial=np.inf)  # inf: no usable GPU at all
-        self.best_after = np.where(after, tables, np.inf).min(axis=(1, 2), initial=np.inf)
+        self.best_after = np.min(np.min(tables, axis=1, initial=np.inf), axis=1, where=after, initial=np.inf)
         self.best_window_group = per_group.argmin(axis=1) if per_group.shape[1] else np.zeros(len(js), np.int64)
 
     def notes(self, i: int, j: int, pick: Pick, table: np.ndarray) -> Notes:

@@ -477,8 +477,10 @@ class Problem:
             tk, gk = self._zone_knots[z]
             rows = slice(int(gz[0]), int(gz[-1]) + 1)  # groups are sorted by zone first
             view = out[:, rows, :]
-            view[...] = np.interp(self.slot_offsets_s[None, None, :] + runtime[:, rows, None], tk, gk)
-            view -= self._zone_base[z]
+            # (interp - base) * scale written straight into `out`: one pass over the chunk's
+            # 11 MB fewer than copying interp's result in first (same operations, same bits)
+            np.subtract(np.interp(self.slot_offsets_s[None, None, :] + runtime[:, rows, None], tk, gk),
+                        self._zone_base[z], out=view)
             view *= scale[:, rows, None]
         out[~self.job_fit[js]] = np.inf
         self._remember_cheapest(js, out)
@@ -504,7 +506,9 @@ class Problem:
         if tables.shape[1] == 0 or tables.shape[2] == 0:  # no usable GPU group, no slot
             self._cheapest_g.update((j, math.inf) for j in js[idx].tolist())
             return
-        per_slot = tables[idx].min(axis=1)  # (jobs x slots): the cheapest group at each start
+        # usually every job of the chunk is new: then no copy of the whole chunk's tables
+        # (`tables[idx]`, 11 MB at 256 jobs x 28 groups x 192 slots) before the minimum
+        per_slot = (tables if len(new) == js.size else tables[idx]).min(axis=1)  # (jobs x slots): the cheapest group at each start
         per_slot[self.slot_index[None, :] < self.job_earliest[js[idx]][:, None]] = np.inf
         for j, g in zip(js[idx].tolist(), per_slot.min(axis=1).tolist()):
             self._cheapest_g[j] = g

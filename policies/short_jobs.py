@@ -219,7 +219,9 @@ def _slot_costs(curve: CarbonCurve | None, starts: np.ndarray, run_s: np.ndarray
     n = len(values)
 
     def steps(x: np.ndarray) -> np.ndarray:  # integral of the step function from 0 to x, in steps
-        i = np.clip(np.floor(x).astype(np.int64), 0, n - 1)
+        # minimum/maximum, not np.clip: the same integers without np.clip's per-call bound
+        # checks (two np.iinfo per call, 3,184 at 5,000 jobs)
+        i = np.minimum(np.maximum(np.floor(x).astype(np.int64), 0), n - 1)
         inside = prefix[i] + (x - i) * values[i]
         return np.where(x <= 0, x * values[0], np.where(x >= n, prefix[n] + (x - n) * values[-1], inside))
 
@@ -279,10 +281,12 @@ def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s
         limit = hi if best is None else min(hi, best[0] - 1e-6)
         t = lo
         while t <= limit:
-            gaps = sorted((lines[g.id].first_gap(t, run_s), g.id) for g in members)
-            kth = gaps[k - 1][0]
+            # each GPU's first gap; the k-th smallest, and on success the lowest ids of those
+            # free at t (as from the (gap, id) pairs sorted, without building and sorting them)
+            gaps = [lines[g.id].first_gap(t, run_s) for g in members]
+            kth = min(gaps) if k == 1 else sorted(gaps)[k - 1]
             if kth <= t + 1e-6:
-                best = (t, node, tuple(sorted(gid for gap, gid in gaps if gap <= t + 1e-6)[:k]))
+                best = (t, node, tuple(sorted(g.id for g, gap in zip(members, gaps) if gap <= t + 1e-6)[:k]))
                 break
             t = kth
         if best is not None and best[0] <= lo + 1e-6:
@@ -502,7 +506,15 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                 f" ({', '.join(sorted(reasons))})" if reasons else "")
             continue
 
+        limits: dict[int, float] = {}
+
         def window_limit(o: int) -> float:
+            hit = limits.get(o)
+            if hit is None:
+                hit = limits[o] = _window_limit(o)
+            return hit
+
+        def _window_limit(o: int) -> float:  # cached per option: asked twice per candidate start
             _, shape = options[o]
             limit = latest
             if job.deadline is not None:
