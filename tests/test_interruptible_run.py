@@ -191,9 +191,13 @@ def test_a_job_that_ignores_its_checkpoint_request_is_killed_and_resumed_from_it
     assert final.checkpoints_ignored == 1 and final.resume_count == 1
     assert rows[0].lost_s > 1.0  # the whole first run, as far as carbonsched can tell
     ran = steps_run(trace)
-    # Only the steps after the last checkpoint (at most 10) ran twice.
-    twice = [s for s in set(ran) if ran.count(s) > 1]
-    assert 0 < len(twice) <= 10 and sorted(set(ran)) == list(range(1, 81))
+    # Exactly the steps the killed run did after its last checkpoint (every 10) ran twice
+    # (none when it was killed before its first step: a slow start on a loaded host).
+    first_run = ran[:next((i for i in range(1, len(ran)) if ran[i] <= ran[i - 1]), len(ran))]
+    done = max(first_run, default=0)
+    twice = sorted(s for s in set(ran) if ran.count(s) > 1)
+    assert twice == list(range(done // 10 * 10 + 1, done + 1)) and len(twice) < 10
+    assert sorted(set(ran)) == list(range(1, 81))
     receipt = service_receipt(store, job)
     assert receipt["lost_work_s"] == pytest.approx(rows[0].lost_s)
     assert [s["outcome"] for s in receipt["segments"]] == ["killed", "completed"]
@@ -302,7 +306,9 @@ def test_a_pause_job_is_stopped_between_its_segments_and_continued_in_place(worl
     # while running; the job's energy is the sum of all three.
     pause_w = pause.energy_j / (pause.ended_at - pause.started_at).total_seconds()
     run_w = rows[0].energy_j / (rows[0].ended_at - rows[0].started_at).total_seconds()
-    assert 30 < pause_w < 150 < run_w
+    # (the pause's edges are as sharp as the 5 Hz sampling: on a loaded host a few samples on
+    # either side of it are the job's running power, so "well below running", not "idle")
+    assert 30 < pause_w < (70 + run_w) / 2 and run_w > 150
     assert final.energy_j == pytest.approx(sum(s.energy_j for s in rows))
     assert final.resume_count == 0 and final.attempts == 1
 
