@@ -716,7 +716,6 @@ class Planner:
                      len(snapshot.keep), stats.duration_s)
         return stats
 
-
     def _note_waiting(self, waiting: dict[int, tuple[str | None, str]]) -> None:
         """Store why each job the planner leaves alone waits (held, --begin, a dependency,
         an array throttle), so `queue`'s REASON says it as squeue does."""
