@@ -137,7 +137,10 @@ def bench_gaia(args) -> dict:
                  "forecast": args.forecast, **_estimate_options(args)}
     if args.interruptible:
         return _gaia_interrupting(args, out)
+    zones = args.gaia_zones.split(",")
     for zone, cluster_file in (("DE", "cluster-gaia-de.toml"), ("US-CAL-CISO", "cluster-gaia-caiso.toml")):
+        if zone not in zones:
+            continue
         cluster = load_cluster(ROOT / "examples" / cluster_file)
         scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon([zone]), start=GAIA_START,
                                   slack_s=24 * 3600.0, max_wait_s=24 * 3600.0)
@@ -510,7 +513,7 @@ def main() -> None:
     p.add_argument("--resume-cost", type=float, default=60.0, metavar="S",
                    help="gap, overload: running time lost per resume, s (default 60)")
     p.add_argument("--resume-costs", default="0,60,600", help="gaia --interruptible: resume costs, s (default 0,60,600)")
-    p.add_argument("--gaia-zones", default="DE,US-CAL-CISO", help="gaia --interruptible: the zones (default both)")
+    p.add_argument("--gaia-zones", default="DE,US-CAL-CISO", help="gaia: the zones (default both)")
     p.add_argument("--max-segments", type=int, default=4, help="at most this many segments a job (default 4)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
