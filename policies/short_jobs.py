@@ -26,6 +26,7 @@ the cap over the whole run.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 
@@ -506,15 +507,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                 f" ({', '.join(sorted(reasons))})" if reasons else "")
             continue
 
-        limits: dict[int, float] = {}
-
+        @functools.cache  # per option: asked for every candidate start of the option
         def window_limit(o: int) -> float:
-            hit = limits.get(o)
-            if hit is None:
-                hit = limits[o] = _window_limit(o)
-            return hit
-
-        def _window_limit(o: int) -> float:  # cached per option: asked twice per candidate start
             _, shape = options[o]
             limit = latest
             if job.deadline is not None:
@@ -529,9 +523,10 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         best = None
         for idx in flat:
             o, col = divmod(int(idx), table.shape[1])
-            if starts[col] > window_limit(o) + 1e-6:
+            limit = window_limit(o)
+            if starts[col] > limit + 1e-6:
                 continue
-            h = feasible(o, col, window_limit(o))
+            h = feasible(o, col, limit)
             if h is not None:
                 best = (float(table[o, col]), h, o, col)
                 break
