@@ -519,7 +519,7 @@ class Planner:
             self._seed = tuple(seed_profiles())
         return self._seed
 
-    def snapshot(self, conn: Connection, *, incremental: bool = False) -> tuple[Snapshot, dict[int, QueuedRow]]:
+    def snapshot(self, conn: Connection, *, incremental: bool = False) -> tuple[Snapshot, QueueRead]:
         """The world as the policy sees it, and the queued rows by id (for the write-back).
 
         `incremental`: `keep` holds the stored plans of the PLANNED jobs that are not pinned
@@ -660,8 +660,7 @@ class Planner:
         full = self.full_replan_due()
         with self.store.read() as conn:
             snapshot, queued = self.snapshot(conn, incremental=not full)
-            waiting_now = waiting_reasons(conn, snapshot.now)
-        self._note_waiting(waiting_now)
+        self._note_waiting(queued.waiting)
         snapshot, waiting = self.bounded(snapshot)
         fingerprint = _fingerprint(snapshot)
         mono = self._monotonic()
@@ -970,23 +969,21 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
     ]
 
 
-def not_yet_plannable(now: datetime):
-    """The SQL condition of a queued job the planner must leave alone for now (`_waits`)."""
-    return or_(*(cond for cond, _ in _waits(now)))
+class QueueRead(dict):
+    """The plannable queue, id -> QueuedRow (what a tick writes back to), and `waiting`: the
+    PENDING jobs the planner leaves alone for now (`_waits`), id -> (the reason stored, the
+    reason they wait), from the same read."""
+
+    def __init__(self, rows: dict[int, QueuedRow], waiting: dict[int, tuple[str | None, str]]) -> None:
+        super().__init__(rows)
+        self.waiting = waiting
 
 
-def waiting_reasons(conn: Connection, now: datetime) -> dict[int, tuple[str | None, str]]:
-    """The PENDING jobs left alone for now: id -> (the reason stored, the reason they wait)."""
-    waits = _waits(now)
-    why = case(*waits)
-    q = select(jobs.c.id, jobs.c.reason, why).where(jobs.c.state == State.PENDING.value, or_(*(c for c, _ in waits)))
-    return {r[0]: (r[1], r[2]) for r in conn.execute(q)}
-
-
-def _read_queue(conn: Connection, now: datetime | None = None) -> dict[int, QueuedRow]:
+def _read_queue(conn: Connection, now: datetime | None = None) -> QueueRead:
     """The queue, read fast: a tick reads thousands of rows, so on SQLite times and JSON come
     back as raw text and are parsed here with the C parsers instead of per-value processors.
-    Jobs not yet plannable (`not_yet_plannable`) are left out."""
+    Jobs not yet plannable (`_waits`) are left out of it, and come back in `waiting` with the
+    reason they wait: one pass, each wait's condition evaluated once a row."""
     raw = conn.dialect.name == "sqlite"
     cols = []
     for name in QueuedRow._fields:
@@ -994,18 +991,23 @@ def _read_queue(conn: Connection, now: datetime | None = None) -> dict[int, Queu
         if raw and (name in _QUEUE_TIMES or name == "planned_gpu_ids"):
             col = type_coerce(col, String).label(name)
         cols.append(col)
-    q = (select(*cols).where(jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]),
-                             ~not_yet_plannable(now or datetime.now(timezone.utc)))
+    waits = case(*_waits(now or datetime.now(timezone.utc))).label("waits")  # NULL: plannable
+    q = (select(*cols, waits).where(jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))
          .order_by(jobs.c.id))
     out: dict[int, QueuedRow] = {}
+    waiting: dict[int, tuple[str | None, str]] = {}
     for r in conn.execute(q):
+        why = r[-1]
         if raw:
             r = QueuedRow(r[0], r[1], r[2], r[3], _utc(r[4]), r[5], _utc(r[6]), r[7], r[8], r[9],
-                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), *r[13:])
+                          r[10], json.loads(r[11]) if r[11] else None, _utc(r[12]), *r[13:-1])
         else:
-            r = QueuedRow(*r)
-        out[r.id] = r
-    return out
+            r = QueuedRow(*r[:-1])
+        if why is None:
+            out[r.id] = r
+        elif r.state == State.PENDING.value:
+            waiting[r.id] = (r.reason, why)
+    return QueueRead(out, waiting)
 
 
 def _utc(text: str | None) -> datetime | None:
