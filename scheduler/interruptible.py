@@ -52,14 +52,18 @@ def checkpoint_request_at_s(planned_s: float, started_s: float, min_run_s: float
     return max(planned_s, started_s + (min_run_s or 0.0))
 
 
+def launch_signal(extra: dict | None) -> int:
+    """The checkpoint signal a launch spec's `extra` names (SIGUSR1 where it names none)."""
+    return int((extra or {}).get("checkpoint_signal") or signal.SIGUSR1)
+
+
 def startup_ignored_signal(extra: dict | None) -> int | None:
     """The signal a run starts with ignored: a checkpoint job's checkpoint signal (from the
     launch spec's `extra`), so that a request during its start-up cannot kill it before it
     has installed its handler; None for any other job."""
-    extra = extra or {}
-    if extra.get("interruptible") != CHECKPOINT:
+    if (extra or {}).get("interruptible") != CHECKPOINT:
         return None
-    return int(extra.get("checkpoint_signal") or signal.SIGUSR1)
+    return launch_signal(extra)
 
 
 def signal_number(name: str) -> int:

@@ -101,7 +101,7 @@ class SegmentClock:
         # The run starts now: the request waits until it has lasted its --min-run.
         ask_at = interruptible.checkpoint_request_at_s(_epoch(at), time.time(), extra.get("min_run_s")) if at else None
         return cls(kind=kind, run_dir=run_dir, checkpoint_at_s=ask_at,
-                   checkpoint_signal=int(extra.get("checkpoint_signal") or signal.SIGUSR1),
+                   checkpoint_signal=interruptible.launch_signal(extra),
                    checkpoint_grace_s=float(extra.get("checkpoint_grace_s") or 60.0),
                    checkpoint_file=extra.get("checkpoint_file"), pauses=pauses, uid=uid, gid=gid)
 

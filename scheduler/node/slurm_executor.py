@@ -207,7 +207,7 @@ class SlurmExecutor(Executor):
                 return
             if extra.get("checkpoint_file"):
                 create_request_file(extra["checkpoint_file"], int(spec["uid"]), int(spec["gid"]))
-            name = signal.Signals(int(extra.get("checkpoint_signal") or signal.SIGUSR1)).name.removeprefix("SIG")
+            name = signal.Signals(interruptible.launch_signal(extra)).name.removeprefix("SIG")
             self.slurm.run(["scancel", f"--signal={name}", "--batch", str(slurm_id)])
             write_json_atomic(run_dir / "checkpoint.json", {"requested_at": now})
             log.info("job %s: asked Slurm job %s to checkpoint (SIG%s)", job_id, slurm_id, name)
