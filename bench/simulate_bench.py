@@ -55,9 +55,9 @@ def _carbon(zones: list[str], years: tuple[int, ...] = (2022,)):
 def _estimate_options(args) -> dict:
     """What the planner is told of job lengths (issue 31), for any scenario's SimSettings:
     `SimSettings(..., **_estimate_options(args))`; `--estimate`, `--[no-]correct-estimates`,
-    `--[no-]estimate-margin`."""
+    `--[no-]estimate-margin`, `--[no-]price-length-spread`."""
     return {"estimate": args.estimate, "correct_estimates": args.correct_estimates,
-            "estimate_margin": args.estimate_margin}
+            "estimate_margin": args.estimate_margin, "price_length_spread": args.price_length_spread}
 
 
 def _run(scenario, policies: str, settings, forecast: str = "perfect"):
@@ -135,7 +135,11 @@ def bench_gaia(args) -> dict:
 
     out: dict = {"scenario": "gaia", "start": GAIA_START.isoformat(), "max_wait_h": 24, "zones": {},
                  "forecast": args.forecast, **_estimate_options(args)}
+    out["deadline"] = args.gaia_deadline
     if args.interruptible:
+        if args.gaia_deadline == "none":
+            sys.exit("--gaia-deadline none: an interruptible job's pauses are bounded by its deadline "
+                     "(GAIA's suspend-resume: 24 h of waiting in all); use the default, slack")
         return _gaia_interrupting(args, out)
     zones = args.gaia_zones.split(",")
     for zone, cluster_file in (("DE", "cluster-gaia-de.toml"), ("US-CAL-CISO", "cluster-gaia-caiso.toml")):
@@ -143,7 +147,7 @@ def bench_gaia(args) -> dict:
             continue
         cluster = load_cluster(ROOT / "examples" / cluster_file)
         scenario = build_scenario(cluster, read_jobs(PAI_1K), _carbon([zone]), start=GAIA_START,
-                                  slack_s=24 * 3600.0, max_wait_s=24 * 3600.0)
+                                  slack_s=_gaia_slack_s(args), max_wait_s=24 * 3600.0)
         # fifo plans at every submit on a pool that is never full: each job runs at its arrival.
         settings = SimSettings(plan_interval_s=args.plan_interval, wake_on_submit=True, **_estimate_options(args))
         # --forecast a,b,...: one run per forecast model (issue 26: what a real forecast keeps)
@@ -172,6 +176,15 @@ def bench_gaia(args) -> dict:
                       + ", ".join(f"{k} {v:.0f}%" for k, v in kept.items() if v is not None))
         print("GAIA reported:", ", ".join(f"{k} {v}%" for k, v in GAIA_REPORTED[zone].items()))
     return out
+
+
+def _gaia_slack_s(args) -> float | None:
+    """The GAIA scenario's finish deadline: `--gaia-deadline slack` (the default) adds
+    deadline = arrival + runtime + 24 h to the 24 h maximum wait; `none` keeps GAIA's own
+    constraint only, the maximum wait. With exact lengths the two are the same (a job that
+    starts within its wait finishes by that deadline); with an estimate the deadline binds
+    first for a job told it is longer than it is (latest start = deadline - estimate)."""
+    return None if args.gaia_deadline == "none" else 24 * 3600.0
 
 
 def _interruptible(args, resume_cost_s: float | None = None):
@@ -488,6 +501,9 @@ def main() -> None:
                    help="learn and correct estimates per class (default: on unless --estimate exact)")
     p.add_argument("--estimate-margin", action=argparse.BooleanOptionalAction, default=True,
                    help="widen deadline margins by the learned estimate spread (default on)")
+    p.add_argument("--price-length-spread", action=argparse.BooleanOptionalAction, default=True,
+                   help="with the correction, price jobs at their expected grams over the learned spread of "
+                        "their class's lengths (default on)")
     p.add_argument("--plan-interval", type=float, default=3600.0, help="planner tick in seconds (default 3600)")
     p.add_argument("--wake", action="store_true", help="also plan at every submit")
     p.add_argument("--full-replan", type=float, default=None, metavar="S",
@@ -513,6 +529,9 @@ def main() -> None:
     p.add_argument("--resume-cost", type=float, default=60.0, metavar="S",
                    help="gap, overload: running time lost per resume, s (default 60)")
     p.add_argument("--resume-costs", default="0,60,600", help="gaia --interruptible: resume costs, s (default 0,60,600)")
+    p.add_argument("--gaia-deadline", choices=("slack", "none"), default="slack",
+                   help="gaia: slack (deadline = arrival + runtime + 24 h besides the 24 h maximum wait, the "
+                        "default) or none (the maximum wait only, GAIA's own constraint)")
     p.add_argument("--gaia-zones", default="DE,US-CAL-CISO", help="gaia: the zones (default both)")
     p.add_argument("--max-segments", type=int, default=4, help="at most this many segments a job (default 4)")
     p.add_argument("--json", help="write the figures to this file")

@@ -482,10 +482,13 @@ def _integrator(curve: CarbonCurve) -> CurveIntegrator:
 
 
 def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power_w: float,
-             pue: float = 1.0) -> float | None:
-    """gCO2 of drawing `power_w` (IT) for `runtime_s` from `start`, with the site's PUE."""
+             pue: float = 1.0, spread: Sequence[float] | None = None) -> float | None:
+    """gCO2 of drawing `power_w` (IT) for `runtime_s` from `start`, with the site's PUE;
+    with `spread` (length multipliers, `policies.length_spread`) the mean over them."""
     if curve is None:
         return None
+    if spread is not None and len(spread):
+        return sum(job_gco2(curve, start, runtime_s * float(m), power_w, pue) for m in spread) / len(spread)
     integral = curve_integral_g_per_kwh_s(curve, start, start + timedelta(seconds=runtime_s))
     return power_w * pue * integral / J_PER_KWH
 

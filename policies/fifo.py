@@ -38,6 +38,7 @@ from policies.blind import blind_price, priced_curves
 from policies.counterfactual import START_TOL_S, choose
 from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, gang_power_limit_w, has_slo, job_shape,
                              seed_profiles, slo_text, within_time_limit)
+from policies.length_spread import multipliers
 from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
 
@@ -160,7 +161,7 @@ class FifoPolicy:
 
             zone = zone_of[keys[p]]
             pue = snapshot.gpu_pue(pools[keys[p]][0])
-            gco2 = _gco2(integrators.get(zone), start, shape, pue)
+            gco2 = _gco2(integrators.get(zone), start, shape, pue, multipliers(job))
             miss = job.deadline is not None and finish > job.deadline
             misses += miss
             if not explain:
@@ -282,16 +283,21 @@ def _if_now(job: QueuedJob, ok: np.ndarray, first_free: np.ndarray, width: int, 
               for p in cand.tolist()}
     runtime = np.array([shapes[models[p], cap_of[p]].runtime_s for p in cand.tolist()])
     grams = np.array([float(_gco2(integrators[kind_of[p][0]], now + timedelta(seconds=float(alone[p])),
-                                  shapes[models[p], cap_of[p]], pue_of[p]))
+                                  shapes[models[p], cap_of[p]], pue_of[p], multipliers(job)))
                       for p in cand.tolist()])
     cf = choose([kind_of[p] for p in cand.tolist()], alone[cand], runtime, grams)
     return None if cf is None else cf.gco2
 
 
-def _gco2(integrator: "CurveIntegrator | None", start: datetime, shape: JobShape, pue: float) -> float | None:
+def _gco2(integrator: "CurveIntegrator | None", start: datetime, shape: JobShape, pue: float,
+          spread: np.ndarray | None = None) -> float | None:
+    """The run's grams; with `spread` (length multipliers, `policies.length_spread`) the mean
+    over them, as the slot planner prices the job."""
     if integrator is None:  # a zone of no GPU of the snapshot (every GPU zone has a priced curve)
         return None
-    return shape.power_w * pue * integrator.integral(start, start + timedelta(seconds=shape.runtime_s)) / 3.6e6
+    runs_s = [shape.runtime_s] if spread is None else [shape.runtime_s * float(m) for m in spread]
+    return sum(shape.power_w * pue * integrator.integral(start, start + timedelta(seconds=r)) / 3.6e6
+               for r in runs_s) / len(runs_s)
 
 
 def _why_unplaceable(job: QueuedJob, by_node: dict[str, list[GpuSlot]], book: ProfileBook) -> str:

@@ -43,6 +43,10 @@ class QueuedJob:
     # (`policies.runtime_correction`); None: not known. `policies.margin` widens the job's
     # deadline margin by it.
     runtime_rel_uncertainty: float | None = None
+    # The spread of that error as multipliers of `est_runtime_s` that sample the real length
+    # evenly (each equally likely; `policies.length_spread`): the job is priced by its
+    # expected grams over them. Empty: priced at `est_runtime_s` alone.
+    length_spread: tuple[float, ...] = ()
     # The "if run now" counterfactual fixed when the job was first planned
     # (policies.counterfactual); None: not planned yet, the policy computes it. It changes no
     # plan, only what the plan is compared with, so it is left out of equality and hashing

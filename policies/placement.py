@@ -19,6 +19,7 @@ import numpy as np
 from policies.counterfactual import Counterfactual, choose
 from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w, job_shape, within_time_limit
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
+from policies.length_spread import multipliers
 from policies.model import Assignment, Estimate, Plan, QueuedJob
 from policies.problem import Problem
 from policies.segments import exact_segments_s, held_ranges, idle_power_w, segment_cost, work_s
@@ -342,7 +343,7 @@ def plan_score(problem: Problem, plan: Plan) -> Score:
             finish = a.segments[-1][1]
         else:
             total += problem.gco2_at(g.zone, a.start_at, shape.runtime_s, shape.power_w,
-                                     problem.snapshot.gpu_pue(g))
+                                     problem.snapshot.gpu_pue(g), multipliers(job))
             finish = a.start_at + timedelta(seconds=shape.runtime_s)
         if job.deadline is not None and finish > job.deadline:
             misses += 1

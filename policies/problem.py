@@ -71,6 +71,7 @@ from policies.carbon_tail import extended
 from policies.energy import (J_PER_KWH, JobShape, ProfileBook, curve_integral_g_per_kwh_s, fits, generic_power_w, job_shape,
                              seed_profiles, shape_arrays)
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H
+from policies.length_spread import multipliers
 from policies.margin import latest_start_slots, margin_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
@@ -169,6 +170,9 @@ class Problem:
         self.jobs: list[QueuedJob] = [j for j in snapshot.jobs if j.id not in pinned_ids and j.id not in kept_ids]
         self.job_index: dict[int, int] = {j.id: i for i, j in enumerate(self.jobs)}
         self._compile_jobs()
+        # jobs priced by their expected grams over a learned length spread (policies.length_spread)
+        self._spread: dict[int, np.ndarray] = {
+            j: m for j, m in ((j, multipliers(job)) for j, job in enumerate(self.jobs)) if m is not None}
         self._build_knots()
         self._job_options: dict[int, JobOptions] = {}
         self.options: Sequence[list[Option]] = _LazyOptions(self)
@@ -194,6 +198,10 @@ class Problem:
         longest = float(self.job_runtime_s[fit].max()) if fit.any() else 0.0
         if not math.isfinite(longest):
             longest = 0.0
+        for j, m in self._spread.items():  # a priced run may reach past the job's estimate
+            rt = self.job_runtime_s[j][fit[j]]
+            if rt.size and math.isfinite(float(rt.max())):
+                longest = max(longest, float(rt.max()) * float(m.max()))
         self._until_s = self.now.timestamp() + self.n_slots * self.slot_s + longest
         self._knots: dict[str, tuple[np.ndarray, np.ndarray]] = {
             zone: _cumulative_knots(self.curves[zone], self.now, self._until_s) for zone in zones}
@@ -482,6 +490,10 @@ class Problem:
             np.subtract(np.interp(self.slot_offsets_s[None, None, :] + runtime[:, rows, None], tk, gk),
                         self._zone_base[z], out=view)
             view *= scale[:, rows, None]
+        if self._spread:
+            for i, j in enumerate(js.tolist()):
+                if j in self._spread:
+                    self._expected_rows(out[i], self._spread[j], runtime[i], scale[i], self._group_zone)
         out[~self.job_fit[js]] = np.inf
         self._remember_cheapest(js, out)
         return out
@@ -642,8 +654,24 @@ class Problem:
             tk, gk = self._zone_knots[z]
             ends = np.interp(self.slot_offsets_s[None, :] + jo.row_runtime_s[rows][:, None], tk, gk)
             table[rows] = (ends - self._zone_base[z][None, :]) * jo.row_scale[rows][:, None]
+        if j in self._spread:
+            self._expected_rows(table, self._spread[j], jo.row_runtime_s, jo.row_scale, jo.row_zone)
         self._cost_cache = (j, table)
         return table
+
+    def _expected_rows(self, table: np.ndarray, mult: np.ndarray, runtime_s: np.ndarray, scale: np.ndarray,
+                       row_zone: np.ndarray) -> None:
+        """Overwrite one job's cost rows (`table[r]`: a group of zone `row_zone[r]` where it
+        runs `runtime_s[r]` at `scale[r]` grams per g/kWh x s) with its expected grams over its
+        length multipliers `mult` (`policies.length_spread`)."""
+        for z in np.unique(row_zone).tolist():
+            rows = np.flatnonzero((row_zone == z) & np.isfinite(runtime_s))
+            if rows.size == 0:
+                continue
+            tk, gk = self._zone_knots[z]
+            x = self.slot_offsets_s[None, None, :] + (runtime_s[rows][:, None] * mult[None, :])[:, :, None]
+            ends = np.interp(x, tk, gk).mean(axis=1)
+            table[rows] = (ends - self._zone_base[z][None, :]) * scale[rows][:, None]
 
     def group_raw_costs(self, j: int) -> dict[int, np.ndarray]:
         """`cost_table(j)` as group index -> row."""
@@ -671,8 +699,12 @@ class Problem:
             hit = cache[zone] = np.interp(self.slot_offsets_s + self.slot_s, tk, gk) - self._base_integral[zone]
         return hit
 
-    def gco2_at(self, zone: str, start: datetime, runtime_s: float, power_w: float, pue: float) -> float:
-        """Internal cost of drawing power_w from `start` in a zone (blind zones: fallback)."""
+    def gco2_at(self, zone: str, start: datetime, runtime_s: float, power_w: float, pue: float,
+                spread: np.ndarray | None = None) -> float:
+        """Internal cost of drawing power_w from `start` in a zone (blind zones: fallback);
+        with `spread` (length multipliers, `policies.length_spread`) the mean over them."""
+        if spread is not None:
+            return float(np.mean([self.gco2_at(zone, start, runtime_s * float(m), power_w, pue) for m in spread]))
         a = (start - self.now).total_seconds()
         end_s = self.now.timestamp() + a + runtime_s
         if end_s > self._until_s and self.curves[zone].tail is not None:  # a pinned or kept run past the knots

@@ -28,7 +28,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from policies.length_spread import spread_of
+
 WINDOW = 25  # recent runs kept per class
+SPREAD_WINDOW = 200  # recent runs whose quantiles make a class's length spread
 MIN_RUNS = 3  # below this a class borrows the pooled ratios
 CLASS_BOUNDS_S = (1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 CLASS_NAMES = ("<=30m", "<=1h", "<=2h", "<=4h", "<=12h", "<=1d", ">1d")
@@ -37,11 +40,14 @@ CLASS_NAMES = ("<=30m", "<=1h", "<=2h", "<=4h", "<=12h", "<=1d", ">1d")
 @dataclass(frozen=True)
 class Correction:
     """What the runs of one class say: multiply estimates by `factor`; one run strays by
-    `rel_spread` (relative, one sigma; NaN below two runs); `samples` runs behind it."""
+    `rel_spread` (relative, one sigma; NaN below two runs); `samples` runs behind it;
+    `length_spread`: the corrected estimate's multipliers that sample the real length evenly
+    (`policies.length_spread`; empty below its MIN_RUNS runs)."""
 
     factor: float = 1.0
     rel_spread: float = math.nan
     samples: int = 0
+    length_spread: tuple[float, ...] = ()
 
 
 NONE = Correction()
@@ -61,7 +67,10 @@ def correction(log_ratios: Sequence[float]) -> Correction:
     spread = math.nan
     if len(values) >= 2:
         spread = math.expm1(1.4826 * statistics.median(abs(v - m) for v in values))
-    return Correction(factor=math.exp(m), rel_spread=spread, samples=len(values))
+    # the spread's tails need more runs than its median: the last SPREAD_WINDOW, as multipliers
+    # of the corrected estimate (real length quantile = estimate x exp(quantile))
+    return Correction(factor=math.exp(m), rel_spread=spread, samples=len(values),
+                      length_spread=spread_of(list(log_ratios)[-SPREAD_WINDOW:], m))
 
 
 def correction_for(key: tuple[str, str], runs: Mapping[tuple[str, str], Sequence[float]]) -> Correction:

@@ -48,6 +48,24 @@ def interruptible(job) -> bool:
     return job.interruptible in ("checkpoint", "pause") and job.max_segments > 1
 
 
+#: the farthest the windows of interruptible jobs stretch the planning horizon (`horizon_for`)
+MAX_WINDOW_HORIZON_S = 7 * 86400.0
+
+
+def horizon_for(jobs, now, horizon_s: float, slot_s: float) -> float:
+    """The planning horizon that lets each interruptible job's segments span its whole
+    window: `horizon_s`, or to the farthest deadline of a queued interruptible job (at most
+    `MAX_WINDOW_HORIZON_S`), in whole slots. Beyond its horizon the slot model has no slots,
+    so a job that runs longer than the horizon's far part of its window could only ever be
+    cut inside the first `horizon_s` (pai_1k's 60-hour jobs have 84-hour windows); past the
+    forecast the slots are priced by the zone's typical values (`policies.carbon_tail`)."""
+    far = horizon_s
+    for job in jobs:
+        if interruptible(job) and job.deadline is not None:
+            far = max(far, min(MAX_WINDOW_HORIZON_S, (job.deadline - now).total_seconds()))
+    return horizon_s if far <= horizon_s else math.ceil(far / slot_s - 1e-9) * slot_s
+
+
 def wall_s(work_s: float, segments: int, resume_s: float, resumed: bool) -> float:
     """Running time of `work_s` of work in `segments` pieces: each piece after the first, and
     the first too when the job resumes, pays `resume_s`."""

@@ -229,3 +229,30 @@ def test_cpsat_accepts_interruptible_jobs_and_the_lp_bound_stays_below_every_pla
     bound = solve_lp_bound(lp_instance(compile_problem(snap)), time_limit_s=10).bound_g
     for plan in (greedy, cpsat):
         assert bound <= sum(a.estimate.gco2 for a in plan.assignments) + 1e-6
+
+
+def test_a_long_interruptible_job_is_cut_over_its_whole_window_not_the_first_48_hours():
+    """A 40-hour job with 64 hours to run it: 24 h of pause to spend. The dirty hours lie at
+    16-40 h and the clean ones at 48-64 h, past the planner's 48-hour horizon. The planning
+    horizon stretches to the job's deadline (`horizon_for`), so it runs 0-16 h and pauses
+    until the clean hours, where a 48-hour horizon could only move 8 h of work."""
+    from policies.segments import MAX_WINDOW_HORIZON_S, horizon_for
+
+    values = [100.0] * 16 + [600.0] * 24 + [300.0] * 8 + [50.0] * 20 + [400.0] * 100
+    job = _job(est_runtime_s=40 * 3600.0, deadline=NOW + timedelta(hours=64), min_run_s=3600.0, resume_cost_s=60.0)
+    assert horizon_for([job], NOW, 48 * 3600.0, 900.0) == 64 * 3600.0
+    assert horizon_for([replace(job, interruptible=None)], NOW, 48 * 3600.0, 900.0) == 48 * 3600.0
+    far = replace(job, deadline=NOW + timedelta(days=30))
+    assert horizon_for([far], NOW, 48 * 3600.0, 900.0) == MAX_WINDOW_HORIZON_S
+
+    def plan(horizon_h: float):
+        snap = replace(_snap(job, values=values), horizon_s=horizon_h * 3600.0)
+        return _one(GreedyPolicy().plan(snap))
+
+    short, whole = plan(48), plan(64)
+    assert whole.estimate.finish_at <= job.deadline
+    assert whole.segments[-1][1] > NOW + timedelta(hours=48)  # it uses the clean hours past 48 h
+    paused_dirty_h = 24 - sum(max(0.0, (min(e, NOW + timedelta(hours=40)) - max(s, NOW + timedelta(hours=16)))
+                                  .total_seconds() / 3600.0) for s, e in whole.segments)
+    assert paused_dirty_h >= 20  # nearly all the dirty hours skipped
+    assert whole.estimate.gco2 < 0.8 * short.estimate.gco2

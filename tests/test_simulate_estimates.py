@@ -281,3 +281,23 @@ def test_the_estimate_margin_can_be_left_out_of_the_deadline():
     book = ProfileBook(seed_profiles())
     assert job_margin(job, "H100", book) == pytest.approx(2.0)  # 1 + Z x u, no profile
     assert job_margin(job, "H100", book, estimates=False) == 1.0
+
+
+class WatchingSpread(Watching):
+    """Greedy, recording whether each job was handed a length spread."""
+
+    def plan(self, snapshot):
+        for j in snapshot.jobs:
+            self.seen.setdefault(j.id, set()).add(bool(j.length_spread))
+        return self.inner.plan(snapshot)
+
+
+@pytest.mark.parametrize("price", [True, False])
+def test_jobs_are_priced_over_their_class_spread_once_the_class_has_runs(tmp_path, price):
+    sc = scenario(40, tmp_path)
+    policy = WatchingSpread()
+    _simulate(sc, policy, estimate="lognormal:0.5", correct_estimates=True, price_length_spread=price)
+    with_spread = {job_id for job_id, seen in policy.seen.items() if True in seen}
+    # the first jobs plan before any run has finished: no spread to price them by
+    assert 1 in policy.seen and policy.seen[1] == {False}
+    assert bool(with_spread) is price

@@ -137,3 +137,25 @@ def test_share_of_interruptible_jobs_and_the_trace_column(tmp_path):
     assert [j.interruptible for j in again.jobs] == kinds  # seeded
     with pytest.raises(ValueError):
         Interruptible(share=1.5)
+
+
+def test_a_long_checkpoint_job_is_planned_over_its_whole_window_past_the_horizon():
+    """A 40-hour checkpoint job due in 64 hours: dirty hours at 16-40 h, clean ones at 48-64 h,
+    past the 48-hour planning horizon. The simulated planner stretches its horizon to the
+    job's deadline, so the job skips most of the dirty hours and still finishes on time."""
+    hours = [100.0] * 16 + [600.0] * 24 + [300.0] * 8 + [50.0] * 20 + [400.0] * 100
+    carbon = {"DE": ZoneIntensity(zone="DE", first_hour=int(START.timestamp() // 3600),
+                                  values_g_per_kwh=np.array(hours), signal="average", source="synthetic")}
+    cluster = cluster_from_dict({"node": [{"name": "n", "zone": "DE", "gpus": "1xH100"}]})
+    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=10, submitted_at=START, est_runtime_s=40 * 3600.0,
+                    deadline=START + timedelta(hours=64), interruptible="checkpoint", min_run_s=3600.0,
+                    resume_cost_s=60.0)
+    run = Simulation(cluster=cluster, jobs=[job], carbon=carbon, policy="greedy",
+                     forecast=ForecastModel(kind="perfect", zones=carbon, name="perfect"),
+                     settings=SimSettings(plan_interval_s=3600.0, wake_on_submit=True)).run()
+    r = run.records[0]
+    assert r.state == "done" and r.end_s <= job.deadline.timestamp() + 1.0
+    t0 = START.timestamp()
+    dirty_h = sum(max(0.0, min(e, t0 + 40 * 3600) - max(s, t0 + 16 * 3600)) for s, e in
+                  ((seg[0], seg[1]) for seg in r.segment_log)) / 3600.0
+    assert dirty_h <= 4.0, r.segment_log  # a 48-hour horizon leaves 16 of the 24 dirty hours in the run

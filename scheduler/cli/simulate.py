@@ -107,6 +107,9 @@ def add_parser(subparsers) -> None:
     m.add_argument("--estimate-margin", action=argparse.BooleanOptionalAction, default=True,
                    help="with the correction, widen deadline margins by the learned estimate spread "
                         "(default on)")
+    m.add_argument("--price-length-spread", action=argparse.BooleanOptionalAction, default=True,
+                   help="with the correction, price each job at its expected grams over its class's learned "
+                        "spread of lengths rather than at the corrected estimate alone (default on)")
     m.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
                    help="fold finished jobs' measured runtime and energy into the planner's profiles, as "
                         "the daemon does (default on)")
@@ -192,7 +195,8 @@ def _run(args, config: dict) -> int:
                            full_replan_s=_duration(args.full_replan, "--full-replan"),
                            gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed,
                            truth=args.truth, learn=args.learn, estimate=args.estimate,
-                           correct_estimates=args.correct_estimates, estimate_margin=args.estimate_margin)
+                           correct_estimates=args.correct_estimates, estimate_margin=args.estimate_margin,
+                           price_length_spread=args.price_length_spread)
     try:
         parse_truth(args.truth, seed=args.seed)  # a bad spec or file fails before any work
         parse_estimate(args.estimate, seed=args.seed)
@@ -265,7 +269,7 @@ def _run(args, config: dict) -> int:
                  "policy_params": {p.label: dict(p.params) for p in policies}, "forecast": args.forecast,
                  "seed": args.seed, "truth": args.truth, "learn": args.learn, "estimate": args.estimate,
                  "correct_estimates": args.correct_estimates, "estimate_margin": args.estimate_margin,
-                 "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
+                 "price_length_spread": args.price_length_spread, "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
                  "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit,
                  "demo": demo, "from_store": bool(args.from_store)})
     doc = write_report(result.runs, result.summaries, result.comparison, info, out, scenario.names,

@@ -48,6 +48,7 @@ from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
 from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
+from policies.segments import horizon_for
 from scheduler import interruptible
 from scheduler.job_specs import BEGIN_REASON, HELD_REASON
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
@@ -583,6 +584,8 @@ class Planner:
                                 ttft_slo_ms=r.ttft_slo_ms, tpot_slo_ms=r.tpot_slo_ms,
                                 **_interruptible_fields(r))
                       for r in queued.values())
+        # interruptible jobs' windows may stretch it (policies.segments.horizon_for)
+        horizon_s = horizon_for(jobs_, now, self.horizon_s, self.slot_s)
         snapshot = Snapshot(
             now=now,
             jobs=jobs_,
@@ -591,9 +594,9 @@ class Planner:
             carbon={z: zc.curve for z, zc in carbon.items() if zc.curve is not None},
             pue={z: self.site.pue(z) for z in zones},  # zone defaults; a GPU's own site: GpuSlot.pue
             profiles=self.seed_profiles() + learned,
-            power_caps=self.site.power_caps(zones, now, self.horizon_s),
+            power_caps=self.site.power_caps(zones, now, horizon_s),
             slot_s=self.slot_s,
-            horizon_s=self.horizon_s,
+            horizon_s=horizon_s,
             pinned=pinned,
             keep=keep,
             previous=previous,

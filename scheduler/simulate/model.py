@@ -40,7 +40,9 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
   finished job's real / estimated runtime is learned per estimate class
   (`policies.runtime_correction`): later estimates of the class are scaled by the median
   ratio and carry its spread as `QueuedJob.runtime_rel_uncertainty`, which widens their
-  deadline margin (`policies.margin`). The oracle, a bound with perfect knowledge, is
+  deadline margin (`policies.margin`), and the quantiles of the class's ratios as
+  `QueuedJob.length_spread`, by which the job is priced at its expected grams
+  (`policies.length_spread`; `price_length_spread`). The oracle, a bound with perfect knowledge, is
   planned with the real lengths.
 - **Metering**: a site meter per zone integrates the simulated power over time;
   emissions are that power x PUE x the zone's *actual* intensity. Decisions only ever see
@@ -75,6 +77,7 @@ from policies.energy import job_shape
 from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.runtime_correction import correction_for, estimate_class
+from policies.segments import horizon_for
 from scheduler.power_budget import ZoneBudget
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.estimates import EstimateModel, estimated, parse_estimate
@@ -124,6 +127,10 @@ class SimSettings:
     # With the correction, widen a corrected estimate's deadline margin by its learned spread
     # (QueuedJob.runtime_rel_uncertainty, policies.margin); False: correct the estimate only.
     estimate_margin: bool = True
+    # With the correction, price each corrected job by its expected grams over its class's
+    # learned length spread (QueuedJob.length_spread, policies.length_spread); False: at the
+    # corrected estimate alone (the planner before this option), for comparisons.
+    price_length_spread: bool = True
     # GPU power limits the planner may choose (policies.power_cap.CapBounds); None: none.
     caps: Any = None
 
@@ -479,7 +486,8 @@ class Simulation:
         self._last_plan = state
         self._replan_behind_overruns(now_s)
         jobs = tuple(self._seen(i) for i in self.queue.values())
-        horizon = self.settings.horizon_s
+        # interruptible jobs' windows may stretch it (policies.segments.horizon_for)
+        horizon = horizon_for(jobs, _dt(now_s), self.settings.horizon_s, self.settings.slot_s)
         # the forecast also covers the runs of jobs that start near the horizon's end
         carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in self.meters}
         full = self.settings.full_replan_s
@@ -528,7 +536,8 @@ class Simulation:
         n = float(c.samples)
         u = math.sqrt((PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + n * spread ** 2) / (PRIOR_RUNS + n))
         r.correction = c.factor
-        r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor), runtime_rel_uncertainty=u)
+        r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor), runtime_rel_uncertainty=u,
+                        length_spread=c.length_spread if self.settings.price_length_spread else ())
         return r.job
 
     def _replan_behind_overruns(self, now_s: float) -> None:
