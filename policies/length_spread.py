@@ -10,7 +10,7 @@ the integral of the intensity weighted by the chance that the job is still runni
 Why: a point estimate places a job as if it ended where the estimate says. A class whose
 lengths spread widely (GAIA's queue means are a median 65 % off per job) is better placed by
 where its jobs are likely to run. An idealised per-job replay of pai_1k (each job alone picks
-one of 97 quarter-hour starts within 24 h; 2022 carbon; `bench/README.md`, issue 31) with
+one of 97 quarter-hour starts within 24 h; 2022 carbon; `bench/estimate_replay.py`) with
 GAIA's class-mean knowledge: priced at the class mean DE 12.74 % / US-CAL-CISO 27.27 %, at
 its median (what a median correction plans with) 12.86 / 25.77 %, by expected grams over the
 class's lengths 13.53 / 27.35 % (exact lengths: 15.06 / 29.38 %).
