@@ -187,9 +187,9 @@ class Metrics:
         self.governor_actions = Counter(
             "carbonsched_governor_actions", "Power limits of running jobs changed by the power governor",
             ["zone", "direction"], registry=self.registry)
-        self.zone_power = Gauge("carbonsched_zone_power_watts", "Measured GPU power of a budgeted zone",
-                                ["zone"], registry=self.registry)
-        self.zone_power_cap = Gauge("carbonsched_zone_power_cap_watts", "GPU power cap in force in a zone",
+        self.zone_power = Gauge("carbonsched_zone_power_watts", "Measured power of a budgeted zone's site: its "
+                                "GPUs plus its configured static power", ["zone"], registry=self.registry)
+        self.zone_power_cap = Gauge("carbonsched_zone_power_cap_watts", "Power cap of a zone's site in force now",
                                     ["zone"], registry=self.registry)
         self._server = None
 

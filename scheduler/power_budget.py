@@ -1,30 +1,41 @@
-"""GPU power budgets per zone's site, with their daily windows (issue 29).
+"""Power budgets per zone's site, with their daily windows and dated events (issue 29).
 
-A site's electrical feed, its contract or a demand-response programme bounds the GPU power it
+A site's electrical feed, its contract or a demand-response programme bounds the power it
 may draw. The budget of a zone is configured with the zone:
 
 ```toml
 [zones.DE]
 power_cap_w = 20000          # always in force (optional)
+static_power_w = 3000        # what the site draws besides its GPUs (hosts, network, fans)
+power_schedule = "/etc/carbonsched/de-events.csv"   # dated events: start,end,cap_w
 [[zones.DE.power_windows]]   # a daily window (UTC) with its own cap: demand response, a tariff
 start = "17:00"
 end = "19:00"                # an end before the start runs past midnight
 cap_w = 12000
+[[zones.DE.power_events]]    # one dated event, as a row of the schedule
+start = "2026-12-03T16:00:00Z"
+end = "2026-12-03T18:00:00Z"
+cap_w = 8000
 ```
 
-In force at a time is the lowest of the caps that cover it. The planner sees each window of
-its horizon as a `policies.model.PowerCap` (the policies keep planned power within the lowest
-cap of every slot); the head node's governor (`scheduler.daemon.power_governor`) holds the
-measured power to the cap in force now. The budget is per grid zone: one zone is one site's
-feed here; several sites in one zone with budgets of their own are not modelled.
+Caps are of the site's whole draw: its GPUs plus `static_power_w`. In force at a time is the
+lowest of the caps that cover it. The planner sees each cap of its horizon less the static
+power as a `policies.model.PowerCap` of GPU power (the policies keep planned GPU power within
+the lowest of every slot); the head node's governor (`scheduler.daemon.power_governor`) holds
+the measured GPU power plus the static power to the cap in force now. A schedule file (a
+utility's demand-response calendar, a tariff's dated periods) is read when the configuration
+is: at the daemon's start. The budget is per grid zone: one zone is one site's feed here;
+several sites in one zone with budgets of their own are not modelled.
 """
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta, timezone
+from pathlib import Path
 
 from policies.model import PowerCap
 
@@ -47,20 +58,42 @@ class PowerWindow:
 
 
 @dataclass(frozen=True)
+class PowerEvent:
+    """A dated window [start, end) with its own cap (W of the site's draw): a demand-response
+    event, a tariff period, a maintenance of the feed."""
+
+    start: datetime
+    end: datetime
+    cap_w: float
+
+
+@dataclass(frozen=True)
 class ZoneBudget:
-    """One zone's budget: a cap always in force (None: none) and its daily windows."""
+    """One zone's budget: a cap always in force (None: none), its daily windows, its dated
+    events, and the static power the site draws besides its GPUs (counted against each cap)."""
 
     cap_w: float | None = None
     windows: tuple[PowerWindow, ...] = ()
+    events: tuple[PowerEvent, ...] = ()
+    static_w: float = 0.0
 
     def _occurrences(self, start: datetime, end: datetime):
-        """(start, end, window) of each daily window occurrence that begins on a day from the
-        one before `start` to the day of `end` (a window may run past midnight)."""
+        """(start, end, window or event) of each daily window occurrence that begins on a day
+        from the one before `start` to the day of `end` (a window may run past midnight), and
+        of each dated event that overlaps [start, end]."""
         day = start.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
         while day <= end:
             for w in self.windows:
                 yield (*w.spans_on(day), w)
             day += timedelta(days=1)
+        for e in self.events:
+            if e.end > start and e.start <= end:
+                yield e.start, e.end, e
+
+    def gpu_cap_at(self, t: datetime) -> float | None:
+        """What the GPUs may draw at `t`: the cap in force less the static power (>= 0)."""
+        cap = self.cap_at(t)
+        return None if cap is None else max(0.0, cap - self.static_w)
 
     def cap_at(self, t: datetime) -> float | None:
         """The cap in force at `t`: the lowest that covers it; None when nothing does."""
@@ -73,10 +106,11 @@ class ZoneBudget:
         return sorted({t for a, b, _ in self._occurrences(start, end) for t in (a, b) if start < t < end})
 
     def caps_between(self, zone: str, start: datetime, end: datetime) -> tuple[PowerCap, ...]:
-        """The budget as PowerCaps over [start, end): the constant cap and each window's
-        occurrences that overlap it."""
-        out = [PowerCap(zone=zone, cap_w=self.cap_w)] if self.cap_w is not None else []
-        out += [PowerCap(zone=zone, cap_w=w.cap_w, start=a, end=b)
+        """The budget as PowerCaps of GPU power over [start, end): the constant cap and each
+        window's occurrences and event that overlap it, each less the static power."""
+        gpu = self.static_w
+        out = [PowerCap(zone=zone, cap_w=max(0.0, self.cap_w - gpu))] if self.cap_w is not None else []
+        out += [PowerCap(zone=zone, cap_w=max(0.0, w.cap_w - gpu), start=a, end=b)
                 for a, b, w in self._occurrences(start, end) if b > start and a < end]
         return tuple(sorted(out, key=lambda c: (c.start or datetime.min.replace(tzinfo=timezone.utc), c.cap_w)))
 
@@ -97,9 +131,54 @@ def _clock_time(value: object, where: str) -> time:
     return t
 
 
-def parse_zone_budget(zone: str, table: Mapping) -> ZoneBudget | None:
-    """The budget in `[zones.ZONE]` (`power_cap_w`, `power_windows`); None when it has none.
-    Raises ValueError with the key's path for a bad value."""
+def _instant(value: object, where: str) -> datetime:
+    """An ISO 8601 date and time; UTC when it names no offset."""
+    if isinstance(value, datetime):
+        t = value
+    else:
+        try:
+            t = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"config {where}: a date and time as 2026-12-03T17:00:00Z (got {value!r})") from None
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
+def _event(row: Mapping, where: str) -> PowerEvent:
+    unknown = sorted(set(row) - {"start", "end", "cap_w"})
+    missing = sorted(k for k in ("start", "end", "cap_w") if row.get(k) in (None, ""))
+    if unknown or missing:
+        raise ValueError(f"config {where}: " + (f"unknown key(s) {', '.join(unknown)}" if unknown
+                                                else f"missing {', '.join(missing)}") + " (keys: start, end, cap_w)")
+    start, end = _instant(row["start"], f"{where}.start"), _instant(row["end"], f"{where}.end")
+    if end <= start:
+        raise ValueError(f"config {where}: its end is not after its start")
+    cap = row["cap_w"]
+    if isinstance(cap, str):
+        try:
+            cap = float(cap)
+        except ValueError:
+            pass
+    return PowerEvent(start, end, _watts(cap, f"{where}.cap_w"))
+
+
+def read_schedule(path: Path, where: str) -> tuple[PowerEvent, ...]:
+    """The dated events of a CSV schedule (a header `start,end,cap_w`, a row per event)."""
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames is None or sorted(reader.fieldnames) != ["cap_w", "end", "start"]:
+                raise ValueError(f"config {where}: {path}: the header must be start,end,cap_w "
+                                 f"(got {','.join(reader.fieldnames or [])!r})")
+            return tuple(_event(row, f"{where} ({path} line {reader.line_num})") for row in reader)
+    except OSError as e:
+        raise ValueError(f"config {where}: cannot read {path}: {e.strerror or e}") from None
+
+
+def parse_zone_budget(zone: str, table: Mapping, base_dir: Path | None = None) -> ZoneBudget | None:
+    """The budget in `[zones.ZONE]` (`power_cap_w`, `power_windows`, `power_events`,
+    `power_schedule`, `static_power_w`); None when it has no cap. A relative schedule path is
+    taken from `base_dir` (the configuration file's folder), which must then be known. Raises
+    ValueError with the key's path for a bad value."""
     cap = _watts(table["power_cap_w"], f"zones.{zone}.power_cap_w") if "power_cap_w" in table else None
     raw = table.get("power_windows", [])
     if not isinstance(raw, list):
@@ -118,9 +197,34 @@ def parse_zone_budget(zone: str, table: Mapping) -> ZoneBudget | None:
         if start == end:
             raise ValueError(f"config {where}: start and end are the same time: an empty window")
         windows.append(PowerWindow(start, end, _watts(w["cap_w"], f"{where}.cap_w")))
-    if cap is None and not windows:
+    raw_events = table.get("power_events", [])
+    if not isinstance(raw_events, list) or not all(isinstance(e, Mapping) for e in raw_events):
+        raise ValueError(f"config zones.{zone}.power_events: a list of tables ([[zones.{zone}.power_events]]) "
+                         "with start, end and cap_w")
+    events = [_event(e, f"zones.{zone}.power_events[{i}]") for i, e in enumerate(raw_events)]
+    if "power_schedule" in table:
+        where = f"zones.{zone}.power_schedule"
+        path = Path(str(table["power_schedule"])).expanduser()
+        if not path.is_absolute():
+            if base_dir is None:
+                raise ValueError(f"config {where}: an absolute path to a CSV file (got {str(path)!r})")
+            path = base_dir / path
+        events += read_schedule(path, where)
+    static = 0.0
+    if "static_power_w" in table:
+        static = table["static_power_w"]
+        if isinstance(static, bool) or not isinstance(static, (int, float)) or not math.isfinite(static) or static < 0:
+            raise ValueError(f"config zones.{zone}.static_power_w: watts, 0 or more (got {static!r})")
+        static = float(static)
+    if cap is None and not windows and not events:
+        if static:
+            raise ValueError(f"config zones.{zone}.static_power_w: counts against a cap, and the zone has none")
         return None
-    return ZoneBudget(cap, tuple(windows))
+    caps = ([cap] if cap is not None else []) + [w.cap_w for w in windows] + [e.cap_w for e in events]
+    if static >= min(caps):
+        raise ValueError(f"config zones.{zone}.static_power_w: {static:g} W leaves nothing of its lowest cap "
+                         f"({min(caps):g} W) for the GPUs")
+    return ZoneBudget(cap, tuple(windows), tuple(sorted(events, key=lambda e: (e.start, e.end))), static)
 
 
 def caps_between(budgets: Mapping[str, ZoneBudget], zones: Iterable[str] | None, start: datetime,

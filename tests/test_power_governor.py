@@ -248,3 +248,65 @@ def test_a_zone_whose_agent_never_applies_a_limit_is_judged_again_after_the_sett
     clock["now"] += timedelta(seconds=SETTLE_TIMEOUT_S + 1)
     again = governor.tick()
     assert again, "the zone stayed over its cap and the governor kept waiting"
+
+
+# -- static power and dated events ----------------------------------------------------------------
+
+def test_static_power_counts_against_every_cap_and_dated_events_cap_their_hours(tmp_path):
+    schedule = tmp_path / "events.csv"
+    schedule.write_text("start,end,cap_w\n2026-12-02T14:00:00Z,2026-12-02T15:30:00Z,1100\n"
+                        "2026-12-03T08:00:00,2026-12-03T09:00:00,1300\n")  # no offset: UTC
+    budget = parse_zone_budget("DE", {"power_cap_w": 2000, "static_power_w": 300, "power_schedule": str(schedule),
+                                      "power_events": [{"start": "2026-12-02T20:00:00+01:00",
+                                                        "end": "2026-12-02T21:00:00+01:00", "cap_w": 1500}]})
+    assert budget.cap_at(at(12)) == 2000 and budget.gpu_cap_at(at(12)) == 1700
+    assert budget.cap_at(at(14, 30)) == 1100 and budget.gpu_cap_at(at(14, 30)) == 800
+    assert budget.cap_at(at(15, 30)) == 2000  # [start, end)
+    assert budget.cap_at(at(19, 30)) == 1500  # 20:00+01:00 is 19:00 UTC
+    assert budget.cap_at(at(8, 30, day=1)) == 1300
+    site = SiteConfig.from_config({"zones": {"DE": {"power_cap_w": 2000, "static_power_w": 300,
+                                                    "power_schedule": str(schedule)}}})
+    caps = site.power_caps(["DE"], at(12), 48 * 3600)
+    # the planner's caps are of GPU power: each less the static power
+    assert [(c.cap_w, c.start, c.end) for c in caps] == [
+        (1700.0, None, None), (800.0, at(14), at(15, 30)), (1000.0, at(8, day=1), at(9, day=1))]
+    assert budget.changes_between(at(13), at(16)) == [at(14), at(15, 30)]
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"power_cap_w": 1000, "static_power_w": 1000}, "leaves nothing"),
+    ({"power_cap_w": 1000, "static_power_w": -5}, "0 or more"),
+    ({"static_power_w": 100}, "the zone has none"),
+    ({"power_events": [{"start": "2026-12-03T10:00Z", "end": "2026-12-03T09:00Z", "cap_w": 10}]}, "not after"),
+    ({"power_events": [{"start": "tomorrow", "end": "2026-12-03T09:00Z", "cap_w": 10}]}, "date and time"),
+    ({"power_events": {"start": "2026-12-03T10:00Z"}}, "a list of tables"),
+    ({"power_schedule": "events.csv"}, "absolute path"),
+    ({"power_schedule": "/nonexistent/carbonsched/events.csv"}, "cannot read"),
+])
+def test_a_bad_static_power_event_or_schedule_is_refused_with_the_keys_path(table, words):
+    with pytest.raises(ValueError, match=words) as e:
+        SiteConfig.from_config({"zones": {"DE": table}})
+    assert "zones.DE" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_bad_schedule_row_is_refused_with_its_file_and_line(tmp_path):
+    bad = tmp_path / "events.csv"
+    bad.write_text("start,end,cap_w\n2026-12-02T14:00:00Z,2026-12-02T15:00:00Z,900\n"
+                   "2026-12-02T16:00:00Z,2026-12-02T17:00:00Z,lots\n")
+    with pytest.raises(ValueError, match=r"line 3.*positive number of watts"):
+        SiteConfig.from_config({"zones": {"DE": {"power_schedule": str(bad)}}})
+    bad.write_text("from,to,watts\n")
+    with pytest.raises(ValueError, match="header must be start,end,cap_w"):
+        SiteConfig.from_config({"zones": {"DE": {"power_schedule": str(bad)}}})
+
+
+def test_the_governor_counts_the_sites_static_power(node, store, tmp_path):
+    agent, service, _ = node
+    start_jobs(agent, service, store, tmp_path, [None, None])
+    measured = measured_w(agent, store, None)
+    cap = measured + 300.0
+    assert PowerGovernor(store, {"DE": ZoneBudget(cap_w=cap)}).tick() == []  # the GPUs alone fit
+    governor = PowerGovernor(store, {"DE": ZoneBudget(cap_w=cap, static_w=600.0)}, CapBounds(min_fraction=0.3))
+    actions = governor.tick()  # with the hosts' 600 W the site is ~300 W over
+    assert actions and all(a.measured_w >= measured + 600.0 - 50.0 for a in actions)
+    assert governor.last["DE"].static_w == 600.0

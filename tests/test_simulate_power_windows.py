@@ -26,8 +26,8 @@ def _flat_zone() -> ZoneIntensity:
                          signal="average", source="synthetic")
 
 
-def _run(windows: list[dict] | None):
-    zone = {"power_windows": windows} if windows is not None else {}
+def _run(windows: list[dict] | None, **budget):
+    zone = ({"power_windows": windows} if windows is not None else {}) | budget
     cluster = cluster_from_dict({"zone": {"DE": zone}, "node": [{"name": "n", "zone": "DE", "gpus": f"{GPUS}xH100"}]})
     carbon = {"DE": _flat_zone()}
     jobs = [QueuedJob(id=i + 1, gpus=1, gpu_mem_gib=10, submitted_at=START + timedelta(minutes=30 * i),
@@ -67,3 +67,19 @@ def test_a_bad_window_in_the_cluster_file_is_a_one_line_error():
     with pytest.raises(ClusterSpecError, match="HH:MM"):
         cluster_from_dict({"zone": {"DE": {"power_windows": [{"start": "2am", "end": "06:00", "cap_w": 1}]}},
                            "node": [{"name": "n", "zone": "DE", "gpus": "1xH100"}]})
+
+
+def test_a_dated_event_and_the_sites_static_power_are_planned_through():
+    """A demand-response event on one date (not daily) at 60 % of the GPUs' peak plus the
+    hosts' static power: the GPUs get the cap less the static power in those hours."""
+    static = 0.25 * PEAK_W
+    event = {"start": (START + timedelta(hours=2)).isoformat(), "end": (START + timedelta(hours=6)).isoformat(),
+             "cap_w": 0.6 * PEAK_W + static}
+    run = _run(None, power_events=[event], static_power_w=static, power_cap_w=PEAK_W + static)
+    meter = run.meters["DE"]
+    assert all(r.state == "done" for r in run.records) and meter.over_cap_s == 0.0
+    lo, hi = (START + timedelta(hours=h) for h in (2, 6))
+    in_event = [w for t, w, _ in meter.timeline if lo.timestamp() <= t < hi.timestamp()]
+    assert in_event and max(in_event) <= 0.6 * PEAK_W + 1e-6
+    # the next day at the same hours nothing is capped below the peak: the event is dated
+    assert run.meters["DE"].budget.gpu_cap_at(lo + timedelta(days=1)) == pytest.approx(PEAK_W)

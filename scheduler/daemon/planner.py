@@ -182,10 +182,11 @@ class SiteConfig:
         for zone, zc in zones.items():
             if not isinstance(zc, Mapping):
                 raise ValueError(f"config zones.{zone}: expected a table with pue and/or power_cap_w")
-            unknown = sorted(set(zc) - {"pue", "power_cap_w", "power_windows"})
+            known = ("pue", "power_cap_w", "power_windows", "power_events", "power_schedule", "static_power_w")
+            unknown = sorted(set(zc) - set(known))
             if unknown:
                 raise ValueError(f"config zones.{zone}: unknown key(s) {', '.join(unknown)} "
-                                 "(known: pue, power_cap_w, power_windows)")
+                                 f"(known: {', '.join(known)})")
             if "pue" in zc:
                 pue[str(zone)] = _pue(zc["pue"], f"zones.{zone}.pue")
             budget = parse_zone_budget(str(zone), zc)

@@ -3,7 +3,8 @@
 The planner keeps *planned* power within each zone's budget (`scheduler.power_budget`), but a
 plan is an estimate: a job can draw more than its profile said, a window can begin while
 jobs run. Every sampling period the governor sums the newest reading of each GPU of a
-budgeted zone (`gpu_samples`, written by the agents about once a second) and compares it with
+budgeted zone (`gpu_samples`, written by the agents about once a second), adds the static
+power the site draws besides its GPUs (`[zones.Z] static_power_w`), and compares the sum with
 the cap in force now. Over the cap, it lowers the power limit of running jobs there, the ones
 with the most slack first (no deadline, then the latest deadline), each no lower than the
 operators' floor (`[power] min_cap_fraction` of the GPU's default limit, and the board's
@@ -64,6 +65,7 @@ class ZoneReading:
     gpus: int
     stale: int  # GPUs without a fresh reading
     oldest_fresh_s: float | None = None  # the oldest of the GPUs' newest readings (epoch s)
+    static_w: float = 0.0  # the site's draw besides its GPUs, included in measured_w
 
 
 @dataclass
@@ -103,6 +105,8 @@ class PowerGovernor:
         for zone, budget in sorted(self.budgets.items()):
             cap = budget.cap_at(now)
             reading, running = self._running(zone, now)
+            reading.static_w = budget.static_w
+            reading.measured_w += budget.static_w  # the site's draw: its GPUs and the rest
             governed.update(j.id for j in running)
             if cap is None:
                 if any(j.id in self.lowered for j in running):

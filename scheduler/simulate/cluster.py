@@ -12,10 +12,16 @@ Format (DESIGN.md, plus optional site-wide settings):
     energy_price_usd_per_kwh = 0.30
     power_cap_w = 20000
     pue = 1.15                          # default PUE of the zone's nodes without their own
+    static_power_w = 3000               # the site's draw besides its GPUs, against every cap
+    power_schedule = "de-events.csv"    # dated events (start,end,cap_w), relative to this file
     [[zone.DE.power_windows]]           # a daily window (UTC) with its own cap, as in the
     start = "17:00"                     # daemon's [[zones.Z.power_windows]]
     end = "19:00"
     cap_w = 12000
+    [[zone.DE.power_events]]            # a dated event, as in [[zones.Z.power_events]]
+    start = "2022-10-20T16:00:00Z"
+    end = "2022-10-20T18:00:00Z"
+    cap_w = 8000
 
     [[node]]
     name = "de-mi300x-1"                # unique
@@ -196,14 +202,19 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
         prices[zone] = _non_negative(price, f"zone {zone} energy_price_usd_per_kwh", fail)
         cap = zt.get("power_cap_w", site.get("power_cap_w"))
         if cap is not None:
-            caps.append(PowerCap(zone=zone, cap_w=_positive(cap, f"zone {zone} power_cap_w", fail)))
-        if "power_windows" in zt:
+            cap = _positive(cap, f"zone {zone} power_cap_w", fail)
+        timed = {k: zt[k] for k in ("power_windows", "power_events", "power_schedule", "static_power_w") if k in zt}
+        budget = None
+        if timed:  # windows, dated events, static power: the daemon's budget (scheduler.power_budget)
             try:
-                windows = parse_zone_budget(zone, {"power_windows": zt["power_windows"]})
+                budget = parse_zone_budget(zone, {**timed, **({"power_cap_w": cap} if cap is not None else {})},
+                                           base_dir=Path(path).parent if path != "<cluster>" else None)
             except ValueError as e:
                 raise fail(str(e).removeprefix("config ")) from None
-            if windows is not None:
-                budgets[zone] = ZoneBudget(caps[-1].cap_w if cap is not None else None, windows.windows)
+        if cap is not None:  # the constant cap of GPU power: the site's less its static power
+            caps.append(PowerCap(zone=zone, cap_w=cap - (budget.static_w if budget is not None else 0.0)))
+        if budget is not None and (budget.windows or budget.events or budget.static_w):
+            budgets[zone] = budget
     years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
     return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
                        power_caps=tuple(caps), path=path, budgets=budgets,

@@ -227,7 +227,7 @@ class ZoneMeter:
         edges = [start, *self.budget.changes_between(start, end), end]
         over = 0.0
         for a, b in zip(edges, edges[1:]):
-            cap = self.budget.cap_at(a)
+            cap = self.budget.gpu_cap_at(a)  # the site's cap less its static power
             if cap is not None and self.power_w > cap + EPS_S:
                 over += (b - a).total_seconds()
         return over
