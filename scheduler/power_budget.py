@@ -7,6 +7,7 @@ may draw. The budget of a zone is configured with the zone:
 [zones.DE]
 power_cap_w = 20000          # always in force (optional)
 static_power_w = 3000        # what the site draws besides its GPUs (hosts, network, fans)
+ramp_w_per_min = 5000        # at most this much new GPU load a minute (policies.ramp)
 power_schedule = "/etc/carbonsched/de-events.csv"   # dated events: start,end,cap_w
 [[zones.DE.power_windows]]   # a daily window (UTC) with its own cap: demand response, a tariff
 start = "17:00"
@@ -76,6 +77,7 @@ class ZoneBudget:
     windows: tuple[PowerWindow, ...] = ()
     events: tuple[PowerEvent, ...] = ()
     static_w: float = 0.0
+    ramp_w_per_min: float | None = None  # new GPU load a minute (policies.ramp); None: any
 
     def _occurrences(self, start: datetime, end: datetime):
         """(start, end, window or event) of each daily window occurrence that begins on a day
@@ -176,7 +178,8 @@ def read_schedule(path: Path, where: str) -> tuple[PowerEvent, ...]:
 
 def parse_zone_budget(zone: str, table: Mapping, base_dir: Path | None = None) -> ZoneBudget | None:
     """The budget in `[zones.ZONE]` (`power_cap_w`, `power_windows`, `power_events`,
-    `power_schedule`, `static_power_w`); None when it has no cap. A relative schedule path is
+    `power_schedule`, `static_power_w`, `ramp_w_per_min`); None when it has no cap and no ramp
+    limit. A relative schedule path is
     taken from `base_dir` (the configuration file's folder), which must then be known. Raises
     ValueError with the key's path for a bad value."""
     cap = _watts(table["power_cap_w"], f"zones.{zone}.power_cap_w") if "power_cap_w" in table else None
@@ -216,15 +219,21 @@ def parse_zone_budget(zone: str, table: Mapping, base_dir: Path | None = None) -
         if isinstance(static, bool) or not isinstance(static, (int, float)) or not math.isfinite(static) or static < 0:
             raise ValueError(f"config zones.{zone}.static_power_w: watts, 0 or more (got {static!r})")
         static = float(static)
+    ramp = _watts(table["ramp_w_per_min"], f"zones.{zone}.ramp_w_per_min") if "ramp_w_per_min" in table else None
     if cap is None and not windows and not events:
         if static:
             raise ValueError(f"config zones.{zone}.static_power_w: counts against a cap, and the zone has none")
-        return None
+        return ZoneBudget(ramp_w_per_min=ramp) if ramp is not None else None
     caps = ([cap] if cap is not None else []) + [w.cap_w for w in windows] + [e.cap_w for e in events]
     if static >= min(caps):
         raise ValueError(f"config zones.{zone}.static_power_w: {static:g} W leaves nothing of its lowest cap "
                          f"({min(caps):g} W) for the GPUs")
-    return ZoneBudget(cap, tuple(windows), tuple(sorted(events, key=lambda e: (e.start, e.end))), static)
+    return ZoneBudget(cap, tuple(windows), tuple(sorted(events, key=lambda e: (e.start, e.end))), static, ramp)
+
+
+def ramps_of(budgets: Mapping[str, ZoneBudget]) -> dict[str, float]:
+    """The zones with a ramp limit, and its W of new load a minute."""
+    return {z: b.ramp_w_per_min for z, b in budgets.items() if b.ramp_w_per_min is not None}
 
 
 def caps_between(budgets: Mapping[str, ZoneBudget], zones: Iterable[str] | None, start: datetime,

@@ -48,11 +48,13 @@ from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
 from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
+from policies.ramp import WINDOW_S as RAMP_WINDOW_S
+from policies.ramp import RecentStart, stagger_starts
 from policies.segments import horizon_for
 from scheduler import interruptible
 from scheduler.job_specs import BEGIN_REASON, HELD_REASON
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
-from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget
+from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget, ramps_of
 from scheduler.profiles import learned_profiles
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_dependencies, jobs, nodes
@@ -182,7 +184,8 @@ class SiteConfig:
         for zone, zc in zones.items():
             if not isinstance(zc, Mapping):
                 raise ValueError(f"config zones.{zone}: expected a table with pue and/or power_cap_w")
-            known = ("pue", "power_cap_w", "power_windows", "power_events", "power_schedule", "static_power_w")
+            known = ("pue", "power_cap_w", "power_windows", "power_events", "power_schedule", "static_power_w",
+                     "ramp_w_per_min")
             unknown = sorted(set(zc) - set(known))
             if unknown:
                 raise ValueError(f"config zones.{zone}: unknown key(s) {', '.join(unknown)} "
@@ -639,8 +642,26 @@ class Planner:
         with self.store.read() as conn:
             snapshot, _ = self.snapshot(conn)
         snapshot, waiting = self.bounded(snapshot)
-        plan = _with_points(snapshot, self.policy.plan(snapshot))
+        plan = self._ramped(snapshot, _with_points(snapshot, self.policy.plan(snapshot)))
         return snapshot, replace(plan, unplaced={**plan.unplaced, **waiting})
+
+    def _ramped(self, snapshot: Snapshot, plan: Plan) -> Plan:
+        """The plan with starts held back by the zones' ramp limits (`policies.ramp`), the jobs
+        that started in the last minute counted (their planned power)."""
+        ramps = ramps_of(self.site.zone_budgets)
+        if not ramps:
+            return plan
+        since = snapshot.now - timedelta(seconds=RAMP_WINDOW_S)
+        with self.store.read() as conn:
+            rows = conn.execute(
+                select(nodes.c.zone, jobs.c.started_at, jobs.c.est_energy_j, jobs.c.est_runtime_planned_s)
+                .join(nodes, nodes.c.name == jobs.c.node)
+                .where(jobs.c.state == State.RUNNING.value, jobs.c.started_at >= since,
+                       nodes.c.zone.in_(sorted(ramps))))
+            recent = [RecentStart(r.zone, r.started_at, (r.est_energy_j or 0.0) / r.est_runtime_planned_s)
+                      for r in rows if r.est_runtime_planned_s]
+        return stagger_starts(plan, snapshot.now, {g.id: g.zone for g in snapshot.gpus}, ramps, recent,
+                              pinned=snapshot.pinned)
 
     def bounded(self, snapshot: Snapshot) -> tuple[Snapshot, dict[int, str]]:
         """The snapshot with at most `max_jobs` queued jobs (pinned first, then by deadline,
@@ -676,7 +697,7 @@ class Planner:
                 and (self._last_planned_full or not full)):
             return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
                              duration_s=time.perf_counter() - started, skipped=True, full=full)
-        plan = _with_points(snapshot, self.policy.plan(snapshot))
+        plan = self._ramped(snapshot, _with_points(snapshot, self.policy.plan(snapshot)))
         if waiting:
             plan = replace(plan, unplaced={**plan.unplaced, **waiting})
         self._last_fingerprint, self._last_planned_at, self._last_planned_full = fingerprint, mono, full

@@ -13,6 +13,7 @@ Format (DESIGN.md, plus optional site-wide settings):
     power_cap_w = 20000
     pue = 1.15                          # default PUE of the zone's nodes without their own
     static_power_w = 3000               # the site's draw besides its GPUs, against every cap
+    ramp_w_per_min = 5000               # at most this much new GPU load a minute (policies.ramp)
     power_schedule = "de-events.csv"    # dated events (start,end,cap_w), relative to this file
     [[zone.DE.power_windows]]           # a daily window (UTC) with its own cap, as in the
     start = "17:00"                     # daemon's [[zones.Z.power_windows]]
@@ -203,7 +204,8 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
         cap = zt.get("power_cap_w", site.get("power_cap_w"))
         if cap is not None:
             cap = _positive(cap, f"zone {zone} power_cap_w", fail)
-        timed = {k: zt[k] for k in ("power_windows", "power_events", "power_schedule", "static_power_w") if k in zt}
+        timed = {k: zt[k] for k in ("power_windows", "power_events", "power_schedule", "static_power_w",
+                                    "ramp_w_per_min") if k in zt}
         budget = None
         if timed:  # windows, dated events, static power: the daemon's budget (scheduler.power_budget)
             try:
@@ -213,7 +215,7 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
                 raise fail(str(e).removeprefix("config ")) from None
         if cap is not None:  # the constant cap of GPU power: the site's less its static power
             caps.append(PowerCap(zone=zone, cap_w=cap - (budget.static_w if budget is not None else 0.0)))
-        if budget is not None and (budget.windows or budget.events or budget.static_w):
+        if budget is not None and (budget.windows or budget.events or budget.static_w or budget.ramp_w_per_min):
             budgets[zone] = budget
     years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
     return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,

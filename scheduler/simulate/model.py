@@ -78,7 +78,9 @@ from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.runtime_correction import correction_for, estimate_class
 from policies.segments import horizon_for
-from scheduler.power_budget import ZoneBudget
+from policies.ramp import WINDOW_S as RAMP_WINDOW_S
+from policies.ramp import RecentStart, stagger_starts
+from scheduler.power_budget import ZoneBudget, ramps_of
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.estimates import EstimateModel, estimated, parse_estimate
 from scheduler.simulate.forecasts import ForecastModel
@@ -338,6 +340,7 @@ class Simulation:
                                     budget=cluster.budgets.get(z))
                        for z in cluster.zones}
         self.budgets = cluster.budgets
+        self._ramps = ramps_of(cluster.budgets)
         self.ticks: list[TickStat] = []
         self.events = 0
         self.done = 0
@@ -504,6 +507,8 @@ class Simulation:
             from policies.power_cap import choose_caps
 
             plan = choose_caps(snap, plan)
+        if self._ramps:  # the daemon's step after that (policies.ramp)
+            plan = self._ramped(snap, plan, now_s)
         plan_s = time.perf_counter() - t
         self._previous = {a.job_id: a for a in plan.assignments}
         for why in plan.unplaced.values():
@@ -539,6 +544,14 @@ class Simulation:
         r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor), runtime_rel_uncertainty=u,
                         length_spread=c.length_spread if self.settings.price_length_spread else ())
         return r.job
+
+    def _ramped(self, snap: Snapshot, plan, now_s: float):
+        """The plan with starts held back by the zones' ramp limits (`policies.ramp`), counting
+        the jobs that started in the last minute, as the daemon's planner does."""
+        recent = [RecentStart(r.zone, _dt(r.run_start_s), r.planned_power_w) for r in self.records
+                  if r.state == "running" and r.run_start_s is not None and now_s - r.run_start_s < RAMP_WINDOW_S]
+        return stagger_starts(plan, snap.now, {g.id: g.zone for g in snap.gpus}, self._ramps, recent,
+                              pinned=snap.pinned)
 
     def _replan_behind_overruns(self, now_s: float) -> None:
         """Take back into the queue every committed job waiting behind a job that runs past
