@@ -86,6 +86,9 @@ def add_parser(subparsers) -> None:
                         "policy parameter, e.g. cpsat:max_time_s=10 (the simulator gives cpsat 1 s per "
                         "planner call unless told), cpsat:lateness_g_per_gpu_h=500 (the price of lateness), "
                         "fifo:seed=2 (its tie-breaking seed)")
+    m.add_argument("--fifo-seeds", type=int, default=3, metavar="N",
+                   help="run a plain fifo with tie-breaking seeds 0..N-1 and report their mean and spread "
+                        "(default 3; 1: seed 0 alone)")
     m.add_argument("--forecast", default="perfect", metavar="F",
                    help="forecast model: perfect, noisy:SIGMA (relative, e.g. noisy:0.1), persistence, "
                         "model (the project's own forecaster, as the daemon's), baseline (its profile + anomaly "
@@ -262,14 +265,18 @@ def _run(args, config: dict) -> int:
         print(f"simulating {what}; policies {', '.join(p.label for p in policies)}; forecast {args.forecast}; "
               f"truth {args.truth}{' (learning)' if args.learn else ''}; estimate {args.estimate}",
               file=sys.stderr)
-    result = run_policies(scenario, policies, forecast=args.forecast, settings=settings, progress=progress)
+    if args.fifo_seeds < 1:
+        raise CliError(f"--fifo-seeds must be at least 1 (got {args.fifo_seeds})", EXIT_USAGE)
+    result = run_policies(scenario, policies, forecast=args.forecast, settings=settings, progress=progress,
+                          fifo_seeds=args.fifo_seeds)
     out = _out_dir(args.out)
     info = scenario.describe()
     info.update({"policies": [p.label for p in policies],
                  "policy_params": {p.label: dict(p.params) for p in policies}, "forecast": args.forecast,
                  "seed": args.seed, "truth": args.truth, "learn": args.learn, "estimate": args.estimate,
                  "correct_estimates": args.correct_estimates, "estimate_margin": args.estimate_margin,
-                 "price_length_spread": args.price_length_spread, "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
+                 "price_length_spread": args.price_length_spread, "fifo_seeds": args.fifo_seeds,
+                 "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
                  "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit,
                  "demo": demo, "from_store": bool(args.from_store)})
     doc = write_report(result.runs, result.summaries, result.comparison, info, out, scenario.names,

@@ -186,7 +186,8 @@ def table(summaries: dict[str, dict], comparison: dict[str, dict]) -> str:
     def row(label: str, fn) -> None:
         rows.append([label] + [fn(summaries[n], comparison.get(n, {})) for n in names])
 
-    row("kgCO2", lambda s, c: _fmt(s["kgco2"], 3))
+    row("kgCO2", lambda s, c: _fmt(s["kgco2"], 3) + (
+        f" +-{s['seeds']['kgco2_sd']:.3f} ({s['seeds']['count']} seeds)" if s.get("seeds") else ""))
     row(f"vs {names[0]}", lambda s, c: "(base)" if s is summaries[names[0]] else
         "-" if c.get("vs_first_pct") is None else f"{-c['vs_first_pct']:+.1f}%")
     if any("of_oracle_savings_pct" in c for c in comparison.values()):
@@ -197,7 +198,8 @@ def table(summaries: dict[str, dict], comparison: dict[str, dict]) -> str:
     row("gCO2/GPU-hour", lambda s, c: _fmt(s["gco2_per_gpu_hour"], 1))
     row("mean wait", lambda s, c: _hours(s["mean_wait_s"]))
     row("p95 wait", lambda s, c: _hours(s["p95_wait_s"]))
-    row("deadline misses", lambda s, c: f"{s['deadline_misses']} ({_hours(s['lateness_s'])} late)")
+    row("deadline misses", lambda s, c: (f"{s['deadline_misses']:.1f}" if s.get("seeds") else f"{s['deadline_misses']}")
+        + f" ({_hours(s['lateness_s'])} late)")
     row("energy estimate error", lambda s, c: "-" if s.get("estimate_error_pct") is None
         else f"{s['estimate_error_pct']:.1f}% (median)")
     row("runtime estimate", lambda s, c: s.get("estimate", "exact") + (

@@ -3,6 +3,12 @@
 Each policy gets a fresh Simulation over the same jobs, cluster, carbon data and forecast
 model (a fresh ForecastModel per policy with the same seed, so `noisy` forecasts are the
 same numbers for every policy and every run with that seed).
+
+fifo breaks ties between equally early, equally fast GPUs by a seeded random choice
+(`policies.fifo`), so its figures depend on that seed as on a renaming of the nodes: with
+`fifo_seeds` N > 1 a plain `fifo` runs with seeds 0..N-1 and is reported as their mean
+(`SEED_MEAN_KEYS`), with each seed's figure and the spread in its summary's `seeds`; the rest
+of its summary, and its run (records, meters), are seed 0's.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from scheduler.simulate.model import PolicyRun, SimSettings, Simulation
 from scheduler.simulate.scenario import Scenario
 
 log = logging.getLogger(__name__)
+
+#: the figures of a many-seed fifo that are the mean over its seeds
+SEED_MEAN_KEYS = ("kgco2", "energy_kwh", "facility_energy_kwh", "deadline_misses", "lateness_s", "late_gpu_h",
+                  "gco2_per_prompt", "gco2_per_gpu_hour", "mean_wait_s", "cost_usd")
 
 
 @dataclass
@@ -69,8 +79,9 @@ def parse_policies(text: str) -> list[PolicySpec]:
 
 def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, forecast: str = "perfect",
                  settings: SimSettings = SimSettings(), progress: bool = False,
-                 on_policy: Callable[[str, dict], None] | None = None) -> SimulationResult:
-    """Simulate each policy in turn; `progress` shows a tqdm bar per policy on stderr."""
+                 on_policy: Callable[[str, dict], None] | None = None, fifo_seeds: int = 1) -> SimulationResult:
+    """Simulate each policy in turn; `progress` shows a tqdm bar per policy on stderr; a
+    plain `fifo` runs with `fifo_seeds` seeds (module docstring)."""
     runs: dict[str, PolicyRun] = {}
     summaries: dict[str, dict] = {}
     first = min(j.submitted_at for j in scenario.jobs).timestamp()
@@ -79,6 +90,12 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
     fits: dict = {}  # the learned forecaster's fits, the same for every policy
     for spec in specs:
         name = spec.label
+        if spec.name == "fifo" and fifo_seeds > 1 and "seed" not in dict(spec.params):
+            run, summary = _many_seeds(scenario, spec, fifo_seeds, forecast, settings, fits)
+            runs[name], summaries[name] = run, summary
+            if on_policy is not None:
+                on_policy(name, summary)
+            continue
         model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
         model.climatology = settings.climatology
         bar = None
@@ -111,3 +128,32 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
         if on_policy is not None:
             on_policy(name, summaries[name])
     return SimulationResult(runs=runs, summaries=summaries, comparison=compare(summaries))
+
+
+def _many_seeds(scenario: Scenario, spec: PolicySpec, seeds: int, forecast: str, settings: SimSettings,
+                fits: dict) -> tuple[PolicyRun, dict]:
+    """fifo with seeds 0..seeds-1: seed 0's run, and a summary with the mean of
+    `SEED_MEAN_KEYS` over the seeds and `seeds` (each seed's kgCO2 and misses, their spread)."""
+    import statistics
+
+    runs, summaries = [], []
+    for seed in range(seeds):
+        model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
+        model.climatology = settings.climatology
+        run = Simulation(cluster=scenario.cluster, jobs=scenario.jobs, carbon=scenario.carbon, policy=spec.name,
+                         policy_params={**dict(spec.params), "seed": seed}, forecast=model, settings=settings,
+                         profiles=scenario.profiles).run()
+        runs.append(run)
+        summaries.append(summarize(run, scenario.cluster))
+    out = dict(summaries[0])
+    for key in SEED_MEAN_KEYS:
+        values = [s[key] for s in summaries]
+        if all(v is not None for v in values):
+            out[key] = statistics.fmean(values)
+    kg = [s["kgco2"] for s in summaries]
+    out["seeds"] = {"count": seeds, "kgco2": kg, "deadline_misses": [s["deadline_misses"] for s in summaries],
+                    "kgco2_sd": statistics.stdev(kg) if seeds > 1 else 0.0,
+                    "kgco2_range": [min(kg), max(kg)]}
+    out["wall_s"] = sum(s["wall_s"] for s in summaries)
+    log.info("%s over %d seeds: %.3f +- %.3f kgCO2", spec.label, seeds, out["kgco2"], out["seeds"]["kgco2_sd"])
+    return runs[0], out
