@@ -77,9 +77,9 @@ from policies.energy import job_shape
 from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
 from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.runtime_correction import correction_for, estimate_class
-from policies.segments import horizon_for
 from policies.ramp import WINDOW_S as RAMP_WINDOW_S
 from policies.ramp import RecentStart, stagger_starts
+from policies.segments import horizon_for
 from scheduler.power_budget import ZoneBudget, ramps_of
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.estimates import EstimateModel, estimated, parse_estimate
