@@ -6,8 +6,10 @@ second swings megawatts at once, and a carbon-aware planner makes that likelier,
 flexible job wants the same green slot. Slots are 15 minutes, so the slot planner cannot see
 this; `stagger_starts` is applied to every policy's plan afterwards (the daemon's planner
 and the simulator alike): in each zone with a ramp limit, the planned starts, in order, are
-held back just enough that the power of the jobs starting in any 60 seconds, those that
-started in the last minute included (`RecentStart`), stays within the limit. A job that alone
+held back until the power of the jobs starting within 60 seconds of each start, those that
+started in the last minute included (`RecentStart`), stays within the limit, so no 60-second
+window holds more (a conservative rule: a start may wait a little longer than the least the
+limit needs, never less). A job that alone
 draws more than the limit starts when nothing else has started in the minute before it (it
 cannot be started in parts). A held-back job keeps its GPUs and runs as long as planned, so
 its estimate ends as much later and its explanation says so; jobs whose start falls in the
