@@ -63,6 +63,7 @@ import numpy as np
 from policies.catalog import GpuModel, catalog
 from policies.carbon_tail import extended
 from policies.learning import Run
+from policies.length_spread import expected
 from policies.model import CarbonCurve, Profile, QueuedJob
 from policies.operating_point import Choice, Refusal, job_choice, seed_choice, workload_model
 from policies.perf_model import OperatingPoint, stretch
@@ -487,10 +488,8 @@ def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power
     with `spread` (length multipliers, `policies.length_spread`) the mean over them."""
     if curve is None:
         return None
-    if spread is not None and len(spread):
-        return sum(job_gco2(curve, start, runtime_s * float(m), power_w, pue) for m in spread) / len(spread)
-    integral = curve_integral_g_per_kwh_s(curve, start, start + timedelta(seconds=runtime_s))
-    return power_w * pue * integral / J_PER_KWH
+    return expected(lambda run_s: power_w * pue * curve_integral_g_per_kwh_s(
+        curve, start, start + timedelta(seconds=run_s)) / J_PER_KWH, runtime_s, spread)
 
 
 def seed_equivalent_run(job: QueuedJob, model: str, run: Run, point: OperatingPoint | None = None) -> Run:

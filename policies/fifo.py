@@ -38,7 +38,7 @@ from policies.blind import blind_price, priced_curves
 from policies.counterfactual import START_TOL_S, choose
 from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, gang_power_limit_w, has_slo, job_shape,
                              seed_profiles, slo_text, within_time_limit)
-from policies.length_spread import multipliers
+from policies.length_spread import expected, multipliers
 from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
 
@@ -282,8 +282,9 @@ def _if_now(job: QueuedJob, ok: np.ndarray, first_free: np.ndarray, width: int, 
     shapes = {(models[p], cap_of[p]): job_shape(job, models[p], book, snapshot.default_runtime_s, cap_of[p])
               for p in cand.tolist()}
     runtime = np.array([shapes[models[p], cap_of[p]].runtime_s for p in cand.tolist()])
+    spread = multipliers(job)
     grams = np.array([float(_gco2(integrators[kind_of[p][0]], now + timedelta(seconds=float(alone[p])),
-                                  shapes[models[p], cap_of[p]], pue_of[p], multipliers(job)))
+                                  shapes[models[p], cap_of[p]], pue_of[p], spread))
                       for p in cand.tolist()])
     cf = choose([kind_of[p] for p in cand.tolist()], alone[cand], runtime, grams)
     return None if cf is None else cf.gco2
@@ -295,9 +296,8 @@ def _gco2(integrator: "CurveIntegrator | None", start: datetime, shape: JobShape
     over them, as the slot planner prices the job."""
     if integrator is None:  # a zone of no GPU of the snapshot (every GPU zone has a priced curve)
         return None
-    runs_s = [shape.runtime_s] if spread is None else [shape.runtime_s * float(m) for m in spread]
-    return sum(shape.power_w * pue * integrator.integral(start, start + timedelta(seconds=r)) / 3.6e6
-               for r in runs_s) / len(runs_s)
+    return expected(lambda run_s: shape.power_w * pue * integrator.integral(
+        start, start + timedelta(seconds=run_s)) / 3.6e6, shape.runtime_s, spread)
 
 
 def _why_unplaceable(job: QueuedJob, by_node: dict[str, list[GpuSlot]], book: ProfileBook) -> str:

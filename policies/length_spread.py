@@ -21,10 +21,12 @@ point estimate (`est_runtime_s`) and its spread (`runtime_rel_uncertainty`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 #: multipliers kept per job: quantiles (i + 0.5) / POINTS of the learned ratios
 POINTS = 16
@@ -42,6 +44,14 @@ def spread_of(log_ratios: Sequence[float], median: float) -> tuple[float, ...]:
     return tuple(float(x) for x in np.exp(np.quantile(values, levels) - median))
 
 
+def expected(grams: Callable[[T], T], runtime_s: T, spread: Sequence[float] | None) -> T:
+    """`grams(runtime_s)`, or with `spread` the mean of `grams(runtime_s x m)` over its
+    multipliers: one rule for every pricer (a float runtime, or an array of them)."""
+    if spread is None or not len(spread):
+        return grams(runtime_s)
+    return sum(grams(runtime_s * float(m)) for m in spread) / len(spread)
+
+
 def multipliers(job) -> np.ndarray | None:
     """The job's length multipliers as an array, or None when it is priced at its estimate.
     A job that may be cut into segments is priced at its estimate: its segments are planned
@@ -51,14 +61,3 @@ def multipliers(job) -> np.ndarray | None:
         return None
     m = np.asarray(spread, dtype=np.float64)
     return m if m.size and np.isfinite(m).all() and (m > 0).all() else None
-
-
-def longest_multiplier(jobs: Sequence) -> float:
-    """The largest multiplier of any job (1 when none has a spread): how far past its point
-    estimate a priced run can reach."""
-    out = 1.0
-    for job in jobs:
-        m = multipliers(job)
-        if m is not None:
-            out = max(out, float(m.max()))
-    return out if math.isfinite(out) else 1.0

@@ -71,7 +71,7 @@ from policies.carbon_tail import extended
 from policies.energy import (J_PER_KWH, JobShape, ProfileBook, curve_integral_g_per_kwh_s, fits, generic_power_w, job_shape,
                              seed_profiles, shape_arrays)
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H
-from policies.length_spread import multipliers
+from policies.length_spread import expected, multipliers
 from policies.margin import latest_start_slots, margin_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
 
@@ -704,7 +704,7 @@ class Problem:
         """Internal cost of drawing power_w from `start` in a zone (blind zones: fallback);
         with `spread` (length multipliers, `policies.length_spread`) the mean over them."""
         if spread is not None:
-            return float(np.mean([self.gco2_at(zone, start, runtime_s * float(m), power_w, pue) for m in spread]))
+            return expected(lambda run_s: self.gco2_at(zone, start, run_s, power_w, pue), runtime_s, spread)
         a = (start - self.now).total_seconds()
         end_s = self.now.timestamp() + a + runtime_s
         if end_s > self._until_s and self.curves[zone].tail is not None:  # a pinned or kept run past the knots

@@ -41,7 +41,7 @@ from policies.carbon_tail import extended
 from policies.counterfactual import choose
 from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
                              seed_profiles, within_time_limit)
-from policies.length_spread import multipliers
+from policies.length_spread import expected, multipliers
 from policies.margin import job_margin, latest_start_s
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, grams
 from policies.placement import Score, late_gpu_h
@@ -261,10 +261,11 @@ def _if_now(job: QueuedJob, options: list, alone: _AloneStarts, release: float, 
     if not found:
         return None
     tz = snapshot.now.tzinfo
+    spread = multipliers(job)
     return choose([(k.zone, k.model) for k, _, _ in found], np.array([t for _, _, t in found]),
                   np.array([sh.runtime_s for _, sh, _ in found]),
                   np.array([job_gco2(curves[k.zone], datetime.fromtimestamp(t, tz), sh.runtime_s, sh.power_w,
-                                     k.pue, multipliers(job)) for k, sh, t in found]))
+                                     k.pue, spread) for k, sh, t in found]))
 
 
 def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s: float, lo: float,
@@ -471,15 +472,11 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         by_zone: dict[tuple[str, float], list[int]] = defaultdict(list)
         for o, (kind, _) in enumerate(options):
             by_zone[(kind.zone, kind.pue)].append(o)
-        spread = multipliers(job)
+        spread = multipliers(job)  # expected grams over the job's length spread (policies.length_spread)
         for (zone, pue), os_ in by_zone.items():
-            run_s = np.array([options[o][1].runtime_s for o in os_])
             power_w = np.array([options[o][1].power_w for o in os_])
-            if spread is None:
-                table[os_] = _slot_costs(curves[zone], starts, run_s, power_w, pue)
-            else:  # expected grams over the job's length spread (policies.length_spread)
-                table[os_] = np.mean([_slot_costs(curves[zone], starts, run_s * m, power_w, pue) for m in spread],
-                                     axis=0)
+            table[os_] = expected(lambda run_s: _slot_costs(curves[zone], starts, run_s, power_w, pue),
+                                  np.array([options[o][1].runtime_s for o in os_]), spread)
         slots = first_slot + np.arange(table.shape[1])
 
         # earliest[o]: known answers (lo, start) of "the earliest feasible start of option o

@@ -96,8 +96,6 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
             if on_policy is not None:
                 on_policy(name, summary)
             continue
-        model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
-        model.climatology = settings.climatology
         bar = None
         tick_progress = None
         if progress:
@@ -114,11 +112,7 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
                     bar.update(done - state["done"])
                     state["done"] = done
         try:
-            sim = Simulation(cluster=scenario.cluster, jobs=scenario.jobs, carbon=scenario.carbon, policy=spec.name,
-                             policy_params=dict(spec.params), forecast=model, settings=settings,
-                             profiles=scenario.profiles,
-                             progress=tick_progress)
-            run = sim.run()
+            run = _simulate(scenario, spec, dict(spec.params), forecast, settings, fits, tick_progress)
         finally:
             if bar is not None:
                 bar.close()
@@ -130,21 +124,25 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
     return SimulationResult(runs=runs, summaries=summaries, comparison=compare(summaries))
 
 
+def _simulate(scenario: Scenario, spec: PolicySpec, params: dict, forecast: str, settings: SimSettings, fits: dict,
+              progress: Callable[[float], None] | None = None) -> PolicyRun:
+    """One run of `spec`'s policy with `params`, on a fresh forecast model of the run's seed."""
+    model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
+    model.climatology = settings.climatology
+    return Simulation(cluster=scenario.cluster, jobs=scenario.jobs, carbon=scenario.carbon, policy=spec.name,
+                      policy_params=params, forecast=model, settings=settings, profiles=scenario.profiles,
+                      progress=progress).run()
+
+
 def _many_seeds(scenario: Scenario, spec: PolicySpec, seeds: int, forecast: str, settings: SimSettings,
                 fits: dict) -> tuple[PolicyRun, dict]:
     """fifo with seeds 0..seeds-1: seed 0's run, and a summary with the mean of
     `SEED_MEAN_KEYS` over the seeds and `seeds` (each seed's kgCO2 and misses, their spread)."""
     import statistics
 
-    runs, summaries = [], []
-    for seed in range(seeds):
-        model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
-        model.climatology = settings.climatology
-        run = Simulation(cluster=scenario.cluster, jobs=scenario.jobs, carbon=scenario.carbon, policy=spec.name,
-                         policy_params={**dict(spec.params), "seed": seed}, forecast=model, settings=settings,
-                         profiles=scenario.profiles).run()
-        runs.append(run)
-        summaries.append(summarize(run, scenario.cluster))
+    runs = [_simulate(scenario, spec, {**dict(spec.params), "seed": seed}, forecast, settings, fits)
+            for seed in range(seeds)]
+    summaries = [summarize(run, scenario.cluster) for run in runs]
     out = dict(summaries[0])
     for key in SEED_MEAN_KEYS:
         values = [s[key] for s in summaries]
