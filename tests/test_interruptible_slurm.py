@@ -6,7 +6,10 @@ period and resumed from its last checkpoint."""
 
 from __future__ import annotations
 
+import os
 import sys
+
+import pytest
 
 from scheduler.daemon.planner import Planner
 
@@ -77,3 +80,57 @@ def test_a_slurm_checkpoint_job_starts_with_its_checkpoint_signal_ignored(world,
     rows = _drive(store, planner, agents, job)
     assert rows[job].state == "COMPLETED", rows[job].reason
     assert out.read_text() == "ignored"
+
+
+def test_a_checkpoint_signal_slurm_cannot_deliver_yet_is_sent_again_only_after_a_pause(tmp_path, monkeypatch):
+    """Slurm says RUNNING before its batch shell runs; `scancel --signal --batch` then fails
+    (no batch step). Asked again at the next tick, the signal would reach the shell as it
+    starts, before its `trap ''`, and end the job unsaved: the request file is created at
+    once, the signal is sent again only SIGNAL_RETRY_S later, and the grace period counts
+    from the signal that was delivered."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from scheduler.node import slurm_executor as se
+    from scheduler.slurm.commands import SlurmError
+    from scheduler.slurm.jobs import SlurmJob
+
+    class StubSlurm:
+        def __init__(self):
+            self.calls, self.fail_next = [], True
+
+        def run(self, argv, **kw):
+            self.calls.append(argv)
+            if argv[0] == "scancel" and self.fail_next:
+                self.fail_next = False
+                raise SlurmError("scancel: error: no batch step (exit 229)")
+
+    slurm = StubSlurm()
+    ex = se.SlurmExecutor(tmp_path, slurm)
+    started = datetime.now(timezone.utc) - timedelta(seconds=30)
+    running = SlurmJob(job_id=7, state="RUNNING", reason="None", comment="carbonsched:1", user_id=0, group_id=0,
+                       user_name="root", partition="p", name="j", nodes="n", cwd="/", tres_per_node="",
+                       time_limit_min=None, submit_time=started, start_time=started, end_time=None, exit_status=0)
+    monkeypatch.setattr(ex, "jobs", lambda *a, **k: {7: running})
+    run_dir = ex.run_dir(1)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    request = tmp_path / "1.checkpoint"
+    extra = {"interruptible": "checkpoint", "checkpoint_at": started.isoformat(), "min_run_s": 1,
+             "checkpoint_grace_s": 60, "checkpoint_file": str(request)}
+    (run_dir / "spec.json").write_text(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "extra": extra}))
+    (run_dir / "slurm.json").write_text(json.dumps({"job_id": 7}))
+    clock = [started.timestamp() + 30.0]
+    monkeypatch.setattr(se.time, "time", lambda: clock[0])
+
+    with pytest.raises(SlurmError):
+        ex.keep_timetable(1)  # the first signal cannot be delivered
+    assert request.exists()  # the request file is there at once
+    signals = lambda: [c for c in slurm.calls if c[0] == "scancel"]  # noqa: E731
+    assert len(signals()) == 1
+    clock[0] += se.SIGNAL_RETRY_S / 2
+    ex.keep_timetable(1)  # too soon: not asked again
+    assert len(signals()) == 1
+    clock[0] += se.SIGNAL_RETRY_S
+    ex.keep_timetable(1)
+    assert len(signals()) == 2 and signals()[-1][1] == "--signal=USR1"
+    assert json.loads((run_dir / "checkpoint.json").read_text()) == {"requested_at": clock[0]}

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 SLURM_SETS = frozenset({"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                         "CUDA_DEVICE_ORDER", "GPU_DEVICE_ORDINAL"})
 SNAPSHOT_MAX_AGE_S = 0.5
+# A checkpoint signal Slurm could not deliver (no batch step yet) is sent again this much later,
+# once the batch shell has had time to set it aside (`keep_timetable`).
+SIGNAL_RETRY_S = 2.0
 
 
 def gres(s: dict) -> str:
@@ -205,10 +208,20 @@ class SlurmExecutor(Executor):
             if now < interruptible.checkpoint_request_at_s(
                     datetime.fromisoformat(extra["checkpoint_at"]).timestamp(), started, extra.get("min_run_s")):
                 return
+            if now < float(rec.get("signal_retry_at") or 0.0):
+                return
             if extra.get("checkpoint_file"):
                 create_request_file(extra["checkpoint_file"], int(spec["uid"]), int(spec["gid"]))
             name = signal.Signals(interruptible.launch_signal(extra)).name.removeprefix("SIG")
-            self.slurm.run(["scancel", f"--signal={name}", "--batch", str(slurm_id)])
+            try:
+                self.slurm.run(["scancel", f"--signal={name}", "--batch", str(slurm_id)])
+            except SlurmError:
+                # No batch step yet (Slurm says RUNNING before its batch shell runs): asking
+                # again at the next tick would reach the shell as it starts, before it has set
+                # the signal aside (`trap ''`), and end the job unsaved. The request file is
+                # there already; the signal follows SIGNAL_RETRY_S later.
+                write_json_atomic(run_dir / "checkpoint.json", {"signal_retry_at": now + SIGNAL_RETRY_S})
+                raise
             write_json_atomic(run_dir / "checkpoint.json", {"requested_at": now})
             log.info("job %s: asked Slurm job %s to checkpoint (SIG%s)", job_id, slurm_id, name)
         elif not rec.get("killed") and now - float(rec["requested_at"]) >= float(extra.get("checkpoint_grace_s") or 60):
@@ -251,7 +264,7 @@ class SlurmExecutor(Executor):
         status = _status_of(job, spec, cancelled_here=(run_dir / "cancel.json").exists(),
                             gpu_idx=self._noted_gpus(run_dir))
         ck = _read_json(run_dir / "checkpoint.json")
-        if ck and status.result is not None:  # a checkpoint job's segment end (keep_timetable)
+        if ck and ck.get("requested_at") and status.result is not None:  # a checkpoint job's segment end
             status.result["checkpoint_requested_at"] = datetime.fromtimestamp(
                 float(ck["requested_at"]), timezone.utc).isoformat()
             if ck.get("killed") and status.result.get("exit_code") != 75:
