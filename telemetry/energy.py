@@ -16,6 +16,11 @@ backend's validity gate dropped a sentinel or "N/A"), negative, not finite or ab
 with integrated power only over the intervals where power is valid at both ends, so a gap
 cannot make a healthy counter look wrong; when valid power covers less than
 MIN_POWER_COVERAGE of the window, the counter is used unverified rather than outvoted.
+Nor can a power step between two sparse readings (a job starting while the sampler was
+starved of CPU): the trapezoid over an interval whose ends differ by dP watts over dt seconds
+may be off by up to dP*dt/2 joules, and the counter is only outvoted by more than the
+tolerance plus that known error of the integral (the per-interval bounds combined as
+independent errors, so a noisy but dense trace does not blunt the check).
 Without a usable counter, the integral bridges gaps (the best figure there is) and says so.
 """
 
@@ -117,10 +122,19 @@ def counter_delta(samples: Sequence[Sample]) -> tuple[float | None, str]:
     return values[-1] - values[0], ""
 
 
-def _covered(samples: list[Sample]) -> tuple[float, float, float, float]:
-    """Over the intervals between consecutive samples with valid power and counter at both
-    ends: (integrated power J, counter delta J, covered seconds, span seconds)."""
-    integral = counter = covered = 0.0
+@dataclass(frozen=True)
+class _Coverage:
+    """Counter and integral over the intervals with valid power and counter at both ends."""
+
+    integral_j: float
+    counter_j: float
+    covered_s: float
+    span_s: float
+    integral_error_j: float  # how far the trapezoid may be off where power stepped between readings
+
+
+def _covered(samples: list[Sample]) -> _Coverage:
+    integral = counter = covered = error_sq = 0.0
     for a, b in zip(samples, samples[1:]):
         if None in (a.power_w, b.power_w, a.energy_j, b.energy_j):
             continue
@@ -128,8 +142,9 @@ def _covered(samples: list[Sample]) -> tuple[float, float, float, float]:
         integral += dt * (a.power_w + b.power_w) / 2
         counter += b.energy_j - a.energy_j
         covered += dt
+        error_sq += (abs(b.power_w - a.power_w) * dt / 2) ** 2
     span = samples[-1].t_s - samples[0].t_s if samples else 0.0
-    return integral, counter, covered, span
+    return _Coverage(integral, counter, covered, span, error_sq ** 0.5)
 
 
 def window_energy(samples: Sequence[Sample], *, tolerance: float = DEFAULT_TOLERANCE,
@@ -148,17 +163,17 @@ def window_energy(samples: Sequence[Sample], *, tolerance: float = DEFAULT_TOLER
     if integral is None:
         return EnergyEstimate(counter, "counter-unverified", counter, None,
                               note="too few valid power samples to cross-check the counter")
-    covered_integral, covered_counter, covered_s, span_s = _covered(pts)
-    if span_s <= 0 or covered_s < MIN_POWER_COVERAGE * span_s:
-        share = covered_s / span_s if span_s > 0 else 0.0
+    cov = _covered(pts)
+    if cov.span_s <= 0 or cov.covered_s < MIN_POWER_COVERAGE * cov.span_s:
+        share = cov.covered_s / cov.span_s if cov.span_s > 0 else 0.0
         return EnergyEstimate(counter, "counter-unverified", counter, integral,
                               note=f"valid power readings cover {share:.0%} of the window: "
                                    f"too little to cross-check the counter")
-    scale = max(covered_counter, covered_integral)
-    if scale >= MIN_CHECKABLE_J and abs(covered_counter - covered_integral) > tolerance * scale:
+    scale = max(cov.counter_j, cov.integral_j)
+    gap = abs(cov.counter_j - cov.integral_j)
+    if scale >= MIN_CHECKABLE_J and gap > tolerance * scale + cov.integral_error_j:
         return EnergyEstimate(integral, "integral", counter, integral,
-                              note=f"counter disagrees with integrated power by "
-                                   f"{abs(covered_counter - covered_integral) / scale:.0%}")
+                              note=f"counter disagrees with integrated power by {gap / scale:.0%}")
     return EnergyEstimate(counter, "counter", counter, integral)
 
 

@@ -64,6 +64,32 @@ def test_a_counter_that_disagrees_with_power_beyond_tolerance_is_rejected():
     assert est.counter_j == pytest.approx(72_000.0)
 
 
+def starved_start(counter_scale: float, busy_until_s: float) -> list[Sample]:
+    """A GPU idle at 70 W that goes busy at 600 W at t=0.05 s, read at t=0 and next only at
+    t=0.9 s (the sampler starved of CPU as a job starts), then every 0.5 s; its counter is
+    the exact integral times `counter_scale`."""
+    def exact_j(t: float) -> float:
+        return 70.0 * min(t, 0.05) + 600.0 * max(0.0, t - 0.05)
+    times = [0.0, 0.9] + [0.9 + 0.5 * k for k in range(1, int((busy_until_s - 0.9) / 0.5) + 1)]
+    return [Sample(t, 70.0 if t < 0.05 else 600.0, counter_scale * exact_j(t)) for t in times]
+
+
+def test_a_power_step_between_sparse_readings_does_not_outvote_a_healthy_counter():
+    # The trapezoid over the first 0.9 s misses ~212 J of a 3.4 s job (11 %): the integral's
+    # own known error there, not the counter's.
+    samples = starved_start(1.0, 3.4)
+    est = window_energy(samples)
+    assert est.method == "counter"
+    assert est.energy_j == pytest.approx(70.0 * 0.05 + 600.0 * (samples[-1].t_s - 0.05))
+    assert est.integral_j < 0.9 * est.energy_j
+
+
+def test_a_wrong_counter_is_still_rejected_where_power_was_read_densely_enough_to_tell():
+    est = window_energy(starved_start(1.2, 60.0))  # counts 20 % high over a minute
+    assert est.method == "integral"
+    assert "counter disagrees" in est.note
+
+
 def test_small_windows_are_not_judged_by_a_noisy_averaged_power_reading():
     # 2 s at 100 W: 200 J; NVML's 1 s averaged power lags, so a 30% gap here proves nothing.
     samples = [Sample(0.0, 70.0, 0.0), Sample(1.0, 70.0, 100.0), Sample(2.0, 70.0, 200.0)]
