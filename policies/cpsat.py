@@ -667,11 +667,11 @@ def _solve_sub(problem: Problem, state: GreedyState, current: dict[int, Pick], f
             base = pool * S
             for key in range(base + s, base + end):
                 use[key].append(term)
-            zone = problem.pools[pool].zone
-            if zone in state.power:
+            budget = problem.pools[pool].budget
+            if budget in state.power:
                 wterm = (x, int(np.ceil(power_w)))
                 for t in range(s, end):
-                    watts[(zone, t)].append(wterm)
+                    watts[(budget, t)].append(wterm)
             obj_vars.append(x)
             obj_coefs.append(_pick_cost(problem, pick, tables[i]))
             if pick == cur:
@@ -684,8 +684,8 @@ def _solve_sub(problem: Problem, state: GreedyState, current: dict[int, Pick], f
         if len(terms) > 1 or terms[0][1] > cap:
             if sum(k for _, k in terms) > cap:
                 model.Add(cp_model.LinearExpr.WeightedSum([x for x, _ in terms], [k for _, k in terms]) <= cap)
-    for (zone, t), terms in watts.items():
-        cap = state.power[zone][t]
+    for (budget, t), terms in watts.items():
+        cap = state.power[budget][t]
         if sum(w for _, w in terms) > cap:
             model.Add(cp_model.LinearExpr.WeightedSum([x for x, _ in terms], [w for _, w in terms])
                       <= int(np.floor(cap)))

@@ -90,15 +90,15 @@ def edf_order(problem: Problem) -> list[int]:
 
 
 class GreedyState:
-    """Remaining GPUs per (pool, slot) and watts per (capped zone, slot) while placing."""
+    """Remaining GPUs per (pool, slot) and watts per (capped budget, slot) while placing."""
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.rem = problem.capacity_matrix()
-        self.power = {z: problem.power_cap_w(z) for z in problem.capped_zones}
+        self.power = {b: problem.power_cap_w(b) for b in problem.capped_budgets}
         self.group_pools = problem._group_pools
         self.pool_group = problem.pool_group
-        self.pool_zone = [p.zone for p in problem.pools]
+        self.pool_budget = [p.budget for p in problem.pools]
         # most GPUs free on any one pool of a group, per slot: a cheap upper bound that
         # filters (group, start) candidates before the exact per-pool check
         self.gmax = np.zeros((len(problem.groups), problem.n_slots), dtype=np.int32)
@@ -106,7 +106,7 @@ class GreedyState:
             self.gmax[g] = self.rem[pools].max(axis=0)
         self._blocked_cs: dict[int, np.ndarray] = {}
         self._stale: dict[int, set[int]] = {}  # per k, groups whose gmax changed since its prefix sums
-        self._zone_groups = {z: [g for g, grp in enumerate(problem.groups) if grp.zone == z] for z in self.power}
+        self._budget_groups = {b: [g for g, grp in enumerate(problem.groups) if grp.budget == b] for b in self.power}
 
     def _blocked(self, k: int) -> np.ndarray:
         """(groups x slots+1) prefix sums of "no pool of the group has k GPUs free"."""
@@ -129,7 +129,7 @@ class GreedyState:
     def upper_feasible(self, j: int, ends: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """(groups x slots): True where job j fits the group and some pool of it may hold
         its k GPUs over the whole run (the per-slot maximum over the group's pools never
-        drops below k), with watts left under the zone's cap. `ends` from `run_ends` (for
+        drops below k), with watts left under its power budget's cap. `ends` from `run_ends` (for
         the starts `lo` to `hi` only, when given)."""
         p = self.problem
         S = p.n_slots
@@ -138,8 +138,8 @@ class GreedyState:
         cs = self._blocked(k)
         ok = cs.ravel()[ends] == cs[:, lo:hi]
         ok &= p.job_fit[j][:, None]
-        for zone, cap in self.power.items():
-            for g in self._zone_groups[zone]:
+        for budget, cap in self.power.items():
+            for g in self._budget_groups[budget]:
                 bad = np.zeros(S + 1, dtype=np.int32)
                 np.cumsum(cap < p.job_power_w[j, g] - _TOL, out=bad[1:])
                 ok[g] &= bad[ends[g] - g * (S + 1)] == bad[lo:hi]
@@ -149,7 +149,7 @@ class GreedyState:
         end = min(slot + dur, self.problem.n_slots)
         if self.rem[pool, slot:end].min() < k:
             return False
-        cap = self.power.get(self.pool_zone[pool])
+        cap = self.power.get(self.pool_budget[pool])
         return cap is None or bool(cap[slot:end].min() >= power_w - _TOL)
 
     def take(self, pool: int, slot: int, k: int, dur: int, power_w: float) -> None:
@@ -159,7 +159,7 @@ class GreedyState:
         self.gmax[g, slot:end] = self.rem[self.group_pools[g], slot:end].max(axis=0)
         for stale in self._stale.values():
             stale.add(g)
-        cap = self.power.get(self.pool_zone[pool])
+        cap = self.power.get(self.pool_budget[pool])
         if cap is not None:
             cap[slot:end] -= power_w
 
@@ -168,7 +168,7 @@ class GreedyState:
 
     def free_pool(self, j: int, g: int, s: int, upper_checked: bool = False) -> int | None:
         """A pool of group g with job j's k GPUs free over its whole run from slot s, and
-        watts left under the zone's cap (tightest fit), or None.
+        watts left under its power budget's cap (tightest fit), or None.
 
         `upper_checked`: the caller took (g, s) from `upper_feasible` of the current state,
         which has already tested the group maximum and the power cap over the run; they are
@@ -179,7 +179,7 @@ class GreedyState:
         if not upper_checked:
             if self.gmax[g, s:end].min() < k:
                 return None
-            cap = self.power.get(p.groups[g].zone)
+            cap = self.power.get(p.groups[g].budget)
             if cap is not None and cap[s:end].min() < p.job_power_w[j, g] - _TOL:
                 return None
         if self.group_pools[g].size == 1:  # gmax is that pool's own count
@@ -354,8 +354,8 @@ class ChunkNotes:
         best_window = float(self.best_window[i])
         tol = 1e-6 * max(1.0, abs(chosen))
         if chosen > best_window + tol:
-            zone = p.groups[int(self.best_window_group[i])].zone
-            return "power cap" if zone in p.capped_zones else "capacity"
+            budget = p.groups[int(self.best_window_group[i])].budget
+            return "power cap" if budget in p.capped_budgets else "capacity"
         if best_window > float(self.best_after[i]) + tol:
             if job.deadline is not None:
                 return "deadline"

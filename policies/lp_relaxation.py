@@ -748,7 +748,7 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
                      f"{len(problem.groups)} capacities (a relaxation)")
     else:
         cap = problem.capacity_matrix().astype(np.float64)
-    zones = list(problem.capped_zones)
+    zones = list(problem.capped_budgets)  # the power budgets' keys: a zone's or `site:NAME`
     zone_index = {z: i for i, z in enumerate(zones)}
     power = np.stack([problem.power_cap_w(z) for z in zones]) if zones else np.zeros((0, 0))
     if zones:
@@ -776,7 +776,7 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
             else:
                 resources = tuple(int(p) for p in jo.pool[jo.group == gi])
             common = dict(resources=resources, gpus=k, duration=int(jo.duration[o]), power_w=float(shape.power_w),
-                          zone=zone_index.get(group.zone, -1))
+                          zone=zone_index.get(group.budget, -1))
             hi = int(jo.latest[o])
             if is_forced:
                 cost = np.full(T, np.inf)

@@ -93,6 +93,31 @@ class GpuSlot:
     # `Snapshot.pue`. One grid zone can hold sites with different PUEs.
     pue: float | None = None
     power_limit_w: float | None = None  # the board power limit now: no estimate draws more
+    # The power budget the GPU is under: `site:NAME` when its node is in a `[sites.NAME]` with
+    # a budget of its own; None: its zone's (`budget_of`). One grid zone can hold several
+    # sites, each behind its own feed.
+    budget: str | None = None
+
+
+def budget_of(gpu: GpuSlot) -> str:
+    """The key of the power budget `gpu` draws against (`PowerCap.zone`): its site's
+    (`site:NAME`) where its site has one, else its zone's."""
+    return gpu.budget or gpu.zone
+
+
+SITE_BUDGET_PREFIX = "site:"
+
+
+def site_budget(site: str) -> str:
+    """The budget key of `[sites.SITE]` (never equal to a zone id)."""
+    return SITE_BUDGET_PREFIX + site
+
+
+def budget_text(key: str) -> str:
+    """A budget key in words: `site fra-dc2` or `zone DE`."""
+    if key.startswith(SITE_BUDGET_PREFIX):
+        return f"site {key[len(SITE_BUDGET_PREFIX):]}"
+    return f"zone {key}"
 
 
 #: Cells of a `Climatology`: 12 months x 24 UTC hours of the day.
@@ -149,7 +174,9 @@ class CarbonCurve:
 
 @dataclass(frozen=True)
 class PowerCap:
-    """A site power cap for one zone: at most `cap_w` of GPU power in [start, end)."""
+    """A site power cap: at most `cap_w` of GPU power in [start, end) on the GPUs of one
+    budget. `zone` is that budget's key (`budget_of`): a grid zone's id for a `[zones.Z]`
+    budget (the zone is one site's feed), `site:NAME` for a `[sites.NAME]` one."""
 
     zone: str
     cap_w: float

@@ -20,7 +20,7 @@ from policies.counterfactual import Counterfactual, choose
 from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w, job_shape, within_time_limit
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.length_spread import multipliers
-from policies.model import Assignment, Estimate, Plan, QueuedJob
+from policies.model import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text
 from policies.problem import Problem
 from policies.segments import exact_segments_s, held_ranges, idle_power_w, segment_cost, work_s
 
@@ -252,8 +252,8 @@ def _binding(problem: Problem, j: int, pick: Pick, chosen: float, table: np.ndar
     best_horizon = float(table[:, lo:].min())
     tol = 1e-6 * max(1.0, abs(chosen))
     if chosen > best_window + tol:
-        zone = problem.groups[int(jo.groups[best_row])].zone
-        return "power cap" if zone in problem.capped_zones else "capacity"
+        budget = problem.groups[int(jo.groups[best_row])].budget
+        return "power cap" if budget in problem.capped_budgets else "capacity"
     if best_window > best_horizon + tol:
         if job.deadline is not None:
             return "deadline"
@@ -424,7 +424,7 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         for g in gs:
             busy[g.id].append((a.start_at, end))
         for s0, s1 in (a.segments or ((a.start_at, a.start_at + timedelta(seconds=shape.runtime_s)),)):
-            power.append((g0.zone, s0, s1, shape.power_w))
+            power.append((budget_of(g0), s0, s1, shape.power_w))
     for gid, spans in busy.items():
         spans.sort()
         for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
@@ -443,9 +443,9 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
             if used <= 0.0:
                 continue
             used += sum(_running_w(g) for g in snap.gpus
-                        if g.zone == cap.zone and g.busy_until is not None and g.busy_until > t)
+                        if budget_of(g) == cap.zone and g.busy_until is not None and g.busy_until > t)
             if used > cap.cap_w + 1e-6:
-                out.append(f"zone {cap.zone}: {used:.0f} W > cap {cap.cap_w:.0f} W at {t.isoformat()}")
+                out.append(f"{budget_text(cap.zone)}: {used:.0f} W > cap {cap.cap_w:.0f} W at {t.isoformat()}")
                 break
     return out
 

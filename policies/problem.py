@@ -73,7 +73,7 @@ from policies.energy import (J_PER_KWH, JobShape, ProfileBook, curve_integral_g_
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H
 from policies.length_spread import expected, multipliers
 from policies.margin import latest_start_slots, margin_arrays
-from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot
+from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot, budget_of
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Pool(NamedTuple):
     free_slot: tuple[int, ...]
     group: int = 0  # index into Problem.groups
     power_limit_w: float | None = None  # its GPUs' board power limit (None: not reported)
+    budget: str = ""  # the power budget its GPUs draw against (policies.model.budget_of)
 
 
 class Option(NamedTuple):
@@ -116,6 +117,7 @@ class Group(NamedTuple):
     pue: float
     pools: tuple[int, ...]
     power_limit_w: float | None = None  # its GPUs' board power limit: estimates never exceed it
+    budget: str = ""  # the power budget its pools draw against (one per group)
 
 
 class JobOptions(NamedTuple):
@@ -213,9 +215,9 @@ class Problem:
         snap = self.snapshot
         # the end of what each GPU is busy with beyond its own busy_until: pinned jobs
         busy_until: dict[int, datetime] = {}
-        self._pinned_power: list[tuple[str, int, int, float]] = []  # zone, from, to, W
+        self._pinned_power: list[tuple[str, int, int, float]] = []  # budget, from, to, W
         if self.pinned:
-            zone_of_gpu = {g.id: g.zone for g in snap.gpus}
+            budget_of_gpu = {g.id: budget_of(g) for g in snap.gpus}  # for the power caps
             model_of_gpu = {g.id: g.model for g in snap.gpus}
             limit_of_gpu = {g.id: g.power_limit_w for g in snap.gpus}
             jobs_by_id = {j.id: j for j in snap.jobs}
@@ -236,17 +238,17 @@ class Problem:
             if a.gpu_ids:
                 power_w = (a.estimate.energy_j / runtime_s) if a.estimate.energy_j and runtime_s \
                     else shape.power_w
-                self._pinned_power.append((zone_of_gpu.get(a.gpu_ids[0], "?"), self._slot_floor(a.start_at),
+                self._pinned_power.append((budget_of_gpu.get(a.gpu_ids[0], "?"), self._slot_floor(a.start_at),
                                            self._slot_ceil(end), power_w))
 
-        self._running_power: list[tuple[str, int, float]] = []  # zone, until slot, W
+        self._running_power: list[tuple[str, int, float]] = []  # budget, until slot, W
         capped = {c.zone for c in snap.power_caps}
         now, now_s, slot_s, n_slots = self.now, self.now.timestamp(), self.slot_s, self.n_slots
         gpus = snap.gpus
         if capped:
             for g in gpus:
-                if g.zone in capped and g.busy_until is not None and g.busy_until > now:  # running, even if unhealthy now
-                    self._running_power.append((g.zone, min(n_slots, self._slot_ceil(g.busy_until)),
+                if budget_of(g) in capped and g.busy_until is not None and g.busy_until > now:  # running, even if unhealthy now
+                    self._running_power.append((budget_of(g), min(n_slots, self._slot_ceil(g.busy_until)),
                                                 generic_power_w(g.model, g.power_limit_w)))
         topo = self._topology = _topology(snap)
         # the slot each GPU is free from (as _slot_ceil); the last entry pads the pool rows
@@ -353,7 +355,7 @@ class Problem:
         # all: every prefix in start order fits too; the others are checked one by one
         crowded = (used > self._capacity).any(axis=1)
         for z in self._power_cap:
-            crowded[[i for i, p in enumerate(self.pools) if p.zone == z]] = True
+            crowded[[i for i, p in enumerate(self.pools) if p.budget == z]] = True
         bulk = ~crowded[pools_i]
         if bulk.any():
             self._capacity -= np.where(crowded[:, None], 0, used)
@@ -362,7 +364,7 @@ class Problem:
             a, pool_i, lo, hi, k, power_w = cands[i]
             if self._capacity[pool_i, lo:hi].min() < k:
                 continue
-            cap = self._power_cap.get(self.pools[pool_i].zone)
+            cap = self._power_cap.get(self.pools[pool_i].budget)
             if cap is not None and cap[lo:hi].min() < power_w - 1e-9:
                 continue
             self._capacity[pool_i, lo:hi] -= k
@@ -633,13 +635,15 @@ class Problem:
         """A fresh (pools x slots) int32 array of free GPUs per slot."""
         return self._capacity.copy()
 
-    def power_cap_w(self, zone: str) -> np.ndarray | None:
-        """Watts left for queued jobs in each slot of the zone, or None when uncapped."""
-        arr = self._power_cap.get(zone)
+    def power_cap_w(self, budget: str) -> np.ndarray | None:
+        """Watts left for queued jobs in each slot under a power budget (a zone's or a site's:
+        `Pool.budget`), or None when uncapped."""
+        arr = self._power_cap.get(budget)
         return None if arr is None else arr.copy()
 
     @property
-    def capped_zones(self) -> list[str]:
+    def capped_budgets(self) -> list[str]:
+        """The keys of the power budgets with a cap in the horizon (`Pool.budget`)."""
         return sorted(self._power_cap)
 
     def cost_table(self, j: int) -> np.ndarray:
@@ -774,34 +778,36 @@ def _topology(snap: Snapshot) -> _Topology:
     """The snapshot's `_Topology`, from a small cache keyed by everything it depends on."""
     gpus = snap.gpus
     key = (tuple((g.id, g.node, g.zone, g.model, g.index, float(g.memory_gib), g.healthy and not g.drained,
-                  g.pue, g.power_limit_w) for g in gpus), tuple(sorted(snap.pue.items())))
+                  g.pue, g.power_limit_w, g.budget) for g in gpus), tuple(sorted(snap.pue.items())))
     hit = _TOPOLOGIES.get(key)
     if hit is not None:
         return hit
     # GPUs with different power limits are different pools (0.0: no limit reported)
     by_key: dict[tuple[str, str, str, float, float], list[tuple[int, int, int]]] = defaultdict(list)
     pue_of: dict[str, float] = {}  # node -> the PUE of its site (one per node)
+    budget_of_node: dict[str, str] = {}  # node -> the power budget of its site (one per node)
     for i, g in enumerate(gpus):
         if g.healthy and not g.drained:
+            budget_of_node.setdefault(g.node, budget_of(g))
             by_key[(g.node, g.zone, g.model, float(g.memory_gib), float(g.power_limit_w or 0.0))].append(
                 (g.index, g.id, i))
             pue_of.setdefault(g.node, snap.gpu_pue(g))
-    groups: dict[tuple[str, str, float, float, float], list[int]] = defaultdict(list)
+    groups: dict[tuple[str, str, float, float, float, str], list[int]] = defaultdict(list)
     pools: list[Pool] = []
     positions: list[list[int]] = []
     for (node, zone, model, mem, cap), gs in sorted(by_key.items()):
         gs.sort()
-        pue = pue_of[node]
-        groups[(zone, model, mem, pue, cap)].append(len(pools))
+        pue, budget = pue_of[node], budget_of_node[node]
+        groups[(zone, model, mem, pue, cap, budget)].append(len(pools))
         pools.append(Pool(node=node, zone=zone, model=model, memory_gib=mem, gpu_ids=tuple(g[1] for g in gs),
-                          pue=pue, free_slot=(), power_limit_w=cap or None))
+                          pue=pue, free_slot=(), power_limit_w=cap or None, budget=budget))
         positions.append([g[2] for g in gs])
     group_list: list[Group] = []
     for gkey, members in sorted(groups.items()):
         for p in members:
             pools[p] = pools[p]._replace(group=len(group_list))
         group_list.append(Group(zone=gkey[0], model=gkey[1], memory_gib=gkey[2], pue=gkey[3], pools=tuple(members),
-                                power_limit_w=gkey[4] or None))
+                                power_limit_w=gkey[4] or None, budget=gkey[5]))
     width = max((len(p) for p in positions), default=1)
     gpu_pos = np.full((len(pools), width), len(gpus), dtype=np.int64)
     for r, pos in enumerate(positions):

@@ -290,7 +290,7 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
         idle_g = None
         if pause:
             idle_g = problem.slot_integrals(group.zone) * (idle_power_w(group.model, k) * group.pue / 3.6e6)
-        cap = state.power.get(group.zone)
+        cap = state.power.get(group.budget)
         avail = state.gmax[g] >= k
         if cap is not None:
             avail = avail & (cap >= float(problem.job_power_w[j, g]) - 1e-9)

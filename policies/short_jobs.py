@@ -43,7 +43,7 @@ from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, g
                              seed_profiles, within_time_limit)
 from policies.length_spread import expected, multipliers
 from policies.margin import job_margin, latest_start_s
-from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, grams
+from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, budget_of, grams
 from policies.placement import Score, late_gpu_h
 
 
@@ -299,8 +299,8 @@ def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s
 
 @dataclass
 class _Kind:
-    """The GPUs of one (zone, model, site PUE, power limit), by node: a short job's cost depends
-    on these only."""
+    """The GPUs of one (zone, model, site PUE, power limit, power budget), by node: a short
+    job's cost and room depend on these only."""
 
     zone: str
     model: str
@@ -308,6 +308,7 @@ class _Kind:
     nodes: list[tuple[str, list[GpuSlot]]]
     pue: float = 1.0
     power_limit_w: float | None = None  # each node's GPUs all report one: the highest
+    budget: str = ""  # the power budget its GPUs draw against (policies.model.budget_of)
 
 
 def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBook,
@@ -374,48 +375,50 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                 free_alone[gid] = max(free_alone[gid], end)
     alone = _AloneStarts(free_alone)
 
-    # power drawn per zone over time, for the caps: (start, end, watts)
+    # power drawn per budget (a zone's or a site's) over time, for the caps: (start, end, watts)
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     capped = {c.zone for c in snapshot.power_caps}
     if capped:
         for g in snapshot.gpus:
-            if g.zone in capped and g.busy_until is not None and g.busy_until > now:
-                draws[g.zone].append((t_now, g.busy_until.timestamp(), generic_power_w(g.model)))
+            if budget_of(g) in capped and g.busy_until is not None and g.busy_until > now:
+                draws[budget_of(g)].append((t_now, g.busy_until.timestamp(), generic_power_w(g.model)))
         for a in (*snapshot.pinned.values(), *base.assignments):
             g0 = by_id.get(a.gpu_ids[0]) if a.gpu_ids else None
             e = a.estimate
-            if g0 is not None and g0.zone in capped and e.runtime_s and e.energy_j is not None:
+            if g0 is not None and budget_of(g0) in capped and e.runtime_s and e.energy_j is not None:
                 t0 = a.start_at.timestamp()
-                draws[g0.zone].append((t0, t0 + e.runtime_s, e.energy_j / e.runtime_s))
+                draws[budget_of(g0)].append((t0, t0 + e.runtime_s, e.energy_j / e.runtime_s))
 
-    def under_cap(zone: str, t0: float, t1: float, watts: float) -> bool:
+    def under_cap(budget: str, t0: float, t1: float, watts: float) -> bool:
         for cap in snapshot.power_caps:
-            if cap.zone != zone:
+            if cap.zone != budget:
                 continue
             lo = max(t0, cap.start.timestamp()) if cap.start else t0
             hi = min(t1, cap.end.timestamp()) if cap.end else t1
             if lo >= hi:
                 continue
-            points = {lo} | {s for s, _, _ in draws[zone] if lo < s < hi}
+            points = {lo} | {s for s, _, _ in draws[budget] if lo < s < hi}
             for p in points:
-                if sum(w for s, f, w in draws[zone] if s <= p < f) + watts > cap.cap_w + 1e-6:
+                if sum(w for s, f, w in draws[budget] if s <= p < f) + watts > cap.cap_w + 1e-6:
                     return False
         return True
 
     by_node: dict[tuple[str, str, str], list[GpuSlot]] = defaultdict(list)
     for g in usable:
         by_node[(g.zone, g.model, g.node)].append(g)
-    kinds: dict[tuple[str, str, float, float | None], _Kind] = {}
+    kinds: dict[tuple[str, str, float, float | None, str], _Kind] = {}
     for (zone, model, node), members in sorted(by_node.items()):
         pue = snapshot.gpu_pue(members[0])
         cap = gang_power_limit_w(g.power_limit_w for g in members)
-        kind = kinds.setdefault((zone, model, pue, cap), _Kind(zone, model, members[0].memory_gib, [], pue, cap))
+        budget = budget_of(members[0])
+        kind = kinds.setdefault((zone, model, pue, cap, budget),
+                                _Kind(zone, model, members[0].memory_gib, [], pue, cap, budget))
         kind.nodes.append((node, members))
 
     def start_in(kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
         """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run
-        (and room under the zone's power cap), with the GPUs; None if there is none."""
-        if kind.zone not in capped:
+        (and room under its power budget's cap), with the GPUs; None if there is none."""
+        if kind.budget not in capped:
             return _earliest_on_nodes(kind, lines, k, run_s, lo, hi)
         best = None
         for node, members in kind.nodes:
@@ -431,7 +434,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                     break
                 free = [g for g in members if lines[g.id].free(t, t + run_s)]
                 if len(free) >= k:
-                    if kind.zone in capped and not under_cap(kind.zone, t, t + run_s, power_w):
+                    if kind.budget in capped and not under_cap(kind.budget, t, t + run_s, power_w):
                         continue
                     best = (t, node, tuple(sorted(g.id for g in free[:k])))
                     break
@@ -556,8 +559,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         kind, shape = options[o]
         for gid in chosen:
             lines[gid].add(t, t + shape.runtime_s)
-        if kind.zone in capped:
-            draws[kind.zone].append((t, t + shape.runtime_s, shape.power_w))
+        if kind.budget in capped:
+            draws[kind.budget].append((t, t + shape.runtime_s, shape.power_w))
         start = datetime.fromtimestamp(t, now.tzinfo)
         cost = job_gco2(curves[kind.zone], start, shape.runtime_s, shape.power_w, kind.pue, multipliers(job))
         now_cost, now_where = job.gco2_if_now, "if run at submission"

@@ -25,8 +25,12 @@ power as a `policies.model.PowerCap` of GPU power (the policies keep planned GPU
 the lowest of every slot); the head node's governor (`scheduler.daemon.power_governor`) holds
 the measured GPU power plus the static power to the cap in force now. A schedule file (a
 utility's demand-response calendar, a tariff's dated periods) is read when the configuration
-is: at the daemon's start. The budget is per grid zone: one zone is one site's feed here;
-several sites in one zone with budgets of their own are not modelled.
+is: at the daemon's start.
+
+A zone's budget covers its nodes as one site's feed. Where one zone holds several sites,
+each behind its own feed, a `[sites.S]` (with `nodes = [...]`) takes the same keys: its nodes
+then draw against the site's budget (key `site:S`, `policies.model.site_budget`) and not
+against their zone's; the zone's covers its other nodes.
 """
 
 from __future__ import annotations
@@ -176,19 +180,21 @@ def read_schedule(path: Path, where: str) -> tuple[PowerEvent, ...]:
         raise ValueError(f"config {where}: cannot read {path}: {e.strerror or e}") from None
 
 
-def parse_zone_budget(zone: str, table: Mapping, base_dir: Path | None = None) -> ZoneBudget | None:
-    """The budget in `[zones.ZONE]` (`power_cap_w`, `power_windows`, `power_events`,
-    `power_schedule`, `static_power_w`, `ramp_w_per_min`); None when it has no cap and no ramp
-    limit. A relative schedule path is
-    taken from `base_dir` (the configuration file's folder), which must then be known. Raises
-    ValueError with the key's path for a bad value."""
-    cap = _watts(table["power_cap_w"], f"zones.{zone}.power_cap_w") if "power_cap_w" in table else None
+def parse_zone_budget(zone: str, table: Mapping, base_dir: Path | None = None,
+                      where: str | None = None) -> ZoneBudget | None:
+    """The budget in `[zones.ZONE]` or a `[sites.SITE]` (`power_cap_w`, `power_windows`,
+    `power_events`, `power_schedule`, `static_power_w`, `ramp_w_per_min`); None when it has no
+    cap and no ramp limit. A relative schedule path is taken from `base_dir` (the
+    configuration file's folder), which must then be known. Raises ValueError with the key's
+    path (`where`, default `zones.ZONE`) for a bad value."""
+    base = where or f"zones.{zone}"
+    cap = _watts(table["power_cap_w"], f"{base}.power_cap_w") if "power_cap_w" in table else None
     raw = table.get("power_windows", [])
     if not isinstance(raw, list):
-        raise ValueError(f"config zones.{zone}.power_windows: a list of tables ([[zones.{zone}.power_windows]])")
+        raise ValueError(f"config {base}.power_windows: a list of tables ([[{base}.power_windows]])")
     windows = []
     for i, w in enumerate(raw):
-        where = f"zones.{zone}.power_windows[{i}]"
+        where = f"{base}.power_windows[{i}]"
         if not isinstance(w, Mapping):
             raise ValueError(f"config {where}: a table with start, end and cap_w")
         unknown = sorted(set(w) - {"start", "end", "cap_w"})
@@ -202,11 +208,11 @@ def parse_zone_budget(zone: str, table: Mapping, base_dir: Path | None = None) -
         windows.append(PowerWindow(start, end, _watts(w["cap_w"], f"{where}.cap_w")))
     raw_events = table.get("power_events", [])
     if not isinstance(raw_events, list) or not all(isinstance(e, Mapping) for e in raw_events):
-        raise ValueError(f"config zones.{zone}.power_events: a list of tables ([[zones.{zone}.power_events]]) "
+        raise ValueError(f"config {base}.power_events: a list of tables ([[{base}.power_events]]) "
                          "with start, end and cap_w")
-    events = [_event(e, f"zones.{zone}.power_events[{i}]") for i, e in enumerate(raw_events)]
+    events = [_event(e, f"{base}.power_events[{i}]") for i, e in enumerate(raw_events)]
     if "power_schedule" in table:
-        where = f"zones.{zone}.power_schedule"
+        where = f"{base}.power_schedule"
         path = Path(str(table["power_schedule"])).expanduser()
         if not path.is_absolute():
             if base_dir is None:
@@ -217,16 +223,16 @@ def parse_zone_budget(zone: str, table: Mapping, base_dir: Path | None = None) -
     if "static_power_w" in table:
         static = table["static_power_w"]
         if isinstance(static, bool) or not isinstance(static, (int, float)) or not math.isfinite(static) or static < 0:
-            raise ValueError(f"config zones.{zone}.static_power_w: watts, 0 or more (got {static!r})")
+            raise ValueError(f"config {base}.static_power_w: watts, 0 or more (got {static!r})")
         static = float(static)
-    ramp = _watts(table["ramp_w_per_min"], f"zones.{zone}.ramp_w_per_min") if "ramp_w_per_min" in table else None
+    ramp = _watts(table["ramp_w_per_min"], f"{base}.ramp_w_per_min") if "ramp_w_per_min" in table else None
     if cap is None and not windows and not events:
         if static:
-            raise ValueError(f"config zones.{zone}.static_power_w: counts against a cap, and the zone has none")
+            raise ValueError(f"config {base}.static_power_w: counts against a cap, and the budget has none")
         return ZoneBudget(ramp_w_per_min=ramp) if ramp is not None else None
     caps = ([cap] if cap is not None else []) + [w.cap_w for w in windows] + [e.cap_w for e in events]
     if static >= min(caps):
-        raise ValueError(f"config zones.{zone}.static_power_w: {static:g} W leaves nothing of its lowest cap "
+        raise ValueError(f"config {base}.static_power_w: {static:g} W leaves nothing of its lowest cap "
                          f"({min(caps):g} W) for the GPUs")
     return ZoneBudget(cap, tuple(windows), tuple(sorted(events, key=lambda e: (e.start, e.end))), static, ramp)
 

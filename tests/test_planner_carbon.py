@@ -196,6 +196,18 @@ power_cap_w = 5000
     assert snap.power_caps == (PowerCap(zone="DE", cap_w=5000.0),)
 
 
+def test_a_sites_budget_covers_its_nodes_and_not_its_zones(store):
+    add_node(store, "de1", "DE")
+    add_node(store, "fra1", "DE")
+    site = SiteConfig.from_config({"zones": {"DE": {"power_cap_w": 5000}},
+                                   "sites": {"fra": {"nodes": ["fra1"], "power_cap_w": 3000}}})
+    planner = planner_for(store, "fifo", site=site)
+    with store.read() as conn:
+        snap, _ = planner.snapshot(conn)
+    assert {g.node: g.budget for g in snap.gpus} == {"de1": None, "fra1": "site:fra"}
+    assert set(snap.power_caps) == {PowerCap(zone="DE", cap_w=5000.0), PowerCap(zone="site:fra", cap_w=3000.0)}
+
+
 @pytest.mark.parametrize("config, fragment", [
     ({"site": {"pue": 0.9}}, "site.pue"),
     ({"site": {"pue": "high"}}, "site.pue"),

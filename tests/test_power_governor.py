@@ -276,7 +276,7 @@ def test_static_power_counts_against_every_cap_and_dated_events_cap_their_hours(
 @pytest.mark.parametrize("table, words", [
     ({"power_cap_w": 1000, "static_power_w": 1000}, "leaves nothing"),
     ({"power_cap_w": 1000, "static_power_w": -5}, "0 or more"),
-    ({"static_power_w": 100}, "the zone has none"),
+    ({"static_power_w": 100}, "the budget has none"),
     ({"power_events": [{"start": "2026-12-03T10:00Z", "end": "2026-12-03T09:00Z", "cap_w": 10}]}, "not after"),
     ({"power_events": [{"start": "tomorrow", "end": "2026-12-03T09:00Z", "cap_w": 10}]}, "date and time"),
     ({"power_events": {"start": "2026-12-03T10:00Z"}}, "a list of tables"),

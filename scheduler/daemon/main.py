@@ -228,8 +228,10 @@ class Daemon(ServiceProcess):
                           seconds=60, id="rollup", max_instances=1)
         # Price finished jobs' carbon, and re-price them as late intensity data arrives.
         scheduler.add_job(accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
-        if cfg.site.zone_budgets:
-            governor = PowerGovernor(store, cfg.site.zone_budgets, cfg.site.caps,
+        if cfg.site.budgets:
+            governor = PowerGovernor(store, cfg.site.budgets, cfg.site.caps,
+                                     site_nodes={k: cfg.site.budget_nodes(k) for k in cfg.site.budgets
+                                                 if cfg.site.budget_nodes(k) is not None},
                                      on_action=lambda a: metrics.governor_actions.labels(
                                          a.zone, "lower" if a.to_w is not None and (a.from_w is None or a.to_w < a.from_w)
                                          else "raise").inc())
@@ -244,7 +246,7 @@ class Daemon(ServiceProcess):
 
             scheduler.add_job(govern, "interval", seconds=governor_period_s(cfg.sample_hz), id="governor",
                               max_instances=1, next_run_time=now)
-            log.info("power governor on for zone(s) %s", ", ".join(sorted(cfg.site.zone_budgets)))
+            log.info("power governor on for budget(s) %s", ", ".join(sorted(cfg.site.budgets)))
         reaper = NodeReaper(store, lost_after_s=cfg.node_lost_after_s)
         scheduler.add_job(lambda: plan_proc.wake() if reaper.reap() else None, "interval",
                           seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1,

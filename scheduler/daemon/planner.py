@@ -47,7 +47,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
-from policies.model import Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap, Profile
+from policies.model import (SITE_BUDGET_PREFIX, Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap,
+                            Profile, budget_of, site_budget)
 from policies.ramp import WINDOW_S as RAMP_WINDOW_S
 from policies.ramp import RecentStart, stagger_starts
 from policies.segments import horizon_for
@@ -151,6 +152,8 @@ class SiteConfig:
     [sites.fra-dc2]          # a data centre: its PUE and its nodes
     pue = 1.08
     nodes = ["de-gpu-1", "de-gpu-2"]
+    power_cap_w = 30000      # optional: the site's own feed (also power_windows, power_events,
+                             # power_schedule, static_power_w, ramp_w_per_min, as for a zone)
     [nodes.de-gpu-9]
     pue = 1.4                # one node's own value
     ```
@@ -159,7 +162,9 @@ class SiteConfig:
 
     site_pue: float = 1.0
     zone_pue: Mapping[str, float] = field(default_factory=dict)
-    zone_budgets: Mapping[str, ZoneBudget] = field(default_factory=dict)  # power caps, with their daily windows
+    # power budgets by key (`policies.model.budget_of`): a zone's (`DE`: its nodes outside any
+    # budgeted site) or a site's (`site:fra-dc2`: the nodes it lists), with their windows
+    budgets: Mapping[str, ZoneBudget] = field(default_factory=dict)
     node_pue: Mapping[str, float] = field(default_factory=dict)  # [nodes.NAME] pue
     sites_pue: Mapping[str, float] = field(default_factory=dict)  # [sites.S] pue
     site_of: Mapping[str, str] = field(default_factory=dict)  # node -> its [sites.S]
@@ -195,12 +200,31 @@ class SiteConfig:
             budget = parse_zone_budget(str(zone), zc)
             if budget is not None:
                 budgets[str(zone)] = budget
-        sites_pue, site_of = _sites(config.get("sites") or {})
+        sites_pue, site_of, site_budgets = _sites(config.get("sites") or {})
         node_pue = _nodes(config.get("nodes") or {})
         from policies.power_cap import CapBounds
 
-        return cls(site_pue=site_pue, zone_pue=pue, zone_budgets=budgets, node_pue=node_pue,
+        return cls(site_pue=site_pue, zone_pue=pue, budgets={**budgets, **site_budgets}, node_pue=node_pue,
                    sites_pue=sites_pue, site_of=site_of, caps=CapBounds.from_config(config))
+
+    def budget_of_node(self, node: str | None) -> str | None:
+        """The budget key of `node`'s site when that site has a power budget (`site:NAME`);
+        None: the node draws against its zone's budget, if any."""
+        site = self.site_of.get(node) if node is not None else None
+        key = site_budget(site) if site is not None else None
+        return key if key in self.budgets else None
+
+    def budget_nodes(self, key: str) -> tuple[str, ...] | None:
+        """The nodes of a site's budget (`site:NAME`); None for a zone's budget (its zone's
+        nodes that are in no budgeted site: `SiteConfig.budgeted_sites_nodes`)."""
+        if not key.startswith(SITE_BUDGET_PREFIX):
+            return None
+        site = key[len(SITE_BUDGET_PREFIX):]
+        return tuple(sorted(n for n, s in self.site_of.items() if s == site))
+
+    def budgeted_sites_nodes(self) -> tuple[str, ...]:
+        """Every node in a site with a budget of its own (outside its zone's budget)."""
+        return tuple(sorted(n for n in self.site_of if self.budget_of_node(n) is not None))
 
     def pue(self, zone: str | None, node: str | None = None) -> float:
         """The PUE of `node` (in `zone`): its own, its site's, its zone's, else the default."""
@@ -216,45 +240,58 @@ class SiteConfig:
         if node in self.node_pue:
             return self.node_pue[node]
         site = self.site_of.get(node)
-        return self.sites_pue[site] if site is not None else None
+        return self.sites_pue.get(site) if site is not None else None
 
     def pue_source(self, zone: str | None, node: str | None = None) -> str:
         """Where `pue(zone, node)` comes from, in the config's words (for receipts and exports)."""
         if node is not None and node in self.node_pue:
             return f"nodes.{node}"
-        if node is not None and node in self.site_of:
+        if node is not None and self.site_of.get(node) in self.sites_pue:
             return f"sites.{self.site_of[node]}"
         if zone is not None and zone in self.zone_pue:
             return f"zones.{zone}"
         return "site"
 
-    def power_caps(self, zones: Iterable[str] | None = None, now: datetime | None = None,
+    def power_caps(self, budgets: Iterable[str] | None = None, now: datetime | None = None,
                    horizon_s: float = 0.0) -> tuple[PowerCap, ...]:
-        """The power budgets of `zones` (all configured zones when None) as PowerCaps: the
-        caps always in force, and with `now` each daily window that overlaps the next
-        `horizon_s` (`scheduler.power_budget`)."""
+        """The power budgets with these keys (zones' and `site:NAME`s; all configured when
+        None) as PowerCaps: the caps always in force, and with `now` each daily window that
+        overlaps the next `horizon_s` (`scheduler.power_budget`)."""
         if now is None:
-            wanted = None if zones is None else set(zones)
-            return tuple(PowerCap(zone=z, cap_w=b.cap_w) for z, b in sorted(self.zone_budgets.items())
+            wanted = None if budgets is None else set(budgets)
+            return tuple(PowerCap(zone=z, cap_w=b.cap_w) for z, b in sorted(self.budgets.items())
                          if b.cap_w is not None and (wanted is None or z in wanted))
-        return caps_between(self.zone_budgets, zones, now, now + timedelta(seconds=horizon_s))
+        return caps_between(self.budgets, budgets, now, now + timedelta(seconds=horizon_s))
 
 
-def _sites(table: object) -> tuple[dict[str, float], dict[str, str]]:
-    """`[sites.S] pue = X, nodes = [...]`: PUE per site and the site of each node."""
+SITE_BUDGET_KEYS = ("power_cap_w", "power_windows", "power_events", "power_schedule", "static_power_w",
+                    "ramp_w_per_min")
+
+
+def _sites(table: object) -> tuple[dict[str, float], dict[str, str], dict[str, ZoneBudget]]:
+    """`[sites.S] pue = X, nodes = [...]` and optionally a power budget of the site's own
+    (`power_cap_w` and the other keys of a zone's): PUE per site, the site of each node and
+    the budgets by key (`site:S`)."""
     if not isinstance(table, Mapping):
         raise ValueError("config [sites]: expected a table of sites, e.g. [sites.fra-dc2]")
     pue: dict[str, float] = {}
     site_of: dict[str, str] = {}
+    budgets: dict[str, ZoneBudget] = {}
+    known = ("pue", "nodes", *SITE_BUDGET_KEYS)
     for site, sc in table.items():
         if not isinstance(sc, Mapping):
             raise ValueError(f"config sites.{site}: expected a table with pue and nodes")
-        unknown = sorted(set(sc) - {"pue", "nodes"})
+        unknown = sorted(set(sc) - set(known))
         if unknown:
-            raise ValueError(f"config sites.{site}: unknown key(s) {', '.join(unknown)} (known: pue, nodes)")
-        if "pue" not in sc:
-            raise ValueError(f"config sites.{site}.pue: missing (the site's PUE)")
-        pue[str(site)] = _pue(sc["pue"], f"sites.{site}.pue")
+            raise ValueError(f"config sites.{site}: unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
+        budget = parse_zone_budget(str(site), {k: sc[k] for k in SITE_BUDGET_KEYS if k in sc}, where=f"sites.{site}")
+        if budget is not None:
+            budgets[site_budget(str(site))] = budget
+        if "pue" not in sc and budget is None:
+            raise ValueError(f"config sites.{site}.pue: missing (a site has its PUE, a power budget of its own "
+                             f"(power_cap_w, ...) or both)")
+        if "pue" in sc:
+            pue[str(site)] = _pue(sc["pue"], f"sites.{site}.pue")
         members = sc.get("nodes", [])
         if not isinstance(members, list) or not all(isinstance(n, str) and n.strip() for n in members):
             raise ValueError(f"config sites.{site}.nodes: a list of node names (got {members!r})")
@@ -263,7 +300,9 @@ def _sites(table: object) -> tuple[dict[str, float], dict[str, str]]:
                 raise ValueError(f"config sites.{site}.nodes: node {n.strip()!r} is already in site "
                                  f"{site_of[n.strip()]!r}; a node is in one site")
             site_of[n.strip()] = str(site)
-    return pue, site_of
+        if budget is not None and not members:
+            raise ValueError(f"config sites.{site}.nodes: a site with a power budget lists its nodes")
+    return pue, site_of, budgets
 
 
 def _nodes(table: object) -> dict[str, float]:
@@ -553,7 +592,8 @@ class Planner:
                                  index=g.index, model=g.model, memory_gib=g.memory_gib,
                                  healthy=bool(g.healthy) and alive, busy_until=busy_until,
                                  drained=bool(g.drained), pue=self.site.node_site_pue(g.node_name),
-                                 power_limit_w=_standing_limit_w(g, running.get(g.job_id))))
+                                 power_limit_w=_standing_limit_w(g, running.get(g.job_id)),
+                                 budget=self.site.budget_of_node(g.node_name)))
         queued = _read_queue(conn, now)
         usable = {s.id for s in slots if s.healthy and not s.drained}
         pin_before = now + timedelta(seconds=self.plan_interval_s)
@@ -598,7 +638,7 @@ class Planner:
             carbon={z: zc.curve for z, zc in carbon.items() if zc.curve is not None},
             pue={z: self.site.pue(z) for z in zones},  # zone defaults; a GPU's own site: GpuSlot.pue
             profiles=self.seed_profiles() + learned,
-            power_caps=self.site.power_caps(zones, now, horizon_s),
+            power_caps=self.site.power_caps({budget_of(s) for s in slots}, now, horizon_s),
             slot_s=self.slot_s,
             horizon_s=horizon_s,
             pinned=pinned,
@@ -646,21 +686,23 @@ class Planner:
         return snapshot, replace(plan, unplaced={**plan.unplaced, **waiting})
 
     def _ramped(self, snapshot: Snapshot, plan: Plan) -> Plan:
-        """The plan with starts held back by the zones' ramp limits (`policies.ramp`), the jobs
-        that started in the last minute counted (their planned power)."""
-        ramps = ramps_of(self.site.zone_budgets)
+        """The plan with starts held back by the budgets' ramp limits (`policies.ramp`; a
+        zone's or a site's), the jobs that started in the last minute counted (their planned
+        power)."""
+        ramps = ramps_of(self.site.budgets)
         if not ramps:
             return plan
         since = snapshot.now - timedelta(seconds=RAMP_WINDOW_S)
         with self.store.read() as conn:
             rows = conn.execute(
-                select(nodes.c.zone, jobs.c.started_at, jobs.c.est_energy_j, jobs.c.est_runtime_planned_s)
+                select(nodes.c.name, nodes.c.zone, jobs.c.started_at, jobs.c.est_energy_j,
+                       jobs.c.est_runtime_planned_s)
                 .join(nodes, nodes.c.name == jobs.c.node)
-                .where(jobs.c.state == State.RUNNING.value, jobs.c.started_at >= since,
-                       nodes.c.zone.in_(sorted(ramps))))
-            recent = [RecentStart(r.zone, r.started_at, (r.est_energy_j or 0.0) / r.est_runtime_planned_s)
+                .where(jobs.c.state == State.RUNNING.value, jobs.c.started_at >= since))
+            recent = [RecentStart(self.site.budget_of_node(r.name) or r.zone, r.started_at,
+                                  (r.est_energy_j or 0.0) / r.est_runtime_planned_s)
                       for r in rows if r.est_runtime_planned_s]
-        return stagger_starts(plan, snapshot.now, {g.id: g.zone for g in snapshot.gpus}, ramps, recent,
+        return stagger_starts(plan, snapshot.now, {g.id: budget_of(g) for g in snapshot.gpus}, ramps, recent,
                               pinned=snapshot.pinned)
 
     def bounded(self, snapshot: Snapshot) -> tuple[Snapshot, dict[int, str]]:

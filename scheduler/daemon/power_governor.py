@@ -1,4 +1,7 @@
-"""The head node's power governor: measured GPU power of each budgeted zone within its cap.
+"""The head node's power governor: measured GPU power of each budgeted zone or site within its cap.
+
+A budget is a zone's (its nodes in no budgeted site) or a `[sites.S]`'s (the nodes it lists),
+keyed as in `policies.model.budget_of`; "zone" below means either.
 
 The planner keeps *planned* power within each zone's budget (`scheduler.power_budget`), but a
 plan is an estimate: a job can draw more than its profile said, a window can begin while
@@ -28,6 +31,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Connection, select, update
 
+from policies.model import budget_text
 from policies.power_cap import CapBounds
 from scheduler.lifecycle import State, record_events
 from scheduler.power_budget import ZoneBudget
@@ -85,8 +89,10 @@ class PowerGovernor:
     """Holds each budgeted zone's measured GPU power within its cap in force now."""
 
     store: Store
-    budgets: Mapping[str, ZoneBudget]
+    budgets: Mapping[str, ZoneBudget]  # by key: a zone id or `site:NAME`
     bounds: CapBounds = field(default_factory=CapBounds)
+    # the nodes of each site budget (`site:NAME`); a zone's budget covers its other nodes
+    site_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     on_action: Callable[[GovernorAction], None] | None = None
     lowered: dict[int, float | None] = field(default_factory=dict)  # job -> its limit before we lowered it
@@ -137,8 +143,8 @@ class PowerGovernor:
             return False
         acted, applied_at, acted_at = self._settling[zone]
         if now.timestamp() - acted_at > SETTLE_TIMEOUT_S:
-            log.warning("power governor: zone %s: the limits set %.0f s ago have not shown in its readings "
-                        "(an agent down?); judging it again", zone, now.timestamp() - acted_at)
+            log.warning("power governor: %s: the limits set %.0f s ago have not shown in its readings "
+                        "(an agent down?); judging it again", budget_text(zone), now.timestamp() - acted_at)
             del self._settling[zone]
             return False
         live = {j.id: j for j in running if j.id in acted}
@@ -161,7 +167,7 @@ class PowerGovernor:
                 select(gpus.c.id, gpus.c.model, gpus.c.job_id, gpus.c.power_w, gpus.c.power_limit_default_w,
                        gpus.c.power_limit_min_w, gpus.c.power_limit_w)
                 .join(nodes, nodes.c.name == gpus.c.node_name)
-                .where(nodes.c.zone == zone, gpus.c.healthy.is_(True))))
+                .where(self._members(zone), gpus.c.healthy.is_(True))))
             ids = [r.id for r in rows]
             fresh: dict[int, tuple[float, float]] = {}
             if ids:
@@ -199,6 +205,13 @@ class PowerGovernor:
                                        j.power_limit_w, sum(draw[g.id] for g in grows), default, floor))
         return reading, running
 
+    def _members(self, key: str):
+        """The nodes a budget covers, as a condition on `nodes`."""
+        if key in self.site_nodes:
+            return nodes.c.name.in_(self.site_nodes[key])
+        in_sites = sorted({n for members in self.site_nodes.values() for n in members})
+        return (nodes.c.zone == key) & nodes.c.name.not_in(in_sites) if in_sites else nodes.c.zone == key
+
     # -- acting -------------------------------------------------------------------------
 
     def _lower(self, zone: str, running: list[_RunningJob], cap: float, measured: float) -> list[GovernorAction]:
@@ -219,8 +232,8 @@ class PowerGovernor:
             self.lowered.setdefault(j.id, j.limit_w)
             out.append(self._set(zone, j, target, measured, cap, "lowered"))
         if excess > 0:
-            log.warning("power governor: zone %s draws %.0f W over its %.0f W cap with every governable "
-                        "job at its floor", zone, excess, cap)
+            log.warning("power governor: %s draws %.0f W over its %.0f W cap with every governable "
+                        "job at its floor", budget_text(zone), excess, cap)
         return out
 
     def _raise(self, zone: str, running: list[_RunningJob], cap: float | None,
@@ -253,7 +266,7 @@ class PowerGovernor:
         limit_text = f"{to_w:g} W per GPU" if to_w is not None else "its default"
         against = (f"measured {measured:.0f} W against its cap of {cap:.0f} W" if cap is not None
                    else "has no cap in force now")
-        reason = f"power governor: zone {zone} {against}; limit {verb} to {limit_text} on {len(j.gpu_ids)} GPU(s)"
+        reason = f"power governor: {budget_text(zone)} {against}; limit {verb} to {limit_text} on {len(j.gpu_ids)} GPU(s)"
 
         def tx(conn: Connection) -> None:
             conn.execute(update(jobs).where(jobs.c.id == j.id, jobs.c.state == State.RUNNING.value)

@@ -24,12 +24,17 @@ Format (DESIGN.md, plus optional site-wide settings):
     end = "2022-10-20T18:00:00Z"
     cap_w = 8000
 
+    [sites.fra-dc2]                     # optional: a data centre with a feed of its own: the
+    power_cap_w = 12000                 # same keys as a [zone.Z] budget; its nodes (site = ...)
+                                        # draw against it, not against their zone's
+
     [[node]]
     name = "de-mi300x-1"                # unique
     zone = "DE"                         # carbon zone id (must match a --carbon ZONE=FILE)
     gpus = "8xMI300X"                   # count x catalog model ("4xH100,4xA100" mixes)
     pue = 1.2                           # optional, default [zone.Z] pue, [site] pue or 1.0
     count = 4                           # optional: that many identical nodes, named NAME-1..NAME-4
+    site = "fra-dc2"                    # optional: the [sites.S] whose budget it is under
 
 PUE is a property of the node's site (data centre), not of its grid zone: nodes of one zone
 may have different PUEs (two data centres in Germany), and each GPU carries its node's.
@@ -43,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from policies.catalog import lookup, parse_fleet
-from policies.model import GpuSlot, PowerCap
+from policies.model import GpuSlot, PowerCap, site_budget
 from scheduler.power_budget import ZoneBudget, parse_zone_budget
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,7 @@ class NodeSpec:
     zone: str
     models: tuple[str, ...]  # one catalog model name per GPU, in index order
     pue: float
+    budget: str | None = None  # its site's power budget (`site:NAME`); None: its zone's
 
 
 @dataclass(frozen=True)
@@ -97,8 +103,13 @@ class ClusterSpec:
             for index, model in enumerate(node.models):
                 spec = lookup(model)
                 slots.append(GpuSlot(id=len(slots), node=node.name, zone=node.zone, index=index,
-                                     model=spec.name, memory_gib=spec.memory_gib, pue=node.pue))
+                                     model=spec.name, memory_gib=spec.memory_gib, pue=node.pue,
+                                     budget=node.budget))
         return tuple(slots)
+
+    def site_zones(self) -> dict[str, str]:
+        """Each site budget's key (`site:NAME`) and the grid zone its nodes are in."""
+        return {n.budget: n.zone for n in self.nodes if n.budget is not None}
 
     def gpus_by_model(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -139,9 +150,12 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
     def fail(msg: str) -> ClusterSpecError:
         return ClusterSpecError(f"cluster file {path}: {msg}")
 
-    unknown = set(data) - {"site", "zone", "node"}
+    unknown = set(data) - {"site", "zone", "node", "sites"}
     if unknown:
-        raise fail(f"unknown table(s) {', '.join(sorted(unknown))}; expected [site], [zone.X], [[node]]")
+        raise fail(f"unknown table(s) {', '.join(sorted(unknown))}; expected [site], [zone.X], [sites.S], [[node]]")
+    site_tables = data.get("sites", {})
+    if not isinstance(site_tables, dict) or not all(isinstance(t, dict) for t in site_tables.values()):
+        raise fail("[sites.S] entries must be tables")
     site = data.get("site", {})
     zone_tables = data.get("zone", {})
     nodes_raw = data.get("node", [])
@@ -166,7 +180,7 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
         where = f"node #{i}"
         if not isinstance(raw, dict):
             raise fail(f"{where} is not a table")
-        extra = set(raw) - {"name", "zone", "gpus", "pue", "count"}
+        extra = set(raw) - {"name", "zone", "gpus", "pue", "count", "site"}
         if extra:
             raise fail(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
         for key in ("name", "zone", "gpus"):
@@ -179,6 +193,11 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
         pue = _positive(raw.get("pue", zone_pue.get(str(raw["zone"]).strip(), site_pue)), f"{where} pue", fail)
         if pue < 1.0:
             raise fail(f"{where}: pue {pue} is below 1.0")
+        budget = None
+        if "site" in raw:
+            if not isinstance(raw["site"], str) or raw["site"].strip() not in site_tables:
+                raise fail(f"{where}: site {raw['site']!r} has no [sites.S] table")
+            budget = site_budget(raw["site"].strip())
         count = raw.get("count", 1)
         if not isinstance(count, int) or count < 1:
             raise fail(f"{where}: count must be a positive integer")
@@ -187,7 +206,8 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             if name in seen:
                 raise fail(f"duplicate node name {name!r}")
             seen.add(name)
-            nodes.append(NodeSpec(name=name, zone=raw["zone"].strip(), models=models, pue=float(pue)))
+            nodes.append(NodeSpec(name=name, zone=raw["zone"].strip(), models=models, pue=float(pue),
+                                  budget=budget))
 
     by_zone = {n.zone for n in nodes}
     for zone in zone_tables:
@@ -217,6 +237,31 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             caps.append(PowerCap(zone=zone, cap_w=cap - (budget.static_w if budget is not None else 0.0)))
         if budget is not None and (budget.windows or budget.events or budget.static_w or budget.ramp_w_per_min):
             budgets[zone] = budget
+    used_sites = {n.budget for n in nodes if n.budget is not None}
+    for key in sorted(used_sites):
+        zones_of_site = sorted({n.zone for n in nodes if n.budget == key})
+        if len(zones_of_site) > 1:
+            raise fail(f"[sites.{key.removeprefix('site:')}]: its nodes are in zones {', '.join(zones_of_site)}; "
+                       "a site is in one grid zone")
+    for name, st in sorted(site_tables.items()):
+        key = site_budget(name)
+        if key not in used_sites:
+            raise fail(f"[sites.{name}] has no nodes (give its nodes site = {name!r})")
+        unknown_keys = set(st) - {"power_cap_w", "power_windows", "power_events", "power_schedule",
+                                  "static_power_w", "ramp_w_per_min"}
+        if unknown_keys:
+            raise fail(f"[sites.{name}]: unknown key(s) {', '.join(sorted(unknown_keys))}")
+        try:
+            budget = parse_zone_budget(name, st, base_dir=Path(path).parent if path != "<cluster>" else None,
+                                       where=f"sites.{name}")
+        except ValueError as e:
+            raise fail(str(e).removeprefix("config ")) from None
+        if budget is None:
+            raise fail(f"[sites.{name}]: a site needs a power budget (power_cap_w, power_windows, ...)")
+        if budget.cap_w is not None:
+            caps.append(PowerCap(zone=key, cap_w=budget.cap_w - budget.static_w))
+        if budget.windows or budget.events or budget.static_w or budget.ramp_w_per_min:
+            budgets[key] = budget
     years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
     return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
                        power_caps=tuple(caps), path=path, budgets=budgets,

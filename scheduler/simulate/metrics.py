@@ -114,6 +114,10 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
         "zones": {z: {"kgco2": m.gco2 / 1000.0, "energy_kwh": m.energy_j / J_PER_KWH, "peak_power_w": m.peak_w,
                       "power_cap_w": m.cap_w, "over_cap_s": m.over_cap_s}
                   for z, m in sorted(run.meters.items())},
+        # [sites.S] budgets: the power held to each (also counted in its zone's row above)
+        "sites": {k.removeprefix("site:"): {"peak_power_w": m.peak_w, "power_cap_w": m.cap_w,
+                                             "over_cap_s": m.over_cap_s}
+                  for k, m in sorted(run.site_meters.items())},
         "forecast": run.forecast,
         "truth": run.truth,
         "estimate": run.estimate,

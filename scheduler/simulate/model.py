@@ -75,7 +75,7 @@ import simpy
 from policies.base import Policy
 from policies.energy import job_shape
 from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
-from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot
+from policies.model import Assignment, GpuSlot, QueuedJob, Snapshot, budget_of
 from policies.runtime_correction import correction_for, estimate_class
 from policies.ramp import WINDOW_S as RAMP_WINDOW_S
 from policies.ramp import RecentStart, stagger_starts
@@ -209,6 +209,9 @@ class ZoneMeter:
     budget: ZoneBudget | None = None  # with daily windows: the cap in force changes with the time
     # (time, GPU power after the change, facility power after the change)
     timeline: list[tuple[float, float, float]] = field(default_factory=list)
+    # GPU power under this meter's budget: all of it, but in a zone that holds budgeted sites
+    # only its nodes outside them (the sites' power is held to their own budgets)
+    budget_w: float = 0.0
 
     def advance(self, now_s: float) -> None:
         dt = now_s - self.last_s
@@ -216,9 +219,10 @@ class ZoneMeter:
             self.energy_j += self.power_w * dt
             self.facility_j += self.facility_w * dt
             self.gco2 += self.facility_w * self.intensity.integral_g_per_kwh_s(self.last_s, now_s) / J_PER_KWH
+        if dt > 0 and self.budget_w:
             if self.budget is not None:
                 self.over_cap_s += self._over_budget_s(self.last_s, now_s)
-            elif self.cap_w is not None and self.power_w > self.cap_w + EPS_S:
+            elif self.cap_w is not None and self.budget_w > self.cap_w + EPS_S:
                 self.over_cap_s += dt
         self.last_s = now_s
 
@@ -230,14 +234,19 @@ class ZoneMeter:
         over = 0.0
         for a, b in zip(edges, edges[1:]):
             cap = self.budget.gpu_cap_at(a)  # the site's cap less its static power
-            if cap is not None and self.power_w > cap + EPS_S:
+            if cap is not None and self.budget_w > cap + EPS_S:
                 over += (b - a).total_seconds()
         return over
 
-    def change(self, now_s: float, delta_w: float, pue: float | None = None) -> None:
+    def change(self, now_s: float, delta_w: float, pue: float | None = None, budgeted: bool = True) -> None:
+        """`delta_w` more GPU power from `now_s` (`budgeted`: under this meter's budget)."""
         self.advance(now_s)
         self.power_w += delta_w
         self.facility_w += delta_w * (self.pue if pue is None else pue)
+        if budgeted:
+            self.budget_w += delta_w
+            if abs(self.budget_w) < 1e-6:
+                self.budget_w = 0.0
         if abs(self.power_w) < 1e-6:
             self.power_w = self.facility_w = 0.0
         self.peak_w = max(self.peak_w, self.power_w)
@@ -263,6 +272,7 @@ class PolicyRun:
     forecast: str
     records: list[JobRecord]
     meters: dict[str, ZoneMeter]
+    site_meters: dict[str, ZoneMeter]  # [sites.S] budgets by key (`site:NAME`): power against their caps
     ticks: list[TickStat]
     start_s: float
     end_s: float
@@ -339,6 +349,12 @@ class Simulation:
         self.meters = {z: ZoneMeter(zone=z, pue=self.pue.get(z, 1.0), intensity=carbon[z], cap_w=caps.get(z),
                                     budget=cluster.budgets.get(z))
                        for z in cluster.zones}
+        # a [sites.S] budget's own meter (its power, cap and time over it; never in the totals:
+        # its power and carbon are in its zone's meter)
+        self.site_meters = {k: ZoneMeter(zone=k, pue=1.0, intensity=carbon[zone], cap_w=caps.get(k),
+                                         budget=cluster.budgets.get(k))
+                            for k, zone in cluster.site_zones().items()}
+        self._budget_of = [g.budget for g in self.slots]
         self.budgets = cluster.budgets
         self._ramps = ramps_of(cluster.budgets)
         self.ticks: list[TickStat] = []
@@ -545,12 +561,21 @@ class Simulation:
                         length_spread=c.length_spread if self.settings.price_length_spread else ())
         return r.job
 
+    def _meter(self, r: JobRecord, now_s: float, delta_w: float, pue: float) -> None:
+        """A change of `r`'s power: on its zone's meter, and on its site's where its site has a
+        budget of its own (then not against its zone's)."""
+        site = self._budget_of[r.gpu_ids[0]] if r.gpu_ids else None
+        self.meters[r.zone].change(now_s, delta_w, pue, budgeted=site is None)
+        if site is not None:
+            self.site_meters[site].change(now_s, delta_w, pue)
+
     def _ramped(self, snap: Snapshot, plan, now_s: float):
         """The plan with starts held back by the zones' ramp limits (`policies.ramp`), counting
         the jobs that started in the last minute, as the daemon's planner does."""
-        recent = [RecentStart(r.zone, _dt(r.run_start_s), r.planned_power_w) for r in self.records
+        recent = [RecentStart(self._budget_of[r.gpu_ids[0]] or r.zone if r.gpu_ids else r.zone,
+                              _dt(r.run_start_s), r.planned_power_w) for r in self.records
                   if r.state == "running" and r.run_start_s is not None and now_s - r.run_start_s < RAMP_WINDOW_S]
-        return stagger_starts(plan, snap.now, {g.id: g.zone for g in snap.gpus}, self._ramps, recent,
+        return stagger_starts(plan, snap.now, {g.id: budget_of(g) for g in snap.gpus}, self._ramps, recent,
                               pinned=snap.pinned)
 
     def _replan_behind_overruns(self, now_s: float) -> None:
@@ -737,7 +762,7 @@ class Simulation:
         r.state = "running"
         if not r.work_done_s:
             r.attempts += 1
-        self.meters[r.zone].change(self.env.now, r.power_w, r.pue)
+        self._meter(r, self.env.now, r.power_w, r.pue)
         self._run_segment(idx, token)
 
     def _run_segment(self, idx: int, token: int) -> None:
@@ -769,13 +794,13 @@ class Simulation:
             return
         self.events += 1
         self._log_segment(r, now)
-        self.meters[r.zone].change(now, -r.power_w, r.pue)
+        self._meter(r, now, -r.power_w, r.pue)
         job = r.job
         progress = dict(done_fraction=min(1.0, r.work_done_s / r.runtime_s), resume_count=job.resume_count + 1)
         if job.interruptible == "pause" and r.seg_index + 1 < len(r.segments):
             r.seg_index += 1
             r.job = replace(job, **progress)
-            self.meters[r.zone].change(now, r.idle_w, r.pue)
+            self._meter(r, now, r.idle_w, r.pue)
             r.run_start_s = None  # paused
             gap_end = r.segments[r.seg_index][0]
             ev = self.env.timeout(max(0.0, gap_end - now))
@@ -805,7 +830,7 @@ class Simulation:
         now = self.env.now
         r.idle_energy_j += r.idle_w * (now - paused_s)
         r.idle_gco2 += r.idle_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(paused_s, now) / J_PER_KWH
-        self.meters[r.zone].change(now, r.power_w - r.idle_w, r.pue)
+        self._meter(r, now, r.power_w - r.idle_w, r.pue)
         self._run_segment(idx, token)
 
     def _log_segment(self, r: JobRecord, now: float) -> None:
@@ -822,7 +847,7 @@ class Simulation:
             return
         self.events += 1
         now = self.env.now
-        self.meters[r.zone].change(now, -r.power_w, r.pue)
+        self._meter(r, now, -r.power_w, r.pue)
         r.state = "done"
         r.end_s = now
         segmented = bool(r.segment_log)
@@ -899,7 +924,7 @@ class Simulation:
         if r.state == "running":
             paused = r.run_start_s is None
             t0 = r.start_s if paused else r.run_start_s
-            self.meters[r.zone].change(now_s, -(r.idle_w if paused else r.power_w), r.pue)
+            self._meter(r, now_s, -(r.idle_w if paused else r.power_w), r.pue)
             if paused:  # its idle time so far was spent holding the GPUs
                 since = r.segment_log[-1][1] if r.segment_log else now_s
                 r.lost_energy_j += r.idle_w * (now_s - since)
@@ -925,14 +950,15 @@ class Simulation:
 
     def _result(self, wall0: float) -> PolicyRun:
         end = self.env.now
-        for m in self.meters.values():
+        for m in (*self.meters.values(), *self.site_meters.values()):
             m.advance(end)
         for r in self.records:  # cut off by the overrun limit: what they drew so far was spent
             if r.state == "running" and r.run_start_s is not None:
                 r.lost_energy_j += r.power_w * (end - r.run_start_s)
                 r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.run_start_s, end) / J_PER_KWH
         return PolicyRun(policy=self.policy_name, forecast=self.forecast.name or self.forecast.kind,
-                         records=self.records, meters=self.meters, ticks=self.ticks, start_s=self._t0,
+                         records=self.records, meters=self.meters, site_meters=self.site_meters,
+                         ticks=self.ticks, start_s=self._t0,
                          end_s=end, events=self.events, wall_s=time.perf_counter() - wall0,
                          rejected_assignments=self.rejected, gpu_failures=self.failures,
                          unplaced_reasons=self.unplaced_reasons, truth=self.truth.name,
