@@ -486,8 +486,7 @@ class Simulation:
                 key = "down"
             if key != self._busy_key[g]:
                 s = slots[g]
-                slots[g] = GpuSlot(id=s.id, node=s.node, zone=s.zone, index=s.index, model=s.model,
-                                   memory_gib=s.memory_gib, healthy=self.healthy[g], pue=s.pue,
+                slots[g] = replace(s, healthy=self.healthy[g],
                                    busy_until=_dt(fa) if (key is not None and key != "down") else None)
                 self._busy_key[g] = key
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
