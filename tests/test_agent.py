@@ -19,7 +19,7 @@ from scheduler.daemon.watchdog import NodeReaper
 from scheduler.lifecycle import utcnow
 from scheduler.node.agent import Agent, AgentConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes
-from telemetry.energy import Sample, integrate_power
+from telemetry.energy import Sample, clip_window
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 
 ROOT = Caller(uid=0, gid=0)
@@ -68,10 +68,10 @@ def test_measured_job_energy_matches_the_power_model_integral_within_2_percent(c
     trace: list[Sample] = []
     stop = threading.Event()
 
-    def watch():  # an independent 100 Hz reading of the emulated power model
+    def watch():  # an independent 100 Hz reading of the emulated power model and its true integral
         while not stop.is_set():
             r = agent.backend.read(uuid)
-            trace.append(Sample(time.time(), r.power_w, None))
+            trace.append(Sample(time.time(), r.power_w, r.energy_j))
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch)
@@ -85,7 +85,12 @@ def test_measured_job_energy_matches_the_power_model_integral_within_2_percent(c
     row = job_row(store, job)
     assert row.gpu_indices == [0]
     start, end = row.started_at.timestamp(), row.ended_at.timestamp()
-    model_j = integrate_power([s for s in trace if start <= s.t_s <= end])
+    # the model's own energy over exactly [start, end]: its integral at the watcher's readings
+    # around each edge, interpolated to the edge (not the trapezoid of the readings inside the
+    # window, which misses the edges by however long a loaded host kept the watcher asleep)
+    edges = clip_window(trace, start, end)
+    assert edges[0].t_s == start and edges[-1].t_s == end
+    model_j = edges[-1].energy_j - edges[0].energy_j
     assert row.energy_method == "modelled"  # an emulated GPU's figure is its power model's, not a meter's
     assert row.energy_j == pytest.approx(model_j, rel=0.02)
     # And it is a busy H100's draw (70-95% of TDP above idle), not idle power.
