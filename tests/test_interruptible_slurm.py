@@ -17,12 +17,13 @@ from test_interruptible_run import EXAMPLE, SegmentingPolicy, segs, steps_run, u
 from test_slurm import ROOT, drive, slurm_jobs, world  # noqa: F401  (world: the fixture)
 
 
-def _submit(service, root, steps, *extra):
+def _submit(service, root, steps, *extra, grace_s: float = 3):
+    """A checkpoint job of `steps` 0.05 s steps, with `grace_s` to act on a request."""
     out, trace = root / "out.txt", root / "trace.txt"
     argv = [sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-s", "0.05", "--out", str(out),
             "--trace", str(trace), *extra]
     job = service.submit(ROOT, {"argv": argv, "gpus": 1, "est_runtime_s": steps * 0.05, "prompts": steps,
-                                "interruptible": "checkpoint", "checkpoint_grace_s": 3, "min_run_s": 3,
+                                "interruptible": "checkpoint", "checkpoint_grace_s": grace_s, "min_run_s": 3,
                                 "cwd": str(root)})["id"]
     return job, out, trace
 
@@ -43,7 +44,9 @@ def _drive(store, planner, agents, job):
 def test_a_checkpoint_job_runs_as_three_slurm_jobs_and_gives_an_uninterrupted_runs_output(world, slurm_cluster):
     store, service, _fifo, agents, root = world
     planner = Planner(store, SegmentingPolicy(first_s=4.0, gap_s=0.5))
-    job, out, trace = _submit(service, root, 160)
+    # a grace period a loaded host cannot exhaust before the job's own Python is up and
+    # reading its request (a CI run with 4 workers on 2 cores once took more than 3 s)
+    job, out, trace = _submit(service, root, 160, grace_s=15)
     rows = _drive(store, planner, agents, job)
     assert rows[job].state == "COMPLETED", rows[job].reason
     assert out.read_text() == uninterrupted_output(root, 160)
