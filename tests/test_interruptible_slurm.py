@@ -59,14 +59,15 @@ def test_a_checkpoint_job_runs_as_three_slurm_jobs_and_gives_an_uninterrupted_ru
 def test_a_slurm_job_that_ignores_its_checkpoint_request_is_cancelled_and_resumed(world, slurm_cluster):
     store, service, _fifo, agents, root = world
     planner = Planner(store, SegmentingPolicy(first_s=4.0, gap_s=0.5))
-    job, out, trace = _submit(service, root, 160, "--ignore", "--checkpoint-every", "10")
+    # 16 s of steps: asked at 4 s, signalled SIGNAL_AFTER_FILE_S later, killed 3 s after that
+    job, out, trace = _submit(service, root, 320, "--ignore", "--checkpoint-every", "10")
     rows = _drive(store, planner, agents, job)
     assert rows[job].state == "COMPLETED", rows[job].reason
-    assert out.read_text() == uninterrupted_output(root, 160)
+    assert out.read_text() == uninterrupted_output(root, 320)
     assert [s.outcome for s in segs(store, job)] == ["killed", "completed"]
     assert rows[job].checkpoints_ignored == 1
     ran = steps_run(trace)
-    assert sorted(set(ran)) == list(range(1, 161)) and len(ran) - 160 <= 10
+    assert sorted(set(ran)) == list(range(1, 321)) and len(ran) - 320 <= 10
 
 
 def test_a_slurm_checkpoint_job_starts_with_its_checkpoint_signal_ignored(world, slurm_cluster):
@@ -89,7 +90,8 @@ def test_a_checkpoint_signal_slurm_cannot_deliver_yet_is_sent_again_only_after_a
     """Slurm says RUNNING before its batch shell runs; `scancel --signal --batch` then fails
     (no batch step). Asked again at the next tick, the signal would reach the shell as it
     starts, before its `trap ''`, and end the job unsaved: the request file is created at
-    once, the signal is sent again only SIGNAL_RETRY_S later, and the grace period counts
+    once, the signal SIGNAL_AFTER_FILE_S later and, undelivered, again only SIGNAL_RETRY_S
+    after that, and the grace period counts
     from the signal that was delivered."""
     import json
     from datetime import datetime, timedelta, timezone
@@ -125,10 +127,15 @@ def test_a_checkpoint_signal_slurm_cannot_deliver_yet_is_sent_again_only_after_a
     clock = [started.timestamp() + 30.0]
     monkeypatch.setattr(se.time, "time", lambda: clock[0])
 
+    signals = lambda: [c for c in slurm.calls if c[0] == "scancel"]  # noqa: E731
+    ex.keep_timetable(1)
+    assert request.exists() and signals() == []  # the request file at once, the signal later
+    clock[0] += se.SIGNAL_AFTER_FILE_S / 2
+    ex.keep_timetable(1)
+    assert signals() == []
+    clock[0] += se.SIGNAL_AFTER_FILE_S / 2
     with pytest.raises(SlurmError):
         ex.keep_timetable(1)  # the first signal cannot be delivered
-    assert request.exists()  # the request file is there at once
-    signals = lambda: [c for c in slurm.calls if c[0] == "scancel"]  # noqa: E731
     assert len(signals()) == 1
     clock[0] += se.SIGNAL_RETRY_S / 2
     ex.keep_timetable(1)  # too soon: not asked again
@@ -136,4 +143,4 @@ def test_a_checkpoint_signal_slurm_cannot_deliver_yet_is_sent_again_only_after_a
     clock[0] += se.SIGNAL_RETRY_S
     ex.keep_timetable(1)
     assert len(signals()) == 2 and signals()[-1][1] == "--signal=USR1"
-    assert json.loads((run_dir / "checkpoint.json").read_text()) == {"requested_at": clock[0]}
+    assert json.loads((run_dir / "checkpoint.json").read_text())["requested_at"] == clock[0]

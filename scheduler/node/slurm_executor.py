@@ -46,6 +46,10 @@ SNAPSHOT_MAX_AGE_S = 0.5
 # A checkpoint signal Slurm could not deliver (no batch step yet) is sent again this much later,
 # once the batch shell has had time to set it aside (`keep_timetable`).
 SIGNAL_RETRY_S = 2.0
+# A checkpoint job with a request file gets the file first and its signal this much later:
+# a job that watches the file has checkpointed by then, and the signal cannot reach a batch
+# shell that has not yet set it aside (`trap ''`; on a loaded node that can take seconds).
+SIGNAL_AFTER_FILE_S = 2.0
 
 
 def gres(s: dict) -> str:
@@ -187,8 +191,9 @@ class SlurmExecutor(Executor):
     def keep_timetable(self, job_id: int) -> None:
         """A checkpoint job's request at the planned end of its segment (issue 30), kept by the
         agent here (Slurm runs no supervisor of ours): at `checkpoint_at` the request file is
-        created and the job's batch process gets its checkpoint signal (`scancel --signal
-        --batch`); one still running `checkpoint_grace_s` later is `scancel`led and counted as
+        created and, SIGNAL_AFTER_FILE_S later, the job's batch process gets its checkpoint
+        signal (`scancel --signal --batch`); one still running `checkpoint_grace_s` after the
+        signal is `scancel`led and counted as
         having ignored it. Recorded in RUN_DIR/checkpoint.json, so a restarted agent neither
         asks twice nor forgets to kill. The job exits 75 and is re-planned like any other
         (a new Slurm job for its next segment)."""
@@ -211,7 +216,12 @@ class SlurmExecutor(Executor):
             if now < float(rec.get("signal_retry_at") or 0.0):
                 return
             if extra.get("checkpoint_file"):
-                create_request_file(extra["checkpoint_file"], int(spec["uid"]), int(spec["gid"]))
+                if not rec.get("file_at"):
+                    create_request_file(extra["checkpoint_file"], int(spec["uid"]), int(spec["gid"]))
+                    rec = {"file_at": now}
+                    write_json_atomic(run_dir / "checkpoint.json", rec)
+                if now < float(rec["file_at"]) + SIGNAL_AFTER_FILE_S:
+                    return
             name = signal.Signals(interruptible.launch_signal(extra)).name.removeprefix("SIG")
             try:
                 self.slurm.run(["scancel", f"--signal={name}", "--batch", str(slurm_id)])
@@ -220,9 +230,9 @@ class SlurmExecutor(Executor):
                 # again at the next tick would reach the shell as it starts, before it has set
                 # the signal aside (`trap ''`), and end the job unsaved. The request file is
                 # there already; the signal follows SIGNAL_RETRY_S later.
-                write_json_atomic(run_dir / "checkpoint.json", {"signal_retry_at": now + SIGNAL_RETRY_S})
+                write_json_atomic(run_dir / "checkpoint.json", {**rec, "signal_retry_at": now + SIGNAL_RETRY_S})
                 raise
-            write_json_atomic(run_dir / "checkpoint.json", {"requested_at": now})
+            write_json_atomic(run_dir / "checkpoint.json", {**rec, "requested_at": now})
             log.info("job %s: asked Slurm job %s to checkpoint (SIG%s)", job_id, slurm_id, name)
         elif not rec.get("killed") and now - float(rec["requested_at"]) >= float(extra.get("checkpoint_grace_s") or 60):
             write_json_atomic(run_dir / "checkpoint.json", {**rec, "killed": True})
