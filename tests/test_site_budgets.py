@@ -106,6 +106,7 @@ def test_the_daemon_reads_a_sites_budget_with_the_keys_of_a_zones():
     assert site.budget_of_node("a1") == "site:fra" and site.budget_of_node("m1") is None  # muc: PUE only
     assert site.budget_of_node("b9") is None
     assert site.budget_nodes("site:fra") == ("a1", "a2") and site.budget_nodes("DE") is None
+    assert site.site_budget_nodes() == {"site:fra": ("a1", "a2")}  # what the daemon's governor gets
     assert site.pue("DE", "a1") == 1.0 and site.pue("DE", "m1") == 1.2  # a budget-only site sets no PUE
     caps = site.power_caps({"site:fra"}, datetime(2026, 12, 2, 12, tzinfo=timezone.utc), 12 * 3600)
     assert [(c.zone, c.cap_w) for c in caps] == [("site:fra", 8000.0), ("site:fra", 5000.0)]  # less static

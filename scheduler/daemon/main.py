@@ -230,8 +230,7 @@ class Daemon(ServiceProcess):
         scheduler.add_job(accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
         if cfg.site.budgets:
             governor = PowerGovernor(store, cfg.site.budgets, cfg.site.caps,
-                                     site_nodes={k: cfg.site.budget_nodes(k) for k in cfg.site.budgets
-                                                 if cfg.site.budget_nodes(k) is not None},
+                                     site_nodes=cfg.site.site_budget_nodes(),
                                      on_action=lambda a: metrics.governor_actions.labels(
                                          a.zone, "lower" if a.to_w is not None and (a.from_w is None or a.to_w < a.from_w)
                                          else "raise").inc())

@@ -215,16 +215,16 @@ class SiteConfig:
         return key if key in self.budgets else None
 
     def budget_nodes(self, key: str) -> tuple[str, ...] | None:
-        """The nodes of a site's budget (`site:NAME`); None for a zone's budget (its zone's
-        nodes that are in no budgeted site: `SiteConfig.budgeted_sites_nodes`)."""
+        """The nodes of a site's budget (`site:NAME`); None for a zone's budget (it covers
+        its zone's nodes that are in no budgeted site)."""
         if not key.startswith(SITE_BUDGET_PREFIX):
             return None
         site = key[len(SITE_BUDGET_PREFIX):]
         return tuple(sorted(n for n, s in self.site_of.items() if s == site))
 
-    def budgeted_sites_nodes(self) -> tuple[str, ...]:
-        """Every node in a site with a budget of its own (outside its zone's budget)."""
-        return tuple(sorted(n for n in self.site_of if self.budget_of_node(n) is not None))
+    def site_budget_nodes(self) -> dict[str, tuple[str, ...]]:
+        """Each site budget's key and its nodes (what the governor measures it over)."""
+        return {k: members for k in self.budgets if (members := self.budget_nodes(k)) is not None}
 
     def pue(self, zone: str | None, node: str | None = None) -> float:
         """The PUE of `node` (in `zone`): its own, its site's, its zone's, else the default."""
