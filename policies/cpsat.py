@@ -102,7 +102,7 @@ from ortools.sat.python import cp_model
 
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
-                             notes_for_picks, run_ends, whole_plan_vs_fifo)
+                             notes_for_picks, run_ends, starved_first, whole_plan_vs_fifo)
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, estimate_score, picks_to_plan
 from policies.problem import Problem, compile_problem
@@ -172,7 +172,11 @@ class CpsatPolicy:
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}
         t0 = time.monotonic()
-        picks, unplaced = greedy_picks(problem, state, edf_order(problem), notes, costs)
+        order = edf_order(problem)
+        picks, unplaced = greedy_picks(problem, state, order, notes, costs)
+        retry = starved_first(problem, order, unplaced, notes, costs)
+        if retry is not None:
+            picks, unplaced, state = retry
         pass_s = time.monotonic() - t0
         # leave time to turn picks into a plan and to compare it with greedy's and fifo's:
         # about one greedy pass when a restart replaced every pick (fresh explanations, two

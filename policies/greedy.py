@@ -264,14 +264,14 @@ def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np
     upper[:, :lo] = False
     gs, ss = np.nonzero(upper)
     if gs.size == 0:
-        return "no GPUs free within the planning horizon"
+        return NO_GPUS
     finish = ss * problem.slot_s + problem.job_runtime_s[j, gs]
     for idx in np.lexsort((table[gs, ss], ss, finish)).tolist():
         g, s = int(gs[idx]), int(ss[idx])
         pool = state.free_pool(j, g, s, upper_checked=True)
         if pool is not None:
             return Pick(j, pool, s, deadline_miss=True)
-    return "no GPUs free within the planning horizon"
+    return NO_GPUS
 
 
 class ChunkNotes:
@@ -415,6 +415,39 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
     return picks, unplaced
 
 
+#: at most this many jobs left without GPUs are moved to the front for a second pass
+STARVED_RETRY_MAX = 64
+NO_GPUS = "no GPUs free within the planning horizon"
+
+
+def starved_first(problem: Problem, order: list[int], unplaced: dict[int, str],
+                  notes: dict[int, Notes] | None = None, costs: dict[int, float] | None = None,
+                  ) -> tuple[list[Pick], dict[int, str], GreedyState] | None:
+    """A second greedy pass with the jobs the first one left without GPUs placed first, if
+    it leaves fewer jobs unplaced (None: not asked, or no better). The order a pass takes
+    jobs in can starve one: a job of days placed first takes the only gang of GPUs that a
+    job of minutes fits, for longer than the horizon. Asked only for a few such jobs
+    (`STARVED_RETRY_MAX`), so an overfull queue does not pay a second pass every tick.
+    `notes` and `costs` are filled for the second pass's picks when it is returned."""
+    starved = [j for j in order if unplaced.get(problem.jobs[j].id) == NO_GPUS]
+    if not starved or len(starved) > STARVED_RETRY_MAX:
+        return None
+    first = set(starved)
+    state = GreedyState(problem)
+    new_notes = {} if notes is not None else None
+    new_costs = {} if costs is not None else None
+    picks, left = greedy_picks(problem, state, starved + [j for j in order if j not in first], new_notes, new_costs)
+    if len(left) >= len(unplaced):
+        return None
+    if notes is not None:
+        notes.clear()
+        notes.update(new_notes)
+    if costs is not None:
+        costs.clear()
+        costs.update(new_costs)
+    return picks, left, state
+
+
 def priced_tables(problem: Problem, js: np.ndarray, tables: np.ndarray, price: np.ndarray) -> np.ndarray:
     """`tables` (the jobs' `problem.cost_tables`) plus, per (group, start), k times the sum of
     `price` (groups x slots, gCO2 per GPU-slot: what a GPU of that group in that slot is
@@ -526,7 +559,11 @@ class GreedyPolicy:
 
     def plan_problem(self, problem: Problem, compare_fifo: bool = True) -> Plan:
         notes: dict[int, Notes] = {}
-        picks, unplaced = greedy_picks(problem, notes=notes)
+        order = edf_order(problem)
+        picks, unplaced = greedy_picks(problem, order=order, notes=notes)
+        retry = starved_first(problem, order, unplaced, notes)
+        if retry is not None:
+            picks, unplaced, _ = retry
         plan = picks_to_plan(problem, picks, unplaced, self.name, notes)
         if self.compare_fifo and compare_fifo:
             plan = keep_better_than_fifo(problem, plan, self.name)

@@ -102,7 +102,38 @@ def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Pla
         if best is None or whole_score(whole, snapshot, lateness_g_per_gpu_h).better_than(
                 whole_score(best, snapshot, lateness_g_per_gpu_h)):
             best = whole
+    if _starved(best, short, snapshot):
+        first = _short_first(snapshot, plan_long, short, book, policy)
+        if not whole_score(best, snapshot, lateness_g_per_gpu_h).better_than(
+                whole_score(first, snapshot, lateness_g_per_gpu_h)) and \
+                len(_starved(first, short, snapshot)) < len(_starved(best, short, snapshot)):
+            best = first
     return final(best) if final is not None else best
+
+
+def _starved(plan: Plan, short: list[QueuedJob], snapshot: Snapshot) -> set[int]:
+    """The short jobs `plan` leaves unplaced or starts past the planning horizon: behind a
+    long job that took their GPUs first."""
+    end = snapshot.now + timedelta(seconds=snapshot.horizon_s)
+    starts = {a.job_id: a.start_at for a in plan.assignments}
+    return {j.id for j in short if j.id not in starts or starts[j.id] > end}
+
+
+def _short_first(snapshot: Snapshot, plan_long: Callable[[Snapshot], Plan], short: list[QueuedJob],
+                 book: ProfileBook, policy: str) -> Plan:
+    """The other order: the short jobs packed first (around what runs and is pinned), then
+    the long jobs planned around them (the packed ones pinned). Asked only when packing
+    after the long plan starved a short job: a job of seconds that no GPU takes within the
+    horizon because a job of days took the only gang of GPUs it fits first."""
+    packed, unplaced = pack(snapshot, Plan(assignments=()), short, book, policy)
+    held = {a.job_id: a for a in packed}
+    short_ids = {j.id for j in short}
+    jobs = tuple(j for j in snapshot.jobs if j.id not in short_ids) + tuple(
+        replace(j, pinned=True) for j in short if j.id in held)
+    around = plan_long(replace(snapshot, jobs=jobs, pinned={**snapshot.pinned, **held}))
+    placed = {a.job_id for a in around.assignments}
+    missing = [a for a in packed if a.job_id not in placed]  # a policy that drops pinned plans
+    return Plan(assignments=around.assignments + tuple(missing), unplaced={**around.unplaced, **unplaced})
 
 
 def whole_score(plan: Plan, snapshot: Snapshot | None = None, lateness_g_per_gpu_h: float = math.inf) -> Score:

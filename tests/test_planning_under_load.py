@@ -220,6 +220,23 @@ def test_no_tick_raises_and_every_job_is_planned_or_has_a_reason(snapshot, spec)
         assert violations(snapshot, plan) == []
 
 
+@pytest.mark.parametrize("policy", ["greedy", "cpsat"])
+@pytest.mark.parametrize("short_s", [0.0, 60.0])  # 0 s: the default runtime (1 h); 60 s: shorter than a slot
+def test_a_job_of_days_does_not_starve_short_jobs_of_the_only_gang_they_fit(policy, short_s):
+    """Found by the property test above: three A100s on one node, a 2-GPU job of 5 days
+    placed first took two of them past the horizon, so a 2-GPU job of minutes was left
+    without GPUs (or planned 11 days out, behind it)."""
+    gpus = tuple(_gpu(i + 1, "a", "Z1", "A100", i) for i in range(3))
+    jobs = (QueuedJob(1, 2, 0, NOW, 5 * 86400.0), QueuedJob(2, 2, 0, NOW, short_s), QueuedJob(3, 1, 0, NOW, short_s))
+    snap = Snapshot(now=NOW, jobs=jobs, gpus=gpus, carbon={"Z1": _flat("Z1", 300.0)})
+    plan = get_policy(policy).plan(snap)
+    assert plan.unplaced == {}
+    start = {a.job_id: a.start_at for a in plan.assignments}
+    assert start[2] == NOW and start[3] == NOW
+    assert start[1] <= NOW + timedelta(hours=3)  # the long job right after the short ones
+    assert violations(snap, plan) == []
+
+
 # -- baselines without names ------------------------------------------------------------------
 
 def _renamed(snapshot: Snapshot, mapping: dict[str, str]) -> Snapshot:
