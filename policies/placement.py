@@ -21,6 +21,7 @@ from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.length_spread import multipliers
 from policies.model import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text
+from policies.power_cap import at_limit
 from policies.problem import Problem
 from policies.segments import exact_segments_s, held_ranges, idle_power_w, segment_cost, work_s
 
@@ -174,6 +175,10 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
         blind_g_per_kwh=price.g_per_kwh if blind and price is not None else None,
         time_limit_s=job.derived_time_limit_s(runtime_s),
     )
+    cap_note = ""
+    cap_w = float(problem.job_cap_w[j, pool.group])
+    if not pick.segments and math.isfinite(cap_w):  # a power limit chosen with the placement (joint_caps)
+        estimate, cap_note = _at_limit(problem, j, pool, start, estimate, cap_w)
     when = _when(problem.now, start)
     cost = f"{gco2_model:.0f} g"
     if job.prompts:
@@ -208,9 +213,32 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
     tail_h = problem.tail_s(pool.zone, start, runtime_s) / 3600.0
     if tail_h >= 0.05:  # a long run: priced past the forecast by the zone's typical values
         why += f"; {tail_h:.3g} h of the run past the forecast priced at {pool.zone}'s typical values"
-    explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why}{pause_note})"
+    explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why}{pause_note})" \
+        + cap_note
     return Assignment(job_id=job.id, node=pool.node, gpu_ids=gpu_ids, start_at=start,
                       estimate=estimate, explanation=explanation, segments=segments)
+
+
+def _at_limit(problem: Problem, j: int, pool, start: datetime, estimate: Estimate,
+              cap_w: float) -> tuple[Estimate, str]:
+    """The estimate of job j planned at the power limit `cap_w` (`policies.joint_caps`), with
+    the same placement at the default limit beside it, and the explanation's note, in the
+    words of `power_cap.choose_caps` (which may revise it after placement)."""
+    from policies.catalog import lookup
+
+    runtime_u = float(problem.job_uncapped_runtime_s[j, pool.group])
+    power_u = float(problem.job_uncapped_power_w[j, pool.group])
+    energy_u = runtime_u * power_u
+    gco2_u = problem.gco2_at(pool.zone, start, runtime_u, power_u, pool.pue, problem._spread.get(j))
+    est = replace(estimate, power_limit_w=round(cap_w, 1), uncapped_runtime_s=runtime_u,
+                  uncapped_energy_j=energy_u, uncapped_gco2=gco2_u)
+    spec = lookup(pool.model)
+    default_w = min(spec.tdp_w, pool.power_limit_w) if pool.power_limit_w else spec.tdp_w
+    energy, runtime = estimate.energy_j or 0.0, estimate.runtime_s or 0.0
+    note = (f"; power limit {cap_w:.0f} W ({cap_w / default_w:.0%} of {default_w:.0f} W): "
+            + (f"{estimate.gco2:.1f} g vs {gco2_u:.1f} g uncapped, " if estimate.gco2 is not None else "")
+            + f"{energy / energy_u - 1:+.0%} energy, {runtime / runtime_u - 1:+.0%} runtime, chosen with the placement")
+    return est, note
 
 
 def pause_text(problem: Problem, zone: str, segments: tuple[tuple[datetime, datetime], ...], pause: bool) -> str:
@@ -333,6 +361,7 @@ def plan_score(problem: Problem, plan: Plan) -> Score:
         job = jobs[a.job_id]
         g = gpu[a.gpu_ids[0]]
         shape = job_shape(job, g.model, problem.book, problem.snapshot.default_runtime_s, g.power_limit_w)
+        shape = _planned(shape, a)
         if a.segments:  # issue 30: each segment at the job's power, a pause job's gaps at idle power
             total += sum(problem.gco2_at(g.zone, s0, (s1 - s0).total_seconds(), shape.power_w,
                                          problem.snapshot.gpu_pue(g)) for s0, s1 in a.segments)
@@ -414,8 +443,8 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
                 not (job.done_fraction > 0 or job.resume_count > 0) and \
                 a.start_at > job.submitted_at + timedelta(seconds=job.max_delay_s + 1):
             out.append(f"job {job.id}: starts after its maximum delay")
-        shape = job_shape(job, g0.model, problem.book, snap.default_runtime_s,
-                          gang_power_limit_w(g.power_limit_w for g in gs))
+        shape = _planned(job_shape(job, g0.model, problem.book, snap.default_runtime_s,
+                                   gang_power_limit_w(g.power_limit_w for g in gs)), a)
         end = a.start_at + timedelta(seconds=shape.runtime_s)
         if a.segments:
             # a pause job holds its GPUs from its first start to its last end; a checkpoint job
@@ -448,6 +477,14 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
                 out.append(f"{budget_text(cap.zone)}: {used:.0f} W > cap {cap.cap_w:.0f} W at {t.isoformat()}")
                 break
     return out
+
+
+def _planned(shape, a: Assignment):
+    """The shape at the power limit the plan chose for it (`Estimate.power_limit_w`), if any."""
+    if a.estimate.power_limit_w is None:
+        return shape
+    runtime_s, power_w = at_limit(shape.runtime_s, shape.power_w, shape.gpus, a.estimate.power_limit_w, shape.model)
+    return replace(shape, runtime_s=runtime_s, power_w=power_w, energy_j=runtime_s * power_w)
 
 
 def _running_w(g) -> float:

@@ -51,6 +51,23 @@ def capped(uncapped_w: float, cap_w: float | None, vendor: str | None) -> tuple[
     return (uncapped_w / cap_w) ** alpha_of(vendor), cap_w
 
 
+def at_limit(runtime_s: float, power_w: float, gpus: int, cap_w: float | None, model: str) -> tuple[float, float]:
+    """(runtime s, power W over all `gpus`) of a run estimated at `runtime_s` and `power_w`
+    at the default limit, when its GPUs of `model` are limited to `cap_w` per GPU (None: as
+    estimated): what a plan's own limit means for its checks (`placement.plan_violations`)."""
+    if cap_w is None:
+        return runtime_s, power_w
+    from policies.catalog import lookup
+
+    try:
+        vendor = lookup(model).vendor
+    except KeyError:
+        vendor = None
+    n = max(1, gpus)
+    factor, per_gpu_w = capped(power_w / n, cap_w, vendor)
+    return runtime_s * factor, per_gpu_w * n
+
+
 # -- operator bounds and the planner's choice -------------------------------------------------
 
 from collections.abc import Mapping  # noqa: E402
@@ -149,7 +166,10 @@ def choose_caps(snapshot, plan):
     (`snapshot.caps`), a lower limit cuts the job's grams, and the slower run still meets
     its deadline, its explicit time limit, its latency SLOs (every p95 latency stretches by
     the runtime factor) and ends before the next job planned on any of its GPUs. A job
-    whose plan already misses its deadline gets none. The estimate is then at the limit,
+    whose plan already misses its deadline gets none, nor does a plan in segments. A limit
+    the policy already planned with (`policies.joint_caps`) is weighed again from the
+    uncapped figures: kept, lowered where the plan leaves room, or dropped if it no longer
+    holds. The estimate is then at the limit,
     with the uncapped figures beside it, and the explanation says so."""
     bounds = snapshot.caps
     if bounds is None or not bounds.any_allowed or not plan.assignments:
@@ -173,7 +193,9 @@ def choose_caps(snapshot, plan):
         energy = est.uncapped_energy_j if capped_before else est.energy_j
         gco2 = est.uncapped_gco2 if capped_before else est.gco2
         gpu = slots.get(a.gpu_ids[0]) if a.gpu_ids else None
-        if job is None or gpu is None or not runtime or not energy or runtime <= 0 or est.deadline_miss:
+        # a plan in segments (issue 30) is priced by its own rules: its GPUs stay at the default
+        if job is None or gpu is None or not runtime or not energy or runtime <= 0 or est.deadline_miss \
+                or a.segments:
             out.append(a)
             continue
         allow, low = bounds.for_model(gpu.model)

@@ -70,6 +70,8 @@ from policies.blind import BlindPrice, blind_price, priced_curves
 from policies.carbon_tail import extended
 from policies.energy import (J_PER_KWH, JobShape, ProfileBook, curve_integral_g_per_kwh_s, fits, generic_power_w, job_shape,
                              seed_profiles, shape_arrays)
+from policies.joint_caps import CapVariants
+from policies.joint_caps import choose as choose_caps_jointly
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H
 from policies.length_spread import expected, multipliers
 from policies.margin import latest_start_slots, margin_arrays
@@ -175,7 +177,11 @@ class Problem:
         # jobs priced by their expected grams over a learned length spread (policies.length_spread)
         self._spread: dict[int, np.ndarray] = {
             j: m for j, m in ((j, multipliers(job)) for j, job in enumerate(self.jobs)) if m is not None}
+        # the power limits operators let the planner choose, priced with the placement (issue 29)
+        variants = CapVariants(self)
+        self._cap_reach_s = variants.longest_s
         self._build_knots()
+        choose_caps_jointly(self, variants, self._margin, self._deadline_s)
         self._job_options: dict[int, JobOptions] = {}
         self.options: Sequence[list[Option]] = _LazyOptions(self)
         self._cost_cache: tuple[int, np.ndarray] | None = None
@@ -200,10 +206,11 @@ class Problem:
         longest = float(self.job_runtime_s[fit].max()) if fit.any() else 0.0
         if not math.isfinite(longest):
             longest = 0.0
+        longest = max(longest, self._cap_reach_s)  # a run stretched by a power limit (joint_caps)
         for j, m in self._spread.items():  # a priced run may reach past the job's estimate
             rt = self.job_runtime_s[j][fit[j]]
             if rt.size and math.isfinite(float(rt.max())):
-                longest = max(longest, float(rt.max()) * float(m.max()))
+                longest = max(longest, max(float(rt.max()), self._cap_reach_s) * float(m.max()))
         self._until_s = self.now.timestamp() + self.n_slots * self.slot_s + longest
         self._knots: dict[str, tuple[np.ndarray, np.ndarray]] = {
             zone: _cumulative_knots(self.curves[zone], self.now, self._until_s) for zone in zones}
@@ -434,6 +441,7 @@ class Problem:
         # the deadline with a margin for the estimate's uncertainty (policies.margin)
         margin = margin_arrays(jobs, [m for m, _ in kinds], self.book,
                                estimates=getattr(self.snapshot, "estimate_margin", True))[:, gm].reshape(n_jobs, n_groups)
+        self._margin, self._deadline_s = margin, deadline_s  # what joint_caps re-prices windows with
         by_deadline = latest_start_slots(deadline_s, rt, margin, earliest, self.slot_s)
         by_deadline = np.where(has[:, None], by_deadline, float(self.n_slots))
         self.job_latest: np.ndarray = np.minimum(limit[:, None], by_deadline).astype(np.int64)

@@ -1,0 +1,195 @@
+"""The GPU power limit chosen together with the placement (issue 29).
+
+A limit below what a job draws makes it slower and cheaper (`policies.power_cap.capped`), so
+it changes which placement is best: a GPU model whose capped run beats another model's
+uncapped one, a start in the green hours that only a slower run still makes on time, a site
+budget that holds the job now only at the lower power. Choosing the limit after the policy
+has placed the job (`power_cap.choose_caps`) never sees those placements.
+
+So the limit is a knot of the job's operating point on each GPU group, chosen before the
+policies search: for every (job, group) whose GPU model operators let the planner cap
+(`Snapshot.caps`), each candidate limit (95 % of the default down to the floor, and none) is
+priced over the job's start window on that group: its runtime and power at that limit, its
+on-time window at the stretched runtime (deadline with the estimate's margin, maximum delay,
+horizon) from the first slot the group has its GPUs free, the starts whose whole run the
+group's power budget holds at that power (where it has one), and its grams at the best start
+in that window. The limit with the fewest grams at its best start wins; none when no limit
+beats the default by a gram's millionth (unless the budget holds the job only at a lower
+limit), when the default already misses the deadline, or when a stretched run breaks the
+job's explicit time limit or a latency SLO (every p95 latency stretches by the runtime
+factor). The problem's job arrays then hold the job at that
+limit, so greedy, cpsat, the LP bound and the oracle all plan with it, and the estimate
+carries the limit and the uncapped figures beside it (`placement.build_assignment`).
+
+What this leaves out, on purpose: the queue. A slower run holds its GPUs longer, and the
+choice is made per job before the others are placed, so on a saturated pool a cap can delay
+another job; `choose_caps` still runs after placement (for the carbon-blind baselines, and to
+go lower where the plan leaves room before the next job). Interruptible jobs (issue 30) are
+planned at the default limit: their segments are priced by their own rules.
+
+Pure (numpy); no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from policies.energy import J_PER_KWH
+from policies.margin import latest_start_slots
+from policies.power_cap import alpha_of, candidate_fractions
+
+if TYPE_CHECKING:
+    from policies.problem import Problem
+
+_CHUNK = 256  # jobs priced at once per group (a chunk x limits x slots array)
+
+
+class CapVariants:
+    """Per allowed group, its candidate limits (W per GPU) and each (job, limit)'s runtime
+    and power: what `choose` prices. Built before the problem's carbon knots, which must
+    reach the end of the longest stretched run (`longest_s`)."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.by_group: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.longest_s = 0.0
+        bounds = problem.snapshot.caps
+        if bounds is None or not bounds.any_allowed or not problem.jobs:
+            return
+        from policies.catalog import lookup
+
+        jobs = problem.jobs
+        eligible = np.array([j.interruptible is None for j in jobs], dtype=bool) & ~problem.job_resumed
+        k = problem.job_k.astype(np.float64)
+        slo_rows = [i for i, j in enumerate(jobs) if j.workload is not None and
+                    (j.ttft_slo_ms is not None or j.tpot_slo_ms is not None or j.latency_slo_ms is not None)]
+        for g, group in enumerate(problem.groups):
+            allow, low = bounds.for_model(group.model)
+            try:
+                spec = lookup(group.model)
+            except KeyError:
+                continue
+            rows = np.flatnonzero(problem.job_fit[:, g] & eligible)
+            fractions = candidate_fractions(low)
+            if not allow or not fractions or rows.size == 0:
+                continue
+            default_w = min(spec.tdp_w, group.power_limit_w) if group.power_limit_w else spec.tdp_w
+            caps_w = np.array([f * default_w for f in fractions], dtype=np.float64)
+            per_gpu_w = problem.job_power_w[rows, g] / k[rows]
+            # (rows x limits): the cap response of `power_cap.capped`, vectorised
+            hit = caps_w[None, :] < per_gpu_w[:, None]
+            factor = np.where(hit, (per_gpu_w[:, None] / caps_w[None, :]) ** alpha_of(spec.vendor), 1.0)
+            power_w = np.where(hit, caps_w[None, :], per_gpu_w[:, None]) * k[rows][:, None]
+            runtime_s = problem.job_runtime_s[rows, g][:, None] * factor
+            ok = hit.copy()
+            limit_s = np.array([math.inf if jobs[i].time_limit_s is None or jobs[i].time_limit_factor is not None
+                                else jobs[i].time_limit_s for i in rows.tolist()])
+            ok &= runtime_s <= limit_s[:, None] * (1 + 1e-9)
+            if slo_rows:
+                _slo_check(problem, g, rows, factor, ok)
+            if not ok.any():
+                continue
+            self.by_group[g] = (rows, caps_w, np.where(ok, runtime_s, np.nan), power_w)
+            self.longest_s = max(self.longest_s, float(np.nanmax(np.where(ok, runtime_s, np.nan))))
+
+
+def _slo_check(problem: Problem, g: int, rows: np.ndarray, factor: np.ndarray, ok: np.ndarray) -> None:
+    """Rule out the limits under which an inference job's p95 latencies, stretched by the
+    runtime factor, break its SLOs."""
+    from policies.energy import model_choice
+    from policies.operating_point import Choice
+
+    model = problem.groups[g].model
+    for r, i in enumerate(rows.tolist()):
+        job = problem.jobs[i]
+        if job.workload is None:
+            continue
+        c = model_choice(job, model, problem.book)
+        if not isinstance(c, Choice) or not c.inference:
+            continue
+        for value, limit in ((c.ttft_p95_ms, c.slos.ttft_ms), (c.tpot_p95_ms, c.slos.tpot_ms),
+                             (c.latency_p95_ms, c.slos.latency_ms)):
+            if limit is not None:
+                ok[r] &= value * factor[r] <= limit
+
+
+def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline_s: np.ndarray) -> None:
+    """Price each variant over its start window (see the module docstring) and put the winner
+    in the problem's job arrays; `problem.job_cap_w` (jobs x groups, NaN: the default limit)
+    records it, `job_uncapped_runtime_s` / `job_uncapped_power_w` the default's figures."""
+    n_jobs, n_groups = problem.job_runtime_s.shape
+    problem.job_cap_w = np.full((n_jobs, n_groups), np.nan)
+    problem.job_uncapped_runtime_s = problem.job_runtime_s.copy()
+    problem.job_uncapped_power_w = problem.job_power_w.copy()
+    if not variants.by_group:
+        return
+    S, slot_s = problem.n_slots, problem.slot_s
+    has_deadline = ~np.isnan(deadline_s)
+    zone_index = {z: i for i, z in enumerate(problem.zones)}
+    for g, (rows, caps_w, runtime_v, power_v) in variants.by_group.items():
+        group = problem.groups[g]
+        tk, gk = problem._zone_knots[zone_index[group.zone]]
+        base = problem._zone_base[zone_index[group.zone]]
+        for lo in range(0, rows.size, _CHUNK):
+            r = rows[lo:lo + _CHUNK]
+            sl = slice(lo, lo + _CHUNK)
+            k = problem.job_k[r]
+            width = problem.group_kth_free_slot.shape[1]
+            first = np.maximum(problem.job_earliest[r],
+                               problem.group_kth_free_slot[g, np.minimum(k, width) - 1])
+            # column 0: the default limit, as compiled; then each candidate limit
+            runtime = np.concatenate([problem.job_runtime_s[r, g][:, None], runtime_v[sl]], axis=1)
+            power = np.concatenate([problem.job_power_w[r, g][:, None], power_v[sl]], axis=1)
+            valid = ~np.isnan(runtime)
+            rt = np.where(valid, runtime, problem.job_runtime_s[r, g][:, None])
+            latest = np.empty(rt.shape)
+            for c in range(rt.shape[1]):
+                by_deadline = latest_start_slots(deadline_s[r], rt[:, c:c + 1], margin[r, g][:, None],
+                                                 problem.job_earliest[r], slot_s)[:, 0]
+                latest[:, c] = np.where(has_deadline[r], by_deadline, float(S))
+            latest = np.minimum(latest, problem.job_hard_latest[r][:, None].astype(np.float64))
+            # the default must make its deadline from its first free slot, or no cap at all
+            plain_ok = latest[:, 0] >= first
+            ends = np.interp(problem.slot_offsets_s[None, None, :] + rt[:, :, None], tk, gk)
+            grams = (ends - base[None, None, :]) * (power * group.pue / J_PER_KWH)[:, :, None]
+            slots = problem.slot_index[None, None, :]
+            inside = (slots >= first[:, None, None]) & (slots <= latest[:, :, None]) & valid[:, :, None]
+            room = problem._power_cap.get(group.budget)
+            if room is not None:  # a power budget: only the starts whose whole run it holds
+                inside &= _budget_holds(room, rt, power, slot_s)
+            best = np.where(inside, grams, np.inf).min(axis=2)
+            pick = np.argmin(best, axis=1)
+            at_default, at_pick = best[:, 0], best[np.arange(r.size), pick]
+            take = plain_ok & (pick > 0) & np.isfinite(at_pick)
+            priced = take & np.isfinite(at_default)  # else a budget holds the job only at a lower limit
+            take[priced] &= at_default[priced] - at_pick[priced] > 1e-6 * np.maximum(1.0, np.abs(at_default[priced]))
+            if not take.any():
+                continue
+            tr, tc = r[take], pick[take]
+            problem.job_cap_w[tr, g] = caps_w[tc - 1]
+            problem.job_runtime_s[tr, g] = runtime[take, tc]
+            problem.job_power_w[tr, g] = power[take, tc]
+            problem.job_scale[tr, g] = power[take, tc] * group.pue / J_PER_KWH
+            problem.job_duration[tr, g] = np.maximum(1, np.ceil(runtime[take, tc] / slot_s - 1e-9)).astype(np.int64)
+            on_time = latest_start_slots(deadline_s[tr], runtime[take, tc][:, None], margin[tr, g][:, None],
+                                         problem.job_earliest[tr], slot_s)[:, 0]
+            on_time = np.where(has_deadline[tr], on_time, float(S))
+            problem.job_on_time_latest[tr, g] = np.clip(on_time, -1e9, 1e9)
+            problem.job_latest[tr, g] = np.minimum(problem.job_hard_latest[tr], on_time).astype(np.int64)
+
+
+def _budget_holds(room_w: np.ndarray, runtime_s: np.ndarray, power_w: np.ndarray, slot_s: float) -> np.ndarray:
+    """(rows x variants x slots): whether a budget with `room_w` watts left per slot holds a
+    run of `runtime_s` at `power_w` started at each slot (slots past the horizon hold)."""
+    n = room_w.size
+    duration = np.maximum(1, np.ceil(runtime_s / slot_s - 1e-9)).astype(np.int64)
+    out = np.empty(runtime_s.shape + (n,), dtype=bool)
+    padded = np.concatenate([room_w, np.full(n, np.inf)])
+    for d in np.unique(duration).tolist():
+        d_eff = min(d, n)
+        least = np.lib.stride_tricks.sliding_window_view(padded, d_eff)[:n].min(axis=1)
+        hit = duration == d
+        out[hit] = least[None, :] >= power_w[hit][:, None] - 1e-9
+    return out
