@@ -150,16 +150,29 @@ def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline
                                                  problem.job_earliest[r], slot_s)[:, 0]
                 latest[:, c] = np.where(has_deadline[r], by_deadline, float(S))
             latest = np.minimum(latest, problem.job_hard_latest[r][:, None].astype(np.float64))
-            # the default must make its deadline from its first free slot, or no cap at all
+            # the default must make its deadline from its first free slot, or no cap at all;
+            # only the rows with a limit left to weigh are priced, as flat (row, limit) pairs
             plain_ok = latest[:, 0] >= first
-            ends = np.interp(problem.slot_offsets_s[None, None, :] + rt[:, :, None], tk, gk)
-            grams = (ends - base[None, None, :]) * (power * group.pue / J_PER_KWH)[:, :, None]
-            slots = problem.slot_index[None, None, :]
-            inside = (slots >= first[:, None, None]) & (slots <= latest[:, :, None]) & valid[:, :, None]
-            room = problem._power_cap.get(group.budget)
-            if room is not None:  # a power budget: only the starts whose whole run it holds
-                inside &= _budget_holds(room, rt, power, slot_s)
-            best = np.where(inside, grams, np.inf).min(axis=2)
+            valid &= plain_ok[:, None]
+            valid[:, 0] &= valid[:, 1:].any(axis=1)
+            pr, pc = np.nonzero(valid)
+            if pr.size == 0:
+                continue
+            rt_p, power_p, latest_p, first_p = rt[pr, pc], power[pr, pc], latest[pr, pc], first[pr]
+            lo_s, hi_s = int(first_p.min()), int(min(S - 1, latest_p.max()))
+            best_p = np.full(pr.size, np.inf)
+            if lo_s <= hi_s:  # price the slots some pair can start in, and only those
+                span = slice(lo_s, hi_s + 1)
+                ends = np.interp(problem.slot_offsets_s[None, span] + rt_p[:, None], tk, gk)
+                grams = (ends - base[None, span]) * (power_p * group.pue / J_PER_KWH)[:, None]
+                slots = problem.slot_index[None, span]
+                inside = (slots >= first_p[:, None]) & (slots <= latest_p[:, None])
+                room = problem._power_cap.get(group.budget)
+                if room is not None:  # a power budget: only the starts whose whole run it holds
+                    inside &= _budget_holds(room, rt_p, power_p, slot_s)[:, span]
+                best_p = np.where(inside, grams, np.inf).min(axis=1)
+            best = np.full(rt.shape, np.inf)
+            best[pr, pc] = best_p
             pick = np.argmin(best, axis=1)
             at_default, at_pick = best[:, 0], best[np.arange(r.size), pick]
             take = plain_ok & (pick > 0) & np.isfinite(at_pick)
@@ -181,7 +194,7 @@ def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline
 
 
 def _budget_holds(room_w: np.ndarray, runtime_s: np.ndarray, power_w: np.ndarray, slot_s: float) -> np.ndarray:
-    """(rows x variants x slots): whether a budget with `room_w` watts left per slot holds a
+    """(runtime_s's shape x slots): whether a budget with `room_w` watts left per slot holds a
     run of `runtime_s` at `power_w` started at each slot (slots past the horizon hold)."""
     n = room_w.size
     duration = np.maximum(1, np.ceil(runtime_s / slot_s - 1e-9)).astype(np.int64)
