@@ -227,7 +227,9 @@ class FifoPolicy:
         tied = tied[then <= then.min() + START_TOL_S]
         if tied.size == 1:
             return int(tied[0])
-        return int(np.random.default_rng((self.seed, job.id)).choice(tied))
+        # the draw is seeded per (seed, job id) as 64-bit words: a non-negative id or seed
+        # keeps its draw, a negative one (a caller's own snapshot) is valid too
+        return int(np.random.default_rng((self.seed % 2**64, job.id % 2**64)).choice(tied))
 
 
 class _PoolShapes(NamedTuple):

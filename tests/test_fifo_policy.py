@@ -347,3 +347,16 @@ def test_fifo_gives_up_once_it_cannot_beat_the_plan_it_is_compared_with():
     assert FifoPolicy().plan(snapshot, explain=False, beat=(0, 1)) is None
     for beat in ((0, 2), (0, 5), (1, 0)):  # as many misses, more, or an unplaced job: fifo may still win
         assert FifoPolicy().plan(snapshot, explain=False, beat=beat) == full
+
+
+@pytest.mark.parametrize("seed", [0, 3, -1])
+def test_ties_are_drawn_for_negative_job_ids_and_seeds_too(seed):
+    """A snapshot built by a caller (a simulator's placeholder jobs) may number its jobs
+    below zero; the seeded tie-break took only non-negative words and raised."""
+    jobs = [QueuedJob(id=-7, gpus=1, gpu_mem_gib=0, submitted_at=NOW, est_runtime_s=3600.0)]
+    gpus = [gpu(1, "n1"), gpu(2, "n2")]
+    snap = Snapshot(now=NOW, jobs=tuple(jobs), gpus=tuple(gpus))
+    first = get_policy("fifo", seed=seed).plan(snap)
+    again = get_policy("fifo", seed=seed).plan(snap)
+    assert [a.gpu_ids for a in first.assignments] == [a.gpu_ids for a in again.assignments]
+    assert first.assignments[0].start_at == NOW
