@@ -240,10 +240,13 @@ def test_a_segment_is_not_asked_to_checkpoint_before_it_has_run_its_min_run(worl
     """The plan cuts the first segment after 1.5 s; the job said 3 s is its shortest useful
     run, so the request waits until the run has lasted that long."""
     holder, service, planner, policy, backend, state = world
-    job, out, trace = submit(service, tmp_path, kind="checkpoint", steps=120, checkpoint_grace_s=5, min_run_s=3)
+    # 8 s of work: two segments of at least 3 s each leave 2 s or more for the third, however
+    # quickly the job starts (with 6 s, a quick start let the second segment finish the work
+    # before its request at 3 s)
+    job, out, trace = submit(service, tmp_path, kind="checkpoint", steps=160, checkpoint_grace_s=5, min_run_s=3)
     final = drive(holder, planner, store, job, {"COMPLETED", "FAILED", "LOST"})
     assert final.state == "COMPLETED", final.reason
-    assert out.read_text() == uninterrupted_output(tmp_path, 120)
+    assert out.read_text() == uninterrupted_output(tmp_path, 160)
     rows = segs(store, job)
     assert [s.outcome for s in rows] == ["checkpointed", "checkpointed", "completed"]
     assert all((s.ended_at - s.started_at).total_seconds() >= 3.0 for s in rows[:2])
