@@ -17,9 +17,9 @@ in that window. The limit with the fewest grams at its best start wins; none whe
 beats the default by a gram's millionth (unless the budget holds the job only at a lower
 limit), when the default already misses the deadline, or when a stretched run breaks the
 job's explicit time limit or a latency SLO (every p95 latency stretches by the runtime
-factor). The problem's job arrays then hold the job at that
-limit, so greedy, cpsat, the LP bound and the oracle all plan with it, and the estimate
-carries the limit and the uncapped figures beside it (`placement.build_assignment`).
+factor). The problem's job arrays then hold the job at that limit, so greedy, cpsat, the LP
+bound and the oracle all plan with it, and the estimate carries the limit and the uncapped
+figures beside it (`placement.build_assignment`).
 
 What this leaves out, on purpose: the queue. A slower run holds its GPUs longer, and the
 choice is made per job before the others are placed, so on a saturated pool a cap can delay
@@ -65,6 +65,9 @@ class CapVariants:
         k = problem.job_k.astype(np.float64)
         slo_rows = [i for i, j in enumerate(jobs) if j.workload is not None and
                     (j.ttft_slo_ms is not None or j.tpot_slo_ms is not None or j.latency_slo_ms is not None)]
+        # an explicit time limit binds the stretched run (a derived one stretches with it)
+        limit_s = np.array([math.inf if j.time_limit_s is None or j.time_limit_factor is not None
+                            else j.time_limit_s for j in jobs], dtype=np.float64)
         for g, group in enumerate(problem.groups):
             allow, low = bounds.for_model(group.model)
             try:
@@ -83,10 +86,7 @@ class CapVariants:
             factor = np.where(hit, (per_gpu_w[:, None] / caps_w[None, :]) ** alpha_of(spec.vendor), 1.0)
             power_w = np.where(hit, caps_w[None, :], per_gpu_w[:, None]) * k[rows][:, None]
             runtime_s = problem.job_runtime_s[rows, g][:, None] * factor
-            ok = hit.copy()
-            limit_s = np.array([math.inf if jobs[i].time_limit_s is None or jobs[i].time_limit_factor is not None
-                                else jobs[i].time_limit_s for i in rows.tolist()])
-            ok &= runtime_s <= limit_s[:, None] * (1 + 1e-9)
+            ok = hit & (runtime_s <= limit_s[rows][:, None] * (1 + 1e-9))
             if slo_rows:
                 _slo_check(problem, g, rows, factor, ok)
             if not ok.any():
