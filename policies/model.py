@@ -328,6 +328,16 @@ class Plan:
         return {a.job_id: a for a in self.assignments}
 
 
+def sig(v: float, digits: int = 3) -> str:
+    """`v` to `digits` significant digits as "g" formats it, but never in exponent notation:
+    0.0000482, not 4.82e-05; 1510, not 1.51e+03 (what a person reads in a table or a plan)."""
+    text = format(v, f".{digits}g")
+    if "e" not in text or not math.isfinite(v) or v == 0:
+        return text
+    decimals = digits - 1 - math.floor(math.log10(abs(v)))
+    return f"{v:.{decimals}f}" if decimals >= 0 else f"{round(v, decimals):.0f}"
+
+
 def grams(g: float) -> str:
     """Grams of CO2 for explanations, never in exponent notation ("140 g", not "1.4e+02 g")."""
     if abs(g) >= 10:

@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
-from policies.model import Plan, Snapshot
+from policies.model import Plan, Snapshot, sig
 from policies.perf_model import (BYTES_PER_PARAM, OperatingPoint, Prediction, Workload, frontier, measurements,
                                  parts, predict, presets)
 
@@ -223,7 +223,7 @@ class Choice:
     def describe(self) -> str:
         """E.g. "H200 at batch 64 BF16 TP1: TPOT p95 38 ms <= 40 ms (binding)"."""
         if not self.inference:
-            return f"{self.model}: nominal training figures, {self.j_per_prompt:.3g} J/sample"
+            return f"{self.model}: nominal training figures, {sig(self.j_per_prompt)} J/sample"
         p = self.point
         head = f"{self.model} at batch {p.max_batch} {p.precision.upper()} TP{p.tp}"
         if self.replicas > 1:
@@ -241,7 +241,7 @@ class Choice:
             parts_.append(text)
         tail = ", ".join(parts_) if parts_ else "no latency limit"
         last = "" if self.binding else ", its most efficient point"
-        return f"{head}: {tail}, {self.j_per_prompt:.3g} J/prompt{last}"
+        return f"{head}: {tail}, {sig(self.j_per_prompt)} J/prompt{last}"
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ class Refusal:
 
 
 def _ms(value: float) -> str:
-    return f"{value / 1000:.3g} s" if value >= 1000 else f"{value:.3g} ms"
+    return f"{sig(value / 1000)} s" if value >= 1000 else f"{sig(value)} ms"
 
 
 def tp_degrees(k: int) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from policies.counterfactual import Counterfactual, choose
 from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w, job_shape, within_time_limit
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.length_spread import multipliers
-from policies.model import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text
+from policies.model import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text, sig
 from policies.power_cap import at_limit
 from policies.problem import Problem
 from policies.segments import exact_segments_s, held_ranges, idle_power_w, segment_cost, work_s
@@ -182,7 +182,7 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
     when = _when(problem.now, start)
     cost = f"{gco2_model:.0f} g"
     if job.prompts:
-        cost += f" ({gco2_model / job.prompts:.3g} g/prompt)"
+        cost += f" ({sig(gco2_model / job.prompts)} g/prompt)"
     if blind and price is not None:
         cost += f" {price.note()}"
     if job.gco2_if_now is not None:
@@ -196,7 +196,7 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
         alt = "no free GPU within the horizon"
     if pick.deadline_miss and not problem.strict:
         late = late_gpu_h(job, finish)
-        why = (f"{late:.3g} GPU-h late: at {price_text(problem.lateness_g_per_gpu_h)} cheaper than on time"
+        why = (f"{sig(late)} GPU-h late: at {price_text(problem.lateness_g_per_gpu_h)} cheaper than on time"
                if late > 0 else "past its deadline margin: cheaper than on time")
     elif pick.deadline_miss:
         why = f"{binding} cannot be met: as soon as possible"
@@ -212,7 +212,7 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
         why = f"{binding} binds" if binding else "cheapest forecast slot"
     tail_h = problem.tail_s(pool.zone, start, runtime_s) / 3600.0
     if tail_h >= 0.05:  # a long run: priced past the forecast by the zone's typical values
-        why += f"; {tail_h:.3g} h of the run past the forecast priced at {pool.zone}'s typical values"
+        why += f"; {sig(tail_h)} h of the run past the forecast priced at {pool.zone}'s typical values"
     explanation = f"{policy}: {len(gpu_ids)}x{pool.model} in {pool.zone} {when}: {cost} vs {alt} ({why}{pause_note})" \
         + cap_note
     return Assignment(job_id=job.id, node=pool.node, gpu_ids=gpu_ids, start_at=start,

@@ -49,6 +49,7 @@ from sqlalchemy import (
 )
 
 from policies.counterfactual import RULE_SHORT
+from policies.model import sig
 from scheduler.lifecycle import TERMINAL, State, utcnow
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_intensity
@@ -408,7 +409,7 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     if cf_est is not None and gco2 is not None and est:
         counterfactual = gco2 * cf_est / est
         cf_what = (f"the measured gCO2 x the plan's estimate of {RULE_SHORT} over its estimate of "
-                   f"the chosen plan ({cf_est:.3g} g / {est:.3g} g)")
+                   f"the chosen plan ({sig(cf_est)} g / {sig(est)} g)")
     else:
         counterfactual = cf_est
         cf_what = (f"the plan's estimate of {RULE_SHORT} (no estimate of the chosen plan to scale it "

@@ -478,3 +478,26 @@ def test_a_plot_of_a_period_without_priced_emissions_has_no_negative_axis(local_
     assert [g["kgco2"] for g in data["groups"]] == [None]
     plot_daily(data, str(tmp_path / "p.png"))  # draws, with a note instead of a zero bar
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_report_table_never_prints_an_exponent():
+    """A demo's handful of seconds-long jobs saved 0.0000482 kg, which printed as 4.82e-05."""
+    from scheduler.cli.report import _num
+
+    assert _num(4.82e-05, ".3g") == "0.0000482"
+    assert _num(0.0005761, ".4g") == "0.0005761"
+    assert _num(123456.0, ".4g") == "123500"  # four significant digits, as ".4g" meant
+    assert _num(411.2, ".0f") == "411" and _num(None, ".4g") == "-" and _num(0.0, ".3g") == "0"
+    for v in (3.2e-9, 7.7e-06, 1.5e7, 9.99e-5):
+        assert "e" not in _num(v, ".3g") and "e" not in _num(v, ".4g")
+
+
+def test_figures_in_plans_and_receipts_never_print_an_exponent():
+    """The demo's plan said "1.51e+03 J/prompt" (an MI300X running llm-reason)."""
+    from policies.model import sig
+    from policies.operating_point import job_choice
+
+    assert [sig(1514.2), sig(4.82e-05), sig(0.25), sig(12.345, 4), sig(0.0), sig(-0.00032)] == [
+        "1510", "0.0000482", "0.25", "12.35", "0", "-0.00032"]
+    note = job_choice("llm-reason", "MI300X", 1, None, None, None).note
+    assert "1510 J/prompt" in note and "e+" not in note

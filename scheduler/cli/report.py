@@ -20,6 +20,7 @@ import json
 import sys
 from datetime import datetime, timezone
 
+from policies.model import sig
 from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
 
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
@@ -142,7 +143,13 @@ FIGURES = ("jobs", "completed", "deadline_misses", "gpu_hours", "energy_kwh", "f
 
 
 def _num(v, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
+    """`v` in `fmt`; a "g" format never turns into exponent notation (`policies.model.sig`: a
+    demo's 0.0000482 kg saved printed as 4.82e-05)."""
+    if v is None:
+        return "-"
+    if fmt.startswith(".") and fmt.endswith("g"):
+        return sig(v, int(fmt[1:-1]))
+    return format(v, fmt)
 
 
 def report_table(data: dict) -> str:
@@ -163,7 +170,7 @@ def report_table(data: dict) -> str:
         if tokens:
             cells += [_num(g["tokens_per_j"], ".3g"), _num(g["usd_per_mtok"], ".3g")]
         saved = "-" if g["saving_kgco2"] is None else (
-            f"{g['saving_kgco2']:.3g}" + (f" ({g['saving_pct']:.0f}%)" if g["saving_pct"] is not None else ""))
+            _num(g["saving_kgco2"], ".3g") + (f" ({g['saving_pct']:.0f}%)" if g["saving_pct"] is not None else ""))
         return cells + [_num(g["usd"], ".4g"), saved]
 
     rows = [row("-" if g["group"] is None else str(g["group"]), g) for g in data["groups"]]
@@ -180,7 +187,7 @@ def report_table(data: dict) -> str:
     total = data["total"]
     if total.get("jobs_modelled"):
         lines.append(f"*: MODELLED, not measured: {total['jobs_modelled']} of {total['jobs']} job(s) ran on "
-                     f"emulated GPUs; their energy ({total['modelled_energy_kwh']:.4g} kWh) and gCO2 come from "
+                     f"emulated GPUs; their energy ({sig(total['modelled_energy_kwh'], 4)} kWh) and gCO2 come from "
                      "the emulator's power model")
     sources = {k: total.get(k) for k in ("prompts_source", "tokens_source")}
     if any(v and v != "reported" for v in sources.values()):
@@ -308,7 +315,7 @@ def fetch_receipt(client, job_id: int) -> dict | None:
 def _g(v: float | None) -> str:
     if v is None:
         return "-"
-    return f"{v / 1000:.3f} kg" if abs(v) >= 10_000 else f"{v:.2f} g" if abs(v) >= 1 else f"{v:.3g} g"
+    return f"{v / 1000:.3f} kg" if abs(v) >= 10_000 else f"{v:.2f} g" if abs(v) >= 1 else f"{sig(v)} g"
 
 
 def receipt_text(r: dict) -> str:
@@ -340,8 +347,8 @@ def receipt_text(r: dict) -> str:
     if r["gco2_per_1k_tokens"] is not None:
         lines.append(("per 1k tokens", _g(r["gco2_per_1k_tokens"])
                       + f" ({r['tokens']:,} output tokens, {r.get('tokens_source') or 'declared'})"
-                      + (f"; {r['tokens_per_j']:.3g} tokens/J" if r["tokens_per_j"] else "")
-                      + (f"; ${r['usd_per_mtok']:.3g}/Mtok" if r.get("usd_per_mtok") else "")))
+                      + (f"; {sig(r['tokens_per_j'])} tokens/J" if r["tokens_per_j"] else "")
+                      + (f"; ${sig(r['usd_per_mtok'])}/Mtok" if r.get("usd_per_mtok") else "")))
     cf = r["counterfactual"]
     scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
     lines.append(("if run at once", _g(cf["gco2"]) + (
