@@ -196,7 +196,7 @@ def job_detail(job: dict) -> str:
                                                + (", emulated GPUs: not measured" if
                                                   job["energy_method"].startswith("modelled") else "") + ")"
                                                if job.get("energy_method") else "")),
-        ("gCO2", "-" if job["gco2"] is None else f"{job['gco2']:.1f} g"
+        ("gCO2", "-" if job["gco2"] is None else _grams(job["gco2"])
          + (f" ({sig(job['gco2_per_prompt'])} g/prompt, {job['prompts_source']})"
             if job.get("gco2_per_prompt") is not None else "")),
         ("latency SLOs", _slos(job)),
