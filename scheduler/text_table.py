@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 # What must never reach a terminal raw from stored text (job names, commands, directories,
@@ -28,3 +29,15 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
 
+
+
+def significant(v: float, digits: int = 3) -> str:
+    """`v` to `digits` significant digits, never in exponent notation (0.0000482, not
+    4.82e-05; 1510, not 1.51e+03). The CLI's twin of `policies.model.sig`: a command starts
+    on the standard library alone, so it cannot import `policies` (tests/test_layout.py),
+    and `policies` may not import `scheduler`; tests/test_report_cli.py holds them equal."""
+    text = format(v, f".{digits}g")
+    if "e" not in text or not math.isfinite(v) or v == 0:
+        return text
+    decimals = digits - 1 - math.floor(math.log10(abs(v)))
+    return f"{v:.{decimals}f}" if decimals >= 0 else f"{round(v, decimals):.0f}"

@@ -501,3 +501,13 @@ def test_figures_in_plans_and_receipts_never_print_an_exponent():
         "1510", "0.0000482", "0.25", "12.35", "0", "-0.00032"]
     note = job_choice("llm-reason", "MI300X", 1, None, None, None).note
     assert "1510 J/prompt" in note and "e+" not in note
+
+
+def test_the_clis_significant_figures_are_the_policies_own():
+    """Two copies of one rule (the CLI cannot import `policies` at start-up): held equal."""
+    from policies.model import sig
+    from scheduler.text_table import significant
+
+    for v in (0.0, 4.82e-05, -3.2e-9, 0.25, 1.0, 12.345, 999.5, 1514.2, 123456.0, 1.5e7, float("inf")):
+        for digits in (2, 3, 4):
+            assert significant(v, digits) == sig(v, digits)

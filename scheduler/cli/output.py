@@ -5,8 +5,7 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 
-from policies.model import sig
-from scheduler.text_table import printable, table
+from scheduler.text_table import printable, significant, table
 from scheduler.timeparse import format_duration
 
 
@@ -60,7 +59,7 @@ def _grams(g: float | None) -> str:
         return "-"
     if g >= 10_000:
         return f"{g / 1000:.1f} kg"
-    return f"{g:.1f} g" if g >= 1 else f"{sig(g)} g"
+    return f"{g:.1f} g" if g >= 1 else f"{significant(g)} g"
 
 
 def _job_gco2(j: dict) -> str:
@@ -94,7 +93,7 @@ def jobs_table(jobs: list[dict]) -> str:
 def _estimate_line(gco2: float | None, per_prompt: float | None) -> str:
     if gco2 is None:
         return "-"
-    return _grams(gco2) + (f" ({sig(per_prompt)} g/prompt)" if per_prompt is not None else "")
+    return _grams(gco2) + (f" ({significant(per_prompt)} g/prompt)" if per_prompt is not None else "")
 
 
 def _saving(planned: float | None, now: float | None) -> str:
@@ -197,7 +196,7 @@ def job_detail(job: dict) -> str:
                                                   job["energy_method"].startswith("modelled") else "") + ")"
                                                if job.get("energy_method") else "")),
         ("gCO2", "-" if job["gco2"] is None else _grams(job["gco2"])
-         + (f" ({sig(job['gco2_per_prompt'])} g/prompt, {job['prompts_source']})"
+         + (f" ({significant(job['gco2_per_prompt'])} g/prompt, {job['prompts_source']})"
             if job.get("gco2_per_prompt") is not None else "")),
         ("latency SLOs", _slos(job)),
         ("operating point", _point(job)),

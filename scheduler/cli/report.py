@@ -20,8 +20,8 @@ import json
 import sys
 from datetime import datetime, timezone
 
-from policies.model import sig
 from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
+from scheduler.text_table import significant
 
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
 
@@ -143,12 +143,12 @@ FIGURES = ("jobs", "completed", "deadline_misses", "gpu_hours", "energy_kwh", "f
 
 
 def _num(v, fmt: str) -> str:
-    """`v` in `fmt`; a "g" format never turns into exponent notation (`policies.model.sig`: a
+    """`v` in `fmt`; a "g" format never turns into exponent notation (`significant`: a
     demo's 0.0000482 kg saved printed as 4.82e-05)."""
     if v is None:
         return "-"
     if fmt.startswith(".") and fmt.endswith("g"):
-        return sig(v, int(fmt[1:-1]))
+        return significant(v, int(fmt[1:-1]))
     return format(v, fmt)
 
 
@@ -187,7 +187,7 @@ def report_table(data: dict) -> str:
     total = data["total"]
     if total.get("jobs_modelled"):
         lines.append(f"*: MODELLED, not measured: {total['jobs_modelled']} of {total['jobs']} job(s) ran on "
-                     f"emulated GPUs; their energy ({sig(total['modelled_energy_kwh'], 4)} kWh) and gCO2 come from "
+                     f"emulated GPUs; their energy ({significant(total['modelled_energy_kwh'], 4)} kWh) and gCO2 come from "
                      "the emulator's power model")
     sources = {k: total.get(k) for k in ("prompts_source", "tokens_source")}
     if any(v and v != "reported" for v in sources.values()):
@@ -315,7 +315,7 @@ def fetch_receipt(client, job_id: int) -> dict | None:
 def _g(v: float | None) -> str:
     if v is None:
         return "-"
-    return f"{v / 1000:.3f} kg" if abs(v) >= 10_000 else f"{v:.2f} g" if abs(v) >= 1 else f"{sig(v)} g"
+    return f"{v / 1000:.3f} kg" if abs(v) >= 10_000 else f"{v:.2f} g" if abs(v) >= 1 else f"{significant(v)} g"
 
 
 def receipt_text(r: dict) -> str:
@@ -347,8 +347,8 @@ def receipt_text(r: dict) -> str:
     if r["gco2_per_1k_tokens"] is not None:
         lines.append(("per 1k tokens", _g(r["gco2_per_1k_tokens"])
                       + f" ({r['tokens']:,} output tokens, {r.get('tokens_source') or 'declared'})"
-                      + (f"; {sig(r['tokens_per_j'])} tokens/J" if r["tokens_per_j"] else "")
-                      + (f"; ${sig(r['usd_per_mtok'])}/Mtok" if r.get("usd_per_mtok") else "")))
+                      + (f"; {significant(r['tokens_per_j'])} tokens/J" if r["tokens_per_j"] else "")
+                      + (f"; ${significant(r['usd_per_mtok'])}/Mtok" if r.get("usd_per_mtok") else "")))
     cf = r["counterfactual"]
     scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
     lines.append(("if run at once", _g(cf["gco2"]) + (
