@@ -61,6 +61,17 @@ def _iso_raw(value) -> str | None:
     return value.isoformat()[:19] + "Z"  # the engine keeps sessions in UTC
 
 
+def _seconds_raw(start, end) -> float | None:
+    """Seconds from `start` to `end` as stored (SQLite's text or an aware datetime), to the
+    microsecond: the times in the JSON are whole seconds."""
+    if start is None or end is None:
+        return None
+    a, b = (datetime.fromisoformat(v) if isinstance(v, str) else v for v in (start, end))
+    if (a.tzinfo is None) != (b.tzinfo is None):
+        a, b = a.replace(tzinfo=None), b.replace(tzinfo=None)
+    return (b - a).total_seconds()
+
+
 def _json_raw(value):
     if value is None or not isinstance(value, str):
         return value
@@ -108,6 +119,7 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "node": node or planned_node,
             "submitted_at": _iso_raw(submitted), "planned_start": _iso_raw(planned_start),
             "started_at": _iso_raw(started), "ended_at": _iso_raw(ended),
+            "runtime_s": _seconds_raw(started, ended),
             "deadline": _iso_raw(deadline), "est_runtime_s": est, "time_limit_s": limit,
             "latency_slo_ms": slo, "workload": workload, "prompts": prompts,
             "exit_code": exit_code, "energy_j": energy, "energy_method": method, "gco2": gco2,

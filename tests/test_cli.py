@@ -297,3 +297,21 @@ def test_the_queue_table_shows_why_each_pending_job_waits_in_a_last_reason_colum
     assert header.split()[-1] == "REASON"
     assert pending.endswith("  fits no GPU model: H100 (slo)")
     assert "claimed" not in running
+
+
+def test_show_gives_the_exact_runtime_not_the_difference_of_whole_seconds():
+    """The demo's job ran 4.4 s from 16:35:11.9 to 16:35:16.3: `show` said 5s (16 - 11), its
+    receipt 4s."""
+    from scheduler.cli.output import job_detail
+    from scheduler.job_view import _seconds_raw
+
+    assert _seconds_raw("2026-12-02 16:35:11.900000", "2026-12-02 16:35:16.300000") == pytest.approx(4.4)
+    job = {"id": 7, "name": "r", "state": "COMPLETED", "reason": "exit code 0", "owner": "alice",
+           "owner_uid": 1000, "argv": ["true"], "cwd": "/tmp", "gpus_requested": 1, "gpu_mem_gib": 0.0,
+           "gpus": [0], "gpu_model": "H100", "node": "n", "workload": None, "prompts": None,
+           "est_runtime_s": None, "time_limit_s": None, "deadline": None, "submitted_at": "2026-12-02T16:35:11Z",
+           "planned_start": "2026-12-02T16:35:11Z", "started_at": "2026-12-02T16:35:11Z",
+           "ended_at": "2026-12-02T16:35:16Z", "runtime_s": 4.4, "exit_code": 0, "energy_j": None, "gco2": None,
+           "explanation": "-", "est_energy_j": None, "est_gco2": None, "est_gco2_if_now": None, "binding": None,
+           "deadline_miss": False}
+    assert "runtime: 4s" in job_detail(job)

@@ -168,8 +168,8 @@ def power_limit_text(planned_w, applied_w, note, uncapped_gco2=None, capped_gco2
 
 
 def job_detail(job: dict) -> str:
-    runtime = None
-    if job["started_at"] and job["ended_at"]:
+    runtime = job.get("runtime_s")  # exact; the times below are whole seconds
+    if runtime is None and job["started_at"] and job["ended_at"]:
         runtime = (datetime.fromisoformat(job["ended_at"].replace("Z", "+00:00"))
                    - datetime.fromisoformat(job["started_at"].replace("Z", "+00:00"))).total_seconds()
     fields = [
