@@ -30,7 +30,6 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-
 def significant(v: float, digits: int = 3) -> str:
     """`v` to `digits` significant digits, never in exponent notation (0.0000482, not
     4.82e-05; 1510, not 1.51e+03). The CLI's twin of `policies.model.sig`: a command starts
