@@ -9,13 +9,18 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
+from policies.guard import guarded
 from policies.model import CarbonCurve, PowerCap
 from policies.placement import plan_violations
 from policies.power_cap import CapBounds
 from policies.problem import compile_problem
+from policy_checker import violations
 from scheduler.daemon.planner import _with_points
+from tests.test_planning_under_load import hostile_instances
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
 H100_ONLY = CapBounds(allow=False, models={"H100": (True, 0.7)})  # MI300X may not be capped
@@ -123,3 +128,16 @@ def test_interruptible_jobs_and_jobs_that_miss_anyway_are_planned_at_the_default
     assert late.job_cap_w[0, 0] != late.job_cap_w[0, 0]  # NaN: the default
     seg = compile_problem(replace(snap, jobs=(job(interruptible="checkpoint", min_run_s=600),)))
     assert seg.job_cap_w[0, 0] != seg.job_cap_w[0, 0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_instances(), st.sampled_from(["greedy", "cpsat"]), st.sampled_from([0.3, 0.7]))
+def test_no_tick_raises_with_caps_allowed_and_every_plan_keeps_its_constraints(snapshot, name, floor):
+    """issue 24's hostile queues and fleets (unmeetable SLOs, time limits, zero and huge
+    runtimes, past deadlines), with the planner allowed to cap every GPU down to `floor`."""
+    snap = replace(snapshot, caps=CapBounds(allow=True, min_fraction=floor))
+    policy = guarded(get_policy(name, **({"max_time_s": 0.3} if name == "cpsat" else {})), [get_policy("fifo")])
+    plan = policy.plan(snap)
+    assert policy.failures == 0, plan.unplaced
+    assert {a.job_id for a in plan.assignments} | set(plan.unplaced) == {j.id for j in snap.jobs}
+    assert violations(snap, plan) == []
