@@ -39,7 +39,7 @@ import numpy as np
 
 from policies.energy import J_PER_KWH
 from policies.margin import latest_start_slots
-from policies.power_cap import alpha_of, candidate_fractions
+from policies.power_cap import alpha_of, candidate_fractions, default_limit_w
 
 if TYPE_CHECKING:
     from policies.problem import Problem
@@ -78,7 +78,7 @@ class CapVariants:
             fractions = candidate_fractions(low)
             if not allow or not fractions or rows.size == 0:
                 continue
-            default_w = min(spec.tdp_w, group.power_limit_w) if group.power_limit_w else spec.tdp_w
+            default_w = default_limit_w(spec.tdp_w, group.power_limit_w)
             caps_w = np.array([f * default_w for f in fractions], dtype=np.float64)
             per_gpu_w = problem.job_power_w[rows, g] / k[rows]
             # (rows x limits): the cap response of `power_cap.capped`, vectorised
@@ -91,8 +91,9 @@ class CapVariants:
                 _slo_check(problem, g, rows, factor, ok)
             if not ok.any():
                 continue
-            self.by_group[g] = (rows, caps_w, np.where(ok, runtime_s, np.nan), power_w)
-            self.longest_s = max(self.longest_s, float(np.nanmax(np.where(ok, runtime_s, np.nan))))
+            allowed_s = np.where(ok, runtime_s, np.nan)
+            self.by_group[g] = (rows, caps_w, allowed_s, power_w)
+            self.longest_s = max(self.longest_s, float(np.nanmax(allowed_s)))
 
 
 def _slo_check(problem: Problem, g: int, rows: np.ndarray, factor: np.ndarray, ok: np.ndarray) -> None:
@@ -144,12 +145,10 @@ def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline
             power = np.concatenate([problem.job_power_w[r, g][:, None], power_v[sl]], axis=1)
             valid = ~np.isnan(runtime)
             rt = np.where(valid, runtime, problem.job_runtime_s[r, g][:, None])
-            latest = np.empty(rt.shape)
-            for c in range(rt.shape[1]):
-                by_deadline = latest_start_slots(deadline_s[r], rt[:, c:c + 1], margin[r, g][:, None],
-                                                 problem.job_earliest[r], slot_s)[:, 0]
-                latest[:, c] = np.where(has_deadline[r], by_deadline, float(S))
-            latest = np.minimum(latest, problem.job_hard_latest[r][:, None].astype(np.float64))
+            # each limit's last on-time start (as `Problem` computes it), then within the hard window
+            on_time = np.where(has_deadline[r][:, None], latest_start_slots(
+                deadline_s[r], rt, margin[r, g][:, None], problem.job_earliest[r], slot_s), float(S))
+            latest = np.minimum(on_time, problem.job_hard_latest[r][:, None].astype(np.float64))
             # the default must make its deadline from its first free slot, or no cap at all;
             # only the rows with a limit left to weigh are priced, as flat (row, limit) pairs
             plain_ok = latest[:, 0] >= first
@@ -186,11 +185,8 @@ def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline
             problem.job_power_w[tr, g] = power[take, tc]
             problem.job_scale[tr, g] = power[take, tc] * group.pue / J_PER_KWH
             problem.job_duration[tr, g] = np.maximum(1, np.ceil(runtime[take, tc] / slot_s - 1e-9)).astype(np.int64)
-            on_time = latest_start_slots(deadline_s[tr], runtime[take, tc][:, None], margin[tr, g][:, None],
-                                         problem.job_earliest[tr], slot_s)[:, 0]
-            on_time = np.where(has_deadline[tr], on_time, float(S))
-            problem.job_on_time_latest[tr, g] = np.clip(on_time, -1e9, 1e9)
-            problem.job_latest[tr, g] = np.minimum(problem.job_hard_latest[tr], on_time).astype(np.int64)
+            problem.job_on_time_latest[tr, g] = np.clip(on_time[take, tc], -1e9, 1e9)
+            problem.job_latest[tr, g] = latest[take, tc].astype(np.int64)
 
 
 def _budget_holds(room_w: np.ndarray, runtime_s: np.ndarray, power_w: np.ndarray, slot_s: float) -> np.ndarray:

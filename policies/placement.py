@@ -21,7 +21,7 @@ from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.length_spread import multipliers
 from policies.model import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text, sig
-from policies.power_cap import at_limit
+from policies.power_cap import at_limit, default_limit_w, limit_text
 from policies.problem import Problem
 from policies.segments import exact_segments_s, held_ranges, idle_power_w, segment_cost, work_s
 
@@ -232,12 +232,10 @@ def _at_limit(problem: Problem, j: int, pool, start: datetime, estimate: Estimat
     gco2_u = problem.gco2_at(pool.zone, start, runtime_u, power_u, pool.pue, problem._spread.get(j))
     est = replace(estimate, power_limit_w=round(cap_w, 1), uncapped_runtime_s=runtime_u,
                   uncapped_energy_j=energy_u, uncapped_gco2=gco2_u)
-    spec = lookup(pool.model)
-    default_w = min(spec.tdp_w, pool.power_limit_w) if pool.power_limit_w else spec.tdp_w
+    default_w = default_limit_w(lookup(pool.model).tdp_w, pool.power_limit_w)
     energy, runtime = estimate.energy_j or 0.0, estimate.runtime_s or 0.0
-    note = (f"; power limit {cap_w:.0f} W ({cap_w / default_w:.0%} of {default_w:.0f} W): "
-            + (f"{estimate.gco2:.1f} g vs {gco2_u:.1f} g uncapped, " if estimate.gco2 is not None else "")
-            + f"{energy / energy_u - 1:+.0%} energy, {runtime / runtime_u - 1:+.0%} runtime, chosen with the placement")
+    note = "; " + limit_text(cap_w, default_w, estimate.gco2, gco2_u, energy / energy_u,
+                             runtime / runtime_u) + ", chosen with the placement"
     return est, note
 
 

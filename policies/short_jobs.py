@@ -102,11 +102,12 @@ def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Pla
         if best is None or whole_score(whole, snapshot, lateness_g_per_gpu_h).better_than(
                 whole_score(best, snapshot, lateness_g_per_gpu_h)):
             best = whole
-    if _starved(best, short, snapshot):
+    starved = _starved(best, short, snapshot)
+    if starved:
         first = _short_first(snapshot, plan_long, short, book, policy)
         if not whole_score(best, snapshot, lateness_g_per_gpu_h).better_than(
                 whole_score(first, snapshot, lateness_g_per_gpu_h)) and \
-                len(_starved(first, short, snapshot)) < len(_starved(best, short, snapshot)):
+                len(_starved(first, short, snapshot)) < len(starved):
             best = first
     return final(best) if final is not None else best
 
