@@ -235,7 +235,7 @@ def choose_caps(snapshot, plan):
                 book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
             c = model_choice(job, gpu.model, book)
             choice = c if isinstance(c, Choice) and c.inference else None
-        best = None  # (gco2, fraction, cap_w, factor)
+        best = None  # (score, cap_w, factor, energy, gco2, runtime, finish)
         for f in candidate_fractions(low):
             cap_w = f * default_w
             factor, power_w = capped(per_gpu_w, cap_w, spec.vendor)
@@ -260,7 +260,7 @@ def choose_caps(snapshot, plan):
                 new_g = None if gco2 is None else gco2 * new_energy / energy
             score = new_g if new_g is not None else new_energy
             if best is None or score < best[0] - 1e-9:
-                best = (score, f, cap_w, factor, new_energy, new_g, new_runtime, finish)
+                best = (score, cap_w, factor, new_energy, new_g, new_runtime, finish)
         if best is None:
             if capped_before:  # a kept plan's limit no longer holds: back to the uncapped figures
                 est = replace(est, runtime_s=runtime, energy_j=energy, gco2=gco2,
@@ -270,7 +270,7 @@ def choose_caps(snapshot, plan):
             else:
                 out.append(a)
             continue
-        _, f, cap_w, factor, new_energy, new_g, new_runtime, finish = best
+        _, cap_w, factor, new_energy, new_g, new_runtime, finish = best
         limit_s = est.time_limit_s
         if limit_s is not None and not capped_before:
             limit_s = limit_s * factor
