@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from policies.energy import J_PER_KWH
-from policies.margin import latest_start_slots
+from policies.margin import duration_slots, latest_start_slots
 from policies.power_cap import alpha_of, candidate_fractions, default_limit_w
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline
             problem.job_runtime_s[tr, g] = runtime[take, tc]
             problem.job_power_w[tr, g] = power[take, tc]
             problem.job_scale[tr, g] = power[take, tc] * group.pue / J_PER_KWH
-            problem.job_duration[tr, g] = np.maximum(1, np.ceil(runtime[take, tc] / slot_s - 1e-9)).astype(np.int64)
+            problem.job_duration[tr, g] = duration_slots(runtime[take, tc], slot_s)
             problem.job_on_time_latest[tr, g] = np.clip(on_time[take, tc], -1e9, 1e9)
             problem.job_latest[tr, g] = latest[take, tc].astype(np.int64)
 
@@ -193,7 +193,7 @@ def _budget_holds(room_w: np.ndarray, runtime_s: np.ndarray, power_w: np.ndarray
     """(runtime_s's shape x slots): whether a budget with `room_w` watts left per slot holds a
     run of `runtime_s` at `power_w` started at each slot (slots past the horizon hold)."""
     n = room_w.size
-    duration = np.maximum(1, np.ceil(runtime_s / slot_s - 1e-9)).astype(np.int64)
+    duration = duration_slots(runtime_s, slot_s)
     out = np.empty(runtime_s.shape + (n,), dtype=bool)
     padded = np.concatenate([room_w, np.full(n, np.inf)])
     for d in np.unique(duration).tolist():

@@ -112,6 +112,13 @@ def margin_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book, estima
     return out
 
 
+def duration_slots(runtime_s: np.ndarray, slot_s: float) -> np.ndarray:
+    """Whole slots a run of `runtime_s` holds its GPUs for (at least one; a run that ends
+    inside a slot holds all of it): the one rule for `Problem.job_duration` and the runs a
+    power limit stretches (`policies.joint_caps`)."""
+    return np.maximum(1, np.ceil(np.asarray(runtime_s) / slot_s - 1e-9)).astype(np.int64)
+
+
 def latest_start_slots(deadline_s: np.ndarray, runtime_s: np.ndarray, margin: np.ndarray,
                        earliest_slot: np.ndarray, slot_s: float) -> np.ndarray:
     """The last start slot (floats, floored) that ends by the deadline with the margin, per

@@ -74,7 +74,7 @@ from policies.joint_caps import CapVariants
 from policies.joint_caps import choose as choose_caps_jointly
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H
 from policies.length_spread import expected, multipliers
-from policies.margin import latest_start_slots, margin_arrays
+from policies.margin import duration_slots, latest_start_slots, margin_arrays
 from policies.model import Assignment, CarbonCurve, QueuedJob, Snapshot, budget_of
 
 log = logging.getLogger(__name__)
@@ -436,7 +436,7 @@ class Problem:
                 deadline_s[i] = (job.deadline - self.now).total_seconds()
         self.job_earliest: np.ndarray = earliest
         rt = self.job_runtime_s
-        self.job_duration: np.ndarray = np.maximum(1, np.ceil(rt / self.slot_s - 1e-9)).astype(np.int64)
+        self.job_duration: np.ndarray = duration_slots(rt, self.slot_s)
         has = ~np.isnan(deadline_s)
         # the deadline with a margin for the estimate's uncertainty (policies.margin)
         margin = margin_arrays(jobs, [m for m, _ in kinds], self.book,
