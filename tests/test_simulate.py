@@ -191,6 +191,37 @@ def test_assignments_before_the_next_tick_start_at_their_time_the_rest_are_plann
     assert policy.calls >= 12
 
 
+def test_a_full_replan_is_handed_the_last_plan_of_each_queued_job_as_the_daemon_does(tmp_path):
+    """The daemon's full re-plan starts from the stored plans (`Snapshot.previous`: cpsat
+    tries them first and goes on from there); the simulator's must too, or cpsat's
+    continuation across ticks is never exercised in a replay."""
+    sc = _one_node_scenario(tmp_path)
+    calls: list[tuple[dict, dict, dict]] = []  # (previous handed in, keep handed in, plan out)
+
+    class Recording(LaterPolicy):
+        def plan(self, snapshot: Snapshot) -> Plan:
+            plan = super().plan(snapshot)
+            calls.append((dict(snapshot.previous), dict(snapshot.keep), {a.job_id: a for a in plan.assignments}))
+            return plan
+
+    def run(**kw):
+        calls.clear()
+        # planned 20 min ahead, beyond the next tick: never committed, planned again each tick
+        Simulation(cluster=sc.cluster, jobs=sc.jobs, carbon=sc.carbon, policy=Recording(1200),
+                   forecast=parse_forecast("perfect", sc.carbon),
+                   settings=SimSettings(plan_interval_s=900, wake_on_submit=False, max_overrun_s=3 * 3600,
+                                        **kw)).run()
+        return list(calls)
+
+    full = run()
+    assert len(full) >= 12 and full[0][0] == {}
+    for (_, _, out), (previous, keep, _) in zip(full, full[1:]):
+        assert previous == out and keep == {}
+    # between incremental full re-plans the plans are kept instead, and nothing is "previous"
+    inc = run(full_replan_s=6 * 3600)
+    assert any(keep for _, keep, _ in inc[1:]) and not any(previous for previous, keep, _ in inc if keep)
+
+
 def test_invalid_assignments_are_rejected_like_an_agent_claim(tmp_path):
     sc = _one_node_scenario(tmp_path)
 

@@ -21,6 +21,8 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
   `Snapshot.keep`; the policy keeps those that still fit (node and start) and places only
   the new jobs around them. Every `full_replan_s` a tick re-plans every queued job. It
   trades plan freshness for planner time (the whole pai-100k year: see bench/README.md).
+  A full re-plan is handed those plans as `Snapshot.previous`, as the daemon's is: where
+  it starts from (cpsat tries them first), not a constraint.
 - **Execution**: a committed job starts at its planned time on its planned GPUs if they are
   free; if a job that overran still holds them (as on a real node) it goes back to the queue
   and the planner places it again at once. It runs for the runtime, at
@@ -466,7 +468,8 @@ class Simulation:
         return self.power_caps + windows
 
     def _snapshot(self, now_s: float, jobs: tuple[QueuedJob, ...], horizon_s: float,
-                  carbon: dict, keep: dict[int, Assignment] | None = None) -> Snapshot:
+                  carbon: dict, keep: dict[int, Assignment] | None = None,
+                  previous: dict[int, Assignment] | None = None) -> Snapshot:
         slots = self.slots
         for g in range(len(slots)):
             fa = self.free_at[g]
@@ -492,7 +495,8 @@ class Simulation:
         return Snapshot(now=_dt(now_s), jobs=jobs, gpus=tuple(slots),
                         default_runtime_s=self.settings.default_runtime_s, carbon=carbon, pue=self.pue,
                         profiles=self.profiles, power_caps=self._caps_at(now_s, horizon_s), slot_s=self.settings.slot_s,
-                        horizon_s=horizon_s, keep=keep or {}, estimate_margin=self.settings.estimate_margin,
+                        horizon_s=horizon_s, keep=keep or {}, previous=previous or {},
+                        estimate_margin=self.settings.estimate_margin,
                         caps=self.settings.caps)
 
     def _plan(self, now_s: float) -> None:
@@ -510,12 +514,16 @@ class Simulation:
         carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in self.meters}
         full = self.settings.full_replan_s
         keep: dict[int, Assignment] = {}
+        previous: dict[int, Assignment] = {}
         incremental = full is not None and now_s - self._last_full_s < full - EPS_S
         if incremental:
             keep = {i: a for i, a in self._previous.items() if i in self.queue}
         else:
+            # as the daemon's full re-plan: the last plan of each job still queued is where
+            # this one starts from (cpsat tries it first), not a constraint
+            previous = {i: a for i, a in self._previous.items() if i in self.queue}
             self._last_full_s = now_s
-        snap = self._snapshot(now_s, jobs, horizon, carbon, keep)
+        snap = self._snapshot(now_s, jobs, horizon, carbon, keep, previous)
         t = time.perf_counter()
         plan = self.policy.plan(snap)
         if self.settings.caps is not None:  # the daemon's step after the policy (planner._with_points)
