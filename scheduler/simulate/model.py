@@ -513,17 +513,14 @@ class Simulation:
         # the forecast also covers the runs of jobs that start near the horizon's end
         carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in self.meters}
         full = self.settings.full_replan_s
-        keep: dict[int, Assignment] = {}
-        previous: dict[int, Assignment] = {}
+        # the last plan of each job still queued: kept between full re-plans, else (as the
+        # daemon's full re-plan) where this one starts from (cpsat tries it first)
+        last = {i: a for i, a in self._previous.items() if i in self.queue}
         incremental = full is not None and now_s - self._last_full_s < full - EPS_S
-        if incremental:
-            keep = {i: a for i, a in self._previous.items() if i in self.queue}
-        else:
-            # as the daemon's full re-plan: the last plan of each job still queued is where
-            # this one starts from (cpsat tries it first), not a constraint
-            previous = {i: a for i, a in self._previous.items() if i in self.queue}
+        if not incremental:
             self._last_full_s = now_s
-        snap = self._snapshot(now_s, jobs, horizon, carbon, keep, previous)
+        keep = last if incremental else {}
+        snap = self._snapshot(now_s, jobs, horizon, carbon, keep, {} if incremental else last)
         t = time.perf_counter()
         plan = self.policy.plan(snap)
         if self.settings.caps is not None:  # the daemon's step after the policy (planner._with_points)
