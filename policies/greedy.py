@@ -369,12 +369,15 @@ class ChunkNotes:
 
 def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list[int] | None = None,
                  notes: dict[int, Notes] | None = None, costs: dict[int, float] | None = None,
-                 price: np.ndarray | None = None) -> tuple[list[Pick], dict[int, str]]:
+                 price: np.ndarray | None = None,
+                 finish_first: bool = False) -> tuple[list[Pick], dict[int, str]]:
     """Place every job in `order` (EDF by default); returns picks and unplaced reasons (by
     job id). When `notes` is given it is filled with each pick's explanation inputs, when
     `costs` is, with each pick's gCO2 (by job index). With `price` (see `priced_tables`)
     each job takes the feasible start cheapest in gCO2 plus the price of the GPU-slots it
-    uses; `costs` and the explanations stay in plain gCO2."""
+    uses; `costs` and the explanations stay in plain gCO2. With `finish_first` each job
+    takes the feasible start that finishes soonest, the cheapest of those, in one piece
+    (the carbon-blind edf's rule)."""
     state = state or GreedyState(problem)
     order = order if order is not None else edf_order(problem)
     picks: list[Pick] = []
@@ -384,13 +387,16 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
         tables = problem.cost_tables(js)
         chunk_notes = ChunkNotes(problem, js, tables) if notes is not None else None
         choose = tables if price is None else priced_tables(problem, js, tables, price)
+        if finish_first:
+            choose = finish_first_tables(problem, js, choose)
         for i, j in enumerate(js.tolist()):
             res = place_job(problem, state, j, choose[i])
             if isinstance(res, str):
                 unplaced[problem.jobs[j].id] = res
                 continue
             seg = None
-            if interruptible(problem.jobs[j]):  # cut into segments where that is cheaper (issue 30)
+            # cut into segments where that is cheaper (issue 30); never when finishing first
+            if interruptible(problem.jobs[j]) and not finish_first:
                 g = int(problem.pool_group[res.pool])
                 one_g = float(tables[i, g, res.slot]) + (
                     problem.late_penalty_at(j, g, res.slot) if problem.penalised or res.deadline_miss else 0.0)
@@ -459,6 +465,17 @@ def priced_tables(problem: Problem, js: np.ndarray, tables: np.ndarray, price: n
     ends = np.minimum(problem.slot_index[None, None, :] + problem.job_duration[js][:, :, None], S)
     run = cum[np.arange(G)[None, :, None], ends] - cum[None, :, :S]
     return tables + problem.job_k[js][:, None, None] * run
+
+
+#: grams a second of earlier finish outweighs in `finish_first_tables` (more than any job emits)
+FINISH_FIRST_G_PER_S = 1e7
+
+
+def finish_first_tables(problem: Problem, js: np.ndarray, tables: np.ndarray) -> np.ndarray:
+    """`tables` (the jobs' cost tables) ranked by the finish of each (group, start) first:
+    its finish in seconds x `FINISH_FIRST_G_PER_S`, plus its cost, which only breaks ties."""
+    finish_s = problem.slot_index[None, None, :] * problem.slot_s + problem.job_runtime_s[js][:, :, None]
+    return finish_s * FINISH_FIRST_G_PER_S + tables
 
 
 def notes_for_picks(problem: Problem, picks: list[Pick]) -> dict[int, Notes]:

@@ -237,6 +237,48 @@ def test_previous_picks_map_the_last_plan_to_pools_and_slots_and_drop_what_no_lo
         assert abs((problem.slot_time(slot) - a.start_at).total_seconds()) <= problem.slot_s / 2
 
 
+def test_finish_first_places_each_job_where_it_finishes_soonest_and_carbon_only_breaks_ties():
+    snapshot = random_snapshot(10, 60, 3)
+    problem = compile_problem(snapshot)
+    state = GreedyState(problem)
+    picks, _ = greedy_picks(problem, state, finish_first=True)
+    for p in picks:  # placed in EDF order, each at the soonest finish the jobs before it left
+        g = int(problem.pool_group[p.pool])
+        finish = p.slot * problem.slot_s + problem.job_runtime_s[p.j, g]
+        k, dur, power_w = int(problem.job_k[p.j]), int(problem.job_duration[p.j, g]), float(problem.job_power_w[p.j, g])
+        state.give_back(p.pool, p.slot, k, dur, power_w)  # free it again: which starts were open to it?
+        for g2 in np.flatnonzero(problem.job_fit[p.j]).tolist():
+            for s2 in range(int(problem.job_earliest[p.j]), problem.n_slots):
+                f2 = s2 * problem.slot_s + problem.job_runtime_s[p.j, g2]
+                if f2 >= finish - 1e-6:
+                    break
+                if not p.deadline_miss and s2 > problem.job_latest[p.j, g2]:
+                    break
+                assert state.free_pool(p.j, g2, s2) is None, (p, g2, s2)
+        state.take(p.pool, p.slot, k, dur, power_w)
+    # and in an overfull queue it misses fewer deadlines than the cheapest starts do
+    cheapest, _ = greedy_picks(problem)
+    assert sum(p.deadline_miss for p in picks) < sum(p.deadline_miss for p in cheapest)
+
+
+def test_cpsat_searches_from_the_earliest_finish_plan_where_it_misses_fewer_deadlines():
+    """An overfull queue: EDF's cheapest starts miss 8 deadlines, the earliest finishes 5.
+    cpsat's own search (fifo's and edf's plans aside) starts from the better one, even with
+    no budget left for anything else, so it never hands a tick a plan with more misses
+    than the carbon-blind rule's."""
+    from policies.cpsat import CpsatPolicy
+
+    problem = compile_problem(random_snapshot(10, 60, 3))
+    finish_first, _ = greedy_picks(problem, finish_first=True)
+    cheapest, _ = greedy_picks(problem)
+    fewest = sum(p.deadline_miss for p in finish_first)
+    assert fewest < sum(p.deadline_miss for p in cheapest)
+    for budget_s in (0.001, 1.0):
+        plan = CpsatPolicy(max_time_s=budget_s).plan_problem(problem, compare_fifo=False)
+        assert sum(a.estimate.deadline_miss for a in plan.assignments) <= fewest
+        assert violations(problem.snapshot, plan) == []
+
+
 def test_cpsat_goes_on_from_the_previous_plan_when_given_one():
     """A re-plan given a good earlier plan (`Snapshot.previous`) is at least as good as it,
     even with a budget too short to find it again."""
