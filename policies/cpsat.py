@@ -344,7 +344,11 @@ def _earliest_finish(problem: Problem, best: _Solution, state: GreedyState) -> t
     Under overload that order misses fewer deadlines on a snapshot than the cheapest starts.
     Kept as it is (the final comparison with fifo's and edf's plans), such a plan commits
     its dirty starts for a tick; as a start for the search, its misses are kept and its
-    grams lowered."""
+    grams lowered. Not tried when `best` places every job on time: then it could win on
+    grams alone, which its rule leaves to ties, and the pass (about one greedy pass, outside
+    the budget like `_previous_plan`) is spared where queues are largest."""
+    if not best.misses and not best.unplaced:
+        return best, state
     s = GreedyState(problem)
     costs: dict[int, float] = {}
     picks, unplaced = greedy_picks(problem, s, edf_order(problem), costs=costs, finish_first=True)

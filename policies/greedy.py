@@ -474,7 +474,7 @@ FINISH_FIRST_G_PER_S = 1e7
 def finish_first_tables(problem: Problem, js: np.ndarray, tables: np.ndarray) -> np.ndarray:
     """`tables` (the jobs' cost tables) ranked by the finish of each (group, start) first:
     its finish in seconds x `FINISH_FIRST_G_PER_S`, plus its cost, which only breaks ties."""
-    finish_s = problem.slot_index[None, None, :] * problem.slot_s + problem.job_runtime_s[js][:, :, None]
+    finish_s = problem.slot_offsets_s[None, None, :] + problem.job_runtime_s[js][:, :, None]
     return finish_s * FINISH_FIRST_G_PER_S + tables
 
 
