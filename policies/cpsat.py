@@ -111,11 +111,14 @@ from ortools.sat.python import cp_model
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
                              notes_for_picks, run_ends, starved_first, whole_plan_vs_fifo)
+from policies.held_starts import hold_starts
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, estimate_score, picks_to_plan
 from policies.problem import Problem, compile_problem
 from policies.segments import interruptible
 from policies.short_jobs import plan_with_short_jobs
+from policies.work_clock import (SUB_MODEL_S_PER_OPTION, SUB_ROUND_MIN_S, Clock, WallClock, WorkClock,
+                                 greedy_pass_work_s)
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +157,21 @@ class CpsatPolicy:
     price_scales: tuple[float, ...] = (1.0, 0.7)
     # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
+    # held starts (policies.held_starts): a job whose last plan left it less slack after its
+    # finish than `hold` x its runtime is never started later than that plan said; 0: off
+    hold: float = 0.0
+    # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
+    # not wall time: the same snapshot gives the same plan on any host at any load (for the
+    # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose
+    # solvers stop on wall time.
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        started = time.monotonic()
+        clock: Clock = WorkClock() if self.deterministic else WallClock()
+        started = clock.now()
         others: list[Plan] = []  # greedy's plan of the long jobs, when cpsat chose another
         price = float(self.lateness_g_per_gpu_h)
         # jobs shorter than a slot are packed in continuous time around the slot plan (and
@@ -167,25 +179,33 @@ class CpsatPolicy:
         return plan_with_short_jobs(
             snapshot, lambda snap: self.plan_problem(
                 compile_problem(snap, price),
-                started, others, snap is snapshot),
+                started, others, snap is snapshot, clock),
             self.name, also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
             lateness_g_per_gpu_h=price)
 
     def plan_problem(self, problem: Problem, started: float | None = None,
-                     others: list[Plan] | None = None, compare_fifo: bool = True) -> Plan:
+                     others: list[Plan] | None = None, compare_fifo: bool = True,
+                     clock: Clock | None = None) -> Plan:
         """cpsat's plan of the problem's jobs; compared with fifo's unless `compare_fifo` is
-        False (`plan` compares the whole plan instead when short jobs are packed after)."""
-        started = time.monotonic() if started is None else started
+        False (`plan` compares the whole plan instead when short jobs are packed after).
+        `started` is when the budget began on `clock` (the policy's own clock when None)."""
+        if clock is None:
+            clock = WorkClock() if self.deterministic else WallClock()
+        started = clock.now() if started is None else started
+        if self.hold > 0:
+            log.info("cpsat: %d starts held", hold_starts(problem, self.hold))
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}
-        t0 = time.monotonic()
+        t0 = clock.now()
         order = edf_order(problem)
         picks, unplaced = greedy_picks(problem, state, order, notes, costs)
         retry = starved_first(problem, order, unplaced, notes, costs)
+        work_s = greedy_pass_work_s(problem)
+        clock.charge(work_s if retry is None else 2 * work_s)
         if retry is not None:
             picks, unplaced, state = retry
-        pass_s = time.monotonic() - t0
+        pass_s = work_s if clock.deterministic else clock.now() - t0
         # leave time to turn picks into a plan and to compare it with greedy's and fifo's:
         # about one greedy pass when a restart replaced every pick (fresh explanations, two
         # plans, fifo's), measured on a busy host too
@@ -198,19 +218,20 @@ class CpsatPolicy:
             # the budget could be gone before the search began)
             best, state = _previous_plan(problem, best, state)
             best, state = _earliest_finish(problem, best, state)
-            support, price = self._lp_support(problem, started, deadline)
-            if price is None:
+            clock.charge(2 * pass_s)
+            support, price = ({}, None) if clock.deterministic else self._lp_support(problem, started, deadline)
+            if price is None and not clock.deterministic:
                 price = self._prices(problem, deadline, best.gco2)
             if len(problem.jobs) > self.neighbourhood:  # fewer: LNS solves them all at once, every order included
-                best, state = _restarts(problem, best, state, deadline, pass_s, self, price)
+                best, state = _restarts(problem, best, state, deadline, pass_s, self, price, clock)
             current = {p.j: p for p in best.picks}
-            if time.monotonic() + pass_s < deadline:  # its set-up costs about half a pass
-                rounds, improved = _lns(problem, state, current, deadline, self, support)
+            if clock.now() + pass_s < deadline:  # its set-up costs about half a pass
+                rounds, improved = _lns(problem, state, current, deadline, self, support, clock, pass_s)
         except (RuntimeError, ValueError) as e:  # a solver failure: keep greedy's answer
             log.warning("cpsat: search failed (%s); falling back to greedy", e)
             best, current = _Solution.of(picks, unplaced, costs, "edf", problem), {p.j: p for p in picks}
-        log.info("cpsat: best start %s, %d LNS rounds (%d improved), %.2f s", best.label, rounds, improved,
-                 time.monotonic() - started)
+        log.info("cpsat: best start %s, %d LNS rounds (%d improved), %.2f s%s", best.label, rounds, improved,
+                 clock.now() - started, " of work" if clock.deterministic else "")
         first = {p.j: p for p in picks}
         new_picks = [current[j] for j in sorted(current)]
         unchanged = {j for j, p in current.items() if first.get(j) == p}
@@ -393,11 +414,14 @@ def restart_keys(problem: Problem) -> list[tuple[str, np.ndarray]]:
 
 
 def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: float, pass_s: float,
-              cfg: CpsatPolicy, price: np.ndarray | None = None) -> tuple[_Solution, GreedyState]:
+              cfg: CpsatPolicy, price: np.ndarray | None = None,
+              clock: Clock | None = None) -> tuple[_Solution, GreedyState]:
     """Greedy again in other orders (`restart_keys`), charged the GPU-slot `price` at each
     of `cfg.price_scales` and at none, then with random noise on the best key; returns the
-    best solution and a GreedyState holding its picks."""
-    if len(problem.jobs) < 2 or time.monotonic() + 2 * pass_s > deadline:
+    best solution and a GreedyState holding its picks. Each pass is charged `pass_s` on
+    `clock`."""
+    clock = clock or WallClock()
+    if len(problem.jobs) < 2 or clock.now() + 2 * pass_s > deadline:
         return best, state
     best_state: GreedyState | None = state
     best_key: np.ndarray | None = None
@@ -409,6 +433,7 @@ def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: f
         s = GreedyState(problem)
         picks, unplaced = greedy_picks(problem, s, np.argsort(key, kind="stable").tolist(), costs=costs,
                                        price=charged)
+        clock.charge(pass_s)
         sol = _Solution.of(picks, unplaced, costs, label, problem)
         if sol.better_than(best):
             best, best_state, best_key, best_price = sol, s, key, charged
@@ -422,16 +447,16 @@ def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: f
         [(label, key, None) for label, key in keys] + \
         [(f"{label}, priced x{a:g}", key, a * price) for a in scales[1:] for label, key in keys]
     for label, key, charged in tries:
-        if time.monotonic() + pass_s > deadline:
+        if clock.now() + pass_s > deadline:
             return best, best_state
         attempt(label, key, charged)
     if best_key is None:  # EDF stayed best: perturb the first flexible order anyway
         best_key = keys[0][1]
     rng = np.random.default_rng(cfg.seed)
-    until = time.monotonic() + cfg.restart_share * max(0.0, deadline - time.monotonic())
+    until = clock.now() + cfg.restart_share * max(0.0, deadline - clock.now())
     stale, patience = 0, max(30, 3 * int(math.sqrt(len(problem.jobs))))
     tries = 0
-    while time.monotonic() + pass_s < until and stale < patience:
+    while clock.now() + pass_s < until and stale < patience:
         tries += 1
         key = best_key * np.exp(cfg.restart_sigma * rng.standard_normal(best_key.size))
         stale = 0 if attempt(f"random restart {tries}" + (" (priced)" if best_price is not None else ""), key,
@@ -464,7 +489,12 @@ def _objective_table(problem: Problem, j: int, table: np.ndarray) -> np.ndarray:
 
 
 def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadline: float,
-         cfg: CpsatPolicy, support: dict[int, list[tuple[int, int]]] | None = None) -> tuple[int, int]:
+         cfg: CpsatPolicy, support: dict[int, list[tuple[int, int]]] | None = None,
+         clock: Clock | None = None, pass_s: float = 0.0) -> tuple[int, int]:
+    """Large-neighbourhood search from `current` (changed in place) until `deadline` on
+    `clock` (its set-up charged `pass_s / 2`, each round its sub-model and solve); returns
+    (rounds, rounds that improved)."""
+    clock = clock or WallClock()
     if len(current) < 2:
         return 0, 0
     rng = random.Random(cfg.seed)
@@ -478,8 +508,9 @@ def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadlin
     jobs = sorted(j for j, p in current.items() if not p.segments)
     if len(jobs) < 2:
         return 0, 0
+    clock.charge(pass_s / 2)
     for c0 in range(0, len(jobs), CHUNK):
-        if time.monotonic() > deadline:
+        if clock.now() > deadline:
             return 0, 0
         js = np.array(jobs[c0:c0 + CHUNK], dtype=np.int64)
         tables = problem.cost_tables(js)
@@ -500,8 +531,8 @@ def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadlin
         holders[current[j].pool].append(j)
     rounds = improved = 0
     overhead = 0.0  # the slowest round's time outside the solver (model building, bookkeeping)
-    while time.monotonic() + 0.05 + overhead < deadline:
-        round_start = time.monotonic()
+    while clock.now() + 0.05 + overhead < deadline:
+        round_start = clock.now()
         rounds += 1
         if len(jobs) <= cfg.neighbourhood:
             free = set(jobs)
@@ -516,11 +547,11 @@ def _lns(problem: Problem, state: GreedyState, current: dict[int, Pick], deadlin
             free = _regret_neighbourhood(problem, current, cand, regret, holders, rng, cfg.neighbourhood)
         if not free:
             break
-        limit = min(cfg.sub_time_s, deadline - time.monotonic() - overhead)
+        limit = min(cfg.sub_time_s, deadline - clock.now() - overhead)
         if limit <= 0.05:
             break
-        result, optimal, solve_s = _solve_sub(problem, state, current, sorted(free), limit, cfg, support)
-        overhead = max(overhead, time.monotonic() - round_start - solve_s)
+        result, optimal, solve_s = _solve_sub(problem, state, current, sorted(free), limit, cfg, support, clock)
+        overhead = max(overhead, clock.now() - round_start - solve_s)
         whole = optimal and len(free) == len(jobs)  # the whole plan solved to optimality
         if result is None:  # no answer in time: the freed jobs go back where they were
             _apply(problem, state, current, holders, {j: current[j] for j in free}, free)
@@ -655,10 +686,14 @@ def _open_candidates(problem: Problem, state: GreedyState, j: int, table: np.nda
 
 def _solve_sub(problem: Problem, state: GreedyState, current: dict[int, Pick], free: list[int],
                limit_s: float, cfg: CpsatPolicy,
-               support: dict[int, list[tuple[int, int]]] | None = None) -> tuple[dict[int, Pick] | None, bool, float]:
+               support: dict[int, list[tuple[int, int]]] | None = None,
+               clock: Clock | None = None) -> tuple[dict[int, Pick] | None, bool, float]:
     """Re-place the `free` jobs optimally among their candidates (gives their GPUs back to
     `state` first; the caller takes the returned or the old picks again). Returns the new
-    picks (None: no answer in time), whether they are optimal, and the solver's wall time."""
+    picks (None: no answer in time), whether they are optimal, and the solver's time on
+    `clock` (a deterministic clock: the solver's deterministic time, which also bounds it;
+    the sub-model's building is charged too)."""
+    clock = clock or WallClock()
     for j in free:
         k, dur, power_w = _footprint(problem, current[j])
         state.give_back(current[j].pool, current[j].slot, k, dur, power_w)
@@ -723,13 +758,20 @@ def _solve_sub(problem: Problem, state: GreedyState, current: dict[int, Pick], f
                       <= int(np.floor(cap)))
     model.Minimize(cp_model.LinearExpr.WeightedSum(obj_vars, obj_coefs))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, limit_s)
     solver.parameters.num_workers = max(1, cfg.workers)
     solver.parameters.cp_model_presolve = cfg.presolve
     solver.parameters.random_seed = cfg.seed
-    t0 = time.monotonic()
+    if clock.deterministic:
+        # one worker: CP-SAT's parallel portfolio is not reproducible under a time limit
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = max(0.05, limit_s)
+        clock.charge(max(SUB_ROUND_MIN_S, SUB_MODEL_S_PER_OPTION * len(obj_vars)))
+    else:
+        solver.parameters.max_time_in_seconds = max(0.05, limit_s)
+    t0 = clock.now()
     status = solver.Solve(model)
-    solve_s = time.monotonic() - t0
+    clock.charge(solver.deterministic_time)
+    solve_s = solver.deterministic_time if clock.deterministic else clock.now() - t0
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, False, solve_s
     out: dict[int, Pick] = {}

@@ -68,6 +68,7 @@ import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
 from policies.feasibility import unfit_text
+from policies.held_starts import unheld_latest
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
@@ -269,8 +270,8 @@ def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np
     for idx in np.lexsort((table[gs, ss], ss, finish)).tolist():
         g, s = int(gs[idx]), int(ss[idx])
         pool = state.free_pool(j, g, s, upper_checked=True)
-        if pool is not None:
-            return Pick(j, pool, s, deadline_miss=True)
+        if pool is not None:  # a held start (policies.held_starts) may still be on time
+            return Pick(j, pool, s, deadline_miss=s > unheld_latest(problem, j, g))
     return NO_GPUS
 
 

@@ -1,0 +1,76 @@
+"""Held starts (`policies.held_starts`, cpsat's `hold` option): once a job's plan leaves it
+little slack, a later plan may start it earlier, never later; a job with slack to spare
+still follows the cleaner hours; and a held job that cannot keep its start is placed inside
+its real window without being counted late.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from policies import Assignment, GpuSlot, QueuedJob, Snapshot
+from policies.catalog import catalog
+from policies.cpsat import CpsatPolicy
+from policies.greedy import GreedyState, greedy_picks
+from policies.held_starts import hold_starts
+from policies.model import CarbonCurve
+from policies.problem import compile_problem
+from policy_checker import violations
+
+NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
+HOUR = timedelta(hours=1)
+# dirty for 6 hours, then clean: a carbon-aware plan starts a 2-h job as late as it may
+CURVE = CarbonCurve("Z1", NOW, 3600.0, tuple([500.0] * 6 + [50.0] * 42))
+
+
+def _snapshot(previous_start: timedelta | None, deadline: timedelta = 8 * HOUR,
+              busy_until: timedelta | None = None) -> Snapshot:
+    gpu = GpuSlot(id=1, node="n1", zone="Z1", index=0, model="H100", memory_gib=catalog()["H100"].memory_gib,
+                  busy_until=None if busy_until is None else NOW + busy_until)
+    job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0.0, submitted_at=NOW - HOUR, est_runtime_s=2 * 3600.0, deadline=NOW + deadline)
+    previous = {} if previous_start is None else {
+        1: Assignment(job_id=1, node="n1", gpu_ids=(1,), start_at=NOW + previous_start)}
+    return Snapshot(now=NOW, jobs=(job,), gpus=(gpu,), carbon={"Z1": CURVE}, previous=previous)
+
+
+def _start(snapshot: Snapshot, hold: float) -> timedelta:
+    plan = CpsatPolicy(max_time_s=0.5, hold=hold, deterministic=True).plan(snapshot)
+    assert violations(snapshot, plan) == []
+    (a,) = plan.assignments
+    assert not a.estimate.deadline_miss
+    return a.start_at - NOW
+
+
+def test_a_job_left_little_slack_is_never_started_later_than_its_last_plan_said():
+    # planned at 4:30, done at 6:30, due at 8:00: 1.5 h of slack, less than its 2-h run
+    held = _snapshot(previous_start=4.5 * HOUR)
+    assert _start(held, hold=0.0) == 6 * HOUR  # free, it follows the clean hours from 6:00
+    assert _start(held, hold=1.0) <= 4.5 * HOUR
+
+
+def test_a_job_with_slack_to_spare_still_follows_the_cleaner_hours():
+    # planned at 1:00, done at 3:00, due at 8:00: 5 h of slack, more than its 2-h run
+    roomy = _snapshot(previous_start=1 * HOUR)
+    assert _start(roomy, hold=1.0) > 4 * HOUR
+    # a wider gate holds it too
+    assert _start(roomy, hold=3.0) <= 1 * HOUR
+
+
+def test_a_late_previous_plan_or_no_deadline_promises_nothing():
+    late = _snapshot(previous_start=7 * HOUR)  # done at 9:00, due at 8:00
+    problem = compile_problem(late)
+    assert hold_starts(problem, 1.0) == 0
+    assert problem.job_latest.max() == 6 * 4  # the window is whole: its last start is 6:00
+
+
+def test_a_held_job_that_cannot_keep_its_start_runs_inside_its_real_window_and_is_not_late():
+    # held at 4:30, but its GPU is busy until 5:30 now: the earliest start is inside the
+    # real window (due at 8:00, so the last on-time start is 6:00): on time
+    snapshot = _snapshot(previous_start=4.5 * HOUR, busy_until=5.5 * HOUR)
+    problem = compile_problem(snapshot)
+    assert hold_starts(problem, 1.0) == 1
+    picks, unplaced = greedy_picks(problem, GreedyState(problem))
+    (p,) = picks
+    assert not unplaced and not p.deadline_miss
+    assert p.slot * problem.slot_s == 5.5 * 3600
+    assert _start(snapshot, hold=1.0) == 5.5 * HOUR

@@ -1,0 +1,66 @@
+"""cpsat's deterministic budget (`deterministic=True`, `policies.work_clock`): the same
+snapshot and budget give the same plan on any host at any load, so simulations that compare
+policies can be rerun and give the same figures."""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+
+from policies.cpsat import CpsatPolicy
+from policies.work_clock import WallClock, WorkClock
+from policy_checker import score, violations
+from test_policy_search import random_snapshot
+
+
+def _fingerprint(plan) -> list[tuple]:
+    return sorted((a.job_id, a.node, a.gpu_ids, a.start_at) for a in plan.assignments)
+
+
+def _lns_rounds(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"(\d+) LNS rounds", text)]
+
+
+class _CrawlingHost:
+    """time.monotonic on a host 50x slower than ours: every reading is 0.2 s later."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        self.t += 0.2
+        return self.t
+
+
+def test_a_work_clock_advances_only_by_the_work_charged_to_it():
+    clock = WorkClock()
+    assert clock.now() == 0.0 and clock.deterministic
+    clock.charge(0.25)
+    clock.charge(-1.0)  # nothing is ever taken back
+    assert clock.now() == 0.25
+    assert not WallClock().deterministic
+
+
+def test_a_deterministic_search_gives_the_same_plan_however_loaded_the_host(monkeypatch, caplog):
+    snapshot = random_snapshot(4, 70, 8)
+    policy = CpsatPolicy(max_time_s=0.5, deterministic=True)
+    with caplog.at_level(logging.INFO, logger="policies.cpsat"):
+        first = policy.plan(snapshot)
+        again = policy.plan(snapshot)
+        monkeypatch.setattr("policies.work_clock.time", types.SimpleNamespace(monotonic=_CrawlingHost().monotonic))
+        crawling = policy.plan(snapshot)
+        wall = CpsatPolicy(max_time_s=0.5).plan(snapshot)
+    rounds = _lns_rounds(caplog.text)
+    assert rounds[0] > 0 and rounds[0] == rounds[1] == rounds[2]  # the same search, LNS included
+    assert rounds[3] == 0  # by the crawling wall clock the budget was gone before LNS began
+    assert _fingerprint(first) == _fingerprint(again) == _fingerprint(crawling)
+    assert violations(snapshot, first) == [] and violations(snapshot, wall) == []
+
+
+def test_a_larger_work_budget_buys_at_least_as_good_a_plan():
+    snapshot = random_snapshot(5, 70, 8)
+    small = CpsatPolicy(max_time_s=0.05, deterministic=True).plan(snapshot)
+    large = CpsatPolicy(max_time_s=1.0, deterministic=True).plan(snapshot)
+    assert violations(snapshot, large) == []
+    assert score(large) <= score(small)
