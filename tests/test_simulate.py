@@ -245,7 +245,7 @@ def test_invalid_assignments_are_rejected_like_an_agent_claim(tmp_path):
 def test_same_seed_same_numbers_and_another_seed_differs(tmp_path):
     sc = scenario(40, tmp_path, slack_s=12 * 3600)
     settings = SimSettings(gpu_mtbf_s=20 * 3600, gpu_repair_s=3600, seed=3)
-    specs = parse_policies("fifo,greedy")
+    specs = parse_policies("fifo,greedy,cpsat:max_time_s=0.3")  # cpsat's budget is work, not wall time
 
     def numbers(seed):
         res = run_policies(sc, specs, forecast="noisy:0.3", settings=SimSettings(**{**settings.__dict__,

@@ -40,8 +40,11 @@ class SimulationResult:
 #: Per-call time budgets the simulator gives time-limited policies unless the --policy spec
 #: says otherwise (`cpsat:max_time_s=10` for the daemon's own 10 s). A replay makes
 #: thousands of planner calls; 1 s each keeps a week of trace to minutes, and cpsat returns
-#: at least greedy's plan whatever its budget.
-SIM_POLICY_DEFAULTS: dict[str, dict[str, object]] = {"cpsat": {"max_time_s": 1.0}}
+#: at least greedy's plan whatever its budget. The budget is counted in nominal work, not
+#: wall time (`policies.work_clock`): a replay then gives the same figures on any host at
+#: any load, which a comparison of policies needs (`cpsat:deterministic=false` for the
+#: daemon's wall-clock budget).
+SIM_POLICY_DEFAULTS: dict[str, dict[str, object]] = {"cpsat": {"max_time_s": 1.0, "deterministic": True}}
 
 
 @dataclass(frozen=True)
