@@ -68,7 +68,7 @@ import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
 from policies.feasibility import unfit_text
-from policies.held_starts import unheld_latest
+from policies.held_starts import HELD, is_held, unheld_latest
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
@@ -358,6 +358,8 @@ class ChunkNotes:
             budget = p.groups[int(self.best_window_group[i])].budget
             return "power cap" if budget in p.capped_budgets else "capacity"
         if best_window > float(self.best_after[i]) + tol:
+            if is_held(p, j):
+                return HELD
             if job.deadline is not None:
                 return "deadline"
             if job.max_delay_s is not None:

@@ -22,6 +22,9 @@ import numpy as np
 from policies.problem import Problem
 from policies.segments import interruptible
 
+#: the binding constraint an explanation names for a held job ("held start binds")
+HELD = "held start"
+
 
 def hold_starts(problem: Problem, gate: float = 1.0) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
@@ -29,7 +32,8 @@ def hold_starts(problem: Problem, gate: float = 1.0) -> int:
     last start slot becomes that plan's start, floored to this plan's slot grid (never
     before their earliest slot). `gate` inf holds every on-time start. The uncut windows
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
-    from a deadline miss. Returns how many jobs were held."""
+    from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
+    explanations say so). Returns how many jobs were held."""
     previous = getattr(problem.snapshot, "previous", None) or {}
     if not previous:
         return 0
@@ -37,7 +41,7 @@ def hold_starts(problem: Problem, gate: float = 1.0) -> int:
     hard = problem.job_hard_latest.copy()
     pool_of_gpu = problem._topology.pool_of_gpu
     now_s = problem.now.timestamp()
-    held = 0
+    held_jobs: set[int] = set()
     for job_id, a in previous.items():
         j = problem.job_index.get(job_id)
         if j is None or not a.gpu_ids or interruptible(problem.jobs[j]):
@@ -56,14 +60,21 @@ def hold_starts(problem: Problem, gate: float = 1.0) -> int:
         cut = max(int(problem.job_earliest[j]), math.floor(start + 1e-9))
         problem.job_latest[j] = np.minimum(problem.job_latest[j], cut)
         hard[j] = min(int(hard[j]), cut)
-        held += 1
-    if held:
+        problem._job_options.pop(j, None)  # built from the uncut window
+        held_jobs.add(j)
+    if held_jobs:
         problem.job_latest_unheld = unheld
         problem.job_hard_latest = hard
-    return held
+        problem.held_jobs = held_jobs
+    return len(held_jobs)
 
 
 def unheld_latest(problem: Problem, j: int, g: int) -> int:
     """Job j's last on-time start slot on group g before any hold (`hold_starts`)."""
     unheld = getattr(problem, "job_latest_unheld", None)
     return int((unheld if unheld is not None else problem.job_latest)[j, g])
+
+
+def is_held(problem: Problem, j: int) -> bool:
+    """Whether job j's window was cut to its last plan's start (`hold_starts`)."""
+    return j in getattr(problem, "held_jobs", ())

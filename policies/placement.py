@@ -18,6 +18,7 @@ import numpy as np
 
 from policies.counterfactual import Counterfactual, choose
 from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w, job_shape, within_time_limit
+from policies.held_starts import HELD, is_held
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.length_spread import multipliers
 from policies.model import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text, sig
@@ -200,7 +201,7 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
                if late > 0 else "past its deadline margin: cheaper than on time")
     elif pick.deadline_miss:
         why = f"{binding} cannot be met: as soon as possible"
-    elif binding in ("deadline", "capacity", "power cap") and job.deadline is not None:
+    elif binding in ("deadline", "capacity", "power cap", HELD) and job.deadline is not None:
         # what being on time cost: the chosen grams over the cheapest start from release on
         # (any GPU that fits, the queue and the deadline ignored)
         cheapest = problem.cheapest_start_g(j)
@@ -281,6 +282,8 @@ def _binding(problem: Problem, j: int, pick: Pick, chosen: float, table: np.ndar
         budget = problem.groups[int(jo.groups[best_row])].budget
         return "power cap" if budget in problem.capped_budgets else "capacity"
     if best_window > best_horizon + tol:
+        if is_held(problem, j):
+            return HELD
         if job.deadline is not None:
             return "deadline"
         if job.max_delay_s is not None:

@@ -6,6 +6,8 @@ its real window without being counted late.
 
 from __future__ import annotations
 
+import re
+
 from datetime import datetime, timedelta, timezone
 
 from policies import Assignment, GpuSlot, QueuedJob, Snapshot
@@ -33,19 +35,27 @@ def _snapshot(previous_start: timedelta | None, deadline: timedelta = 8 * HOUR,
     return Snapshot(now=NOW, jobs=(job,), gpus=(gpu,), carbon={"Z1": CURVE}, previous=previous)
 
 
-def _start(snapshot: Snapshot, hold: float) -> timedelta:
+def _plan(snapshot: Snapshot, hold: float) -> Assignment:
     plan = CpsatPolicy(max_time_s=0.5, hold=hold, deterministic=True).plan(snapshot)
     assert violations(snapshot, plan) == []
     (a,) = plan.assignments
     assert not a.estimate.deadline_miss
-    return a.start_at - NOW
+    return a
+
+
+def _start(snapshot: Snapshot, hold: float) -> timedelta:
+    return _plan(snapshot, hold).start_at - NOW
 
 
 def test_a_job_left_little_slack_is_never_started_later_than_its_last_plan_said():
     # planned at 4:30, done at 6:30, due at 8:00: 1.5 h of slack, less than its 2-h run
     held = _snapshot(previous_start=4.5 * HOUR)
     assert _start(held, hold=0.0) == 6 * HOUR  # free, it follows the clean hours from 6:00
-    assert _start(held, hold=1.0) <= 4.5 * HOUR
+    a = _plan(held, hold=1.0)
+    assert a.start_at - NOW <= 4.5 * HOUR
+    # and its explanation says why it did not wait for the clean hours, and what that cost
+    assert a.estimate.binding == "held start"
+    assert re.search(r"held start binds; on time for \+\d+ g over its cheapest start", a.explanation)
 
 
 def test_a_job_with_slack_to_spare_still_follows_the_cleaner_hours():
