@@ -111,7 +111,7 @@ from ortools.sat.python import cp_model
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
                              notes_for_picks, run_ends, starved_first, whole_plan_vs_fifo)
-from policies.held_starts import hold_starts
+from policies.held_starts import Promises, hold_starts
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, estimate_score, picks_to_plan
 from policies.problem import Problem, compile_problem
@@ -160,6 +160,7 @@ class CpsatPolicy:
     # held starts (policies.held_starts): a job whose last plan left it less slack after its
     # finish than `hold` x its runtime is never started later than that plan said; 0: off
     hold: float = 0.0
+    hold_max_h: float = math.inf  # ... and less slack than this many hours
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
     # not wall time: the same snapshot gives the same plan on any host at any load (for the
     # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose
@@ -168,10 +169,13 @@ class CpsatPolicy:
 
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
+        self._promises = Promises()  # held starts' promises, kept across this policy's plans
 
     def plan(self, snapshot: Snapshot) -> Plan:
         clock: Clock = WorkClock() if self.deterministic else WallClock()
         started = clock.now()
+        if self.hold > 0:
+            self._promises.forget_all_but({j.id for j in snapshot.jobs})
         others: list[Plan] = []  # greedy's plan of the long jobs, when cpsat chose another
         price = float(self.lateness_g_per_gpu_h)
         # jobs shorter than a slot are packed in continuous time around the slot plan (and
@@ -193,7 +197,7 @@ class CpsatPolicy:
             clock = WorkClock() if self.deterministic else WallClock()
         started = clock.now() if started is None else started
         if self.hold > 0:
-            log.info("cpsat: %d starts held", hold_starts(problem, self.hold))
+            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises))
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}

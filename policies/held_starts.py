@@ -8,9 +8,13 @@ earlier, never later than the start its last on-time plan gave it, once that pla
 job less slack after its planned finish than `gate` times its own runtime there. A job with
 plenty of slack is free to follow the cleaner hours that later forecasts show.
 
-Measured in `bench/README.md` (section `overload`): held starts without a gate cut misses
-under overload but cost grams at every load, because a start is then fixed at the job's
-first plan.
+The promise is remembered (`Promises`) and not re-read from each plan's start: slots count
+from each plan's moment, so the start a plan can give at or before a promised time lies up
+to a slot before it, and a plan at every submit would pull a held job a slot earlier each
+time (into dirtier hours, and soon to "now"). A promise tightens only when a plan starts
+the job more than a slot earlier.
+
+Measured in `bench/README.md` (section `overload`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,35 @@ from policies.segments import interruptible
 HELD = "held start"
 
 
-def hold_starts(problem: Problem, gate: float = 1.0) -> int:
+class Promises:
+    """The latest start promised to each held job (by job id), kept across plans."""
+
+    def __init__(self) -> None:
+        self._by_job: dict[int, float] = {}
+
+    def promised(self, job_id: int, start_s: float, slot_s: float) -> float:
+        """The promise for a job its last plan started at `start_s` (epoch s): the one given
+        before unless that plan started it more than a slot earlier, which tightens it."""
+        before = self._by_job.get(job_id)
+        now = start_s if before is None or start_s < before - slot_s else before
+        self._by_job[job_id] = now
+        return now
+
+    def forget_all_but(self, job_ids: set[int]) -> None:
+        """Drop the promises of jobs no longer queued (started, cancelled)."""
+        for job_id in [i for i in self._by_job if i not in job_ids]:
+            del self._by_job[job_id]
+
+    def __len__(self) -> int:
+        return len(self._by_job)
+
+
+def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
+                promises: Promises | None = None) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
-    left them less than `gate` x their runtime of slack after their planned finish: their
-    last start slot becomes that plan's start, floored to this plan's slot grid (never
+    left them less than `gate` x their runtime of slack after their planned finish (and
+    less than `max_slack_h` hours): their last start slot becomes that plan's start (the
+    promise in `promises` where one was given), floored to this plan's slot grid (never
     before their earliest slot). `gate` inf holds every on-time start. The uncut windows
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
     from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
@@ -50,13 +79,18 @@ def hold_starts(problem: Problem, gate: float = 1.0) -> int:
         if pool is None:
             continue
         g = int(problem.pool_group[pool])
-        start = (a.start_at.timestamp() - now_s) / problem.slot_s  # in this plan's slots
+        start_s = a.start_at.timestamp()
+        if promises is not None and job_id in promises._by_job:
+            start_s = promises.promised(job_id, start_s, problem.slot_s)
+        start = (start_s - now_s) / problem.slot_s  # in this plan's slots
         on_time_latest = float(problem.job_on_time_latest[j, g])
         if math.isnan(problem._deadline_s[j]) or start > on_time_latest + 1e-9:
             continue  # no deadline, or that plan was late already: nothing to promise
         slack = on_time_latest - start
-        if slack >= gate * float(problem.job_duration[j, g]):
+        if slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s):
             continue
+        if promises is not None:
+            promises.promised(job_id, start_s, problem.slot_s)
         cut = max(int(problem.job_earliest[j]), math.floor(start + 1e-9))
         problem.job_latest[j] = np.minimum(problem.job_latest[j], cut)
         hard[j] = min(int(hard[j]), cut)
