@@ -86,6 +86,15 @@ of its own included. So the search also starts from that rule in the slot model
 without adding a miss. That holds on each snapshot; across a replay at load 1.2 cpsat's
 misses still spread widely from run to run (bench/README.md, "overload", sixth session).
 
+Held starts (`hold`, `policies.held_starts`): a job whose last plan left it less slack
+after its finish than `hold` x its runtime (and than `hold_max_h`) is never started later
+than that plan said; the promises are kept by the policy across its plans.
+
+The budget (`deterministic`): wall time in the daemon; nominal work in the simulator
+(`policies.work_clock`: greedy passes charged by the problem's size, sub-solves by CP-SAT's
+deterministic time, one worker), so a replay repeats exactly on any host. The LP guidance
+and the GPU-slot prices stop on wall time and are skipped there.
+
 Accepts FEASIBLE answers (a time-limited sub-solve rarely proves optimality). If the
 solver fails, the incumbent stays. Finally the plan is compared with greedy's and with
 fifo's (`placement.Score`) and the best is returned, so cpsat is never worse than greedy.

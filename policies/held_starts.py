@@ -9,10 +9,11 @@ job less slack after its planned finish than `gate` times its own runtime there.
 plenty of slack is free to follow the cleaner hours that later forecasts show.
 
 The promise is remembered (`Promises`) and not re-read from each plan's start: slots count
-from each plan's moment, so the start a plan can give at or before a promised time lies up
-to a slot before it, and a plan at every submit would pull a held job a slot earlier each
-time (into dirtier hours, and soon to "now"). A promise tightens only when a plan starts
-the job more than a slot earlier.
+from each plan's moment, so no slot starts at the promised moment exactly. Cut at the slot
+before it, a plan at every submit pulled a held job a slot earlier each time (into dirtier
+hours, soon to "now"); so a held job may start in the slot that holds its promise (up to
+a slot later than promised, as the slot model places every start), and a promise tightens
+only when a plan starts the job more than a slot earlier.
 
 Measured in `bench/README.md` (section `overload`).
 """
@@ -58,7 +59,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
-    promise in `promises` where one was given), floored to this plan's slot grid (never
+    promise in `promises` where one was given), rounded up to this plan's slot grid (never
     before their earliest slot). `gate` inf holds every on-time start. The uncut windows
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
     from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
@@ -91,7 +92,10 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
             continue
         if promises is not None:
             promises.promised(job_id, start_s, problem.slot_s)
-        cut = max(int(problem.job_earliest[j]), math.floor(start + 1e-9))
+        # the slot that holds the promised moment: up to a slot later than promised, where the
+        # last plan's start still fits (a running job's end, rounded up to this plan's grid,
+        # may lie past the slot before it); the promise itself stays, so nothing accumulates
+        cut = max(int(problem.job_earliest[j]), math.ceil(start - 1e-9))
         problem.job_latest[j] = np.minimum(problem.job_latest[j], cut)
         hard[j] = min(int(hard[j]), cut)
         problem._job_options.pop(j, None)  # built from the uncut window
