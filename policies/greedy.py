@@ -68,7 +68,7 @@ import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
 from policies.feasibility import unfit_text
-from policies.held_starts import HELD, is_held, unheld_latest
+from policies.held_starts import HELD, is_held, unheld_latest, unheld_window_latest
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
@@ -209,36 +209,49 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
         return "released after the planning horizon"
     if table is None:
         table = problem.cost_tables([j])[0]
+    pick = _cheapest_in_window(problem, state, j, table, lo, problem.window_latest(j))
+    if pick is None and is_held(problem, j):  # the promise cannot be kept: its real window
+        pick = _cheapest_in_window(problem, state, j, table, lo, unheld_window_latest(problem, j))
+    if pick is not None:
+        return pick
+    return _as_soon_as_possible(problem, state, j, table, lo, run_ends(problem, j))
+
+
+def _cheapest_in_window(problem: Problem, state: GreedyState, j: int, table: np.ndarray, lo: int,
+                        latest: np.ndarray) -> Pick | None:
+    """The cheapest feasible pick for job j starting from slot `lo` to `latest` (per group),
+    or None."""
+    S = problem.n_slots
     # only the starts from its release to its last in-window start on any group it fits are
     # looked at: the per-job array work shrinks with the window (greedy at 5,000 jobs: ~4 %)
-    latest = problem.window_latest(j)
     hi = min(S, int(latest[problem.job_fit[j]].max()) + 1)
-    if hi > lo:
-        W = hi - lo
-        ok = state.upper_feasible(j, run_ends(problem, j, lo, hi), lo, hi)
-        ok &= problem.slot_index[lo:hi] <= latest[:, None]
-        cost = table[:, lo:hi] if not problem.penalised else table[:, lo:hi] + problem.late_penalty(j)[:, lo:hi]
-        masked = np.where(ok, cost, np.inf).ravel()
-        # successive minima: all (group, start) pairs at the cheapest cost, earliest start first
-        # (then group order); at half load the first one is usually free on some pool
-        while True:
-            best = masked.min()
-            if not math.isfinite(best):
-                break
-            # equal up to float noise (a flat curve's prefix sums differ in the last bits from slot
-            # to slot): otherwise "the cheapest" start on a flat curve is a random later one.
-            # `masked` is 1-D: .nonzero() directly (np.flatnonzero's wrappers: ~15,000 calls)
-            ties = (masked <= best + 1e-9 * max(1.0, abs(best))).nonzero()[0]
-            if ties.size > 1:
-                ties = ties[np.lexsort((ties, ties % W))]
-            for idx in ties.tolist():
-                g, s = divmod(idx, W)
-                pool = state.free_pool(j, g, lo + s, upper_checked=True)
-                if pool is not None:  # priced: a start past the on-time window is a late pick
-                    return Pick(j, pool, lo + s, deadline_miss=not problem.strict
-                                and lo + s > problem.job_on_time_latest[j, g])
-            masked[ties] = np.inf
-    return _as_soon_as_possible(problem, state, j, table, lo, run_ends(problem, j))
+    if hi <= lo:
+        return None
+    W = hi - lo
+    ok = state.upper_feasible(j, run_ends(problem, j, lo, hi), lo, hi)
+    ok &= problem.slot_index[lo:hi] <= latest[:, None]
+    cost = table[:, lo:hi] if not problem.penalised else table[:, lo:hi] + problem.late_penalty(j)[:, lo:hi]
+    masked = np.where(ok, cost, np.inf).ravel()
+    # successive minima: all (group, start) pairs at the cheapest cost, earliest start first
+    # (then group order); at half load the first one is usually free on some pool
+    while True:
+        best = masked.min()
+        if not math.isfinite(best):
+            break
+        # equal up to float noise (a flat curve's prefix sums differ in the last bits from slot
+        # to slot): otherwise "the cheapest" start on a flat curve is a random later one.
+        # `masked` is 1-D: .nonzero() directly (np.flatnonzero's wrappers: ~15,000 calls)
+        ties = (masked <= best + 1e-9 * max(1.0, abs(best))).nonzero()[0]
+        if ties.size > 1:
+            ties = ties[np.lexsort((ties, ties % W))]
+        for idx in ties.tolist():
+            g, s = divmod(idx, W)
+            pool = state.free_pool(j, g, lo + s, upper_checked=True)
+            if pool is not None:  # priced: a start past the on-time window is a late pick
+                return Pick(j, pool, lo + s, deadline_miss=not problem.strict
+                            and lo + s > problem.job_on_time_latest[j, g])
+        masked[ties] = np.inf
+    return None
 
 
 def in_window(problem: Problem, j: int) -> np.ndarray:

@@ -102,6 +102,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         held_jobs.add(j)
     if held_jobs:
         problem.job_latest_unheld = unheld
+        problem.job_hard_latest_unheld = problem.job_hard_latest
         problem.job_hard_latest = hard
         problem.held_jobs = held_jobs
     return len(held_jobs)
@@ -111,6 +112,15 @@ def unheld_latest(problem: Problem, j: int, g: int) -> int:
     """Job j's last on-time start slot on group g before any hold (`hold_starts`)."""
     unheld = getattr(problem, "job_latest_unheld", None)
     return int((unheld if unheld is not None else problem.job_latest)[j, g])
+
+
+def unheld_window_latest(problem: Problem, j: int) -> np.ndarray:
+    """`Problem.window_latest(j)` before any hold: where a held job goes, cheapest first,
+    when no start at or before its promise fits any more."""
+    if problem.strict:
+        return getattr(problem, "job_latest_unheld", problem.job_latest)[j]
+    hard = getattr(problem, "job_hard_latest_unheld", problem.job_hard_latest)
+    return np.full(len(problem.groups), int(hard[j]), dtype=np.int64)
 
 
 def is_held(problem: Problem, j: int) -> bool:

@@ -74,17 +74,18 @@ def test_a_late_previous_plan_or_no_deadline_promises_nothing():
     assert problem.job_latest.max() == 6 * 4  # the window is whole: its last start is 6:00
 
 
-def test_a_held_job_that_cannot_keep_its_start_runs_inside_its_real_window_and_is_not_late():
-    # held at 4:30, but its GPU is busy until 5:30 now: the earliest start is inside the
-    # real window (due at 8:00, so the last on-time start is 6:00): on time
+def test_a_held_job_that_cannot_keep_its_promise_is_planned_in_its_real_window_and_is_not_late():
+    # held at 4:30, but its GPU is busy until 5:30 now: no start at or before the promise
+    # fits, so it is planned as if it had none (the cheapest start of its real window, 6:00,
+    # on time: due at 8:00), not as soon as possible as a job that cannot be on time is
     snapshot = _snapshot(previous_start=4.5 * HOUR, busy_until=5.5 * HOUR)
     problem = compile_problem(snapshot)
     assert hold_starts(problem, 1.0) == 1
     picks, unplaced = greedy_picks(problem, GreedyState(problem))
     (p,) = picks
     assert not unplaced and not p.deadline_miss
-    assert p.slot * problem.slot_s == 5.5 * 3600
-    assert _start(snapshot, hold=1.0) == 5.5 * HOUR
+    assert p.slot * problem.slot_s == 6 * 3600
+    assert _start(snapshot, hold=1.0) == 6 * HOUR
 
 
 def test_a_held_start_does_not_creep_earlier_as_plans_follow_each_other_off_the_slot_grid():
