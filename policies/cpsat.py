@@ -87,8 +87,9 @@ without adding a miss. That holds on each snapshot; across a replay at load 1.2 
 misses still spread widely from run to run (bench/README.md, "overload", sixth session).
 
 Held starts (`hold`, `policies.held_starts`): a job whose last plan left it less slack
-after its finish than `hold` x its runtime (and than `hold_max_h`) is never started later
-than that plan said; the promises are kept by the policy across its plans.
+after its finish than `hold` x its runtime (and than `hold_max_h`) is never started more
+than a slot later than that plan promised; the promises are kept by the policy across its
+plans. Off by default (bench/README.md, "Held starts as an option").
 
 The budget (`deterministic`): wall time in the daemon; nominal work in the simulator
 (`policies.work_clock`: greedy passes charged by the problem's size, sub-solves by CP-SAT's
@@ -167,7 +168,8 @@ class CpsatPolicy:
     # grams per GPU-hour late (policies.lateness); "strict"/inf: misses first, then grams
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
     # held starts (policies.held_starts): a job whose last plan left it less slack after its
-    # finish than `hold` x its runtime is never started later than that plan said; 0: off
+    # finish than `hold` x its runtime is never started more than a slot later than that
+    # plan promised; 0: off (the default: measured, it does not pay under overload)
     hold: float = 0.0
     hold_max_h: float = math.inf  # ... and less slack than this many hours
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),

@@ -4,7 +4,7 @@ Conservative backfilling's promise, given only where it is needed. A carbon-awar
 defers work to cleaner hours inside each job's window; under load, later plans (new
 arrivals, a reshuffled fleet, a running job that ends a slot later on the new plan's grid)
 then push a deferred job past its deadline. So a re-plan may move such a job's start
-earlier, never later than the start its last on-time plan gave it, once that plan left the
+earlier, never later than the start an on-time plan promised it, once that plan left the
 job less slack after its planned finish than `gate` times its own runtime there. A job with
 plenty of slack is free to follow the cleaner hours that later forecasts show.
 
