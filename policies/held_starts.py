@@ -38,20 +38,24 @@ class Promises:
         self._by_job: dict[int, float] = {}
 
     def promised(self, job_id: int, start_s: float, slot_s: float) -> float:
-        """The promise for a job its last plan started at `start_s` (epoch s): the one given
-        before unless that plan started it more than a slot earlier, which tightens it."""
+        """The start a job's last plan gave it (`start_s`, epoch s) as a promise: the one
+        given before, unless that plan started it more than a slot earlier, which tightens
+        it. A job without a promise yet gets none here (`keep` gives it)."""
         before = self._by_job.get(job_id)
-        now = start_s if before is None or start_s < before - slot_s else before
-        self._by_job[job_id] = now
-        return now
+        if before is None:
+            return start_s
+        if start_s < before - slot_s:
+            self._by_job[job_id] = before = start_s
+        return before
+
+    def keep(self, job_id: int, start_s: float) -> None:
+        """Remember `start_s` as the job's promise."""
+        self._by_job[job_id] = start_s
 
     def forget_all_but(self, job_ids: set[int]) -> None:
         """Drop the promises of jobs no longer queued (started, cancelled)."""
         for job_id in [i for i in self._by_job if i not in job_ids]:
             del self._by_job[job_id]
-
-    def __len__(self) -> int:
-        return len(self._by_job)
 
 
 def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
@@ -64,25 +68,17 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
     from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
     explanations say so). Returns how many jobs were held."""
-    previous = getattr(problem.snapshot, "previous", None) or {}
-    if not previous:
-        return 0
     unheld = problem.job_latest.copy()
     hard = problem.job_hard_latest.copy()
-    pool_of_gpu = problem._topology.pool_of_gpu
     now_s = problem.now.timestamp()
     held_jobs: set[int] = set()
-    for job_id, a in previous.items():
-        j = problem.job_index.get(job_id)
-        if j is None or not a.gpu_ids or interruptible(problem.jobs[j]):
-            continue
-        pool = pool_of_gpu.get(a.gpu_ids[0])
-        if pool is None:
+    for j, pool, a in problem.previous_assignments():
+        if interruptible(problem.jobs[j]):
             continue
         g = int(problem.pool_group[pool])
         start_s = a.start_at.timestamp()
-        if promises is not None and job_id in promises._by_job:
-            start_s = promises.promised(job_id, start_s, problem.slot_s)
+        if promises is not None:
+            start_s = promises.promised(a.job_id, start_s, problem.slot_s)
         start = (start_s - now_s) / problem.slot_s  # in this plan's slots
         on_time_latest = float(problem.job_on_time_latest[j, g])
         if math.isnan(problem._deadline_s[j]) or start > on_time_latest + 1e-9:
@@ -91,7 +87,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         if slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s):
             continue
         if promises is not None:
-            promises.promised(job_id, start_s, problem.slot_s)
+            promises.keep(a.job_id, start_s)
         # the slot that holds the promised moment: up to a slot later than promised, where the
         # last plan's start still fits (a running job's end, rounded up to this plan's grid,
         # may lie past the slot before it); the promise itself stays, so nothing accumulates

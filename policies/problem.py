@@ -60,7 +60,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -611,21 +611,26 @@ class Problem:
             hit = self._job_options[j] = self._build_job_options(j)
         return hit
 
-    def previous_picks(self) -> list[tuple[int, int, int]]:
-        """(job index, pool, slot) of the plans in `Snapshot.previous` that still make sense
-        as a start: the job is queued here, its GPUs' pool fits it, and the start (rounded to
-        the nearest slot) lies in its window. Capacity is not checked (the caller does)."""
+    def previous_assignments(self) -> Iterator[tuple[int, int, Assignment]]:
+        """(job index, pool, assignment) of the plans in `Snapshot.previous` whose job is
+        queued here with as many GPUs, on GPUs of a known pool."""
         previous = getattr(self.snapshot, "previous", None) or {}
-        out: list[tuple[int, int, int]] = []
         pool_of_gpu = self._topology.pool_of_gpu
-        now_s = self.now.timestamp()
         for job_id, a in previous.items():
             j = self.job_index.get(job_id)
             if j is None or not a.gpu_ids or len(a.gpu_ids) != int(self.job_k[j]):
                 continue
             pool = pool_of_gpu.get(a.gpu_ids[0])
-            if pool is None:
-                continue
+            if pool is not None:
+                yield j, pool, a
+
+    def previous_picks(self) -> list[tuple[int, int, int]]:
+        """(job index, pool, slot) of the plans in `Snapshot.previous` that still make sense
+        as a start: the job is queued here, its GPUs' pool fits it, and the start (rounded to
+        the nearest slot) lies in its window. Capacity is not checked (the caller does)."""
+        out: list[tuple[int, int, int]] = []
+        now_s = self.now.timestamp()
+        for j, pool, a in self.previous_assignments():
             g = int(self.pool_group[pool])
             slot = int(round((a.start_at.timestamp() - now_s) / self.slot_s))
             if self.job_fit[j, g] and self.job_earliest[j] <= slot <= self.job_latest[j, g]:
