@@ -172,6 +172,8 @@ class CpsatPolicy:
     # plan promised; 0: off (the default: measured, it does not pay under overload)
     hold: float = 0.0
     hold_max_h: float = math.inf  # ... and less slack than this many hours
+    hold_pace: float = 0.0  # a promise moves this many hours earlier per hour since it was given
+    hold_fragile: bool = False  # hold only jobs the last plan left no later on-time start
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
     # not wall time: the same snapshot gives the same plan on any host at any load (for the
     # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose
@@ -180,7 +182,7 @@ class CpsatPolicy:
 
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
-        self._promises = Promises()  # held starts' promises, kept across this policy's plans
+        self._promises = Promises(self.hold_pace)  # held starts' promises, kept across this policy's plans
 
     def plan(self, snapshot: Snapshot) -> Plan:
         clock: Clock = WorkClock() if self.deterministic else WallClock()
@@ -208,7 +210,8 @@ class CpsatPolicy:
             clock = WorkClock() if self.deterministic else WallClock()
         started = clock.now() if started is None else started
         if self.hold > 0:
-            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises))
+            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises,
+                                                                   self.hold_fragile))
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}

@@ -32,25 +32,39 @@ HELD = "held start"
 
 
 class Promises:
-    """The latest start promised to each held job (by job id), kept across plans."""
+    """The latest start promised to each held job (by job id), kept across plans.
 
-    def __init__(self) -> None:
-        self._by_job: dict[int, float] = {}
+    With `pace_h_per_h` > 0 a promise moves earlier as time passes, by that many hours per
+    hour since it was given (never before "now"): a held job is pulled towards "now" at a
+    pace set by the clock, whatever the number of plans in between."""
 
-    def promised(self, job_id: int, start_s: float, slot_s: float) -> float:
+    def __init__(self, pace_h_per_h: float = 0.0) -> None:
+        self.pace_h_per_h = pace_h_per_h
+        self._by_job: dict[int, tuple[float, float]] = {}  # job id -> (promised start, given at), epoch s
+
+    def promised(self, job_id: int, start_s: float, slot_s: float, now_s: float) -> float:
         """The start a job's last plan gave it (`start_s`, epoch s) as a promise: the one
-        given before, unless that plan started it more than a slot earlier, which tightens
-        it. A job without a promise yet gets none here (`keep` gives it)."""
+        given before (pulled by the pace), unless that plan started it more than a slot
+        earlier, which tightens it. A job without a promise yet gets none here (`keep`
+        gives it)."""
         before = self._by_job.get(job_id)
         if before is None:
             return start_s
-        if start_s < before - slot_s:
-            self._by_job[job_id] = before = start_s
-        return before
+        promise_s = max(now_s, before[0] - self.pace_h_per_h * max(0.0, now_s - before[1]))
+        if start_s < promise_s - slot_s:
+            self._by_job[job_id] = (start_s, now_s)
+            return start_s
+        return promise_s
 
-    def keep(self, job_id: int, start_s: float) -> None:
-        """Remember `start_s` as the job's promise."""
-        self._by_job[job_id] = start_s
+    def pulls(self, job_id: int) -> bool:
+        """Whether a paced promise is being pulled for this job: it stays held until it
+        starts (pulled earlier, its slack grows, and it must not fall back to the end of its
+        window for the cleaner hours there)."""
+        return self.pace_h_per_h > 0 and job_id in self._by_job
+
+    def keep(self, job_id: int, start_s: float, now_s: float) -> None:
+        """Give a job its first promise, `start_s`, at `now_s` (one given before stays)."""
+        self._by_job.setdefault(job_id, (start_s, now_s))
 
     def forget_all_but(self, job_ids: set[int]) -> None:
         """Drop the promises of jobs no longer queued (started, cancelled)."""
@@ -59,7 +73,7 @@ class Promises:
 
 
 def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
-                promises: Promises | None = None) -> int:
+                promises: Promises | None = None, fragile_only: bool = False) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
@@ -72,22 +86,27 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     hard = problem.job_hard_latest.copy()
     now_s = problem.now.timestamp()
     held_jobs: set[int] = set()
-    for j, pool, a in problem.previous_assignments():
+    previous = list(problem.previous_assignments())
+    left = _left_over(problem, previous) if fragile_only else None
+    for j, pool, a in previous:
         if interruptible(problem.jobs[j]):
             continue
         g = int(problem.pool_group[pool])
         start_s = a.start_at.timestamp()
         if promises is not None:
-            start_s = promises.promised(a.job_id, start_s, problem.slot_s)
+            start_s = promises.promised(a.job_id, start_s, problem.slot_s, now_s)
         start = (start_s - now_s) / problem.slot_s  # in this plan's slots
         on_time_latest = float(problem.job_on_time_latest[j, g])
         if math.isnan(problem._deadline_s[j]) or start > on_time_latest + 1e-9:
             continue  # no deadline, or that plan was late already: nothing to promise
         slack = on_time_latest - start
-        if slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s):
-            continue
+        if promises is None or not promises.pulls(a.job_id):
+            if slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s):
+                continue
+            if left is not None and _has_later_start(problem, left, j, pool, start):
+                continue  # the last plan left it another on-time start: not at risk
         if promises is not None:
-            promises.keep(a.job_id, start_s)
+            promises.keep(a.job_id, start_s, now_s)
         # the slot that holds the promised moment: up to a slot later than promised, where the
         # last plan's start still fits (a running job's end, rounded up to this plan's grid,
         # may lie past the slot before it); the promise itself stays, so nothing accumulates
@@ -104,9 +123,48 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     return len(held_jobs)
 
 
+def _left_over(problem: Problem, previous: list) -> np.ndarray:
+    """(pools x slots) GPUs free once the last plans of the queued jobs are placed."""
+    free = problem.capacity_matrix().astype(np.int64)
+    now_s = problem.now.timestamp()
+    for j, pool, a in previous:
+        g = int(problem.pool_group[pool])
+        s = max(0, int(math.floor((a.start_at.timestamp() - now_s) / problem.slot_s + 1e-9)))
+        free[pool, s:s + int(problem.job_duration[j, g])] -= int(problem.job_k[j])
+    return free
+
+
+def _has_later_start(problem: Problem, left: np.ndarray, j: int, pool: int, start: float) -> bool:
+    """Whether job j, planned on `pool` at slot `start` (this plan's slots), has an on-time
+    start later than that in the capacity the other jobs' last plans leave."""
+    k = int(problem.job_k[j])
+    own = left[pool].copy()
+    g_own = int(problem.pool_group[pool])
+    s0 = max(0, int(math.floor(start + 1e-9)))
+    own[s0:s0 + int(problem.job_duration[j, g_own])] += k
+    first = int(math.floor(start + 1e-9)) + 1
+    for q in range(left.shape[0]):
+        g = int(problem.pool_group[q])
+        if not problem.job_fit[j, g]:
+            continue
+        last = int(problem.job_on_time_latest[j, g]) if np.isfinite(problem.job_on_time_latest[j, g]) else -1
+        d = int(problem.job_duration[j, g])
+        if last < first:
+            continue
+        free = own if q == pool else left[q]
+        room = free >= k
+        # a start s fits when every slot of [s, s + d) has room (slots past the horizon count as free)
+        padded = np.concatenate([room, np.ones(d, dtype=bool)])
+        bad = np.concatenate([[0], np.cumsum(~padded)])
+        starts = np.arange(first, min(last, left.shape[1] - 1) + 1)
+        if starts.size and np.any(bad[starts + d] - bad[starts] == 0):
+            return True
+    return False
+
+
 def unheld_latest(problem: Problem, j: int, g: int) -> int:
     """Job j's last on-time start slot on group g before any hold (`hold_starts`)."""
-    unheld = getattr(problem, "job_latest_unheld", None)
+    unheld = problem.job_latest_unheld
     return int((unheld if unheld is not None else problem.job_latest)[j, g])
 
 
@@ -114,11 +172,13 @@ def unheld_window_latest(problem: Problem, j: int) -> np.ndarray:
     """`Problem.window_latest(j)` before any hold: where a held job goes, cheapest first,
     when no start at or before its promise fits any more."""
     if problem.strict:
-        return getattr(problem, "job_latest_unheld", problem.job_latest)[j]
-    hard = getattr(problem, "job_hard_latest_unheld", problem.job_hard_latest)
+        unheld = problem.job_latest_unheld
+        return (unheld if unheld is not None else problem.job_latest)[j]
+    hard = problem.job_hard_latest_unheld
+    hard = hard if hard is not None else problem.job_hard_latest
     return np.full(len(problem.groups), int(hard[j]), dtype=np.int64)
 
 
 def is_held(problem: Problem, j: int) -> bool:
     """Whether job j's window was cut to its last plan's start (`hold_starts`)."""
-    return j in getattr(problem, "held_jobs", ())
+    return j in problem.held_jobs

@@ -449,6 +449,11 @@ class Problem:
         # on-time start per (job, group) (may lie before `job_earliest`, or past the horizon)
         self.job_hard_latest: np.ndarray = limit
         self.job_on_time_latest: np.ndarray = np.clip(by_deadline, -1e9, 1e9)
+        # held starts (policies.held_starts): the jobs whose window was cut to a promised
+        # start, and the window ends before the cut (None while no job is held)
+        self.held_jobs: set[int] = set()
+        self.job_latest_unheld: np.ndarray | None = None
+        self.job_hard_latest_unheld: np.ndarray | None = None
         self.group_row_offsets = np.arange(n_groups, dtype=np.int64) * (self.n_slots + 1)
         self._zone_groups = [np.array([gi for gi, g in enumerate(groups) if g.zone == z], dtype=np.int64)
                              for z in self.zones]

@@ -112,3 +112,48 @@ def test_a_held_start_does_not_creep_earlier_as_plans_follow_each_other_off_the_
         crept.append(plan.assignments[0].start_at - NOW)
         snapshot = replace(snap, previous=plan.by_job())
     assert crept[2] > crept[1] > crept[0] and crept[-1] > 5 * HOUR  # the promise slips by a plan's lag each time
+
+
+def _paced_starts(plan_every: timedelta, pace: float, hours: float = 2.0) -> list[timedelta]:
+    """Re-plan the held job of `_snapshot(4:30)` every `plan_every` for `hours` with one
+    policy (its promises kept) pulling at `pace` hours per hour; the planned starts."""
+    policy = CpsatPolicy(max_time_s=0.5, hold=1.0, hold_pace=pace, deterministic=True)
+    # cleaner by the hour until 6:00: inside its held window the job starts as late as it may
+    falling = CarbonCurve("Z1", NOW, 3600.0, tuple([600.0 - 50 * h for h in range(6)] + [50.0] * 42))
+    snapshot, starts = replace(_snapshot(previous_start=4.5 * HOUR), carbon={"Z1": falling}), []
+    for k in range(int(hours * HOUR / plan_every) + 1):
+        snap = replace(snapshot, now=NOW + k * plan_every)
+        plan = policy.plan(snap)
+        assert violations(snap, plan) == []
+        (a,) = plan.assignments
+        assert not a.estimate.deadline_miss
+        starts.append(a.start_at - NOW)
+        snapshot = replace(snap, previous=plan.by_job())
+    return starts
+
+
+def test_a_paced_promise_moves_earlier_with_the_clock_whatever_the_number_of_plans():
+    # promised 4:30 at 0:00; pulled one hour per hour, it is due to start by 2:30 at 2:00
+    every_4_min = _paced_starts(timedelta(minutes=4), pace=1.0)
+    hourly = _paced_starts(HOUR, pace=1.0)
+    for starts in (every_4_min, hourly):
+        assert starts[-1] <= 2.5 * HOUR + timedelta(minutes=15), starts  # within a slot of 2:30
+        assert starts[-1] >= 2.5 * HOUR - timedelta(minutes=15)  # not pulled to "now" (2:00) by the plans
+    # without a pace the promise stays at 4:30
+    assert abs(_paced_starts(HOUR, pace=0.0)[-1] - 4.5 * HOUR) < timedelta(minutes=15)
+
+
+def test_a_fragile_only_hold_leaves_a_job_that_still_has_a_later_start_free():
+    # alone on its GPU the job planned at 4:30 could still start later and be on time
+    alone = compile_problem(_snapshot(previous_start=4.5 * HOUR))
+    assert hold_starts(alone, 1.0, fragile_only=True) == 0
+    assert hold_starts(compile_problem(_snapshot(previous_start=4.5 * HOUR)), 1.0) == 1
+    # with a second job planned on the same GPU from 6:30, any later start would collide with it
+    snapshot = _snapshot(previous_start=4.5 * HOUR)
+    other = QueuedJob(id=2, gpus=1, gpu_mem_gib=0.0, submitted_at=NOW - HOUR, est_runtime_s=2 * 3600.0,
+                      deadline=NOW + 10 * HOUR)
+    snapshot = replace(snapshot, jobs=snapshot.jobs + (other,), previous={
+        **snapshot.previous, 2: Assignment(job_id=2, node="n1", gpu_ids=(1,), start_at=NOW + 6.5 * HOUR)})
+    problem = compile_problem(snapshot)
+    assert hold_starts(problem, 1.0, fragile_only=True) == 1
+    assert problem.held_jobs == {problem.job_index[1]}
