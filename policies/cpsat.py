@@ -89,7 +89,10 @@ misses still spread widely from run to run (bench/README.md, "overload", sixth s
 Held starts (`hold`, `policies.held_starts`): a job whose last plan left it less slack
 after its finish than `hold` x its runtime (and than `hold_max_h`) is never started more
 than a slot later than that plan promised; the promises are kept by the policy across its
-plans. Off by default (bench/README.md, "Held starts as an option").
+plans. With `hold_pace` a promise also moves earlier with the clock (hours per hour) and the
+job stays held until it starts: the setting for a fleet that runs saturated
+(`hold=1:hold_pace=1:hold_max_h=12`). Off by default: it costs a third of the saving where
+the fleet has room (bench/README.md, "Held starts as an option", "A paced promise").
 
 The budget (`deterministic`): wall time in the daemon; nominal work in the simulator
 (`policies.work_clock`: greedy passes charged by the problem's size, sub-solves by CP-SAT's
@@ -172,8 +175,9 @@ class CpsatPolicy:
     # plan promised; 0: off (the default: measured, it does not pay under overload)
     hold: float = 0.0
     hold_max_h: float = math.inf  # ... and less slack than this many hours
-    hold_pace: float = 0.0  # a promise moves this many hours earlier per hour since it was given
-    hold_fragile: bool = False  # hold only jobs the last plan left no later on-time start
+    # a promise moves this many hours earlier per hour since it was given, and its job stays
+    # held until it starts (a pull towards "now" set by the clock, not by how often plans come)
+    hold_pace: float = 0.0
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
     # not wall time: the same snapshot gives the same plan on any host at any load (for the
     # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose
@@ -210,8 +214,7 @@ class CpsatPolicy:
             clock = WorkClock() if self.deterministic else WallClock()
         started = clock.now() if started is None else started
         if self.hold > 0:
-            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises,
-                                                                   self.hold_fragile))
+            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises))
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}

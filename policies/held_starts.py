@@ -15,6 +15,12 @@ hours, soon to "now"); so a held job may start in the slot that holds its promis
 a slot later than promised, as the slot model places every start), and a promise tightens
 only when a plan starts the job more than a slot earlier.
 
+A paced promise (`Promises(pace_h_per_h)`) also moves earlier as time passes: a held job is
+pulled towards "now" at a pace set by the clock, so it starts within a share of the slack
+it had when it was first held, and it stays held until it starts. Under a sustained
+overload that is what keeps deferred work from piling up at the end of the windows; where
+the fleet has room it only costs grams.
+
 Measured in `bench/README.md` (section `overload`).
 """
 
@@ -73,7 +79,7 @@ class Promises:
 
 
 def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
-                promises: Promises | None = None, fragile_only: bool = False) -> int:
+                promises: Promises | None = None) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
@@ -86,9 +92,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     hard = problem.job_hard_latest.copy()
     now_s = problem.now.timestamp()
     held_jobs: set[int] = set()
-    previous = list(problem.previous_assignments())
-    left = _left_over(problem, previous) if fragile_only else None
-    for j, pool, a in previous:
+    for j, pool, a in problem.previous_assignments():
         if interruptible(problem.jobs[j]):
             continue
         g = int(problem.pool_group[pool])
@@ -100,11 +104,9 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         if math.isnan(problem._deadline_s[j]) or start > on_time_latest + 1e-9:
             continue  # no deadline, or that plan was late already: nothing to promise
         slack = on_time_latest - start
-        if promises is None or not promises.pulls(a.job_id):
-            if slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s):
-                continue
-            if left is not None and _has_later_start(problem, left, j, pool, start):
-                continue  # the last plan left it another on-time start: not at risk
+        if (promises is None or not promises.pulls(a.job_id)) and \
+                slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s):
+            continue
         if promises is not None:
             promises.keep(a.job_id, start_s, now_s)
         # the slot that holds the promised moment: up to a slot later than promised, where the
@@ -121,45 +123,6 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         problem.job_hard_latest = hard
         problem.held_jobs = held_jobs
     return len(held_jobs)
-
-
-def _left_over(problem: Problem, previous: list) -> np.ndarray:
-    """(pools x slots) GPUs free once the last plans of the queued jobs are placed."""
-    free = problem.capacity_matrix().astype(np.int64)
-    now_s = problem.now.timestamp()
-    for j, pool, a in previous:
-        g = int(problem.pool_group[pool])
-        s = max(0, int(math.floor((a.start_at.timestamp() - now_s) / problem.slot_s + 1e-9)))
-        free[pool, s:s + int(problem.job_duration[j, g])] -= int(problem.job_k[j])
-    return free
-
-
-def _has_later_start(problem: Problem, left: np.ndarray, j: int, pool: int, start: float) -> bool:
-    """Whether job j, planned on `pool` at slot `start` (this plan's slots), has an on-time
-    start later than that in the capacity the other jobs' last plans leave."""
-    k = int(problem.job_k[j])
-    own = left[pool].copy()
-    g_own = int(problem.pool_group[pool])
-    s0 = max(0, int(math.floor(start + 1e-9)))
-    own[s0:s0 + int(problem.job_duration[j, g_own])] += k
-    first = int(math.floor(start + 1e-9)) + 1
-    for q in range(left.shape[0]):
-        g = int(problem.pool_group[q])
-        if not problem.job_fit[j, g]:
-            continue
-        last = int(problem.job_on_time_latest[j, g]) if np.isfinite(problem.job_on_time_latest[j, g]) else -1
-        d = int(problem.job_duration[j, g])
-        if last < first:
-            continue
-        free = own if q == pool else left[q]
-        room = free >= k
-        # a start s fits when every slot of [s, s + d) has room (slots past the horizon count as free)
-        padded = np.concatenate([room, np.ones(d, dtype=bool)])
-        bad = np.concatenate([[0], np.cumsum(~padded)])
-        starts = np.arange(first, min(last, left.shape[1] - 1) + 1)
-        if starts.size and np.any(bad[starts + d] - bad[starts] == 0):
-            return True
-    return False
 
 
 def unheld_latest(problem: Problem, j: int, g: int) -> int:

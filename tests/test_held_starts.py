@@ -142,18 +142,3 @@ def test_a_paced_promise_moves_earlier_with_the_clock_whatever_the_number_of_pla
     # without a pace the promise stays at 4:30
     assert abs(_paced_starts(HOUR, pace=0.0)[-1] - 4.5 * HOUR) < timedelta(minutes=15)
 
-
-def test_a_fragile_only_hold_leaves_a_job_that_still_has_a_later_start_free():
-    # alone on its GPU the job planned at 4:30 could still start later and be on time
-    alone = compile_problem(_snapshot(previous_start=4.5 * HOUR))
-    assert hold_starts(alone, 1.0, fragile_only=True) == 0
-    assert hold_starts(compile_problem(_snapshot(previous_start=4.5 * HOUR)), 1.0) == 1
-    # with a second job planned on the same GPU from 6:30, any later start would collide with it
-    snapshot = _snapshot(previous_start=4.5 * HOUR)
-    other = QueuedJob(id=2, gpus=1, gpu_mem_gib=0.0, submitted_at=NOW - HOUR, est_runtime_s=2 * 3600.0,
-                      deadline=NOW + 10 * HOUR)
-    snapshot = replace(snapshot, jobs=snapshot.jobs + (other,), previous={
-        **snapshot.previous, 2: Assignment(job_id=2, node="n1", gpu_ids=(1,), start_at=NOW + 6.5 * HOUR)})
-    problem = compile_problem(snapshot)
-    assert hold_starts(problem, 1.0, fragile_only=True) == 1
-    assert problem.held_jobs == {problem.job_index[1]}
