@@ -172,7 +172,7 @@ class CpsatPolicy:
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
     # held starts (policies.held_starts): a job whose last plan left it less slack after its
     # finish than `hold` x its runtime is never started more than a slot later than that
-    # plan promised; 0: off (the default: measured, it does not pay under overload)
+    # plan promised; 0: off (the default: measured, it costs grams where the fleet has room)
     hold: float = 0.0
     hold_max_h: float = math.inf  # ... and less slack than this many hours
     # a promise moves this many hours earlier per hour since it was given, and its job stays

@@ -16,8 +16,8 @@ a slot later than promised, as the slot model places every start), and a promise
 only when a plan starts the job more than a slot earlier.
 
 A paced promise (`Promises(pace_h_per_h)`) also moves earlier as time passes: a held job is
-pulled towards "now" at a pace set by the clock, so it starts within a share of the slack
-it had when it was first held, and it stays held until it starts. Under a sustained
+pulled towards "now" at a pace set by the clock, so it starts within 1 / (1 + pace) of the
+time that was left to its promise when it was held, and it stays held until it starts. Under a sustained
 overload that is what keeps deferred work from piling up at the end of the windows; where
 the fleet has room it only costs grams.
 

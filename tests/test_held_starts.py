@@ -141,4 +141,3 @@ def test_a_paced_promise_moves_earlier_with_the_clock_whatever_the_number_of_pla
         assert starts[-1] >= 2.5 * HOUR - timedelta(minutes=15)  # not pulled to "now" (2:00) by the plans
     # without a pace the promise stays at 4:30
     assert abs(_paced_starts(HOUR, pace=0.0)[-1] - 4.5 * HOUR) < timedelta(minutes=15)
-
