@@ -26,9 +26,10 @@ CAP_W = 0.6 * GPUS * TDP_W  # 1,680 W
 
 
 def _window_start(now: datetime) -> datetime:
-    """The first whole minute at least 45 s ahead (windows are set to the minute): time for the
-    daemon to start on a loaded host and for the job to be planned before the window."""
-    return (now + timedelta(seconds=45)).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    """The first whole minute at least 120 s ahead (windows are set to the minute): time for the
+    daemon to start on a loaded host and for the job to be planned before the window (45 s
+    was not enough once: CI with four test workers on 2 cores, PostgreSQL, 2026-12-03)."""
+    return (now + timedelta(seconds=120)).replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
 def per_second_power_w(url: str, since_s: float, until_s: float) -> list[tuple[int, float]]:
