@@ -17,9 +17,9 @@ only when a plan starts the job more than a slot earlier.
 
 A paced promise (`Promises(pace_h_per_h)`) also moves earlier as time passes: a held job is
 pulled towards "now" at a pace set by the clock, so it starts within 1 / (1 + pace) of the
-time that was left to its promise when it was held, and it stays held until it starts. Under a sustained
-overload that is what keeps deferred work from piling up at the end of the windows; where
-the fleet has room it only costs grams.
+time that was left to its promise when it was held, and it stays held until it starts.
+Under a sustained overload that is what keeps deferred work from piling up at the end of
+the windows; where the fleet has room it only costs grams.
 
 Measured in `bench/README.md` (section `overload`).
 """
