@@ -6,6 +6,7 @@ its real window without being counted late.
 
 from __future__ import annotations
 
+import math
 import re
 
 from dataclasses import replace
@@ -15,7 +16,7 @@ from policies import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.catalog import catalog
 from policies.cpsat import CpsatPolicy
 from policies.greedy import GreedyState, greedy_picks
-from policies.held_starts import hold_starts
+from policies.held_starts import deadline_density, hold_starts
 from policies.model import CarbonCurve
 from policies.problem import compile_problem
 from policy_checker import violations
@@ -36,16 +37,16 @@ def _snapshot(previous_start: timedelta | None, deadline: timedelta = 8 * HOUR,
     return Snapshot(now=NOW, jobs=(job,), gpus=(gpu,), carbon={"Z1": CURVE}, previous=previous)
 
 
-def _plan(snapshot: Snapshot, hold: float) -> Assignment:
-    plan = CpsatPolicy(max_time_s=0.5, hold=hold, deterministic=True).plan(snapshot)
+def _plan(snapshot: Snapshot, hold: float, **options) -> Assignment:
+    plan = CpsatPolicy(max_time_s=0.5, hold=hold, deterministic=True, **options).plan(snapshot)
     assert violations(snapshot, plan) == []
     (a,) = plan.assignments
     assert not a.estimate.deadline_miss
     return a
 
 
-def _start(snapshot: Snapshot, hold: float) -> timedelta:
-    return _plan(snapshot, hold).start_at - NOW
+def _start(snapshot: Snapshot, hold: float, **options) -> timedelta:
+    return _plan(snapshot, hold, **options).start_at - NOW
 
 
 def test_a_job_left_little_slack_is_never_started_later_than_its_last_plan_said():
@@ -141,3 +142,29 @@ def test_a_paced_promise_moves_earlier_with_the_clock_whatever_the_number_of_pla
         assert starts[-1] >= 2.5 * HOUR - timedelta(minutes=15)  # not pulled to "now" (2:00) by the plans
     # without a pace the promise stays at 4:30
     assert abs(_paced_starts(HOUR, pace=0.0)[-1] - 4.5 * HOUR) < timedelta(minutes=15)
+
+
+def test_deadline_density_is_the_work_due_by_a_deadline_over_the_gpu_hours_free_until_then():
+    # one H100, a 2-h job due at 8:00: 2 of the 8 GPU-hours free until then
+    assert deadline_density(compile_problem(_snapshot(None))).tolist() == [0.25]
+    # the GPU busy until 4:00: 2 of 4
+    assert deadline_density(compile_problem(_snapshot(None, busy_until=4 * HOUR))).tolist() == [0.5]
+    # every job due no later counts, a job without a deadline has none
+    base = _snapshot(None)
+    early = replace(base.jobs[0], id=2, deadline=NOW + 4 * HOUR)
+    undated = replace(base.jobs[0], id=3, deadline=None)
+    density = deadline_density(compile_problem(replace(base, jobs=(base.jobs[0], early, undated))))
+    assert density[:2].tolist() == [4 / 8, 2 / 4]
+    assert math.isnan(density[2])
+
+
+def test_with_a_crowding_gate_only_a_job_whose_fleet_is_full_until_its_deadline_is_held():
+    # both planned at 4:30 with 1.5 h of slack, less than the 2-h run: held without a gate
+    roomy = _snapshot(previous_start=4.5 * HOUR)  # density 0.25
+    full = _snapshot(previous_start=4.5 * HOUR, busy_until=4 * HOUR)  # density 0.5
+    assert hold_starts(compile_problem(roomy), 1.0) == 1
+    assert hold_starts(compile_problem(roomy), 1.0, min_density=0.5) == 0
+    assert hold_starts(compile_problem(full), 1.0, min_density=0.5) == 1
+    # so the roomy one follows the clean hours, the full one keeps its start
+    assert _start(roomy, hold=1.0, hold_density=0.5) == 6 * HOUR
+    assert _start(full, hold=1.0, hold_density=0.5) <= 4.5 * HOUR
