@@ -178,9 +178,10 @@ class CpsatPolicy:
     # a promise moves this many hours earlier per hour since it was given, and its job stays
     # held until it starts (a pull towards "now" set by the clock, not by how often plans come)
     hold_pace: float = 0.0
-    # only a job whose deadline density (held_starts.deadline_density) is at least this is
-    # newly held: the fleet is full until its deadline; 0: no such gate
-    hold_density: float = 0.0
+    # promises are given only while the fleet's crowding (held_starts.crowding: the work the
+    # queue must have run by a deadline over the GPU-hours free until then) is at least this
+    # (0: always)
+    hold_crowding: float = 0.0
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
     # not wall time: the same snapshot gives the same plan on any host at any load (for the
     # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose
@@ -218,7 +219,7 @@ class CpsatPolicy:
         started = clock.now() if started is None else started
         if self.hold > 0:
             log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises,
-                                                                  self.hold_density))
+                                                                  self.hold_crowding))
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}

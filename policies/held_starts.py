@@ -21,11 +21,10 @@ time that was left to its promise when it was held, and it stays held until it s
 Under a sustained overload that is what keeps deferred work from piling up at the end of
 the windows; where the fleet has room it only costs grams.
 
-A gate on crowding (`min_density`): a job is held only where the fleet is full until its
-deadline: the GPU-hours of the queued work due by then (its own included, each job at its
-fastest GPUs) fill at least that share of the GPU-hours the fleet has free until then
-(`deadline_density`). Where the fleet has room no promise is given, and a plan follows the
-cleaner hours as without holds.
+A gate on crowding (`min_crowding`): promises are given only while the fleet is full for
+the queue's deadlines (`crowding`: the work the queue must have run by a deadline over the
+GPU-hours free until then, at the most crowded deadline). Where the fleet has room no
+promise is given, and a plan follows the cleaner hours as without holds.
 
 Measured in `bench/README.md` (section `overload`).
 """
@@ -84,51 +83,58 @@ class Promises:
             del self._by_job[job_id]
 
 
-def deadline_density(problem: Problem) -> np.ndarray:
-    """Per job: the GPU-hours of the queued work due by its deadline (every job with a
-    deadline no later than its own, itself included, each at its fastest fitting GPUs)
-    over the GPU-hours the fleet has free from now until that deadline (after running,
-    pinned and kept work; every GPU free past the horizon). 1 or more: even an
-    earliest-deadline-first plan can no longer meet every one of those deadlines; NaN for
-    a job without a deadline. The EDF feasibility test of a single machine, spread over
-    the fleet (it ignores which GPUs each job fits and how jobs pack)."""
-    n = len(problem.jobs)
-    density = np.full(n, np.nan)
+def crowding(problem: Problem) -> float:
+    """How full the fleet is for the queue's deadlines: at the most crowded of them, the
+    GPU-hours the queued jobs must have run by then over the GPU-hours the fleet has free
+    from now until then (after running, pinned and kept work; every GPU free past the
+    horizon). A job must have run by time t the part of its run that would lie before t if
+    it started as late as its deadline lets it (at its fastest fitting GPUs; from now if
+    that is already past): the energetic demand bound of scheduling theory. 1 or more: even
+    an earliest-deadline-first plan can no longer meet every deadline; 0 without deadlines.
+    It ignores which GPUs each job fits and how jobs pack."""
     deadline_s = problem._deadline_s
-    has = ~np.isnan(deadline_s)
-    if not has.any():
-        return density
-    dur = np.where(problem.job_fit, problem.job_duration, np.iinfo(np.int64).max).min(axis=1)
-    work = np.where(problem.job_fit.any(axis=1), problem.job_k * dur, 0).astype(np.float64)  # GPU-slots
-    idx = np.flatnonzero(has)
-    order = idx[np.argsort(deadline_s[idx], kind="stable")]
-    due = np.cumsum(work[order])
-    # jobs sharing a deadline all count each other's work
-    d_sorted = deadline_s[order]
-    last_of_tie = np.searchsorted(d_sorted, d_sorted, side="right") - 1
-    due = due[last_of_tie]
-    free_per_slot = problem._capacity.sum(axis=0).astype(np.float64)
-    free_cum = np.concatenate(([0.0], np.cumsum(free_per_slot)))
-    all_gpus = float(sum(problem.pool_size)) if len(problem.pools) else 0.0
-    until = np.maximum(0.0, d_sorted / problem.slot_s)
-    inside = np.minimum(until, problem.n_slots)
+    has = ~np.isnan(deadline_s) & problem.job_fit.any(axis=1)
+    if not has.any() or not len(problem.pools):
+        return 0.0
+    dur = np.where(problem.job_fit, problem.job_duration, np.iinfo(np.int64).max).min(axis=1)[has].astype(np.float64)
+    k = problem.job_k[has].astype(np.float64)
+    due = deadline_s[has] / problem.slot_s  # in slots from now
+    latest = np.maximum(0.0, due - dur)  # the latest start, or now for a job already late
+    finish = latest + dur
+    # demand(t) = sum k (t - latest)+ - k (t - finish)+, at every deadline still ahead
+    t = np.unique(due[due > 0])
+    if t.size == 0:
+        return 0.0
+
+    def ramp(points: np.ndarray) -> np.ndarray:  # sum over jobs of k (t - point)+
+        order = np.argsort(points)
+        p, w = points[order], k[order]
+        n = np.searchsorted(p, t, side="left")
+        kw = np.concatenate(([0.0], np.cumsum(w)))
+        kp = np.concatenate(([0.0], np.cumsum(w * p)))
+        return kw[n] * t - kp[n]
+
+    demand = ramp(latest) - ramp(finish)
+    free_cum = np.concatenate(([0.0], np.cumsum(problem._capacity.sum(axis=0), dtype=np.float64)))
+    inside = np.minimum(t, problem.n_slots)
     lo = np.floor(inside).astype(np.int64)
     hi = np.minimum(lo + 1, problem.n_slots)
-    free = free_cum[lo] + (inside - lo) * (free_cum[hi] - free_cum[lo]) + all_gpus * np.maximum(0.0, until - problem.n_slots)
+    all_gpus = float(np.sum(problem.pool_size))
+    free = free_cum[lo] + (inside - lo) * (free_cum[hi] - free_cum[lo]) + all_gpus * np.maximum(0.0, t - problem.n_slots)
     with np.errstate(divide="ignore", invalid="ignore"):
-        density[order] = np.where(free > 0, due / np.where(free > 0, free, 1.0), np.inf)
-    return density
+        ratio = np.where(free > 0, demand / np.where(free > 0, free, 1.0), np.where(demand > 0, np.inf, 0.0))
+    return float(ratio.max())
 
 
 def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
-                promises: Promises | None = None, min_density: float = 0.0) -> int:
+                promises: Promises | None = None, min_crowding: float = 0.0) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
     promise in `promises` where one was given), rounded up to this plan's slot grid (never
-    before their earliest slot). `gate` inf holds every on-time start. With `min_density`
-    > 0 only a job whose `deadline_density` is at least that is newly held (the fleet is
-    full until its deadline); a paced promise keeps its job held either way. The uncut windows
+    before their earliest slot). `gate` inf holds every on-time start. With `min_crowding`
+    > 0 jobs are newly held only while the fleet's `crowding` is at least that; a paced
+    promise keeps its job held either way. The uncut windows
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
     from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
     explanations say so). Returns how many jobs were held."""
@@ -136,7 +142,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     hard = problem.job_hard_latest.copy()
     now_s = problem.now.timestamp()
     held_jobs: set[int] = set()
-    density = deadline_density(problem) if min_density > 0 else None
+    crowded = min_crowding <= 0 or crowding(problem) >= min_crowding
     for j, pool, a in problem.previous_assignments():
         if interruptible(problem.jobs[j]):
             continue
@@ -151,7 +157,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         slack = on_time_latest - start
         if (promises is None or not promises.pulls(a.job_id)) and (
                 slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s)
-                or (density is not None and not density[j] >= min_density)):
+                or not crowded):
             continue
         if promises is not None:
             promises.keep(a.job_id, start_s, now_s)
