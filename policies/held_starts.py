@@ -21,10 +21,10 @@ time that was left to its promise when it was held, and it stays held until it s
 Under a sustained overload that is what keeps deferred work from piling up at the end of
 the windows; where the fleet has room it only costs grams.
 
-A gate on crowding (`min_crowding`): promises are given only while the fleet is full for
-the queue's deadlines (`crowding`: the work the queue must have run by a deadline over the
-GPU-hours free until then, at the most crowded deadline). Where the fleet has room no
-promise is given, and a plan follows the cleaner hours as without holds.
+A gate on the offered load (`min_load`): promises are given only while the work submitted
+over the last day is at least that share of what the fleet can run in a day (`Arrivals`).
+A fleet offered all it can run has no room later for the work a plan defers; where it has
+room no promise is given, and a plan follows the cleaner hours as without holds.
 
 Measured in `bench/README.md` (section `overload`).
 """
@@ -83,58 +83,48 @@ class Promises:
             del self._by_job[job_id]
 
 
-def crowding(problem: Problem) -> float:
-    """How full the fleet is for the queue's deadlines: at the most crowded of them, the
-    GPU-hours the queued jobs must have run by then over the GPU-hours the fleet has free
-    from now until then (after running, pinned and kept work; every GPU free past the
-    horizon). A job must have run by time t the part of its run that would lie before t if
-    it started as late as its deadline lets it (at its fastest fitting GPUs; from now if
-    that is already past): the energetic demand bound of scheduling theory. 1 or more: even
-    an earliest-deadline-first plan can no longer meet every deadline; 0 without deadlines.
-    It ignores which GPUs each job fits and how jobs pack."""
-    deadline_s = problem._deadline_s
-    has = ~np.isnan(deadline_s) & problem.job_fit.any(axis=1)
-    if not has.any() or not len(problem.pools):
-        return 0.0
-    dur = np.where(problem.job_fit, problem.job_duration, np.iinfo(np.int64).max).min(axis=1)[has].astype(np.float64)
-    k = problem.job_k[has].astype(np.float64)
-    due = deadline_s[has] / problem.slot_s  # in slots from now
-    latest = np.maximum(0.0, due - dur)  # the latest start, or now for a job already late
-    finish = latest + dur
-    # demand(t) = sum k (t - latest)+ - k (t - finish)+, at every deadline still ahead
-    t = np.unique(due[due > 0])
-    if t.size == 0:
-        return 0.0
+class Arrivals:
+    """The work submitted to the fleet over the last `window_s` (a day), by job id, kept
+    across plans: what tells a fleet that is offered more than it can run from one that
+    has room (`offered_load`). Each job counts once, as its GPUs x its median runtime over
+    the GPU groups it fits (jobs shorter than a slot, packed outside the slot plan, are not
+    seen; they are a small share of the GPU-hours)."""
 
-    def ramp(points: np.ndarray) -> np.ndarray:  # sum over jobs of k (t - point)+
-        order = np.argsort(points)
-        p, w = points[order], k[order]
-        n = np.searchsorted(p, t, side="left")
-        kw = np.concatenate(([0.0], np.cumsum(w)))
-        kp = np.concatenate(([0.0], np.cumsum(w * p)))
-        return kw[n] * t - kp[n]
+    def __init__(self, window_s: float = 86400.0) -> None:
+        self.window_s = window_s
+        self._by_job: dict[int, tuple[float, float]] = {}  # job id -> (submitted at epoch s, GPU-s)
 
-    demand = ramp(latest) - ramp(finish)
-    free_cum = np.concatenate(([0.0], np.cumsum(problem._capacity.sum(axis=0), dtype=np.float64)))
-    inside = np.minimum(t, problem.n_slots)
-    lo = np.floor(inside).astype(np.int64)
-    hi = np.minimum(lo + 1, problem.n_slots)
-    all_gpus = float(np.sum(problem.pool_size))
-    free = free_cum[lo] + (inside - lo) * (free_cum[hi] - free_cum[lo]) + all_gpus * np.maximum(0.0, t - problem.n_slots)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(free > 0, demand / np.where(free > 0, free, 1.0), np.where(demand > 0, np.inf, 0.0))
-    return float(ratio.max())
+    def see(self, problem: Problem) -> None:
+        """Count the problem's jobs not seen before; forget those submitted before the window."""
+        for j, job in enumerate(problem.jobs):
+            if job.id in self._by_job:
+                continue
+            fit = problem.job_runtime_s[j][problem.job_fit[j]]
+            if fit.size:
+                self._by_job[job.id] = (job.submitted_at.timestamp(), float(problem.job_k[j]) * float(np.median(fit)))
+        since_s = problem.now.timestamp() - self.window_s
+        for job_id in [i for i, (at, _) in self._by_job.items() if at < since_s]:
+            del self._by_job[job_id]
+
+    def offered_load(self, problem: Problem) -> float:
+        """The GPU-hours submitted over the window over the GPU-hours the fleet's usable GPUs
+        run in it: 1 or more, the fleet is offered at least all it can run."""
+        gpus = float(np.sum(problem.pool_size)) if len(problem.pools) else 0.0
+        since_s = problem.now.timestamp() - self.window_s
+        work_s = sum(w for at, w in self._by_job.values() if at >= since_s)
+        return work_s / (gpus * self.window_s) if gpus > 0 else math.inf
 
 
 def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
-                promises: Promises | None = None, min_crowding: float = 0.0) -> int:
+                promises: Promises | None = None, offered_load: float = math.inf,
+                min_load: float = 0.0) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
     promise in `promises` where one was given), rounded up to this plan's slot grid (never
-    before their earliest slot). `gate` inf holds every on-time start. With `min_crowding`
-    > 0 jobs are newly held only while the fleet's `crowding` is at least that; a paced
-    promise keeps its job held either way. The uncut windows
+    before their earliest slot). `gate` inf holds every on-time start. Jobs are newly
+    held only while `offered_load` (`Arrivals.offered_load`) is at least `min_load`; a
+    paced promise keeps its job held either way. The uncut windows
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
     from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
     explanations say so). Returns how many jobs were held."""
@@ -142,7 +132,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     hard = problem.job_hard_latest.copy()
     now_s = problem.now.timestamp()
     held_jobs: set[int] = set()
-    crowded = min_crowding <= 0 or crowding(problem) >= min_crowding
+    saturated = offered_load >= min_load
     for j, pool, a in problem.previous_assignments():
         if interruptible(problem.jobs[j]):
             continue
@@ -157,7 +147,7 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         slack = on_time_latest - start
         if (promises is None or not promises.pulls(a.job_id)) and (
                 slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s)
-                or not crowded):
+                or not saturated):
             continue
         if promises is not None:
             promises.keep(a.job_id, start_s, now_s)

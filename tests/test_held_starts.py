@@ -15,7 +15,7 @@ from policies import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.catalog import catalog
 from policies.cpsat import CpsatPolicy
 from policies.greedy import GreedyState, greedy_picks
-from policies.held_starts import crowding, hold_starts
+from policies.held_starts import Arrivals, hold_starts
 from policies.model import CarbonCurve
 from policies.problem import compile_problem
 from policy_checker import violations
@@ -143,30 +143,29 @@ def test_a_paced_promise_moves_earlier_with_the_clock_whatever_the_number_of_pla
     assert abs(_paced_starts(HOUR, pace=0.0)[-1] - 4.5 * HOUR) < timedelta(minutes=15)
 
 
-def test_crowding_is_the_work_the_queue_must_have_run_by_a_deadline_over_the_gpu_hours_free_until_then():
-    # one H100, a 2-h job due at 8:00: 2 of the 8 GPU-hours free until then
-    assert crowding(compile_problem(_snapshot(None))) == 0.25
-    # the GPU busy until 4:00: 2 of 4
-    assert crowding(compile_problem(_snapshot(None, busy_until=4 * HOUR))) == 0.5
-    # at the most crowded deadline; a job due later counts the part of its run that must
-    # lie before it: a 4-h job due at 6:00 must have run 2 h by 4:00, when a 2-h job is due
+def test_the_offered_load_is_the_work_submitted_over_the_last_day_over_what_the_fleet_runs_in_a_day():
+    # one H100; a 2-h job submitted an hour ago: 2 of the 24 GPU-hours a day has
     base = _snapshot(None)
-    early = replace(base.jobs[0], id=2, deadline=NOW + 4 * HOUR)
-    later = replace(base.jobs[0], id=3, est_runtime_s=4 * 3600.0, deadline=NOW + 6 * HOUR)
-    undated = replace(base.jobs[0], id=4, deadline=None)
-    assert crowding(compile_problem(replace(base, jobs=(early, undated)))) == 2 / 4
-    assert crowding(compile_problem(replace(base, jobs=(early, later, undated)))) == (2 + 2) / 4
-    # no deadline, nothing to crowd
-    assert crowding(compile_problem(replace(base, jobs=(undated,)))) == 0.0
+    arrivals = Arrivals()
+    problem = compile_problem(base)
+    arrivals.see(problem)
+    arrivals.see(problem)  # each job counts once, however many plans see it
+    assert arrivals.offered_load(problem) == 2 / 24
+    # a job submitted more than a day ago no longer counts, nor does one no GPU fits
+    old = replace(base.jobs[0], id=2, submitted_at=NOW - 25 * HOUR)
+    huge = replace(base.jobs[0], id=3, gpu_mem_gib=10_000.0)
+    problem = compile_problem(replace(base, jobs=(base.jobs[0], old, huge)))
+    arrivals.see(problem)
+    assert arrivals.offered_load(problem) == 2 / 24
 
 
-def test_with_a_crowding_gate_a_job_is_held_only_while_the_fleet_is_full_for_the_deadlines():
-    # both planned at 4:30 with 1.5 h of slack, less than the 2-h run: held without a gate
-    roomy = _snapshot(previous_start=4.5 * HOUR)  # crowding 0.25
-    full = _snapshot(previous_start=4.5 * HOUR, busy_until=4 * HOUR)  # crowding 0.5
-    assert hold_starts(compile_problem(roomy), 1.0) == 1
-    assert hold_starts(compile_problem(roomy), 1.0, min_crowding=0.5) == 0
-    assert hold_starts(compile_problem(full), 1.0, min_crowding=0.5) == 1
-    # so the roomy one follows the clean hours, the full one keeps its start
-    assert _start(roomy, hold=1.0, hold_crowding=0.5) == 6 * HOUR
-    assert _start(full, hold=1.0, hold_crowding=0.5) <= 4.5 * HOUR
+def test_with_a_load_gate_a_job_is_held_only_while_the_fleet_is_offered_that_share_of_a_day():
+    # planned at 4:30 with 1.5 h of slack, less than the 2-h run: held without a gate
+    snapshot = _snapshot(previous_start=4.5 * HOUR)
+    assert hold_starts(compile_problem(snapshot), 1.0) == 1
+    assert hold_starts(compile_problem(snapshot), 1.0, offered_load=0.5, min_load=1.0) == 0
+    assert hold_starts(compile_problem(snapshot), 1.0, offered_load=1.0, min_load=1.0) == 1
+    # through cpsat, which counts the arrivals itself (2/24 of a day here): under the gate
+    # the job follows the clean hours, over it the job keeps its start
+    assert _start(snapshot, hold=1.0, hold_load=0.1) == 6 * HOUR
+    assert _start(snapshot, hold=1.0, hold_load=0.08) <= 4.5 * HOUR
