@@ -124,7 +124,7 @@ from ortools.sat.python import cp_model
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_window, keep_better_than_fifo,
                              notes_for_picks, run_ends, starved_first, whole_plan_vs_fifo)
-from policies.held_starts import Arrivals, Promises, hold_starts
+from policies.held_starts import Promises, hold_starts
 from policies.model import Plan, Snapshot
 from policies.placement import Notes, Pick, estimate_score, picks_to_plan
 from policies.problem import Problem, compile_problem
@@ -178,9 +178,6 @@ class CpsatPolicy:
     # a promise moves this many hours earlier per hour since it was given, and its job stays
     # held until it starts (a pull towards "now" set by the clock, not by how often plans come)
     hold_pace: float = 0.0
-    # promises are given only while the work submitted over the last day is at least this
-    # share of what the fleet can run in a day (held_starts.Arrivals; 0: always)
-    hold_load: float = 0.0
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
     # not wall time: the same snapshot gives the same plan on any host at any load (for the
     # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose
@@ -190,7 +187,6 @@ class CpsatPolicy:
     def __post_init__(self) -> None:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
         self._promises = Promises(self.hold_pace)  # held starts' promises, kept across this policy's plans
-        self._arrivals = Arrivals()  # the work submitted over the last day (the hold's gate)
 
     def plan(self, snapshot: Snapshot) -> Plan:
         clock: Clock = WorkClock() if self.deterministic else WallClock()
@@ -218,10 +214,7 @@ class CpsatPolicy:
             clock = WorkClock() if self.deterministic else WallClock()
         started = clock.now() if started is None else started
         if self.hold > 0:
-            self._arrivals.see(problem)
-            held = hold_starts(problem, self.hold, self.hold_max_h, self._promises,
-                               self._arrivals.offered_load(problem), self.hold_load)
-            log.info("cpsat: %d starts held", held)
+            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises))
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}

@@ -21,11 +21,6 @@ time that was left to its promise when it was held, and it stays held until it s
 Under a sustained overload that is what keeps deferred work from piling up at the end of
 the windows; where the fleet has room it only costs grams.
 
-A gate on the offered load (`min_load`): promises are given only while the work submitted
-over the last day is at least that share of what the fleet can run in a day (`Arrivals`).
-A fleet offered all it can run has no room later for the work a plan defers; where it has
-room no promise is given, and a plan follows the cleaner hours as without holds.
-
 Measured in `bench/README.md` (section `overload`).
 """
 
@@ -83,48 +78,13 @@ class Promises:
             del self._by_job[job_id]
 
 
-class Arrivals:
-    """The work submitted to the fleet over the last `window_s` (a day), by job id, kept
-    across plans: what tells a fleet that is offered more than it can run from one that
-    has room (`offered_load`). Each job counts once, as its GPUs x its median runtime over
-    the GPU groups it fits (jobs shorter than a slot, packed outside the slot plan, are not
-    seen; they are a small share of the GPU-hours)."""
-
-    def __init__(self, window_s: float = 86400.0) -> None:
-        self.window_s = window_s
-        self._by_job: dict[int, tuple[float, float]] = {}  # job id -> (submitted at epoch s, GPU-s)
-
-    def see(self, problem: Problem) -> None:
-        """Count the problem's jobs not seen before; forget those submitted before the window."""
-        for j, job in enumerate(problem.jobs):
-            if job.id in self._by_job:
-                continue
-            fit = problem.job_runtime_s[j][problem.job_fit[j]]
-            if fit.size:
-                self._by_job[job.id] = (job.submitted_at.timestamp(), float(problem.job_k[j]) * float(np.median(fit)))
-        since_s = problem.now.timestamp() - self.window_s
-        for job_id in [i for i, (at, _) in self._by_job.items() if at < since_s]:
-            del self._by_job[job_id]
-
-    def offered_load(self, problem: Problem) -> float:
-        """The GPU-hours submitted over the window over the GPU-hours the fleet's usable GPUs
-        run in it: 1 or more, the fleet is offered at least all it can run."""
-        gpus = float(np.sum(problem.pool_size)) if len(problem.pools) else 0.0
-        since_s = problem.now.timestamp() - self.window_s
-        work_s = sum(w for at, w in self._by_job.values() if at >= since_s)
-        return work_s / (gpus * self.window_s) if gpus > 0 else math.inf
-
-
 def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
-                promises: Promises | None = None, offered_load: float = math.inf,
-                min_load: float = 0.0) -> int:
+                promises: Promises | None = None) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
     promise in `promises` where one was given), rounded up to this plan's slot grid (never
-    before their earliest slot). `gate` inf holds every on-time start. Jobs are newly
-    held only while `offered_load` (`Arrivals.offered_load`) is at least `min_load`; a
-    paced promise keeps its job held either way. The uncut windows
+    before their earliest slot). `gate` inf holds every on-time start. The uncut windows
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
     from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
     explanations say so). Returns how many jobs were held."""
@@ -132,7 +92,6 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     hard = problem.job_hard_latest.copy()
     now_s = problem.now.timestamp()
     held_jobs: set[int] = set()
-    saturated = offered_load >= min_load
     for j, pool, a in problem.previous_assignments():
         if interruptible(problem.jobs[j]):
             continue
@@ -145,9 +104,8 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         if math.isnan(problem._deadline_s[j]) or start > on_time_latest + 1e-9:
             continue  # no deadline, or that plan was late already: nothing to promise
         slack = on_time_latest - start
-        if (promises is None or not promises.pulls(a.job_id)) and (
-                slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s)
-                or not saturated):
+        if (promises is None or not promises.pulls(a.job_id)) and \
+                slack >= min(gate * float(problem.job_duration[j, g]), max_slack_h * 3600.0 / problem.slot_s):
             continue
         if promises is not None:
             promises.keep(a.job_id, start_s, now_s)

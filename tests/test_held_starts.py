@@ -15,7 +15,7 @@ from policies import Assignment, GpuSlot, QueuedJob, Snapshot
 from policies.catalog import catalog
 from policies.cpsat import CpsatPolicy
 from policies.greedy import GreedyState, greedy_picks
-from policies.held_starts import Arrivals, hold_starts
+from policies.held_starts import hold_starts
 from policies.model import CarbonCurve
 from policies.problem import compile_problem
 from policy_checker import violations
@@ -36,16 +36,16 @@ def _snapshot(previous_start: timedelta | None, deadline: timedelta = 8 * HOUR,
     return Snapshot(now=NOW, jobs=(job,), gpus=(gpu,), carbon={"Z1": CURVE}, previous=previous)
 
 
-def _plan(snapshot: Snapshot, hold: float, **options) -> Assignment:
-    plan = CpsatPolicy(max_time_s=0.5, hold=hold, deterministic=True, **options).plan(snapshot)
+def _plan(snapshot: Snapshot, hold: float) -> Assignment:
+    plan = CpsatPolicy(max_time_s=0.5, hold=hold, deterministic=True).plan(snapshot)
     assert violations(snapshot, plan) == []
     (a,) = plan.assignments
     assert not a.estimate.deadline_miss
     return a
 
 
-def _start(snapshot: Snapshot, hold: float, **options) -> timedelta:
-    return _plan(snapshot, hold, **options).start_at - NOW
+def _start(snapshot: Snapshot, hold: float) -> timedelta:
+    return _plan(snapshot, hold).start_at - NOW
 
 
 def test_a_job_left_little_slack_is_never_started_later_than_its_last_plan_said():
@@ -141,31 +141,3 @@ def test_a_paced_promise_moves_earlier_with_the_clock_whatever_the_number_of_pla
         assert starts[-1] >= 2.5 * HOUR - timedelta(minutes=15)  # not pulled to "now" (2:00) by the plans
     # without a pace the promise stays at 4:30
     assert abs(_paced_starts(HOUR, pace=0.0)[-1] - 4.5 * HOUR) < timedelta(minutes=15)
-
-
-def test_the_offered_load_is_the_work_submitted_over_the_last_day_over_what_the_fleet_runs_in_a_day():
-    # one H100; a 2-h job submitted an hour ago: 2 of the 24 GPU-hours a day has
-    base = _snapshot(None)
-    arrivals = Arrivals()
-    problem = compile_problem(base)
-    arrivals.see(problem)
-    arrivals.see(problem)  # each job counts once, however many plans see it
-    assert arrivals.offered_load(problem) == 2 / 24
-    # a job submitted more than a day ago no longer counts, nor does one no GPU fits
-    old = replace(base.jobs[0], id=2, submitted_at=NOW - 25 * HOUR)
-    huge = replace(base.jobs[0], id=3, gpu_mem_gib=10_000.0)
-    problem = compile_problem(replace(base, jobs=(base.jobs[0], old, huge)))
-    arrivals.see(problem)
-    assert arrivals.offered_load(problem) == 2 / 24
-
-
-def test_with_a_load_gate_a_job_is_held_only_while_the_fleet_is_offered_that_share_of_a_day():
-    # planned at 4:30 with 1.5 h of slack, less than the 2-h run: held without a gate
-    snapshot = _snapshot(previous_start=4.5 * HOUR)
-    assert hold_starts(compile_problem(snapshot), 1.0) == 1
-    assert hold_starts(compile_problem(snapshot), 1.0, offered_load=0.5, min_load=1.0) == 0
-    assert hold_starts(compile_problem(snapshot), 1.0, offered_load=1.0, min_load=1.0) == 1
-    # through cpsat, which counts the arrivals itself (2/24 of a day here): under the gate
-    # the job follows the clean hours, over it the job keeps its start
-    assert _start(snapshot, hold=1.0, hold_load=0.1) == 6 * HOUR
-    assert _start(snapshot, hold=1.0, hold_load=0.08) <= 4.5 * HOUR
