@@ -126,7 +126,7 @@ from policies.greedy import (CHUNK, GreedyState, edf_order, greedy_picks, in_win
                              notes_for_picks, run_ends, starved_first, whole_plan_vs_fifo)
 from policies.held_starts import Promises, hold_starts
 from policies.model import Plan, Snapshot
-from policies.placement import Notes, Pick, estimate_score, picks_to_plan
+from policies.placement import Notes, Pick, deferred_misses, estimate_score, picks_to_plan
 from policies.problem import Problem, compile_problem
 from policies.segments import interruptible
 from policies.short_jobs import plan_with_short_jobs
@@ -330,18 +330,22 @@ class _Solution:
     misses: int
     label: str
     priced: bool = False  # a price of lateness: `gco2` is grams + priced lateness, misses do not rank first
+    waiting: int = 0  # unplaced jobs that wait for GPUs past the horizon: misses, not unplaced
 
     @classmethod
     def of(cls, picks: list[Pick], unplaced: dict[int, str], costs: dict[int, float], label: str,
            problem: Problem | None = None) -> "_Solution":
-        return cls(picks, unplaced, sum(costs.values()), sum(p.deadline_miss for p in picks), label,
-                   problem is not None and not problem.strict)
+        waiting, late_gpu_h = (0, 0.0) if problem is None else deferred_misses(
+            unplaced, {j.id: j for j in problem.jobs})
+        late_g = 0.0 if problem is None else late_gpu_h * problem.effective_lateness_price
+        return cls(picks, unplaced, sum(costs.values()) + late_g, sum(p.deadline_miss for p in picks) + waiting,
+                   label, problem is not None and not problem.strict, waiting)
 
     def better_than(self, other: "_Solution") -> bool:
         """Strict: fewer unplaced, then fewer misses, then fewer grams. With a price of
         lateness the misses are in `gco2` already (grams + priced lateness): fewer unplaced,
         then a lower objective."""
-        a, b = (len(self.unplaced), self.misses), (len(other.unplaced), other.misses)
+        a, b = (len(self.unplaced) - self.waiting, self.misses), (len(other.unplaced) - other.waiting, other.misses)
         if self.priced:
             a, b = a[:1], b[:1]
         if a != b:

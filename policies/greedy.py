@@ -39,7 +39,9 @@ A job that fits no start inside its window (deadline / max delay) is placed wher
 finishes soonest (a faster model may be worth waiting for: the least lateness), the cheapest
 such start, flagged `deadline_miss`. (It used to take the earliest start: in the overload
 scenario at load 0.9 that put a 44 h job on a free A100 at once, to finish 11.8 h late; by the
-earliest finish it met its deadline.) With a
+earliest finish it met its deadline.) Where GPUs that come free only past the
+horizon would finish it at least a slot sooner, it waits for them instead, unplaced with a
+`policies.deferral.Deferral` that the plan's score counts as its miss. With a
 price of lateness (`lateness_g_per_gpu_h`, policies.lateness) the window is the hard one
 (max delay, horizon) and a start past the deadline costs the price per GPU-hour late. A job
 that has no option at all (memory, SLO, gang size) or no free GPUs anywhere within the
@@ -63,10 +65,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
+from policies.deferral import Deferral, past_horizon_start
 from policies.feasibility import unfit_text
 from policies.held_starts import HELD, is_held, unheld_latest, unheld_window_latest
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
@@ -108,6 +112,9 @@ class GreedyState:
         self._blocked_cs: dict[int, np.ndarray] = {}
         self._stale: dict[int, set[int]] = {}  # per k, groups whose gmax changed since its prefix sums
         self._budget_groups = {b: [g for g, grp in enumerate(problem.groups) if grp.budget == b] for b in self.power}
+        # per pool, (end slot, GPUs) of what holds its GPUs past the horizon, picks included
+        # (policies.deferral: when a late job that waits for faster GPUs could start)
+        self.past_horizon = [list(holds) for holds in problem.pool_past_horizon]
 
     def _blocked(self, k: int) -> np.ndarray:
         """(groups x slots+1) prefix sums of "no pool of the group has k GPUs free"."""
@@ -155,6 +162,8 @@ class GreedyState:
 
     def take(self, pool: int, slot: int, k: int, dur: int, power_w: float) -> None:
         end = min(slot + dur, self.problem.n_slots)
+        if slot + dur > end:
+            self.past_horizon[pool].append((slot + dur, k))
         self.rem[pool, slot:end] -= k
         g = int(self.pool_group[pool])
         self.gmax[g, slot:end] = self.rem[self.group_pools[g], slot:end].max(axis=0)
@@ -284,8 +293,48 @@ def _as_soon_as_possible(problem: Problem, state: GreedyState, j: int, table: np
         g, s = int(gs[idx]), int(ss[idx])
         pool = state.free_pool(j, g, s, upper_checked=True)
         if pool is not None:  # a held start (policies.held_starts) may still be on time
-            return Pick(j, pool, s, deadline_miss=s > unheld_latest(problem, j, g))
+            pick = Pick(j, pool, s, deadline_miss=s > unheld_latest(problem, j, g))
+            if pick.deadline_miss:
+                wait = _wait_past_horizon(problem, state, j, float(finish[idx]), g)
+                if wait is not None:
+                    return wait
+            return pick
     return NO_GPUS
+
+
+def _wait_past_horizon(problem: Problem, state: GreedyState, j: int, finish_s: float, g_now: int) -> Deferral | None:
+    """A `Deferral` when job j, late either way, finishes at least a slot sooner by waiting
+    for GPUs that come free only past the horizon than by its soonest finish inside it
+    (`finish_s` on group `g_now`, seconds from now); else None (policies.deferral)."""
+    job = problem.jobs[j]
+    if job.deadline is None:  # late on its maximum wait alone: waiting longer is no remedy
+        return None
+    S, k = problem.n_slots, int(problem.job_k[j])
+    best: tuple[float, int, int] | None = None  # finish s, group, start slot
+    for g in np.flatnonzero(problem.job_fit[j]).tolist():
+        run_s = float(problem.job_runtime_s[j, g])
+        if S * problem.slot_s + run_s >= finish_s - problem.slot_s:
+            continue  # even a start right at the horizon's end finishes no sooner
+        for pool in problem._group_pools[g].tolist():
+            if int(problem.pool_size[pool]) < k:
+                continue
+            t = past_horizon_start(int(problem.pool_size[pool]), k, state.past_horizon[pool], S)
+            f = t * problem.slot_s + run_s
+            if best is None or f < best[0]:
+                best = (f, g, t)
+    if best is None or best[0] >= finish_s - problem.slot_s:
+        return None
+    f, g, t = best
+    group, now_group = problem.groups[g], problem.groups[g_now]
+    text = (f"deadline cannot be met: waits for {k}x{group.model} in {group.zone}, free in ~{_hours(t * problem.slot_s)} "
+            f"(past the planning horizon), to finish in ~{_hours(f)} against ~{_hours(finish_s)} "
+            f"on {now_group.model} in {now_group.zone} within it")
+    return Deferral(text, problem.now + timedelta(seconds=f))
+
+
+def _hours(seconds: float) -> str:
+    h = seconds / 3600.0
+    return f"{h:.0f} h" if h >= 10 else f"{h:.1f} h"
 
 
 class ChunkNotes:
@@ -442,6 +491,11 @@ STARVED_RETRY_MAX = 64
 NO_GPUS = "no GPUs free within the planning horizon"
 
 
+def _not_waiting(unplaced: dict[int, str]) -> int:
+    """Unplaced jobs that do not wait for GPUs past the horizon (a `Deferral` is a miss)."""
+    return sum(not isinstance(why, Deferral) for why in unplaced.values())
+
+
 def starved_first(problem: Problem, order: list[int], unplaced: dict[int, str],
                   notes: dict[int, Notes] | None = None, costs: dict[int, float] | None = None,
                   ) -> tuple[list[Pick], dict[int, str], GreedyState] | None:
@@ -459,7 +513,7 @@ def starved_first(problem: Problem, order: list[int], unplaced: dict[int, str],
     new_notes = {} if notes is not None else None
     new_costs = {} if costs is not None else None
     picks, left = greedy_picks(problem, state, starved + [j for j in order if j not in first], new_notes, new_costs)
-    if len(left) >= len(unplaced):
+    if _not_waiting(left) >= _not_waiting(unplaced):
         return None
     if notes is not None:
         notes.clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.counterfactual import Counterfactual, choose
+from policies.deferral import Deferral
 from policies.energy import curve_integral_g_per_kwh_s, fits, gang_power_limit_w, job_shape, within_time_limit
 from policies.held_starts import HELD, is_held
 from policies.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
@@ -378,9 +379,29 @@ def plan_score(problem: Problem, plan: Plan) -> Score:
         if job.deadline is not None and finish > job.deadline:
             misses += 1
             late += late_gpu_h(job, finish)
+    return _with_deferred(problem, plan, misses, total, late)
+
+
+def _with_deferred(problem: Problem, plan: Plan, misses: int, total: float, late: float) -> Score:
+    """The Score of a plan whose placed jobs gave `misses`, `total` grams and `late` GPU-hours:
+    a job left to wait past the horizon (`Deferral`) counts as the miss it is, not as
+    unplaced."""
     placed = {a.job_id for a in plan.assignments}
-    unplaced = sum(1 for j in problem.jobs if j.id not in placed)
-    return Score(unplaced, misses, total, late, problem.lateness_g_per_gpu_h)
+    waiting, waiting_late = deferred_misses(plan.unplaced, {j.id: j for j in problem.jobs})
+    unplaced = sum(1 for j in problem.jobs if j.id not in placed) - waiting
+    return Score(unplaced, misses + waiting, total, late + waiting_late, problem.lateness_g_per_gpu_h)
+
+
+def deferred_misses(unplaced: Mapping[int, str], jobs: Mapping[int, QueuedJob]) -> tuple[int, float]:
+    """How many of a plan's unplaced jobs wait for GPUs past the horizon (`Deferral`), and
+    the GPU-hours late they are expected to finish by."""
+    n, late = 0, 0.0
+    for job_id, why in unplaced.items():
+        job = jobs.get(job_id)
+        if isinstance(why, Deferral) and job is not None:
+            n += 1
+            late += late_gpu_h(job, why.finish_at)
+    return n, late
 
 
 def estimate_score(problem: Problem, plan: Plan) -> Score:
@@ -400,9 +421,7 @@ def estimate_score(problem: Problem, plan: Plan) -> Score:
         if job.deadline is not None and e.finish_at > job.deadline:
             misses += 1
             late += late_gpu_h(job, e.finish_at)
-    placed = {a.job_id for a in plan.assignments}
-    unplaced = sum(1 for j in problem.jobs if j.id not in placed)
-    return Score(unplaced, misses, total, late, problem.lateness_g_per_gpu_h)
+    return _with_deferred(problem, plan, misses, total, late)
 
 
 def plan_violations(problem: Problem, plan: Plan) -> list[str]:

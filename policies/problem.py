@@ -261,11 +261,18 @@ class Problem:
         # the slot each GPU is free from (as _slot_ceil); the last entry pads the pool rows
         free = np.zeros(len(gpus) + 1, dtype=np.int64)
         free[-1] = n_slots
+        past = np.zeros(len(gpus) + 1, dtype=np.int64)  # the same, not cut at the horizon
         for i, g in enumerate(gpus):
             bu = busy_until.get(g.id, g.busy_until) if busy_until else g.busy_until
             if bu is not None and bu > now:
-                free[i] = min(n_slots, max(0, math.ceil((bu.timestamp() - now_s) / slot_s - 1e-9)))
+                past[i] = max(0, math.ceil((bu.timestamp() - now_s) / slot_s - 1e-9))
+                free[i] = min(n_slots, past[i])
         free_mat = free[topo.gpu_pos]  # pools x widest pool
+        # per pool, (end slot, GPUs) of what holds its GPUs past the horizon (running and
+        # pinned jobs here, kept plans in _apply_keep): where a job that waits for them may start
+        self.pool_past_horizon: list[list[tuple[int, int]]] = [
+            [(int(e), 1) for e in row[:len(pool.gpu_ids)] if e > n_slots]
+            for pool, row in zip(topo.pools, past[topo.gpu_pos].tolist())]
         self.pools: list[Pool] = [pool._replace(free_slot=tuple(row[:len(pool.gpu_ids)]))
                                   for pool, row in zip(topo.pools, free_mat.tolist())]
         self.groups: list[Group] = list(topo.groups)
@@ -344,11 +351,13 @@ class Problem:
             t = a.start_at.timestamp()
             start = (t - now_s) / slot_s
             lo = math.floor(start + 1e-9)
-            hi = min(n_slots, math.ceil(start + runtime_s / slot_s - 1e-9))
+            end = math.ceil(start + runtime_s / slot_s - 1e-9)
+            hi = min(n_slots, end)
             if lo < n_slots and hi > lo:
-                found.append((t, a.job_id, a, pool_i, lo, hi, k, power_w))
+                found.append((t, a.job_id, a, pool_i, lo, hi, k, power_w, end))
         found.sort()  # start order (job ids are unique: the comparison never reaches the plan)
-        cands = [c[2:] for c in found]
+        ends = [c[-1] for c in found]
+        cands = [c[2:-1] for c in found]
         if not cands:
             return
         # usually they all fit (they did last tick): check them at once, one by one only if not
@@ -379,6 +388,9 @@ class Problem:
                 cap[lo:hi] -= power_w
             keep_it[i] = True
         self.kept = [Kept(a, pool_i, lo, hi - lo, k) for (a, pool_i, lo, hi, k, _), ok in zip(cands, keep_it) if ok]
+        for (_, pool_i, _, _, k, _), end, ok in zip(cands, ends, keep_it):
+            if ok and end > n_slots:
+                self.pool_past_horizon[pool_i].append((int(end), int(k)))
 
     def _compile_jobs(self) -> None:
         """Every job against every group at once, as (jobs x groups) arrays.

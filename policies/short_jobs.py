@@ -39,12 +39,13 @@ from datetime import datetime, timedelta
 from policies.blind import blind_price, priced_curves
 from policies.carbon_tail import extended
 from policies.counterfactual import choose
+from policies.deferral import Deferral
 from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
                              seed_profiles, within_time_limit)
 from policies.length_spread import expected, multipliers
 from policies.margin import job_margin, latest_start_s
 from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, budget_of, grams
-from policies.placement import Score, late_gpu_h
+from policies.placement import Score, deferred_misses, late_gpu_h
 
 
 # A later start is worth it only if it saves more than this share of the grams of every
@@ -145,13 +146,16 @@ def whole_score(plan: Plan, snapshot: Snapshot | None = None, lateness_g_per_gpu
     `policies.blind`, never 0); only a pinned plan stored without an estimate has none, and it
     is the same in every plan compared, so it adds nothing to either."""
     late = 0.0
+    jobs = {j.id: j for j in snapshot.jobs} if snapshot is not None else {}
     if snapshot is not None:
-        jobs = {j.id: j for j in snapshot.jobs}
         late = sum(late_gpu_h(jobs[a.job_id], a.estimate.finish_at) for a in plan.assignments
                    if a.estimate.deadline_miss and a.job_id in jobs)
-    return Score(len(plan.unplaced), sum(a.estimate.deadline_miss for a in plan.assignments),
+    # a job left to wait for GPUs past the horizon counts as its miss (policies.deferral)
+    waiting, waiting_late = deferred_misses(plan.unplaced, jobs)
+    waiting = sum(isinstance(why, Deferral) for why in plan.unplaced.values()) if snapshot is None else waiting
+    return Score(len(plan.unplaced) - waiting, sum(a.estimate.deadline_miss for a in plan.assignments) + waiting,
                  sum(a.estimate.gco2 for a in plan.assignments if a.estimate.gco2 is not None),
-                 late, lateness_g_per_gpu_h)
+                 late + waiting_late, lateness_g_per_gpu_h)
 
 
 class _Timeline:
