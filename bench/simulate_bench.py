@@ -29,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.versions import library_versions  # noqa: E402
+
 DATA = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data"))
 EM = DATA / "carbon" / "electricitymaps"
 PAI_1K = DATA / "jobs" / "pai_1k.csv"
@@ -584,7 +586,7 @@ def main() -> None:
         args.days = 3.0
     figures = {"gap": bench_gap, "gaia": bench_gaia, "speed": bench_speed,
                "overload": bench_overload, "halfhour": bench_halfhour}[args.scenario](args)
-    figures["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    figures["machine"] = {"cpus": os.cpu_count(), **library_versions()}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=2, default=str))

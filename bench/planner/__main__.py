@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 
 from bench.planner.instance import DEFAULT_ZONES, SHARED_CARBON_DIR, InstanceSpec, parse_size  # noqa: E402
 from bench.planner.run import DEFAULT_RUNS, RunSetting, bench_size, judge, to_json  # noqa: E402
+from bench.versions import library_versions  # noqa: E402
 
 DEFAULT_SIZES = "200x64,1000x256,2000x512,5000x1024"
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"plot written to {args.plot}")
     if args.json:
         meta = {"argv": sys.argv[1:], "host": platform.node(), "cpus": os.cpu_count(), "load_average": load,
-                "python": platform.python_version(), "seed": args.seed, "wall_s": time.perf_counter() - t0,
+                **library_versions(), "seed": args.seed, "wall_s": time.perf_counter() - t0,
                 "started": datetime.now(timezone.utc).isoformat()}
         doc = to_json(results, targets, meta)
         doc["replan"] = replans
