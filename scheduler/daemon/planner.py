@@ -752,7 +752,7 @@ class Planner:
         for job_id, row in queued.items():
             a = placed.get(job_id)
             if a is None:
-                why = plan.unplaced.get(job_id, "not placed by the policy")
+                why = str(plan.unplaced.get(job_id, "not placed by the policy"))  # a Deferral is a str too
                 if row.state == State.PLANNED.value:
                     writes.append(("withdraw", row, None, why))
                 elif row.reason != why:
