@@ -3,15 +3,15 @@
 A job that no start inside its window meets is placed where it finishes soonest
 (`greedy._as_soon_as_possible`). The slot model sees only the starts inside the horizon
 (48 h), so when every fast GPU is planned full for that long, the soonest finish it sees can
-be a slow GPU free now: in the overload replay an 8-GPU job of 47 h on B200 went to eight
-A100s, ran 251 h and finished 203 h late, where waiting 48 h for the B200s would have
-finished it in about 95 h (bench/README.md, "A paced promise"). So the fallback also asks
-when each group's GPUs come free after the horizon (what runs, is pinned or kept, and what
-this plan has placed so far, past its end) and, where waiting for them finishes the job at
-least a slot sooner, leaves it queued with a `Deferral`: the reason says what it waits for,
-and the plan's score counts it as the deadline miss it is, at its expected lateness, so a
-plan that waits is not ranked below one that runs the job on the slow GPUs now. Each plan
-asks again; once the faster GPUs' start comes inside the horizon the job is placed there.
+be a slow GPU free now: in an overload replay an 8-GPU job of 47 h on B200 went to eight
+A100s, ran 251 h and finished 203 h late (bench/README.md, "A paced promise", the contended
+gate). So the fallback also asks when each group's GPUs come free after the horizon (what
+runs, is pinned or kept, and what this plan has placed so far, past its end) and, where
+waiting for them finishes the job at least a slot sooner, leaves it queued with a
+`Deferral`: the reason says what it waits for, and the plan's score counts it as the
+deadline miss it is, at its expected lateness, so a plan that waits is not ranked below one
+that runs the job on the slow GPUs now. Each plan asks again; once the faster GPUs' start
+comes inside the horizon the job is placed there.
 """
 
 from __future__ import annotations
