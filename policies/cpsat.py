@@ -335,8 +335,7 @@ class _Solution:
     @classmethod
     def of(cls, picks: list[Pick], unplaced: dict[int, str], costs: dict[int, float], label: str,
            problem: Problem | None = None) -> "_Solution":
-        waiting, late_gpu_h = (0, 0.0) if problem is None else deferred_misses(
-            unplaced, {j.id: j for j in problem.jobs})
+        waiting, late_gpu_h = (0, 0.0) if problem is None else deferred_misses(unplaced, problem.jobs)
         late_g = 0.0 if problem is None else late_gpu_h * problem.effective_lateness_price
         return cls(picks, unplaced, sum(costs.values()) + late_g, sum(p.deadline_miss for p in picks) + waiting,
                    label, problem is not None and not problem.strict, waiting)

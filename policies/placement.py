@@ -387,18 +387,21 @@ def _with_deferred(problem: Problem, plan: Plan, misses: int, total: float, late
     a job left to wait past the horizon (`Deferral`) counts as the miss it is, not as
     unplaced."""
     placed = {a.job_id for a in plan.assignments}
-    waiting, waiting_late = deferred_misses(plan.unplaced, {j.id: j for j in problem.jobs})
+    waiting, waiting_late = deferred_misses(plan.unplaced, problem.jobs)
     unplaced = sum(1 for j in problem.jobs if j.id not in placed) - waiting
     return Score(unplaced, misses + waiting, total, late + waiting_late, problem.lateness_g_per_gpu_h)
 
 
-def deferred_misses(unplaced: Mapping[int, str], jobs: Mapping[int, QueuedJob]) -> tuple[int, float]:
-    """How many of a plan's unplaced jobs wait for GPUs past the horizon (`Deferral`), and
-    the GPU-hours late they are expected to finish by."""
+def deferred_misses(unplaced: Mapping[int, str], jobs: Iterable[QueuedJob]) -> tuple[int, float]:
+    """How many of a plan's unplaced jobs (of `jobs`) wait for GPUs past the horizon
+    (`Deferral`), and the GPU-hours late they are expected to finish by."""
+    waiting = {job_id: why for job_id, why in unplaced.items() if isinstance(why, Deferral)}
+    if not waiting:  # the usual case: no lookup of the jobs at all
+        return 0, 0.0
     n, late = 0, 0.0
-    for job_id, why in unplaced.items():
-        job = jobs.get(job_id)
-        if isinstance(why, Deferral) and job is not None:
+    for job in jobs:
+        why = waiting.get(job.id)
+        if why is not None:
             n += 1
             late += late_gpu_h(job, why.finish_at)
     return n, late

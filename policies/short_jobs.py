@@ -146,13 +146,13 @@ def whole_score(plan: Plan, snapshot: Snapshot | None = None, lateness_g_per_gpu
     `policies.blind`, never 0); only a pinned plan stored without an estimate has none, and it
     is the same in every plan compared, so it adds nothing to either."""
     late = 0.0
-    jobs = {j.id: j for j in snapshot.jobs} if snapshot is not None else {}
     if snapshot is not None:
+        jobs = {j.id: j for j in snapshot.jobs}
         late = sum(late_gpu_h(jobs[a.job_id], a.estimate.finish_at) for a in plan.assignments
                    if a.estimate.deadline_miss and a.job_id in jobs)
     # a job left to wait for GPUs past the horizon counts as its miss (policies.deferral)
-    waiting, waiting_late = deferred_misses(plan.unplaced, jobs)
-    waiting = sum(isinstance(why, Deferral) for why in plan.unplaced.values()) if snapshot is None else waiting
+    waiting, waiting_late = deferred_misses(plan.unplaced, snapshot.jobs) if snapshot is not None else (
+        sum(isinstance(why, Deferral) for why in plan.unplaced.values()), 0.0)
     return Score(len(plan.unplaced) - waiting, sum(a.estimate.deadline_miss for a in plan.assignments) + waiting,
                  sum(a.estimate.gco2 for a in plan.assignments if a.estimate.gco2 is not None),
                  late + waiting_late, lateness_g_per_gpu_h)
