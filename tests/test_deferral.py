@@ -104,3 +104,46 @@ def test_a_pick_of_this_plan_that_runs_past_the_horizon_holds_its_gpus_there():
     by_job = plan.by_job()
     assert 1 in by_job, plan.unplaced
     assert {g.model for g in fleet(20.0) if g.id in by_job[1].gpu_ids} == {"A100"}
+
+
+def test_the_daemon_keeps_the_waiting_job_pending_with_its_reason(store, tmp_path):
+    """Through the daemon's planner and store (SQLite and PostgreSQL): the B200 node runs a
+    job expected for 60 h, the A100 node is idle; the late gang job stays PENDING and its
+    reason (the `queue` REASON column) says what it waits for."""
+    from sqlalchemy import insert, select, update
+
+    from scheduler.carbon import CarbonSignals
+    from scheduler.daemon.planner import Planner, make_policy
+    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.store.models import gpus, jobs, nodes
+    from telemetry.grid.readings import IntensityReading
+
+    t = datetime(2022, 1, 10, 12, 0, tzinfo=timezone.utc)
+    root = Caller(uid=0, gid=0)
+    service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs", clock=lambda: t)
+    ids: dict[str, list[int]] = {}
+    with store.write() as conn:
+        for name, model, mem in (("b", "B200", 192.0), ("a", "A100", 80.0)):
+            conn.execute(insert(nodes).values(name=name, zone="DE", backend="emulated", emulated=True,
+                                              registered_at=t, last_heartbeat=t))
+            ids[name] = [conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model=model,
+                                                          vendor="nvidia", memory_gib=mem, healthy=True)
+                                      .returning(gpus.c.id)).scalar_one() for i in range(8)]
+    CarbonSignals(store, track_status=False).store_readings([
+        IntensityReading(zone="DE", at=t + i * HOUR, duration_s=3600, gco2_per_kwh=300.0, signal="average",
+                         kind="forecast", issued_at=t - HOUR, source="electricitymaps") for i in range(72)])
+    running = service.submit(root, {"argv": ["true"], "gpus": 8, "est_runtime_s": 60 * 3600})["id"]
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == running).values(state="RUNNING", started_at=t))
+        conn.execute(update(gpus).where(gpus.c.id.in_(ids["b"])).values(job_id=running))
+    # due in 41 h: accepted (40 h on an H100), late on every GPU of this fleet (77 h, 91 h)
+    late = service.submit(root, {"argv": ["true"], "gpus": 8, "est_runtime_s": 40 * 3600,
+                                 "deadline": (t + 41 * HOUR).isoformat()})["id"]
+
+    planner = Planner(store, make_policy("greedy", plan_interval_s=15.0), clock=lambda: t,
+                      monotonic=lambda: 1000.0, plan_interval_s=15.0, node_timeout_s=30 * 24 * 3600.0)
+    planner.tick()
+    with store.read() as conn:
+        row = conn.execute(select(jobs.c.state, jobs.c.reason).where(jobs.c.id == late)).one()
+    assert row.state == "PENDING"
+    assert row.reason.startswith("deadline cannot be met: waits for 8xB200 in DE, free in ~60 h")
