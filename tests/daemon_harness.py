@@ -211,6 +211,24 @@ class DaemonProcess:
         self.dump_stacks()
         raise TimeoutError(f"jobs not in {sorted(states)} after {timeout_s}s: {pending}\n{self.log()}")
 
+    def wait_any_running(self, job_ids, timeout_s: float = 60.0) -> bool:
+        """Wait until one of the jobs is RUNNING; False once all are terminal first.
+
+        A crash test kills "while a job runs" only after this says so, so that a slow host
+        (its planner's first tick late) cannot leave every kill landing between jobs.
+        """
+        deadline = time.monotonic() + timeout_s
+        client = self.client()
+        while time.monotonic() < deadline:
+            jobs = {j["id"]: j for j in client.jobs(include_done=True)}
+            states = [jobs.get(i, {}).get("state") for i in job_ids]
+            if "RUNNING" in states:
+                return True
+            if all(s in TERMINAL for s in states):
+                return False
+            time.sleep(0.05)
+        return False
+
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)

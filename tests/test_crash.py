@@ -53,7 +53,11 @@ def test_kill_9_at_random_moments_loses_nothing_and_runs_nothing_twice(crash_dae
             time.sleep(rng.uniform(0.05, 1.5))  # anywhere, often in the middle of startup
         else:
             d.wait_ready()
-            time.sleep(rng.uniform(0.0, 1.0))  # while serving: claims, launches, finishes
+            # While serving, with a job in flight (a slow host may plan its first tick late):
+            # claims, launches, finishes. The first such kill lands at once, so that at least
+            # one restart must adopt a running job.
+            d.wait_any_running(ids, timeout_s=30)
+            time.sleep(0.0 if kill == 0 else rng.uniform(0.0, 1.0))
         d.kill9()
         d.start(wait=False)
     d.wait_ready()
