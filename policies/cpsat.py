@@ -178,6 +178,8 @@ class CpsatPolicy:
     # a promise moves this many hours earlier per hour since it was given, and its job stays
     # held until it starts (a pull towards "now" set by the clock, not by how often plans come)
     hold_pace: float = 0.0
+    # hold only jobs whose GPUs fill at least this share of their group's largest node
+    hold_node_share: float = 0.0
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
     # not wall time: the same snapshot gives the same plan on any host at any load (for the
     # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose
@@ -214,7 +216,8 @@ class CpsatPolicy:
             clock = WorkClock() if self.deterministic else WallClock()
         started = clock.now() if started is None else started
         if self.hold > 0:
-            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises))
+            log.info("cpsat: %d starts held", hold_starts(problem, self.hold, self.hold_max_h, self._promises,
+                                                               self.hold_node_share))
         state = GreedyState(problem)
         notes: dict[int, Notes] = {}
         costs: dict[int, float] = {}

@@ -79,7 +79,7 @@ class Promises:
 
 
 def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.inf,
-                promises: Promises | None = None) -> int:
+                promises: Promises | None = None, min_node_share: float = 0.0) -> int:
     """Cut the windows of the jobs whose previous plan (`Snapshot.previous`) was on time and
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
@@ -96,6 +96,8 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
         if interruptible(problem.jobs[j]):
             continue
         g = int(problem.pool_group[pool])
+        if problem.job_k[j] < min_node_share * problem.group_largest_pool[g]:
+            continue  # a narrow job finds a later gap; only gangs that need most of a node are held
         start_s = a.start_at.timestamp()
         if promises is not None:
             start_s = promises.promised(a.job_id, start_s, problem.slot_s, now_s)

@@ -432,6 +432,7 @@ class Problem:
         limit_s = np.array([np.inf if j.time_limit_s is None else j.time_limit_s for j in jobs], dtype=np.float64)
         why[(why == 0) & (self.job_runtime_s > limit_s[:, None] * (1 + 1e-9))] = 4
         largest = np.array([int(self.pool_size[list(g.pools)].max()) for g in groups], dtype=np.int64)
+        self.group_largest_pool: np.ndarray = largest  # GPUs of each group's largest pool (node)
         why[(why == 0) & (largest[None, :] < self.job_k[:, None])] = 3
         self.job_why: np.ndarray = why
         self.job_fit: np.ndarray = why == 0

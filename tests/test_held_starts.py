@@ -141,3 +141,32 @@ def test_a_paced_promise_moves_earlier_with_the_clock_whatever_the_number_of_pla
         assert starts[-1] >= 2.5 * HOUR - timedelta(minutes=15)  # not pulled to "now" (2:00) by the plans
     # without a pace the promise stays at 4:30
     assert abs(_paced_starts(HOUR, pace=0.0)[-1] - 4.5 * HOUR) < timedelta(minutes=15)
+
+
+def _node_snapshot(job_gpus: int, node_gpus: int = 2) -> Snapshot:
+    """`_snapshot(4:30)` on a node of `node_gpus` GPUs with a job of `job_gpus` of them."""
+    mem = catalog()["H100"].memory_gib
+    gpus = tuple(GpuSlot(id=i + 1, node="n1", zone="Z1", index=i, model="H100", memory_gib=mem)
+                 for i in range(node_gpus))
+    job = QueuedJob(id=1, gpus=job_gpus, gpu_mem_gib=0.0, submitted_at=NOW - HOUR,
+                    est_runtime_s=2 * 3600.0, deadline=NOW + 8 * HOUR)
+    previous = {1: Assignment(job_id=1, node="n1", gpu_ids=tuple(range(1, job_gpus + 1)), start_at=NOW + 4.5 * HOUR)}
+    return Snapshot(now=NOW, jobs=(job,), gpus=gpus, carbon={"Z1": CURVE}, previous=previous)
+
+
+def test_a_node_share_gate_holds_only_the_jobs_that_need_that_much_of_a_node():
+    """Under load a job that needs a whole node starts only when every GPU of one is free at
+    once, and a deferred one loses its on-time start first (the overload replays' extra
+    misses); a narrow job finds a later gap. `hold_node_share` holds only the wide ones."""
+    def start(job_gpus: int, share: float) -> timedelta:
+        snapshot = _node_snapshot(job_gpus)
+        plan = CpsatPolicy(max_time_s=0.5, hold=1.0, hold_node_share=share, deterministic=True).plan(snapshot)
+        assert violations(snapshot, plan) == []
+        (a,) = plan.assignments
+        assert not a.estimate.deadline_miss
+        return a.start_at - NOW
+
+    assert start(2, share=1.0) <= 4.5 * HOUR  # the whole node: held to its promise
+    assert start(1, share=1.0) == 6 * HOUR  # half of it: free to wait for the clean hours
+    assert start(1, share=0.5) <= 4.5 * HOUR  # a lower share holds it too
+    assert start(1, share=0.0) <= 4.5 * HOUR  # no gate: every job is held, as before
