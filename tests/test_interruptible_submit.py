@@ -155,15 +155,15 @@ def test_the_segment_clock_asks_once_kills_after_the_grace_and_stops_and_continu
 
 
 def test_show_says_paused_until_and_lists_the_segments():
-    at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+    at = datetime.now().astimezone().replace(second=0, microsecond=0)  # today, whatever the hour
     job = {"interruptible": "pause", "state": "RUNNING", "done_fraction": 0.0, "resume_count": 0,
            "min_run_s": 600.0, "resume_cost_s": 0.0, "max_segments": None,
            "planned_segments": [["2026-12-02T01:00:00Z", "2026-12-02T02:00:00Z"]],
-           "paused_until": at.isoformat().replace("+00:00", "Z"),
+           "paused_until": at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
            "segments": [{"seq": 1, "kind": "run", "outcome": "paused", "start": "2026-12-02T01:00:00Z",
                          "end": "2026-12-02T02:00:00Z", "energy_j": 3.6e6, "gco2": 120.0, "lost_s": 0.0}]}
     lines = dict(interruptible_fields(job))
-    assert lines["paused"] == f"paused until {at.astimezone():%H:%M}"
+    assert lines["paused"] == f"paused until {at:%H:%M}"
     assert lines["interruptible"] == "pause, min run 10m"
     assert "paused: 1.00 kWh" in lines["segment 1"] or "paused:" in lines["segment 1"]
     assert "120.0 g" in lines["segment 1"]
@@ -210,15 +210,25 @@ def test_submit_flags_reach_the_store_show_and_queue_and_a_bad_one_is_one_line(d
     assert "resume=0 dir=" in log and f"/checkpoints/{job}" in log
 
 
+def _paused_job(until: datetime) -> dict:
+    return {"id": 3, "name": "train", "owner": "alice", "state": "RUNNING", "gpus": [0], "gpus_requested": 1,
+            "gpu_model": "H100", "submitted_at": None, "started_at": None, "planned_start": None, "ended_at": None,
+            "exit_code": None, "energy_j": None, "gco2": None, "est_gco2": None, "reason": None,
+            "paused_until": until.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")}
+
+
 def test_queue_says_until_when_a_pause_job_is_stopped():
     from scheduler.cli.output import jobs_table
 
-    at = (datetime.now(timezone.utc) + timedelta(hours=2)).replace(microsecond=0)
-    job = {"id": 3, "name": "train", "owner": "alice", "state": "RUNNING", "gpus": [0], "gpus_requested": 1,
-           "gpu_model": "H100", "submitted_at": None, "started_at": None, "planned_start": None, "ended_at": None,
-           "exit_code": None, "energy_j": None, "gco2": None, "est_gco2": None, "reason": None,
-           "paused_until": at.isoformat().replace("+00:00", "Z")}
-    assert f"paused until {at.astimezone():%H:%M}" in jobs_table([job])
+    today = datetime.now().astimezone().replace(second=0, microsecond=0)
+    assert f"paused until {today:%H:%M}" in jobs_table([_paused_job(today)])
+
+
+def test_a_pause_that_ends_on_another_day_is_shown_with_its_date():
+    from scheduler.cli.output import jobs_table
+
+    tomorrow = (datetime.now().astimezone() + timedelta(days=1)).replace(second=0, microsecond=0)
+    assert f"paused until {tomorrow:%Y-%m-%d %H:%M}" in jobs_table([_paused_job(tomorrow)])
 
 
 def test_a_replan_that_barely_moves_the_segments_keeps_the_stored_ones():

@@ -19,6 +19,12 @@ def local_time(text: str | None, with_date: bool = False) -> str:
     return t.strftime("%H:%M:%S")
 
 
+def local_minute(text: str) -> str:
+    """A moment to the minute in local time: "HH:MM" today, "YYYY-MM-DD HH:MM" on another day, so
+    a pause that ends after midnight never reads as today's."""
+    return local_time(text)[:-3]
+
+
 def _energy(j: float | None) -> str:
     if j is None:
         return "-"
@@ -85,7 +91,7 @@ def jobs_table(jobs: list[dict]) -> str:
                      # why a PENDING job waits, as squeue's REASON: the planner's word for it;
                      # a pause job stopped by its plan says until when (issue 30)
                      (j.get("reason") or "-") if j["state"] == "PENDING"
-                     else f"paused until {local_time(j['paused_until'])[:5]}" if j.get("paused_until") else ""])
+                     else f"paused until {local_minute(j['paused_until'])}" if j.get("paused_until") else ""])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
                   "ENERGY", "GCO2(~EST)", "REASON"], rows)
 
@@ -248,7 +254,7 @@ def interruptible_fields(job: dict) -> list[tuple[str, str]]:
     if job.get("planned_segments"):
         out.append(("segments", ", ".join(f"{local_time(a)}-{local_time(b)}" for a, b in job["planned_segments"])))
     if job.get("paused_until"):
-        out.append(("paused", f"paused until {local_time(job['paused_until'])[:5]}"))
+        out.append(("paused", f"paused until {local_minute(job['paused_until'])}"))
     elif job.get("state") == "RUNNING" and job.get("planned_interrupt_at") and kind == "checkpoint":
         out.append(("checkpoint at", local_time(job["planned_interrupt_at"])))
     for seg in job.get("segments") or []:
