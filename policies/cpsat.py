@@ -90,9 +90,14 @@ Held starts (`hold`, `policies.held_starts`): a job whose last plan left it less
 after its finish than `hold` x its runtime (and than `hold_max_h`) is never started more
 than a slot later than that plan promised; the promises are kept by the policy across its
 plans. With `hold_pace` a promise also moves earlier with the clock (hours per hour) and the
-job stays held until it starts: the setting for a fleet that runs saturated
-(`hold=1:hold_pace=1:hold_max_h=12`). Off by default: it costs a third of the saving where
-the fleet has room (bench/README.md, "Held starts as an option", "A paced promise").
+job stays held until it starts. `hold_node_share` gives promises only to jobs whose GPUs
+fill that share of their group's largest node. The default (`hold=1`, `hold_pace=1`,
+`hold_max_h=12`, `hold_node_share=1`) holds whole-node gangs only: under load such a job
+can start only when every GPU of a node is free at once, and a deferred one is the first to
+lose its on-time start to later arrivals (the overload replays' extra misses over edf); a
+narrower job finds a later gap and keeps following the cleaner hours. Holding every job
+cost a third of the saving where the fleet has room (bench/README.md, "A paced promise",
+"Whole-node gangs only"); `hold=0` turns promises off.
 
 The budget (`deterministic`): wall time in the daemon; nominal work in the simulator
 (`policies.work_clock`: greedy passes charged by the problem's size, sub-solves by CP-SAT's
@@ -172,14 +177,15 @@ class CpsatPolicy:
     lateness_g_per_gpu_h: float | str = DEFAULT_LATENESS_G_PER_GPU_H
     # held starts (policies.held_starts): a job whose last plan left it less slack after its
     # finish than `hold` x its runtime is never started more than a slot later than that
-    # plan promised; 0: off (the default: measured, it costs grams where the fleet has room)
-    hold: float = 0.0
-    hold_max_h: float = math.inf  # ... and less slack than this many hours
+    # plan promised; 0: off
+    hold: float = 1.0
+    hold_max_h: float = 12.0  # ... and less slack than this many hours
     # a promise moves this many hours earlier per hour since it was given, and its job stays
     # held until it starts (a pull towards "now" set by the clock, not by how often plans come)
-    hold_pace: float = 0.0
-    # hold only jobs whose GPUs fill at least this share of their group's largest node
-    hold_node_share: float = 0.0
+    hold_pace: float = 1.0
+    # hold only jobs whose GPUs fill at least this share of their group's largest node (1:
+    # whole-node gangs; 0: every job, which costs grams where the fleet has room)
+    hold_node_share: float = 1.0
     # count `max_time_s` (and `sub_time_s`) in nominal seconds of work (policies.work_clock),
     # not wall time: the same snapshot gives the same plan on any host at any load (for the
     # simulator's comparisons). Skips the LP guidance and the GPU-slot prices, whose

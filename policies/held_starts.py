@@ -21,7 +21,13 @@ time that was left to its promise when it was held, and it stays held until it s
 Under a sustained overload that is what keeps deferred work from piling up at the end of
 the windows; where the fleet has room it only costs grams.
 
-Measured in `bench/README.md` (section `overload`).
+Which jobs get promises (`min_node_share`): cpsat's default holds only jobs whose GPUs fill
+their group's largest node. Such a gang starts only when every GPU of one node is free at
+once, and under load a deferred one is the first to lose its on-time start (the overload
+replays' extra misses over edf were these); a narrower job finds a later gap, so it keeps
+following the cleaner hours and the fleet with room keeps its saving.
+
+Measured in `bench/README.md` (section `overload`, "Whole-node gangs only").
 """
 
 from __future__ import annotations
@@ -84,7 +90,8 @@ def hold_starts(problem: Problem, gate: float = 1.0, max_slack_h: float = math.i
     left them less than `gate` x their runtime of slack after their planned finish (and
     less than `max_slack_h` hours): their last start slot becomes that plan's start (the
     promise in `promises` where one was given), rounded up to this plan's slot grid (never
-    before their earliest slot). `gate` inf holds every on-time start. The uncut windows
+    before their earliest slot). `gate` inf holds every on-time start. Only jobs whose GPUs
+    fill at least `min_node_share` of their group's largest node are held. The uncut windows
     stay in `problem.job_latest_unheld`, which tells a forced start inside the real window
     from a deadline miss, and the held jobs' indices in `problem.held_jobs` (their
     explanations say so). Returns how many jobs were held."""

@@ -6,6 +6,7 @@ its real window without being counted late.
 
 from __future__ import annotations
 
+import math
 import re
 
 from dataclasses import replace
@@ -36,8 +37,15 @@ def _snapshot(previous_start: timedelta | None, deadline: timedelta = 8 * HOUR,
     return Snapshot(now=NOW, jobs=(job,), gpus=(gpu,), carbon={"Z1": CURVE}, previous=previous)
 
 
+def _policy(hold: float = 1.0, **options) -> CpsatPolicy:
+    """cpsat holding every job by `hold` alone: no pace, no cap on the slack, no node-share
+    gate (the mechanism, not the default's selection of jobs)."""
+    return CpsatPolicy(max_time_s=0.5, deterministic=True, hold=hold, **{
+        "hold_pace": 0.0, "hold_max_h": math.inf, "hold_node_share": 0.0, **options})
+
+
 def _plan(snapshot: Snapshot, hold: float) -> Assignment:
-    plan = CpsatPolicy(max_time_s=0.5, hold=hold, deterministic=True).plan(snapshot)
+    plan = _policy(hold).plan(snapshot)
     assert violations(snapshot, plan) == []
     (a,) = plan.assignments
     assert not a.estimate.deadline_miss
@@ -92,7 +100,7 @@ def test_a_held_start_does_not_creep_earlier_as_plans_follow_each_other_off_the_
     """Plans every 4 minutes (a submit each): slots count from each plan's moment, so no
     slot starts at the promised 4:30 exactly; the promise is remembered, so the start stays
     within a slot of it instead of creeping a slot earlier at each plan to "now"."""
-    policy = CpsatPolicy(max_time_s=0.5, hold=1.0, deterministic=True)
+    policy = _policy()
     snapshot = _snapshot(previous_start=4.5 * HOUR)
     starts = []
     for k in range(12):
@@ -108,7 +116,7 @@ def test_a_held_start_does_not_creep_earlier_as_plans_follow_each_other_off_the_
     snapshot, crept = _snapshot(previous_start=4.5 * HOUR), []
     for k in range(12):
         snap = replace(snapshot, now=NOW + k * timedelta(minutes=4))
-        plan = CpsatPolicy(max_time_s=0.5, hold=1.0, deterministic=True).plan(snap)
+        plan = _policy().plan(snap)
         crept.append(plan.assignments[0].start_at - NOW)
         snapshot = replace(snap, previous=plan.by_job())
     assert crept[2] > crept[1] > crept[0] and crept[-1] > 5 * HOUR  # the promise slips by a plan's lag each time
@@ -117,7 +125,7 @@ def test_a_held_start_does_not_creep_earlier_as_plans_follow_each_other_off_the_
 def _paced_starts(plan_every: timedelta, pace: float, hours: float = 2.0) -> list[timedelta]:
     """Re-plan the held job of `_snapshot(4:30)` every `plan_every` for `hours` with one
     policy (its promises kept) pulling at `pace` hours per hour; the planned starts."""
-    policy = CpsatPolicy(max_time_s=0.5, hold=1.0, hold_pace=pace, deterministic=True)
+    policy = _policy(hold_pace=pace)
     # cleaner by the hour until 6:00: inside its held window the job starts as late as it may
     falling = CarbonCurve("Z1", NOW, 3600.0, tuple([600.0 - 50 * h for h in range(6)] + [50.0] * 42))
     snapshot, starts = replace(_snapshot(previous_start=4.5 * HOUR), carbon={"Z1": falling}), []
@@ -154,19 +162,29 @@ def _node_snapshot(job_gpus: int, node_gpus: int = 2) -> Snapshot:
     return Snapshot(now=NOW, jobs=(job,), gpus=gpus, carbon={"Z1": CURVE}, previous=previous)
 
 
+def _node_start(job_gpus: int, policy: CpsatPolicy) -> timedelta:
+    snapshot = _node_snapshot(job_gpus)
+    plan = policy.plan(snapshot)
+    assert violations(snapshot, plan) == []
+    (a,) = plan.assignments
+    assert not a.estimate.deadline_miss
+    return a.start_at - NOW
+
+
 def test_a_node_share_gate_holds_only_the_jobs_that_need_that_much_of_a_node():
     """Under load a job that needs a whole node starts only when every GPU of one is free at
     once, and a deferred one loses its on-time start first (the overload replays' extra
     misses); a narrow job finds a later gap. `hold_node_share` holds only the wide ones."""
-    def start(job_gpus: int, share: float) -> timedelta:
-        snapshot = _node_snapshot(job_gpus)
-        plan = CpsatPolicy(max_time_s=0.5, hold=1.0, hold_node_share=share, deterministic=True).plan(snapshot)
-        assert violations(snapshot, plan) == []
-        (a,) = plan.assignments
-        assert not a.estimate.deadline_miss
-        return a.start_at - NOW
+    assert _node_start(2, _policy(hold_node_share=1.0)) <= 4.5 * HOUR  # the whole node: held to its promise
+    assert _node_start(1, _policy(hold_node_share=1.0)) == 6 * HOUR  # half of it: free to wait for the clean hours
+    assert _node_start(1, _policy(hold_node_share=0.5)) <= 4.5 * HOUR  # a lower share holds it too
+    assert _node_start(1, _policy(hold_node_share=0.0)) <= 4.5 * HOUR  # no gate: every job is held
 
-    assert start(2, share=1.0) <= 4.5 * HOUR  # the whole node: held to its promise
-    assert start(1, share=1.0) == 6 * HOUR  # half of it: free to wait for the clean hours
-    assert start(1, share=0.5) <= 4.5 * HOUR  # a lower share holds it too
-    assert start(1, share=0.0) <= 4.5 * HOUR  # no gate: every job is held, as before
+
+def test_by_default_cpsat_gives_paced_promises_to_whole_node_gangs_only():
+    default = CpsatPolicy(max_time_s=0.5, deterministic=True)
+    assert (default.hold, default.hold_pace, default.hold_max_h, default.hold_node_share) == (1.0, 1.0, 12.0, 1.0)
+    assert _node_start(2, default) <= 4.5 * HOUR
+    assert _node_start(1, default) == 6 * HOUR
+    # hold=0 turns promises off: the gang waits for the clean hours too
+    assert _node_start(2, CpsatPolicy(max_time_s=0.5, deterministic=True, hold=0.0)) == 6 * HOUR
