@@ -74,10 +74,12 @@ def table_a() -> tuple[list[dict], list[dict], list[dict]]:
 def mlperf_check() -> list[dict]:
     """Each MLPerf Offline result's per-GPU tokens/s against the model at its stack's speed:
     in sample (the speed of its (vendor, engine, round)), leave-one-round-out (the speeds
-    fitted without its round: the stack's nearest earlier round, else later) and
-    leave-one-submitter-out (without its submitter's results: its stack and round from the
-    other submitters, else the nearest round); and on the planner's path (the part's
-    vendor factor against CUDA/vLLM, `perf_model.stack_of`), for the rankings."""
+    fitted without its round: NVIDIA's own stack interpolated between the rounds around it,
+    another stack at that times its factor relative to NVIDIA's, as the planner predicts:
+    `perf_model.stack_factor_for`) and leave-one-submitter-out (without its submitter's
+    results: its stack and round from the other submitters, else as held out); and on the
+    planner's path (the part's vendor factor against CUDA/vLLM, `perf_model.stack_of`), for
+    the rankings."""
     f = pm.fit()
     results = pm.mlperf_results()
     every = pm.stack_speeds(f)

@@ -567,16 +567,56 @@ def stack_speeds(f: Fit | None = None, keep=None) -> dict[tuple[str, str, str], 
     return out
 
 
+def _round_key(round_: str) -> tuple[int, ...]:
+    """An MLPerf round's name ("v5.1") as a sortable version."""
+    return tuple(int(x) for x in round_.lstrip("v").split(".") if x.isdigit())
+
+
+def _all_rounds() -> list[str]:
+    """Every round of the MLPerf data, in order."""
+    return sorted({m["round"] for m in mlperf_results()}, key=_round_key)
+
+
+def _reference_speed_for(round_: str, speeds: dict) -> float | None:
+    """NVIDIA's own stack's speed in `round_`: that round's geometric mean, else (a round it
+    has no result in: held out) interpolated in log speed between the nearest earlier and
+    later rounds by their place in the rounds' order (software improves from round to round),
+    else the nearest one's; None when it has no result at all."""
+    known = {r: _geo(v)[0] for (ve, en, r), v in speeds.items() if (ve, en) == REFERENCE_STACK}
+    if not known:
+        return None
+    if round_ in known:
+        return known[round_]
+    before = sorted((r for r in known if _round_key(r) < _round_key(round_)), key=_round_key)
+    after = sorted((r for r in known if _round_key(r) > _round_key(round_)), key=_round_key)
+    if not before or not after:
+        return known[before[-1] if before else after[0]]
+    a, b = before[-1], after[0]
+    order = sorted(set(_all_rounds()) | {a, b, round_}, key=_round_key)
+    share = (order.index(round_) - order.index(a)) / (order.index(b) - order.index(a))
+    return math.exp(math.log(known[a]) + share * (math.log(known[b]) - math.log(known[a])))
+
+
 def stack_factor_for(vendor_: str, engine: str, round_: str | None, speeds: dict) -> float | None:
     """The speed of (vendor, engine) in `round_` from per-round speeds: that round's geometric
-    mean, else (a round it has no result in: held out) the nearest earlier round's, else the
-    nearest later one's; None when it has none at all."""
-    rounds = sorted(r for (v, e, r) in speeds if (v, e) == (vendor_, engine))
+    mean; else (a round it has no result in: held out) NVIDIA's own stack's speed in that
+    round (`_reference_speed_for`, interpolated where the round is held out too) times the
+    stack's factor relative to it (`relative_stack_factor`, the planner's factor), as the
+    planner predicts a part of another vendor; else its nearest earlier round's, else its
+    nearest later one's; None when it has no result at all."""
+    rounds = sorted((r for (v, e, r) in speeds if (v, e) == (vendor_, engine)), key=_round_key)
     if not rounds:
         return None
     if round_ in rounds:
         return _geo(speeds[(vendor_, engine, round_)])[0]
-    earlier = [r for r in rounds if round_ is not None and r < round_]
+    if round_ is not None and (vendor_, engine) != REFERENCE_STACK:
+        reference = _reference_speed_for(round_, speeds)
+        relative = relative_stack_factor(vendor_, engine, speeds)
+        if reference is not None and relative.results:
+            return reference * relative.factor
+    if round_ is not None and (vendor_, engine) == REFERENCE_STACK:
+        return _reference_speed_for(round_, speeds)
+    earlier = [r for r in rounds if round_ is not None and _round_key(r) < _round_key(round_)]
     pick = earlier[-1] if earlier else rounds[0]
     return _geo(speeds[(vendor_, engine, pick)])[0]
 

@@ -307,6 +307,21 @@ def test_the_software_stack_is_a_fitted_factor_per_vendor_and_engine():
     assert p.stack == rocm and p.sources["stack"] == rocm.label()
 
 
+def test_a_held_out_round_is_predicted_from_the_rounds_around_it_and_the_planners_factor():
+    speeds = {("nvidia", "tensorrt-llm", "v4.0"): [1.0], ("nvidia", "tensorrt-llm", "v5.0"): [4.0],
+              ("amd", "vllm", "v4.0"): [0.5], ("amd", "vllm", "v5.0"): [2.0]}
+    # NVIDIA's own stack in v4.1, between v4.0 and v5.0: halfway in log speed
+    assert pm.stack_factor_for("nvidia", "tensorrt-llm", "v4.1", speeds) == pytest.approx(2.0)
+    # another stack: NVIDIA's speed of that round times its factor relative to NVIDIA (0.5)
+    assert pm.stack_factor_for("amd", "vllm", "v4.1", speeds) == pytest.approx(1.0)
+    # after the last round: the last one's speed, not an extrapolated trend
+    assert pm.stack_factor_for("nvidia", "tensorrt-llm", "v6.0", speeds) == pytest.approx(4.0)
+    assert pm.stack_factor_for("amd", "vllm", "v6.0", speeds) == pytest.approx(2.0)
+    # a round it has results in: their own speed
+    assert pm.stack_factor_for("amd", "vllm", "v5.0", speeds) == pytest.approx(2.0)
+    assert pm.stack_factor_for("amd", "llmboost", "v5.0", speeds) is None
+
+
 def test_each_mlperf_result_has_a_stack_speed_that_reproduces_it():
     f = pm.fit()
     speeds = dict(pm._speeds(f))
