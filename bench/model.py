@@ -101,7 +101,7 @@ def mlperf_check() -> list[dict]:
             row[f"speed_{key}"] = speed
             row[f"pred_{key}"] = pred
             row[f"err_{key}"] = _err(pred, per_gpu)
-        row["pred_planner"] = pm.mlperf_best_tokens_per_gpu_s(m, f, pm.stack_of(m["part"]).factor)
+        row["pred_planner"] = pm.mlperf_best_tokens_per_gpu_s(m, f, pm.stack_of(m["part"], precision=m["precision"]).factor)
         out.append(row)
     return out
 

@@ -419,14 +419,21 @@ class StackFactor:
     basis: str = ""
 
     @property
+    def precision(self) -> str:
+        """The weight precision its results ran at ("" for every precision: NVIDIA's stacks)."""
+        return self.engine.partition("@")[2]
+
+    @property
     def name(self) -> str:
-        return f"{VENDOR_RUNTIME.get(self.vendor, self.vendor)}/{ENGINE_NAMES.get(self.engine, self.engine)}"
+        engine = self.engine.partition("@")[0]
+        return f"{VENDOR_RUNTIME.get(self.vendor, self.vendor)}/{ENGINE_NAMES.get(engine, engine)}"
 
     def label(self) -> str:
-        """E.g. "ROCm/vLLM stack factor 0.62 +- 0.08, from 6 MLPerf results (v5.1)"."""
+        """E.g. "ROCm/vLLM stack factor 0.62 +- 0.08, from 6 MLPerf FP8 results (v5.1; ...)"."""
         if self.results == 0:
             return f"{self.name} stack factor {self.factor:.2f} ({self.basis})"
-        return (f"{self.name} stack factor {self.factor:.2f} +- {self.spread:.2f}, from {self.results} MLPerf "
+        at = f" {self.precision.upper()}" if self.precision else ""
+        return (f"{self.name} stack factor {self.factor:.2f} +- {self.spread:.2f}, from {self.results} MLPerf{at} "
                 f"result{'s' if self.results != 1 else ''} ({', '.join(self.rounds)}; {self.basis})")
 
 
@@ -523,8 +530,14 @@ def mlperf_input_tokens() -> float:
 
 
 def mlperf_key(m: dict) -> tuple[str, str]:
-    """(vendor, engine) of one MLPerf result."""
-    return vendor(m["part"]), m["engine"]
+    """(vendor, stack) of one MLPerf result: NVIDIA's own stack over every precision (the
+    reference), any other engine per weight precision ("vllm@fp8"). Per precision, because
+    AMD's results come in two regimes that one factor cannot fit: FP8 on MI300X/MI325X at
+    0.61-0.71 of NVIDIA's speed in every round, FP4 on MI355X at 0.91-0.94 (v6.0, v6.1;
+    `bench.model` prints them): how far a vendor's software is from its roofline depends on
+    the kernels of the precision, not on the vendor alone."""
+    v, e = vendor(m["part"]), m["engine"]
+    return (v, e) if (v, e) == REFERENCE_STACK else (v, f"{e}@{m['precision']}")
 
 
 _SPEED_MEMO: dict[int, tuple[Fit, tuple[tuple[int, float], ...]]] = {}
@@ -646,15 +659,33 @@ def relative_stack_factor(vendor_: str, engine: str, speeds: dict) -> StackFacto
 
 @cache
 def stack_factors() -> dict[tuple[str, str], StackFactor]:
-    """The stack factor of every (vendor, engine) with MLPerf results, and the reference."""
+    """The stack factor of every (vendor, stack) with MLPerf results (`mlperf_key`), and the
+    reference."""
     speeds = stack_speeds()
-    keys = {(v, e) for (v, e, _) in speeds} | {("nvidia", PREDICTED_ENGINE), ("amd", PREDICTED_ENGINE)}
+    keys = {(v, e) for (v, e, _) in speeds} | {("nvidia", PREDICTED_ENGINE)}
     return {k: relative_stack_factor(*k, speeds) for k in sorted(keys)}
 
 
-def stack_of(part: str, engine: str = PREDICTED_ENGINE) -> StackFactor:
-    """The stack factor predictions for `part` run at (its vendor, the predicted engine)."""
-    return stack_factors().get((vendor(part), engine)) or relative_stack_factor(vendor(part), engine, stack_speeds())
+def _precisions_nearest(precision: str) -> list[str]:
+    """The precisions by how near their bytes per weight are to `precision`'s (itself first;
+    the wider one first on a tie): bf16 -> bf16, fp8, fp4."""
+    width = math.log2(BYTES_PER_PARAM[precision])
+    return sorted(BYTES_PER_PARAM, key=lambda p: (abs(math.log2(BYTES_PER_PARAM[p]) - width), -BYTES_PER_PARAM[p]))
+
+
+def stack_of(part: str, engine: str = PREDICTED_ENGINE, precision: str = "bf16") -> StackFactor:
+    """The stack factor predictions for `part` at `precision` run at: NVIDIA's is the
+    reference; another vendor's is its (engine, precision) factor, from the nearest
+    precision its MLPerf results ran at where none ran at this one (bf16: FP8's)."""
+    v = vendor(part)
+    if v == "nvidia":
+        return relative_stack_factor(v, engine, stack_speeds())
+    factors = stack_factors()
+    for p in _precisions_nearest(precision):
+        f = factors.get((v, f"{engine}@{p}"))
+        if f is not None and f.results:
+            return f
+    return relative_stack_factor(v, engine, stack_speeds())
 
 
 def preset(name: str) -> Workload:
@@ -861,7 +892,7 @@ def correction_of(w: Workload, gpu: str, tp: int, precision: str) -> Correction 
     if not rows:
         return None
     f, part = fit(), parts()[gpu]
-    speed = stack_of(gpu).factor
+    speed = stack_of(gpu, precision=precision).factor
     xs, ys, zs = [], [], []
     for r in rows:
         t, power = _model_point(w, part, OperatingPoint(r["max_num_seqs"], precision, tp), f, speed)
@@ -929,7 +960,7 @@ def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurem
     kind = "fitted" if measured_gpu else "roofline"
     if w.kind == "train":
         return _predict_train(w, p, point, need, avail, f)
-    stack = stack_of(gpu)
+    stack = stack_of(gpu, precision=point.precision)
     t, power = _model_point(w, p, point, f, stack.factor)
     speed_c, power_c, what = _corrections(w, p, point) if use_measurements and default else (1.0, 1.0, "")
     t = t / speed_c

@@ -94,10 +94,10 @@ def workload_info(w: Workload) -> dict:
             "mean_output_tokens": w.mean_output_tokens, "note": w.note}
 
 
-def stack_text(gpu: str) -> str:
-    """The serving-stack factor a GPU model's predictions run at, e.g. "ROCm/vLLM stack factor
-    0.68 +- 0.09, from 15 MLPerf results (...)"."""
-    return perf_model.stack_of(gpu).label() if gpu in perf_model.parts() else ""
+def stack_text(gpu: str, precision: str = "bf16") -> str:
+    """The serving-stack factor a GPU model's predictions at `precision` run at, e.g.
+    "ROCm/vLLM stack factor 0.65 +- 0.08, from 15 MLPerf FP8 results (...)"."""
+    return perf_model.stack_of(gpu, precision=precision).label() if gpu in perf_model.parts() else ""
 
 
 def source_kind(p: Prediction) -> str:
@@ -192,15 +192,16 @@ def workload_view(name: str, learned: list[dict] | None, *, gpus: tuple[str, ...
         entries.append(entry)
     return {"workload": workload_info(w) if w is not None else {"name": name, "kind": None, "nominal": False},
             "gpus": entries, "slo": asdict(slo), "slo_text": slo.text() or None, "learned_available": learned is not None,
-            "learned_note": learned_note, "source_kinds": SOURCE_KINDS, "stacks": _stacks(gpus)}
+            "learned_note": learned_note, "source_kinds": SOURCE_KINDS,
+            "stacks": _stacks(gpus, w.precision if w is not None else "bf16")}
 
 
-def _stacks(gpus) -> dict[str, list[str]]:
-    """Stack factor label -> the GPU models shown that run at it."""
+def _stacks(gpus, precision: str = "bf16") -> dict[str, list[str]]:
+    """Stack factor label -> the GPU models shown that run at it (at `precision`)."""
     out: dict[str, list[str]] = {}
     for g in gpus:
         if g in perf_model.parts():
-            out.setdefault(stack_text(g), []).append(g)
+            out.setdefault(stack_text(g, precision), []).append(g)
     return out
 
 
