@@ -639,8 +639,8 @@ def relative_stack_factor(vendor_: str, engine: str, speeds: dict) -> StackFacto
     results in every round that also has NVIDIA's own stack (TensorRT-LLM), of its speed over
     that round's NVIDIA speed. Per round: software improves from round to round on both
     sides (H100 +28 % from v4.1 to v5.0), and a ratio within a round cancels that; pooled
-    over rounds, because the ratio itself does not trend in the data (MI300X 0.57 of NVIDIA
-    in v4.1, 0.58 in v5.1: `bench.model` prints it per round). Relative, because
+    over rounds, because the ratio moves little from round to round (ROCm/vLLM's FP8 results
+    at 0.61-0.71 of NVIDIA's in v4.1-v5.1: `bench.model` prints it per round). Relative, because
     every MLPerf submission is tuned: what transfers to the planner's vLLM-like engine is
     how far one vendor's tuned stack is from the other's on the same roofline, not how far
     either is from the stock vLLM of the fitted rows. NVIDIA/vLLM: 1 (the fitted rows)."""
