@@ -533,8 +533,8 @@ def mlperf_key(m: dict) -> tuple[str, str]:
     """(vendor, stack) of one MLPerf result: NVIDIA's own stack over every precision (the
     reference), any other engine per weight precision ("vllm@fp8"). Per precision, because
     AMD's results come in two regimes that one factor cannot fit: FP8 on MI300X/MI325X at
-    0.61-0.71 of NVIDIA's speed in every round, FP4 on MI355X at 0.91-0.94 (v6.0, v6.1;
-    `bench.model` prints them): how far a vendor's software is from its roofline depends on
+    0.49-0.71 of NVIDIA's speed (0.61-0.71 in v4.1-v5.1, LLMBoost 0.55-0.64), FP4 on MI355X
+    at 0.88-0.94 (v6.0, v6.1; `bench.model` prints them): how far a vendor's software is from its roofline depends on
     the kernels of the precision, not on the vendor alone."""
     v, e = vendor(m["part"]), m["engine"]
     return (v, e) if (v, e) == REFERENCE_STACK else (v, f"{e}@{m['precision']}")
@@ -639,8 +639,9 @@ def relative_stack_factor(vendor_: str, engine: str, speeds: dict) -> StackFacto
     results in every round that also has NVIDIA's own stack (TensorRT-LLM), of its speed over
     that round's NVIDIA speed. Per round: software improves from round to round on both
     sides (H100 +28 % from v4.1 to v5.0), and a ratio within a round cancels that; pooled
-    over rounds, because the ratio moves little from round to round (ROCm/vLLM's FP8 results
-    at 0.61-0.71 of NVIDIA's in v4.1-v5.1: `bench.model` prints it per round). Relative, because
+    over rounds, because the ratio shows no trend (ROCm/vLLM's FP8 results at 0.61, 0.71,
+    0.68 of NVIDIA's in v4.1, v5.0, v5.1, 0.49 from v6.0's one: `bench.model` prints it per
+    round). Relative, because
     every MLPerf submission is tuned: what transfers to the planner's vLLM-like engine is
     how far one vendor's tuned stack is from the other's on the same roofline, not how far
     either is from the stock vLLM of the fitted rows. NVIDIA/vLLM: 1 (the fitted rows)."""
