@@ -534,8 +534,8 @@ def mlperf_key(m: dict) -> tuple[str, str]:
     reference), any other engine per weight precision ("vllm@fp8"). Per precision, because
     AMD's results come in two regimes that one factor cannot fit: FP8 on MI300X/MI325X at
     0.49-0.71 of NVIDIA's speed (0.61-0.71 in v4.1-v5.1, LLMBoost 0.55-0.64), FP4 on MI355X
-    at 0.88-0.94 (v6.0, v6.1; `bench.model` prints them): how far a vendor's software is from its roofline depends on
-    the kernels of the precision, not on the vendor alone."""
+    at 0.88-0.94 (v6.0, v6.1; `bench.model` prints them): how far a vendor's software is
+    from its roofline depends on the kernels of the precision, not on the vendor alone."""
     v, e = vendor(m["part"]), m["engine"]
     return (v, e) if (v, e) == REFERENCE_STACK else (v, f"{e}@{m['precision']}")
 
@@ -641,10 +641,10 @@ def relative_stack_factor(vendor_: str, engine: str, speeds: dict) -> StackFacto
     sides (H100 +28 % from v4.1 to v5.0), and a ratio within a round cancels that; pooled
     over rounds, because the ratio shows no trend (ROCm/vLLM's FP8 results at 0.61, 0.71,
     0.68 of NVIDIA's in v4.1, v5.0, v5.1, 0.49 from v6.0's one: `bench.model` prints it per
-    round). Relative, because
-    every MLPerf submission is tuned: what transfers to the planner's vLLM-like engine is
-    how far one vendor's tuned stack is from the other's on the same roofline, not how far
-    either is from the stock vLLM of the fitted rows. NVIDIA/vLLM: 1 (the fitted rows)."""
+    round). Relative, because every MLPerf submission is tuned: what transfers to the
+    planner's vLLM-like engine is how far one vendor's tuned stack is from the other's on the
+    same roofline, not how far either is from the stock vLLM of the fitted rows. NVIDIA/vLLM:
+    1 (the fitted rows)."""
     if (vendor_, engine) == ("nvidia", PREDICTED_ENGINE) or vendor_ == "nvidia":
         return REFERENCE_FACTOR if engine == PREDICTED_ENGINE else StackFactor(
             vendor_, engine, 1.0, 0.0, 0, basis="NVIDIA's own MLPerf stack: the reference of the relative factors")
@@ -674,6 +674,7 @@ def _precisions_nearest(precision: str) -> list[str]:
     return sorted(BYTES_PER_PARAM, key=lambda p: (abs(math.log2(BYTES_PER_PARAM[p]) - width), -BYTES_PER_PARAM[p]))
 
 
+@cache
 def stack_of(part: str, engine: str = PREDICTED_ENGINE, precision: str = "bf16") -> StackFactor:
     """The stack factor predictions for `part` at `precision` run at: NVIDIA's is the
     reference; another vendor's is its (engine, precision) factor, from the nearest
