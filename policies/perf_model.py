@@ -622,13 +622,13 @@ def stack_factor_for(vendor_: str, engine: str, round_: str | None, speeds: dict
         return None
     if round_ in rounds:
         return _geo(speeds[(vendor_, engine, round_)])[0]
-    if round_ is not None and (vendor_, engine) != REFERENCE_STACK:
+    if round_ is not None:
         reference = _reference_speed_for(round_, speeds)
+        if (vendor_, engine) == REFERENCE_STACK:
+            return reference
         relative = relative_stack_factor(vendor_, engine, speeds)
         if reference is not None and relative.results:
             return reference * relative.factor
-    if round_ is not None and (vendor_, engine) == REFERENCE_STACK:
-        return _reference_speed_for(round_, speeds)
     earlier = [r for r in rounds if round_ is not None and _round_key(r) < _round_key(round_)]
     pick = earlier[-1] if earlier else rounds[0]
     return _geo(speeds[(vendor_, engine, pick)])[0]
