@@ -104,10 +104,13 @@ those of the fit it was tried in, before later terms were added):
 * A TP link-bandwidth term: negligible at decode sizes.
 
 One prediction path (issue 27): `predict` is the model times a correction smooth in batch
-from the measured rows of the (workload, GPU, TP) (`Correction`), never a raw measured row
-beside modelled ones; the correction a part takes is the largest of those of the measured
-parts it dominates (same vendor), so a part better in every data-sheet figure is never
-predicted slower on the planner's path either (H200 takes H100's correction). Across
+from the measured rows of the (workload, GPU, TP) (`Correction`: a quadratic in log batch
+where five or more limits were measured), never a raw measured row beside modelled ones. A
+measured part takes its own correction, a part not measured the largest of those of the
+measured parts it dominates (same vendor; H200 takes H100's); then each is raised to the
+predicted speed of every part it dominates, so a part better in every data-sheet figure is
+never predicted slower on the planner's path either. bench.model checks the path out of
+sample: each measured row predicted with its correction drawn without it. Across
 vendors the order is the software's too: a part ahead on paper can be slower at a lagging
 stack factor, as MLPerf shows (MI300X vs H100, MI325X vs H200: parity).
 """
@@ -849,31 +852,41 @@ def dominates(a: Part, b: Part) -> bool:
             and a.tdp_w >= b.tdp_w and all(a.peak_tflops.get(k, 0.0) >= v for k, v in b.peak_tflops.items()))
 
 
+#: a correction bends (a quadratic in log2 batch) only where a (workload, GPU, TP) has at least
+#: this many measured batch limits; fewer get a line (two or three points would be passed
+#: through exactly, which is the measured rows again, not a smooth correction)
+CURVE_MIN_BATCHES = 5
+
+
 @dataclass(frozen=True)
 class Correction:
-    """Measured / model throughput and power of one (workload, GPU, TP, precision) as lines in
-    log2(batch limit) through its ML.ENERGY v3 rows (least squares; one batch: a constant),
-    held flat outside the measured batches: smooth in batch, never a measured row beside a
-    modelled one."""
+    """Measured / model throughput and power of one (workload, GPU, TP, precision) as smooth
+    curves in log2(batch limit) through its ML.ENERGY v3 rows (least squares: a quadratic
+    from `CURVE_MIN_BATCHES` measured limits, else a line, one limit a constant), held flat
+    outside the measured batches: smooth in batch, never a measured row beside a modelled
+    one. Why a quadratic: the serving stack's departure from the roofline is not a tilt
+    alone; it is largest at both ends (launch overheads at small batches, the scheduler and
+    KV-cache paging at the largest), which a line cannot follow."""
 
     gpu: str
     rows: int
     lo: float  # log2 of the smallest and largest measured batch limit
     hi: float
-    speed: tuple[float, float]  # (intercept, slope) of log(measured / model tokens/s)
-    power: tuple[float, float]
+    speed: tuple[float, ...]  # polynomial (highest power first) of log(measured / model tokens/s)
+    power: tuple[float, ...]
 
     def at(self, batch: float) -> tuple[float, float]:
         """(speed, power) correction factors at a batch limit."""
         x = min(max(math.log2(batch), self.lo), self.hi)
-        return math.exp(self.speed[0] + self.speed[1] * x), math.exp(self.power[0] + self.power[1] * x)
+        return math.exp(float(np.polyval(self.speed, x))), math.exp(float(np.polyval(self.power, x)))
 
 
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    if len(set(xs)) < 2:
-        return float(np.mean(ys)), 0.0
-    slope, intercept = np.polyfit(xs, ys, 1)
-    return float(intercept), float(slope)
+def _curve(xs: list[float], ys: list[float]) -> tuple[float, ...]:
+    distinct = len(set(xs))
+    if distinct < 2:
+        return (float(np.mean(ys)),)
+    degree = 2 if distinct >= CURVE_MIN_BATCHES else 1
+    return tuple(float(c) for c in np.polyfit(xs, ys, degree))
 
 
 def _model_point(w: Workload, p: Part, point: OperatingPoint, f: Fit, speed: float) -> tuple[float, float]:
@@ -885,12 +898,24 @@ def _model_point(w: Workload, p: Part, point: OperatingPoint, f: Fit, speed: flo
 @cache
 def correction_of(w: Workload, gpu: str, tp: int, precision: str) -> Correction | None:
     """The correction of `w` on `gpu` at TP `tp` from its measured rows (None: none measured)."""
+    return correction_from(w, gpu, tp, precision)
+
+
+def correction_rows(w: Workload, gpu: str, tp: int, precision: str) -> list[dict]:
+    """The ML.ENERGY v3 rows a correction of (`w`, `gpu`, TP, precision) is drawn through."""
     model_id = _model_id(w)
     if not model_id or w.kind != "inference" or gpu not in parts():
-        return None
-    rows = [r for r in fit_rows() if r["dataset"] == "mlenergy-v3" and r["model_id"] == model_id and r["gpu"] == gpu
-            and r["task"] == w.task and r["tensor_parallel"] == tp and r["num_gpus"] == tp
+        return []
+    return [r for r in fit_rows() if r["dataset"] == "mlenergy-v3" and r["model_id"] == model_id
+            and r["gpu"] == gpu and r["task"] == w.task and r["tensor_parallel"] == tp and r["num_gpus"] == tp
             and r["precision"] == precision]
+
+
+def correction_from(w: Workload, gpu: str, tp: int, precision: str, leave_out: dict | None = None
+                    ) -> Correction | None:
+    """The correction of `w` on `gpu` at TP `tp` from its measured rows, without the row
+    `leave_out` (bench.model's leave-one-row-out check of the planner's path). None: no row."""
+    rows = [r for r in correction_rows(w, gpu, tp, precision) if r is not leave_out]
     if not rows:
         return None
     f, part = fit(), parts()[gpu]
@@ -901,33 +926,92 @@ def correction_of(w: Workload, gpu: str, tp: int, precision: str) -> Correction 
         xs.append(math.log2(r["max_num_seqs"]))
         ys.append(math.log(r["output_tokens_per_s"] / (r["max_num_seqs"] / t)))
         zs.append(math.log(r["power_w_all_gpus"] / tp / power))
-    return Correction(gpu, len(rows), min(xs), max(xs), _line(xs, ys), _line(xs, zs))
+    return Correction(gpu, len(rows), min(xs), max(xs), _curve(xs, ys), _curve(xs, zs))
 
 
-def _corrections(w: Workload, p: Part, point: OperatingPoint) -> tuple[float, float, str]:
-    """(speed, power, what) corrections for `w` on part `p` at `point`. Speed: the largest of
-    the measured corrections (same vendor, same TP and precision) of `p` and of every measured
-    part `p` dominates; a part that dominates no measured part takes the smallest of its
-    vendor's. That makes the correction monotone in the dominance order, so a part never
-    comes out slower than one it dominates (H200 takes H100's correction, B200 the larger of
-    its own and H100's, H200-NVL the smaller of H100's and B200's); a vendor with no
-    measured part: 1. Power: `p`'s own (1 where unmeasured)."""
-    b = point.max_batch
-    own = correction_of(w, p.name, point.tp, point.precision) if parts().get(p.name) == p else None
-    measured = []
-    for gpu in _v3_gpus():
-        c = correction_of(w, gpu, point.tp, point.precision)
-        if c is not None and vendor(gpu) == vendor(p.name):
-            measured.append((c.at(b)[0], f"{gpu} rows (n={c.rows})", gpu))
-    if not measured:
+def _corrections(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None = None
+                 ) -> tuple[float, float, str]:
+    """(speed, power, what) corrections for `w` on part `p` at `point`.
+
+    Speed: a measured part's own correction; a part not measured borrows the largest of the
+    measured corrections (same vendor, TP and precision) of the parts it dominates, or the
+    smallest of its vendor's where it dominates none (1 for a vendor with none measured).
+    Then it is raised, where needed, to the predicted speed of every catalog part it
+    dominates, so a part never comes out slower than one it dominates (H200 takes H100's
+    correction; B200 follows its own rows wherever they put it above H100 and H200). The
+    floor is on the predictions, not on the factors: a factor borrowed from H100 would put
+    B200 30 % above its own measurements at small batches. Power: `p`'s own (1 where
+    unmeasured). `leave_out`: a measured row its GPU's correction is drawn without
+    (bench.model's leave-one-row-out check)."""
+    if not _v3_gpus():
         return 1.0, 1.0, ""
-    below = [m for m in measured if m[2] == p.name or dominates(p, parts()[m[2]])]
-    speed, label, _ = max(below) if below else min(measured)
-    if own is not None and label != f"{p.name} rows (n={own.rows})":
-        label = f"{p.name} rows (n={own.rows}), raised to the floor of {label}"
-    elif not below:
-        label = f"the smallest same-vendor correction, {label}"
-    return speed, own.at(b)[1] if own is not None else 1.0, label
+    speed, label = _speed_correction(w, p, point, leave_out)
+    own = _correction_for(w, p.name, point, leave_out) if parts().get(p.name) == p else None
+    return speed, own.at(point.max_batch)[1] if own is not None else 1.0, label
+
+
+def _correction_for(w: Workload, gpu: str, point: OperatingPoint, leave_out: dict | None) -> Correction | None:
+    if leave_out is not None and leave_out["gpu"] == gpu:
+        return correction_from(w, gpu, point.tp, point.precision, leave_out)
+    return correction_of(w, gpu, point.tp, point.precision)
+
+
+def _borrowed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None
+                         ) -> tuple[float, str]:
+    """`p`'s own speed correction at `point`, or the one it borrows (see `_corrections`)."""
+    b = point.max_batch
+    if parts().get(p.name) == p:
+        own = _correction_for(w, p.name, point, leave_out)
+        if own is not None:
+            return own.at(b)[0], f"{p.name} rows (n={own.rows})"
+    own_of = {}
+    for gpu in _v3_gpus():
+        c = _correction_for(w, gpu, point, leave_out)
+        if c is not None and vendor(gpu) == vendor(p.name):
+            own_of[gpu] = (c.at(b)[0], f"{gpu} rows (n={c.rows})", gpu)
+    if not own_of:
+        return 1.0, ""
+    # what a part lends: its own correction, or that of a measured part it dominates if larger
+    # (B200 lends no less than H100's: its own rows carry Blackwell's young software, which
+    # says nothing of an older part's)
+    measured = [max(m for g, m in own_of.items() if g == gpu or dominates(parts()[gpu], parts()[g]))
+                for gpu in own_of]
+    below = [m for m in measured if dominates(p, parts()[m[2]])]
+    if below:
+        return max(below)[:2]
+    speed, label, _ = min(measured)
+    return speed, f"the smallest same-vendor correction, {label}"
+
+
+_SPEED_CACHE: dict[tuple, tuple[float, str]] = {}
+
+
+def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None
+                      ) -> tuple[float, str]:
+    """The speed correction of `_corrections`: borrowed or own, floored at the predicted speed
+    of every catalog part `p` dominates (recursively, on this same path)."""
+    catalog_part = parts().get(p.name) == p
+    key = (w, p.name, point)
+    if leave_out is None and catalog_part and key in _SPEED_CACHE:
+        return _SPEED_CACHE[key]
+    speed, label = _borrowed_correction(w, p, point, leave_out)
+    f = fit()
+    t_p = None
+    for q in parts().values():
+        if q.name == p.name or not q.supports(point.precision) or not dominates(p, q) or dominates(q, p):
+            continue  # (a part with the same figures under another name borrows the same correction)
+        q_speed, _ = _speed_correction(w, q, point, leave_out)
+        if q_speed == 1.0 and speed == 1.0:
+            continue  # neither corrected: the model alone keeps the order
+        if t_p is None:
+            t_p = _model_point(w, p, point, f, stack_of(p.name, precision=point.precision).factor)[0]
+        t_q = _model_point(w, q, point, f, stack_of(q.name, precision=point.precision).factor)[0]
+        floor = t_p / t_q * q_speed  # the factor that makes p exactly as fast as q's prediction
+        if floor > speed:
+            speed, label = floor, (f"{label}, " if label else "") + f"raised to {q.name}'s predicted speed"
+    if leave_out is None and catalog_part:
+        _SPEED_CACHE[key] = (speed, label)
+    return speed, label
 
 
 @cache
@@ -937,7 +1021,7 @@ def _v3_gpus() -> tuple[str, ...]:
 
 
 def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurements: bool = True,
-            f: Fit | None = None) -> Prediction:
+            f: Fit | None = None, leave_out: dict | None = None) -> Prediction:
     """All figures for `w` on `point.tp` GPUs of model `gpu` (a tensor-parallel group): the one
     prediction path of the planner, `profiles`, `bench.model` and the simulator.
 
@@ -946,7 +1030,9 @@ def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurem
     measured figure. `gpu` is a name from `parts()` or a Part (a hypothetical part, for
     tests and what-ifs). A precision the part lacks raises ValueError. A point that does not
     fit in memory is still predicted (fits=False) so callers can show why it was refused.
-    use_measurements=False (or a fit `f` other than the default): the model alone."""
+    use_measurements=False (or a fit `f` other than the default): the model alone.
+    `leave_out`: one measured row (from `fit_rows`) its GPU's correction is drawn without,
+    to check the path out of sample (bench.model)."""
     default = f is None or f is fit()
     f = f or fit()
     p = gpu if isinstance(gpu, Part) else parts()[gpu]
@@ -964,7 +1050,7 @@ def predict(w: Workload, gpu: str | Part, point: OperatingPoint, *, use_measurem
         return _predict_train(w, p, point, need, avail, f)
     stack = stack_of(gpu, precision=point.precision)
     t, power = _model_point(w, p, point, f, stack.factor)
-    speed_c, power_c, what = _corrections(w, p, point) if use_measurements and default else (1.0, 1.0, "")
+    speed_c, power_c, what = _corrections(w, p, point, leave_out) if use_measurements and default else (1.0, 1.0, "")
     t = t / speed_c
     power = min(power * power_c, p.tdp_w)
     tokens_s = point.max_batch / t

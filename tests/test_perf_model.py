@@ -197,14 +197,56 @@ def test_a_measured_configuration_is_the_model_times_a_correction_smooth_in_batc
         assert "H100 rows (n=" in p.sources["correction"]
         errors.append(abs(p.output_tokens_per_s / r["output_tokens_per_s"] - 1))
     assert statistics.median(errors) <= 0.10  # a smooth line through the rows, not the rows themselves
-    # smooth: log correction is linear in log batch between the measured limits, flat outside
-    c = [pm.predict(w, "H100", pm.OperatingPoint(b, "bf16", 1)).speed_correction for b in (16, 32, 64)]
-    assert math.log(c[1]) == pytest.approx((math.log(c[0]) + math.log(c[2])) / 2, rel=1e-9)
+    # smooth: log correction is a quadratic in log batch between the measured limits (its third
+    # differences at evenly spaced log batches vanish; it bends: the second do not), flat outside
+    c = [math.log(pm.predict(w, "H100", pm.OperatingPoint(b, "bf16", 1)).speed_correction) for b in (16, 32, 64, 128)]
+    assert c[3] - 3 * c[2] + 3 * c[1] - c[0] == pytest.approx(0.0, abs=1e-9)
+    assert abs(c[2] - 2 * c[1] + c[0]) > 1e-4
     lo, hi = min(r["max_num_seqs"] for r in rows), max(r["max_num_seqs"] for r in rows)
     assert pm.predict(w, "H100", pm.OperatingPoint(max(1, lo // 2), "bf16", 1)).speed_correction == \
         pm.predict(w, "H100", pm.OperatingPoint(lo, "bf16", 1)).speed_correction
     assert pm.predict(w, "H100", pm.OperatingPoint(hi * 2, "bf16", 1)).speed_correction == \
         pm.predict(w, "H100", pm.OperatingPoint(hi, "bf16", 1)).speed_correction
+
+
+def test_a_correction_bends_only_where_enough_batch_limits_were_measured():
+    """A quadratic from `CURVE_MIN_BATCHES` measured limits; fewer draw a line (a curve
+    through two or three points would be the measured rows again); one, a constant."""
+    xs = [3.0, 4.0, 5.0, 6.0, 7.0]
+    bent = [0.1 * (x - 5.0) ** 2 for x in xs]
+    assert len(pm._curve(xs, bent)) == 3 and pm._curve(xs, bent)[0] == pytest.approx(0.1)
+    assert len(pm._curve(xs[:pm.CURVE_MIN_BATCHES - 1], bent[:pm.CURVE_MIN_BATCHES - 1])) == 2
+    assert pm._curve([4.0, 4.0], [0.1, 0.3]) == pytest.approx((0.2,))
+
+
+def test_b200_follows_its_own_rows_where_they_put_it_above_h100():
+    """ML.ENERGY measured B200 on llm-chat-8b far below its roofline at small batches (3,810
+    tok/s at batch 32, 12 % above H100's 3,391). The planner's path keeps that (within 10 %),
+    where a correction borrowed from H100 put it 29-32 % too fast, and still never below
+    H100's prediction."""
+    w = pm.preset("llm-chat-8b")
+    rows = {r["max_num_seqs"]: r for r in pm.fit_rows() if r["dataset"] == "mlenergy-v3" and r["gpu"] == "B200"
+            and r["model_id"] == "meta-llama/Llama-3.1-8B-Instruct" and r["num_gpus"] == 1}
+    for batch in (32, 64):
+        point = pm.OperatingPoint(batch, "bf16", 1)
+        b200, h100 = pm.predict(w, "B200", point), pm.predict(w, "H100", point)
+        assert abs(b200.output_tokens_per_s / rows[batch]["output_tokens_per_s"] - 1) <= 0.10
+        assert b200.output_tokens_per_s >= h100.output_tokens_per_s
+        assert "B200 rows" in b200.sources["correction"]
+
+
+def test_a_row_left_out_of_its_correction_is_predicted_out_of_sample():
+    """bench.model's leave-one-row-out check of the planner's path: the held-out row moves
+    only its own GPU's correction, and the prediction it gets is not the in-sample one."""
+    w = pm.preset("llm-chat-8b")
+    row = next(r for r in pm.fit_rows() if r["dataset"] == "mlenergy-v3" and r["gpu"] == "H100"
+               and r["model_id"] == "meta-llama/Llama-3.1-8B-Instruct" and r["max_num_seqs"] == 128)
+    point = pm.OperatingPoint(128, "bf16", 1)
+    held = pm.predict(w, "H100", point, leave_out=row)
+    assert held.output_tokens_per_s != pm.predict(w, "H100", point).output_tokens_per_s
+    assert pm.correction_from(w, "H100", 1, "bf16", row).rows == pm.correction_of(w, "H100", 1, "bf16").rows - 1
+    assert pm.predict(w, "MI300X", point, leave_out=row).output_tokens_per_s == \
+        pm.predict(w, "MI300X", point).output_tokens_per_s
 
 
 def test_unmeasured_gpus_say_roofline_and_measured_ones_corrected():
