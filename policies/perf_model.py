@@ -983,7 +983,9 @@ def _borrowed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out:
     return speed, f"the smallest same-vendor correction, {label}"
 
 
+#: (workload, part, point) -> speed correction; bounded (parametric workloads are open-ended)
 _SPEED_CACHE: dict[tuple, tuple[float, str]] = {}
+_SPEED_CACHE_MAX = 100_000
 
 
 def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None
@@ -1006,10 +1008,13 @@ def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: di
         if t_p is None:
             t_p = _model_point(w, p, point, f, stack_of(p.name, precision=point.precision).factor)[0]
         t_q = _model_point(w, q, point, f, stack_of(q.name, precision=point.precision).factor)[0]
-        floor = t_p / t_q * q_speed  # the factor that makes p exactly as fast as q's prediction
+        # the factor that makes p as fast as q's prediction (a hair over: never slower by a rounding)
+        floor = t_p / t_q * q_speed * (1 + 1e-12)
         if floor > speed:
             speed, label = floor, (f"{label}, " if label else "") + f"raised to {q.name}'s predicted speed"
     if leave_out is None and catalog_part:
+        if len(_SPEED_CACHE) >= _SPEED_CACHE_MAX:
+            _SPEED_CACHE.clear()
         _SPEED_CACHE[key] = (speed, label)
     return speed, label
 
