@@ -985,6 +985,17 @@ def _borrowed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out:
 
 #: (workload, part, point) -> speed correction; bounded (parametric workloads are open-ended)
 _SPEED_CACHE: dict[tuple, tuple[float, str]] = {}
+
+
+def _strictly_dominated(p: Part) -> tuple[Part, ...]:
+    """The catalog parts `p` dominates, less those with the same figures under another name
+    (they borrow the same correction; both ways would never end)."""
+    return tuple(q for q in parts().values() if q.name != p.name and dominates(p, q) and not dominates(q, p))
+
+
+@cache
+def _dominated(name: str) -> tuple[Part, ...]:
+    return _strictly_dominated(parts()[name])
 _SPEED_CACHE_MAX = 100_000
 
 
@@ -999,9 +1010,9 @@ def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: di
     speed, label = _borrowed_correction(w, p, point, leave_out)
     f = fit()
     t_p = None
-    for q in parts().values():
-        if q.name == p.name or not q.supports(point.precision) or not dominates(p, q) or dominates(q, p):
-            continue  # (a part with the same figures under another name borrows the same correction)
+    for q in (_dominated(p.name) if catalog_part else _strictly_dominated(p)):
+        if not q.supports(point.precision):
+            continue
         q_speed, _ = _speed_correction(w, q, point, leave_out)
         if q_speed == 1.0 and speed == 1.0:
             continue  # neither corrected: the model alone keeps the order
