@@ -985,6 +985,7 @@ def _borrowed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out:
 
 #: (workload, part, point) -> speed correction; bounded (parametric workloads are open-ended)
 _SPEED_CACHE: dict[tuple, tuple[float, str]] = {}
+_SPEED_CACHE_MAX = 100_000
 
 
 def _strictly_dominated(p: Part) -> tuple[Part, ...]:
@@ -996,7 +997,6 @@ def _strictly_dominated(p: Part) -> tuple[Part, ...]:
 @cache
 def _dominated(name: str) -> tuple[Part, ...]:
     return _strictly_dominated(parts()[name])
-_SPEED_CACHE_MAX = 100_000
 
 
 def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None
