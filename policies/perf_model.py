@@ -1009,7 +1009,7 @@ def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: di
         return _SPEED_CACHE[key]
     speed, label = _borrowed_correction(w, p, point, leave_out)
     f = fit()
-    t_p = None
+    t_p, raised_to = None, None
     for q in (_dominated(p.name) if catalog_part else _strictly_dominated(p)):
         if not q.supports(point.precision):
             continue
@@ -1022,7 +1022,9 @@ def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: di
         # the factor that makes p as fast as q's prediction (a hair over: never slower by a rounding)
         floor = t_p / t_q * q_speed * (1 + 1e-12)
         if floor > speed:
-            speed, label = floor, (f"{label}, " if label else "") + f"raised to {q.name}'s predicted speed"
+            speed, raised_to = floor, q.name
+    if raised_to is not None:
+        label = (f"{label}, " if label else "") + f"raised to {raised_to}'s predicted speed"
     if leave_out is None and catalog_part:
         if len(_SPEED_CACHE) >= _SPEED_CACHE_MAX:
             _SPEED_CACHE.clear()

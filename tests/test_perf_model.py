@@ -233,6 +233,13 @@ def test_b200_follows_its_own_rows_where_they_put_it_above_h100():
         assert abs(b200.output_tokens_per_s / rows[batch]["output_tokens_per_s"] - 1) <= 0.10
         assert b200.output_tokens_per_s >= h100.output_tokens_per_s
         assert "B200 rows" in b200.sources["correction"]
+    # where its own rows would put it below a part it dominates (ML.ENERGY's B200 ran slower
+    # than H100 at batch 128-511), it is raised to that part's prediction, and says so
+    point = pm.OperatingPoint(128, "bf16", 1)
+    b200, h200 = pm.predict(w, "B200", point), pm.predict(w, "H200", point)
+    assert b200.output_tokens_per_s >= h200.output_tokens_per_s
+    assert b200.output_tokens_per_s == pytest.approx(h200.output_tokens_per_s, rel=1e-9)
+    assert b200.sources["correction"].endswith("raised to H200's predicted speed")
 
 
 def test_a_row_left_out_of_its_correction_is_predicted_out_of_sample():
