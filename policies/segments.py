@@ -13,9 +13,10 @@ priced (`idle_g`).
 `cheapest_segments` is an exact dynamic programme over slots: state (segments begun, slots
 used, running or not), one numpy step per slot over all (segments, slots used) at once, a
 segment entered as a block of `min_run` slots and then extended one slot at a time. It
-minimises the grams of the running slots (whole slots: the last partial slot is priced in
-full, a small overestimate the caller replaces with the exact figure) plus, for a pause
-job, of the held idle slots between its segments. Cost per slot `run_g[t]` is the job's
+minimises the grams of the running slots (the last one priced by the share of it the work
+uses: whole-slot pricing made a job whose work ends early in its last slot look up to a
+slot dearer cut than in one piece, so gains of a few percent were never taken) plus, for a
+pause job, of the held idle slots between its segments. Cost per slot `run_g[t]` is the job's
 power x PUE x the forecast's integral over slot t (`Problem.slot_integrals`).
 
 Why a DP and not "the N cheapest slots": the cheapest slots are scattered; with at most
@@ -37,7 +38,7 @@ MIN_GAIN = 0.005
 
 class SegmentPlan(NamedTuple):
     """Slot ranges [start, end) of each segment (ascending, disjoint) and their priced grams
-    (whole slots, plus held idle slots for a pause job)."""
+    (the running slots, the last by its used share, plus held idle slots for a pause job)."""
 
     slots: tuple[tuple[int, int], ...]
     gco2: float
@@ -77,13 +78,20 @@ def slots_needed(work_s: float, segments: int, resume_s: float, resumed: bool, s
     return max(1, int(math.ceil(wall_s(work_s, segments, resume_s, resumed) / slot_s - 1e-9)))
 
 
-def lower_bound_g(run_g: np.ndarray, lo: int, end: int, n_slots: int) -> float:
-    """A lower bound of any segmented plan's grams: the `n_slots` cheapest slots of [lo, end)
-    (capacity, segment count and minimum run ignored)."""
-    window = run_g[lo:end]
-    if window.size < n_slots:
+def lower_bound_g(run_g: np.ndarray, lo: int, end: int, n_slots: float) -> float:
+    """A lower bound of any segmented plan's grams: the cheapest `n_slots` (fractional: the
+    work's own length, so it bounds the exact grams the plan is judged by, not its whole
+    slots) of [lo, end), capacity, segment count and minimum run ignored."""
+    window = np.asarray(run_g[lo:end], dtype=np.float64)
+    whole = int(math.floor(n_slots + 1e-9))
+    frac = max(0.0, n_slots - whole)
+    need = whole + (1 if frac > 1e-9 else 0)
+    if need == 0:
+        return 0.0
+    if window.size < need:
         return math.inf
-    return float(np.partition(window, n_slots - 1)[:n_slots].sum()) if n_slots < window.size else float(window.sum())
+    cheapest = np.sort(np.partition(window, need - 1)[:need]) if need < window.size else np.sort(window)
+    return float(cheapest[:whole].sum() + (frac * cheapest[whole] if need > whole else 0.0))
 
 
 def cheapest_segments(run_g: np.ndarray, avail: np.ndarray, lo: int, end: int, first_latest: int,
@@ -117,10 +125,16 @@ def cheapest_segments(run_g: np.ndarray, avail: np.ndarray, lo: int, end: int, f
     first_latest_local = first_latest - lo
     best, best_at = inf, None
     target = np.array(need, dtype=np.int64)
+    # the share of its last slot a plan of r segments uses (the work ends inside it)
+    unused = np.array([1.0 - min(1.0, wall_s(work_s, m, resume_s, resumed) / slot_s - (need[m - 1] - 1))
+                       for m in range(1, M + 1)])
     rs = np.arange(1, M + 1)
     for t in range(T + 1):
-        # finishing here: segment r just ends with exactly the slots r segments need
+        # finishing here: segment r just ends with exactly the slots r segments need; its last
+        # slot (t - 1) priced by the share the work uses
         done = on[t, rs, target]
+        if t > 0 and math.isfinite(run[t - 1]):
+            done = done - run[t - 1] * unused
         r_best = int(np.argmin(done))
         if done[r_best] < best - 1e-12:
             best, best_at = float(done[r_best]), (t, r_best + 1)
@@ -278,7 +292,7 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
         if slots_needed(w, 2, resume_s, resumed, slot_s) > end - lo or dur < 2:
             continue
         run_g = problem.slot_integrals(problem.groups[g].zone) * float(problem.job_scale[j, g])
-        lb = lower_bound_g(run_g, lo, end, slots_needed(w, 1, resume_s, resumed, slot_s))
+        lb = lower_bound_g(run_g, lo, end, wall_s(w, 1, resume_s, resumed) / slot_s)
         cands.append((lb, g, latest, end, on_time, w, run_g))
     cands.sort(key=lambda c: c[0])
     best = None
