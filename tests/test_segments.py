@@ -148,7 +148,7 @@ def test_a_cut_worth_one_percent_is_taken_when_the_work_ends_early_in_its_last_s
     """4 h 05 min of work (16.3 slots) with a slightly dirtier hour (104 against 100 g/kWh)
     between clean ones: cutting around it saves 1 %, more than the 0.5 % a cut must gain.
     Priced in whole slots the cut plan looked 2/3 of a slot (4 %) dearer, so it was never
-    taken (GAIA's setting lost 0.3 point of its saving to this)."""
+    taken (GAIA's setting lost about 0.15 point of its saving to this)."""
     values = [100.0, 100.0, 104.0, 100.0, 100.0, 100.0] + [200.0] * 30
     job = _job(est_runtime_s=4 * 3600.0 + 300.0, deadline=NOW + timedelta(hours=6), min_run_s=900.0,
                resume_cost_s=0.0)
