@@ -983,11 +983,6 @@ def _borrowed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out:
     return speed, f"the smallest same-vendor correction, {label}"
 
 
-#: (workload, part, point) -> speed correction; bounded (parametric workloads are open-ended)
-_SPEED_CACHE: dict[tuple, tuple[float, str]] = {}
-_SPEED_CACHE_MAX = 100_000
-
-
 def _strictly_dominated(p: Part) -> tuple[Part, ...]:
     """The catalog parts `p` dominates, less those with the same figures under another name
     (they borrow the same correction; both ways would never end)."""
@@ -1002,15 +997,24 @@ def _dominated(name: str) -> tuple[Part, ...]:
 def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None
                       ) -> tuple[float, str]:
     """The speed correction of `_corrections`: borrowed or own, floored at the predicted speed
-    of every catalog part `p` dominates (recursively, on this same path)."""
-    catalog_part = parts().get(p.name) == p
-    key = (w, p.name, point)
-    if leave_out is None and catalog_part and key in _SPEED_CACHE:
-        return _SPEED_CACHE[key]
+    of every catalog part `p` dominates (recursively, on this same path). Cached for catalog
+    parts (the planner asks per prediction)."""
+    if leave_out is None and parts().get(p.name) == p:
+        return _catalog_speed_correction(w, p.name, point)
+    return _floored_speed_correction(w, p, point, leave_out)
+
+
+@lru_cache(maxsize=100_000)  # bounded: parametric workloads are open-ended
+def _catalog_speed_correction(w: Workload, name: str, point: OperatingPoint) -> tuple[float, str]:
+    return _floored_speed_correction(w, parts()[name], point, None)
+
+
+def _floored_speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None
+                              ) -> tuple[float, str]:
     speed, label = _borrowed_correction(w, p, point, leave_out)
     f = fit()
     t_p, raised_to = None, None
-    for q in (_dominated(p.name) if catalog_part else _strictly_dominated(p)):
+    for q in (_dominated(p.name) if parts().get(p.name) == p else _strictly_dominated(p)):
         if not q.supports(point.precision):
             continue
         q_speed, _ = _speed_correction(w, q, point, leave_out)
@@ -1025,10 +1029,6 @@ def _speed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out: di
             speed, raised_to = floor, q.name
     if raised_to is not None:
         label = (f"{label}, " if label else "") + f"raised to {raised_to}'s predicted speed"
-    if leave_out is None and catalog_part:
-        if len(_SPEED_CACHE) >= _SPEED_CACHE_MAX:
-            _SPEED_CACHE.clear()
-        _SPEED_CACHE[key] = (speed, label)
     return speed, label
 
 
