@@ -80,12 +80,14 @@ def planner_path_loo(r: dict) -> float | None:
     """The planner's prediction of one ML.ENERGY v3 row's configuration (its preset workload,
     its batch limit, TP and precision: `perf_model.predict`, the model times the smooth
     correction) with the correction drawn through the other rows of its (workload, GPU, TP),
-    not this one: out of sample, as the planner meets a batch limit no one measured. None:
-    the planner has no such configuration (v2's older serving stack; two GPUs at TP 1)."""
+    not this one: out of sample, as the planner meets a batch limit no one measured. The
+    planner's group is the row's GPU count, whatever its layout (an expert-parallel row too:
+    `perf_model.correction_rows`). None: the planner has no such configuration (v2's older
+    serving stack)."""
     name = PRESET_OF.get((r["model_id"], r["task"]))
-    if r["dataset"] != "mlenergy-v3" or name is None or r["num_gpus"] != r["tensor_parallel"]:
+    if r["dataset"] != "mlenergy-v3" or name is None:
         return None
-    point = pm.OperatingPoint(r["max_num_seqs"], r["precision"], r["tensor_parallel"])
+    point = pm.OperatingPoint(r["max_num_seqs"], r["precision"], r["num_gpus"])
     return pm.predict(pm.preset(name), r["gpu"], point, leave_out=r).output_tokens_per_s
 
 
@@ -259,7 +261,7 @@ def print_report(a: tuple[list[dict], list[dict], list[dict]], b: list[dict], c:
            **{k: statistics.median(abs(r[k]) for r in powered) for k in ("err_power", "err_j")}}
     print("pred: the model alone at the row's achieved batch. path: the planner's prediction at the row's batch")
     print("  limit (model x correction), the correction drawn through the other rows of its (workload, GPU, TP):")
-    print("  leave-one-row-out; '-': a configuration the planner has not (v2's serving stack, 2 GPUs at TP 1)")
+    print("  leave-one-row-out; '-': a configuration the planner has not (v2's serving stack)")
     print("* v2 row: its power (J/request x requests/s) is not used by the power fit (see perf_model.fit)")
     print(f"rows within {100 * ROW_TARGET:.0f} % (tokens/s), on the planner's path (leave-one-row-out) where it has "
           f"the configuration, else the model alone: {within['path']}/{len(rows)}; the {len(on_path)} path rows: "

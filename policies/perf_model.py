@@ -104,8 +104,9 @@ those of the fit it was tried in, before later terms were added):
 * A TP link-bandwidth term: negligible at decode sizes.
 
 One prediction path (issue 27): `predict` is the model times a correction smooth in batch
-from the measured rows of the (workload, GPU, TP) (`Correction`: a quadratic in log batch
-where five or more limits were measured), never a raw measured row beside modelled ones. A
+from the measured rows of the (workload, GPU, GPU count) (`Correction`: a quadratic in log
+batch where five or more limits were measured; rows of an expert-parallel layout count for
+their GPU count: `correction_rows`), never a raw measured row beside modelled ones. A
 measured part takes its own correction, a part not measured the largest of those of the
 measured parts it dominates (same vendor; H200 takes H100's); then each is raised to the
 predicted speed of every part it dominates, so a part better in every data-sheet figure is
@@ -195,7 +196,9 @@ class Workload:
 
 @dataclass(frozen=True)
 class OperatingPoint:
-    """What a serving engine is told: batch limit (vLLM max_num_seqs), precision, TP degree."""
+    """What a serving engine is told: batch limit (vLLM max_num_seqs), precision, and `tp`,
+    the GPUs of one replica (tensor parallel; a mixture of experts may run them expert
+    parallel instead, see `correction_rows`)."""
 
     max_batch: int
     precision: str = "bf16"
@@ -874,6 +877,11 @@ class Correction:
     hi: float
     speed: tuple[float, ...]  # polynomial (highest power first) of log(measured / model tokens/s)
     power: tuple[float, ...]
+    layout: str = ""  # how the measured engine laid the GPUs out, where not tensor parallel ("EP 2")
+
+    def label(self) -> str:
+        """Where the correction comes from, e.g. "H100 rows (n=11, EP 2)"."""
+        return f"{self.gpu} rows (n={self.rows}{', ' + self.layout if self.layout else ''})"
 
     def at(self, batch: float) -> tuple[float, float]:
         """(speed, power) correction factors at a batch limit."""
@@ -902,12 +910,17 @@ def correction_of(w: Workload, gpu: str, tp: int, precision: str) -> Correction 
 
 
 def correction_rows(w: Workload, gpu: str, tp: int, precision: str) -> list[dict]:
-    """The ML.ENERGY v3 rows a correction of (`w`, `gpu`, TP, precision) is drawn through."""
+    """The ML.ENERGY v3 rows a correction of (`w`, `gpu`, `tp` GPUs, precision) is drawn
+    through: every row of one replica on that many GPUs, however the engine laid them out.
+    The model's group of `tp` GPUs splits weights and KV cache `tp` ways, as tensor and
+    expert parallelism both do; where the engine chose expert parallelism for a mixture of
+    experts (ML.ENERGY v3 serves Qwen3-Coder-30B-A3B on two H100s at EP 2, TP 1), the
+    correction carries what that layout costs or saves against the model's all-reduces."""
     model_id = _model_id(w)
     if not model_id or w.kind != "inference" or gpu not in parts():
         return []
     return [r for r in fit_rows() if r["dataset"] == "mlenergy-v3" and r["model_id"] == model_id
-            and r["gpu"] == gpu and r["task"] == w.task and r["tensor_parallel"] == tp and r["num_gpus"] == tp
+            and r["gpu"] == gpu and r["task"] == w.task and r["num_gpus"] == tp
             and r["precision"] == precision]
 
 
@@ -926,7 +939,9 @@ def correction_from(w: Workload, gpu: str, tp: int, precision: str, leave_out: d
         xs.append(math.log2(r["max_num_seqs"]))
         ys.append(math.log(r["output_tokens_per_s"] / (r["max_num_seqs"] / t)))
         zs.append(math.log(r["power_w_all_gpus"] / tp / power))
-    return Correction(gpu, len(rows), min(xs), max(xs), _curve(xs, ys), _curve(xs, zs))
+    ep = max(r.get("expert_parallel", 1) for r in rows)
+    return Correction(gpu, len(rows), min(xs), max(xs), _curve(xs, ys), _curve(xs, zs),
+                      f"EP {ep}" if ep > 1 else "")
 
 
 def _corrections(w: Workload, p: Part, point: OperatingPoint, leave_out: dict | None = None
@@ -963,12 +978,12 @@ def _borrowed_correction(w: Workload, p: Part, point: OperatingPoint, leave_out:
     if parts().get(p.name) == p:
         own = _correction_for(w, p.name, point, leave_out)
         if own is not None:
-            return own.at(b)[0], f"{p.name} rows (n={own.rows})"
+            return own.at(b)[0], own.label()
     own_of = {}
     for gpu in _v3_gpus():
         c = _correction_for(w, gpu, point, leave_out)
         if c is not None and vendor(gpu) == vendor(p.name):
-            own_of[gpu] = (c.at(b)[0], f"{gpu} rows (n={c.rows})", gpu)
+            own_of[gpu] = (c.at(b)[0], c.label(), gpu)
     if not own_of:
         return 1.0, ""
     # what a part lends: its own correction, or that of a measured part it dominates if larger

@@ -209,6 +209,26 @@ def test_a_measured_configuration_is_the_model_times_a_correction_smooth_in_batc
         pm.predict(w, "H100", pm.OperatingPoint(hi, "bf16", 1)).speed_correction
 
 
+def test_a_mixture_of_experts_measured_expert_parallel_corrects_the_planners_group_of_that_many_gpus():
+    """ML.ENERGY v3 ran Qwen3-Coder-30B-A3B on two H100s at EP 2, TP 1. The planner's
+    2-GPU point of llm-code is drawn through those rows (and says so), and predicts each
+    within 10 % out of sample, with the row itself left out of its correction; the model
+    alone is 10-15 % fast at batch 96-382."""
+    w = pm.preset("llm-code")
+    rows = [r for r in pm.fit_rows() if r["dataset"] == "mlenergy-v3" and r["gpu"] == "H100"
+            and r["model_id"] == "Qwen/Qwen3-Coder-30B-A3B-Instruct" and r["num_gpus"] == 2]
+    assert len(rows) >= 5 and all(r["expert_parallel"] == 2 and r["tensor_parallel"] == 1 for r in rows)
+    assert [r["source"] for r in pm.correction_rows(w, "H100", 2, "bf16")] == [r["source"] for r in rows]
+    for r in rows:
+        point = pm.OperatingPoint(r["max_num_seqs"], "bf16", 2)
+        held_out = pm.predict(w, "H100", point, leave_out=r)
+        assert abs(held_out.output_tokens_per_s / r["output_tokens_per_s"] - 1) <= 0.10, r["max_num_seqs"]
+    p = pm.predict(w, "H100", pm.OperatingPoint(128, "bf16", 2))
+    assert "H100 rows (n=11, EP 2)" in p.sources["correction"] and p.sources["throughput"] == "corrected"
+    # the single-GPU point keeps its own rows
+    assert "EP" not in pm.predict(w, "H100", pm.OperatingPoint(128, "bf16", 1)).sources["correction"]
+
+
 def test_a_correction_bends_only_where_enough_batch_limits_were_measured():
     """A quadratic from `CURVE_MIN_BATCHES` measured limits; fewer draw a line (a curve
     through two or three points would be the measured rows again); one, a constant."""

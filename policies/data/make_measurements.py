@@ -8,7 +8,8 @@ the file it came from, so each figure the model is fitted on can be traced:
 
 * ML.ENERGY v3 (`mlenergy_v3/tasks/<task>.json`, H100 and B200, vLLM, BF16): output
   tokens/s, mean GPU power summed over the GPUs, J per output token, median/p95 ITL,
-  achieved and configured batch, GPUs and tensor-parallel degree, mean output length.
+  achieved and configured batch, GPUs, tensor- and expert-parallel degree, mean output length
+  (one replica per row: data-parallel configurations are not copied).
 * ML.ENERGY v2 (`mlenergy_v2/llm_text_generation/chat/{A100-SXM4-40GB,H100 80GB HBM3}/...`):
   the A100 rows (the v3 summaries have no A100), and the H100 rows of the same models, which
   let the fit tell v2's older serving software from the A100 itself. v2 gives a mean TPOT only, so no p95 ITL; its power is
@@ -44,6 +45,7 @@ def v3_rows(energy_dir: Path) -> list[dict]:
             rows.append({
                 "dataset": "mlenergy-v3", "task": task, "model_id": c["model_id"], "gpu": c["gpu_model"],
                 "num_gpus": c["num_gpus"], "tensor_parallel": c["tensor_parallel"],
+                "expert_parallel": c["expert_parallel"],
                 "precision": "bf16" if c["weight_precision"] == "bfloat16" else c["weight_precision"],
                 "max_num_seqs": c["max_num_seqs"], "avg_batch_size": c["avg_batch_size"],
                 "output_tokens_per_s": c["output_throughput_tokens_per_sec"],
