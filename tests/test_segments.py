@@ -225,6 +225,26 @@ def test_a_checkpoint_jobs_gpus_are_free_between_its_segments():
     assert by[1].segments[0][1] <= o.start_at < by[1].segments[1][0]
 
 
+def test_no_job_is_cut_where_the_cut_plan_makes_another_job_late_and_the_uncut_one_does_not():
+    """One GPU. The checkpoint job (8 h, due at 15 h) would run 0-6 h and 12-14 h around the
+    dirty middle; a one-piece job of 7 h due at 20 h then has no 7 free hours before its
+    deadline. In one piece the checkpoint job runs 0-8 h and the other 8-15 h, on time: a
+    fleet short of GPU-hours is no place to leave gaps, so greedy keeps the uncut plan. Where
+    the other job has room (due at 40 h) the cut is kept. (Without the comparison with fifo's
+    and edf's plans, which would rescue so small a case on their own.)"""
+    def other(due_h: float) -> QueuedJob:
+        return QueuedJob(id=2, gpus=1, gpu_mem_gib=10, submitted_at=NOW, est_runtime_s=7 * 3600.0,
+                         deadline=NOW + timedelta(hours=due_h))
+
+    tight = GreedyPolicy(compare_fifo=False).plan(_snap(_job(), other(20), gpus=_gpus(1)))
+    by = tight.by_job()
+    assert by[1].segments == () and 2 in by and not by[2].estimate.deadline_miss, by[1].explanation
+    assert not by[1].estimate.deadline_miss
+    roomy = GreedyPolicy(compare_fifo=False).plan(_snap(_job(), other(40), gpus=_gpus(1)))
+    assert len(roomy.by_job()[1].segments) == 2
+    assert not roomy.by_job()[2].estimate.deadline_miss
+
+
 def test_non_interruptible_plans_are_unchanged_by_the_segment_fields():
     rng = random.Random(5)
     values = [rng.uniform(50, 600) for _ in range(60)]
