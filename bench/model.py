@@ -79,7 +79,7 @@ def table_a() -> tuple[list[dict], list[dict], list[dict]]:
 def planner_path_loo(r: dict) -> float | None:
     """The planner's prediction of one ML.ENERGY v3 row's configuration (its preset workload,
     its batch limit, TP and precision: `perf_model.predict`, the model times the smooth
-    correction) with the correction drawn through the other rows of its (workload, GPU, TP),
+    correction) with the correction drawn through the other rows of its (workload, GPU, GPUs),
     not this one: out of sample, as the planner meets a batch limit no one measured. The
     planner's group is the row's GPU count, whatever its layout (an expert-parallel row too:
     `perf_model.correction_rows`). None: the planner has no such configuration (v2's older
@@ -260,7 +260,7 @@ def print_report(a: tuple[list[dict], list[dict], list[dict]], b: list[dict], c:
     med = {"err_tokens": statistics.median(abs(r["err_tokens"]) for r in rows),
            **{k: statistics.median(abs(r[k]) for r in powered) for k in ("err_power", "err_j")}}
     print("pred: the model alone at the row's achieved batch. path: the planner's prediction at the row's batch")
-    print("  limit (model x correction), the correction drawn through the other rows of its (workload, GPU, TP):")
+    print("  limit (model x correction), the correction drawn through the other rows of its (workload, GPU, GPUs):")
     print("  leave-one-row-out; '-': a configuration the planner has not (v2's serving stack)")
     print("* v2 row: its power (J/request x requests/s) is not used by the power fit (see perf_model.fit)")
     print(f"rows within {100 * ROW_TARGET:.0f} % (tokens/s), on the planner's path (leave-one-row-out) where it has "
