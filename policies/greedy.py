@@ -54,7 +54,7 @@ pruned by a lower bound), and takes it when it is at least `segments.MIN_GAIN` c
 checkpoint job's segments take capacity in their own slots (the GPUs are free between
 them); a pause job's take its whole span (held, idle power priced). Where the plan with cuts
 leaves a job late or unplaced, the plan with no job cut is made too and kept unless it does
-worse on those counts (`uncut_if_short`: on a fleet short of GPU-hours the gaps between a
+worse on those counts (`edf_pass`: on a fleet short of GPU-hours the gaps between a
 cut job's segments are worth more to the jobs that arrive later than the grams the cut
 saves). A job that is not interruptible costs one attribute test: the 5,000-job planner
 benchmark is unchanged.
@@ -650,27 +650,38 @@ class GreedyPolicy:
             if self.compare_fifo else None, lateness_g_per_gpu_h=price)
 
     def plan_problem(self, problem: Problem, compare_fifo: bool = True) -> Plan:
-        order = edf_order(problem)
-        plan, picks = self._pass(problem, order, cut=True)
-        if any(len(p.segments) > 1 for p in picks):
-            plan = uncut_if_short(problem, plan, lambda: self._pass(problem, order, cut=False)[0])
+        notes: dict[int, Notes] = {}
+        picks, unplaced, _, _ = edf_pass(problem, edf_order(problem), notes)
+        plan = picks_to_plan(problem, picks, unplaced, self.name, notes)
         if self.compare_fifo and compare_fifo:
             plan = keep_better_than_fifo(problem, plan, self.name)
         return plan
 
-    def _pass(self, problem: Problem, order: list[int], cut: bool) -> tuple[Plan, list[Pick]]:
-        notes: dict[int, Notes] = {}
-        picks, unplaced = greedy_picks(problem, order=order, notes=notes, cut=cut)
-        retry = starved_first(problem, order, unplaced, notes, cut=cut)
-        if retry is not None:
-            picks, unplaced, _ = retry
-        return picks_to_plan(problem, picks, unplaced, self.name, notes), picks
+
+def _pass(problem: Problem, order: list[int], notes: dict[int, Notes] | None, costs: dict[int, float] | None,
+          cut: bool) -> tuple[list[Pick], dict[int, str], GreedyState, int]:
+    state = GreedyState(problem)
+    picks, unplaced = greedy_picks(problem, state, order, notes, costs, cut=cut)
+    retry = starved_first(problem, order, unplaced, notes, costs, cut=cut)
+    if retry is None:
+        return picks, unplaced, state, 1
+    return (*retry, 2)
 
 
-def uncut_if_short(problem: Problem, plan: Plan, uncut) -> Plan:
-    """`plan`, or the plan `uncut()` makes with no job cut into segments where `plan` already
-    leaves a job unplaced or late and the uncut one does not do worse on those counts
-    (issue 30). A plan sees only the jobs queued now: between a cut job's segments its GPUs
+def short_of(picks: list[Pick], unplaced: dict[int, str]) -> tuple[int, int]:
+    """(jobs left unplaced, jobs placed late) of a pass."""
+    return len(unplaced), sum(1 for p in picks if p.deadline_miss)
+
+
+def edf_pass(problem: Problem, order: list[int], notes: dict[int, Notes] | None = None,
+             costs: dict[int, float] | None = None) -> tuple[list[Pick], dict[int, str], GreedyState, int]:
+    """greedy's pass over the jobs in `order` (with the starved-first retry): its picks, the
+    unplaced jobs, the state after them and the passes it took (greedy's plan, and cpsat's
+    start). Where it cut a job into segments and left a job unplaced or late, the pass with no
+    job cut is made too and taken unless it leaves more jobs unplaced or late (issue 30; its
+    passes are added). `notes` and `costs` are filled for the picks returned.
+
+    Why: a plan sees only the jobs queued now: between a cut job's segments its GPUs
     go to them, but on a fleet already short of GPU-hours the jobs that arrive later need
     them, and the rest of a cut job ends near its deadline. In the overload scenario at load
     1.2 with 50 % checkpoint jobs this took misses from 8 to 6 (3 with no job interruptible)
@@ -678,15 +689,21 @@ def uncut_if_short(problem: Problem, plan: Plan, uncut) -> Plan:
     the gap scenario) the cuts and their figures are unchanged. (Dropping cuts wherever a job
     is kept from its cheapest start by capacity matched the uncut run at load 1.2, but lost
     all of the gap scenario's saving; choosing by grams too gave 826 kg and 8 misses.)"""
-    cut_score = estimate_score(problem, plan)
-    if not (cut_score.unplaced or cut_score.deadline_misses):
-        return plan
-    whole = uncut()
-    whole_score = estimate_score(problem, whole)
-    if (whole_score.unplaced, whole_score.deadline_misses) <= (cut_score.unplaced, cut_score.deadline_misses):
-        return whole
-    return plan
+    picks, unplaced, state, passes = _pass(problem, order, notes, costs, cut=True)
+    short = short_of(picks, unplaced)
+    if not any(short) or not any(len(p.segments) > 1 for p in picks):
+        return picks, unplaced, state, passes
+    whole_notes = {} if notes is not None else None
+    whole_costs = {} if costs is not None else None
+    whole = _pass(problem, order, whole_notes, whole_costs, cut=False)
+    if short_of(whole[0], whole[1]) > short:
+        return picks, unplaced, state, passes + whole[3]
+    for mine, theirs in ((notes, whole_notes), (costs, whole_costs)):
+        if mine is not None:
+            mine.clear()
+            mine.update(theirs)
+    return whole[0], whole[1], whole[2], passes + whole[3]
 
 
-__all__ = ["GreedyPolicy", "GreedyState", "build_assignment", "edf_order", "greedy_picks", "notes_for_picks",
+__all__ = ["GreedyPolicy", "GreedyState", "build_assignment", "edf_order", "edf_pass", "greedy_picks", "notes_for_picks",
            "place_job"]

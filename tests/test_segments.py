@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from policies.cpsat import CpsatPolicy
-from policies.greedy import GreedyPolicy
+from policies.greedy import GreedyPolicy, edf_order, edf_pass
 from policies.lp_relaxation import lp_instance, solve_lp_bound
 from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
 from policies.placement import plan_violations
@@ -243,6 +243,13 @@ def test_no_job_is_cut_where_the_cut_plan_makes_another_job_late_and_the_uncut_o
     roomy = GreedyPolicy(compare_fifo=False).plan(_snap(_job(), other(40), gpus=_gpus(1)))
     assert len(roomy.by_job()[1].segments) == 2
     assert not roomy.by_job()[2].estimate.deadline_miss
+    # the same first pass starts cpsat's search (which keeps greedy's segments)
+    for due_h, segments, passes_made in ((20, 0, 2), (40, 2, 1)):
+        problem = compile_problem(_snap(_job(), other(due_h), gpus=_gpus(1)))
+        picks, unplaced, _, passes = edf_pass(problem, edf_order(problem))
+        by_id = {problem.jobs[p.j].id: p for p in picks}
+        assert not unplaced and len(by_id[1].segments) == segments and not by_id[2].deadline_miss
+        assert passes == passes_made  # the uncut pass is made only where the cut one is short
 
 
 def test_non_interruptible_plans_are_unchanged_by_the_segment_fields():
