@@ -213,7 +213,7 @@ def test_a_mixture_of_experts_measured_expert_parallel_corrects_the_planners_gro
     """ML.ENERGY v3 ran Qwen3-Coder-30B-A3B on two H100s at EP 2, TP 1. The planner's
     2-GPU point of llm-code is drawn through those rows (and says so), and predicts each
     within 10 % out of sample, with the row itself left out of its correction; the model
-    alone is 10-15 % fast at batch 96-382."""
+    alone is up to 15 % fast (batch 96-382)."""
     w = pm.preset("llm-code")
     rows = [r for r in pm.fit_rows() if r["dataset"] == "mlenergy-v3" and r["gpu"] == "H100"
             and r["model_id"] == "Qwen/Qwen3-Coder-30B-A3B-Instruct" and r["num_gpus"] == 2]
