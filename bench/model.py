@@ -78,7 +78,7 @@ def table_a() -> tuple[list[dict], list[dict], list[dict]]:
 
 def planner_path_loo(r: dict) -> float | None:
     """The planner's prediction of one ML.ENERGY v3 row's configuration (its preset workload,
-    its batch limit, TP and precision: `perf_model.predict`, the model times the smooth
+    its batch limit, GPU count and precision: `perf_model.predict`, the model times the smooth
     correction) with the correction drawn through the other rows of its (workload, GPU, GPUs),
     not this one: out of sample, as the planner meets a batch limit no one measured. The
     planner's group is the row's GPU count, whatever its layout (an expert-parallel row too:

@@ -668,7 +668,7 @@ def _pass(problem: Problem, order: list[int], notes: dict[int, Notes] | None, co
     return (*retry, 2)
 
 
-def short_of(picks: list[Pick], unplaced: dict[int, str]) -> tuple[int, int]:
+def _short_of(picks: list[Pick], unplaced: dict[int, str]) -> tuple[int, int]:
     """(jobs left unplaced, jobs placed late) of a pass."""
     return len(unplaced), sum(1 for p in picks if p.deadline_miss)
 
@@ -690,19 +690,19 @@ def edf_pass(problem: Problem, order: list[int], notes: dict[int, Notes] | None 
     is kept from its cheapest start by capacity matched the uncut run at load 1.2, but lost
     all of the gap scenario's saving; choosing by grams too gave 826 kg and 8 misses.)"""
     picks, unplaced, state, passes = _pass(problem, order, notes, costs, cut=True)
-    short = short_of(picks, unplaced)
-    if not any(short) or not any(len(p.segments) > 1 for p in picks):
+    # no job cut (every job of most queues: not interruptible) or none late: this pass is it
+    if not any(len(p.segments) > 1 for p in picks) or not any(short := _short_of(picks, unplaced)):
         return picks, unplaced, state, passes
     whole_notes = {} if notes is not None else None
     whole_costs = {} if costs is not None else None
-    whole = _pass(problem, order, whole_notes, whole_costs, cut=False)
-    if short_of(whole[0], whole[1]) > short:
-        return picks, unplaced, state, passes + whole[3]
+    w_picks, w_unplaced, w_state, w_passes = _pass(problem, order, whole_notes, whole_costs, cut=False)
+    if _short_of(w_picks, w_unplaced) > short:
+        return picks, unplaced, state, passes + w_passes
     for mine, theirs in ((notes, whole_notes), (costs, whole_costs)):
         if mine is not None:
             mine.clear()
             mine.update(theirs)
-    return whole[0], whole[1], whole[2], passes + whole[3]
+    return w_picks, w_unplaced, w_state, passes + w_passes
 
 
 __all__ = ["GreedyPolicy", "GreedyState", "build_assignment", "edf_order", "edf_pass", "greedy_picks", "notes_for_picks",
