@@ -230,7 +230,9 @@ class CpsatPolicy:
         picks, unplaced, state, passes = edf_pass(problem, edf_order(problem), notes, costs)
         work_s = greedy_pass_work_s(problem)
         clock.charge(passes * work_s)
-        pass_s = work_s if clock.deterministic else clock.now() - t0
+        # one pass's time sizes what follows; the first plan may have taken several (the
+        # starved-first retry, the uncut pass), and charging them all would over-reserve
+        pass_s = work_s if clock.deterministic else (clock.now() - t0) / max(1, passes)
         # leave time to turn picks into a plan and to compare it with greedy's and fifo's:
         # about one greedy pass when a restart replaced every pick (fresh explanations, two
         # plans, fifo's), measured on a busy host too

@@ -94,81 +94,162 @@ def lower_bound_g(run_g: np.ndarray, lo: int, end: int, n_slots: float) -> float
     return float(cheapest[:whole].sum() + (frac * cheapest[whole] if need > whole else 0.0))
 
 
+class SegmentQuery(NamedTuple):
+    """One question for `cheapest_segments_batch`: the cheapest plan of job work `work_s` on
+    one group's slot prices `run_g` (and, for a pause job, idle prices `idle_g`) in slots
+    [lo, end), the first segment starting no later than `first_latest`, running only where
+    `avail` is True, the work done by `finish_by` (in slots from slot 0, fractional: the
+    deadline inside its slot; None: the window's end)."""
+
+    run_g: np.ndarray
+    avail: np.ndarray
+    end: int
+    first_latest: int
+    work_s: float
+    idle_g: np.ndarray | None = None
+    finish_by: float | None = None
+
+
+#: the most DP cells ((slots + 1) x questions x (segments + 1) x (slots used + 1)) one batched
+#: call holds per array: ~3 MB of float64, so a batch of short jobs' questions is one numpy
+#: step per slot and a 60-hour job over a 7-day window runs alone
+MAX_BATCH_CELLS = 400_000
+
+
 def cheapest_segments(run_g: np.ndarray, avail: np.ndarray, lo: int, end: int, first_latest: int,
                       work_s: float, slot_s: float, resume_s: float, resumed: bool, min_run_slots: int,
-                      max_segments: int, pause: bool = False, idle_g: np.ndarray | None = None
-                      ) -> SegmentPlan | None:
+                      max_segments: int, pause: bool = False, idle_g: np.ndarray | None = None,
+                      finish_by: float | None = None) -> SegmentPlan | None:
     """The cheapest plan of 1 to `max_segments` segments in slots [lo, end), the first
     starting no later than `first_latest`, each at least `min_run_slots` long, running only
     in slots where `avail` is True (a pause job also holds its GPUs, so needs `avail`, in the
-    slots between its segments, priced at `idle_g`). None: no such plan."""
-    T = end - lo
+    slots between its segments, priced at `idle_g`), its work done by `finish_by` (slots from
+    slot 0, fractional; None: by `end`). None: no such plan."""
+    query = SegmentQuery(run_g, avail, end, first_latest, work_s, idle_g, finish_by)
+    return cheapest_segments_batch([query], lo, slot_s, resume_s, resumed, min_run_slots, max_segments, pause)[0]
+
+
+def cheapest_segments_batch(queries: list[SegmentQuery], lo: int, slot_s: float, resume_s: float, resumed: bool,
+                            min_run_slots: int, max_segments: int, pause: bool = False
+                            ) -> list[SegmentPlan | None]:
+    """`cheapest_segments` for several questions about one job (its groups: other prices,
+    windows and work) at once, each answered exactly as alone. Why: the DP is one numpy step
+    per slot on small arrays, so its cost is the steps' overhead; a job asked on 8 groups one
+    by one paid it 8 times (greedy with 5,000 checkpoint jobs queued spent 90 % of its 26 s
+    there). Questions are cut into batches of at most `MAX_BATCH_CELLS`."""
     M = max(1, int(max_segments))
     mr = max(1, int(min_run_slots))
-    need = [slots_needed(work_s, m, resume_s, resumed, slot_s) for m in range(1, M + 1)]
-    L = need[-1]
-    if T <= 0 or need[0] > T:
-        return None
-    run = np.asarray(run_g[lo:end], dtype=np.float64)
-    ok = np.asarray(avail[lo:end], dtype=bool)
-    run = np.where(ok, run, np.inf)
-    idle = np.zeros(T) if not pause else np.where(ok, np.asarray(idle_g[lo:end], dtype=np.float64), np.inf)
-    # block[t]: the first `mr` slots of a segment begun at t
-    cs = np.concatenate([[0.0], np.cumsum(np.where(np.isfinite(run), run, 0.0))])
-    bad = np.concatenate([[0], np.cumsum(~np.isfinite(run))])
+    out: list[SegmentPlan | None] = [None] * len(queries)
+    todo: list[tuple[int, list[int]]] = []
+    for i, q in enumerate(queries):
+        need = [slots_needed(q.work_s, m, resume_s, resumed, slot_s) for m in range(1, M + 1)]
+        if q.end - lo > 0 and need[0] <= q.end - lo:
+            todo.append((i, need))
+    batch: list[tuple[int, list[int]]] = []
+    for item in todo:
+        grown = batch + [item]
+        T = max(queries[i].end for i, _ in grown) - lo
+        L = max(need[-1] for _, need in grown)
+        if batch and (T + 1) * len(grown) * (M + 1) * (L + 1) > MAX_BATCH_CELLS:
+            _solve_batch(queries, batch, lo, slot_s, resume_s, resumed, mr, M, pause, out)
+            grown = [item]
+        batch = grown
+    if batch:
+        _solve_batch(queries, batch, lo, slot_s, resume_s, resumed, mr, M, pause, out)
+    return out
+
+
+def _solve_batch(queries: list[SegmentQuery], batch: list[tuple[int, list[int]]], lo: int, slot_s: float,
+                 resume_s: float, resumed: bool, mr: int, M: int, pause: bool,
+                 out: list[SegmentPlan | None]) -> None:
+    """The DP of the module docstring for a batch of questions, one axis more (question b):
+    state (slot t, b, segments begun, slots used), running or not; answers written to `out`."""
+    B = len(batch)
+    T = max(queries[i].end for i, _ in batch) - lo
+    L = max(need[-1] for _, need in batch)
+    run = np.full((B, T), math.inf)
+    idle = np.zeros((B, T))
+    first_latest = np.empty(B, dtype=np.int64)
+    target = np.empty((B, M), dtype=np.int64)
+    unused = np.empty((B, M))
+    last_t = np.empty((B, M))  # the last slot boundary a plan of m segments may finish at
+    for b, (i, need) in enumerate(batch):
+        q = queries[i]
+        n = q.end - lo
+        ok = np.asarray(q.avail[lo:q.end], dtype=bool)
+        run[b, :n] = np.where(ok, np.asarray(q.run_g[lo:q.end], dtype=np.float64), np.inf)
+        if pause:
+            idle[b, :n] = np.where(ok, np.asarray(q.idle_g[lo:q.end], dtype=np.float64), np.inf)
+            idle[b, n:] = math.inf
+        first_latest[b] = q.first_latest - lo
+        target[b] = need
+        # the share of its last slot a plan of m segments leaves unused (the work ends inside it)
+        unused[b] = [1.0 - min(1.0, wall_s(q.work_s, m, resume_s, resumed) / slot_s - (need[m - 1] - 1))
+                     for m in range(1, M + 1)]
+        # its work ends `1 - unused` into its last slot, so at t - 1 + (1 - unused) slots
+        last_t[b] = n if q.finish_by is None else q.finish_by - lo + unused[b] + 1e-9
+    finite = np.isfinite(run)
+    # block[b, t]: the first `mr` slots of a segment begun at t (inf where a slot is
+    # unavailable), plus a hair per segment: of plans that cost the same, the one with fewer
+    # segments (two back-to-back segments are one segment and a needless resume)
+    cs = np.concatenate([np.zeros((B, 1)), np.cumsum(np.where(finite, run, 0.0), axis=1)], axis=1)
+    bad = np.concatenate([np.zeros((B, 1), dtype=np.int64), np.cumsum(~finite, axis=1)], axis=1)
+    block = cs[:, mr:] - cs[:, :-mr]
+    block = np.where(bad[:, mr:] == bad[:, :-mr], block + 1e-9 * np.maximum(1.0, np.abs(block)), math.inf)
+    # a first segment begun after its latest start: inf on the first segment's entry
+    late = np.where(np.arange(T + 1)[:, None] > first_latest[None, :], math.inf, 0.0)
     inf = math.inf
-    off = np.full((T + 1, M + 1, L + 1), inf)
-    on = np.full((T + 1, M + 1, L + 1), inf)
-    off_stop = np.zeros((T + 1, M + 1, L + 1), dtype=bool)  # off[t] came from on[t] (a stop)
-    on_start = np.zeros((T + 1, M + 1, L + 1), dtype=bool)  # on[t] came from a segment begun at t - mr
-    off[0, 0, 0] = 0.0
-    first_latest_local = first_latest - lo
-    best, best_at = inf, None
-    target = np.array(need, dtype=np.int64)
-    # the share of its last slot a plan of r segments uses (the work ends inside it)
-    unused = np.array([1.0 - min(1.0, wall_s(work_s, m, resume_s, resumed) / slot_s - (need[m - 1] - 1))
-                       for m in range(1, M + 1)])
-    rs = np.arange(1, M + 1)
+    off = np.full((T + 1, B, M + 1, L + 1), inf)
+    on = np.full((T + 1, B, M + 1, L + 1), inf)
+    off_stop = np.zeros((T + 1, B, M + 1, L + 1), dtype=bool)  # off[t] came from on[t] (a stop)
+    on_start = np.zeros((T + 1, B, M + 1, L + 1), dtype=bool)  # on[t] came from a segment begun at t - mr
+    off[0, :, 0, 0] = 0.0
     for t in range(T + 1):
-        # finishing here: segment r just ends with exactly the slots r segments need; its last
-        # slot (t - 1) priced by the share the work uses
-        done = on[t, rs, target]
-        if t > 0 and math.isfinite(run[t - 1]):
-            done = done - run[t - 1] * unused
-        r_best = int(np.argmin(done))
-        if done[r_best] < best - 1e-12:
-            best, best_at = float(done[r_best]), (t, r_best + 1)
-        stop = on[t] < off[t]
-        off[t] = np.where(stop, on[t], off[t])
+        on_t, off_t = on[t], off[t]
+        stop = on_t < off_t
+        np.copyto(off_t, on_t, where=stop)
         off_stop[t] = stop
         if t == T:
             break
         # wait one slot: free before the first segment; a pause job holds its GPUs after it
         nxt = off[t + 1]
-        nxt[0] = off[t, 0]
-        nxt[1:] = off[t, 1:] + idle[t]
-        # run one more slot of the current segment
-        if math.isfinite(run[t]):
-            cand = on[t, :, :-1] + run[t]
-            better = cand < on[t + 1, :, 1:]
-            on[t + 1, :, 1:] = np.where(better, cand, on[t + 1, :, 1:])
-            on_start[t + 1, :, 1:] &= ~better
+        nxt[:, 0] = off_t[:, 0]
+        np.add(off_t[:, 1:], idle[:, t, None, None], out=nxt[:, 1:])
+        # run one more slot of the current segment (inf where the slot is unavailable)
+        cand = on_t[:, :, :-1] + run[:, t, None, None]
+        dest = on[t + 1, :, :, 1:]
+        better = cand < dest
+        np.copyto(dest, cand, where=better)
+        on_start[t + 1, :, :, 1:] &= ~better
         # begin a segment: its first `mr` slots at once
-        if t + mr <= T and bad[t + mr] == bad[t] and mr <= L:
-            # plus a hair per segment: of plans that cost the same, the one with fewer segments
-            # (two back-to-back segments are one segment and a needless resume)
-            block = cs[t + mr] - cs[t]
-            block += 1e-9 * max(1.0, abs(block))
-            cand = off[t, :-1, :L + 1 - mr] + block
-            if t > first_latest_local:
-                cand[0] = inf  # the first segment starts within the job's window
-            better = cand < on[t + mr, 1:, mr:]
-            on[t + mr, 1:, mr:] = np.where(better, cand, on[t + mr, 1:, mr:])
-            on_start[t + mr, 1:, mr:] |= better
-    if best_at is None or not math.isfinite(best):
-        return None
-    # walk back
-    t, r = best_at
+        if t + mr <= T and mr <= L:
+            cand = off_t[:, :-1, :L + 1 - mr] + block[:, t, None, None]
+            cand[:, 0] += late[t][:, None]
+            dest = on[t + mr, :, 1:, mr:]
+            better = cand < dest
+            np.copyto(dest, cand, where=better)
+            on_start[t + mr, :, 1:, mr:] |= better
+    # finishing at t: segment r just ends with exactly the slots r segments need; its last slot
+    # (t - 1) priced by the share the work uses; the earliest t of the cheapest, fewest segments
+    done = on[:, np.arange(B)[:, None], np.arange(1, M + 1)[None, :], target]  # (t, b, r)
+    last = np.concatenate([np.zeros((1, B)), np.where(finite, run, 0.0).T], axis=0)
+    done = done - last[:, :, None] * unused[None]
+    done = np.where(np.arange(T + 1)[:, None, None] <= last_t[None], done, inf)
+    d_min, r_min = done.min(axis=2), done.argmin(axis=2)
+    best, best_t = np.full(B, inf), np.full(B, -1)
+    for t in range(T + 1):  # a later finish only where it is cheaper by more than rounding
+        cheaper = d_min[t] < best - 1e-12
+        best, best_t = np.where(cheaper, d_min[t], best), np.where(cheaper, t, best_t)
+    for b, (i, need) in enumerate(batch):
+        if best_t[b] >= 0 and math.isfinite(best[b]):
+            t = int(best_t[b])
+            out[i] = _walk_back(on_start[:, b], off_stop[:, b], t, int(r_min[t, b]) + 1, need, lo, mr, float(best[b]))
+
+
+def _walk_back(on_start: np.ndarray, off_stop: np.ndarray, t: int, r: int, need: list[int], lo: int, mr: int,
+               gco2: float) -> SegmentPlan | None:
+    """The segments of the DP's best plan ending at slot t with r segments, read back from
+    where each state came from."""
     l_used = need[r - 1]
     segs: list[tuple[int, int]] = []
     seg_end = t
@@ -192,7 +273,7 @@ def cheapest_segments(run_g: np.ndarray, avail: np.ndarray, lo: int, end: int, f
         if t < 0:
             return None
     segs.reverse()
-    return SegmentPlan(tuple(segs), best)
+    return SegmentPlan(tuple(segs), gco2)
 
 
 def exact_segments_s(slots: tuple[tuple[int, int], ...], work_s: float, resume_s: float, resumed: bool,
@@ -269,7 +350,9 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
     Groups are tried cheapest lower bound first (`lower_bound_g`) and skipped once their
     bound cannot beat the best so far. On a group, the DP runs on the per-slot maximum free
     GPUs over its pools (`GreedyState.gmax`, and watts under the zone's cap); the plan goes to
-    the tightest pool that holds it, else the DP runs again on the one-piece pick's pool."""
+    the tightest pool that holds it, else the DP runs again on the one-piece pick's pool.
+    The groups' first DPs are asked in batches (`cheapest_segments_batch`), each batch the
+    groups not yet ruled out by their bounds, so the answer is the one-by-one answer."""
     job = problem.jobs[j]
     pause = job.interruptible == "pause"
     k = int(problem.job_k[j])
@@ -292,14 +375,12 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
         if slots_needed(w, 2, resume_s, resumed, slot_s) > end - lo or dur < 2:
             continue
         run_g = problem.slot_integrals(problem.groups[g].zone) * float(problem.job_scale[j, g])
-        lb = lower_bound_g(run_g, lo, end, wall_s(w, 1, resume_s, resumed) / slot_s)
+        # a cut plan has two segments at least, so pays one resume at least
+        lb = lower_bound_g(run_g, lo, end, wall_s(w, 2, resume_s, resumed) / slot_s)
         cands.append((lb, g, latest, end, on_time, w, run_g))
     cands.sort(key=lambda c: c[0])
-    best = None
-    best_g = one_piece_g * (1.0 - MIN_GAIN)
-    for lb, g, latest, end, on_time, w, run_g in cands:
-        if lb >= best_g:
-            break
+
+    def avail_idle(g: int) -> tuple[np.ndarray, np.ndarray | None]:
         group = problem.groups[g]
         idle_g = None
         if pause:
@@ -308,25 +389,39 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
         avail = state.gmax[g] >= k
         if cap is not None:
             avail = avail & (cap >= float(problem.job_power_w[j, g]) - 1e-9)
-        pools = [None]
-        if one_piece_pool is not None and int(problem.pool_group[one_piece_pool]) == g:
-            pools.append(one_piece_pool)
-        for pool in pools:
-            ok = avail if pool is None else avail & (state.rem[pool] >= k)
-            plan = None
-            e = end
-            for _ in range(2):  # the last segment may end inside its slot past the deadline: one slot less
-                plan = cheapest_segments(run_g, ok, lo, e, latest, w, slot_s, resume_s, resumed, mr, M,
-                                         pause, idle_g)
-                if plan is None or len(plan.slots) < 2:
-                    plan = None
-                    break
-                segs_s = exact_segments_s(plan.slots, w, resume_s, resumed, slot_s)
-                if job.deadline is None or segs_s[-1][1] <= on_time * slot_s + float(problem.job_runtime_s[j, g]) + 1e-6:
-                    break
-                plan, e = None, e - 1
-            if plan is None:
+        return avail, idle_g
+
+    best = None
+    best_g = one_piece_g * (1.0 - MIN_GAIN)
+    pick_group = None if one_piece_pool is None else int(problem.pool_group[one_piece_pool])
+    answers: dict[tuple[int, int | None], SegmentPlan | None] = {}  # (candidate, pool) -> its DP
+
+    def ask_from(ci: int) -> None:
+        """The DPs of candidates ci... not yet ruled out by their bounds, in one batch: on any
+        pool of the group, and on the one-piece pick's pool where it is of that group."""
+        keys, queries = [], []
+        for i in range(ci, len(cands)):
+            lb_i, g_i, latest_i, end_i, on_time_i, w_i, run_i = cands[i]
+            if lb_i >= best_g:
                 continue
+            avail_i, idle_i = avail_idle(g_i)
+            finish_by = None if job.deadline is None else on_time_i + float(problem.job_runtime_s[j, g_i]) / slot_s
+            for pool in [None] + ([one_piece_pool] if g_i == pick_group else []):
+                ok = avail_i if pool is None else avail_i & (state.rem[pool] >= k)
+                keys.append((i, pool))
+                queries.append(SegmentQuery(run_i, ok, end_i, latest_i, w_i, idle_i, finish_by))
+        answers.update(zip(keys, cheapest_segments_batch(queries, lo, slot_s, resume_s, resumed, mr, M, pause)))
+
+    for ci, (lb, g, latest, end, on_time, w, run_g) in enumerate(cands):
+        if lb >= best_g:
+            break
+        if (ci, None) not in answers:
+            ask_from(ci)
+        for pool in [None] + ([one_piece_pool] if g == pick_group else []):
+            plan = answers[(ci, pool)]
+            if plan is None or len(plan.slots) < 2:
+                continue
+            segs_s = exact_segments_s(plan.slots, w, resume_s, resumed, slot_s)
             chosen = pool if pool is not None else _holding_pool(problem, state, g, k, plan.slots, pause)
             if chosen is None:
                 continue

@@ -18,12 +18,22 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+import numpy as np
+
 from policies.problem import Problem
 
 # nominal seconds per (job x GPU group x slot) of one greedy pass: 0.0097 s at 200 jobs x
 # 8 groups x 192 slots, 0.110 s at 1,000 x 28 x 192 (greedy_picks in EDF order, min of 3)
 GREEDY_PASS_S_PER_CELL = 2.5e-8
 GREEDY_PASS_MIN_S = 1e-3
+# nominal seconds per slot of an interruptible job's window, plus per slot and GPU group, that
+# one greedy pass spends planning its segments (`segments.segmented_pick`: bounds per group,
+# the batched DP over the window): 13.7 us a slot at 200 jobs x 8 groups, 22.6 at 1,000 x 28,
+# 28.0 at 5,000 x 28 (bench/planner instances, every job a checkpoint job, minus the pass
+# with none, measured 2026-12-04); without it a pass over 5,000 such jobs was charged 0.7 s
+# and took 8 s
+SEGMENT_PASS_S_PER_SLOT = 1.0e-5
+SEGMENT_PASS_S_PER_SLOT_GROUP = 6.0e-7
 # nominal seconds to build one option (a Boolean of a job's (pool, start)) of an LNS
 # sub-model, and the least a sub-solve round is charged
 SUB_MODEL_S_PER_OPTION = 2e-5
@@ -74,6 +84,25 @@ class WorkClock:
 
 
 def greedy_pass_work_s(problem: Problem) -> float:
-    """Nominal seconds of one greedy pass over every job of `problem`."""
+    """Nominal seconds of one greedy pass over every job of `problem`: its slot tables, and
+    the segment plans of its interruptible jobs (`segment_window_slots`)."""
     cells = len(problem.jobs) * len(problem.groups) * problem.n_slots
-    return max(GREEDY_PASS_MIN_S, GREEDY_PASS_S_PER_CELL * cells)
+    per_slot = SEGMENT_PASS_S_PER_SLOT + SEGMENT_PASS_S_PER_SLOT_GROUP * len(problem.groups)
+    return max(GREEDY_PASS_MIN_S, GREEDY_PASS_S_PER_CELL * cells + per_slot * segment_window_slots(problem))
+
+
+def segment_window_slots(problem: Problem) -> int:
+    """Slots of the windows greedy searches for segments: per interruptible job, from its
+    earliest slot to the latest end of a one-piece run by its deadline over the groups it
+    fits (to the horizon without a deadline)."""
+    from policies.segments import interruptible
+
+    rows = [j for j, job in enumerate(problem.jobs) if interruptible(job)]
+    if not rows:
+        return 0
+    idx = np.array(rows)
+    has_deadline = np.array([problem.jobs[j].deadline is not None for j in rows])
+    ends = np.minimum(problem.n_slots, problem.job_on_time_latest[idx] + problem.job_duration[idx])
+    ends = np.where(has_deadline[:, None], ends, problem.n_slots)
+    ends = np.where(problem.job_fit[idx], ends, 0).max(axis=1)
+    return int(np.maximum(0, ends - problem.job_earliest[idx]).sum())

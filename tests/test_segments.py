@@ -23,7 +23,9 @@ from policies.lp_relaxation import lp_instance, solve_lp_bound
 from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
 from policies.placement import plan_violations
 from policies.problem import compile_problem
-from policies.segments import cheapest_segments, lower_bound_g, slots_needed, wall_s
+from policies import segments
+from policies.segments import (SegmentQuery, cheapest_segments, cheapest_segments_batch, lower_bound_g,
+                               slots_needed, wall_s)
 
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
 SLOT_S = 900.0
@@ -31,9 +33,9 @@ SLOT_S = 900.0
 
 # -- the dynamic programme ------------------------------------------------------------------------
 
-def _brute(run, avail, lo, end, first_latest, work_s, resume_s, resumed, mr, M, pause, idle):
+def _brute(run, avail, lo, end, first_latest, work_s, resume_s, resumed, mr, M, pause, idle, finish_by=None):
     """The cheapest valid plan by enumerating every subset of slots (small T only), its last
-    slot priced by the share of it the work uses."""
+    slot priced by the share of it the work uses, its work done by `finish_by` (slots)."""
     best = math.inf
     T = end - lo
     for mask in range(1, 1 << T):
@@ -51,6 +53,8 @@ def _brute(run, avail, lo, end, first_latest, work_s, resume_s, resumed, mr, M, 
             continue
         # the last slot priced by the share of it the work uses
         share = wall_s(work_s, m, resume_s, resumed) / SLOT_S - (len(used) - 1)
+        if finish_by is not None and used[-1] + share > finish_by + 1e-9:
+            continue
         cost = sum(run[t] for t in used) - run[used[-1]] * (1.0 - share)
         if pause:
             gaps = [t for (_, b), (a2, _) in zip(runs, runs[1:]) for t in range(b, a2)]
@@ -76,9 +80,11 @@ def test_the_dp_finds_the_cheapest_valid_segments(seed):
     M = rng.choice([1, 2, 3, 4])
     pause = rng.random() < 0.4
     first_latest = rng.randint(lo, end - 1)
+    # a deadline inside a slot, or none but the window's end
+    finish_by = rng.choice([None, end - rng.uniform(0.0, 2.0)])
     plan = cheapest_segments(run, avail, lo, end, first_latest, work_s, SLOT_S, resume_s, resumed, mr, M,
-                             pause, idle)
-    best = _brute(run, avail, lo, end, first_latest, work_s, resume_s, resumed, mr, M, pause, idle)
+                             pause, idle, finish_by)
+    best = _brute(run, avail, lo, end, first_latest, work_s, resume_s, resumed, mr, M, pause, idle, finish_by)
     if plan is None:
         assert best == math.inf
         return
@@ -91,6 +97,39 @@ def test_the_dp_finds_the_cheapest_valid_segments(seed):
     assert all(b1 < a2 for (_, b1), (a2, _) in zip(segs, segs[1:]))  # a real break between segments
     assert sum(b - a for a, b in segs) == slots_needed(work_s, len(segs), resume_s, resumed, SLOT_S)
     assert all(avail[t] for a, b in segs for t in range(a, b))
+    if finish_by is not None:
+        used = sum(b - a for a, b in segs)
+        assert segs[-1][1] - used + wall_s(work_s, len(segs), resume_s, resumed) / SLOT_S <= finish_by + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_batch_of_questions_is_answered_as_each_alone(seed):
+    """One job asked on several groups at once (other prices, windows, work and availability,
+    some with no plan at all) gets, for each, the plan and grams the DP gives it alone; also
+    when the batch is cut in pieces by its cell budget."""
+    rng = random.Random(100 + seed)
+    lo, M, mr = rng.randint(0, 2), rng.choice([2, 3, 4]), rng.choice([1, 2])
+    resume_s, resumed, pause = rng.choice([0.0, 60.0, 600.0]), rng.random() < 0.3, rng.random() < 0.4
+    S = 40
+    # one question sure to be cut: clean, dirty, clean, its work twice a clean stretch
+    dirty_middle = np.array([1.0] * 8 + [9.0] * 8 + [1.0] * (S - 16))
+    queries = [SegmentQuery(dirty_middle, np.ones(S, dtype=bool), 30, lo, 12 * SLOT_S, dirty_middle * 0.2)]
+    for _ in range(rng.randint(2, 7)):
+        run = np.array([rng.choice([1.0, 2.0, 5.0, 9.0]) * rng.uniform(0.9, 1.1) for _ in range(S)])
+        end = rng.randint(lo + 1, S)
+        queries.append(SegmentQuery(run, np.array([rng.random() > 0.15 for _ in range(S)]), end,
+                                    rng.randint(lo, end - 1), rng.randint(1, 14) * SLOT_S - rng.choice([0.0, 300.0]),
+                                    run * 0.2))
+    alone = [cheapest_segments(q.run_g, q.avail, lo, q.end, q.first_latest, q.work_s, SLOT_S, resume_s, resumed,
+                               mr, M, pause, q.idle_g) for q in queries]
+    assert any(a is not None and len(a.slots) > 1 for a in alone)  # real cuts among them
+    for cells in (segments.MAX_BATCH_CELLS, 3000):
+        old, segments.MAX_BATCH_CELLS = segments.MAX_BATCH_CELLS, cells
+        try:
+            together = cheapest_segments_batch(queries, lo, SLOT_S, resume_s, resumed, mr, M, pause)
+        finally:
+            segments.MAX_BATCH_CELLS = old
+        assert together == alone
 
 
 # -- greedy ---------------------------------------------------------------------------------------

@@ -64,3 +64,25 @@ def test_a_larger_work_budget_buys_at_least_as_good_a_plan():
     large = CpsatPolicy(max_time_s=1.0, deterministic=True).plan(snapshot)
     assert violations(snapshot, large) == []
     assert score(large) <= score(small)
+
+
+def test_a_greedy_pass_is_charged_the_segment_search_of_its_interruptible_jobs():
+    """A checkpoint job's segments are searched over its whole window (8 h of work due in
+    15 h: 60 slots of 15 min; with no deadline, the 48 h horizon's 192), and that search is
+    most of a pass over such jobs, so the budget's clock must count it."""
+    from policies.problem import compile_problem
+    from policies.work_clock import (GREEDY_PASS_MIN_S, GREEDY_PASS_S_PER_CELL, SEGMENT_PASS_S_PER_SLOT,
+                                     SEGMENT_PASS_S_PER_SLOT_GROUP, greedy_pass_work_s, segment_window_slots)
+    from test_segments import _job, _snap
+
+    due = compile_problem(_snap(_job(1), _job(2, kind=None)))
+    open_ended = compile_problem(_snap(_job(1, deadline=None), _job(2, kind=None)))
+    plain = compile_problem(_snap(_job(1, kind=None), _job(2, kind=None)))
+    assert segment_window_slots(due) == 60
+    assert segment_window_slots(open_ended) == 192
+    assert segment_window_slots(plain) == 0
+    cells = len(due.jobs) * len(due.groups) * due.n_slots
+    per_slot = SEGMENT_PASS_S_PER_SLOT + SEGMENT_PASS_S_PER_SLOT_GROUP * len(due.groups)
+    for problem, slots in ((due, 60), (open_ended, 192), (plain, 0)):
+        assert greedy_pass_work_s(problem) == max(GREEDY_PASS_MIN_S, GREEDY_PASS_S_PER_CELL * cells + slots * per_slot)
+    assert greedy_pass_work_s(open_ended) > greedy_pass_work_s(plain)
