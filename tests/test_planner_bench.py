@@ -54,6 +54,18 @@ def test_same_seed_same_instance_other_seed_other_jobs(instance):
     assert other.jobs != instance.snapshot.jobs
 
 
+def test_a_share_of_checkpoint_jobs_changes_those_jobs_and_nothing_else(instance):
+    marked = generate(replace(spec(), interruptible=0.5))
+    assert marked.snapshot.gpus == instance.snapshot.gpus and marked.snapshot.carbon == instance.snapshot.carbon
+    changed = [(a, b) for a, b in zip(instance.snapshot.jobs, marked.snapshot.jobs) if a != b]
+    assert 0.4 * len(instance.snapshot.jobs) <= len(changed) <= 0.6 * len(instance.snapshot.jobs)
+    assert marked.facts["checkpoint_jobs"] == len(changed)
+    for a, b in changed:
+        assert b.interruptible == "checkpoint" and b.resume_cost_s == 60.0 and b.min_run_s == 900.0
+        assert replace(b, interruptible=None, resume_cost_s=0.0, min_run_s=None) == a
+    assert marked.spec.label == "300x64 ck50%"
+
+
 def test_default_fleet_is_the_seven_models_on_every_zone():
     # the catalog grew to 14 parts; the instances keep the 7 models they were built on, and
     # 7 nodes x 3 zones (coprime) put every model in every zone

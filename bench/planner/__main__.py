@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--climatology", action="store_true",
                    help="curves as the daemon builds them: the horizon + 24 h of forecast, then each zone's "
                         "climatology (typical month x hour values from the year's hours before now)")
+    p.add_argument("--interruptible", type=float, default=0.0, metavar="SHARE",
+                   help="make this share of the jobs checkpoint jobs, planned in segments (issue 30; default 0)")
     p.add_argument("--json", type=Path, help="write every figure to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of gCO2 by policy and size")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for jobs, gpus in sizes:
             spec = InstanceSpec(jobs=jobs, gpus=gpus, seed=args.seed, zones=zones, start=start,
-                                carbon_dir=args.carbon_dir, climatology=args.climatology)
+                                carbon_dir=args.carbon_dir, climatology=args.climatology,
+                                interruptible=args.interruptible)
             s = bench_size(spec, tuple(runs), lp_time_s=args.lp_time, lp_merge=args.lp_merge,
                            lp_block=args.lp_block, mip_time_s=args.mip_time, progress=progress)
             results.append(s)

@@ -88,10 +88,14 @@ class InstanceSpec:
     # As the daemon plans: each curve covers the horizon + 24 h only and carries the zone's
     # climatology past it (from the year's hours before `now`, scheduler.carbon_climatology).
     climatology: bool = False
+    # The share of jobs that are checkpoint jobs (issue 30: greedy and cpsat plan them in
+    # segments), drawn from a stream of their own so the rest of the instance is unchanged,
+    # with the simulator's defaults: one 15-min slot shortest, 60 s a resume, at most 4 pieces.
+    interruptible: float = 0.0
 
     @property
     def label(self) -> str:
-        return f"{self.jobs}x{self.gpus}"
+        return f"{self.jobs}x{self.gpus}" + (f" ck{self.interruptible:.0%}" if self.interruptible else "")
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,11 @@ def generate(spec: InstanceSpec) -> Instance:
             job = replace(job, latency_slo_ms=None)
         jobs.append(job)
 
+    if spec.interruptible:
+        pick = random.Random(f"carbonsched-bench-planner-interruptible:{spec.seed}:{spec.jobs}x{spec.gpus}")
+        jobs = [replace(job, interruptible="checkpoint", min_run_s=SLOT_S, resume_cost_s=60.0)
+                if pick.random() < spec.interruptible else job for job in jobs]
+
     # Carbon: horizon + the longest job on any model it fits, rounded up to whole hours.
     longest_s = 0.0
     excluded_80 = 0
@@ -264,6 +273,7 @@ def generate(spec: InstanceSpec) -> Instance:
         "slo_jobs": sum(1 for j in jobs if j.latency_slo_ms is not None),
         "carbon_hours": hours,
         "pue": pue,
+        "checkpoint_jobs": sum(1 for j in jobs if j.interruptible),
     }
     return Instance(spec=spec, snapshot=snapshot, facts=facts)
 
