@@ -376,6 +376,48 @@ def test_judge_recomputes_cost_and_catches_each_kind_of_violation():
     assert any("memory" in v for v in check_plan(small, good).violations)
 
 
+def test_judge_checks_a_job_in_segments_and_sums_its_grams_over_them():
+    """Job 3 (45 min on one GPU) as a checkpoint job in two segments, 0:30-1:00 (100 g/kWh) and
+    1:30-1:46 (50 g/kWh: 15 min of work and a 1-min resume); job 1 takes both GPUs in the
+    break; job 2 runs beside its rest."""
+    snap = tiny_snapshot()
+    now = snap.now
+    at = lambda minutes: now + timedelta(minutes=minutes)  # noqa: E731
+    ck = replace(snap.jobs[2], interruptible="checkpoint", min_run_s=900.0, resume_cost_s=60.0)
+    snap = replace(snap, jobs=snap.jobs[:2] + (ck,))
+    cut = Assignment(job_id=3, node="n1", gpu_ids=(2,), start_at=at(30), segments=((at(30), at(60)), (at(90), at(106))))
+    good = Plan(assignments=(
+        Assignment(job_id=1, node="n1", gpu_ids=(1, 2), start_at=at(60)),
+        Assignment(job_id=2, node="n1", gpu_ids=(1,), start_at=at(105)),
+        cut,
+    ))
+    check = check_plan(snap, good)
+    assert check.ok, check.violations
+    book = book_of(snap)
+    power_w = job_shape(ck, "H100", book, 3600).power_w
+    alone = check_plan(replace(snap, jobs=(ck,)), Plan(assignments=(cut,)))
+    assert alone.gco2 == pytest.approx(power_w * (1800 * 100.0 + 960 * 50.0) / 3.6e6)
+    assert alone.energy_j == pytest.approx(power_w * 2760)
+
+    def judged(job=ck, segments=cut.segments, first=None) -> list[str]:
+        a = replace(cut, segments=segments, start_at=segments[0][0] if first is None else first)
+        others = tuple(x for x in good.assignments if x.job_id != 3)
+        return check_plan(replace(snap, jobs=snap.jobs[:2] + (job,)), Plan(assignments=others + (a,))).violations
+
+    assert any("not interruptible" in v for v in judged(job=replace(ck, interruptible=None)))
+    assert any("at most 1" in v for v in judged(job=replace(ck, max_segments=1)))
+    assert any("minimum run" in v for v in judged(job=replace(ck, min_run_s=2400.0)))
+    assert any("need 2760 s" in v for v in judged(segments=((at(30), at(60)), (at(90), at(100)))))
+    assert any("with a break" in v for v in judged(segments=((at(30), at(60)), (at(60), at(76)))))
+    assert any("not at" in v for v in judged(first=at(0)))
+    # job 1 moved onto the rest: both GPUs busy when it resumes
+    moved = Plan(assignments=(replace(good.assignments[0], start_at=at(90)), good.assignments[1], cut))
+    assert any("later segments" in v for v in check_plan(snap, moved).violations)
+    # paused in place, its GPU is held through the break, where job 1 runs
+    paused = replace(snap, jobs=snap.jobs[:2] + (replace(ck, interruptible="pause"),))
+    assert any(v.startswith("GPU 2") for v in check_plan(paused, good).violations)
+
+
 # -- the harness ---------------------------------------------------------------------------
 
 

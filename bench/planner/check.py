@@ -14,7 +14,15 @@ PUE x the integral of the zone's curve over the run). What is checked:
 - the deadline: a run that ends after it is a deadline miss; a miss the assignment does
   not flag (`estimate.deadline_miss`) is a violation;
 - zone power caps, where the snapshot has any: at every start inside a cap window, the
-  power of the queued jobs running then plus the running GPUs' generic power.
+  power of the queued jobs running then plus the running GPUs' generic power;
+- an interruptible job planned in segments (issue 30): only a checkpoint or pause job, at
+  most its `max_segments`, the first at its start, in order with a break between each, all
+  but the last at least `min_run_s`, running its work plus `resume_cost_s` per resume; its
+  end is the last segment's. Its GPUs run the first segment (a pause job holds them to its
+  end); a checkpoint job's later segments may move to any GPUs of the same zone and model,
+  so they are checked against the free GPUs of that zone and model at each of their starts
+  (a relaxation: not per node). Its gCO2 is summed over its segments, plus a pause job's
+  GPUs' idle power between them.
 """
 
 from __future__ import annotations
@@ -24,8 +32,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from policies.catalog import lookup
 from policies.energy import ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
-from policies.model import Plan, Snapshot
+from policies.model import Assignment, Plan, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,8 @@ def check_plan(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None) 
     seen: set[int] = set()
     runs_by_gpu: dict[int, list[tuple[datetime, datetime, int]]] = defaultdict(list)
     runs_by_zone: dict[str, list[tuple[datetime, datetime, float]]] = defaultdict(list)
+    # a checkpoint job's later segments: GPUs of a (zone, model), not yet chosen
+    later: dict[tuple[str, str], list[tuple[datetime, datetime, int, int]]] = defaultdict(list)
     for a in plan.assignments:
         job = jobs.get(a.job_id)
         if job is None:
@@ -103,23 +114,41 @@ def check_plan(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None) 
                            f"job starts {a.start_at.isoformat()}")
         shape = job_shape(job, g0.model, book, snapshot.default_runtime_s)
         end = a.start_at + timedelta(seconds=shape.runtime_s)
+        segs = [(a.start_at, end)]
+        if len(a.segments) > 1:
+            segs = list(a.segments)
+            bad.extend(_segment_violations(job, a, shape.runtime_s))
+            end = segs[-1][1]
         if job.deadline is not None and end > job.deadline + timedelta(seconds=TOLERANCE_S):
             out.deadline_misses += 1
             out.miss_jobs.add(job.id)
             if not a.estimate.deadline_miss:
                 bad.append(f"job {job.id}: ends {end.isoformat()} after its deadline "
                            f"{job.deadline.isoformat()} without the deadline_miss flag")
+        pause = job.interruptible == "pause"
+        held_to = end if pause else segs[0][1]
         for g in slots:
-            runs_by_gpu[g.id].append((a.start_at, end, job.id))
-        runs_by_zone[g0.zone].append((a.start_at, end, shape.power_w))
+            runs_by_gpu[g.id].append((a.start_at, held_to, job.id))
+        if not pause:
+            later[(g0.zone, g0.model)].extend((s, e, len(ids), job.id) for s, e in segs[1:])
+        idle_w = _idle_w(g0.model) * len(ids) if pause else 0.0
+        gaps = [(e1, s2) for (_, e1), (s2, _) in zip(segs, segs[1:])]
+        runs_by_zone[g0.zone].extend((s, e, shape.power_w) for s, e in segs)
+        runs_by_zone[g0.zone].extend((s, e, idle_w) for s, e in gaps if idle_w)
         pue = float(snapshot.pue.get(g0.zone, 1.0))
-        gco2 = job_gco2(snapshot.carbon.get(g0.zone), a.start_at, shape.runtime_s, shape.power_w, pue)
+        curve = snapshot.carbon.get(g0.zone)
+        parts = [job_gco2(curve, s, (e - s).total_seconds(), shape.power_w, pue) for s, e in segs]
+        parts += [job_gco2(curve, s, (e - s).total_seconds(), idle_w, pue) for s, e in gaps if idle_w]
+        gco2 = None if any(x is None for x in parts) else sum(parts)
+        energy_j = shape.energy_j if len(segs) == 1 else (
+            shape.power_w * sum((e - s).total_seconds() for s, e in segs)
+            + idle_w * sum((e - s).total_seconds() for s, e in gaps))
         if gco2 is not None:
             out.gco2 += gco2
             if a.estimate.gco2 is not None and gco2 > 0:
                 diff = 100.0 * abs(a.estimate.gco2 - gco2) / gco2
                 out.estimate_max_diff_pct = max(out.estimate_max_diff_pct, diff)
-        out.energy_j += shape.energy_j
+        out.energy_j += energy_j
         out.placed += 1
         out.starts[job.id] = (a.start_at, g0.zone, g0.model, shape.runtime_s)
     tol = timedelta(seconds=TOLERANCE_S)
@@ -128,6 +157,7 @@ def check_plan(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None) 
         for (s1, e1, j1), (s2, e2, j2) in zip(runs, runs[1:]):
             if s2 < e1 - tol:
                 bad.append(f"GPU {gid}: job {j1} runs until {e1.isoformat()}, job {j2} starts {s2.isoformat()}")
+    bad.extend(_later_segment_violations(snapshot, runs_by_gpu, later))
     for cap in snapshot.power_caps:
         runs = runs_by_zone.get(cap.zone, [])
         running = [(snapshot.now, g.busy_until, generic_power_w(g.model)) for g in snapshot.gpus
@@ -145,4 +175,57 @@ def check_plan(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None) 
     out.unplaced = len(set(plan.unplaced) - seen)
     if bad:
         log.warning("plan has %d violations, e.g. %s", len(bad), bad[0])
+    return out
+
+
+def _idle_w(model: str) -> float:
+    """What one held GPU of `model` draws while a paused job sleeps on it (the catalog's idle W)."""
+    try:
+        return float(lookup(model).idle_w)
+    except KeyError:
+        return 0.0
+
+
+def _segment_violations(job: QueuedJob, a: Assignment, runtime_s: float) -> list[str]:
+    """What is wrong with an assignment's segments on their own (see the module docstring)."""
+    segs, tol = list(a.segments), timedelta(seconds=TOLERANCE_S)
+    out = []
+    if job.interruptible not in ("checkpoint", "pause"):
+        out.append(f"job {job.id}: planned in {len(segs)} segments but not interruptible")
+    if len(segs) > job.max_segments:
+        out.append(f"job {job.id}: {len(segs)} segments, at most {job.max_segments}")
+    if abs(segs[0][0] - a.start_at) > tol:
+        out.append(f"job {job.id}: its first segment starts {segs[0][0].isoformat()}, not at {a.start_at.isoformat()}")
+    for i, ((s1, e1), (s2, _)) in enumerate(zip(segs, segs[1:])):
+        if not s1 < e1 < s2:
+            out.append(f"job {job.id}: segment {i + 1} ({s1.isoformat()}-{e1.isoformat()}) is not before "
+                       f"segment {i + 2} with a break ({s2.isoformat()})")
+        if job.min_run_s and (e1 - s1).total_seconds() < job.min_run_s - TOLERANCE_S:
+            out.append(f"job {job.id}: segment {i + 1} runs {(e1 - s1).total_seconds():.0f} s, "
+                       f"shorter than its minimum run {job.min_run_s:.0f} s")
+    resumed = job.done_fraction > 0 or job.resume_count > 0
+    need_s = runtime_s * max(0.0, 1.0 - job.done_fraction) + job.resume_cost_s * (len(segs) - 1 + resumed)
+    ran_s = sum((e - s).total_seconds() for s, e in segs)
+    if ran_s < need_s - TOLERANCE_S * len(segs):
+        out.append(f"job {job.id}: its segments run {ran_s:.0f} s, its work and resumes need {need_s:.0f} s")
+    return out
+
+
+def _later_segment_violations(snapshot: Snapshot, runs_by_gpu: dict[int, list[tuple[datetime, datetime, int]]],
+                              later: dict[tuple[str, str], list[tuple[datetime, datetime, int, int]]]) -> list[str]:
+    """At the start of each checkpoint job's later segment, the GPUs of its zone and model
+    that are free (healthy, not drained, not busy, not running a placed job) must hold it and
+    the other later segments running then."""
+    out = []
+    tol = timedelta(seconds=TOLERANCE_S)
+    for (zone, model), segs in later.items():
+        gpus = [g for g in snapshot.gpus if g.zone == zone and g.model == model and g.healthy and not g.drained]
+        for t, _, _, job_id in segs:
+            probe = t + tol
+            free = sum(1 for g in gpus if (g.busy_until is None or g.busy_until <= probe)
+                       and not any(s <= probe < e for s, e, _ in runs_by_gpu.get(g.id, ())))
+            need = sum(k for s, e, k, _ in segs if s <= probe < e)
+            if need > free:
+                out.append(f"{zone} {model}: {need} GPUs for later segments at {t.isoformat()} (job {job_id}), "
+                           f"{free} free")
     return out
