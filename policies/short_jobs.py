@@ -347,6 +347,31 @@ class _Kind:
     budget: str = ""  # the power budget its GPUs draw against (policies.model.budget_of)
 
 
+def _hold_later_segments(later: list[tuple[float, float, str, tuple[int, ...]]],
+                         per_gpu: dict[int, list[tuple[float, float]]], usable: list[GpuSlot]) -> None:
+    """Hold GPUs of its node for each later segment of a checkpoint job, in start order, as
+    many as its first segment has, piece by piece between the node's other runs' ends: its own
+    GPUs where they are free, else others of the node. Why: the slot plan reserves a later
+    segment as k GPUs of the node, not as given GPUs (the job may move at its resume), so two
+    cut jobs may share their first segment's GPUs in their rests; held on those ids, their
+    rests looked like fewer GPUs than they take, and short jobs were packed onto the node's
+    others over them. Held piece by piece, the node's count is kept even where no k GPUs are
+    free over the whole segment; a piece with fewer than k free holds its own GPUs (as
+    before)."""
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for g in usable:
+        by_node[g.node].append(g.id)
+    for t0, t1, node, own in sorted(later):
+        gids = by_node[node]
+        mine = [gid for gid in own if gid in gids]
+        order = mine + [gid for gid in gids if gid not in own]
+        cuts = sorted({t0, t1} | {x for gid in gids for span in per_gpu[gid] for x in span if t0 < x < t1})
+        for a, b in zip(cuts, cuts[1:]):
+            free = [gid for gid in order if all(e <= a or s >= b for s, e in per_gpu[gid])]
+            for gid in (free[:len(own)] if len(free) >= len(own) else mine):
+                per_gpu[gid].append((a, b))
+
+
 def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBook,
          policy: str) -> tuple[list[Assignment], dict[int, str]]:
     """Place each short job at its cheapest feasible start around `base` (see module doc).
@@ -375,6 +400,7 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     for g in usable:
         if g.busy_until is not None and g.busy_until > now:
             per_gpu[g.id].append((t_now - 1.0, g.busy_until.timestamp()))
+    later: list[tuple[float, float, str, tuple[int, ...]]] = []  # checkpoint jobs' later segments
     for a in (*snapshot.pinned.values(), *base.assignments):
         job = jobs_by_id.get(a.job_id)
         if a.estimate.runtime_s is not None:
@@ -385,16 +411,18 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             run_s = snapshot.default_runtime_s
         t0 = a.start_at.timestamp()
         # a job planned in segments (issue 30) holds its GPUs in each segment (a pause job: over
-        # its whole span)
+        # its whole span); a checkpoint job's later segments are given GPUs of its node below
         if a.segments and job is not None and job.interruptible == "pause":
             spans = [(t0, a.segments[-1][1].timestamp())]
         elif a.segments:
-            spans = [(s0.timestamp(), s1.timestamp()) for s0, s1 in a.segments]
+            spans = [(a.segments[0][0].timestamp(), a.segments[0][1].timestamp())]
+            later.extend((s0.timestamp(), s1.timestamp(), a.node, a.gpu_ids) for s0, s1 in a.segments[1:])
         else:
             spans = [(t0, t0 + run_s)]
         for gid in a.gpu_ids:
             if gid in usable_ids:
                 per_gpu[gid].extend(spans)
+    _hold_later_segments(later, per_gpu, usable)
     lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
     # when each GPU is free as the "if run now" counterfactual sees it (policies.counterfactual):
     # the job alone, only running and pinned jobs hold GPUs, until their end (as in the slot

@@ -79,3 +79,32 @@ def test_a_site_power_cap_is_honoured_for_short_jobs():
     assert violations(snap, plan) == []
     starts = sorted(a.start_at for a in plan.assignments)
     assert len(starts) == 4 and starts[-1] > NOW  # not all four at once under 1.5 kW
+
+
+def test_short_jobs_leave_room_for_the_rests_of_checkpoint_jobs():
+    """Two checkpoint jobs planned on GPU 1 of a 2-GPU node both resume at 2:00: the slot plan
+    counts both GPUs of the node taken until 3:00 (a rest may move to any GPU of the node), so
+    a short job is not packed onto GPU 2 then, though 2:00-3:00 is the clean hour."""
+    from policies.model import Assignment, Plan
+    from policies.short_jobs import book_of, pack
+
+    at = lambda minutes: NOW + timedelta(minutes=minutes)  # noqa: E731
+    clean_at_2 = CarbonCurve("DE", NOW, 3600.0, (400.0,) * 2 + (100.0,) + (400.0,) * 69)
+    cut = dict(interruptible="checkpoint", min_run_s=900.0, resume_cost_s=60.0)
+    a, c = job(1, runtime_s=2 * 3600.0, **cut), job(2, runtime_s=6300.0, **cut)
+    short = job(3, runtime_s=600.0)
+    snap = Snapshot(now=NOW, jobs=(a, c, short), gpus=gpus(2), carbon={"DE": clean_at_2})
+    base = Plan(assignments=(
+        Assignment(job_id=1, node="n1", gpu_ids=(1,), start_at=at(0), segments=((at(0), at(60)), (at(120), at(180)))),
+        Assignment(job_id=2, node="n1", gpu_ids=(1,), start_at=at(60),
+                   segments=((at(60), at(105)), (at(120), at(180)))),
+    ))
+    placed, unplaced = pack(snap, base, [short], book_of(snap), "greedy")
+    assert not unplaced
+    (s,) = placed
+    end = s.start_at + timedelta(seconds=600)
+    assert end <= at(120) or s.start_at >= at(180)
+    # with room on the node (one rest only) it takes the clean hour
+    alone = Plan(assignments=base.assignments[:1])
+    (s,) = pack(snap, alone, [short], book_of(snap), "greedy")[0]
+    assert at(120) <= s.start_at < at(180)
