@@ -350,9 +350,10 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
     Groups are tried cheapest lower bound first (`lower_bound_g`) and skipped once their
     bound cannot beat the best so far. On a group, the DP runs on the per-slot maximum free
     GPUs over its pools (`GreedyState.gmax`, and watts under the zone's cap); the plan goes to
-    the tightest pool that holds it, else the DP runs again on the one-piece pick's pool.
-    The groups' first DPs are asked in batches (`cheapest_segments_batch`), each batch the
-    groups not yet ruled out by their bounds, so the answer is the one-by-one answer."""
+    the tightest pool that holds it, else to the one-piece pick's pool by the DP on that pool.
+    The DPs are asked in batches (`cheapest_segments_batch`: the groups not yet ruled out by
+    their bounds, and the one-piece pick's pool), so the answer is the one-by-one answer; each
+    plan ends by the deadline (`finish_by`)."""
     job = problem.jobs[j]
     pause = job.interruptible == "pause"
     k = int(problem.job_k[j])
