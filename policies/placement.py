@@ -429,7 +429,8 @@ def estimate_score(problem: Problem, plan: Plan) -> Score:
 
 def plan_violations(problem: Problem, plan: Plan) -> list[str]:
     """Hard constraints a plan breaks (memory, SLO, explicit time limit, gang, usable GPUs,
-    overlaps, release, max delay, power caps). Deadlines are soft (flagged), so they are not listed."""
+    overlaps, release, max delay, power caps, room on its node for a checkpoint job's later
+    segments). Deadlines are soft (flagged), so they are not listed."""
     snap = problem.snapshot
     gpu = {g.id: g for g in snap.gpus}
     jobs = {j.id: j for j in snap.jobs}
@@ -439,6 +440,7 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         if g.busy_until is not None and g.busy_until > snap.now:
             busy[g.id].append((snap.now - timedelta(days=3650), g.busy_until))
     power: list[tuple[str, datetime, datetime, float]] = []
+    later: dict[tuple[str, str], list[tuple[datetime, datetime, int]]] = defaultdict(list)
     for a in plan.assignments:
         job = jobs.get(a.job_id)
         if job is None:
@@ -473,6 +475,8 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
             # a pause job holds its GPUs from its first start to its last end; a checkpoint job
             # holds the listed GPUs for its first segment (it may resume on others)
             end = a.segments[-1][1] if job.interruptible == "pause" else a.segments[0][1]
+            if job.interruptible != "pause":
+                later[(g0.node, g0.model)].extend((s0, s1, len(gs)) for s0, s1 in a.segments[1:])
         for g in gs:
             busy[g.id].append((a.start_at, end))
         for s0, s1 in (a.segments or ((a.start_at, a.start_at + timedelta(seconds=shape.runtime_s)),)):
@@ -482,6 +486,17 @@ def plan_violations(problem: Problem, plan: Plan) -> list[str]:
         for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
             if s2 < e1 - timedelta(seconds=1):
                 out.append(f"GPU {gid}: two jobs overlap at {s2.isoformat()}")
+    # a checkpoint job's later segments hold GPUs of its node and model, not given ones (it may
+    # resume on others): at each one's start, the node's free GPUs must hold those running then
+    for (node, model), segs in later.items():
+        ids = [g.id for g in snap.gpus if g.node == node and g.model == model and g.healthy and not g.drained]
+        for t0, _, _ in sorted(segs):
+            probe = t0 + timedelta(seconds=1)
+            free = sum(1 for gid in ids if not any(s <= probe < e for s, e in busy.get(gid, ())))
+            need = sum(k for s, e, k in segs if s <= probe < e)
+            if need > free:
+                out.append(f"node {node}: {need} {model} GPUs for later segments at {t0.isoformat()}, {free} free")
+                break
     for cap in snap.power_caps:
         # from now on (the past is not the plan's), and only where the plan itself draws power:
         # running jobs alone above a cap are not a plan's violation

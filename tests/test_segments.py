@@ -264,6 +264,24 @@ def test_a_checkpoint_jobs_gpus_are_free_between_its_segments():
     assert by[1].segments[0][1] <= o.start_at < by[1].segments[1][0]
 
 
+def test_later_segments_need_room_on_their_node_whatever_gpus_their_first_segment_had():
+    """Two checkpoint jobs on GPU 0 of a 2-GPU node, each resuming at 12:00 for an hour: two
+    rests, two GPUs, room. A third job on GPU 1 then leaves one GPU for two rests: the plan
+    is flagged, though no GPU id is listed twice (the rests may move within the node)."""
+    from policies.model import Assignment, Plan
+
+    at = lambda hours: NOW + timedelta(hours=hours)  # noqa: E731
+    cut = lambda i, first: Assignment(job_id=i, node="n1", gpu_ids=(0,), start_at=at(first),  # noqa: E731
+                                      segments=((at(first), at(first + 1)), (at(12), at(13))))
+    jobs = (_job(1, est_runtime_s=2 * 3600.0), _job(2, est_runtime_s=2 * 3600.0), _job(3, kind=None, est_runtime_s=3600.0))
+    snap = _snap(*jobs)
+    rests = [cut(1, 0), cut(2, 2)]
+    assert plan_violations(compile_problem(snap), Plan(assignments=tuple(rests))) == []
+    crowded = rests + [Assignment(job_id=3, node="n1", gpu_ids=(1,), start_at=at(12))]
+    (why,) = plan_violations(compile_problem(snap), Plan(assignments=tuple(crowded)))
+    assert why.startswith("node n1: 2 H100 GPUs for later segments") and why.endswith("1 free")
+
+
 def test_no_job_is_cut_where_the_cut_plan_makes_another_job_late_and_the_uncut_one_does_not():
     """One GPU. The checkpoint job (8 h, due at 15 h) would run 0-6 h and 12-14 h around the
     dirty middle; a one-piece job of 7 h due at 20 h then has no 7 free hours before its
