@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.segments import interruptible, wall_s, work_s
+from policies.segments import interruptible, wall_s, window_ends, work_s
 
 log = logging.getLogger(__name__)
 
@@ -816,9 +816,7 @@ def _segmented_option(problem, j: int, gi: int, resources: tuple[int, ...], lo: 
     resumed = bool(problem.job_resumed[j])
     w = work_s(problem, j, gi)
     run_s = wall_s(w, 1, job.resume_cost_s or 0.0, resumed)
-    dur = int(problem.job_duration[j, gi])
-    end = min(problem.n_slots, int(problem.job_on_time_latest[j, gi]) + dur) if job.deadline is not None \
-        else problem.n_slots
+    end = int(window_ends(problem, [j])[0, gi])
     per_slot = problem.slot_integrals(problem.groups[gi].zone) * float(problem.job_scale[j, gi])
     n = int(math.floor(run_s / problem.slot_s + 1e-9))
     window = per_slot[lo:end]

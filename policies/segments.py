@@ -67,6 +67,17 @@ def horizon_for(jobs, now, horizon_s: float, slot_s: float) -> float:
     return horizon_s if far <= horizon_s else math.ceil(far / slot_s - 1e-9) * slot_s
 
 
+def window_ends(problem, jobs) -> np.ndarray:
+    """Per job of `jobs` (indices) and group: the slot where its segments' window ends, the
+    end of its last on-time one-piece run (the slot planner's window, so `policies.margin`
+    holds), or the horizon for a job without a deadline. Shared by the segment search, its
+    nominal cost (`work_clock`) and the LP's segmented option."""
+    idx = np.asarray(jobs, dtype=np.int64)
+    ends = np.minimum(problem.n_slots, problem.job_on_time_latest[idx] + problem.job_duration[idx])
+    due = np.array([problem.jobs[j].deadline is not None for j in idx.tolist()], dtype=bool)
+    return np.where(due[:, None], ends, problem.n_slots).astype(np.int64)
+
+
 def wall_s(work_s: float, segments: int, resume_s: float, resumed: bool) -> float:
     """Running time of `work_s` of work in `segments` pieces: each piece after the first, and
     the first too when the job resumes, pays `resume_s`."""
@@ -357,28 +368,30 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
     job = problem.jobs[j]
     pause = job.interruptible == "pause"
     k = int(problem.job_k[j])
-    S = problem.n_slots
     lo = int(problem.job_earliest[j])
     slot_s = problem.slot_s
     resumed = bool(problem.job_resumed[j])
     resume_s = float(job.resume_cost_s or 0.0)
     mr = max(1, int(math.ceil((job.min_run_s or slot_s) / slot_s - 1e-9)))
     M = int(job.max_segments)
+    ends = window_ends(problem, [j])[0]
     cands = []
     for g in np.flatnonzero(problem.job_fit[j]).tolist():
         latest = int(problem.job_latest[j, g])
         if latest < lo:
             continue
         dur = int(problem.job_duration[j, g])
-        on_time = int(problem.job_on_time_latest[j, g])
-        end = min(S, on_time + dur) if job.deadline is not None else S
+        end = int(ends[g])
         w = work_s(problem, j, g)
         if slots_needed(w, 2, resume_s, resumed, slot_s) > end - lo or dur < 2:
             continue
         run_g = problem.slot_integrals(problem.groups[g].zone) * float(problem.job_scale[j, g])
         # a cut plan has two segments at least, so pays one resume at least
         lb = lower_bound_g(run_g, lo, end, wall_s(w, 2, resume_s, resumed) / slot_s)
-        cands.append((lb, g, latest, end, on_time, w, run_g))
+        # the work done by the deadline, inside its slot
+        finish_by = None if job.deadline is None else \
+            float(problem.job_on_time_latest[j, g]) + float(problem.job_runtime_s[j, g]) / slot_s
+        cands.append((lb, g, latest, end, finish_by, w, run_g))
     cands.sort(key=lambda c: c[0])
 
     def avail_idle(g: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -402,18 +415,17 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
         pool of the group, and on the one-piece pick's pool where it is of that group."""
         keys, queries = [], []
         for i in range(ci, len(cands)):
-            lb_i, g_i, latest_i, end_i, on_time_i, w_i, run_i = cands[i]
+            lb_i, g_i, latest_i, end_i, finish_by, w_i, run_i = cands[i]
             if lb_i >= best_g:
                 continue
             avail_i, idle_i = avail_idle(g_i)
-            finish_by = None if job.deadline is None else on_time_i + float(problem.job_runtime_s[j, g_i]) / slot_s
             for pool in [None] + ([one_piece_pool] if g_i == pick_group else []):
                 ok = avail_i if pool is None else avail_i & (state.rem[pool] >= k)
                 keys.append((i, pool))
                 queries.append(SegmentQuery(run_i, ok, end_i, latest_i, w_i, idle_i, finish_by))
         answers.update(zip(keys, cheapest_segments_batch(queries, lo, slot_s, resume_s, resumed, mr, M, pause)))
 
-    for ci, (lb, g, latest, end, on_time, w, run_g) in enumerate(cands):
+    for ci, (lb, g, _, _, _, w, _) in enumerate(cands):
         if lb >= best_g:
             break
         if (ci, None) not in answers:
@@ -422,10 +434,10 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
             plan = answers[(ci, pool)]
             if plan is None or len(plan.slots) < 2:
                 continue
-            segs_s = exact_segments_s(plan.slots, w, resume_s, resumed, slot_s)
             chosen = pool if pool is not None else _holding_pool(problem, state, g, k, plan.slots, pause)
             if chosen is None:
                 continue
+            segs_s = exact_segments_s(plan.slots, w, resume_s, resumed, slot_s)
             _, _, exact = segment_cost(problem, j, g, segs_s, pause)
             if exact < best_g:
                 best, best_g = (chosen, plan.slots, exact), exact

@@ -95,14 +95,11 @@ def segment_window_slots(problem: Problem) -> int:
     """Slots of the windows greedy searches for segments: per interruptible job, from its
     earliest slot to the latest end of a one-piece run by its deadline over the groups it
     fits (to the horizon without a deadline)."""
-    from policies.segments import interruptible
+    from policies.segments import interruptible, window_ends
 
     rows = [j for j, job in enumerate(problem.jobs) if interruptible(job)]
     if not rows:
         return 0
     idx = np.array(rows)
-    has_deadline = np.array([problem.jobs[j].deadline is not None for j in rows])
-    ends = np.minimum(problem.n_slots, problem.job_on_time_latest[idx] + problem.job_duration[idx])
-    ends = np.where(has_deadline[:, None], ends, problem.n_slots)
-    ends = np.where(problem.job_fit[idx], ends, 0).max(axis=1)
+    ends = np.where(problem.job_fit[idx], window_ends(problem, idx), 0).max(axis=1)
     return int(np.maximum(0, ends - problem.job_earliest[idx]).sum())

@@ -32,9 +32,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from policies.catalog import lookup
 from policies.energy import ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
 from policies.model import Assignment, Plan, QueuedJob, Snapshot
+from policies.segments import idle_power_w
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def check_plan(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None) 
             runs_by_gpu[g.id].append((a.start_at, held_to, job.id))
         if not pause:
             later[(g0.zone, g0.model)].extend((s, e, len(ids), job.id) for s, e in segs[1:])
-        idle_w = _idle_w(g0.model) * len(ids) if pause else 0.0
+        idle_w = idle_power_w(g0.model, len(ids)) if pause else 0.0
         gaps = [(e1, s2) for (_, e1), (s2, _) in zip(segs, segs[1:])]
         runs_by_zone[g0.zone].extend((s, e, shape.power_w) for s, e in segs)
         runs_by_zone[g0.zone].extend((s, e, idle_w) for s, e in gaps if idle_w)
@@ -176,14 +176,6 @@ def check_plan(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None) 
     if bad:
         log.warning("plan has %d violations, e.g. %s", len(bad), bad[0])
     return out
-
-
-def _idle_w(model: str) -> float:
-    """What one held GPU of `model` draws while a paused job sleeps on it (the catalog's idle W)."""
-    try:
-        return float(lookup(model).idle_w)
-    except KeyError:
-        return 0.0
 
 
 def _segment_violations(job: QueuedJob, a: Assignment, runtime_s: float) -> list[str]:
