@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.suspend_resume_bound import ideal_suspend_resume_pct  # noqa: E402
 from bench.versions import library_versions  # noqa: E402
 
 DATA = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -199,34 +200,6 @@ def _interruptible(args, resume_cost_s: float | None = None):
                          max_segments=args.max_segments)
 
 
-def ideal_suspend_resume_pct(scenario, zone: str) -> float:
-    """The most any suspend-resume policy can save in this scenario against run-at-arrival,
-    in %: each job runs in the cleanest hours (or parts of hours) of [arrival, deadline], with
-    no resume cost, no shortest segment and no limit on segments, on a pool that is never
-    full; a job's grams are its GPUs x its intensity integral (one power per GPU, as in
-    GAIA's pool). GAIA's own "wait awhile" figure is this ideal on its hourly data."""
-    hour = 3600.0
-    zi = scenario.carbon[zone]
-    at_arrival = ideal = 0.0
-    for job in scenario.jobs:
-        a, r, k = job.submitted_at.timestamp(), float(job.est_runtime_s), max(1, job.gpus)
-        at_arrival += k * zi.integral_g_per_kwh_s(a, a + r)
-        end = job.deadline.timestamp() if job.deadline is not None else a + r + 24 * hour
-        pieces, t = [], a
-        while t < end - 1e-9:  # the window cut at the data's hours
-            e = min(end, (math.floor(t / hour) + 1) * hour)
-            pieces.append((zi.integral_g_per_kwh_s(t, e) / (e - t), e - t))
-            t = e
-        need = r
-        for rate, length in sorted(pieces):
-            take = min(length, need)
-            ideal += k * rate * take
-            need -= take
-            if need <= 1e-9:
-                break
-    return 100.0 * (1.0 - ideal / at_arrival)
-
-
 def _gaia_interrupting(args, out: dict) -> dict:
     """GAIA's setting with --interruptible SHARE of the jobs interruptible (issue 30), at each
     of --resume-costs: the reduction vs run-at-arrival beside GAIA's suspend-resume figure."""
@@ -263,10 +236,13 @@ def _gaia_interrupting(args, out: dict) -> dict:
                 "planner_total_s": {n: s["planner_total_s"] for n, s in result.summaries.items()}}
             if "ideal_pct" not in entry:
                 entry["ideal_pct"] = ideal_suspend_resume_pct(scenario, zone)
+            # the most any policy can save when each resume costs this much (no other limit)
+            bound = entry["runs"][f"{cost:g}"]["bound_pct"] = ideal_suspend_resume_pct(scenario, zone, cost)
             print(f"reduction vs run-at-arrival: " + ", ".join(
                 f"{n} {v:.2f}%" for n, v in entry["runs"][f"{cost:g}"]["reduction_pct"].items() if v is not None)
                 + f"; GAIA's suspend-resume {GAIA_REPORTED[zone]['wait awhile (suspend-resume)']}%; the ideal "
-                f"(free resumes, any segments) {entry['ideal_pct']:.2f}%", flush=True)
+                f"(free resumes, any segments) {entry['ideal_pct']:.2f}%, the most any policy saves at this "
+                f"resume cost {bound:.2f}%", flush=True)
         out["zones"][zone] = entry
         if args.json:  # partial results survive a long run being stopped
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
