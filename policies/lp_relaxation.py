@@ -46,6 +46,11 @@ Relaxations that keep it a bound, stated in `LpResult.notes`:
 - `lp_instance(merge=True)` pools every node of one (zone, model) into one capacity (a
   job's options on those nodes cost the same), for the large instances;
 - `block` > 1 sums the capacity rows over that many slots;
+- an interruptible job's segmented plans (issue 30) are one "scatter" option per group: k
+  GPUs in any `floor(running time / slot)` slots of its window, each slot on any pool of
+  the group, at whole-slot prices (`_segmented_option`). Its columns are slot sets, priced by
+  taking the slots of least reduced cost; segment count, minimum run and the pauses' idle
+  power are left out;
 - each job also gets an "artificial" column of cost `artificial_factor` times its dearest
   real option and no capacity use: adding an option can only lower the optimum, so the
   bound stays a bound, and the artificial share left in the optimum shows whether the
@@ -89,6 +94,9 @@ class LpOption:
     power_w: float = 0.0
     zone: int = -1
     late: bool = False  # a start after the deadline: counts against `LpInstance.late_budget`
+    # > 0: a segmented plan's relaxation (issue 30): run `scatter` slots anywhere `cost` is
+    # finite, each slot on any one of `resources`, `cost[t]` per slot chosen (`duration` unused)
+    scatter: int = 0
 
 
 @dataclass
@@ -139,9 +147,25 @@ class _Pricer:
         ids: dict[int, int] = {}
         e_job, e_row, e_res, e_k, e_d, e_pw, e_zone, e_late = [], [], [], [], [], [], [], []
         self.job_max_cost = np.zeros(len(inst.jobs))
+        sc_job, sc_cost, sc_k, sc_n, sc_pw, sc_zone, sc_group = [], [], [], [], [], [], []
+        res_sets: dict[tuple[int, ...], int] = {}
         for j, options in enumerate(inst.jobs):
             worst = 0.0
             for opt in options:
+                if opt.scatter > 0:
+                    finite = np.sort(opt.cost[np.isfinite(opt.cost)])
+                    n = min(int(opt.scatter), finite.size)
+                    if n == 0 or not opt.resources:
+                        continue
+                    worst = max(worst, float(finite[-n:].sum()))
+                    sc_job.append(j)
+                    sc_cost.append(np.asarray(opt.cost, dtype=np.float64))
+                    sc_k.append(opt.gpus)
+                    sc_n.append(n)
+                    sc_pw.append(opt.power_w)
+                    sc_zone.append(opt.zone)
+                    sc_group.append(res_sets.setdefault(tuple(opt.resources), len(res_sets)))
+                    continue
                 key = id(opt.cost)
                 if key not in ids:
                     ids[key] = len(rows_cost)
@@ -169,11 +193,30 @@ class _Pricer:
         self.e_zone = np.asarray(e_zone, dtype=np.int64)
         self.e_late = np.asarray(e_late, dtype=np.float64)
         self.chunk = chunk
-        self.has_power = inst.power_cap.size > 0 and bool((self.e_zone >= 0).any())
+        # scatter options (segmented plans' relaxation), priced apart from the edges; their
+        # columns are (self.edges + option, key of the slots and resources in `sc_columns`)
+        self.sc_job = np.asarray(sc_job, dtype=np.int64)
+        self.sc_cost = np.stack(sc_cost) if sc_cost else np.zeros((0, self.T))
+        self.sc_k = np.asarray(sc_k, dtype=np.float64)
+        self.sc_n = np.asarray(sc_n, dtype=np.int64)
+        self.sc_pw = np.asarray(sc_pw, dtype=np.float64)
+        self.sc_zone = np.asarray(sc_zone, dtype=np.int64)
+        self.sc_group = np.asarray(sc_group, dtype=np.int64)
+        self.sc_res_sets = [np.asarray(r, dtype=np.int64) for r in res_sets]
+        self.sc_columns: list[tuple[int, np.ndarray, np.ndarray]] = []  # (option, slots, resources)
+        self._sc_keys: dict[tuple[int, bytes, bytes], int] = {}
+        self.has_power = inst.power_cap.size > 0 and (bool((self.e_zone >= 0).any()) or bool((self.sc_zone >= 0).any()))
 
     def value_at(self, edges: np.ndarray, starts: np.ndarray, pi: np.ndarray, rho: np.ndarray,
                  sigma: float) -> np.ndarray:
         """`price`'s value of the given (edge, start) columns at the given duals."""
+        sc = edges >= self.edges
+        if sc.any():
+            val = np.empty(len(edges))
+            val[sc] = [self.scatter_value(int(k), pi, rho) for k in starts[sc]]
+            if (~sc).any():
+                val[~sc] = self.value_at(edges[~sc], starts[~sc], pi, rho, sigma)
+            return val
         T = self.T
         cp = np.concatenate([np.zeros((pi.shape[0], 1)), np.cumsum(pi, axis=1)], axis=1)
         ends = np.minimum(starts + self.e_d[edges], T)
@@ -189,6 +232,65 @@ class _Pricer:
     @property
     def edges(self) -> int:
         return len(self.e_job)
+
+    def scatter_value(self, key: int, pi: np.ndarray, rho: np.ndarray) -> float:
+        """The priced value of scatter column `key` (of `sc_columns`) at the given duals."""
+        i, slots, res = self.sc_columns[key]
+        val = float(self.sc_cost[i, slots].sum()) - self.sc_k[i] * float(pi[res, slots].sum())
+        if self.has_power and self.sc_zone[i] >= 0:
+            val -= self.sc_pw[i] * float(rho[self.sc_zone[i], slots].sum())
+        return val
+
+    def scatter_column(self, key: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """(job, option, slots, resources) of scatter column `key`."""
+        i, slots, res = self.sc_columns[key]
+        return int(self.sc_job[i]), i, slots, res
+
+    def _register(self, i: int, slots: np.ndarray, res: np.ndarray) -> int:
+        order = np.argsort(slots)
+        slots, res = slots[order], res[order]
+        key = (i, slots.tobytes(), res.tobytes())
+        known = self._sc_keys.get(key)
+        if known is None:
+            known = self._sc_keys[key] = len(self.sc_columns)
+            self.sc_columns.append((i, slots, res))
+        return known
+
+    def _price_scatter(self, pi: np.ndarray, rho: np.ndarray, best: np.ndarray,
+                       cands: list[tuple[int, int, int, float]]) -> None:
+        """Price the scatter options: each takes its n slots of least value (cost - k x pi of
+        the resource whose pi is nearest 0 in that slot - power x rho); each job's best one
+        joins `cands`, and becomes the job's best column where it beats the edges."""
+        S = len(self.sc_job)
+        if S == 0:
+            return
+        G, T = len(self.sc_res_sets), self.T
+        top_pi = np.empty((G, T))
+        top_res = np.empty((G, T), dtype=np.int64)
+        cols = np.arange(T)
+        for g, rs in enumerate(self.sc_res_sets):
+            a = pi[rs].argmax(axis=0)  # pi <= 0: the resource whose slot costs the least
+            top_pi[g], top_res[g] = pi[rs][a, cols], rs[a]
+        v = self.sc_cost - self.sc_k[:, None] * top_pi[self.sc_group]
+        if self.has_power:
+            m = self.sc_zone >= 0
+            if m.any():
+                v[m] -= self.sc_pw[m, None] * rho[self.sc_zone[m]]
+        order = np.argsort(v, axis=1, kind="stable")
+        csum = np.cumsum(np.take_along_axis(v, order, axis=1), axis=1)
+        value = csum[np.arange(S), self.sc_n - 1]
+        best_sc: dict[int, int] = {}
+        for i in np.argsort(value, kind="stable").tolist():
+            best_sc.setdefault(int(self.sc_job[i]), i)
+        for j, i in best_sc.items():
+            if not math.isfinite(value[i]):
+                continue
+            slots = order[i, :self.sc_n[i]]
+            key = self._register(i, slots, top_res[self.sc_group[i], slots])
+            cands.append((self.edges + i, key, j, float(value[i])))
+            if value[i] < best[j]:
+                best[j] = value[i]
+                self.last_best_edge[j], self.last_best_start[j] = self.edges + i, key
 
     def price(self, pi: np.ndarray, rho: np.ndarray, sigma: float, per_job: int) -> tuple[np.ndarray, list[tuple[int, int, int, float]]]:
         """(best value per job, candidate columns (edge, start, job, value)).
@@ -242,6 +344,8 @@ class _Pricer:
         self.last_best_edge = np.where(has, head, -1)
         self.last_best_start = np.where(self.last_best_edge >= 0, edge_arg[np.maximum(self.last_best_edge, 0)], -1) \
             if self.edges else np.full(n_jobs, -1, dtype=np.int64)  # no job has an option
+        self._price_scatter(pi, rho if self.has_power else np.zeros((0, T)), best, cands)
+        self.last_value = best
         return best, cands
 
     def usage(self, jobs: np.ndarray, n_res: int, n_zones: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -250,7 +354,8 @@ class _Pricer:
         T = self.T
         e = self.last_best_edge[jobs]
         s = self.last_best_start[jobs]
-        keep = e >= 0
+        sc_keys = s[e >= self.edges]
+        keep = (e >= 0) & (e < self.edges)
         e, s = e[keep], s[keep]
         ends = np.minimum(s + self.e_d[e], T)
         diff = np.zeros((n_res, T + 1))
@@ -265,6 +370,11 @@ class _Pricer:
             np.add.at(dz, (z[m], s[m]), self.e_pw[e][m])
             np.add.at(dz, (z[m], ends[m]), -self.e_pw[e][m])
             watts = np.cumsum(dz, axis=1)[:, :T]
+        for key in sc_keys.tolist():
+            i, slots, res = self.sc_columns[key]
+            np.add.at(gpus, (res, slots), self.sc_k[i])
+            if n_zones and self.sc_zone[i] >= 0:
+                watts[self.sc_zone[i], slots] += self.sc_pw[i]
         return gpus, watts, float(self.e_late[e].sum())
 
 
@@ -440,7 +550,8 @@ class _Lagrangian:
 def _artificial_costs(inst: LpInstance, pricer: _Pricer, artificial_factor: float) -> np.ndarray:
     """Per job, the cost of its artificial column (0 for a job with no option: no policy places it)."""
     big = np.maximum(pricer.job_max_cost, 1.0) * artificial_factor
-    big[np.bincount(pricer.e_job, minlength=len(inst.jobs)) == 0] = 0.0
+    n_opts = np.bincount(pricer.e_job, minlength=len(inst.jobs)) + np.bincount(pricer.sc_job, minlength=len(inst.jobs))
+    big[n_opts == 0] = 0.0
     return big
 
 
@@ -517,6 +628,27 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
         if (e, s) in seen:
             return
         seen.add((e, s))
+        if e >= pricer.edges:  # a scatter column: k GPUs in each of its slots
+            j, i, slots, res = pricer.scatter_column(s)
+            per_row: dict[tuple[str, int, int], float] = {}
+            z = int(pricer.sc_zone[i])
+            pw = float(pricer.sc_pw[i]) if Z and z >= 0 else 0.0
+            for t, r in zip(slots.tolist(), res.tolist()):
+                b = t // block
+                per_row[("cap", r, b)] = per_row.get(("cap", r, b), 0.0) + float(pricer.sc_k[i])
+                if pw > 0 and pcap_finite_b[z, b] >= block:
+                    per_row[("pow", z, b)] = per_row.get(("pow", z, b), 0.0) + pw
+            entries = [(conv[j], 1.0)]
+            for (kind, r, b), coef in per_row.items():
+                rows, limit = (cap_rows, cap_b) if kind == "cap" else (pow_rows, pcap_b)
+                row = rows.get((r, b))
+                if row is None:
+                    row = rows[(r, b)] = master.row(-inf, float(limit[r, b]))
+                entries.append((row, coef))
+            col_vars.append(master.column(float(pricer.sc_cost[i, slots].sum()), entries))
+            col_keys.append((e, s))
+            columns += 1
+            return
         j, r = int(pricer.e_job[e]), int(pricer.e_res[e])
         d, k = int(pricer.e_d[e]), float(pricer.e_k[e])
         end = min(s + d, T)
@@ -579,7 +711,7 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
         # columns along the way seed the first master, and its best duals centre the
         # smoothing from the first round on. Without it the first masters are mostly
         # artificial columns and their duals are poor, which costs many expensive rounds.
-        greedy_cost = sum(float(pricer.cost[pricer.e_row[e], s]) for e, s in col_keys)
+        greedy_cost = sum(float(pricer.cost[pricer.e_row[e], s]) for e, s in col_keys)  # edges only so far
         placed = np.zeros(n_jobs, dtype=bool)
         placed[[int(pricer.e_job[e]) for e, _ in col_keys]] = True
         zero = lag.zero()
@@ -662,7 +794,7 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
     solution: list[tuple[int, int, int, float]] = []
     if last_x[1]:
         for (e, s), x in zip(col_keys[:last_x[0]], last_x[1]):
-            if x > 1e-9:
+            if x > 1e-9 and e < pricer.edges:  # scatter columns have no start to report
                 solution.append((int(pricer.e_job[e]), int(pricer.e_res[e]), s, x))
     return LpResult(bound_g=lag.best_bound, lp_value_g=lp_value, converged=converged, status=status,
                     rounds=rounds, columns=columns, wall_s=wall_s, artificial_share=art_share, notes=notes,
@@ -788,7 +920,7 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
                 cost[lo:hi + 1] = table[row, lo:hi + 1]
                 opts.append(LpOption(cost=cost, **common))
                 if interruptible(problem.jobs[j]):
-                    opts.append(_segmented_option(problem, j, gi, resources, lo, hi))
+                    opts.append(_segmented_option(problem, j, gi, lo, common))
             if late_budget > 0 and max(lo, hi + 1) < T:
                 cost = np.full(T, np.inf)
                 cost[max(lo, hi + 1):] = table[row, max(lo, hi + 1):]
@@ -804,26 +936,29 @@ def lp_instance(problem, *, merge: bool = False, late_budget: int = 0) -> LpInst
                       notes=notes)
 
 
-def _segmented_option(problem, j: int, gi: int, resources: tuple[int, ...], lo: int, hi: int) -> LpOption:
-    """The relaxation of an interruptible job's segmented plans on group gi (issue 30): an
-    option that uses no capacity, at the price of the cheapest whole slots its running time
-    could fill in its on-time window (`floor(running time / slot)` of them; segment count,
-    minimum run, capacity and a pause job's idle power ignored). Every segmented plan on gi
-    runs at least that long in slots of that window and costs at least that much, as long as
-    the forecast is constant within a slot (hourly data, slots of an hour or less), so the
-    bound stays a bound. Loose, but valid; one-piece starts keep their own options."""
+def _segmented_option(problem, j: int, gi: int, lo: int, common: dict) -> LpOption:
+    """The relaxation of an interruptible job's segmented plans on group gi (issue 30): a
+    scatter option that runs `floor(running time / slot)` slots anywhere in its on-time window
+    (from its release to `segments.window_ends`), k GPUs of any of the group's resources in
+    each, at each slot's whole-slot price (under one slot of running: one slot at that share of
+    its price). Every segmented plan on gi runs at least that long,
+    so it holds k GPUs in at least that many slots of the window and, where the forecast is
+    constant within a slot (hourly data, slots of an hour or less), costs at least those
+    slots' prices; segment count, minimum run, the first segment's latest start, one pool per
+    segment and a pause job's idle power are ignored. A bound, and it now charges capacity
+    (before: an option that used none). One-piece starts keep their own options."""
     job = problem.jobs[j]
     resumed = bool(problem.job_resumed[j])
     w = work_s(problem, j, gi)
     run_s = wall_s(w, 1, job.resume_cost_s or 0.0, resumed)
     end = int(window_ends(problem, [j])[0, gi])
     per_slot = problem.slot_integrals(problem.groups[gi].zone) * float(problem.job_scale[j, gi])
-    n = int(math.floor(run_s / problem.slot_s + 1e-9))
-    window = per_slot[lo:end]
-    g = 0.0 if n <= 0 else float(np.sort(window)[:n].sum()) if window.size >= n else float(window.sum())
+    slots = run_s / problem.slot_s
+    n = int(math.floor(slots + 1e-9))
     cost = np.full(problem.n_slots, np.inf)
-    cost[lo:hi + 1] = g
-    return LpOption(cost=cost, resources=resources, gpus=0, duration=1, power_w=0.0, zone=-1)
+    # under one slot of running: one slot held, at the share of its price the run can use
+    cost[lo:end] = per_slot[lo:end] * (1.0 if n >= 1 else slots)
+    return LpOption(cost=cost, scatter=max(1, n), **common)
 
 
 def round_solution(inst: LpInstance, result: LpResult) -> tuple[float, dict[int, tuple[int, int]]]:
@@ -831,7 +966,8 @@ def round_solution(inst: LpInstance, result: LpResult) -> tuple[float, dict[int,
 
     Jobs in order of their largest LP fraction (of the last optimal master), each at its
     highest-fraction column that
-    still fits the remaining per-slot capacity, else at its cheapest start that fits.
+    still fits the remaining per-slot capacity, else at its cheapest start that fits; in one
+    piece (a segmented job's scatter option is a relaxation, not a plan).
     With per-pool resources (no merge) this is a feasible plan of the policies' problem
     (gang GPUs follow from per-slot counts), ignoring power caps, without late starts; its
     cost shows how much of a policy's gap to the bound is the policy's and how much the LP's.
@@ -851,14 +987,14 @@ def round_solution(inst: LpInstance, result: LpResult) -> tuple[float, dict[int,
         choice = None
         for x, r, s in sorted(by_job.get(j, []), reverse=True):
             for opt in options:
-                if not opt.late and r in opt.resources and math.isfinite(opt.cost[s]) and \
+                if not opt.late and not opt.scatter and r in opt.resources and math.isfinite(opt.cost[s]) and \
                         remaining[r, s:min(s + opt.duration, T)].min() >= opt.gpus:
                     choice = (float(opt.cost[s]), r, s, opt)
                     break
             if choice:
                 break
         if choice is None:
-            for opt in (o for o in options if not o.late):
+            for opt in (o for o in options if not o.late and not o.scatter):
                 for r in opt.resources:
                     for s in np.argsort(opt.cost, kind="stable").tolist():
                         if not math.isfinite(opt.cost[s]):

@@ -56,6 +56,8 @@ def mip_model(inst: LpInstance, artificial_factor: float = 10.0):
     from ortools.math_opt import model_pb2
 
     pricer = _Pricer(inst)
+    if len(pricer.sc_job):
+        raise ValueError("segmented jobs' scatter options are not in the integer model")
     T = inst.n_slots
     R = inst.capacity.shape[0]
     J = len(inst.jobs)

@@ -44,7 +44,9 @@ def size_table(s: SizeResult) -> str:
     if "rounded_plan_g" in lp:
         lines.append(f"{'LP rounded':<12} {'':>7} {'':>7} {'':>8} {'':>8} {lp['rounded_plan_g'] / 1e6:9.4f}   "
                      f"a feasible plan from the LP ({lp['rounded_plan_placed']} of {s.jobs} jobs placed)")
-    if "mip" in lp:
+    if "mip" in lp and "skipped" in lp["mip"]:
+        lines.append(f"{'MIP bound':<12} skipped: {lp['mip']['skipped']}")
+    elif "mip" in lp:
         mip = lp["mip"]
         best = "none" if mip["best_g"] is None else f"{mip['best_g'] / 1e6:.4f} t"
         lines.append(f"{'MIP bound':<12} {mip['wall_s']:7.1f} {'':>7} {'':>8} {'':>8} {mip['bound_g'] / 1e6:9.4f}   "

@@ -216,7 +216,11 @@ def bench_size(spec: InstanceSpec, runs: tuple[RunSetting, ...], *, lp_time_s: f
         rounded_g, placed = round_solution(li, res)
         lp["rounded_plan_g"] = rounded_g
         lp["rounded_plan_placed"] = len(placed)
-    if mip_time_s > 0 and spec.jobs <= MIP_MAX_JOBS:
+    segmented = any(opt.scatter for options in li.jobs for opt in options)
+    if mip_time_s > 0 and spec.jobs <= MIP_MAX_JOBS and segmented:
+        lp["mip"] = {"skipped": "interruptible jobs: their segmented plans are not in the integer model"}
+        progress(f"[{spec.label}] MIP bound skipped: interruptible jobs' segmented plans are not in the integer model")
+    elif mip_time_s > 0 and spec.jobs <= MIP_MAX_JOBS:
         # the integer model on the LP's own instance (per pool and slot when not merged):
         # its proven bound shows how much of a policy's gap to the LP bound is integrality gap
         from bench.planner.mip_bound import solve_mip_bound
