@@ -121,6 +121,7 @@ import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,7 +202,9 @@ class CpsatPolicy:
         started = clock.now()
         if self.hold > 0:
             self._promises.forget_all_but({j.id for j in snapshot.jobs})
-        others: list[Plan] = []  # greedy's plan of the long jobs, when cpsat chose another
+        # greedy's plan of the long jobs when cpsat chose another, and the search's runner-up
+        # (made only if there are short jobs to pack around it)
+        others: list[Plan | Callable[[], Plan]] = []
         price = float(self.lateness_g_per_gpu_h)
         # jobs shorter than a slot are packed in continuous time around the slot plan (and
         # around greedy's: the better whole plan wins, so cpsat is never worse than greedy)
@@ -209,11 +212,11 @@ class CpsatPolicy:
             snapshot, lambda snap: self.plan_problem(
                 compile_problem(snap, price),
                 started, others, snap is snapshot, clock),
-            self.name, also=lambda: others, final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
+            self.name, also=lambda: [p() if callable(p) else p for p in others], final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
             lateness_g_per_gpu_h=price)
 
     def plan_problem(self, problem: Problem, started: float | None = None,
-                     others: list[Plan] | None = None, compare_fifo: bool = True,
+                     others: list[Plan | Callable[[], Plan]] | None = None, compare_fifo: bool = True,
                      clock: Clock | None = None) -> Plan:
         """cpsat's plan of the problem's jobs; compared with fifo's unless `compare_fifo` is
         False (`plan` compares the whole plan instead when short jobs are packed after).
@@ -238,6 +241,7 @@ class CpsatPolicy:
         # plans, fifo's), measured on a busy host too
         deadline = started + self.max_time_s - (0.1 + pass_s)
         best = _Solution.of(picks, unplaced, costs, "edf", problem)
+        second: list[_Solution] = []  # the search's runner-up (`_restarts`)
         rounds = improved = 0
         try:
             # always, whatever is left of the budget (it costs about one greedy pass): a
@@ -250,7 +254,7 @@ class CpsatPolicy:
             if price is None and not clock.deterministic:
                 price = self._prices(problem, deadline, best.gco2)
             if len(problem.jobs) > self.neighbourhood:  # fewer: LNS solves them all at once, every order included
-                best, state = _restarts(problem, best, state, deadline, pass_s, self, price, clock)
+                best, state = _restarts(problem, best, state, deadline, pass_s, self, price, clock, second)
             current = {p.j: p for p in best.picks}
             if clock.now() + pass_s < deadline:  # its set-up costs about half a pass
                 rounds, improved = _lns(problem, state, current, deadline, self, support, clock, pass_s)
@@ -271,6 +275,14 @@ class CpsatPolicy:
                 plan = greedy_plan
             elif others is not None:
                 others.append(greedy_plan)
+                runner_up = second[0] if second else None
+                if runner_up is not None and runner_up.better_than(_Solution.of(picks, unplaced, costs, "edf", problem)):
+                    # the short jobs are packed around each plan and the best whole plan
+                    # wins: a second search plan, so one that leaves a short job late does
+                    # not send the whole plan back to greedy's
+                    others.append(lambda: picks_to_plan(problem, runner_up.picks, runner_up.unplaced, self.name,
+                                                        notes_for_picks(problem, runner_up.picks)))
+                    log.info("cpsat: the runner-up (%s) is offered too", runner_up.label)
         return keep_better_than_fifo(problem, plan, self.name) if compare_fifo else plan
 
     def _lp_support(self, problem: Problem, started: float,
@@ -445,11 +457,12 @@ def restart_keys(problem: Problem) -> list[tuple[str, np.ndarray]]:
 
 def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: float, pass_s: float,
               cfg: CpsatPolicy, price: np.ndarray | None = None,
-              clock: Clock | None = None) -> tuple[_Solution, GreedyState]:
+              clock: Clock | None = None, runner_up: list[_Solution] | None = None) -> tuple[_Solution, GreedyState]:
     """Greedy again in other orders (`restart_keys`), charged the GPU-slot `price` at each
     of `cfg.price_scales` and at none, then with random noise on the best key; returns the
     best solution and a GreedyState holding its picks. Each pass is charged `pass_s` on
-    `clock`."""
+    `clock`. `runner_up`, when given, ends holding the best solution of the search other
+    than the one returned (none if no pass beat the first plan)."""
     clock = clock or WallClock()
     if len(problem.jobs) < 2 or clock.now() + 2 * pass_s > deadline:
         return best, state
@@ -466,8 +479,12 @@ def _restarts(problem: Problem, best: _Solution, state: GreedyState, deadline: f
         clock.charge(pass_s)
         sol = _Solution.of(picks, unplaced, costs, label, problem)
         if sol.better_than(best):
+            if runner_up is not None and best.label != "edf":
+                runner_up[:] = [best]
             best, best_state, best_key, best_price = sol, s, key, charged
             return True
+        if runner_up is not None and best.label != "edf" and (not runner_up or sol.better_than(runner_up[0])):
+            runner_up[:] = [sol]
         return False
 
     keys = restart_keys(problem)

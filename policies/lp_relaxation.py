@@ -196,7 +196,7 @@ class _Pricer:
         # scatter options (segmented plans' relaxation), priced apart from the edges; their
         # columns are (self.edges + option, key of the slots and resources in `sc_columns`)
         self.sc_job = np.asarray(sc_job, dtype=np.int64)
-        self.sc_cost = np.stack(sc_cost) if sc_cost else np.zeros((0, self.T))
+        self.sc_cost = sc_cost  # per scatter option, its cost per slot (the option's own array)
         self.sc_k = np.asarray(sc_k, dtype=np.float64)
         self.sc_n = np.asarray(sc_n, dtype=np.int64)
         self.sc_pw = np.asarray(sc_pw, dtype=np.float64)
@@ -236,7 +236,7 @@ class _Pricer:
     def scatter_value(self, key: int, pi: np.ndarray, rho: np.ndarray) -> float:
         """The priced value of scatter column `key` (of `sc_columns`) at the given duals."""
         i, slots, res = self.sc_columns[key]
-        val = float(self.sc_cost[i, slots].sum()) - self.sc_k[i] * float(pi[res, slots].sum())
+        val = float(self.sc_cost[i][slots].sum()) - self.sc_k[i] * float(pi[res, slots].sum())
         if self.has_power and self.sc_zone[i] >= 0:
             val -= self.sc_pw[i] * float(rho[self.sc_zone[i], slots].sum())
         return val
@@ -271,26 +271,35 @@ class _Pricer:
         for g, rs in enumerate(self.sc_res_sets):
             a = pi[rs].argmax(axis=0)  # pi <= 0: the resource whose slot costs the least
             top_pi[g], top_res[g] = pi[rs][a, cols], rs[a]
-        v = self.sc_cost - self.sc_k[:, None] * top_pi[self.sc_group]
-        if self.has_power:
-            m = self.sc_zone >= 0
-            if m.any():
-                v[m] -= self.sc_pw[m, None] * rho[self.sc_zone[m]]
-        order = np.argsort(v, axis=1, kind="stable")
-        csum = np.cumsum(np.take_along_axis(v, order, axis=1), axis=1)
-        value = csum[np.arange(S), self.sc_n - 1]
+
+        def least(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(value, slots in order of value) of these options, a row each."""
+            v = np.stack([self.sc_cost[i] for i in rows.tolist()]) - self.sc_k[rows, None] * top_pi[self.sc_group[rows]]
+            if self.has_power:
+                m = self.sc_zone[rows] >= 0
+                if m.any():
+                    v[m] -= self.sc_pw[rows][m, None] * rho[self.sc_zone[rows][m]]
+            order = np.argsort(v, axis=1, kind="stable")
+            csum = np.cumsum(np.take_along_axis(v, order, axis=1), axis=1)
+            return csum[np.arange(len(rows)), self.sc_n[rows] - 1], order
+
+        # in chunks (a row per option and slot at once is large), then again for the best only
+        value = np.concatenate([least(np.arange(lo, min(lo + self.chunk, S)))[0] for lo in range(0, S, self.chunk)])
         best_sc: dict[int, int] = {}
         for i in np.argsort(value, kind="stable").tolist():
             best_sc.setdefault(int(self.sc_job[i]), i)
-        for j, i in best_sc.items():
-            if not math.isfinite(value[i]):
-                continue
-            slots = order[i, :self.sc_n[i]]
-            key = self._register(i, slots, top_res[self.sc_group[i], slots])
-            cands.append((self.edges + i, key, j, float(value[i])))
-            if value[i] < best[j]:
-                best[j] = value[i]
-                self.last_best_edge[j], self.last_best_start[j] = self.edges + i, key
+        picked = np.array([i for i in best_sc.values() if math.isfinite(value[i])], dtype=np.int64)
+        for lo in range(0, len(picked), self.chunk):
+            rows = picked[lo:lo + self.chunk]
+            _, order = least(rows)
+            for r, i in enumerate(rows.tolist()):
+                j = int(self.sc_job[i])
+                slots = order[r, :self.sc_n[i]].copy()
+                key = self._register(i, slots, top_res[self.sc_group[i], slots])
+                cands.append((self.edges + i, key, j, float(value[i])))
+                if value[i] < best[j]:
+                    best[j] = value[i]
+                    self.last_best_edge[j], self.last_best_start[j] = self.edges + i, key
 
     def price(self, pi: np.ndarray, rho: np.ndarray, sigma: float, per_job: int) -> tuple[np.ndarray, list[tuple[int, int, int, float]]]:
         """(best value per job, candidate columns (edge, start, job, value)).
@@ -645,7 +654,7 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
                 if row is None:
                     row = rows[(r, b)] = master.row(-inf, float(limit[r, b]))
                 entries.append((row, coef))
-            col_vars.append(master.column(float(pricer.sc_cost[i, slots].sum()), entries))
+            col_vars.append(master.column(float(pricer.sc_cost[i][slots].sum()), entries))
             col_keys.append((e, s))
             columns += 1
             return

@@ -108,3 +108,49 @@ def test_short_jobs_leave_room_for_the_rests_of_checkpoint_jobs():
     alone = Plan(assignments=base.assignments[:1])
     (s,) = pack(snap, alone, [short], book_of(snap), "greedy")[0]
     assert at(120) <= s.start_at < at(180)
+
+
+def test_cpsat_offers_its_runner_up_when_its_best_long_plan_leaves_a_short_job_late(monkeypatch):
+    """The short jobs are packed around cpsat's long plan, greedy's and the search's runner-up,
+    and the best whole plan wins: a long plan cheaper by itself that leaves a short job late
+    falls back to the runner-up, not all the way to greedy's plan. The search is faked at its
+    seam (`_restarts`) so the three long plans are fixed: the long job at 00:00 (the cheapest,
+    blocking the short job's half hour), at 01:00 (greedy's, dear) or at 02:00 (the runner-up)."""
+    import policies.cpsat as cpsat
+
+    curve = CarbonCurve("DE", NOW, 3600.0, (100.0, 500.0, 120.0) + (1000.0,) * 69)
+    jobs = (job(1, runtime_s=3600.0, deadline=NOW + timedelta(hours=4)),
+            job(2, runtime_s=300.0, deadline=NOW + timedelta(minutes=30)))
+    snap = Snapshot(now=NOW, jobs=jobs, gpus=gpus(1), carbon={"DE": curve})
+    real_edf_pass = cpsat.edf_pass
+
+    def at(problem, slot: int):
+        pick = cpsat.Pick(0, 0, slot)
+        return [pick], {0: cpsat._pick_cost(problem, pick) / 100}
+
+    def greedy_at_one_hour(problem, order, notes, costs):
+        picks, unplaced, state, passes = real_edf_pass(problem, order, notes, costs)
+        first, cost = at(problem, 4)
+        costs.clear()
+        costs.update(cost)
+        notes.clear()
+        notes.update(cpsat.notes_for_picks(problem, first))
+        return first, unplaced, state, passes
+
+    def solution(problem, slot: int, label: str):
+        picks, cost = at(problem, slot)
+        return cpsat._Solution.of(picks, {}, cost, label, problem)
+
+    def search(problem, best, state, deadline, pass_s, cfg, price=None, clock=None, runner_up=None):
+        if runner_up is not None:
+            runner_up[:] = [solution(problem, 8, "runner-up")]
+        return solution(problem, 0, "best"), state
+
+    monkeypatch.setattr(cpsat, "edf_pass", greedy_at_one_hour)
+    monkeypatch.setattr(cpsat, "_earliest_finish", lambda problem, best, state: (best, state))
+    monkeypatch.setattr(cpsat, "_restarts", search)
+    plan = get_policy("cpsat", max_time_s=5, neighbourhood=0).plan(snap)
+    assert violations(snap, plan) == []
+    by_job = plan.by_job()
+    assert (by_job[1].start_at - NOW).total_seconds() == 2 * 3600  # the runner-up's long plan
+    assert by_job[2].start_at < NOW + timedelta(minutes=25)  # the short job on time
