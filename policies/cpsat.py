@@ -204,7 +204,7 @@ class CpsatPolicy:
             self._promises.forget_all_but({j.id for j in snapshot.jobs})
         # greedy's plan of the long jobs when cpsat chose another, and the search's runner-up
         # (made only if there are short jobs to pack around it)
-        others: list[Plan | Callable[[], Plan]] = []
+        others: list[Plan | Callable[[], Plan | None]] = []
         price = float(self.lateness_g_per_gpu_h)
         # jobs shorter than a slot are packed in continuous time around the slot plan (and
         # around greedy's: the better whole plan wins, so cpsat is never worse than greedy)
@@ -212,11 +212,12 @@ class CpsatPolicy:
             snapshot, lambda snap: self.plan_problem(
                 compile_problem(snap, price),
                 started, others, snap is snapshot, clock),
-            self.name, also=lambda: [p() if callable(p) else p for p in others], final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
+            self.name, also=lambda: [p for p in (q() if callable(q) else q for q in others) if p is not None],
+            final=lambda p: whole_plan_vs_fifo(snapshot, p, self.name, price),
             lateness_g_per_gpu_h=price)
 
     def plan_problem(self, problem: Problem, started: float | None = None,
-                     others: list[Plan | Callable[[], Plan]] | None = None, compare_fifo: bool = True,
+                     others: list[Plan | Callable[[], Plan | None]] | None = None, compare_fifo: bool = True,
                      clock: Clock | None = None) -> Plan:
         """cpsat's plan of the problem's jobs; compared with fifo's unless `compare_fifo` is
         False (`plan` compares the whole plan instead when short jobs are packed after).
@@ -266,9 +267,11 @@ class CpsatPolicy:
         first = {p.j: p for p in picks}
         new_picks = [current[j] for j in sorted(current)]
         unchanged = {j for j, p in current.items() if first.get(j) == p}
+        t_build = time.monotonic()
         fresh = notes_for_picks(problem, [p for p in new_picks if p.j not in unchanged])
         plan = picks_to_plan(problem, new_picks, best.unplaced, self.name,
                              {**{j: notes[j] for j in unchanged}, **fresh})
+        t_build = time.monotonic() - t_build
         if len(unchanged) != len(picks) or len(new_picks) != len(picks):
             greedy_plan = picks_to_plan(problem, picks, unplaced, self.name, notes)
             if estimate_score(problem, greedy_plan).better_than(estimate_score(problem, plan)):
@@ -279,10 +282,20 @@ class CpsatPolicy:
                 if runner_up is not None and runner_up.better_than(_Solution.of(picks, unplaced, costs, "edf", problem)):
                     # the short jobs are packed around each plan and the best whole plan
                     # wins: a second search plan, so one that leaves a short job late does
-                    # not send the whole plan back to greedy's
-                    others.append(lambda: picks_to_plan(problem, runner_up.picks, runner_up.unplaced, self.name,
-                                                        notes_for_picks(problem, runner_up.picks)))
-                    log.info("cpsat: the runner-up (%s) is offered too", runner_up.label)
+                    # not send the whole plan back to greedy's. Made when the short jobs
+                    # are packed, if the budget still has room for it (making and packing
+                    # it costs about twice making cpsat's plan)
+                    budget_end = started + self.max_time_s
+
+                    def runner_up_plan() -> Plan | None:
+                        if not clock.deterministic and clock.now() + 2 * t_build > budget_end:
+                            log.info("cpsat: no time left to offer the runner-up (%s)", runner_up.label)
+                            return None
+                        log.info("cpsat: the runner-up (%s) is offered too", runner_up.label)
+                        return picks_to_plan(problem, runner_up.picks, runner_up.unplaced, self.name,
+                                             notes_for_picks(problem, runner_up.picks))
+
+                    others.append(runner_up_plan)
         return keep_better_than_fifo(problem, plan, self.name) if compare_fifo else plan
 
     def _lp_support(self, problem: Problem, started: float,
