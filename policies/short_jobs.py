@@ -51,6 +51,11 @@ from policies.placement import Score, deferred_misses, late_gpu_h
 # A later start is worth it only if it saves more than this share of the grams of every
 # earlier feasible start.
 DELAY_WORTH = 0.005
+# A job shorter than a slot that must start within this long (its deadline less its run, or
+# its maximum delay) is planned with the long jobs, in slots: packed after the long plan, it
+# finds its few possible GPUs taken (bench/planner 5000x1024: two 15-minute jobs with 25
+# minutes to spare, on the MI325X/MI355X they alone fit, ran late behind cpsat's plan).
+TIGHT_START_S = 3600.0
 
 
 def book_of(snapshot: Snapshot) -> ProfileBook:
@@ -63,8 +68,9 @@ def _fit_models(job: QueuedJob, kinds: list[tuple[str, float]], book: ProfileBoo
 
 def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook,
              kinds: list[tuple[str, float]] | None = None) -> bool:
-    """Whether the job runs for less than one slot on every GPU model that could take it.
-    `kinds`: the fleet's distinct usable (model, memory) pairs (computed when None)."""
+    """Whether the job runs for less than one slot on every GPU model that could take it and
+    need not start within `TIGHT_START_S`. `kinds`: the fleet's distinct usable (model,
+    memory) pairs (computed when None)."""
     if job.id in snapshot.pinned or job.id in snapshot.keep:  # planned already: the slot planner holds it
         return False
     if kinds is None:
@@ -72,8 +78,13 @@ def is_short(job: QueuedJob, snapshot: Snapshot, book: ProfileBook,
     models = set(_fit_models(job, kinds, book))
     if not models:
         return False
-    return all(job_shape(job, m, book, snapshot.default_runtime_s).runtime_s < snapshot.slot_s
-               for m in models)
+    runtimes = [job_shape(job, m, book, snapshot.default_runtime_s).runtime_s for m in models]
+    if max(runtimes) >= snapshot.slot_s:
+        return False
+    latest = [job.deadline - timedelta(seconds=max(runtimes))] if job.deadline is not None else []
+    if job.max_delay_s is not None:
+        latest.append(job.submitted_at + timedelta(seconds=job.max_delay_s))
+    return not latest or (min(latest) - snapshot.now).total_seconds() >= TIGHT_START_S
 
 
 def plan_with_short_jobs(snapshot: Snapshot, plan_long: Callable[[Snapshot], Plan], policy: str,

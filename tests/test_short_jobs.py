@@ -114,13 +114,14 @@ def test_cpsat_offers_its_runner_up_when_its_best_long_plan_leaves_a_short_job_l
     """The short jobs are packed around cpsat's long plan, greedy's and the search's runner-up,
     and the best whole plan wins: a long plan cheaper by itself that leaves a short job late
     falls back to the runner-up, not all the way to greedy's plan. The search is faked at its
-    seam (`_restarts`) so the three long plans are fixed: the long job at 00:00 (the cheapest,
-    blocking the short job's half hour), at 01:00 (greedy's, dear) or at 02:00 (the runner-up)."""
+    seam (`_restarts`) so the three long plans are fixed: the 2-hour job at 00:00 (the cheapest,
+    past the short job's deadline at 01:30), at 01:00 (greedy's, dear) or at 04:00 (the
+    runner-up)."""
     import policies.cpsat as cpsat
 
-    curve = CarbonCurve("DE", NOW, 3600.0, (100.0, 500.0, 120.0) + (1000.0,) * 69)
-    jobs = (job(1, runtime_s=3600.0, deadline=NOW + timedelta(hours=4)),
-            job(2, runtime_s=300.0, deadline=NOW + timedelta(minutes=30)))
+    curve = CarbonCurve("DE", NOW, 3600.0, (40.0, 40.0, 2000.0, 2000.0, 60.0, 60.0) + (3000.0,) * 66)
+    jobs = (job(1, runtime_s=2 * 3600.0, deadline=NOW + timedelta(hours=8)),
+            job(2, runtime_s=300.0, deadline=NOW + timedelta(minutes=90)))
     snap = Snapshot(now=NOW, jobs=jobs, gpus=gpus(1), carbon={"DE": curve})
     real_edf_pass = cpsat.edf_pass
 
@@ -143,7 +144,7 @@ def test_cpsat_offers_its_runner_up_when_its_best_long_plan_leaves_a_short_job_l
 
     def search(problem, best, state, deadline, pass_s, cfg, price=None, clock=None, runner_up=None):
         if runner_up is not None:
-            runner_up[:] = [solution(problem, 8, "runner-up")]
+            runner_up[:] = [solution(problem, 16, "runner-up")]
         return solution(problem, 0, "best"), state
 
     monkeypatch.setattr(cpsat, "edf_pass", greedy_at_one_hour)
@@ -152,5 +153,22 @@ def test_cpsat_offers_its_runner_up_when_its_best_long_plan_leaves_a_short_job_l
     plan = get_policy("cpsat", max_time_s=5, neighbourhood=0).plan(snap)
     assert violations(snap, plan) == []
     by_job = plan.by_job()
-    assert (by_job[1].start_at - NOW).total_seconds() == 2 * 3600  # the runner-up's long plan
-    assert by_job[2].start_at < NOW + timedelta(minutes=25)  # the short job on time
+    assert (by_job[1].start_at - NOW).total_seconds() == 4 * 3600  # the runner-up's long plan
+    assert by_job[2].start_at < NOW + timedelta(minutes=85)  # the short job on time
+
+
+@pytest.mark.parametrize("policy", ["greedy", "cpsat"])
+def test_a_short_job_that_must_start_within_the_hour_is_planned_with_the_long_jobs(policy):
+    """Packed after the long plan, a short job with little time to spare finds its GPUs taken
+    by the long job's clean hour, and the whole plan falls back to the carbon-blind edf's (the
+    long job right after it, into the dirty hour). Planned in slots with the long jobs, it
+    runs first and the long job waits for the next clean hour."""
+    curve = CarbonCurve("DE", NOW, 3600.0, (100.0, 1000.0, 150.0) + (1000.0,) * 69)
+    jobs = (job(1, runtime_s=3600.0, deadline=NOW + timedelta(hours=12)),
+            job(2, runtime_s=300.0, deadline=NOW + timedelta(minutes=30)))
+    snap = Snapshot(now=NOW, jobs=jobs, gpus=gpus(1), carbon={"DE": curve})
+    plan = get_policy(policy, **({"max_time_s": 2} if policy == "cpsat" else {})).plan(snap)
+    assert violations(snap, plan) == []
+    by_job = plan.by_job()
+    assert by_job[2].start_at + timedelta(seconds=300) <= NOW + timedelta(minutes=30)
+    assert by_job[1].start_at == NOW + timedelta(hours=2)  # not at 00:05, into the dirty hour
