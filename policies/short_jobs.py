@@ -4,8 +4,9 @@ The slot-indexed model (`problem.py`) gives every job at least one whole slot (1
 each of its GPUs. That is the right grain for carbon: intensity changes hourly. But a queue
 of short jobs (tests, evaluations, small batches) would be spread one job per GPU per slot:
 fifty 2-second jobs on four GPUs would take three hours. So greedy and cpsat plan only the
-jobs that run for at least a slot on every GPU model that can take them; this module then
-places the short ones, in deadline order, after the long jobs' plan:
+jobs that run for at least a slot on every GPU model that can take them, or that must start
+within the hour (`TIGHT_START_S`: after the long plan they may find no GPU in time); this
+module then places the short ones, in deadline order, after the long jobs' plan:
 
 - a short job's candidate starts are its release time, every slot boundary in the horizon,
   and every moment one of its GPUs comes free; at each, k GPUs of one model on one node
