@@ -251,7 +251,7 @@ class CpsatPolicy:
         # the runner-up's plan for the short-job packing (below)
         runner_up_s = 0.0 if clock.deterministic else 2 * PLAN_BUILD_S_PER_JOB * len(problem.jobs)
         deadline = started + self.max_time_s - (0.1 + pass_s) - runner_up_s
-        best = _Solution.of(picks, unplaced, costs, "edf", problem)
+        best = edf_solution = _Solution.of(picks, unplaced, costs, "edf", problem)
         second: list[_Solution] = []  # the search's runner-up (`_restarts`)
         rounds = improved = 0
         try:
@@ -271,7 +271,7 @@ class CpsatPolicy:
                 rounds, improved = _lns(problem, state, current, deadline, self, support, clock, pass_s)
         except (RuntimeError, ValueError) as e:  # a solver failure: keep greedy's answer
             log.warning("cpsat: search failed (%s); falling back to greedy", e)
-            best, current = _Solution.of(picks, unplaced, costs, "edf", problem), {p.j: p for p in picks}
+            best, current = edf_solution, {p.j: p for p in picks}
         log.info("cpsat: best start %s, %d LNS rounds (%d improved), %.2f s%s", best.label, rounds, improved,
                  clock.now() - started, " of work" if clock.deterministic else "")
         first = {p.j: p for p in picks}
@@ -289,7 +289,7 @@ class CpsatPolicy:
             elif others is not None:
                 others.append(greedy_plan)
                 runner_up = second[0] if second else None
-                if runner_up is not None and runner_up.better_than(_Solution.of(picks, unplaced, costs, "edf", problem)):
+                if runner_up is not None and runner_up.better_than(edf_solution):
                     # the short jobs are packed around each plan and the best whole plan
                     # wins: a second search plan, so one that leaves a short job late does
                     # not send the whole plan back to greedy's. Made when the short jobs

@@ -160,16 +160,41 @@ def brute_force(inst: LpInstance) -> float:
 
 
 def full_lp(inst: LpInstance) -> float:
-    """The same LP with every column written out, solved in one go with GLOP."""
+    """The same LP with every column written out, solved in one go with GLOP. A scatter option
+    (a segmented job's relaxation) is written compactly: its weight z, per slot y <= z summed
+    over its resources, and the sum of y = n z (the convex hull of its n-slot choices)."""
     from ortools.linear_solver import pywraplp
 
     solver = pywraplp.Solver.CreateSolver("GLOP")
     T = inst.n_slots
-    rows = {}
+    rows: dict = {}
     obj = solver.Objective()
+
+    def cap(r: int, t: int):
+        if (r, t) not in rows:
+            rows[(r, t)] = solver.Constraint(-solver.infinity(), float(inst.capacity[r, t]))
+        return rows[(r, t)]
+
     for opts in inst.jobs:
         conv = solver.Constraint(1, 1)
         for o in opts:
+            if o.scatter:
+                z = solver.NumVar(0, 1, "")
+                conv.SetCoefficient(z, 1)
+                total = solver.Constraint(0, 0)
+                total.SetCoefficient(z, -float(o.scatter))
+                for t in range(T):
+                    if not np.isfinite(o.cost[t]):
+                        continue
+                    per_slot = solver.Constraint(-solver.infinity(), 0)
+                    per_slot.SetCoefficient(z, -1)
+                    for r in o.resources:
+                        y = solver.NumVar(0, 1, "")
+                        per_slot.SetCoefficient(y, 1)
+                        total.SetCoefficient(y, 1)
+                        obj.SetCoefficient(y, float(o.cost[t]))
+                        cap(r, t).SetCoefficient(y, o.gpus)
+                continue
             for r in o.resources:
                 for s in range(T):
                     if not np.isfinite(o.cost[s]):
@@ -178,9 +203,7 @@ def full_lp(inst: LpInstance) -> float:
                     conv.SetCoefficient(v, 1)
                     obj.SetCoefficient(v, float(o.cost[s]))
                     for t in range(s, min(s + o.duration, T)):
-                        if (r, t) not in rows:
-                            rows[(r, t)] = solver.Constraint(-solver.infinity(), float(inst.capacity[r, t]))
-                        rows[(r, t)].SetCoefficient(v, o.gpus)
+                        cap(r, t).SetCoefficient(v, o.gpus)
     obj.SetMinimization()
     assert solver.Solve() == pywraplp.Solver.OPTIMAL
     return obj.Value()
@@ -321,55 +344,6 @@ def test_lp_of_a_compiled_snapshot_bounds_the_enumerated_optimum_and_every_polic
         assert check.gco2 >= res.bound_g - 1e-6
 
 
-def compact_lp_with_scatter(inst: LpInstance) -> float:
-    """The LP with scatter options written compactly: option weight z, per (slot, resource)
-    y <= z summed over resources, sum of y = n z (the convex hull of n-slot choices)."""
-    from ortools.linear_solver import pywraplp
-
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    T = inst.n_slots
-    rows: dict = {}
-    obj = solver.Objective()
-
-    def cap(r: int, t: int):
-        if (r, t) not in rows:
-            rows[(r, t)] = solver.Constraint(-solver.infinity(), float(inst.capacity[r, t]))
-        return rows[(r, t)]
-
-    for opts in inst.jobs:
-        conv = solver.Constraint(1, 1)
-        for o in opts:
-            if o.scatter:
-                z = solver.NumVar(0, 1, "")
-                conv.SetCoefficient(z, 1)
-                total = solver.Constraint(0, 0)
-                total.SetCoefficient(z, -float(o.scatter))
-                for t in range(T):
-                    if not np.isfinite(o.cost[t]):
-                        continue
-                    per_slot = solver.Constraint(-solver.infinity(), 0)
-                    per_slot.SetCoefficient(z, -1)
-                    for r in o.resources:
-                        y = solver.NumVar(0, 1, "")
-                        per_slot.SetCoefficient(y, 1)
-                        total.SetCoefficient(y, 1)
-                        obj.SetCoefficient(y, float(o.cost[t]))
-                        cap(r, t).SetCoefficient(y, o.gpus)
-                continue
-            for r in o.resources:
-                for s in range(T):
-                    if not np.isfinite(o.cost[s]):
-                        continue
-                    v = solver.NumVar(0, 1, "")
-                    conv.SetCoefficient(v, 1)
-                    obj.SetCoefficient(v, float(o.cost[s]))
-                    for t in range(s, min(s + o.duration, T)):
-                        cap(r, t).SetCoefficient(v, o.gpus)
-    obj.SetMinimization()
-    assert solver.Solve() == pywraplp.Solver.OPTIMAL
-    return obj.Value()
-
-
 def test_segmented_jobs_scatter_columns_solve_the_lp_that_charges_their_slots():
     """A segmented job's relaxation (issue 30) takes n slots anywhere in its window, k GPUs of
     any of its resources in each: column generation over those columns reaches the compact LP."""
@@ -382,7 +356,7 @@ def test_segmented_jobs_scatter_columns_solve_the_lp_that_charges_their_slots():
             opts.append(LpOption((0, 1), opts[0].gpus, 1, cost, scatter=int(rng.integers(1, 4))))
         res = solve_lp_bound(inst, per_job=1)
         assert res.converged
-        assert res.bound_g == pytest.approx(compact_lp_with_scatter(inst), rel=1e-5)
+        assert res.bound_g == pytest.approx(full_lp(inst), rel=1e-5)
         rounded, placed = round_solution(inst, res)  # a plan in one piece: never below the bound
         assert rounded >= res.bound_g - 1e-6
 
