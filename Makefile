@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test test-pg bench bench-planner clean
+.PHONY: venv demo test test-pg bench bench-planner flake-hunt clean
 
 $(BIN)/carbonsched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,14 @@ TEST_WORKERS ?= 4
 
 test: venv
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# The whole suite RUNS times with BUSY CPU busy loops beside it; lists every test that failed
+# at least once (scripts/flake_hunt.py).
+RUNS ?= 3
+BUSY ?= 2
+
+flake-hunt: venv
+	$(BIN)/python scripts/flake_hunt.py --runs $(RUNS) --busy $(BUSY) --workers $(TEST_WORKERS)
 
 bench: venv
 	$(BIN)/python bench/api_bench.py

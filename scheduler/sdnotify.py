@@ -20,18 +20,28 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 
-def notify(message: str) -> bool:
-    """Send one notify message; False when not under systemd or the send failed."""
+NOTIFY_SEND_TIMEOUT_S = 2.0
+
+
+def notify(message: str, *, timeout_s: float = NOTIFY_SEND_TIMEOUT_S) -> bool:
+    """Send one notify message; False when not under systemd or the send failed.
+
+    The send waits at most `timeout_s`: a datagram socket whose reader has fallen behind
+    (its queue holds `net.unix.max_dgram_qlen` messages, 10 by default) blocks a plain send
+    for as long as the reader sleeps, and the daemon's main loop, which pings from here and
+    says STOPPING from here, must never hang on that.
+    """
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
         return False
     if addr.startswith("@"):
         addr = "\0" + addr[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout_s)
         try:
             s.connect(addr)
             s.sendall(message.encode())
-        except OSError as e:
+        except OSError as e:  # socket.timeout is an OSError
             log.warning("sd_notify to %s failed: %s", os.environ.get("NOTIFY_SOCKET"), e)
             return False
     return True

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import suite_hygiene
+
 PG_ADMIN_URL = os.environ.get("CARBONSCHED_TEST_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REQUIRE_PG = os.environ.get("CARBONSCHED_REQUIRE_PG") == "1"
@@ -133,7 +135,7 @@ def slurm_cluster(tmp_path_factory):
             pytest.fail(f"CARBONSCHED_REQUIRE_SLURM=1 but {problem}")
         pytest.skip(problem)
     # Readable by all: users' sbatch reads slurm.conf, slurmd writes their output as them.
-    root = Path(tempfile.mkdtemp(prefix="cs-slurm-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="cs-slurm-"))
     root.chmod(0o755)
     cluster = SlurmCluster(root, [SlurmNode("sn-de", "DE", [("h100", 2), ("mi300x", 2)]),
                                   SlurmNode("sn-fr", "FR", [("h100", 2)])],
@@ -144,3 +146,38 @@ def slurm_cluster(tmp_path_factory):
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# -- nothing left behind (tests/suite_hygiene.py) --------------------------------------------
+
+_RUN: suite_hygiene.Run | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """On the controller (not in a pytest-xdist worker, which inherits it): the run's own
+    temporary directory and tag, before pytest picks its temporary directory."""
+    global _RUN
+    if hasattr(config, "workerinput") or suite_hygiene.run_dir() is not None:
+        return
+    _RUN = suite_hygiene.start_run()
+    if not config.option.basetemp:  # short: Unix socket paths under tmp_path stay under 108 bytes
+        config.option.basetemp = str(_RUN.directory / "t")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """After the last test (and pytest-xdist's workers): clean up what the run left, and fail
+    the run when that was anything."""
+    global _RUN
+    if _RUN is None:
+        return
+    run, _RUN = _RUN, None
+    problems = suite_hygiene.end_run(run)
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "the suite left things behind (cleaned up now)", red=True)
+            for line in problems:
+                reporter.write_line(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -25,8 +25,9 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"}
 
 
 def world_dir(prefix: str) -> Path:
-    """A temporary directory everyone can traverse and write into (like /tmp itself)."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    """A temporary directory everyone can traverse and write into (like /tmp itself), inside
+    the test run's own directory (TMPDIR, tests/suite_hygiene.py)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
     d.chmod(0o1777)
     return d
 
@@ -40,7 +41,7 @@ def readable_code_copy() -> Path:
     cannot be read by them, so `PYTHONPATH=<clone>` would give "No module named scheduler"."""
     global _CODE_COPY
     if _CODE_COPY is None or not _CODE_COPY.exists():
-        dst = Path(tempfile.mkdtemp(prefix="carbonsched-code-", dir="/tmp"))
+        dst = Path(tempfile.mkdtemp(prefix="carbonsched-code-"))
         for pkg in ("scheduler", "policies", "telemetry"):
             shutil.copytree(REPO / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for path in [dst, *dst.rglob("*")]:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,7 +197,7 @@ def ensure_munged() -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.chown(run_dir, "munge", "munge")
     run_dir.chmod(0o755)
-    with open("/tmp/carbonsched-tests-munged.lock", "a") as lock:
+    with open(Path(tempfile.gettempdir()) / "carbonsched-tests-munged.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if munge_works():
             return
@@ -210,7 +211,38 @@ def ensure_munged() -> None:
                                  capture_output=True, text=True, timeout=30)
         for _ in range(100):
             if munge_works():
+                _mark_munged_started()
                 return
             time.sleep(0.1)
     raise RuntimeError(f"munged did not start ({started.stderr.strip() or started.returncode}): "
                        "munge -n | unmunge fails")
+
+
+MUNGED_PID_FILE = Path("/run/munge/munged.pid")
+
+
+def _mark_munged_started() -> None:
+    """Tell the test run (tests/suite_hygiene.py) that it started munged, so that it stops it."""
+    run_dir = os.environ.get("CARBONSCHED_TEST_RUN_DIR")
+    if run_dir:
+        (Path(run_dir) / "munged-started-by-the-suite").touch()
+
+
+def stop_munged(timeout_s: float = 30.0) -> None:
+    """Stop the munged that `ensure_munged` started (its pid file names it)."""
+    try:
+        pid = int(MUNGED_PID_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)

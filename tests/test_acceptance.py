@@ -8,11 +8,11 @@ import os
 import pwd
 import subprocess
 import time
-import uuid
 
 import pytest
 
 from daemon_harness import DB_KINDS, DaemonProcess, database_for, world_dir
+from suite_hygiene import make_user, remove_user
 
 pytestmark = pytest.mark.slow
 
@@ -180,15 +180,9 @@ def test_bad_requests_get_clear_errors_and_change_nothing(daemon):
     assert daemon.client().jobs(include_done=True) == before
 
 
-def _throwaway_user() -> str:
-    name = f"cs{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-    return name
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating users and running jobs as them needs root")
 def test_jobs_run_as_their_owner_and_other_users_cannot_touch_them(daemon):
-    alice, bob = _throwaway_user(), _throwaway_user()
+    alice, bob = make_user(), make_user()
     try:
         job = submit(daemon, "--", "sh", "-c", "id -u; id -g; sleep 3", user=alice)
         jobs = daemon.wait_states([job], states={"RUNNING", "COMPLETED"}, timeout_s=30)
@@ -216,7 +210,7 @@ def test_jobs_run_as_their_owner_and_other_users_cannot_touch_them(daemon):
         assert oct(log_file.stat().st_mode & 0o777) == "0o600"
     finally:
         for u in (alice, bob):
-            subprocess.run(["userdel", u], check=False)
+            remove_user(u)
 
 
 def test_a_drained_node_takes_no_new_jobs_until_resumed(daemon):

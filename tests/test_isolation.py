@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from daemon_harness import DaemonProcess, database_for, readable_code_copy, world_dir
+from suite_hygiene import make_user, remove_user
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,18 +28,12 @@ pytestmark = [
 ]
 
 
-def throwaway_user() -> str:
-    name = f"cs{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-    return name
-
-
 @pytest.fixture
 def users():
-    made = [throwaway_user(), throwaway_user()]
+    made = [make_user(), make_user()]
     yield made
     for u in made:
-        subprocess.run(["userdel", u], check=False)
+        remove_user(u)
 
 
 @pytest.fixture

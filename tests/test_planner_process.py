@@ -58,7 +58,7 @@ def test_a_plan_preview_runs_in_a_worker_process_with_the_daemons_policy_and_sit
     the planner child (policy, carbon from the store, PUE), answers, and writes nothing."""
     from datetime import datetime, timedelta, timezone
 
-    from sqlalchemy import insert, select
+    from sqlalchemy import insert, select, update
 
     from scheduler.carbon import CarbonSignals
     from scheduler.daemon.planner import SiteConfig
@@ -86,10 +86,16 @@ def test_a_plan_preview_runs_in_a_worker_process_with_the_daemons_policy_and_sit
         preview = PreviewProcess(PlannerSpec(db_url=url, policy="greedy",
                                              site=SiteConfig(site_pue=pue)))
         try:
+            preview.rows()  # the worker starts (spawn, imports: a minute and more on a loaded host)
+            # The node is alive while it beats: a heartbeat older than the node timeout (60 s)
+            # would take its GPU out of the plan, and the worker's start must not age it.
+            with store.write() as conn:
+                conn.execute(update(nodes).where(nodes.c.name == "gb1")
+                             .values(last_heartbeat=datetime.now(timezone.utc)))
             (row,) = preview.rows()
         finally:
             preview.stop()
-        assert (row["job"], row["node"], row["zone"], row["gpus"]) == (job, "gb1", "GB", [0])
+        assert (row["job"], row["node"], row["zone"], row["gpus"]) == (job, "gb1", "GB", [0]), row
         grams[pue] = row["gco2"]
     assert grams[1.0] > 0
     assert grams[2.0] == pytest.approx(2 * grams[1.0])

@@ -27,6 +27,7 @@ from scheduler.slurm.inventory import parse_gres, read_nodes, zone_of
 from scheduler.slurm.jobs import adoption_request, gres_indices, list_jobs, parse_job, requested_gpus
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_events, jobs, nodes
+from suite_hygiene import make_user, remove_user
 
 ROOT = Caller(uid=0, gid=0)
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"}
@@ -107,7 +108,7 @@ _first_id = int(time.time()) % 1000 * 1000
 @pytest.fixture
 def world(slurm_cluster):
     """A SQLite store, a job service, a fifo planner and one SlurmAgent per Slurm node."""
-    root = Path(tempfile.mkdtemp(prefix="cs-world-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="cs-world-"))
     root.chmod(0o755)  # slurmd writes a user's output as that user
     store = Store(f"sqlite:///{root / 'carbonsched.db'}")
     store.upgrade()
@@ -409,22 +410,14 @@ def test_a_single_host_daemon_runs_its_jobs_through_slurm_with_its_in_process_ag
 
 # -- no user acts as another through Slurm (issue 25) -----------------------------------
 
-def _throwaway_slurm_user() -> str:
-    import uuid
-
-    name = f"cs{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-    return name
-
-
 @pytest.fixture
 def alice_and_bob():
     import pwd
 
-    made = [_throwaway_slurm_user(), _throwaway_slurm_user()]
+    made = [make_user(), make_user()]
     yield [pwd.getpwnam(u) for u in made]
-    for u in made:
-        subprocess.run(["userdel", u], check=False)
+    for u in made:  # their Slurm jobs may still run: remove_user kills them first
+        remove_user(u)
 
 
 def test_a_slurm_job_of_another_user_with_a_jobs_comment_is_never_taken_for_it(world, slurm_cluster, alice_and_bob):
