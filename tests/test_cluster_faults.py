@@ -2,7 +2,7 @@
 
 One head-node daemon and three node agents, each its own process with its own emulated fleet
 (different GPU models and zones), share only the PostgreSQL store: a server of the test's own,
-so that restarting it disturbs nobody else on the machine. 300 jobs flow through
+so that restarting it disturbs nobody else on the machine. 120 jobs flow through
 while one agent is killed with -9 in the middle of running jobs (and restarted, as systemd
 would), PostgreSQL itself is restarted once, and the daemon is killed with -9 twice.
 
@@ -31,7 +31,7 @@ from daemon_harness import REPO, DaemonProcess, world_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-JOBS = 300
+JOBS = 120
 AGENTS = [("node-de", "DE", "8xMI300X"), ("node-gb", "GB", "4xH100"), ("node-us", "US-CAL-CISO", "4xA100")]
 
 
