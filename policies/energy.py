@@ -95,13 +95,25 @@ class JobShape:
     point_note: str = ""  # e.g. "H200 at batch 64 BF16 TP1: TPOT p95 38 ms <= 40 ms (binding), ..."
 
 
+_PRIMED_SEEDS: list[tuple[Profile, ...]] = []
+
+
+def prime_seed_profiles(profiles: tuple[Profile, ...]) -> None:
+    """Use the seed profiles an earlier process derived from the same code and data
+    (`scheduler.policy_tables`); takes effect only before the first `seed_profiles()` call."""
+    _PRIMED_SEEDS[:] = [tuple(profiles)]
+
+
 @cache
 def seed_profiles() -> tuple[Profile, ...]:
     """The seed profiles, one per (preset workload, catalog model) that fits on at most 8
     GPUs: the performance model's point under the preset's default SLOs on the fewest GPUs
-    that hold the model, per GPU. Derived at first use, not stored: one source of truth.
+    that hold the model, per GPU. Derived at first use: one source of truth.
     Learned profiles are these scaled by this cluster's runs (`policies.learning`); a
-    profile differing from its seed is read as that correction (`job_shape`)."""
+    profile differing from its seed is read as that correction (`job_shape`). Derived once
+    per code and data: `scheduler.policy_tables` keeps them for later processes."""
+    if _PRIMED_SEEDS:
+        return _PRIMED_SEEDS[0]
     from policies.perf_model import presets
 
     out: list[Profile] = []

@@ -148,6 +148,26 @@ def slurm_cluster(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
+# -- the longest first -----------------------------------------------------------------------
+
+# The modules whose tests take longest (minutes of waiting on daemons, windows and kills), in
+# that order; then every other test marked slow; then the rest. pytest-xdist hands tests to
+# its workers in this order, so the long ones overlap with everything else instead of
+# running alone at the end of the run.
+LONGEST_FIRST = ("test_cluster_faults", "test_power_governor_e2e", "test_crash", "test_slurm_acceptance",
+                 "test_convergence", "test_planner_process")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in LONGEST_FIRST:
+            return LONGEST_FIRST.index(module)
+        return len(LONGEST_FIRST) + (0 if item.get_closest_marker("slow") else 1)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order and stay together
+
+
 # -- nothing left behind (tests/suite_hygiene.py) --------------------------------------------
 
 _RUN: suite_hygiene.Run | None = None
@@ -158,11 +178,18 @@ def pytest_configure(config):
     """On the controller (not in a pytest-xdist worker, which inherits it): the run's own
     temporary directory and tag, before pytest picks its temporary directory."""
     global _RUN
+    from scheduler.policy_tables import warm_policy_tables
+
     if hasattr(config, "workerinput") or suite_hygiene.run_dir() is not None:
+        warm_policy_tables()  # a worker loads what the controller computed
         return
     _RUN = suite_hygiene.start_run()
     if not config.option.basetemp:  # short: Unix socket paths under tmp_path stay under 108 bytes
         config.option.basetemp = str(_RUN.directory / "t")
+    # The policies' derived tables, computed once for the whole run: every worker, daemon,
+    # agent and planner process of the run loads them (scheduler/policy_tables.py).
+    os.environ["CARBONSCHED_CACHE_DIR"] = str(_RUN.directory / "cache")
+    warm_policy_tables()
 
 
 @pytest.hookimpl(trylast=True)

@@ -143,10 +143,12 @@ def run(args, config: dict) -> int:
 
     logging.basicConfig(level=os.environ.get("CARBONSCHED_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
+    from scheduler.policy_tables import warm_policy_tables
     from scheduler.simulate.cluster import ClusterSpecError
     from scheduler.simulate.intensity import CarbonInputError
     from scheduler.simulate.traces import TraceFormatError
 
+    warm_policy_tables()
     try:
         return _run(args, config)
     except (ClusterSpecError, CarbonInputError, TraceFormatError, ValueError) as e:

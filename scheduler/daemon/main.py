@@ -29,6 +29,7 @@ from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.slurm.config import SlurmConfig
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
                                scheduler_diagnostics, stalled)
+from scheduler.policy_tables import warm_policy_tables
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.state_dir import bind_state_dir
 from scheduler.store import SchemaError, Store
@@ -124,6 +125,8 @@ class Daemon(ServiceProcess):
         cfg = self.config
         store = self._open(cfg.db_url)
         self._prepare_schema(store)
+        # Before the planner and preview processes start: they load what this one computed.
+        log.info("policy tables %s", warm_policy_tables())
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
         metrics = Metrics()
         metrics.add(StoreCollector(store))

@@ -62,8 +62,10 @@ def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:
     # Planning is background work: when CPUs are short, requests and the database go first.
     os.nice(PLANNER_NICE)
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from scheduler.policy_tables import warm_policy_tables
     from scheduler.store import Store
 
+    warm_policy_tables()
     store = Store(spec.db_url)
     planner = build_planner(spec, store)
     planner.seed_profiles()
@@ -106,8 +108,10 @@ def _preview_init(spec: PlannerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(PLANNER_NICE)
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from scheduler.policy_tables import warm_policy_tables
     from scheduler.store import Store
 
+    warm_policy_tables()
     _preview_planner = build_planner(spec, Store(spec.db_url))
 
 

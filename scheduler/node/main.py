@@ -16,6 +16,7 @@ from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.slurm_agent import SlurmAgent
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
                                scheduler_diagnostics, stalled)
+from scheduler.policy_tables import warm_policy_tables
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
@@ -125,6 +126,7 @@ class AgentRunner(ServiceProcess):
         except SchemaError as e:
             raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
+        log.info("policy tables %s", warm_policy_tables())
         if cfg.truth and cfg.executor == "slurm":
             raise DaemonError("--truth emulates jobs run by the local executor; Slurm runs them itself")
         if cfg.executor == "slurm":
