@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test test-pg bench bench-planner clean
+.PHONY: venv demo test test-pg bench bench-planner figures clean
 
 $(BIN)/carbonsched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ bench: venv
 
 bench-planner: venv
 	$(BIN)/python -m bench.planner --replan 6 --json bench/results/planner.json --plot bench/results/planner.png
+
+# The headline figures against bench/figures_expected.toml (bench/figures.py; reads the shared
+# data); exits 1 on a regression.
+figures: venv
+	$(BIN)/python bench/figures.py
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info
