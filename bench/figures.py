@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     alone = [a for a, r in runs.items() if any(expected[n].alone for n in r.figures)]
     rest = sorted((a for a in runs if a not in alone), key=lambda a: -max(defs[n].est_s for n in runs[a].figures))
     load0 = os.getloadavg()
-    print(f"figures: {len(chosen)} figures from {len(runs)} runs, {args.jobs} at a time; "
+    print(f"figures: {len(chosen)} figures from {len(runs)} runs, {max(1, min(args.jobs, len(rest)))} at a time; "
           f"{os.cpu_count()} CPUs, load average {load0[0]:.1f}", file=sys.stderr, flush=True)
 
     results: dict[str, dict] = {}
