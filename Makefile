@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test test-pg bench bench-planner flake-hunt clean
+.PHONY: venv demo test test-pg bench bench-planner flake-hunt figures clean
 
 # uv installs the dependencies in seconds where pip takes minutes (it also skips compiling
 # every module up front); pip does it where uv cannot be had.
@@ -38,6 +38,11 @@ bench: venv
 
 bench-planner: venv
 	$(BIN)/python -m bench.planner --replan 6 --json bench/results/planner.json --plot bench/results/planner.png
+
+# The headline figures against bench/figures_expected.toml (bench/figures.py; reads the shared
+# data); exits 1 on a regression.
+figures: venv
+	$(BIN)/python bench/figures.py
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info
