@@ -34,7 +34,7 @@ import math
 import numpy as np
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from policies.blind import blind_price, priced_curves
@@ -319,27 +319,35 @@ def _if_now(job: QueuedJob, options: list, alone: _AloneStarts, release: float, 
 def _earliest_on_nodes(kind: "_Kind", lines: dict[int, _Timeline], k: int, run_s: float, lo: float,
                        hi: float) -> tuple[float, str, tuple[int, ...]] | None:
     """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run (no
-    power cap), with the node and GPUs; None if there is none.
+    power cap), with the node and GPUs (the lowest ids of those free then); None if there is
+    none.
 
-    Per node, from t = lo: each GPU's first gap from t; if k of them start at t, done; else
-    no start before the k-th smallest of them can have k GPUs free (a GPU whose first gap
-    is later is busy until then), so t moves there.
+    Per node, from t = lo: the GPUs in id order, each one's first gap from t; the first k
+    free at t are the answer, and the scan stops there (in a pool with room, after a few GPUs
+    of a node of hundreds). Else no start before the k-th smallest gap can have k GPUs free (a
+    GPU whose first gap is later is busy until then), so t moves there.
     """
     best: tuple[float, str, tuple[int, ...]] | None = None
     for node, members in kind.nodes:
         if len(members) < k:
             continue
+        ids = kind.ids_of(node, members)
         limit = hi if best is None else min(hi, best[0] - 1e-6)
         t = lo
         while t <= limit:
-            # each GPU's first gap; the k-th smallest, and on success the lowest ids of those
-            # free at t (as from the (gap, id) pairs sorted, without building and sorting them)
-            gaps = [lines[g.id].first_gap(t, run_s) for g in members]
-            kth = min(gaps) if k == 1 else sorted(gaps)[k - 1]
-            if kth <= t + 1e-6:
-                best = (t, node, tuple(sorted(g.id for g, gap in zip(members, gaps) if gap <= t + 1e-6)[:k]))
+            free: list[int] = []
+            gaps: list[float] = []
+            for gid in ids:
+                gap = lines[gid].first_gap(t, run_s)
+                gaps.append(gap)
+                if gap <= t + 1e-6:
+                    free.append(gid)
+                    if len(free) == k:
+                        break
+            if len(free) == k:
+                best = (t, node, tuple(free))
                 break
-            t = kth
+            t = min(gaps) if k == 1 else sorted(gaps)[k - 1]  # every GPU was looked at
         if best is not None and best[0] <= lo + 1e-6:
             break  # nothing starts earlier than lo
     return best
@@ -357,6 +365,14 @@ class _Kind:
     pue: float = 1.0
     power_limit_w: float | None = None  # each node's GPUs all report one: the highest
     budget: str = ""  # the power budget its GPUs draw against (policies.model.budget_of)
+    _ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+
+    def ids_of(self, node: str, members: list[GpuSlot]) -> tuple[int, ...]:
+        """The node's GPU ids in ascending order (sorted once per plan)."""
+        ids = self._ids.get(node)
+        if ids is None:
+            ids = self._ids[node] = tuple(sorted(g.id for g in members))
+        return ids
 
 
 def _hold_later_segments(later: list[tuple[float, float, str, tuple[int, ...]]],

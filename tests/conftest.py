@@ -51,6 +51,7 @@ def make_pg_database() -> tuple[str, callable]:
     from sqlalchemy.engine import make_url
 
     name = f"cs_test_{uuid.uuid4().hex[:12]}"
+    suite_hygiene.record_database(name)
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -170,6 +171,24 @@ def pytest_collection_modifyitems(config, items):
 
 # -- nothing left behind (tests/suite_hygiene.py) --------------------------------------------
 
+def _drop_left_databases(names: list[str]) -> list[str]:
+    """Drop those of `names` that still exist on the test server; returns the ones dropped."""
+    if not names or _pg_available():
+        return []
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            left = [n for n in names if conn.execute(
+                text("select 1 from pg_database where datname = :n"), {"n": n}).first()]
+            for name in left:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+    return left
+
+
 _RUN: suite_hygiene.Run | None = None
 
 
@@ -200,7 +219,7 @@ def pytest_sessionfinish(session, exitstatus):
     if _RUN is None:
         return
     run, _RUN = _RUN, None
-    problems = suite_hygiene.end_run(run)
+    problems = suite_hygiene.end_run(run, drop_databases=_drop_left_databases)
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

@@ -14,6 +14,8 @@ inherit what it sets up):
 - **Throwaway users** are made by `make_user` and recorded in the run directory; at the end
   none may be left in `/etc/passwd` or `/etc/group`.
 - A **munged** the suite had to start (`tests/slurm_cluster.ensure_munged`) is stopped.
+- The **PostgreSQL databases** it made (`conftest.make_pg_database`) are recorded; none may
+  be left on the server.
 - Finally no `/tmp` entry with one of the suite's names may be new since the start (code
   that ignores TMPDIR); those are reported only, as another run may own them.
 
@@ -39,6 +41,7 @@ from pathlib import Path
 RUN_TAG_ENV = "CARBONSCHED_TEST_RUN"
 RUN_DIR_ENV = "CARBONSCHED_TEST_RUN_DIR"
 USERS_FILE = "throwaway-users"
+DATABASES_FILE = "databases"
 MUNGED_MARKER = "munged-started-by-the-suite"
 # /tmp names the suite (or code it runs) uses; a new one at the end is a leak.
 SUITE_TMP_NAMES = re.compile(r"^(carbonsched-code-|carbonsched-tests-munged|cs-|pytest-of-)")
@@ -103,6 +106,14 @@ def _kill(pid: int) -> None:
         pass
 
 
+def record_database(name: str) -> None:
+    """Note a PostgreSQL database the run made, for the end-of-run check."""
+    directory = run_dir()
+    if directory is not None:
+        with open(directory / DATABASES_FILE, "a") as f:
+            f.write(name + "\n")
+
+
 # -- the run: start and end -------------------------------------------------------------------
 
 @dataclass
@@ -131,8 +142,9 @@ def start_run() -> Run:
                {g.gr_name for g in grp.getgrall()})
 
 
-def end_run(run: Run) -> list[str]:
-    """Clean up what the run left, and say what that was (empty: nothing)."""
+def end_run(run: Run, drop_databases=lambda names: []) -> list[str]:
+    """Clean up what the run left, and say what that was (empty: nothing).
+    `drop_databases(names)` drops those of the run's databases still there and returns them."""
     from slurm_cluster import stop_munged
 
     problems: list[str] = []
@@ -165,6 +177,15 @@ def end_run(run: Run) -> list[str]:
     for group in left_groups:
         problems.append(f"throwaway group {group} still in /etc/group")
         subprocess.run(["groupdel", group], capture_output=True, timeout=60)
+    try:
+        made = (run.directory / DATABASES_FILE).read_text().split()
+    except FileNotFoundError:
+        made = []
+    try:
+        for name in drop_databases(made):
+            problems.append(f"PostgreSQL database {name} still there")
+    except Exception as e:  # the server went away: say so, it is not the run's leak
+        problems.append(f"could not check the run's PostgreSQL databases: {type(e).__name__}: {e}")
     shutil.rmtree(run.directory, ignore_errors=True)
     for name in sorted(set(os.listdir("/tmp")) - run.tmp_before):
         # Reported, not removed: another run on this machine may own it.
