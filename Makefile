@@ -19,11 +19,13 @@ demo: venv
 	$(BIN)/python scripts/demo.py
 
 # Most of the suite waits on daemons, agents and databases, not on the CPU: four workers
-# (pytest-xdist) finish it in about half the time even on two cores.
+# (pytest-xdist) finish it in about half the time even on two cores. Work stealing: a
+# worker that runs out takes queued tests from the busiest (with plain `load`, one worker
+# was left with a queue of daemon tests for 15 minutes while three stood idle).
 TEST_WORKERS ?= 4
 
 test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The whole suite RUNS times with BUSY CPU busy loops beside it; lists every test that failed
 # at least once (scripts/flake_hunt.py).

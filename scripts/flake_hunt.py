@@ -83,7 +83,7 @@ def leftovers_in(output: str) -> list[str]:
 def run_suite(number: int, out: Path, workers: str, pytest_args: list[str]) -> RunResult:
     junit = out / f"run-{number}.xml"
     log_path = out / f"run-{number}.log"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", workers, "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", workers, "--dist", "worksteal", "-p", "no:cacheprovider",
            f"--junitxml={junit}", *pytest_args]
     started = time.monotonic()
     with open(log_path, "w") as log:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="how many times to run the suite (default 3)")
     parser.add_argument("--busy", type=int, default=2, help="CPU busy loops beside it (default 2)")
     parser.add_argument("--workers", default=os.environ.get("TEST_WORKERS", "4"),
-                        help="pytest-xdist workers, as `make test` (default 4)")
+                        help="pytest-xdist workers, work-stealing as `make test` (default 4)")
     parser.add_argument("--out", type=Path, help="where each run's log and JUnit XML go")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = parser.parse_args(argv)

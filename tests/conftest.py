@@ -149,24 +149,54 @@ def slurm_cluster(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
-# -- the longest first -----------------------------------------------------------------------
+# -- the longest first, one block each -------------------------------------------------------
 
-# The modules whose tests take longest (minutes of waiting on daemons, windows and kills), in
-# that order; then every other test marked slow; then the rest. pytest-xdist hands tests to
-# its workers in this order, so the long ones overlap with everything else instead of
-# running alone at the end of the run.
-LONGEST_FIRST = ("test_cluster_faults", "test_power_governor_e2e", "test_crash", "test_slurm_acceptance",
-                 "test_convergence", "test_planner_process")
+# What takes longest (minutes of waiting on daemons, power windows and kills), longest first:
+# a module name, or "module::test" to keep a module's tests together (a module-scoped fixture).
+LONGEST = ("test_cluster_faults", "test_power_governor_e2e", "test_crash", "test_slurm_acceptance",
+           "test_convergence::", "test_planner_process")
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        if module in LONGEST_FIRST:
-            return LONGEST_FIRST.index(module)
-        return len(LONGEST_FIRST) + (0 if item.get_closest_marker("slow") else 1)
+    """Order the tests for pytest-xdist's work stealing (`make test`: `--dist worksteal`).
 
-    items.sort(key=rank)  # stable: each module's tests keep their order and stay together
+    worksteal gives each of its W workers one contiguous block of the collection (the i-th of
+    W near-equal blocks), and an idle worker steals from the end of the busiest one's. So each
+    block starts with its share of the longest tests (dealt round-robin, longest first), then
+    of the other slow tests, then the quick ones: the long tests run side by side from the
+    start and what is stolen at the end is quick. Every worker computes the same order.
+    """
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    if workers < 2 or config.getoption("dist", "no") != "worksteal":
+        return
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    groups: dict[str, tuple[int, list]] = {}  # by module (kept together) or by test
+    slow, quick = [], []
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module + "::" in rank:
+            groups.setdefault(module, (rank[module + "::"], []))[1].append(item)
+        elif module in rank:
+            groups[item.nodeid] = (rank[module], [item])
+        elif item.get_closest_marker("slow"):
+            slow.append(item)
+        else:
+            quick.append(item)
+    longest = [group for _, group in sorted(groups.values(), key=lambda g: g[0])]  # stable
+    blocks: list[list] = [[] for _ in range(workers)]
+    for i, group in enumerate(longest):
+        blocks[i % workers].extend(group)
+    for i, item in enumerate(slow):
+        blocks[i % workers].append(item)
+    remaining = len(items)  # worksteal's split: len(pending) // nodes_remaining, in turn
+    for i, block in enumerate(blocks):
+        size = remaining // (workers - i)
+        remaining -= size
+        take = max(0, size - len(block))
+        block.extend(quick[:take])
+        del quick[:take]
+    blocks[-1].extend(quick)
+    items[:] = [item for block in blocks for item in block]
 
 
 # -- nothing left behind (tests/suite_hygiene.py) --------------------------------------------
