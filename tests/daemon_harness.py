@@ -52,6 +52,9 @@ def readable_code_copy() -> Path:
 
 
 PLANNER_LOAD_WAIT_S = 90.0  # beyond the daemon's readiness: its planner process on a loaded host
+# Until the daemon answers: seconds on a quiet host, but 30 s were not enough with four test
+# workers and two CPU busy loops on 2 cores (fixtures failed at set-up).
+START_TIMEOUT_S = 120.0
 
 
 class DaemonProcess:
@@ -73,7 +76,7 @@ class DaemonProcess:
         self.log_path = root / "daemon.log"
         self.starts = 0
 
-    def start(self, *, wait: bool = True, timeout_s: float = 30.0) -> None:
+    def start(self, *, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
         cmd = [sys.executable, "-m", "scheduler", "--config", str(self.config), "daemon",
                "--state-dir", str(self.state_dir), "--socket", str(self.socket),
                "--db", self.db_url, "--plan-interval", "1s", "--dispatch-interval", "0.2s",
@@ -93,7 +96,7 @@ class DaemonProcess:
                 self.stop()
                 raise
 
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc and self.proc.poll() is not None:
