@@ -151,10 +151,23 @@ def slurm_cluster(tmp_path_factory):
 
 # -- the longest first, one block each -------------------------------------------------------
 
-# What takes longest (minutes of waiting on daemons, power windows and kills), longest first:
-# a module name, or "module::test" to keep a module's tests together (a module-scoped fixture).
-LONGEST = ("test_cluster_faults", "test_power_governor_e2e", "test_crash", "test_slurm_acceptance",
-           "test_convergence::", "test_planner_process")
+# What takes longest (minutes of waiting on daemons, power windows and kills), longest first
+# as measured on a quiet 2-core run: a module name, or "module::" to keep a module's tests
+# together (a module-scoped fixture).
+LONGEST = ("test_power_governor_e2e", "test_convergence::", "test_slurm_acceptance", "test_cluster_faults",
+           "test_crash", "test_power_crash", "test_planner_process")
+
+
+def _controller_dist(config) -> str:
+    """pytest-xdist's `--dist` mode. A worker's own option reads "no" whatever the mode; the
+    controller's command line (`workerinput["mainargv"]`) says which it is."""
+    argv = list(getattr(config, "workerinput", {}).get("mainargv", []))
+    for i, arg in enumerate(argv):
+        if arg == "--dist" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--dist="):
+            return arg.split("=", 1)[1]
+    return config.getoption("dist", "no")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -167,7 +180,7 @@ def pytest_collection_modifyitems(config, items):
     start and what is stolen at the end is quick. Every worker computes the same order.
     """
     workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
-    if workers < 2 or config.getoption("dist", "no") != "worksteal":
+    if workers < 2 or _controller_dist(config) != "worksteal":
         return
     rank = {name: i for i, name in enumerate(LONGEST)}
     groups: dict[str, tuple[int, list]] = {}  # by module (kept together) or by test

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from convergence_bench import FRUGAL, SLOW, TARGET_REL_ERROR, converge, first_within, seed_of  # noqa: E402
 from daemon_harness import world_dir  # noqa: E402
+from once_per_run import once_per_run  # noqa: E402
 
 
 # Each run's measured time includes its supervisor's and its interpreter's start-up, which a
@@ -24,8 +25,10 @@ SECONDS = 4.0
 
 @pytest.fixture(scope="module")
 def rows():
-    root = world_dir("cs-converge-test-")
-    return converge(f"sqlite:///{root}/state/carbonsched.db", runs=5, seconds=SECONDS, root=root)
+    def run():
+        root = world_dir("cs-converge-test-")
+        return converge(f"sqlite:///{root}/state/carbonsched.db", runs=5, seconds=SECONDS, root=root)
+    return once_per_run("convergence", run)  # one daemon run, whichever workers run these tests
 
 
 def test_the_first_estimate_on_each_model_is_the_seeds(rows):

@@ -336,7 +336,7 @@ def cmd_daemon(args, config) -> int:
     from scheduler.cli.client import default_state_dir
     from scheduler.daemon.api import UidLimits
     from scheduler.daemon.main import Daemon, DaemonConfig
-    from scheduler.daemon.planner import SiteConfig, make_policy
+    from scheduler.daemon.planner import SiteConfig, check_policy
     from scheduler.process import DaemonError
     from scheduler.slurm.config import SlurmConfig
     from scheduler.store.engine import default_db_url
@@ -385,7 +385,7 @@ def cmd_daemon(args, config) -> int:
         if r["node"]:
             cfg.node = r["node"]
         try:  # a policy the daemon cannot run is refused before anything starts
-            make_policy(cfg.policy, plan_interval_s=cfg.plan_interval_s)
+            check_policy(cfg.policy)
         except ValueError as e:
             raise CliError(f"--policy: {e}", EXIT_USAGE) from None
         Daemon(cfg).run()

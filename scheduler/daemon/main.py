@@ -16,7 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from scheduler.accounting import Accountant, AccountingConfig
 from scheduler.carbon import CarbonConfig, CarbonSignals
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
-from scheduler.daemon.planner import Planner, SiteConfig, make_policy, preview_rows
+from scheduler.daemon.planner import Planner, SiteConfig, check_policy, make_policy, preview_rows
 from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
@@ -150,19 +150,21 @@ class Daemon(ServiceProcess):
             # over a long queue never holds the API's interpreter lock either.
             preview_proc = PreviewProcess(spec)
         try:
-            policy = make_policy(cfg.policy, plan_interval_s=cfg.plan_interval_s)
+            # With a planner process this one never plans: the policy is only checked (building
+            # cpsat here would import OR-Tools, about a second of CPU, for nothing).
+            policy = None if cfg.planner_process else make_policy(cfg.policy, plan_interval_s=cfg.plan_interval_s)
+            policy_name = check_policy(cfg.policy) if policy is None else policy.name
         except ValueError as e:
             raise DaemonError(str(e)) from None
 
         scheduler = new_scheduler()
         carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
         _warn_if_zone_has_no_data(cfg.zone, {"carbon": cfg.carbon}, carbon)
-        # For previews (`carbonsched plan`) and --no-planner-process ticks.
-        planner = Planner(store, policy, carbon=carbon, site=cfg.site, plan_interval_s=cfg.plan_interval_s,
-                          full_replan_s=cfg.full_replan_s)
         if preview_proc is not None:
             preview = preview_proc.rows
         else:
+            planner = Planner(store, policy, carbon=carbon, site=cfg.site, plan_interval_s=cfg.plan_interval_s,
+                              full_replan_s=cfg.full_replan_s)
             plan_proc = InProcessPlanner(scheduler, planner, stopping=self.stop_event, on_tick=after_tick)
             preview = lambda: preview_rows(planner)  # noqa: E731
 
@@ -282,7 +284,7 @@ class Daemon(ServiceProcess):
             watchdog.add_check("dispatch", lambda: stalled(dispatch_job, cfg.dispatch_interval_s))
         sd_notify("READY=1\nSTATUS=serving")
         log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s%s", store.url,
-                 cfg.socket_path, policy.name, cfg.node if agent else "(no local agent)",
+                 cfg.socket_path, policy_name, cfg.node if agent else "(no local agent)",
                  f"; systemd watchdog every {watchdog.interval_s:g}s" if watchdog.enabled else "")
         try:
             while not self.stop_event.wait(watchdog.ping_every_s):
