@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_harness import readable_code_copy
+from daemon_harness import DaemonProcess, database_for, readable_code_copy, world_dir
 from scheduler.carbon import CarbonConfig
 from scheduler.settings import AGENT, DAEMON, ConfigErrors, resolve
 from suite_hygiene import make_user, remove_user
@@ -112,6 +112,38 @@ def test_verbs_that_need_the_config_name_the_file_they_cannot_read(etc, user):
     proc = as_user(user, "--config", str(config), "config", "check")
     line = one_line(proc)
     assert proc.returncode == 1 and str(config) in line and "not readable" in line
+
+
+@pytest.mark.slow
+def test_a_root_daemon_reads_its_db_url_from_db_file_and_serves_a_user_who_cannot_read_the_config(user):
+    """The whole finding: the URL with its password is in a root-only file named by the
+    root-only config; the daemon uses it, and a user's CLI (which reads neither) submits."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    root = world_dir("cs-secrets-")
+    with database_for("postgresql", root) as plain:
+        url = make_url(plain).set(password=PASSWORD).render_as_string(hide_password=False)  # trust auth
+        d = DaemonProcess(root, None)
+        write(root / "db.url", url + "\n", 0o600)
+        write(d.config, f'grace = "1s"\ndb_file = "{root / "db.url"}"\n', 0o600)
+        try:
+            d.start()
+            env = {"CARBONSCHED_CONFIG": str(d.config)}
+            proc = as_user(user, "--socket", str(d.socket), "submit", "--json", "--", "true", env=env)
+            assert proc.returncode == 0, proc.stderr + d.log()
+            job = json.loads(proc.stdout)["id"]
+            assert d.wait_states([job], timeout_s=120)[job]["state"] == "COMPLETED"
+            engine = create_engine(plain)  # the daemon's store is the database the file names
+            try:
+                with engine.connect() as conn:
+                    owner = conn.execute(text("SELECT owner_name FROM jobs WHERE id = :id"), {"id": job}).scalar()
+                assert owner == user
+            finally:
+                engine.dispose()
+            assert PASSWORD not in d.log()
+        finally:
+            d.cleanup()
 
 
 # -- `config check` refuses inline secrets in a config others can read ---------------------------

@@ -315,7 +315,8 @@ def cmd_agent(args, config) -> int:
     _setup_logging(r["log_level"])
     if not r["db"]:
         raise CliError("the agent needs the cluster database: --db postgresql+psycopg://... "
-                       "(or CARBONSCHED_DB, or `db` in the config file)", EXIT_USAGE)
+                       "(or CARBONSCHED_DB, `db_file` in the config naming a root-only file with the URL, "
+                       "or the systemd credential `db`)", EXIT_USAGE)
     try:
         cfg = AgentRunConfig(
             db_url=r["db"], state_dir=r["state_dir"] or default_state_dir(),
