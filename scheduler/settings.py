@@ -394,26 +394,31 @@ def resolve(scope: str, args: argparse.Namespace | None, config: Mapping[str, An
 def _db_from_secret(values: dict[str, Any], sources: dict[str, str], environ: Mapping[str, str]) -> list[str]:
     """Without a `db` URL from a flag, the environment or the config: the URL from `db_file`,
     else from the systemd credential `db`. Problems are returned, naming the source."""
-    from scheduler.credentials import credential_path, read_credential, read_secret
-
     if "db" not in values or values["db"] is not None:
         return []
     path = values.get("db_file")
-    if path is not None:
-        try:  # parsed already; read again for the URL, in case it changed since
-            values["db"] = _db_url_of(read_secret(path), str(path))
-        except ValueError as e:
-            return [f"{sources['db_file']}: {e}"]
-        sources["db"] = f"file {path} ({sources['db_file']})"
-        return []
-    try:
-        secret = read_credential("db", environ)
-        if secret is not None:
-            values["db"] = _db_url_of(secret, f"systemd credential `db` ({credential_path('db', environ)})")
-            sources["db"] = "systemd credential `db`"
+    try:  # db_file was parsed already; it is read again for the URL, in case it changed since
+        found = secret_db_url(path, environ)
     except ValueError as e:
-        return [str(e)]
+        return [f"{sources['db_file']}: {e}" if path is not None else str(e)]
+    if found is not None:
+        values["db"], where = found
+        sources["db"] = f"{where} ({sources['db_file']})" if path is not None else where
     return []
+
+
+def secret_db_url(db_file: Path | str | None, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """The database URL from the root-only file `db_file`, else from the systemd credential
+    `db`, with where it came from; None without either. ValueError (never showing the URL)
+    for a file or credential that is missing, unreadable, exposed or holds no URL."""
+    from scheduler.credentials import credential_path, read_credential, read_secret
+
+    if db_file is not None:
+        return _db_url_of(read_secret(db_file), str(db_file)), f"file {db_file}"
+    secret = read_credential("db", environ)
+    if secret is None:
+        return None
+    return _db_url_of(secret, f"systemd credential `db` ({credential_path('db', environ)})"), "systemd credential `db`"
 
 
 def check_file(config: Mapping[str, Any], config_path: str | None = None) -> list[str]:

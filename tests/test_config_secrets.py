@@ -65,6 +65,8 @@ def write(path: Path, text: str, mode: int) -> Path:
 
 @pytest.fixture(scope="module")
 def user():
+    if os.geteuid() != 0:
+        pytest.skip("making a throwaway user and running the CLI as it needs root")
     name = make_user()
     yield name
     remove_user(name)
@@ -198,6 +200,16 @@ def test_db_file_gives_the_url_and_config_show_hides_its_password(etc):
     db = {x["key"]: x for x in json.loads(proc.stdout)["settings"]}["db"]
     assert db["value"].startswith("postgresql+psycopg://carbonsched:***@127.0.0.1")
     assert str(secret) in db["source"] and PASSWORD not in proc.stdout
+
+
+def test_the_store_verbs_read_db_file_too(etc):
+    """`db check` (and `carbon`, `simulate`, which find the store the same way) use the file."""
+    missing = etc / "nowhere" / "store.db"
+    secret = write(etc / "db.url", f"sqlite:///{missing}\n", 0o600)
+    config = write(etc / "config.toml", f'db_file = "{secret}"\n', 0o644)
+    proc = cli("--config", str(config), "db", "check")
+    assert proc.returncode == 1 and f"no database at {missing}" in one_line(proc)
+    assert not missing.parent.exists()
 
 
 def test_resolve_reads_db_file_for_the_daemon_and_the_agent(etc):

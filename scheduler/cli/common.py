@@ -128,7 +128,6 @@ def db_url(args, config) -> str:
     """The database URL: --db, $CARBONSCHED_DB, config `db`, the root-only file named by
     `db_file` ($CARBONSCHED_DB_FILE), the systemd credential `db`, else SQLite in the state
     directory."""
-    from scheduler.credentials import read_credential, read_secret
     from scheduler.store.engine import default_db_url
 
     url = setting(args, config, "db", "CARBONSCHED_DB")
@@ -137,10 +136,10 @@ def db_url(args, config) -> str:
     require_config(config)  # the store is the daemon's: its settings decide where it is
     file = os.environ.get("CARBONSCHED_DB_FILE") or config.get("db_file")
     try:
-        secret = read_secret(file) if file else read_credential("db")
+        found = settings.secret_db_url(file)
     except ValueError as e:
-        raise CliError(f"{'db_file' if file else 'systemd credential `db`'}: {e}") from None
-    return secret or default_db_url(state_dir(args, config))
+        raise CliError(f"db_file: {e}" if file else str(e)) from None
+    return found[0] if found else default_db_url(state_dir(args, config))
 
 
 def missing_sqlite_path(url: str) -> str | None:
