@@ -256,9 +256,9 @@ class CarbonConfig:
 
     ```toml
     [carbon]
-    electricitymaps_token = "..."      # or CARBONSCHED_ELECTRICITYMAPS_TOKEN
+    electricitymaps_token_file = "/etc/carbonsched/credentials/electricitymaps_token"  # root-only
     watttime_username = "..."          # or CARBONSCHED_WATTTIME_USERNAME
-    watttime_password = "..."          # or CARBONSCHED_WATTTIME_PASSWORD
+    watttime_password_file = "/etc/carbonsched/credentials/watttime_password"          # root-only
     timeout = "10s"
     forecast_max_age = "6h"
     own_forecast = "model"             # or "baseline" (profile + anomaly only)
@@ -272,6 +272,8 @@ class CarbonConfig:
     [carbon.static]                    # own yearly averages, gCO2eq/kWh
     FR = 56
     ```
+    Each secret comes from CARBONSCHED_<KEY>, else the key itself (only in a root-only config),
+    else `<key>_file`, else the systemd credential of that name (scheduler.credentials).
     Secrets never appear in repr() or logs.
     """
 
@@ -305,10 +307,9 @@ class CarbonConfig:
         env = os.environ if env is None else env
         section = dict((config or {}).get("carbon", {}) or {})
         cfg = cls()
-        cfg.electricitymaps_token = (env.get("CARBONSCHED_ELECTRICITYMAPS_TOKEN")
-                                     or section.get("electricitymaps_token"))
+        cfg.electricitymaps_token = _secret(section, env, "electricitymaps_token")
         cfg.watttime_username = env.get("CARBONSCHED_WATTTIME_USERNAME") or section.get("watttime_username")
-        cfg.watttime_password = env.get("CARBONSCHED_WATTTIME_PASSWORD") or section.get("watttime_password")
+        cfg.watttime_password = _secret(section, env, "watttime_password")
         cfg.electricitymaps_url = section.get("electricitymaps_url")
         cfg.watttime_url = section.get("watttime_url")
         cfg.ukgrid_url = section.get("ukgrid_url")
@@ -353,6 +354,27 @@ class CarbonConfig:
             cfg.zones[str(zone)] = ZoneConfig(zone=str(zone), provider=provider, region=zc.get("region"),
                                               signal=signal, horizon_hours=int(zc.get("horizon_hours", 72)))
         return cfg
+
+
+def _secret(section: Mapping[str, Any], env: Mapping[str, str], key: str) -> str | None:
+    """A provider's secret: CARBONSCHED_<KEY>, else `key` in [carbon] (only in a root-only
+    config: `config check` refuses it in one others can read), else the root-only file named
+    by `<key>_file`, else the systemd credential `key` (issue 48)."""
+    from scheduler.credentials import read_credential, read_secret
+
+    if env.get("CARBONSCHED_" + key.upper()):
+        return env["CARBONSCHED_" + key.upper()]
+    inline, file = section.get(key), section.get(key + "_file")
+    if inline is not None and file is not None:
+        raise ValueError(f"carbon config {key} and {key}_file are both set: keep one ({key}_file)")
+    if inline is not None:
+        return str(inline)
+    if file is not None:
+        try:
+            return read_secret(str(file))
+        except ValueError as e:
+            raise ValueError(f"carbon config {key}_file: {e}") from None
+    return read_credential(key, env)
 
 
 # -- the signal store -----------------------------------------------------------------------

@@ -134,6 +134,24 @@ def _db_url(v: Any) -> str:
     return url
 
 
+def _db_file(v: Any) -> Path:
+    """A root-only file holding the database URL, with its password (issue 48)."""
+    from scheduler.credentials import read_secret
+
+    path = _path(v)
+    _db_url_of(read_secret(path), str(path))
+    return path
+
+
+def _db_url_of(secret: str, where: str) -> str:
+    """The database URL held in a secret file, never echoed in an error (it has a password)."""
+    try:
+        return _db_url(secret)
+    except ValueError:
+        raise ValueError(f"{where} holds no SQLite or PostgreSQL URL "
+                         "(e.g. postgresql+psycopg://role:PASSWORD@host/db)") from None
+
+
 def _fleet(v: Any) -> str:
     from policies.catalog import parse_fleet
 
@@ -193,6 +211,7 @@ class Setting:
     scopes: frozenset[str]
     metavar: str | None = None
     show: Callable[[Any], str] | None = None  # how a parsed value is printed (durations)
+    public: Callable[[Any], Any] | None = None  # what `config show` may print (a URL without password)
 
     @property
     def env(self) -> str:
@@ -209,7 +228,18 @@ class Setting:
     def format(self, value: Any) -> str:
         if value is None:
             return "(unset)"
+        value = self.shown(value)
         return self.show(value) if self.show else str(value)
+
+    def shown(self, value: Any) -> Any:
+        """The value as it may be printed: secrets (a database password) hidden."""
+        return self.public(value) if self.public is not None and value is not None else value
+
+
+def _hide_password(url: str) -> str:
+    from scheduler.credentials import hide_password
+
+    return hide_password(url)
 
 
 _BOTH = frozenset({DAEMON, AGENT})
@@ -219,7 +249,10 @@ _dur = format_duration
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("db", _db_url, None, "database URL (default: SQLite under the state dir; an agent needs "
-            "the cluster's PostgreSQL)", _BOTH, "URL"),
+            "the cluster's PostgreSQL); a URL with a password belongs in db_file, not in a config "
+            "other users can read", _BOTH, "URL", public=_hide_password),
+    Setting("db_file", _db_file, None, "a root-only file (mode 0600) holding the database URL with its "
+            "password (default: the systemd credential `db`, if given)", _BOTH, "FILE"),
     Setting("state_dir", _path, None, "state directory: SQLite store, job logs, run records (default "
             "/var/lib/carbonsched as root, else ~/.local/state/carbonsched)", _BOTH, "DIR"),
     Setting("socket", _path, None, "API socket path (default /run/carbonsched/carbonsched.sock as root, "
@@ -352,15 +385,51 @@ def resolve(scope: str, args: argparse.Namespace | None, config: Mapping[str, An
                 errors.append(f"{source}: {e}")
             continue
         sources[s.key] = source
+    errors.extend(_db_from_secret(values, sources, environ))
     if errors:
         raise ConfigErrors(errors)
     return Resolved(values, sources, config_path)
 
 
+def _db_from_secret(values: dict[str, Any], sources: dict[str, str], environ: Mapping[str, str]) -> list[str]:
+    """Without a `db` URL from a flag, the environment or the config: the URL from `db_file`,
+    else from the systemd credential `db`. Problems are returned, naming the source."""
+    if "db" not in values or values["db"] is not None:
+        return []
+    path = values.get("db_file")
+    try:  # db_file was parsed already; it is read again for the URL, in case it changed since
+        found = secret_db_url(path, environ)
+    except ValueError as e:
+        return [f"{sources['db_file']}: {e}" if path is not None else str(e)]
+    if found is not None:
+        values["db"], where = found
+        sources["db"] = f"{where} ({sources['db_file']})" if path is not None else where
+    return []
+
+
+def secret_db_url(db_file: Path | str | None, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """The database URL from the root-only file `db_file`, else from the systemd credential
+    `db`, with where it came from; None without either. ValueError (never showing the URL)
+    for a file or credential that is missing, unreadable, exposed or holds no URL."""
+    from scheduler.credentials import credential_path, read_credential, read_secret
+
+    if db_file is not None:
+        return _db_url_of(read_secret(db_file), str(db_file)), f"file {db_file}"
+    secret = read_credential("db", environ)
+    if secret is None:
+        return None
+    return _db_url_of(secret, f"systemd credential `db` ({credential_path('db', environ)})"), "systemd credential `db`"
+
+
 def check_file(config: Mapping[str, Any], config_path: str | None = None) -> list[str]:
     """Problems with a config file's contents alone: unknown keys, bad values, bad tables."""
-    errors: list[str] = []
+    from scheduler.credentials import exposed_secrets
+
+    errors: list[str] = exposed_secrets(config, config_path)
     prefix = f"{config_path}: " if config_path else ""
+    if "db" in config and "db_file" in config:
+        errors.append(f"{prefix}config keys `db` and `db_file` are both set: keep one (`db_file` for a URL "
+                      "with a password)")
     known = set(BY_KEY) | set(TABLES)
     for key, value in config.items():
         if key in TABLES:

@@ -58,7 +58,7 @@ START_TIMEOUT_S = 120.0
 
 
 class DaemonProcess:
-    def __init__(self, root: Path, db_url: str, *, emulate: str | None = "4xH100",
+    def __init__(self, root: Path, db_url: str | None, *, emulate: str | None = "4xH100",
                  extra: list[str] | None = None, grace: str = "1s", local_agent: bool = True,
                  env: dict[str, str] | None = None, umask: int | None = None) -> None:
         self.root = root
@@ -79,7 +79,8 @@ class DaemonProcess:
     def start(self, *, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
         cmd = [sys.executable, "-m", "scheduler", "--config", str(self.config), "daemon",
                "--state-dir", str(self.state_dir), "--socket", str(self.socket),
-               "--db", self.db_url, "--plan-interval", "1s", "--dispatch-interval", "0.2s",
+               *(["--db", self.db_url] if self.db_url else []),  # None: from the config (db_file)
+               "--plan-interval", "1s", "--dispatch-interval", "0.2s",
                "--local-agent" if self.local_agent else "--no-local-agent",
                *(["--emulate", self.emulate] if self.emulate else []), *self.extra]
         log = open(self.log_path, "a")

@@ -50,8 +50,30 @@ def config_path(path: str | None) -> str | None:
     return None
 
 
+class UnreadableConfig(dict):
+    """No settings, standing in for a config file this user cannot read: a root-only one
+    (it may hold the daemon's secrets), or a missing one named by CARBONSCHED_CONFIG.
+
+    A user's verbs need only the daemon's socket, so they go on with --socket,
+    $CARBONSCHED_SOCKET or the default; verbs that need the daemon's settings (`daemon`,
+    `agent`, `config`, `db`, the store's verbs) stop with `problem` (`require_config`)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__()
+        self.problem = problem
+
+
+def require_config(config: dict) -> None:
+    """CliError (one line naming the file) when the config file could not be read."""
+    if isinstance(config, UnreadableConfig):
+        raise CliError(config.problem)
+
+
 def load_config(path: str | None) -> dict:
-    """The config file's settings (its `[carbonsched]` table if it has one); {} without a file."""
+    """The config file's settings (its `[carbonsched]` table if it has one); {} without a file;
+    an `UnreadableConfig` for a file this user may not read, or a missing file that only the
+    environment names (--config naming a missing file is a mistake: CliError)."""
+    named_by_flag = bool(path)
     path = config_path(path)
     if not path:
         return {}
@@ -59,7 +81,14 @@ def load_config(path: str | None) -> dict:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise CliError(f"config file {path} not found") from None
+        if named_by_flag:
+            raise CliError(f"config file {path} not found") from None
+        return UnreadableConfig(f"config file {path} not found")
+    except PermissionError:
+        return UnreadableConfig(f"config file {path} is not readable by uid {os.geteuid()} "
+                                "(it holds the daemon's settings: run this as root)")
+    except IsADirectoryError:
+        raise CliError(f"config file {path} is a directory") from None
     except tomllib.TOMLDecodeError as e:
         raise CliError(f"config file {path} is not valid TOML: {e}") from None
     return data.get("carbonsched", data)
@@ -96,10 +125,21 @@ def state_dir(args, config) -> Path:
 
 
 def db_url(args, config) -> str:
-    """The database URL: --db, $CARBONSCHED_DB, config, else SQLite in the state directory."""
+    """The database URL: --db, $CARBONSCHED_DB, config `db`, the root-only file named by
+    `db_file` ($CARBONSCHED_DB_FILE), the systemd credential `db`, else SQLite in the state
+    directory."""
     from scheduler.store.engine import default_db_url
 
-    return setting(args, config, "db", "CARBONSCHED_DB") or default_db_url(state_dir(args, config))
+    url = setting(args, config, "db", "CARBONSCHED_DB")
+    if url:
+        return url
+    require_config(config)  # the store is the daemon's: its settings decide where it is
+    file = os.environ.get("CARBONSCHED_DB_FILE") or config.get("db_file")
+    try:
+        found = settings.secret_db_url(file)
+    except ValueError as e:
+        raise CliError(f"db_file: {e}" if file else str(e)) from None
+    return found[0] if found else default_db_url(state_dir(args, config))
 
 
 def missing_sqlite_path(url: str) -> str | None:

@@ -20,8 +20,8 @@ from pathlib import Path
 from scheduler import settings
 from scheduler.cli import carbon, profiles, report, simulate
 from scheduler.cli.common import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_NOT_FOUND, EXIT_OK,
-                                  EXIT_UNREACHABLE, EXIT_USAGE, VERBS, CliError, api_client, config_path,
-                                  db_url, load_config, register)
+                                  EXIT_UNREACHABLE, EXIT_USAGE, VERBS, CliError, UnreadableConfig, api_client,
+                                  config_path, db_url, load_config, register, require_config)
 from scheduler.settings import env_help
 
 # -- argument parsing --------------------------------------------------------------------
@@ -291,6 +291,7 @@ def _register_config_tables() -> None:
 
 def resolve_settings(args, config, scope: str) -> settings.Resolved:
     """Effective settings of `scope`; every problem in one CliError, one line each."""
+    require_config(config)
     _register_config_tables()
     if scope == settings.DAEMON and getattr(args, settings.dest("socket"), None) is None and args.socket:
         setattr(args, settings.dest("socket"), args.socket)  # the global --socket counts too
@@ -314,7 +315,8 @@ def cmd_agent(args, config) -> int:
     _setup_logging(r["log_level"])
     if not r["db"]:
         raise CliError("the agent needs the cluster database: --db postgresql+psycopg://... "
-                       "(or CARBONSCHED_DB, or `db` in the config file)", EXIT_USAGE)
+                       "(or CARBONSCHED_DB, `db_file` in the config naming a root-only file with the URL, "
+                       "or the systemd credential `db`)", EXIT_USAGE)
     try:
         cfg = AgentRunConfig(
             db_url=r["db"], state_dir=r["state_dir"] or default_state_dir(),
@@ -410,12 +412,14 @@ def cmd_drain(args, config) -> int:
 
 
 def cmd_config(args, config) -> int:
+    require_config(config)
     path = config_path(args.config)
     if args.config_cmd == "show":
         r = resolve_settings(args, config, args.scope)
         _fill_derived_paths(r, args.scope)
         rows = [{"key": k, "value": settings.BY_KEY[k].format(v) if not args.json else
-                 (str(v) if isinstance(v, Path) else v), "source": r.sources[k]} for k, v in r.values.items()]
+                 (str(v) if isinstance(v, Path) else settings.BY_KEY[k].shown(v)), "source": r.sources[k]}
+                for k, v in r.values.items()]
         if args.json:
             _print_json({"config_file": path, "settings": rows})
         else:
@@ -765,6 +769,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from scheduler.cli.client import ApiError, DaemonUnreachable
 
+    config: dict = {}
     try:
         config = load_config(args.config)
         code = VERBS[args.verb](args, config)
@@ -772,7 +777,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"carbonsched: {e}", file=sys.stderr)
         code = e.code
     except DaemonUnreachable as e:
-        print(f"carbonsched: {e}", file=sys.stderr)
+        hint = ""
+        if isinstance(config, UnreadableConfig):  # the socket it names, if any, is unknown here
+            hint = f" ({config.problem}; give --socket or CARBONSCHED_SOCKET)"
+        print(f"carbonsched: {e}{hint}", file=sys.stderr)
         code = EXIT_UNREACHABLE
     except ApiError as e:
         print(f"carbonsched: {e.message}", file=sys.stderr)
