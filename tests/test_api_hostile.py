@@ -516,3 +516,31 @@ def test_logs_count_as_expensive_requests_of_their_uid(tmp_path):
         first.join(60)
         api.stop()
         store.dispose()
+
+
+def test_the_cli_prints_a_log_longer_than_one_reply_whole(tmp_path, capsysbinary):
+    """`carbonsched logs` reads on from next_offset until the size of its first reply."""
+    from sqlalchemy import update
+
+    from scheduler.cli.main import main
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service)
+    api.start()
+    try:
+        job_id = Client(api.path).submit(argv=["true"])["id"]
+        with store.write() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(state="COMPLETED"))
+        text = "".join(f"line {i} ü\n" for i in range(60_000))  # ~690 KB: three replies
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        (tmp_path / "logs" / f"{job_id}.out").write_text(text)
+        capsysbinary.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(["logs", "--socket", str(api.path), str(job_id)])
+        assert e.value.code == 0
+        assert capsysbinary.readouterr().out.decode() == text
+    finally:
+        api.stop()
+        store.dispose()
