@@ -33,8 +33,10 @@ an emulated fleet's watts, joules or grams as measured.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import and_, case, func, or_, select
 
@@ -101,12 +103,26 @@ class GpuCollector:
 
 
 class StoreCollector:
-    """Queue depth and job totals, read from the store at scrape time."""
+    """Queue depth and job totals, read from the store at most once per `max_age_s`: the
+    queries scan the jobs table, and a scrape (or a thousand) in between is served the
+    figures of the last one (one query at a time; concurrent scrapes wait for it)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, max_age_s: float = 10.0, clock=time.monotonic) -> None:
         self.store = store
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, list] | None = None  # (read at, metric families)
 
     def collect(self):
+        with self._lock:
+            now = self._clock()
+            if self._cached is None or now - self._cached[0] >= self.max_age_s:
+                self._cached = (now, list(self._read()))
+            families = self._cached[1]
+        yield from families
+
+    def _read(self):
         depth = GaugeMetricFamily("carbonsched_jobs", "Jobs by state", labels=["state"])
         with self.store.read() as conn:
             counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
@@ -196,10 +212,16 @@ class Metrics:
     def add(self, collector) -> None:
         self.registry.register(collector)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        result = start_http_server(port, addr=addr, registry=self.registry)
-        self._server = result[0] if isinstance(result, tuple) else None
-        log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)
+    def serve(self, port: int, addr: str = "127.0.0.1", **bounds) -> None:
+        """Serve /metrics on (addr, port) in a thread; `bounds` are MetricsServer's
+        (max_connections, read_timeout_s, deadline_s)."""
+        from scheduler.metrics_http import MetricsServer
+
+        self._server = MetricsServer(addr, port, self.registry, **bounds)
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+                         name="metrics", daemon=True).start()
+        log.info("Prometheus metrics on http://%s:%d/metrics (at most %d connections, %gs each)", addr,
+                 self._server.server_address[1], self._server.max_connections, self._server.deadline_s)
 
     def stop(self) -> None:
         if self._server is not None:

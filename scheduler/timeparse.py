@@ -31,20 +31,30 @@ def parse_duration(text: str) -> float:
 
 
 def parse_time(text: str, now: datetime) -> datetime:
-    """A moment given as a duration from `now` (`6h`) or an ISO 8601 time (local if no zone)."""
+    """A moment given as a duration from `now` (`6h`) or an ISO 8601 time (local if no zone).
+    ValueError for text that is neither, or a moment outside years 1-9999 in UTC (e.g.
+    `9999-12-31T23:59:59-23:59`, `999999999d`), so no caller sees an OverflowError."""
     try:
-        return (now + timedelta(seconds=parse_duration(text))).astimezone(timezone.utc)
+        seconds = parse_duration(text)
     except ValueError:
         pass
+    else:
+        try:
+            return (now + timedelta(seconds=seconds)).astimezone(timezone.utc)
+        except OverflowError:
+            raise ValueError(f"time {text!r} is out of range (years 1-9999)") from None
     try:
         t = datetime.fromisoformat(str(text).strip())
     except ValueError:
         raise ValueError(
             f"malformed time {text!r}; use a duration from now (6h) or ISO 8601 (2026-12-01T02:00Z)"
         ) from None
-    if t.tzinfo is None:
-        t = t.astimezone()  # interpret as the caller's local time
-    return t.astimezone(timezone.utc)
+    try:
+        if t.tzinfo is None:
+            t = t.astimezone()  # interpret as the caller's local time
+        return t.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"time {text!r} is out of range (years 1-9999)") from None
 
 
 def format_duration(seconds: float | None) -> str:

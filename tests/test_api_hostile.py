@@ -399,3 +399,148 @@ def test_a_client_that_leaves_before_its_reply_is_not_logged_as_a_daemon_error(t
             assert bool(errors) is logged, (error, [r.getMessage() for r in caplog.records])
     finally:
         api.server_close()
+
+
+# -- one user cannot empty the database pool or fill the daemon with logs (issue 48) ------------
+
+def _api_on(store, tmp_path, **limits) -> ApiServer:
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(**limits) if limits else None)
+    api.start()
+    return api
+
+
+def _status_and_headers(raw: bytes) -> tuple[int, dict[str, str], dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def test_one_uid_may_hold_at_most_half_of_the_pool_the_api_may_use(store, tmp_path):
+    """32 requests of one uid in flight emptied a pool of 15 connections: another user's
+    submits failed and the agent's dispatch tick with them. One uid now gets at most half of
+    what is left after the daemon's own loops, on SQLite (15) and PostgreSQL (30)."""
+    pool = store.engine.pool
+    connections = pool.size() + pool._max_overflow
+    api = _api_on(store, tmp_path)
+    try:
+        assert 2 <= 2 * api.gate.limits.max_inflight <= connections - 2
+    finally:
+        api.stop()
+
+
+def test_a_request_that_finds_every_connection_in_use_gets_503_with_retry_after(store, tmp_path):
+    """The pool's 'QueuePool limit reached' was a 500; it is a busy daemon, to retry."""
+    from sqlalchemy import create_engine
+
+    from scheduler.store.engine import _configure_sqlite, normalize_url
+
+    engine = create_engine(normalize_url(store.engine.url.render_as_string(hide_password=False)),
+                           pool_size=2, max_overflow=0, pool_timeout=0.2)
+    if engine.dialect.name == "sqlite":
+        _configure_sqlite(engine)
+    small = Store(engine)
+    api = _api_on(small, tmp_path)
+    held = [small.engine.connect() for _ in range(2)]  # the planner and agent have them all
+    try:
+        status, headers, payload = _status_and_headers(raw_exchange(api.path, request_bytes("GET", "/v1/jobs", None)))
+        assert status == 503 and "in use" in payload["error"] and headers.get("retry-after") == "1", payload
+        for conn in held:
+            conn.close()
+        held = []
+        assert Client(api.path).jobs() == []  # served again once a connection is free
+    finally:
+        for conn in held:
+            conn.close()
+        api.stop()
+        small.dispose()
+
+
+def test_api_requests_beyond_their_share_of_the_pool_wait_briefly_then_get_503(store, tmp_path):
+    api = _api_on(store, tmp_path, db_wait_s=0.1)
+    slots = api.db_slots
+    taken = 0
+    try:
+        while slots._free.acquire(blocking=False):  # other users' requests hold every slot
+            taken += 1
+        assert taken == slots.slots and taken <= store.pool_connections() - 2
+        (status, payload), = responses(raw_exchange(api.path, request_bytes("GET", "/v1/jobs", None)))
+        assert status == 503 and "database connections for API requests are in use" in payload["error"]
+        slots._free.release()
+        taken -= 1
+        assert Client(api.path).jobs() == []
+    finally:
+        for _ in range(taken):
+            slots._free.release()
+        api.stop()
+
+
+@pytest.mark.parametrize("verb", ["cancel", "hold", "release"])
+def test_id_lists_are_capped_with_a_400_that_names_the_cap(server, verb):
+    """130,000 ids in one hold were 130,000 transactions on one connection (issue 48)."""
+    api, store = server
+    body = json.dumps({"ids": list(range(1, 1002))}).encode()
+    (status, payload), = responses(raw_exchange(api.path, request_bytes("POST", f"/v1/{verb}", body)))
+    assert status == 400 and f"{verb} takes at most 1000 job ids per request (got 1001)" in payload["error"]
+    assert "\n" not in payload["error"]
+
+
+def test_logs_count_as_expensive_requests_of_their_uid(tmp_path):
+    """32 parallel reads of a 4 MiB log took another user's health check to a p95 of 3.2 s."""
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    release = threading.Event()
+    real = service.logs
+
+    def slow_logs(*a, **k):
+        release.wait(60)
+        return real(*a, **k)
+
+    service.logs = slow_logs
+    api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(max_expensive_inflight=1))
+    api.start()
+    first = threading.Thread(target=lambda: pytest.raises(ApiError, Client(api.path).logs, 1))
+    try:
+        first.start()
+        deadline = time.monotonic() + 60
+        while not api.gate._expensive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(ApiError) as e:
+            Client(api.path).logs(1)
+        assert e.value.status == 429 and "logs" in str(e.value)
+        assert Client(api.path).submit(argv=["true"])["id"] == 1  # cheap requests are served
+    finally:
+        release.set()
+        first.join(60)
+        api.stop()
+        store.dispose()
+
+
+def test_the_cli_prints_a_log_longer_than_one_reply_whole(tmp_path, capsysbinary):
+    """`carbonsched logs` reads on from next_offset until the size of its first reply."""
+    from sqlalchemy import update
+
+    from scheduler.cli.main import main
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    api = ApiServer(tmp_path / "s.sock", service)
+    api.start()
+    try:
+        job_id = Client(api.path).submit(argv=["true"])["id"]
+        with store.write() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(state="COMPLETED"))
+        text = "".join(f"line {i} ü\n" for i in range(60_000))  # ~690 KB: three replies
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        (tmp_path / "logs" / f"{job_id}.out").write_text(text)
+        capsysbinary.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(["logs", "--socket", str(api.path), str(job_id)])
+        assert e.value.code == 0
+        assert capsysbinary.readouterr().out.decode() == text
+    finally:
+        api.stop()
+        store.dispose()

@@ -163,3 +163,119 @@ def test_a_file_that_is_no_database_is_named(tmp_path):
     assert r.returncode != 0
     assert str(tmp_path / "carbonsched.db") in r.stderr and "not a database" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# -- issue 48: out-of-range times and too many filters are a 400; the metrics port is bounded --
+
+@pytest.fixture
+def api_db(store, tmp_path):
+    """The API in front of a store of each kind (SQLite, PostgreSQL)."""
+    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
+    server = ApiServer(tmp_path / "s.sock", service)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _many(name: str, n: int) -> str:
+    return "&".join(f"{name}=v{i}" for i in range(n))
+
+
+@pytest.mark.parametrize("query, needle", [
+    ("since=9999-12-31T23:59:59-23:59", "'9999-12-31T23:59:59-23:59' is out of range"),
+    ("until=0001-01-01T00:00:00%2B23:59", "is out of range"),
+    (_many("name", 1001), "at most 100 name filters per listing (got 1001)"),
+    ("name=" + ",".join(f"v{i}" for i in range(101)), "at most 100 name filters per listing (got 101)"),
+    (_many("user", 1001), "at most 100 user filters per listing (got 1001)"),
+    (_many("state", 101), "at most 100 state filters per listing (got 101)"),
+], ids=["since-past-9999", "until-before-1", "1001-names", "101-names-in-one", "1001-users", "101-states"])
+def test_listing_filters_out_of_range_or_too_many_get_a_400(api_db, caplog, query, needle):
+    """A 500 (OverflowError), and 1,001 names a 503 'database cannot be reached' with a false
+    outage warning in the log (SQLite: 'expression tree is too large')."""
+    with caplog.at_level(logging.WARNING, logger="scheduler.daemon.api"):
+        status, payload = answer(api_db, "GET", f"/v1/jobs?{query}")
+    assert status == 400 and needle in payload["error"], payload
+    assert not [r for r in caplog.records if r.name == "scheduler.daemon.api"]  # no outage reported
+    assert answer(api_db, "GET", "/v1/jobs?" + _many("name", 100))[0] == 200  # the cap itself is served
+
+
+@pytest.mark.parametrize("text", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59", "999999999d"])
+def test_the_cli_refuses_times_out_of_range_with_a_clear_error(text):
+    from datetime import datetime, timezone
+
+    from scheduler.timeparse import parse_time
+
+    with pytest.raises(ValueError, match="out of range"):
+        parse_time(text, datetime(2026, 12, 1, tzinfo=timezone.utc))
+
+
+def test_store_metrics_are_read_once_per_max_age_however_many_scrape(store):
+    """Each scrape ran full-table queries: a thousand scrapes, a thousand scans."""
+    import threading
+
+    from sqlalchemy import event
+
+    from scheduler.metrics import StoreCollector
+
+    statements = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    now = [100.0]
+    collector = StoreCollector(store, max_age_s=10.0, clock=lambda: now[0])
+    first = {f.name: f.samples for f in collector.collect()}
+    assert statements
+    read_once = len(statements)
+    scrapes = [threading.Thread(target=lambda: list(collector.collect())) for _ in range(20)]
+    for t in scrapes:
+        t.start()
+    for t in scrapes:
+        t.join(60)
+    assert len(statements) == read_once  # served from the last read
+    assert {f.name: f.samples for f in collector.collect()} == first
+    now[0] += 10.0
+    list(collector.collect())
+    assert len(statements) == 2 * read_once  # and read again once it is max_age old
+
+
+def test_the_metrics_port_bounds_connections_and_closes_half_sent_requests():
+    """1,000 half-sent requests made 1,000 daemon threads and another user's submit took
+    15.8 s. Connections beyond the bound are answered 503 at once, and a request that never
+    finishes is closed after the read timeout; the port serves again afterwards."""
+    import threading
+    import urllib.request
+
+    from scheduler.metrics import Metrics
+
+    m = Metrics()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threads_before = threading.active_count()
+    m.serve(port)
+    half_sent = []
+    try:
+        for _ in range(40):
+            c = socket.create_connection(("127.0.0.1", port), timeout=60)
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
+            half_sent.append(c)
+        deadline = time.monotonic() + 60
+        answers = []
+        for c in half_sent:  # every one is answered or closed by the daemon, none is kept
+            c.settimeout(max(0.1, deadline - time.monotonic()))
+            got = b""
+            try:
+                while chunk := c.recv(4096):
+                    got += chunk
+            except ConnectionResetError:
+                pass
+            answers.append(got)
+        # refused at once with a 503 (or closed: a reset can overtake the answer), never kept
+        assert all(a == b"" or a.startswith(b"HTTP/1.0 503") for a in answers)
+        assert any(a.startswith(b"HTTP/1.0 503") for a in answers)
+        assert m._server.peak_connections <= m._server.max_connections
+        assert threading.active_count() <= threads_before + 3  # serve loop, reaper (+1 finishing)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60).read().decode()
+        assert "carbonsched_planner_duration_seconds" in text
+    finally:
+        for c in half_sent:
+            c.close()
+        m.stop()

@@ -458,6 +458,38 @@ def test_missing_logs_of_a_finished_job_name_the_node_it_ran_on(service):
     assert err.value.status == 404 and "nv-1" in err.value.message
 
 
+def _read_whole(service, job_id: int) -> tuple[list[dict], str]:
+    """Every reply of reading a job's stdout from its tail start on, as `carbonsched logs` does."""
+    replies = [service.logs(ALICE, job_id)]
+    while replies[-1]["next_offset"] < replies[-1]["size"]:
+        replies.append(service.logs(ALICE, job_id, offset=replies[-1]["next_offset"]))
+    return replies, "".join(r["text"] for r in replies)
+
+
+@pytest.mark.parametrize("kept", ["file", "store"])
+def test_a_large_log_is_served_in_bounded_chunks_that_decode_whole(service, tmp_path, kept):
+    """Issue 48: one reply held a 4 MiB log of control bytes, 25 MB of JSON; 32 of them at
+    once took the daemon from 576 to 970 MB. A reply now carries at most 256 KiB; the rest is
+    read on from next_offset, and a character cut at a chunk's end starts the next chunk."""
+    from scheduler.store.models import job_log_chunks
+
+    chunk_limit = 256 * 1024
+    job_id = service.submit(ALICE, body())["id"]
+    set_state(service.store, job_id, State.COMPLETED, node="amd-1")
+    data = b"\x01" * (chunk_limit - 1) + "é".encode() + b"\x01" * (2 * 1024 * 1024)  # é cut at 256 KiB
+    if kept == "file":
+        (tmp_path / "logs" / f"{job_id}.out").write_bytes(data)
+    else:  # the agent's copy of a job that ran on another node, in 64 KiB rows
+        with service.store.write() as conn:
+            for at in range(0, len(data), 65536):
+                conn.execute(insert(job_log_chunks).values(job_id=job_id, stream="stdout", offset=at,
+                                                           data=data[at:at + 65536]))
+    replies, text = _read_whole(service, job_id)
+    assert all(r["next_offset"] - r["offset"] <= chunk_limit for r in replies)
+    assert len(replies) >= len(data) // chunk_limit and replies[0]["size"] == len(data)
+    assert text == data.decode() and "\ufffd" not in text
+
+
 def test_logs_return_the_tail_of_stdout_or_stderr(service, tmp_path):
     job_id = service.submit(ALICE, body())["id"]
     set_state(service.store, job_id, State.RUNNING, node="amd-1")

@@ -663,10 +663,17 @@ def cmd_logs(args, config) -> int:
     client = api_client(args, config)
     stream = "stderr" if args.stderr else "stdout"
     if not args.follow:
+        # The daemon answers in bounded chunks: read on from next_offset to the size the
+        # first answer gave (what the job writes meanwhile is for --follow).
         r = client.logs(args.job, stream, args.tail_bytes)
-        sys.stdout.write(r["text"])
-        sys.stdout.flush()
-        return EXIT_OK
+        end = r["size"]
+        while True:
+            sys.stdout.write(r["text"])
+            sys.stdout.flush()
+            offset = r.get("next_offset", r["size"])
+            if offset >= end or not r["text"]:
+                return EXIT_OK
+            r = client.logs(args.job, stream, offset=offset)
     return _follow(client, args.job, stream, args.tail_bytes)
 
 
@@ -696,7 +703,8 @@ def _follow(client, job_id: int, stream: str, tail_bytes: int | None, poll_s: fl
             if r is None:
                 return EXIT_OK
             continue  # one more read: what it wrote last
-        time.sleep(poll_s)
+        if r is None or offset >= r["size"]:  # else the next chunk is there already
+            time.sleep(poll_s)
 
 
 def cmd_nodes(args, config) -> int:

@@ -16,7 +16,7 @@ import stat
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from scheduler.accounting import GROUPINGS, Accountant, NotFound, parse_period
 from scheduler.daemon.service import Caller, JobService, RequestError
@@ -35,6 +36,17 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
 API_VERSION = "v1"
+#: Job ids one cancel/hold/release request may name: each is a transaction of its own, and
+#: 130,000 of them held a database connection for minutes (issue 48). `cancel` in Slurm's
+#: habits takes a handful; a script with more sends batches.
+MAX_IDS_PER_REQUEST = 1000
+#: Values one listing filter (`state=`, `user=`, `name=`) may have: 1,001 names made a query
+#: SQLite refuses ("expression tree is too large"), which read as a database outage.
+MAX_FILTER_VALUES = 100
+#: Database connections kept for the daemon's own loops (planner, local agent's dispatch and
+#: sampler, watchdog) that API requests may never take: one user's requests cannot stop
+#: the jobs of everyone from being planned and started.
+RESERVED_DB_CONNECTIONS = 4
 
 
 @dataclass(frozen=True)
@@ -47,14 +59,44 @@ class UidLimits:
     burst: float = 2000.0
     max_inflight: int = 32
     max_connections: int = 256
-    # Requests whose cost grows with the store (job listings, reports, exports, plan previews:
-    # 8 parallel listings of ~24k jobs took another user's submit p99 to 2.1 s): at most this
+    # Requests whose cost grows with the store or a file (job listings, reports, exports, plan
+    # previews, logs: 8 parallel listings of ~24k jobs took another user's submit p99 to 2.1 s,
+    # 32 parallel reads of a 4 MiB log another user's health check to 3.2 s): at most this
     # many of one uid at once.
     max_expensive_inflight: int = 2
+    # How long a request waits for one of the database connections the API may use (all of
+    # them busy: other users' requests) before it is answered 503 with Retry-After.
+    db_wait_s: float = 5.0
 
 
 #: (method, first path part) of the requests counted by `UidLimits.max_expensive_inflight`.
 EXPENSIVE = frozenset({("GET", "jobs"), ("GET", "report"), ("GET", "export"), ("GET", "plan")})
+
+
+def is_expensive(method: str, parts: list[str]) -> bool:
+    """Whether a request (its path split, `v1` first) counts against `max_expensive_inflight`:
+    a listing, report, export or plan preview, or a job's log (up to `MAX_LOG_CHUNK_BYTES`
+    read and escaped into JSON)."""
+    if len(parts) == 2:
+        return (method, parts[1]) in EXPENSIVE
+    return method == "GET" and len(parts) == 4 and parts[1] == "jobs" and parts[3] == "logs"
+
+
+def limits_for_pool(limits: UidLimits, pool_connections: int | None) -> tuple[UidLimits, int | None]:
+    """(per-uid limits, API-wide slots) for a store whose pool holds `pool_connections`
+    (None: no fixed pool). The API may use all but `RESERVED_DB_CONNECTIONS` of them, and one
+    uid at most half of those at once, so another user's request and the daemon's own loops
+    always find a connection (issue 48: one uid's 32 requests in flight emptied a pool of 15,
+    and others' submits failed)."""
+    if pool_connections is None:
+        return limits, None
+    slots = max(2, pool_connections - RESERVED_DB_CONNECTIONS)
+    per_uid = max(1, slots // 2)
+    if limits.max_inflight > per_uid:
+        log.info("API: at most %d requests in progress per uid (not %d): the database pool has %d "
+                 "connections, %d of them for the API", per_uid, limits.max_inflight, pool_connections, slots)
+        limits = replace(limits, max_inflight=per_uid)
+    return limits, slots
 
 
 class _UidGate:
@@ -77,7 +119,7 @@ class _UidGate:
             n = self._expensive.get(uid, 0)
             if n >= self.limits.max_expensive_inflight:
                 self.rejected += 1
-                raise RequestError(429, f"uid {uid} already has {n} listing/report/export/plan request(s) "
+                raise RequestError(429, f"uid {uid} already has {n} listing/report/export/plan/logs request(s) "
                                         f"in progress (limit {self.limits.max_expensive_inflight}); retry when "
                                         "one has finished")
             self._expensive[uid] = n + 1
@@ -132,6 +174,26 @@ def _decrement(counts: dict[int, int], uid: int) -> None:
         counts[uid] = n
     else:
         counts.pop(uid, None)
+
+
+class _DbSlots:
+    """The database connections API requests may hold at once (all uids together): a request
+    waits up to `wait_s` for one, then is answered 503 with Retry-After rather than waiting on
+    the pool and failing (or taking the connections the planner and agents need)."""
+
+    def __init__(self, slots: int | None, wait_s: float) -> None:
+        self.slots = slots
+        self.wait_s = wait_s
+        self._free = threading.BoundedSemaphore(slots) if slots else None
+
+    def __enter__(self) -> None:
+        if self._free is not None and not self._free.acquire(timeout=self.wait_s):
+            raise RequestError(503, f"the daemon is busy: all {self.slots} database connections for API "
+                                    "requests are in use; retry in a moment")
+
+    def __exit__(self, *exc) -> None:
+        if self._free is not None:
+            self._free.release()
 
 
 def peer_credentials(sock: socket.socket) -> Caller:
@@ -189,11 +251,12 @@ class _Handler(BaseHTTPRequestHandler):
                 body = self._read_body() if method in ("POST", "DELETE") else None
                 url = urlsplit(self.path)
                 parts = [p for p in url.path.split("/") if p]
-                expensive = len(parts) == 2 and (method, parts[1]) in EXPENSIVE
+                expensive = is_expensive(method, parts)
                 if expensive:
                     gate.enter_expensive(caller.uid)
                 try:
-                    status, payload = self.server.router(method, url.path, parse_qs(url.query), body, caller)
+                    with self.server.db_slots:
+                        status, payload = self.server.router(method, url.path, parse_qs(url.query), body, caller)
                 finally:
                     if expensive:
                         gate.leave_expensive(caller.uid)
@@ -202,6 +265,11 @@ class _Handler(BaseHTTPRequestHandler):
         except RequestError as e:
             # One clear line: a message that quotes the request shows its controls escaped.
             status, payload = e.status, {"error": printable(e.message)}
+        except PoolTimeout:
+            # Every connection of the pool is in use (the daemon's loops and API requests): busy,
+            # not down; a 503 to retry, no outage warning.
+            status, payload = 503, {"error": "the daemon's database connections are all in use; retry in a moment"}
+            self.server.note_pool_exhausted()
         except DBAPIError as e:
             # The database is down or unreachable: a 503 to retry, and one warning per outage
             # in the log (not a traceback per request).
@@ -219,7 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        if status == 429:
+        if status in (429, 503):
             self.send_header("Retry-After", "1")
         if self.close_connection:
             self.send_header("Connection", "close")
@@ -294,7 +362,10 @@ class ApiServer(socketserver.UnixStreamServer):
                  limits: UidLimits | None = None) -> None:
         self.path = Path(path)
         self.service = service
-        self.gate = _UidGate(limits or UidLimits())
+        limits, slots = limits_for_pool(limits or UidLimits(), service.store.pool_connections())
+        self.gate = _UidGate(limits)
+        self.db_slots = _DbSlots(slots, limits.db_wait_s)
+        self._pool_full_logged_at = -1e9
         self.extra_routes = extra_routes or {}
         _remove_stale_socket(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,6 +385,13 @@ class ApiServer(socketserver.UnixStreamServer):
             self._db_down_since = time.monotonic()
             log.warning("API: the database cannot be reached (%s); answering 503 until it is back",
                         str(e.orig).strip().splitlines()[0] if e.orig else e)
+
+    def note_pool_exhausted(self) -> None:
+        now = time.monotonic()
+        if now - self._pool_full_logged_at >= 60.0:  # one line a minute
+            self._pool_full_logged_at = now
+            log.warning("API: every database connection of the pool is in use; answering 503 (logged once a "
+                        "minute)")
 
     def note_db_ok(self) -> None:
         if self._db_down_since is not None:
@@ -421,10 +499,10 @@ class ApiServer(socketserver.UnixStreamServer):
         if route == ("POST", "jobs") and len(parts) == 1:
             return 201, svc.submit(caller, body)
         if route == ("GET", "jobs") and len(parts) == 1:
-            states = [s.upper() for v in query.get("state", []) for s in v.split(",") if s]
+            states = [s.upper() for s in _query_list(query, "state")]
             limit = _query_int(query, "limit")
-            users = [u for v in query.get("user", []) for u in v.split(",") if u]
-            names = [n for v in query.get("name", []) for n in v.split(",") if n]
+            users = _query_list(query, "user")
+            names = _query_list(query, "name")
             return 200, svc.list_jobs(caller, include_done=_flag(query, "all"),
                                       states=states or None, limit=limit, users=users or None,
                                       names=names or None, since=_query_time(query, "since"),
@@ -445,12 +523,12 @@ class ApiServer(socketserver.UnixStreamServer):
             ids = body.get("ids") if isinstance(body, dict) else None
             if not isinstance(ids, list):
                 raise RequestError(400, 'cancel body must be {"ids": [JOB, ...]}')
-            return 200, svc.cancel(caller, [_job_id(i) for i in ids])
+            return 200, svc.cancel(caller, _job_ids(ids, "cancel"))
         if route in (("POST", "hold"), ("POST", "release")) and len(parts) == 1:
             ids = body.get("ids") if isinstance(body, dict) else None
             if not isinstance(ids, list):
                 raise RequestError(400, f'{parts[0]} body must be {{"ids": [JOB, ...]}}')
-            return 200, svc.hold(caller, [_job_id(i) for i in ids], held=parts[0] == "hold")
+            return 200, svc.hold(caller, _job_ids(ids, parts[0]), held=parts[0] == "hold")
         if route in (("POST", "drain"), ("POST", "resume")) and len(parts) == 1:
             return 200, svc.drain(caller, body, drained=parts[0] == "drain")
         if route == ("GET", "nodes"):
@@ -469,6 +547,22 @@ def _job_id(v) -> int:
     if isinstance(v, bool) or not 1 <= n < 2**63:
         raise RequestError(400, f"job id must be a positive 64-bit number (got {v!r})")
     return n
+
+
+def _job_ids(ids: list, verb: str) -> list[int]:
+    """The job ids of a cancel/hold/release body, at most `MAX_IDS_PER_REQUEST` of them."""
+    if len(ids) > MAX_IDS_PER_REQUEST:
+        raise RequestError(400, f"{verb} takes at most {MAX_IDS_PER_REQUEST} job ids per request (got "
+                                f"{len(ids)}); send them in batches")
+    return [_job_id(i) for i in ids]
+
+
+def _query_list(query: dict, name: str) -> list[str]:
+    """A listing filter's values (repeated and comma-separated), at most `MAX_FILTER_VALUES`."""
+    values = [v for raw in query.get(name, []) for v in raw.split(",") if v]
+    if len(values) > MAX_FILTER_VALUES:
+        raise RequestError(400, f"at most {MAX_FILTER_VALUES} {name} filters per listing (got {len(values)})")
+    return values
 
 
 def _flag(query: dict, name: str) -> bool:
@@ -498,7 +592,10 @@ def _query_time(query: dict, name: str) -> datetime | None:
         raise RequestError(400, f"{name} {text!r} is not an ISO 8601 time") from None
     if t.tzinfo is None:
         raise RequestError(400, f"{name} {text!r} has no time zone")
-    return t.astimezone(timezone.utc)
+    try:
+        return t.astimezone(timezone.utc)
+    except OverflowError:  # 9999-12-31T23:59:59-23:59 is after the year 9999 in UTC
+        raise RequestError(400, f"{name} {text!r} is out of range") from None
 
 
 def _remove_stale_socket(path: Path) -> None:

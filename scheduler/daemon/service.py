@@ -39,7 +39,11 @@ MAX_ENV = 256
 MAX_RUNTIME_S = 30 * 86400
 MIN_RUNTIME_S = 1.0  # shorter estimates and limits are typos (1e-300 s), not jobs
 MAX_DEADLINE_AHEAD_S = 366 * 86400
-MAX_LOG_BYTES = 4 * 1024 * 1024
+MAX_LOG_BYTES = 4 * 1024 * 1024  # the longest tail `logs` shows
+# What one `logs` reply carries at most: a 4 MiB log of control bytes is 25 MB of JSON
+# (\u0001 per byte), and 32 of those at once took the daemon to 970 MB (issue 48). The rest
+# is read on from `next_offset`, chunk by chunk (the CLI does).
+MAX_LOG_CHUNK_BYTES = 256 * 1024
 LEARNED_TTL_S = 5.0  # how long the learned workload names are cached for submit's check
 _INSERT_JOB = insert(jobs).returning(jobs.c.id)
 
@@ -536,7 +540,8 @@ class JobService:
     def logs(self, caller: Caller, job_id: int, *, stream: str = "stdout",
              tail_bytes: int | None = None, offset: int | None = None) -> dict:
         """A job's stdout or stderr: the tail (`tail_bytes`, at most MAX_LOG_BYTES), or from
-        `offset` on (`logs --follow` reads on from `next_offset`). From this host's log file
+        `offset` on (`logs --follow` reads on from `next_offset`), at most MAX_LOG_CHUNK_BYTES
+        of it per reply (`next_offset` < `size`: there is more to read). From this host's log file
         when the job ran here, else from the copy its node's agent keeps in the store
         (`job_log_chunks`), so a job run by another node's agent can be read on the head."""
         if stream not in ("stdout", "stderr"):
@@ -561,7 +566,7 @@ class JobService:
                 size = f.seek(0, os.SEEK_END)
                 start = max(0, size - limit) if offset is None else min(offset, size)
                 f.seek(start)
-                data = f.read(MAX_LOG_BYTES)
+                data = f.read(MAX_LOG_CHUNK_BYTES)
         except FileNotFoundError:
             size, start, data = self._stored_log(job_id, stream, limit, offset)
             if size is None:
@@ -572,6 +577,8 @@ class JobService:
                 else:
                     raise RequestError(404, f"no {stream} log for job {job_id} on this host or in the store "
                                             f"(it ran on node {row.node or '?'})") from None
+        if start + len(data) < size:
+            data = _whole_utf8(data)  # the next chunk starts with the character cut here
         return {"job": job_id, "stream": stream, "size": size, "offset": start,
                 "next_offset": start + len(data), "truncated": start > 0 and offset is None,
                 "text": data.decode("utf-8", errors="replace")}
@@ -590,7 +597,7 @@ class JobService:
             chunks = conn.execute(select(c.c.offset, c.c.data)
                                   .where(c.c.job_id == job_id, c.c.stream == stream,
                                          c.c.offset + func.length(c.c.data) > start,
-                                         c.c.offset < start + MAX_LOG_BYTES)
+                                         c.c.offset < start + MAX_LOG_CHUNK_BYTES)
                                   .order_by(c.c.offset)).all()
         buf = bytearray()
         for at, data in chunks:
@@ -598,7 +605,7 @@ class JobService:
             if at < start:
                 data = data[start - at:]
             buf += data
-        return int(size), start, bytes(buf[:MAX_LOG_BYTES])
+        return int(size), start, bytes(buf[:MAX_LOG_CHUNK_BYTES])
 
     def nodes(self, caller: Caller) -> list[dict]:
         now = self._clock()
@@ -951,3 +958,17 @@ def _validate_interruptible(body: dict, est_runtime_s: float | None, time_limit_
                                     f"(got {segs})")
     out["max_segments"] = segs
     return out
+
+
+def _whole_utf8(data: bytes) -> bytes:
+    """`data` less a UTF-8 character cut at its end (at most 3 bytes), so a log read in
+    chunks decodes as it would whole."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        if b >= 0xC0:  # the lead byte: cut if its character needs more than is here
+            needed = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return data[:-back] if back < needed else data
+        return data
+    return data

@@ -20,6 +20,7 @@ from typing import TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.pool import QueuePool
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,12 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+#: How long a thread waits for a pooled connection before sqlalchemy's TimeoutError (the
+#: API answers it 503; its own requests are bounded below the pool by `ApiServer`).
+POOL_TIMEOUT_S = 30.0
+
+
+def make_engine(url: str, *, pool_timeout_s: float = POOL_TIMEOUT_S) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -53,13 +59,16 @@ def make_engine(url: str) -> Engine:
             Path(db).parent.mkdir(parents=True, exist_ok=True)
             secure_sqlite_files(Path(db))
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
-                                                  "check_same_thread": False})
+                                                  "check_same_thread": False},
+                               # a file gets a QueuePool; memory a pool that takes no timeout
+                               **({"pool_timeout": pool_timeout_s}
+                                  if db and db != ":memory:" and parsed.query.get("mode") != "memory" else {}))
         _configure_sqlite(engine)
         return engine
     # No pool_pre_ping: a dropped connection surfaces as an invalidated-connection error,
     # which Store.transact retries; pinging would cost a round trip on every transaction.
     # Sessions run in UTC so timestamps come back as UTC whatever the server's setting.
-    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800,
+    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800, pool_timeout=pool_timeout_s,
                          connect_args={"options": "-c timezone=UTC"})
 
 
@@ -143,6 +152,15 @@ class Store:
         # SQLite has one writer at a time and its busy handler polls with back-off, so
         # threads of one process queue here, in order, instead of sleeping in SQLite.
         self._write_lock = threading.Lock() if self.dialect == "sqlite" else nullcontext()
+
+    def pool_connections(self) -> int | None:
+        """How many connections the engine's pool may hold at once (its size plus overflow);
+        None for a pool without such a bound (SQLite in memory, NullPool)."""
+        pool = self.engine.pool
+        if not isinstance(pool, QueuePool):
+            return None
+        overflow = pool._max_overflow  # no public accessor; -1 means unbounded
+        return None if overflow < 0 else pool.size() + overflow
 
     @property
     def url(self) -> str:
