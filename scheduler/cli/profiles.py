@@ -153,10 +153,9 @@ def cmd_reset(args, config: dict) -> int:
 
 
 def cmd_profiles(args, config: dict) -> int:
-    from scheduler import profile_view
-
-    if args.action == "reset":
+    if args.action == "reset":  # before the model's imports: any user's python runs it (stdlib only)
         return cmd_reset(args, config)
+    from scheduler import profile_view
     from scheduler.profile_view import FLEET_GPUS, NoLatencyModel, Slo, UnknownWorkload
 
     gpus = tuple(args.gpu) if args.gpu else FLEET_GPUS
