@@ -192,3 +192,22 @@ def test_an_operator_resets_learned_profiles_and_a_user_cannot(world):
         service.reset_profiles(ROOT, {"model": 7})
     assert e.value.status == 400
 
+
+
+def test_profiles_reset_with_db_forgets_the_rows_in_the_store(store, capsys, tmp_path, monkeypatch):
+    from test_report_cli import run_cli
+
+    monkeypatch.setenv("CARBONSCHED_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    _poison(store, "H100")
+    _poison(store, "MI300X")
+    url = store.engine.url.render_as_string(hide_password=False)
+    code, out, err = run_cli(capsys, "--socket", str(tmp_path / "absent.sock"), "profiles", "reset",
+                             "--workload", WORKLOAD, "--gpu", "H100", "--db", url)
+    assert code == 0, err
+    assert "reset 1 learned profile(s) (llm-chat-70b on H100)" in out
+    with store.read() as conn:
+        assert [r.model for r in conn.execute(select(workload_profiles.c.model))] == ["MI300X"]
+    code, _, err = run_cli(capsys, "--socket", str(tmp_path / "absent.sock"), "profiles", "reset",
+                           "--gpu", "H100", "--gpu", "B200", "--db", url)
+    assert code == 2 and len(err.strip().splitlines()) == 1

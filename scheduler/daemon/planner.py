@@ -837,11 +837,19 @@ def _seeded(queued: tuple[QueuedJob, ...], slots: list[GpuSlot], book, learned: 
     counts: dict[tuple[str, str, float], int] = {}
     for s in slots:
         counts[(s.node, s.model, s.memory_gib)] = counts.get((s.node, s.model, s.memory_gib), 0) + 1
-    kinds = [GpuKind(model, mem, n) for (_, model, mem), n in counts.items()]
+    kinds = sorted({GpuKind(model, mem, n) for (_, model, mem), n in counts.items()},
+                   key=lambda k: (k.model, k.memory_gib, k.count))
+    answers: dict[tuple, str | None] = {}  # one answer per job shape: a queue has few
     out = []
     for j in queued:
-        why = learned_refusal(j, kinds, book, default_runtime_s) if j.workload in workloads else None
-        out.append(j if why is None else replace(j, seed_profile=why))
+        if j.workload not in workloads:
+            out.append(j)
+            continue
+        key = (j.workload, j.gpus, j.gpu_mem_gib, j.ttft_slo_ms, j.tpot_slo_ms, j.latency_slo_ms, j.time_limit_s,
+               j.prompts, j.est_runtime_s)
+        if key not in answers:
+            answers[key] = learned_refusal(j, kinds, book, default_runtime_s)
+        out.append(j if answers[key] is None else replace(j, seed_profile=answers[key]))
     return tuple(out)
 
 

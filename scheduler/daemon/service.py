@@ -778,16 +778,20 @@ class JobService:
                 why = OPERATOR_HELD_REASON if operator else HELD_REASON
                 # bumping plan_rev makes a tick planned from before the hold write nothing
                 if transition(conn, r.id, State.PENDING, actor_uid=caller.uid, expect=(State.PLANNED,),
-                              reason=f"{'an operator, ' if operator else ''}held by uid {caller.uid}: plan withdrawn",
+                              reason=f"held by {'an operator, ' if operator else ''}uid {caller.uid}: plan withdrawn",
                               values={**values, "planned_node": None, "planned_gpu_ids": None,
                                       "planned_start": None}):
                     conn.execute(update(jobs).where(jobs.c.id == r.id).values(reason=why))  # queue's REASON
                     return {"id": r.id, "held": True, "changed": True}
-                n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.state == State.PENDING.value)
-                                 .values(**values, reason=why)).rowcount
+                where = [jobs.c.id == r.id, jobs.c.state == State.PENDING.value]
+                if not operator:  # never turn an operator's hold placed since the read into a user's
+                    where.append(or_(jobs.c.hold_kind.is_(None), jobs.c.hold_kind != "operator"))
+                n = conn.execute(update(jobs).where(*where).values(**values, reason=why)).rowcount
                 if not n:
-                    state = conn.execute(select(jobs.c.state).where(jobs.c.id == r.id)).scalar_one()
-                    raise RequestError(409, f"job {r.id} is {state}: it started before it could be held")
+                    now_row = conn.execute(select(jobs.c.state, jobs.c.hold_kind).where(jobs.c.id == r.id)).one()
+                    if now_row.hold_kind == "operator" and now_row.state == State.PENDING.value:
+                        return {"id": r.id, "held": True, "changed": False}
+                    raise RequestError(409, f"job {r.id} is {now_row.state}: it started before it could be held")
                 return {"id": r.id, "held": True, "changed": r.held_at is None or r.hold_kind != kind}
             results.append(self.store.transact(tx))
         log.info("%s of job(s) %s by uid %s", verb, ", ".join(str(r.id) for r in rows), caller.uid)
