@@ -100,7 +100,7 @@ def learned_refusal(job: QueuedJob, kinds: Iterable[GpuKind], book: ProfileBook,
     seeded = exclusions(replace(job, seed_profile="seed"), kinds, book, default_runtime_s)
     if len(seeded) == len(models):
         return None
-    return f"with the profile learned here {job.workload} {unfit_text(learned)}"
+    return f"with the profile learned here, {job.workload} {unfit_text(learned)}"
 
 
 def estimated_runtime_s(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: float) -> float:
