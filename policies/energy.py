@@ -140,20 +140,25 @@ def _seed_index() -> dict[tuple[str, str], Profile]:
 
 class ProfileBook:
     """Profiles by (workload, model); later entries override earlier ones for the same key,
-    so `ProfileBook(seed_profiles() + learned)` prefers what this cluster measured."""
+    so `ProfileBook(seed_profiles() + learned)` prefers what this cluster measured. The
+    first entry of a key is its seed: `get(..., seed=True)` answers with it, for a job the
+    learned figures alone would refuse (`QueuedJob.seed_profile`)."""
 
     def __init__(self, profiles: Iterable[Profile] = ()) -> None:
         self._by_key: dict[tuple[str, str], Profile] = {}
+        self._first: dict[tuple[str, str], Profile] = {}
         # model_choice's answers for this book's profiles: a planner asks the same few
         # (workload, model, k, SLOs) questions thousands of times per tick
         self.choices: dict[tuple, object] = {}
         for p in profiles:
-            self._by_key[(p.workload, _canonical_model(p.model))] = p
+            key = (p.workload, _canonical_model(p.model))
+            self._by_key[key] = p
+            self._first.setdefault(key, p)
 
-    def get(self, workload: str | None, model: str) -> Profile | None:
+    def get(self, workload: str | None, model: str, *, seed: bool = False) -> Profile | None:
         if workload is None:
             return None
-        return self._by_key.get((workload, _canonical_model(model)))
+        return (self._first if seed else self._by_key).get((workload, _canonical_model(model)))
 
     def workloads(self) -> list[str]:
         return sorted({w for w, _ in self._by_key})
@@ -222,10 +227,11 @@ def capped_w(per_gpu_w: float, power_limit_w: float | None) -> float:
     return min(per_gpu_w, power_limit_w) if power_limit_w else per_gpu_w
 
 
-def correction(book: ProfileBook, workload: str | None, model: str) -> tuple[float, float]:
+def correction(book: ProfileBook, workload: str | None, model: str, *, seed: bool = False) -> tuple[float, float]:
     """(throughput ratio, power ratio) of the book's profile of (workload, model) to its seed:
-    what this cluster's runs taught about the performance model's figures (1, 1: nothing)."""
-    if workload is None:
+    what this cluster's runs taught about the performance model's figures (1, 1: nothing, or
+    `seed`: the seed asked for)."""
+    if workload is None or seed:
         return 1.0, 1.0
     seed = _seed_index().get((workload, model))
     mine = book.get(workload, model)
@@ -241,11 +247,12 @@ def model_choice(job: QueuedJob, model: str, book: ProfileBook):
     """The operating point of `job` on `model` (`policies.operating_point.job_choice`, with the
     book's learned correction): a Choice, a Refusal, or None (the model does not know the
     workload or the GPU)."""
-    key = (job.workload, model, job.gpus, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms)
+    seed = job.seed_profile is not None
+    key = (job.workload, model, job.gpus, job.ttft_slo_ms, job.tpot_slo_ms, job.latency_slo_ms, seed)
     hit = book.choices.get(key, _MISSING)
     if hit is _MISSING:
         canonical = _canonical_model(model)
-        speed, power_ratio = correction(book, job.workload, canonical)
+        speed, power_ratio = correction(book, job.workload, canonical, seed=seed)
         hit = book.choices[key] = job_choice(job.workload, canonical, max(1, job.gpus), job.ttft_slo_ms,
                                              job.tpot_slo_ms, job.latency_slo_ms, speed, power_ratio)
     return hit
@@ -279,12 +286,13 @@ def job_shape(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: 
                         source=f"perf model {job.workload}: {choice.note}",
                         operating_point=choice.point if choice.inference else None,
                         point_note=choice.note)
-    profile = book.get(job.workload, model) if choice is None else None
+    seed = job.seed_profile is not None
+    profile = book.get(job.workload, model, seed=seed) if choice is None else None
     if profile is not None and profile.prompts_per_s > 0:
         if job.prompts:
             runtime_s = job.prompts / (k * profile.prompts_per_s)
         else:
-            ref = book.get(job.workload, REFERENCE_MODEL)
+            ref = book.get(job.workload, REFERENCE_MODEL, seed=seed)
             runtime_s = base_s * (ref.prompts_per_s / profile.prompts_per_s if ref else 1.0)
         power_w = k * capped_w(profile.power_w, power_limit_w)
         runtime_s = runtime_s * stretch(profile.power_w, power_limit_w)
@@ -331,8 +339,8 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
     why = np.zeros((n, m), dtype=np.int8)
     groups: dict[tuple, list[int]] = {}
     for i, j in enumerate(jobs):
-        key = (j.workload, max(1, j.gpus), j.ttft_slo_ms, j.tpot_slo_ms, j.latency_slo_ms) \
-            if j.workload is not None else (None,)
+        key = (j.workload, max(1, j.gpus), j.ttft_slo_ms, j.tpot_slo_ms, j.latency_slo_ms,
+               j.seed_profile is not None) if j.workload is not None else (None,)
         groups.setdefault(key, []).append(i)
     for c, model in enumerate(models):
         cap = power_limits_w[c] if power_limits_w is not None else None
@@ -357,7 +365,8 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
                 continue
             if isinstance(choice, Refusal):
                 why[rows, c] = _WHY_CODE[choice.reason]
-            profile = book.get(workload, model) if choice is None else None
+            seed = first.seed_profile is not None
+            profile = book.get(workload, model, seed=seed) if choice is None else None
             if profile is not None and workload is not None:
                 slo_why = _profile_slo_why(first, profile)
                 if slo_why:
@@ -365,7 +374,7 @@ def shape_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book: Profile
             elif workload is not None and choice is None and has_slo(first):
                 why[rows, c] = 2  # an SLO, and no latency model for this workload here
             if profile is not None and profile.prompts_per_s > 0:
-                ref = book.get(workload, REFERENCE_MODEL)
+                ref = book.get(workload, REFERENCE_MODEL, seed=seed)
                 ratio = ref.prompts_per_s / profile.prompts_per_s if ref else 1.0
                 kr, pr = k[rows], prompts[rows]
                 with np.errstate(divide="ignore", invalid="ignore"):
@@ -418,7 +427,7 @@ def fits(job: QueuedJob, model_name: str, memory_gib: float, book: ProfileBook) 
         return None
     if not has_slo(job):
         return None
-    profile = book.get(job.workload, model_name)
+    profile = book.get(job.workload, model_name, seed=job.seed_profile is not None)
     return "slo" if profile is None or _profile_slo_why(job, profile) else None
 
 

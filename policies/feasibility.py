@@ -22,7 +22,7 @@ it, in the planner's order of reasons:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.energy import ProfileBook, fits, job_shape, within_time_limit
 from policies.model import QueuedJob
@@ -81,6 +81,26 @@ def unfit_text(excluded: Mapping[str, str]) -> str:
     """An unplaceable job's reason as greedy and the API word it, e.g.
     "fits no GPU model: H100 (slo), MI300X (slo)"."""
     return "fits no GPU model: " + ", ".join(f"{m} ({r})" for m, r in sorted(excluded.items()))
+
+
+def learned_refusal(job: QueuedJob, kinds: Iterable[GpuKind], book: ProfileBook,
+                    default_runtime_s: float) -> str | None:
+    """Why the learned figures alone would refuse `job`, when they would (issue 48): with the
+    book's learned profiles no model of `kinds` can take it, but with the seed profiles some
+    model can. Then the job is planned with its seeds (`QueuedJob.seed_profile` = this
+    text): a learned profile is what runs here taught, and one user's runs must never shut
+    a job out that the performance model says fits. None: nothing to fall back from."""
+    kinds = list(kinds)
+    if job.workload is None or job.seed_profile is not None or not kinds:
+        return None
+    models = {k.model for k in kinds}
+    learned = exclusions(job, kinds, book, default_runtime_s)
+    if len(learned) < len(models):
+        return None
+    seeded = exclusions(replace(job, seed_profile="seed"), kinds, book, default_runtime_s)
+    if len(seeded) == len(models):
+        return None
+    return f"with the profile learned here, {job.workload} {unfit_text(learned)}"
 
 
 def estimated_runtime_s(job: QueuedJob, model: str, book: ProfileBook, default_runtime_s: float) -> float:

@@ -14,6 +14,15 @@ outlier) moves a mean by a tenth of its size at every later step; it does not mo
 of five runs at all. After two agreeing runs the estimate is theirs. Without a seed profile
 the median of the runs' own figures is the estimate.
 
+One user cannot poison a profile for everyone (issue 48): a run more than
+`MAX_SEED_FACTOR` off its seed, either way, is not learned from (`is_outlier`: a job that
+declared one prompt and slept, a stall, another program under the workload's name); with
+runs of two users or more in the window, each user's runs weigh at most `MAX_USER_WEIGHT`
+runs' worth in the median (a lone user's count in full: nobody else's word is at stake);
+and a full window drops the oldest run of the user with the most runs in it (`keep`), so
+one user's many runs never crowd the others' out. Runs of unknown users (learned before
+owners were kept, or the simulator's) count as one user.
+
 The confidence of an estimate is its run count and `rel_uncertainty`: the standard error of a
 median, 1.253 x 1.4826 x MAD / sqrt(n), as a relative figure (NaN below two runs); how far
 one run strays from it is `rel_spread`, 1.4826 x MAD as a relative figure (the deadline
@@ -30,6 +39,11 @@ from dataclasses import dataclass, replace
 from policies.model import Profile
 
 WINDOW = 15  # recent runs kept per (workload, GPU model)
+# A run whose throughput or power per GPU is more than this factor off its seed's, either
+# way, is not learned from: the seed model's own error is tens of percent, not 10x.
+MAX_SEED_FACTOR = 10.0
+# With runs of two users or more, each user's runs weigh at most this many runs' worth.
+MAX_USER_WEIGHT = 3.0
 
 
 @dataclass(frozen=True)
@@ -38,13 +52,65 @@ class Run:
 
     prompts_per_s: float
     power_w: float
+    user: int | None = None  # the uid whose job it was (None: not known)
 
     @classmethod
-    def of(cls, *, gpus: int, runtime_s: float, energy_j: float, prompts: int) -> Run:
+    def of(cls, *, gpus: int, runtime_s: float, energy_j: float, prompts: int, user: int | None = None) -> Run:
         if gpus <= 0 or runtime_s <= 0 or prompts <= 0 or energy_j < 0:
             raise ValueError(f"cannot learn from gpus={gpus} runtime_s={runtime_s} prompts={prompts} "
                              f"energy_j={energy_j}")
-        return cls(prompts / (gpus * runtime_s), energy_j / (gpus * runtime_s))
+        return cls(prompts / (gpus * runtime_s), energy_j / (gpus * runtime_s), user)
+
+
+def is_outlier(run: Run, seed: Profile | None) -> bool:
+    """Whether `run` is more than `MAX_SEED_FACTOR` off `seed` in throughput or power (never
+    with no seed: then there is nothing to compare with)."""
+    if seed is None or seed.prompts_per_s <= 0 or seed.power_w <= 0:
+        return False
+    bound = math.log(MAX_SEED_FACTOR)
+    return (run.prompts_per_s <= 0 or abs(math.log(run.prompts_per_s / seed.prompts_per_s)) > bound
+            or abs(math.log(max(run.power_w, 1e-9) / seed.power_w)) > bound)
+
+
+def keep(runs: Sequence[Run], new: Run) -> list[Run]:
+    """The window after `new` (oldest first): while it holds more than `WINDOW` runs, the
+    oldest run of the user with the most runs in it goes (one user alone: the oldest)."""
+    out = [*runs, new]
+    while len(out) > WINDOW:
+        counts: dict[int | None, int] = {}
+        for r in out:
+            counts[r.user] = counts.get(r.user, 0) + 1
+        most = max(counts.values())
+        drop = next(i for i, r in enumerate(out) if counts[r.user] == most)
+        del out[drop]
+    return out
+
+
+def user_weights(runs: Sequence[Run]) -> list[float]:
+    """Each run's weight in the median: 1, but with runs of two users or more, a user's runs
+    share at most `MAX_USER_WEIGHT` between them."""
+    counts: dict[int | None, int] = {}
+    for r in runs:
+        counts[r.user] = counts.get(r.user, 0) + 1
+    if len(counts) < 2:
+        return [1.0] * len(runs)
+    return [min(1.0, MAX_USER_WEIGHT / counts[r.user]) for r in runs]
+
+
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The median of `values` with `weights` (equal weights: `statistics.median`'s answer)."""
+    if all(w == 1.0 for w in weights):
+        return statistics.median(values)
+    pairs = sorted(zip(values, weights))
+    half = sum(weights) / 2
+    acc = 0.0
+    for i, (v, w) in enumerate(pairs):
+        acc += w
+        if math.isclose(acc, half, rel_tol=1e-12) and i + 1 < len(pairs):
+            return (v + pairs[i + 1][0]) / 2
+        if acc > half:
+            return v
+    return pairs[-1][0]
 
 
 @dataclass(frozen=True)
@@ -63,10 +129,12 @@ def ratios(runs: Iterable[Run], seed: Profile) -> list[Ratios]:
 def shared_ratios(others: Iterable[tuple[Profile, Sequence[Run]]]) -> Ratios | None:
     """The workload's correction learned on other GPU models: the median of their runs'
     ratios to their own seeds (None without any)."""
-    pooled = [x for seed, runs in others for x in ratios(runs, seed)]
-    if not pooled:
+    pairs = [(run, x) for seed, runs in others for run, x in zip(runs, ratios(runs, seed))]
+    if not pairs:
         return None
-    return Ratios(statistics.median(x.throughput for x in pooled), statistics.median(x.power for x in pooled))
+    weights = user_weights([run for run, _ in pairs])
+    return Ratios(weighted_median([x.throughput for _, x in pairs], weights),
+                  weighted_median([x.power for _, x in pairs], weights))
 
 
 def _uncertainty(values: Sequence[float]) -> float:
@@ -92,16 +160,18 @@ def estimate(seed: Profile | None, runs: Sequence[Run], *, workload: str, model:
     if seed is None:
         if not runs:
             raise ValueError(f"nothing to learn {workload} on {model} from")
-        tput = statistics.median(r.prompts_per_s for r in runs)
+        weights = user_weights(runs)
+        tput = weighted_median([r.prompts_per_s for r in runs], weights)
         return Profile(workload=workload, model=model, prompts_per_s=tput,
-                       power_w=statistics.median(r.power_w for r in runs), latency_p50_ms=math.nan,
+                       power_w=weighted_median([r.power_w for r in runs], weights), latency_p50_ms=math.nan,
                        latency_p95_ms=math.nan, source=f"measured here (n={len(runs)})", samples=len(runs),
                        rel_uncertainty=_uncertainty([math.log(r.prompts_per_s) for r in runs]),
                        rel_spread=_spread([math.log(r.prompts_per_s) for r in runs]))
     prior = shared or Ratios(0.0, 0.0)
     own = ratios(runs, seed)
-    x = statistics.median([prior.throughput] + [r.throughput for r in own])
-    y = statistics.median([prior.power] + [r.power for r in own])
+    weights = [1.0] + user_weights(runs)
+    x = weighted_median([prior.throughput] + [r.throughput for r in own], weights)
+    y = weighted_median([prior.power] + [r.power for r in own], weights)
     tput = seed.prompts_per_s * math.exp(x)
     where = (f"measured here (n={len(runs)})" if runs
              else f"{seed.source or 'seed'}, corrected by this workload's runs on other GPU models")

@@ -86,7 +86,7 @@ def job_margin(job: QueuedJob, model: str, book, estimates: bool = True) -> floa
     """`runtime_margin` of `job` on `model` by the planner's `ProfileBook` (1: no profile),
     widened by the job's learned estimate error (`estimate_rel_uncertainty`) unless
     `estimates` is False (`Snapshot.estimate_margin`)."""
-    profile = book.get(job.workload, model)
+    profile = book.get(job.workload, model, seed=getattr(job, "seed_profile", None) is not None)
     u = run_rel_uncertainty(profile) if profile is not None and profile.prompts_per_s > 0 else 0.0
     return _combined(u, estimate_rel_uncertainty(job) if estimates else 0.0)
 
@@ -100,12 +100,12 @@ def margin_arrays(jobs: Sequence[QueuedJob], models: Sequence[str], book, estima
     """`job_margin` of every (job, model) pair, shape (jobs, models); `book` is the
     planner's `policies.energy.ProfileBook`."""
     out = np.ones((len(jobs), len(models)))
-    by_workload: dict[str | None, list[int]] = {}
+    by_workload: dict[tuple[str | None, bool], list[int]] = {}  # (workload, planned with its seed)
     for i, j in enumerate(jobs):
-        by_workload.setdefault(j.workload, []).append(i)
+        by_workload.setdefault((j.workload, j.seed_profile is not None), []).append(i)
     learned = [i for i, j in enumerate(jobs) if estimate_rel_uncertainty(j)] if estimates else []
     for c, model in enumerate(models):
-        for workload, rows in by_workload.items():
+        for rows in by_workload.values():
             out[rows, c] = job_margin(replace(jobs[rows[0]], runtime_rel_uncertainty=None), model, book)
         for i in learned:
             out[i, c] = job_margin(jobs[i], model, book)

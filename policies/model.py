@@ -63,6 +63,10 @@ class QueuedJob:
     # planner plans the rest, plus one resume cost when it is above 0.
     done_fraction: float = 0.0
     resume_count: int = 0  # segments already run (CARBONSCHED_RESUME_COUNT of the next one)
+    # Why this job is planned with the seed profiles of its workload, not the learned ones
+    # (issue 48): the learned figures would exclude every GPU model the seeds let it run on
+    # (`policies.feasibility.learned_refusal`). None: the profile book as it is.
+    seed_profile: str | None = None
 
     def derived_time_limit_s(self, runtime_s: float) -> float | None:
         """The time limit that follows a plan with this estimated runtime on its chosen GPUs:

@@ -18,6 +18,7 @@ DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 # Why a job the planner leaves alone waits, as `queue`'s REASON says it (squeue's word in
 # brackets); the planner stores them each tick, `submit --hold` at once.
 HELD_REASON = "held (JobHeldUser): `carbonsched release` plans it"
+OPERATOR_HELD_REASON = "held by an operator (JobHeldAdmin): only an operator's `carbonsched release` plans it"
 BEGIN_REASON = "before its --begin time (BeginTime)"
 MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 MAX_ARRAY_INDEX = 100_000

@@ -30,7 +30,7 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s",
             "interruptible", "checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
             "max_segments", "done_fraction", "resume_count", "checkpoints_ignored", "first_started_at",
-            "planned_segments", "planned_interrupt_at", "planned_resume_at")
+            "planned_segments", "planned_interrupt_at", "planned_resume_at", "hold_kind", "held_by")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at",
           "held_at", "begin_at", "first_started_at", "planned_interrupt_at", "planned_resume_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv", "planned_segments"}
@@ -107,7 +107,8 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          max_batch, precision, tp, held_at, begin_at, dependency, array_id, array_task, array_max,
          stdout_path, stderr_path, planned_limit_w, limit_w, limit_note, unc_energy, unc_gco2,
          unc_runtime, kind, ck_signal, ck_grace, min_run, resume_cost, max_segments, done_fraction,
-         resume_count, ignored, first_started, planned_segments, interrupt_at, resume_at) in rows:
+         resume_count, ignored, first_started, planned_segments, interrupt_at, resume_at, hold_kind,
+         held_by) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -154,6 +155,9 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             # `array_job_id` with index `array_task_id` (at most `array_max_running` active),
             # and where --output/--error send its stdout/stderr (null: carbonsched's own log).
             "held": held_at is not None, "held_at": _iso_raw(held_at), "begin_at": _iso_raw(begin_at),
+            # who holds it (issue 48): "user" (its owner: `release` plans it), "operator" (root or
+            # an admin group: only an operator releases it, Slurm's admin hold); null: not held
+            "hold": (hold_kind or "user") if held_at is not None else None, "held_by": held_by,
             "dependency": dependency, "array_job_id": array_id, "array_task_id": array_task,
             "array_max_running": array_max, "stdout_path": stdout_path, "stderr_path": stderr_path,
             # The GPU power limit (issue 29): what the plan chose (W per GPU; null: the

@@ -5,7 +5,11 @@ model). The packaged seed profiles (`policies.energy.seed_profiles()`) come from
 measurements or a roofline scaling; every COMPLETED job with a workload class, a prompt
 count (the one the job reported, else the declared one) and measured energy on one GPU model
 adds a run to its (workload, model) row, and `policies.learning.estimate` turns the recent
-runs into the profile (a median, so one stalled run does not drag it). What a workload
+runs into the profile (a median, so one stalled run does not drag it). One user cannot
+poison a profile for everyone (issue 48): a run far off the seed model is not learned from,
+each run keeps its owner's uid so that no user's runs outweigh or crowd out the others'
+(`policies.learning`), and operators forget a profile with `reset_profiles`
+(`carbonsched profiles reset`). What a workload
 taught on some GPU models corrects its seeds on the others until they have runs of their
 own. The planner lays these profiles over the seeds.
 
@@ -23,10 +27,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from types import SimpleNamespace
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from policies.learning import WINDOW, Run, learned_by_model
+from policies.learning import Run, is_outlier, keep, learned_by_model
 from policies.model import Profile, QueuedJob
 from scheduler.lifecycle import State, utcnow
 from scheduler.store import Store
@@ -50,6 +54,7 @@ class CompletedRun:
     runtime_s: float
     energy_j: float
     prompts: int
+    owner_uid: int | None = None
     # the operating point it was planned at, and its SLOs (to restate it at the seed's point)
     max_batch: int | None = None
     precision: str | None = None
@@ -80,7 +85,13 @@ def _runs(row) -> list[Run]:
         return []
     if row.runs is None:  # learned before runs were kept: its figures stand for one run
         return [Run(row.prompts_per_s, row.power_w)] if row.samples else []
-    return [Run(float(a), float(b)) for a, b in row.runs]
+    # [prompts_per_s, power_w, owner uid]; runs learned before owners were kept have no uid
+    return [Run(float(r[0]), float(r[1]), int(r[2]) if len(r) > 2 and r[2] is not None else None)
+            for r in row.runs]
+
+
+def _stored(r: Run) -> list:
+    return [r.prompts_per_s, r.power_w, r.user]
 
 
 def _profiles_of(workload: str, rows: dict, seeds: dict) -> dict[str, Profile]:
@@ -105,7 +116,7 @@ def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None =
                               jobs.c.gpu_ids, jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j,
                               jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp,
                               jobs.c.ttft_slo_ms, jobs.c.tpot_slo_ms, jobs.c.latency_slo_ms,
-                              jobs.c.power_limit_w)
+                              jobs.c.power_limit_w, jobs.c.owner_uid)
                        .where(jobs.c.id == job_id)).first()
     if job is None or job.state != State.COMPLETED.value:
         return None
@@ -129,14 +140,15 @@ def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None =
         return None
     return CompletedRun(job_id=job_id, workload=job.workload, model=models.pop(),
                         gpus=len(job.gpu_ids), runtime_s=runtime_s, energy_j=float(energy_j),
-                        prompts=int(prompts), max_batch=job.planned_max_batch, precision=job.planned_precision,
+                        prompts=int(prompts), owner_uid=job.owner_uid, max_batch=job.planned_max_batch, precision=job.planned_precision,
                         tp=job.planned_tp, ttft_slo_ms=job.ttft_slo_ms, tpot_slo_ms=job.tpot_slo_ms,
                         latency_slo_ms=job.latency_slo_ms)
 
 
-def fold_run(conn: Connection, run: CompletedRun, now: datetime) -> Profile:
+def fold_run(conn: Connection, run: CompletedRun, now: datetime) -> Profile | None:
     """Add one measured run to its (workload, model) row in the store and return the
-    profile it now gives (`policies.learning.estimate` over the row's recent runs)."""
+    profile it now gives (`policies.learning.estimate` over the row's recent runs); None,
+    storing nothing, for a run more than `policies.learning.MAX_SEED_FACTOR` off its seed."""
     from policies.energy import seed_equivalent_run, seed_profiles
     from policies.perf_model import OperatingPoint
 
@@ -148,12 +160,20 @@ def fold_run(conn: Connection, run: CompletedRun, now: datetime) -> Profile:
     measured = seed_equivalent_run(
         QueuedJob(run.job_id, run.gpus, 0.0, now, workload=run.workload, latency_slo_ms=run.latency_slo_ms,
                   ttft_slo_ms=run.ttft_slo_ms, tpot_slo_ms=run.tpot_slo_ms),
-        run.model, Run.of(gpus=run.gpus, runtime_s=run.runtime_s, energy_j=run.energy_j, prompts=run.prompts),
+        run.model, Run.of(gpus=run.gpus, runtime_s=run.runtime_s, energy_j=run.energy_j, prompts=run.prompts,
+                          user=run.owner_uid),
         OperatingPoint(run.max_batch, run.precision or "bf16", run.tp or 1) if run.max_batch else None)
-    runs = (_runs(row) + [measured])[-WINDOW:]
     seeds = {(p.workload, p.model): p for p in seed_profiles()}
+    seed = seeds.get((run.workload, run.model))
+    if is_outlier(measured, seed):
+        log.warning("job %s: not learned from: %.3g prompts/s at %.0f W per GPU on %s is far off the seed "
+                    "model's %.3g prompts/s at %.0f W for %s (a wrong --prompts, a stall, another program?)",
+                    run.job_id, measured.prompts_per_s, measured.power_w, run.model, seed.prompts_per_s,
+                    seed.power_w, run.workload)
+        return None
+    runs = keep(_runs(row), measured)
     samples = (row.samples if row is not None else 0) + 1
-    pending = SimpleNamespace(runs=[[r.prompts_per_s, r.power_w] for r in runs], samples=samples)
+    pending = SimpleNamespace(runs=[_stored(r) for r in runs], samples=samples)
     new = _profiles_of(run.workload, {**rows, run.model: pending}, seeds)[run.model]
     values = dict(prompts_per_s=new.prompts_per_s, power_w=new.power_w,
                   latency_p50_ms=_none_if_nan(new.latency_p50_ms),
@@ -238,3 +258,15 @@ def learned_view(conn: Connection, workload: str | None = None) -> list[dict]:
                     "updated_at": None if row is None else iso(row.updated_at),
                     "seed": None if seed is None else _figures(seed), "learned": _figures(p)})
     return out
+
+
+def reset_profiles(conn: Connection, workload: str | None = None, model: str | None = None) -> int:
+    """Forget the learned profiles of `workload` on `model` (None: every one), so the planner
+    goes back to the seeds; returns how many (workload, model) rows were deleted. What
+    `carbonsched profiles reset` does, for operators only (the API checks)."""
+    q = delete(workload_profiles)
+    if workload is not None:
+        q = q.where(workload_profiles.c.workload == workload)
+    if model is not None:
+        q = q.where(workload_profiles.c.model == model)
+    return conn.execute(q).rowcount

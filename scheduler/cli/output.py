@@ -173,6 +173,16 @@ def power_limit_text(planned_w, applied_w, note, uncapped_gco2=None, capped_gco2
     return text
 
 
+def _hold_field(job: dict) -> list[tuple[str, str]]:
+    """`show`'s hold line: who holds the job and who may release it (none when not held)."""
+    if not job.get("hold"):
+        return []
+    by = f" (uid {job['held_by']})" if job.get("held_by") is not None else ""
+    if job["hold"] == "operator":
+        return [("hold", f"operator hold{by}: only an operator can release it (JobHeldAdmin)")]
+    return [("hold", f"user hold{by}: `carbonsched release {job['id']}` plans it (JobHeldUser)")]
+
+
 def job_detail(job: dict) -> str:
     runtime = job.get("runtime_s")  # exact; the times below are whole seconds
     if runtime is None and job["started_at"] and job["ended_at"]:
@@ -180,7 +190,8 @@ def job_detail(job: dict) -> str:
                    - datetime.fromisoformat(job["started_at"].replace("Z", "+00:00"))).total_seconds()
     fields = [
         ("job", f"{job['id']} ({job['name']})"), ("state", job["state"]),
-        ("reason", job.get("reason") or "-"), ("owner", f"{job['owner']} (uid {job['owner_uid']})"),
+        ("reason", job.get("reason") or "-"), *_hold_field(job),
+        ("owner", f"{job['owner']} (uid {job['owner_uid']})"),
         ("command", shlex.join(job["argv"])), ("directory", job["cwd"]),
         ("gpus", f"{job['gpus_requested']} x >= {job['gpu_mem_gib']:g} GiB"
                  + (f" -> {_gpus(job)}" if job.get("gpus") else "")),

@@ -3,6 +3,7 @@ cluster has learned.
 
     carbonsched profiles [--workload W] [--gpu MODEL ...] [--ttft-slo DUR] [--tpot-slo DUR]
                          [--latency-slo DUR] [--json] [--plot FILE.png] [--db URL]
+    carbonsched profiles reset [--workload W] [--gpu MODEL] [--db URL]     (operators)
 
 Without --workload, a summary over the model's preset workloads: J/prompt at the best
 operating point per GPU model, its source, and the runs learned here. With --workload, per
@@ -15,7 +16,12 @@ as the planner does for a job with those SLOs.
 
 Learned profiles come from the daemon (GET /v1/profiles), or with `--db URL` from the store
 directly. When neither answers, the model's figures are shown and the learned ones are
-said to be unavailable: not an error. Only the standard library is imported at module level.
+said to be unavailable: not an error.
+
+`profiles reset` forgets what this cluster learned (of one workload, on one GPU model, or
+all), so the planner goes back to the seeds (issue 48: a profile taught wrong by one user's
+jobs). Root or an admin group only, through the daemon (a user gets a one-line refusal);
+with --db, whoever can write the database. Only the standard library is imported at module level.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ def add_parser(subparsers) -> None:
         description="Per GPU model: the performance model's best operating point (batch, precision, TP) for "
                     "a workload, its prompts/s, W, J/prompt, J/token, TTFT/TPOT p95, memory and the source of "
                     "each figure; the seed profile beside the one learned from this cluster's runs.")
+    p.add_argument("action", nargs="?", choices=["reset"],
+                   help="reset: forget learned profiles (of --workload, on --gpu; default all), operators only")
     p.add_argument("--workload", metavar="W", help="one workload in detail (default: a summary of the presets)")
     p.add_argument("--gpu", metavar="MODEL", action="append",
                    help="GPU models to show, repeatable (default: MI300X MI325X MI355X A100 H100 H200 B200)")
@@ -109,7 +117,44 @@ def parse_slo_ms(flag: str, text: str | None) -> float | None:
     return ms
 
 
+def cmd_reset(args, config: dict) -> int:
+    """`profiles reset`: through the daemon (operators only), or with --db in the store."""
+    if args.gpu and len(args.gpu) > 1:
+        raise CliError("profiles reset takes one --gpu MODEL (or none: every GPU model)", EXIT_USAGE)
+    model = args.gpu[0] if args.gpu else None
+    if args.db:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from scheduler.profiles import reset_profiles
+        from scheduler.store import Store
+        from scheduler.store.engine import SchemaError
+
+        store = Store(args.db)
+        try:
+            store.require_current(f"carbonsched db upgrade --db {args.db}")
+            n = store.transact(lambda conn: reset_profiles(conn, args.workload, model))
+        except SchemaError as e:
+            raise CliError(str(e)) from None
+        except SQLAlchemyError as e:
+            raise CliError(f"cannot reset profiles in the database: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0]}") from None
+        finally:
+            store.dispose()
+        result = {"reset": n, "workload": args.workload, "model": model}
+    else:
+        result = api_client(args, config).request("POST", "/profiles/reset",
+                                                  {"workload": args.workload, "model": model})
+    if args.json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        what = f"{args.workload or 'every workload'} on {model or 'every GPU model'}"
+        print(f"reset {result['reset']} learned profile(s) ({what}); the planner uses the seed profiles for them")
+    return 0
+
+
 def cmd_profiles(args, config: dict) -> int:
+    if args.action == "reset":  # before the model's imports: any user's python runs it (stdlib only)
+        return cmd_reset(args, config)
     from scheduler import profile_view
     from scheduler.profile_view import FLEET_GPUS, NoLatencyModel, Slo, UnknownWorkload
 

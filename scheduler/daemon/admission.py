@@ -16,6 +16,11 @@ GPUs count in two ways:
   is down (no heartbeat within `node_timeout_s`). A job only they can take is accepted with a
   warning: it runs when one returns. Unhealthy and lost GPUs count for nothing.
 
+A job that only this cluster's learned profiles would refuse, where the seed model says it
+fits (issue 48: one user's runs taught a profile that shuts everyone else's jobs out), is
+accepted with a warning that says so: the planner plans it with the seeds
+(`policies.feasibility.learned_refusal`).
+
 With no GPU registered yet, the catalog stands in for the fleet (any known model, up to 1024
 per node): a job no known GPU model could take is still refused.
 """
@@ -150,7 +155,7 @@ class Admission:
         """Raise Refused if no GPU of the cluster can ever take `job`; else a warning (None:
         GPUs in service can take it). `estimated`: the user gave a runtime or a prompt count
         (else the refusal says the planner's stand-in runtime decided it)."""
-        from policies.feasibility import kind_verdict
+        from policies.feasibility import kind_verdict, learned_refusal
 
         if not 1 <= job.gpus <= MAX_GPUS:
             raise Refused(400, f"--gpus must be between 1 and {MAX_GPUS} (got {job.gpus})")
@@ -159,18 +164,21 @@ class Admission:
         if not inv.sets:
             kinds = [_kind(m.name, m.memory_gib, MAX_GPUS) for m in catalog().values()]
             _check_counts(job, kinds, "any known GPU model")
+            job, seeded = _seeded(job, kinds, book, self.default_runtime_s)
             self._check_models(job, kinds, book, estimated)
-            return "no GPU is registered yet: the job waits until a node agent registers one that can take it"
+            return _joined(seeded, "no GPU is registered yet: the job waits until a node agent registers one that "
+                                   "can take it")
         _check_counts(job, inv.kinds, "any registered GPU")
+        job, seeded = _seeded(job, inv.kinds, book, self.default_runtime_s)
         if any(kind_verdict(job, kind, book, self.default_runtime_s) is None for kind in inv.serving):
-            return None
+            return seeded
         self._check_models(job, list(inv.kinds), book, estimated)  # raises: no GPU, in service or not, can take it
         waiting = [s for s in inv.sets if not s.in_service
                    and kind_verdict(job, inv.whole_kind(s), book, self.default_runtime_s) is None]
         named = ", ".join(f"{s.count}x{s.model} on {s.node} ({s.state})" for s in waiting[:MAX_LISTED])
         more = f" and {len(waiting) - MAX_LISTED} more" if len(waiting) > MAX_LISTED else ""
-        return (f"only GPUs out of service can run this job now: {named}{more}; "
-                "it waits until one of them returns")
+        return _joined(seeded, f"only GPUs out of service can run this job now: {named}{more}; "
+                               "it waits until one of them returns")
 
     def _check_models(self, job: QueuedJob, kinds: list[GpuKind], book: ProfileBook, estimated: bool) -> None:
         """Raise Refused(422) with the reason per GPU model if no kind can take `job`."""
@@ -204,6 +212,24 @@ class Admission:
         if "memory" in reasons and not job.gpu_mem_gib:
             notes.append(f"the workload does not fit in the memory of {job.gpus} GPU(s)")
         raise Refused(422, unfit_text(detailed) + "".join(f"; {n}" for n in notes))
+
+
+def _seeded(job: QueuedJob, kinds: Sequence[GpuKind], book: ProfileBook,
+            default_runtime_s: float) -> tuple[QueuedJob, str | None]:
+    """`job` as the planner will plan it, and the warning to give: with its seed profiles
+    when the learned ones alone would refuse it (`policies.feasibility.learned_refusal`)."""
+    from dataclasses import replace
+
+    from policies.feasibility import learned_refusal
+
+    why = learned_refusal(job, kinds, book, default_runtime_s)
+    if why is None:
+        return job, None
+    return replace(job, seed_profile=why), f"{why}; it is planned with the seed profile (the performance model's)"
+
+
+def _joined(*warnings: str | None) -> str | None:
+    return "; ".join(w for w in warnings if w) or None
 
 
 def _kind(model: str, memory_gib: float, count: int) -> GpuKind:

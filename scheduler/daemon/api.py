@@ -529,6 +529,8 @@ class ApiServer(socketserver.UnixStreamServer):
             if not isinstance(ids, list):
                 raise RequestError(400, f'{parts[0]} body must be {{"ids": [JOB, ...]}}')
             return 200, svc.hold(caller, _job_ids(ids, parts[0]), held=parts[0] == "hold")
+        if route == ("POST", "profiles") and parts[1:] == ["reset"]:
+            return 200, svc.reset_profiles(caller, body)
         if route in (("POST", "drain"), ("POST", "resume")) and len(parts) == 1:
             return 200, svc.drain(caller, body, drained=parts[0] == "drain")
         if route == ("GET", "nodes"):

@@ -53,7 +53,7 @@ from policies.ramp import WINDOW_S as RAMP_WINDOW_S
 from policies.ramp import RecentStart, stagger_starts
 from policies.segments import horizon_for
 from scheduler import interruptible
-from scheduler.job_specs import BEGIN_REASON, HELD_REASON
+from scheduler.job_specs import BEGIN_REASON, HELD_REASON, OPERATOR_HELD_REASON
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
 from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget, ramps_of
 from scheduler.profiles import learned_profiles
@@ -641,6 +641,7 @@ class Planner:
                                 ttft_slo_ms=r.ttft_slo_ms, tpot_slo_ms=r.tpot_slo_ms,
                                 **_interruptible_fields(r))
                       for r in queued.values())
+        jobs_ = _seeded(jobs_, slots, book, learned, self.default_runtime_s)
         # interruptible jobs' windows may stretch it (policies.segments.horizon_for)
         horizon_s = horizon_for(jobs_, now, self.horizon_s, self.slot_s)
         snapshot = Snapshot(
@@ -808,11 +809,48 @@ class Planner:
 
 def _with_points(snapshot: Snapshot, plan: Plan) -> Plan:
     """The plan with each job's operating point on its GPUs, in its estimate and explanation,
-    and the GPU power limit chosen with it where operators allow caps (policies.power_cap)."""
+    and the GPU power limit chosen with it where operators allow caps (policies.power_cap);
+    a job planned with its seed profiles says why (`_seeded`)."""
     from policies.operating_point import annotate
     from policies.power_cap import choose_caps
 
-    return choose_caps(snapshot, annotate(snapshot, plan))
+    plan = choose_caps(snapshot, annotate(snapshot, plan))
+    seeded = {j.id: j.seed_profile for j in snapshot.jobs if j.seed_profile is not None}
+    if not seeded:
+        return plan
+    return replace(plan, assignments=tuple(
+        replace(a, explanation=f"{a.explanation}; planned with the seed profile: {seeded[a.job_id]}".lstrip("; "))
+        if a.job_id in seeded else a for a in plan.assignments))
+
+
+def _seeded(queued: tuple[QueuedJob, ...], slots: list[GpuSlot], book, learned: tuple[Profile, ...],
+            default_runtime_s: float) -> tuple[QueuedJob, ...]:
+    """The queue with each job that this cluster's learned profiles alone would leave
+    unplaceable on every GPU model of the fleet, where the seed profiles fit it, marked to be
+    planned with the seeds (issue 48; `policies.feasibility.learned_refusal`, as admission
+    asks it at submit). Only jobs of a workload with learned profiles are asked."""
+    from policies.feasibility import GpuKind, learned_refusal
+
+    workloads = {p.workload for p in learned}
+    if not workloads or not any(j.workload in workloads for j in queued):
+        return queued
+    counts: dict[tuple[str, str, float], int] = {}
+    for s in slots:
+        counts[(s.node, s.model, s.memory_gib)] = counts.get((s.node, s.model, s.memory_gib), 0) + 1
+    kinds = sorted({GpuKind(model, mem, n) for (_, model, mem), n in counts.items()},
+                   key=lambda k: (k.model, k.memory_gib, k.count))
+    answers: dict[tuple, str | None] = {}  # one answer per job shape: a queue has few
+    out = []
+    for j in queued:
+        if j.workload not in workloads:
+            out.append(j)
+            continue
+        key = (j.workload, j.gpus, j.gpu_mem_gib, j.ttft_slo_ms, j.tpot_slo_ms, j.latency_slo_ms, j.time_limit_s,
+               j.prompts, j.est_runtime_s)
+        if key not in answers:
+            answers[key] = learned_refusal(j, kinds, book, default_runtime_s)
+        out.append(j if answers[key] is None else replace(j, seed_profile=answers[key]))
+    return tuple(out)
 
 
 def _standing_limit_w(g, running_job) -> float | None:
@@ -1015,7 +1053,8 @@ _QUEUE_TIMES = {"submitted_at", "deadline", "planned_start"}
 
 def _waits(now: datetime) -> list[tuple[Any, Any]]:
     """Each reason a queued job is left alone for now (issue 28), as (SQL condition, the
-    REASON `queue` shows), in the order squeue would name them: held (JobHeldUser), before
+    REASON `queue` shows), in the order squeue would name them: held by an operator
+    (JobHeldAdmin, issue 48) or by its owner (JobHeldUser), before
     its `--begin` time (BeginTime), waiting on a dependency that is not satisfied yet
     (Dependency; afterok: the job COMPLETED; afterany: it ended; afternotok: it ended
     otherwise; one that can never be satisfied keeps the job waiting, as in Slurm), or a
@@ -1039,6 +1078,7 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
              .scalar_subquery())
     # every condition is true or false, never NULL: NOT(NULL) would drop every ordinary job
     return [
+        (and_(jobs.c.held_at.is_not(None), jobs.c.hold_kind == "operator"), literal(OPERATOR_HELD_REASON)),
         (jobs.c.held_at.is_not(None), literal(HELD_REASON)),
         (and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now), literal(BEGIN_REASON)),
         (and_(jobs.c.dependency.is_not(None), unsatisfied),

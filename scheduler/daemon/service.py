@@ -226,7 +226,7 @@ class JobService:
         if not isinstance(hold, bool):
             raise RequestError(400, "hold must be true or false")
         if hold:
-            cols.update(held_at=now, held_by=caller.uid, reason=HELD_REASON)
+            cols.update(held_at=now, held_by=caller.uid, hold_kind="user", reason=HELD_REASON)
         if body.get("begin") is not None:
             begin = _parse_iso(body["begin"], "begin")
             if begin > now + timedelta(seconds=MAX_RUNTIME_S * 12):
@@ -696,13 +696,48 @@ class JobService:
                           "name": f"{h.node_name}:{h.vendor}:{h.index}", "running_job": h.job_id}
                          for h in hit]}
 
+    # -- learned profiles -----------------------------------------------------------------
+
+    def reset_profiles(self, caller: Caller, body: object) -> dict:
+        """Forget learned workload profiles (`carbonsched profiles reset`); root and admins only.
+
+        Body: {"workload": W, "model": M}, either or both left out for all. The planner goes
+        back to the seed profiles of what is forgotten from its next tick; admission at once.
+        """
+        if not self.is_admin(caller):
+            raise RequestError(403, "only an operator (root or a member of admin_groups) may reset learned profiles")
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise RequestError(400, 'profiles reset body must be {"workload": W, "model": MODEL} (both optional)')
+        for key in ("workload", "model"):
+            v = body.get(key)
+            if v is not None and (not isinstance(v, str) or not v.strip() or len(v) > 64):
+                raise RequestError(400, f"{key} must be a name of at most 64 characters")
+        from scheduler.profiles import reset_profiles
+
+        workload, model = body.get("workload"), body.get("model")
+        n = self.store.transact(lambda conn: reset_profiles(conn, workload, model))
+        log.warning("learned profiles reset by uid %s: %s on %s (%d row(s))", caller.uid, workload or "every workload",
+                    model or "every GPU model", n)
+        self.admission.invalidate()
+        self._on_submit()  # re-plan now with the seeds
+        return {"reset": n, "workload": workload, "model": model}
+
     # -- hold / release -----------------------------------------------------------------
 
     def hold(self, caller: Caller, job_ids: list[int], *, held: bool) -> list[dict]:
         """Keep jobs from being planned (hold) or let them be planned again (release), like
         `scontrol hold/release`. A PLANNED job that is held goes back to PENDING, its plan
-        withdrawn; a running or ended job cannot be held. All or nothing, every refusal named."""
+        withdrawn; a running or ended job cannot be held. All or nothing, every refusal named.
+
+        An operator (root, an admin group) holding another user's job places an operator
+        hold, as Slurm's admin hold (issue 48): only an operator releases it, and the owner's
+        release is refused. The owner's hold of a job an operator holds leaves it so."""
+        from scheduler.job_specs import HELD_REASON, OPERATOR_HELD_REASON
+
         verb = "hold" if held else "release"
+        admin = self.is_admin(caller)
         if not job_ids:
             raise RequestError(400, f"give at least one job id to {verb}")
         refused: dict[int, RequestError] = {}
@@ -717,6 +752,9 @@ class JobService:
                 if row.state not in (State.PENDING.value, State.PLANNED.value):
                     refused[j] = RequestError(409, f"job {j} is {row.state}: only a job that has not started "
                                                    f"can be {'held' if held else 'released'}")
+                elif not held and row.hold_kind == "operator" and not admin:
+                    refused[j] = RequestError(403, f"job {j} is held by an operator (uid {row.held_by}): "
+                                                   "only root or an admin_groups member may release it")
                 else:
                     rows.append(row)
         if refused:
@@ -727,23 +765,41 @@ class JobService:
         for r in rows:
             def tx(conn: Connection, r=r) -> dict:
                 if not held:
-                    n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.held_at.is_not(None))
-                                     .values(held_at=None, held_by=None, plan_rev=jobs.c.plan_rev + 1,
+                    where = [jobs.c.id == r.id, jobs.c.held_at.is_not(None)]
+                    if not admin:  # an operator's hold placed since the read stays
+                        where.append(or_(jobs.c.hold_kind.is_(None), jobs.c.hold_kind != "operator"))
+                    n = conn.execute(update(jobs).where(*where)
+                                     .values(held_at=None, held_by=None, hold_kind=None, plan_rev=jobs.c.plan_rev + 1,
                                              reason="released; waiting for the planner")).rowcount
+                    if not n and not admin and conn.execute(select(jobs.c.hold_kind).where(
+                            jobs.c.id == r.id)).scalar_one() == "operator":
+                        raise RequestError(403, f"job {r.id} is held by an operator: only root or an "
+                                                "admin_groups member may release it")
                     return {"id": r.id, "held": False, "changed": bool(n)}
-                values = dict(held_at=now, held_by=caller.uid, plan_rev=jobs.c.plan_rev + 1)
+                operator = admin and caller.uid != r.owner_uid
+                if r.hold_kind == "operator" and not operator:
+                    # the owner (or an operator on their own job) holding again: the operator's hold stays
+                    return {"id": r.id, "held": True, "changed": False}
+                kind = "operator" if operator else "user"
+                values = dict(held_at=now, held_by=caller.uid, hold_kind=kind, plan_rev=jobs.c.plan_rev + 1)
+                why = OPERATOR_HELD_REASON if operator else HELD_REASON
                 # bumping plan_rev makes a tick planned from before the hold write nothing
                 if transition(conn, r.id, State.PENDING, actor_uid=caller.uid, expect=(State.PLANNED,),
-                              reason=f"held by uid {caller.uid}: plan withdrawn",
+                              reason=f"held by {'an operator, ' if operator else ''}uid {caller.uid}: plan withdrawn",
                               values={**values, "planned_node": None, "planned_gpu_ids": None,
                                       "planned_start": None}):
+                    conn.execute(update(jobs).where(jobs.c.id == r.id).values(reason=why))  # queue's REASON
                     return {"id": r.id, "held": True, "changed": True}
-                n = conn.execute(update(jobs).where(jobs.c.id == r.id, jobs.c.state == State.PENDING.value)
-                                 .values(**values)).rowcount
+                where = [jobs.c.id == r.id, jobs.c.state == State.PENDING.value]
+                if not operator:  # never turn an operator's hold placed since the read into a user's
+                    where.append(or_(jobs.c.hold_kind.is_(None), jobs.c.hold_kind != "operator"))
+                n = conn.execute(update(jobs).where(*where).values(**values, reason=why)).rowcount
                 if not n:
-                    state = conn.execute(select(jobs.c.state).where(jobs.c.id == r.id)).scalar_one()
-                    raise RequestError(409, f"job {r.id} is {state}: it started before it could be held")
-                return {"id": r.id, "held": True, "changed": r.held_at is None}
+                    now_row = conn.execute(select(jobs.c.state, jobs.c.hold_kind).where(jobs.c.id == r.id)).one()
+                    if now_row.hold_kind == "operator" and now_row.state == State.PENDING.value:
+                        return {"id": r.id, "held": True, "changed": False}
+                    raise RequestError(409, f"job {r.id} is {now_row.state}: it started before it could be held")
+                return {"id": r.id, "held": True, "changed": r.held_at is None or r.hold_kind != kind}
             results.append(self.store.transact(tx))
         log.info("%s of job(s) %s by uid %s", verb, ", ".join(str(r.id) for r in rows), caller.uid)
         self._on_submit()  # released jobs are plannable now

@@ -234,6 +234,10 @@ class Job(Base):
     # satisfied: scheduler.plannable is the filter.
     held_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     held_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # "user": the owner's own hold, the owner releases it; "operator": root or an admin group
+    # held another user's job, and only an operator releases it (Slurm's admin hold, issue 48).
+    # NULL while not held.
+    hold_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
     begin_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     dependency: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # A task of a job array (`--array 0-99%8`): the array's id (its first task's job id), this
