@@ -275,7 +275,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_max_expensive_per_uid", _integer(1, 1_000), 2, "job listings, reports, exports and plan "
             "previews one uid may have in progress at once", _HEAD, "N"),
     Setting("max_queued_per_user", _integer(1, 10_000_000), 5000, "jobs one user may have waiting "
-            "(PENDING or PLANNED); a submit beyond it is refused (429)", _HEAD, "N"),
+            "(PENDING or PLANNED; every array task counts); a submit beyond it is refused (429)", _HEAD, "N"),
+    Setting("max_submit_stored_mib", _number(0.01, 1e6), 16.0, "what one submit may store: its command, "
+            "environment and paths, times its array tasks; more is refused (413)", _HEAD, "MIB"),
+    Setting("max_stored_mib_per_user", _number(0.01, 1e9), 1024.0, "what one user's jobs may store "
+            "(commands, environments, paths) until purged; a submit beyond it is refused (429)", _HEAD, "MIB"),
+    Setting("job_retention", _duration, 30 * 86400.0, "finished jobs keep their command, environment and "
+            "copied output this long, then are purged (their accounting records stay)", _HEAD, "DUR", _dur),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 # Tables checked by their owners: name -> fn(table, whole config) returning error strings.

@@ -19,6 +19,8 @@ from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profil
 from scheduler.daemon.planner import Planner, SiteConfig, check_policy, make_policy, preview_rows
 from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
+from scheduler.daemon.retention import DEFAULT_RETENTION_S as DEFAULT_JOB_RETENTION_S
+from scheduler.daemon.retention import PURGE_INTERVAL_S, purge_finished_jobs
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
@@ -74,6 +76,11 @@ class DaemonConfig:
     min_free_disk_mib: float = 256.0  # the local agent takes no jobs below this free log space
     api_limits: UidLimits = field(default_factory=UidLimits)  # what one uid may take of the API
     max_queued_per_user: int | None = 5000  # jobs one user may have waiting (None: no limit)
+    # What one submit and one user's unpurged jobs may store (issue 48; None: no limit), and
+    # how long finished jobs keep their command, environment and output (scheduler.daemon.retention).
+    max_submit_stored_bytes: int | None = 16 * 2**20
+    max_stored_bytes_per_user: int | None = 2**30
+    job_retention_s: float = DEFAULT_JOB_RETENTION_S
     # The local agent's executor: "local" processes, or "slurm" (this host is a Slurm node;
     # its jobs are handed to Slurm, see scheduler.node.slurm_agent) with the [slurm] table.
     executor: str = "local"
@@ -206,7 +213,9 @@ class Daemon(ServiceProcess):
         service = JobService(
             store,
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
-                          time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user),
+                          time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user,
+                          max_submit_stored_bytes=cfg.max_submit_stored_bytes,
+                          max_stored_bytes_per_user=cfg.max_stored_bytes_per_user),
             log_dir=cfg.state_dir / "logs",
             on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
         )
@@ -231,6 +240,10 @@ class Daemon(ServiceProcess):
                               id="carbon", max_instances=1, next_run_time=now)
         scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
                           seconds=60, id="rollup", max_instances=1)
+        # Finished jobs lose their command, environment and output after the retention.
+        scheduler.add_job(lambda: purge_finished_jobs(store, retention_s=cfg.job_retention_s,
+                                                      log_dir=service.log_dir),
+                          "interval", seconds=PURGE_INTERVAL_S, id="purge", max_instances=1, next_run_time=now)
         # Price finished jobs' carbon, and re-price them as late intensity data arrives.
         scheduler.add_job(accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
         if cfg.site.budgets:
