@@ -222,6 +222,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the cluster's PostgreSQL)", _BOTH, "URL"),
     Setting("state_dir", _path, None, "state directory: SQLite store, job logs, run records (default "
             "/var/lib/carbonsched as root, else ~/.local/state/carbonsched)", _BOTH, "DIR"),
+    Setting("log_dir", _path, None, "job logs (stdout, stderr, metrics files); put it on a disk apart from "
+            "the state dir so a full log disk never stops the store (default STATE_DIR/logs)", _BOTH, "DIR"),
     Setting("socket", _path, None, "API socket path (default /run/carbonsched/carbonsched.sock as root, "
             "else STATE_DIR/carbonsched.sock)", _HEAD, "PATH"),
     Setting("node", _text, None, "name of this node (default: host name)", _BOTH, "NAME"),
@@ -263,8 +265,11 @@ SETTINGS: tuple[Setting, ...] = (
             "roll-ups", _HEAD, "DUR", _dur),
     Setting("node_static_w", _number(0.0, 100_000.0), 0.0, "node power besides the GPUs (CPUs, fans, "
             "NICs), shared among jobs by GPU count; 0 leaves it out", _BOTH, "W"),
-    Setting("min_free_disk_mib", _number(0.0, 1e9), 256.0, "below this free space for job logs a node "
-            "takes no new jobs", _BOTH, "MIB"),
+    Setting("min_free_disk_mib", _number(0.0, 1e9), 256.0, "below this free space for job logs or the "
+            "state dir a node takes no new jobs (their REASON says so)", _BOTH, "MIB"),
+    Setting("job_output_limit_mib", _number(0.001, 1e9), 1024.0, "stdout and stderr one job may write to "
+            "its logs; past it the rest is discarded, a marker says so and `show` lists the cut streams",
+            _BOTH, "MIB"),
     Setting("api_rate_per_uid", _number(1.0, 1e6), 1000.0, "API requests per second one uid may make "
             "(token bucket)", _HEAD, "N"),
     Setting("api_burst_per_uid", _number(1.0, 1e7), 2000.0, "API request burst one uid may make", _HEAD, "N"),

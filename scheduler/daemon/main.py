@@ -24,7 +24,7 @@ from scheduler.daemon.retention import PURGE_INTERVAL_S, purge_finished_jobs
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
-from scheduler.node.agent import Agent, AgentConfig, default_node_name
+from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig, default_node_name
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
 from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
@@ -74,6 +74,8 @@ class DaemonConfig:
     # lock. Measured on 2 cores at 300 submits/s: p99 78-134 ms vs 366-394 ms in a thread.
     planner_process: bool = True
     min_free_disk_mib: float = 256.0  # the local agent takes no jobs below this free log space
+    log_dir: Path | None = None  # job logs; None: STATE_DIR/logs (issue 48: a disk of their own)
+    output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES  # stdout + stderr kept per job
     api_limits: UidLimits = field(default_factory=UidLimits)  # what one uid may take of the API
     max_queued_per_user: int | None = 5000  # jobs one user may have waiting (None: no limit)
     # What one submit and one user's unpurged jobs may store (issue 48; None: no limit), and
@@ -199,6 +201,8 @@ class Daemon(ServiceProcess):
                                                       sample_hz=cfg.sample_hz,
                                                       node_static_w=cfg.node_static_w,
                                                       min_free_disk_mib=cfg.min_free_disk_mib,
+                                                      log_dir=cfg.log_dir,
+                                                      output_limit_bytes=cfg.output_limit_bytes,
                                                       ship_logs=False),  # the daemon reads them itself
                           on_change=plan_proc.wake,
                           on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note),
@@ -216,7 +220,7 @@ class Daemon(ServiceProcess):
                           time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user,
                           max_submit_stored_bytes=cfg.max_submit_stored_bytes,
                           max_stored_bytes_per_user=cfg.max_stored_bytes_per_user),
-            log_dir=cfg.state_dir / "logs",
+            log_dir=cfg.log_dir or cfg.state_dir / "logs",
             on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
         )
         accountant = Accountant(store, site=cfg.site, carbon=carbon, config=cfg.accounting)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from policies.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.slurm_agent import SlurmAgent
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
@@ -74,6 +74,8 @@ class AgentRunConfig:
     grace_s: float = 10.0
     node_static_w: float = 0.0
     min_free_disk_mib: float = 256.0
+    log_dir: Path | None = None  # job logs; None: STATE_DIR/logs
+    output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES  # stdout + stderr kept per job
     executor: str = "local"  # or "slurm": jobs are handed to Slurm (scheduler.node.slurm_agent)
     slurm: SlurmConfig | None = None
 
@@ -81,7 +83,8 @@ class AgentRunConfig:
 def agent_config(cfg: AgentRunConfig, zone: str) -> AgentConfig:
     return AgentConfig(node=cfg.node, zone=zone, state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                        sample_hz=cfg.sample_hz, node_static_w=cfg.node_static_w,
-                       min_free_disk_mib=cfg.min_free_disk_mib)
+                       min_free_disk_mib=cfg.min_free_disk_mib, log_dir=cfg.log_dir,
+                       output_limit_bytes=cfg.output_limit_bytes)
 
 
 def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **agent_kwargs) -> SlurmAgent:
