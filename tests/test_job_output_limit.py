@@ -118,3 +118,16 @@ def test_a_full_log_disk_keeps_jobs_waiting_with_a_reason(cluster, store, tmp_pa
 
     free["log"] = 10 * 2**30
     assert run_until_ended(agent, planner, store, [job]) == {job: "COMPLETED"}
+
+
+def test_a_separate_log_dir_never_hands_another_stores_logs_to_this_one(tmp_path):
+    from scheduler.state_dir import bind_log_dir
+
+    log_dir = tmp_path / "joblogs"
+    assert bind_log_dir(log_dir, "store-a") is None  # first use: bound, nothing moved
+    (log_dir / "1.out").write_text("store a's job 1")
+    assert bind_log_dir(log_dir, "store-a") is None  # the same store again: kept
+    assert (log_dir / "1.out").exists()
+    moved = bind_log_dir(log_dir, "store-b")  # another store: its job 1 must not get those files
+    assert moved is not None and moved.parent == log_dir and (moved / "1.out").read_text() == "store a's job 1"
+    assert not (log_dir / "1.out").exists() and moved.stat().st_mode & 0o777 == 0o700

@@ -33,7 +33,7 @@ from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_sc
                                scheduler_diagnostics, stalled)
 from scheduler.policy_tables import warm_policy_tables
 from scheduler.sdnotify import Watchdog, notify as sd_notify
-from scheduler.state_dir import bind_state_dir
+from scheduler.state_dir import bind_log_dir, bind_state_dir
 from scheduler.store import SchemaError, Store
 from scheduler.store.identity import store_id
 
@@ -137,6 +137,8 @@ class Daemon(ServiceProcess):
         # Before the planner and preview processes start: they load what this one computed.
         log.info("policy tables %s", warm_policy_tables())
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
+        if cfg.log_dir is not None and Path(cfg.log_dir) != Path(cfg.state_dir) / "logs":
+            bind_log_dir(cfg.log_dir, store_id(store))
         metrics = Metrics()
         metrics.add(StoreCollector(store))
         dispatch_job: CoalescedJob | None = None

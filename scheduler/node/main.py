@@ -21,7 +21,7 @@ from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import read_node
-from scheduler.state_dir import bind_state_dir
+from scheduler.state_dir import bind_log_dir, bind_state_dir
 from scheduler.store import SchemaError
 from scheduler.store.identity import store_id
 from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
@@ -129,6 +129,8 @@ class AgentRunner(ServiceProcess):
         except SchemaError as e:
             raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
+        if cfg.log_dir is not None and Path(cfg.log_dir) != Path(cfg.state_dir) / "logs":
+            bind_log_dir(cfg.log_dir, store_id(store))
         log.info("policy tables %s", warm_policy_tables())
         if cfg.truth and cfg.executor == "slurm":
             raise DaemonError("--truth emulates jobs run by the local executor; Slurm runs them itself")
