@@ -50,6 +50,7 @@ from sqlalchemy import (
 
 from policies.counterfactual import RULE_SHORT
 from policies.model import sig
+from scheduler.job_view import output_truncated_list
 from scheduler.lifecycle import TERMINAL, State, utcnow
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_intensity
@@ -468,6 +469,10 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         # The GPU power limit (issue 29): planned, applied (null: ran at the default) and why
         # not, with the plan's estimate at the default limit beside the capped one.
         "power_limit": power_limit(job),
+        # Storage limits (issue 48): the output streams cut at the job's output limit (null:
+        # none), and when its command, environment and output were purged (the receipt stays).
+        "output_truncated": output_truncated_list(job.get("output_truncated")),
+        "purged_at": iso(job.get("purged_at")),
     }
     if job.get("segments"):
         receipt.update(segments_summary(job, job["segments"]))
@@ -540,7 +545,7 @@ _JOB_COLUMNS = ("id", "name", "state", "owner_uid", "owner_name", "workload", "g
                 "planned_max_batch", "planned_precision", "planned_tp", "planned_power_limit_w",
                 "power_limit_w", "power_limit_note", "est_uncapped_energy_j", "est_uncapped_gco2",
                 "est_uncapped_runtime_s", "est_runtime_planned_s", "interruptible", "first_started_at",
-                "resume_count", "done_fraction", "checkpoints_ignored")
+                "resume_count", "done_fraction", "checkpoints_ignored", "output_truncated", "purged_at")
 
 
 class NotFound(LookupError):

@@ -30,9 +30,10 @@ _COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids
             "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s",
             "interruptible", "checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
             "max_segments", "done_fraction", "resume_count", "checkpoints_ignored", "first_started_at",
-            "planned_segments", "planned_interrupt_at", "planned_resume_at", "hold_kind", "held_by")
+            "planned_segments", "planned_interrupt_at", "planned_resume_at", "hold_kind", "held_by",
+            "output_truncated", "purged_at")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at",
-          "held_at", "begin_at", "first_started_at", "planned_interrupt_at", "planned_resume_at"}
+          "held_at", "begin_at", "first_started_at", "planned_interrupt_at", "planned_resume_at", "purged_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv", "planned_segments"}
 
 
@@ -108,7 +109,7 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          stdout_path, stderr_path, planned_limit_w, limit_w, limit_note, unc_energy, unc_gco2,
          unc_runtime, kind, ck_signal, ck_grace, min_run, resume_cost, max_segments, done_fraction,
          resume_count, ignored, first_started, planned_segments, interrupt_at, resume_at, hold_kind,
-         held_by) in rows:
+         held_by, output_cut, purged_at) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -178,8 +179,16 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "planned_segments": _segments_iso(_json_raw(planned_segments)),
             "planned_interrupt_at": _iso_raw(interrupt_at), "planned_resume_at": _iso_raw(resume_at),
             "paused_until": _paused_until(state, kind, _json_raw(planned_segments)),
+            # Storage limits (issue 48): the streams cut at the job's output limit (null: none),
+            # and when the finished job's command, environment and output were purged.
+            "output_truncated": output_truncated_list(output_cut), "purged_at": _iso_raw(purged_at),
         })
     return out
+
+
+def output_truncated_list(stored: str | None) -> list[str] | None:
+    """`jobs.output_truncated` ("stdout,stderr") as the list `show` and the receipt give."""
+    return [s for s in stored.split(",") if s] if stored else None
 
 
 def segment_rows(conn: Connection, job_id: int) -> list[dict]:

@@ -255,6 +255,8 @@ SETTINGS: tuple[Setting, ...] = (
             "password (default: the systemd credential `db`, if given)", _BOTH, "FILE"),
     Setting("state_dir", _path, None, "state directory: SQLite store, job logs, run records (default "
             "/var/lib/carbonsched as root, else ~/.local/state/carbonsched)", _BOTH, "DIR"),
+    Setting("log_dir", _path, None, "job logs (stdout, stderr, metrics files); put it on a disk apart from "
+            "the state dir so a full log disk never stops the store (default STATE_DIR/logs)", _BOTH, "DIR"),
     Setting("socket", _path, None, "API socket path (default /run/carbonsched/carbonsched.sock as root, "
             "else STATE_DIR/carbonsched.sock)", _HEAD, "PATH"),
     Setting("node", _text, None, "name of this node (default: host name)", _BOTH, "NAME"),
@@ -296,8 +298,11 @@ SETTINGS: tuple[Setting, ...] = (
             "roll-ups", _HEAD, "DUR", _dur),
     Setting("node_static_w", _number(0.0, 100_000.0), 0.0, "node power besides the GPUs (CPUs, fans, "
             "NICs), shared among jobs by GPU count; 0 leaves it out", _BOTH, "W"),
-    Setting("min_free_disk_mib", _number(0.0, 1e9), 256.0, "below this free space for job logs a node "
-            "takes no new jobs", _BOTH, "MIB"),
+    Setting("min_free_disk_mib", _number(0.0, 1e9), 256.0, "below this free space for job logs or the "
+            "state dir a node takes no new jobs (their REASON says so)", _BOTH, "MIB"),
+    Setting("job_output_limit_mib", _number(0.001, 1e9), 1024.0, "stdout and stderr one job may write to "
+            "its logs; past it the rest is discarded, a marker says so and `show` lists the cut streams",
+            _BOTH, "MIB"),
     Setting("api_rate_per_uid", _number(1.0, 1e6), 1000.0, "API requests per second one uid may make "
             "(token bucket)", _HEAD, "N"),
     Setting("api_burst_per_uid", _number(1.0, 1e7), 2000.0, "API request burst one uid may make", _HEAD, "N"),
@@ -308,7 +313,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_max_expensive_per_uid", _integer(1, 1_000), 2, "job listings, reports, exports and plan "
             "previews one uid may have in progress at once", _HEAD, "N"),
     Setting("max_queued_per_user", _integer(1, 10_000_000), 5000, "jobs one user may have waiting "
-            "(PENDING or PLANNED); a submit beyond it is refused (429)", _HEAD, "N"),
+            "(PENDING or PLANNED; every array task counts); a submit beyond it is refused (429)", _HEAD, "N"),
+    Setting("max_submit_stored_mib", _number(0.01, 1e6), 16.0, "what one submit may store: its command, "
+            "environment and paths, times its array tasks; more is refused (413)", _HEAD, "MIB"),
+    Setting("max_stored_mib_per_user", _number(0.01, 1e9), 1024.0, "what one user's jobs may store "
+            "(commands, environments, paths) until purged; a submit beyond it is refused (429)", _HEAD, "MIB"),
+    Setting("job_retention", _duration, 30 * 86400.0, "finished jobs keep their command, environment and "
+            "copied output this long, then are purged (their accounting records stay)", _HEAD, "DUR", _dur),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 # Tables checked by their owners: name -> fn(table, whole config) returning error strings.

@@ -12,6 +12,10 @@ other store's `run/` and `logs/` are moved aside, root-only, before anything run
 
 A state directory from before store ids (no `store-id` file) is taken to be this store's:
 that is an upgrade of carbonsched on the same database, whose running jobs must be adopted.
+
+A log directory kept apart from the state directory (`log_dir`, issue 48; often a mount
+point, so never renamed itself) is bound the same way with a `store-id` of its own: another
+store's files in it are moved into `LOG_DIR/previous-store-<ID>-<UTC time>/` (mode 0700).
 """
 
 from __future__ import annotations
@@ -51,6 +55,38 @@ def bind_state_dir(state_dir: Path, store_id: str) -> Path | None:
             log.warning("state directory %s served another store (%s), this is %s: its %s moved "
                         "to %s, so no job of this store gets that store's files",
                         state_dir, bound, store_id, " and ".join(present), moved)
+    tmp = mark.with_name(MARK + ".tmp")
+    tmp.write_text(store_id + "\n", "utf-8")
+    tmp.chmod(0o644)
+    os.replace(tmp, mark)
+    return moved
+
+
+def bind_log_dir(log_dir: Path, store_id: str) -> Path | None:
+    """Make a separate log directory's files this store's (see the module's docstring);
+    return where another store's went (None when there were none)."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+    mark = log_dir / MARK
+    try:
+        bound = mark.read_text("utf-8").strip()
+    except FileNotFoundError:
+        bound = None
+    if bound == store_id:
+        return None
+    moved: Path | None = None
+    if bound is not None:
+        present = [p for p in log_dir.iterdir()
+                   if p.name != MARK and not p.name.startswith(("previous-store-", MARK))]
+        if present:
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            moved = log_dir / f"previous-store-{_safe(bound)}-{stamp}"
+            moved.mkdir(mode=0o700)
+            moved.chmod(0o700)
+            for p in present:
+                os.rename(p, moved / p.name)
+            log.warning("log directory %s held another store's (%s) job logs, this is %s: %d file(s) "
+                        "moved to %s", log_dir, bound, store_id, len(present), moved)
     tmp = mark.with_name(MARK + ".tmp")
     tmp.write_text(store_id + "\n", "utf-8")
     tmp.chmod(0o644)

@@ -324,6 +324,7 @@ def cmd_agent(args, config) -> int:
             sample_hz=r["sample_hz"], dispatch_interval_s=r["dispatch_interval"],
             metrics_port=r["metrics_port"], metrics_addr=r["metrics_addr"], grace_s=r["grace"], node_static_w=r["node_static_w"],
             min_free_disk_mib=r["min_free_disk_mib"],
+            log_dir=r["log_dir"], output_limit_bytes=int(r["job_output_limit_mib"] * 2**20),
             executor=r["executor"],
             slurm=SlurmConfig.from_config(config) if r["executor"] == "slurm" else None,
         )
@@ -372,11 +373,15 @@ def cmd_daemon(args, config) -> int:
             sample_retention_s=r["sample_retention"],
             node_static_w=r["node_static_w"],
             min_free_disk_mib=r["min_free_disk_mib"],
+            log_dir=r["log_dir"], output_limit_bytes=int(r["job_output_limit_mib"] * 2**20),
             api_limits=UidLimits(rate_per_s=r["api_rate_per_uid"], burst=r["api_burst_per_uid"],
                                  max_inflight=r["api_max_inflight_per_uid"],
                                  max_connections=r["api_max_connections_per_uid"],
                                  max_expensive_inflight=r["api_max_expensive_per_uid"]),
             max_queued_per_user=r["max_queued_per_user"],
+            max_submit_stored_bytes=int(r["max_submit_stored_mib"] * 2**20),
+            max_stored_bytes_per_user=int(r["max_stored_mib_per_user"] * 2**20),
+            job_retention_s=r["job_retention"],
             carbon=dict(config.get("carbon", {})),
             site=SiteConfig.from_config(config),
             accounting=AccountingConfig.from_config(config),
@@ -469,6 +474,7 @@ def _fill_derived_paths(r: settings.Resolved, scope: str) -> None:
 
     state = r.values.get("state_dir") or default_state_dir()
     derive("state_dir", state)
+    derive("log_dir", Path(state) / "logs")
     if scope == settings.DAEMON:
         derive("socket", Path("/run/carbonsched/carbonsched.sock") if os.geteuid() == 0
                else Path(state) / "carbonsched.sock")

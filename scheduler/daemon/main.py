@@ -19,10 +19,12 @@ from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profil
 from scheduler.daemon.planner import Planner, SiteConfig, check_policy, make_policy, preview_rows
 from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
+from scheduler.daemon.retention import DEFAULT_RETENTION_S as DEFAULT_JOB_RETENTION_S
+from scheduler.daemon.retention import PURGE_INTERVAL_S, purge_finished_jobs
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
-from scheduler.node.agent import Agent, AgentConfig, default_node_name
+from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig, default_node_name
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
 from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
@@ -31,7 +33,7 @@ from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_sc
                                scheduler_diagnostics, stalled)
 from scheduler.policy_tables import warm_policy_tables
 from scheduler.sdnotify import Watchdog, notify as sd_notify
-from scheduler.state_dir import bind_state_dir
+from scheduler.state_dir import bind_log_dir, bind_state_dir
 from scheduler.store import SchemaError, Store
 from scheduler.store.identity import store_id
 
@@ -72,8 +74,15 @@ class DaemonConfig:
     # lock. Measured on 2 cores at 300 submits/s: p99 78-134 ms vs 366-394 ms in a thread.
     planner_process: bool = True
     min_free_disk_mib: float = 256.0  # the local agent takes no jobs below this free log space
+    log_dir: Path | None = None  # job logs; None: STATE_DIR/logs (issue 48: a disk of their own)
+    output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES  # stdout + stderr kept per job
     api_limits: UidLimits = field(default_factory=UidLimits)  # what one uid may take of the API
     max_queued_per_user: int | None = 5000  # jobs one user may have waiting (None: no limit)
+    # What one submit and one user's unpurged jobs may store (issue 48; None: no limit), and
+    # how long finished jobs keep their command, environment and output (scheduler.daemon.retention).
+    max_submit_stored_bytes: int | None = 16 * 2**20
+    max_stored_bytes_per_user: int | None = 2**30
+    job_retention_s: float = DEFAULT_JOB_RETENTION_S
     # The local agent's executor: "local" processes, or "slurm" (this host is a Slurm node;
     # its jobs are handed to Slurm, see scheduler.node.slurm_agent) with the [slurm] table.
     executor: str = "local"
@@ -128,6 +137,8 @@ class Daemon(ServiceProcess):
         # Before the planner and preview processes start: they load what this one computed.
         log.info("policy tables %s", warm_policy_tables())
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
+        if cfg.log_dir is not None and Path(cfg.log_dir) != Path(cfg.state_dir) / "logs":
+            bind_log_dir(cfg.log_dir, store_id(store))
         metrics = Metrics()
         metrics.add(StoreCollector(store))
         dispatch_job: CoalescedJob | None = None
@@ -192,6 +203,8 @@ class Daemon(ServiceProcess):
                                                       sample_hz=cfg.sample_hz,
                                                       node_static_w=cfg.node_static_w,
                                                       min_free_disk_mib=cfg.min_free_disk_mib,
+                                                      log_dir=cfg.log_dir,
+                                                      output_limit_bytes=cfg.output_limit_bytes,
                                                       ship_logs=False),  # the daemon reads them itself
                           on_change=plan_proc.wake,
                           on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note),
@@ -206,8 +219,10 @@ class Daemon(ServiceProcess):
         service = JobService(
             store,
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
-                          time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user),
-            log_dir=cfg.state_dir / "logs",
+                          time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user,
+                          max_submit_stored_bytes=cfg.max_submit_stored_bytes,
+                          max_stored_bytes_per_user=cfg.max_stored_bytes_per_user),
+            log_dir=cfg.log_dir or cfg.state_dir / "logs",
             on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
         )
         accountant = Accountant(store, site=cfg.site, carbon=carbon, config=cfg.accounting)
@@ -231,6 +246,10 @@ class Daemon(ServiceProcess):
                               id="carbon", max_instances=1, next_run_time=now)
         scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
                           seconds=60, id="rollup", max_instances=1)
+        # Finished jobs lose their command, environment and output after the retention.
+        scheduler.add_job(lambda: purge_finished_jobs(store, retention_s=cfg.job_retention_s,
+                                                      log_dir=service.log_dir),
+                          "interval", seconds=PURGE_INTERVAL_S, id="purge", max_instances=1, next_run_time=now)
         # Price finished jobs' carbon, and re-price them as late intensity data arrives.
         scheduler.add_job(accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
         if cfg.site.budgets:

@@ -565,6 +565,7 @@ class Planner:
                                    monotonic=monotonic)
         self._seed: tuple[Profile, ...] | None = None
         self._last_fingerprint: int | None = None
+        self._disk_full: str | None = None  # nodes short of disk space (disk_full_notes), per snapshot
         self._last_planned_at = -math.inf
         self._last_planned_full = True  # whether the policy's last run re-planned every job
         self._last_full_at = -math.inf  # monotonic time of the last full re-plan
@@ -609,6 +610,7 @@ class Planner:
                                  budget=self.site.budget_of_node(g.node_name)))
         queued = _read_queue(conn, now)
         usable = {s.id for s in slots if s.healthy and not s.drained}
+        self._disk_full = disk_full_notes(conn)
         pin_before = now + timedelta(seconds=self.plan_interval_s)
         pinned_ids = {r.id for r in queued.values()
                       if r.state == State.PLANNED.value and r.planned_start is not None
@@ -767,6 +769,8 @@ class Planner:
             a = placed.get(job_id)
             if a is None:
                 why = str(plan.unplaced.get(job_id, "not placed by the policy"))  # a Deferral is a str too
+                if self._disk_full:  # nodes that take no jobs for want of disk space (issue 48)
+                    why = f"{why}; {self._disk_full}"
                 if row.state == State.PLANNED.value:
                     writes.append(("withdraw", row, None, why))
                 elif row.reason != why:
@@ -805,6 +809,20 @@ class Planner:
         stmt = (update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.state == State.PENDING.value)
                 .values(reason=bindparam("b_reason")))
         self.store.transact(lambda conn: conn.execute(stmt, changed))
+
+
+def disk_full_notes(conn: Connection, most: int = 3) -> str | None:
+    """Why nodes take no jobs for want of disk space (their agents' words: how much is free
+    where), for the REASON of the jobs left waiting; None when no node is short."""
+    rows = conn.execute(select(gpus.c.node_name, gpus.c.unhealthy_reason).distinct()
+                        .where(gpus.c.healthy.is_(False), gpus.c.unhealthy_reason.like("disk full:%"))
+                        .order_by(gpus.c.node_name)).all()
+    if not rows:
+        return None
+    by_node = {node: why for node, why in rows}
+    named = [f"node {node} takes no jobs: {why}" for node, why in list(by_node.items())[:most]]
+    more = f" (and {len(by_node) - most} more nodes)" if len(by_node) > most else ""
+    return "; ".join(named) + more
 
 
 def _with_points(snapshot: Snapshot, plan: Plan) -> Plan:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import functools
 import grp
+import json
 import logging
 import os
 import pwd
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, bindparam, func, insert, literal, null, or_, select, update
+from sqlalchemy import Connection, bindparam, case, func, insert, literal, null, or_, select, update
 
 from policies.model import QueuedJob
 from scheduler.daemon.admission import MAX_GPUS, Admission, Refused
@@ -110,47 +111,89 @@ class ServiceConfig:
     # Jobs one uid may have waiting (PENDING or PLANNED); None: no limit. One user's tens of
     # thousands of queued jobs would slow every plan for everyone.
     max_queued_per_user: int | None = None
+    # Bytes one submit may store (command, environment, paths; x its array tasks), and one uid
+    # in jobs not yet purged (issue 48); None: no limit.
+    max_submit_stored_bytes: int | None = None
+    max_stored_bytes_per_user: int | None = None
 
 
 class QueueLimit:
-    """`ServiceConfig.max_queued_per_user`, checked without a database round trip per submit:
-    each uid's waiting count is read at most every `REFRESH_S` and counted up by its own
-    submits in between (so the limit errs on the strict side: jobs that started meanwhile
-    still count until the next read)."""
+    """What one uid may have in the store (issue 48), checked without a database round trip per
+    submit: `max_queued_per_user` jobs waiting (every task of an array counts) and
+    `max_stored_bytes_per_user` bytes of commands, environments and paths in jobs not yet
+    purged. Each uid's figures are read at most every `REFRESH_S` and counted up by its own
+    submits in between (so the limits err on the strict side: jobs that started or were
+    purged meanwhile still count until the next read)."""
 
     REFRESH_S = 2.0
 
-    def __init__(self, store: Store, limit: int | None, clock=time.monotonic) -> None:
+    def __init__(self, store: Store, limit: int | None, clock=time.monotonic, *,
+                 max_stored_bytes: int | None = None) -> None:
         self.store = store
         self.limit = limit
+        self.max_stored_bytes = max_stored_bytes
         self._clock = clock
         self._lock = threading.Lock()
-        self._counts: dict[int, tuple[int, float]] = {}  # uid -> (waiting, read at)
+        self._counts: dict[int, tuple[int, int, float]] = {}  # uid -> (waiting, stored bytes, read at)
 
-    def check(self, uid: int) -> None:
-        if self.limit is None:
-            return
+    def _read(self, uid: int) -> tuple[int, int]:
         with self._lock:
-            n, at = self._counts.get(uid, (0, -1e18))
+            n, stored, at = self._counts.get(uid, (0, 0, -1e18))
         if self._clock() - at > self.REFRESH_S:
+            waiting = case((jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]), 1), else_=0)
             with self.store.read() as conn:
-                n = conn.execute(select(func.count()).select_from(jobs).where(
-                    jobs.c.owner_uid == uid,
-                    jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))).scalar_one()
+                n, stored = conn.execute(select(func.coalesce(func.sum(waiting), 0),
+                                                func.coalesce(func.sum(jobs.c.stored_bytes), 0))
+                                         .where(jobs.c.owner_uid == uid, jobs.c.purged_at.is_(None))).one()
+            n, stored = int(n), int(stored)
             with self._lock:
-                self._counts[uid] = (n, self._clock())
+                self._counts[uid] = (n, stored, self._clock())
                 if len(self._counts) > 10_000:  # forget idle uids
                     self._counts = {uid: self._counts[uid]}
-        if n >= self.limit:
-            raise RequestError(429, f"uid {uid} already has {n} jobs waiting (limit {self.limit}, "
-                                    "max_queued_per_user); submit more once some have started")
+        return n, stored
 
-    def submitted(self, uid: int) -> None:
-        if self.limit is None:
+    def check(self, uid: int, jobs_added: int = 1, bytes_added: int = 0) -> None:
+        """Raise RequestError(429) naming the limit if `uid` may not add `jobs_added` waiting
+        jobs storing `bytes_added` bytes in all."""
+        if self.limit is None and self.max_stored_bytes is None:
+            return
+        n, stored = self._read(uid)
+        if self.limit is not None and n + jobs_added > self.limit:
+            adds = f"; this request adds {jobs_added}" if jobs_added > 1 else ""
+            raise RequestError(429, f"uid {uid} already has {n} jobs waiting{adds} (limit {self.limit}, "
+                                    "max_queued_per_user; every array task counts); "
+                                    "submit more once some have started")
+        if self.max_stored_bytes is not None and stored + bytes_added > self.max_stored_bytes:
+            raise RequestError(429, f"uid {uid} already stores {_mib(stored)} of job commands and "
+                                    f"environments; this request adds {_mib(bytes_added)} (limit "
+                                    f"{_mib(self.max_stored_bytes)}, max_stored_mib_per_user); "
+                                    "cancel jobs or wait for finished ones to be purged (job_retention)")
+
+    def submitted(self, uid: int, jobs_added: int = 1, bytes_added: int = 0) -> None:
+        if self.limit is None and self.max_stored_bytes is None:
             return
         with self._lock:
-            n, at = self._counts.get(uid, (0, -1e18))
-            self._counts[uid] = (n + 1, at)
+            n, stored, at = self._counts.get(uid, (0, 0, -1e18))
+            self._counts[uid] = (n + jobs_added, stored + bytes_added, at)
+
+
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:.2f} MiB"
+
+
+# Environment variables each array task gets besides the submitted ones (and their JSON).
+ARRAY_ENV_BYTES = 128
+
+
+def stored_bytes(row: dict) -> int:
+    """The bytes one job's request puts in the store beyond its fixed columns: command,
+    environment, working directory, name, output paths and dependency text (as JSON,
+    roughly as the database keeps them). What `max_submit_stored_mib` and
+    `max_stored_mib_per_user` count."""
+    text = [row.get("cwd"), row.get("name"), row.get("stdout_path"), row.get("stderr_path"), row.get("dependency")]
+    return (len(json.dumps(row.get("argv") or [], ensure_ascii=False).encode("utf-8"))
+            + len(json.dumps(row.get("env") or {}, ensure_ascii=False).encode("utf-8"))
+            + sum(len(t.encode("utf-8")) for t in text if isinstance(t, str)))
 
 
 class JobService:
@@ -165,7 +208,8 @@ class JobService:
         self._clock = clock
         self.admission = Admission(store, node_timeout_s=config.node_timeout_s,
                                    default_runtime_s=config.default_runtime_s, clock=clock)
-        self._queue_limit = QueueLimit(store, config.max_queued_per_user)
+        self._queue_limit = QueueLimit(store, config.max_queued_per_user,
+                                       max_stored_bytes=config.max_stored_bytes_per_user)
 
     # -- identity -----------------------------------------------------------------------
 
@@ -185,8 +229,10 @@ class JobService:
         now = self._clock()
         row = self._validate_submit(body, caller, now)
         warning = self._admit(row)
-        self._queue_limit.check(caller.uid)
         extra = self._validate_slurm_habits(body, caller, now)
+        n_tasks = len(extra.array.indices) if extra.array is not None else 1
+        row["stored_bytes"] = stored_bytes({**row, **extra.columns}) + (ARRAY_ENV_BYTES if extra.array else 0)
+        self._check_storage(caller.uid, n_tasks, row["stored_bytes"] * n_tasks)
         if extra.deps or extra.array is not None:
             return self._submit_with_habits(caller, row, extra)
         row.update(extra.columns)
@@ -207,13 +253,24 @@ class JobService:
                 return job_id
 
             job_id = self.store.transact(tx)
-        self._queue_limit.submitted(caller.uid)
+        self._queue_limit.submitted(caller.uid, 1, row["stored_bytes"])
         log.info("job %s submitted by uid %s: %s", job_id, caller.uid, row["name"])
         self._on_submit()
         out = {"id": job_id, "state": State.PENDING.value}
         if warning is not None:
             out["warning"] = warning
         return out
+
+    def _check_storage(self, uid: int, n_jobs: int, n_bytes: int) -> None:
+        """Refuse a request that would store too much (413: this request alone; 429: on top of
+        what the uid has): an array multiplies its command and environment by its tasks."""
+        limit = self.config.max_submit_stored_bytes
+        if limit is not None and n_bytes > limit:
+            per = f" ({n_jobs} tasks)" if n_jobs > 1 else ""
+            raise RequestError(413, f"this request would store {_mib(n_bytes)} of commands and "
+                                    f"environments{per} (limit {_mib(limit)}, max_submit_stored_mib); "
+                                    "pass large inputs in files")
+        self._queue_limit.check(uid, n_jobs, n_bytes)
 
     def _validate_slurm_habits(self, body: dict, caller: Caller, now: datetime) -> "_Habits":
         """--hold, --begin, --dependency, --array, --output/--error (issue 28), checked like
@@ -293,6 +350,7 @@ class JobService:
             return ids
 
         ids = self.store.transact(tx)
+        self._queue_limit.submitted(caller.uid, len(ids), row["stored_bytes"] * len(ids))
         log.info("job %s submitted by uid %s: %s%s", ids[0], caller.uid, row["name"],
                  f" (array of {len(ids)} tasks)" if len(ids) > 1 else "")
         self._on_submit()

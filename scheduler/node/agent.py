@@ -59,6 +59,9 @@ ENV_POWER_LIMIT = "CARBONSCHED_POWER_LIMIT_W"
 CHECKPOINT_SWEEP_S = 30.0
 
 
+DEFAULT_OUTPUT_LIMIT_BYTES = 1024 * 2**20  # job_output_limit_mib's default
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     node: str
@@ -79,6 +82,11 @@ class AgentConfig:
     # Where interruptible jobs' checkpoint directories live (scheduler.node.checkpoint);
     # None: STATE_DIR/checkpoints. Storage shared by the nodes lets a checkpoint job move.
     checkpoint_root: Path | None = None
+    # Where job logs live (None: STATE_DIR/logs): a disk apart from the store's, so a full log
+    # disk never stops the store; and how many bytes of stdout and stderr together each job
+    # keeps there (scheduler.node.output_limit; None: no limit). Issue 48.
+    log_dir: Path | None = None
+    output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES
 
     @property
     def checkpoints(self) -> Path:
@@ -129,7 +137,8 @@ class Agent:
         self._emulation = emulation
         self.config = config
         # How jobs run: supervised local processes unless another backend is given (Slurm).
-        self.executor = executor or Executor(config.state_dir, grace_s=config.grace_s)
+        self.executor = executor or Executor(config.state_dir, grace_s=config.grace_s,
+                                                   log_dir=config.log_dir)
         self._logs = LogShipper(store, self.executor.log_paths) if config.ship_logs else None
         self._on_change = on_change or (lambda: None)
         # Called with (job id, energy note) once a run's end is recorded: the head prices its carbon.
@@ -344,6 +353,16 @@ class Agent:
                     log.error("job %s: stopping it, its GPU %s is lost", job_id, uuid)
         return changed
 
+    def _disk_places(self) -> list[tuple[Path, str]]:
+        """The directories whose disks a new job needs space on: its logs, and the state
+        directory (run records, and the SQLite store where there is one) where `log_dir`
+        puts the logs elsewhere."""
+        state = Path(self.config.state_dir)
+        logs = Path(getattr(self.executor, "log_root", state / "logs"))
+        if logs == state / "logs":
+            return [(state, "job logs")]
+        return [(logs, "job logs"), (state, "run records and the store")]
+
     def _check_disk(self) -> bool:
         """Stop taking jobs while the log disk is (nearly) full, and take them again after.
 
@@ -352,14 +371,18 @@ class Agent:
         GPUs show as unhealthy with the reason) and say so loudly. Running jobs go on; their
         supervisors wait for space to record how they ended.
         """
-        try:
-            free_mib = disk_free_bytes(self.config.state_dir) / 2**20
-        except OSError as e:
-            free_mib, why = 0.0, f"cannot check free space of {self.config.state_dir}: {e}"
-        else:
-            why = (f"disk full: {free_mib:.0f} MiB free for job logs in {self.config.state_dir} "
-                   f"(need {self.config.min_free_disk_mib:g} MiB)")
-        full = free_mib < self.config.min_free_disk_mib
+        full, why = False, ""
+        for place, what in self._disk_places() if self.config.min_free_disk_mib > 0 else []:
+            try:
+                free_mib = disk_free_bytes(place) / 2**20
+            except OSError as e:
+                problem = f"disk full: cannot check free space of {place}: {e}"
+            else:
+                problem = (f"disk full: {free_mib:.0f} MiB free for {what} in {place} (need "
+                           f"{self.config.min_free_disk_mib:g} MiB, min_free_disk_mib)"
+                           if free_mib < self.config.min_free_disk_mib else None)
+            if problem and not full:  # the first one found is the one named
+                full, why = True, problem
         if full == self._disk_full:
             return False
         self._disk_full = full
@@ -524,6 +547,11 @@ class Agent:
         work = self._reported_work(job, status)
         if work.note:
             why = f"{why}; {work.note}"
+        cut = ",".join(result.get("output_truncated") or []) or None
+        if cut:
+            limit = (status.spec or {}).get("output_limit_bytes")
+            why = (f"{why}; output truncated ({cut.replace(',', ' and ')}"
+                   + (f" past {limit / 2**20:g} MiB, job_output_limit_mib" if limit else "") + ")")
 
         actor = job.cancel_requested_by if to is State.CANCELLED else None
         parts = energies = None
@@ -538,7 +566,7 @@ class Agent:
                                         gpu_ids=job.gpu_ids or [], outcome=to.value.lower(), method=method)
             return end_run(conn, job.id, to, actor_uid=actor, reason=why,
                            values=dict(ended_at=ended, exit_code=code, energy_j=total, energy_method=method,
-                                       **work.values()))
+                                       output_truncated=cut, **work.values()))
 
         self.store.transact(tx)
         self._release_gpus(job.gpu_ids or [], job)
@@ -785,7 +813,7 @@ class Agent:
                           uid=job.owner_uid, gid=job.owner_gid, groups=list(job.owner_groups or []),
                           time_limit_s=job.time_limit_s, grace_s=self.config.grace_s,
                           stdout=str(out), stderr=str(err), metrics_file=str(metrics),
-                          extra=extra)
+                          output_limit_bytes=self.config.output_limit_bytes, extra=extra)
 
     def _interruptible_launch(self, job, log_dir: Path) -> tuple[dict[str, str], dict]:
         """What an interruptible job's run is told (CARBONSCHED_RESUME_COUNT, its checkpoint

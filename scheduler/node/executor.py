@@ -54,6 +54,9 @@ class LaunchSpec:
     stdout: str
     stderr: str
     metrics_file: str | None = None  # created for the job by its supervisor (node.job_metrics)
+    # Bytes of stdout and stderr together kept in the job's logs (scheduler.node.output_limit);
+    # None: no limit, the job writes its log files itself.
+    output_limit_bytes: int | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -83,9 +86,11 @@ class JobExecutor(Protocol):
 class Executor:
     """Launches supervisors and inspects run directories under one state directory."""
 
-    def __init__(self, state_dir: Path, *, grace_s: float = 10.0) -> None:
+    def __init__(self, state_dir: Path, *, grace_s: float = 10.0, log_dir: Path | None = None) -> None:
         self.run_root = Path(state_dir) / "run"
-        self.log_root = Path(state_dir) / "logs"
+        # Job logs: STATE_DIR/logs unless the operator put them on a disk of their own
+        # (`log_dir`), so that a full log disk never stops the store (issue 48).
+        self.log_root = Path(log_dir) if log_dir is not None else Path(state_dir) / "logs"
         self.grace_s = grace_s
         # Explicit modes, whatever the umask: run records (the jobs' environments) are
         # root's alone; the logs directory lets each job reach its own 0600 files by name.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from policies.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.slurm_agent import SlurmAgent
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
@@ -21,7 +21,7 @@ from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import read_node
-from scheduler.state_dir import bind_state_dir
+from scheduler.state_dir import bind_log_dir, bind_state_dir
 from scheduler.store import SchemaError
 from scheduler.store.identity import store_id
 from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
@@ -74,6 +74,8 @@ class AgentRunConfig:
     grace_s: float = 10.0
     node_static_w: float = 0.0
     min_free_disk_mib: float = 256.0
+    log_dir: Path | None = None  # job logs; None: STATE_DIR/logs
+    output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES  # stdout + stderr kept per job
     executor: str = "local"  # or "slurm": jobs are handed to Slurm (scheduler.node.slurm_agent)
     slurm: SlurmConfig | None = None
 
@@ -81,7 +83,8 @@ class AgentRunConfig:
 def agent_config(cfg: AgentRunConfig, zone: str) -> AgentConfig:
     return AgentConfig(node=cfg.node, zone=zone, state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                        sample_hz=cfg.sample_hz, node_static_w=cfg.node_static_w,
-                       min_free_disk_mib=cfg.min_free_disk_mib)
+                       min_free_disk_mib=cfg.min_free_disk_mib, log_dir=cfg.log_dir,
+                       output_limit_bytes=cfg.output_limit_bytes)
 
 
 def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **agent_kwargs) -> SlurmAgent:
@@ -126,6 +129,8 @@ class AgentRunner(ServiceProcess):
         except SchemaError as e:
             raise DaemonError(f"{e} (the head-node daemon owns the schema)") from None
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
+        if cfg.log_dir is not None and Path(cfg.log_dir) != Path(cfg.state_dir) / "logs":
+            bind_log_dir(cfg.log_dir, store_id(store))
         log.info("policy tables %s", warm_policy_tables())
         if cfg.truth and cfg.executor == "slurm":
             raise DaemonError("--truth emulates jobs run by the local executor; Slurm runs them itself")

@@ -8,7 +8,9 @@ when the command ends. It holds an exclusive flock on RUN_DIR/lock for its whole
 agent can tell "still running" (lock held) from "gone" (lock free) without guessing from
 PIDs, which the kernel reuses.
 
-Files in RUN_DIR: spec.json (input), launched.json (written just before the command is
+The job's stdout and stderr go through pipes that the supervisor copies into the job's log
+files, up to the job's output limit (`scheduler.node.output_limit`); result.json says which
+streams were cut. Files in RUN_DIR: spec.json (input), launched.json (written just before the command is
 started: from then on the job may have run), result.json (the outcome, atomically).
 Only the standard library (and `job_metrics`, which needs no more) is imported here so it
 starts fast.
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from scheduler import interruptible
 from scheduler.node import job_cgroup, job_metrics
+from scheduler.node.output_limit import OutputCopier
 from scheduler.node.segment_clock import SegmentClock, remove_request_file
 from scheduler.slurm.commands import JOB_UMASK  # one umask for jobs, local or Slurm
 
@@ -135,6 +138,11 @@ def supervise(run_dir: Path) -> int:
     uid, gid = spec["uid"], spec["gid"]
     out_fd = open_job_log(spec["stdout"], uid, gid)
     err_fd = open_job_log(spec["stderr"], uid, gid)
+    # The job writes into pipes and we copy into its logs, up to its output limit (issue 48).
+    copier = None
+    if spec.get("output_limit_bytes") is not None:
+        copier = OutputCopier(out_fd, err_fd, int(spec["output_limit_bytes"]))
+        out_fd, err_fd = copier.child_fds
     if spec.get("metrics_file"):
         job_metrics.create(Path(spec["metrics_file"]), uid, gid)
     remove_request_file((spec.get("extra") or {}).get("checkpoint_file"))  # this run starts unasked
@@ -177,13 +185,18 @@ def supervise(run_dir: Path) -> int:
             cgroup.remove()
         msg = f"carbonsched: could not start {spec['argv'][0]!r}: {e}\n"
         os.write(err_fd, msg.encode())
+        if copier is not None:
+            result["output_truncated"] = copier.finish()
         result.update(exit_code=127 if isinstance(e, FileNotFoundError) else 126, error=msg.strip(),
                       ended_at=_now())
         write_json_atomic(run_dir / "result.json", result)
         return 0
     finally:
-        os.close(out_fd)
-        os.close(err_fd)
+        if copier is not None:
+            copier.close_child_ends()
+        else:
+            os.close(out_fd)
+            os.close(err_fd)
 
     if cgroup is not None and not cgroup.leave():
         # We cannot step out, so we cannot kill the cgroup without killing ourselves: fall
@@ -238,6 +251,8 @@ def supervise(run_dir: Path) -> int:
     if left:  # to the daemon's log (the journal): the job itself ended as it did
         sys.stderr.write(f"carbonsched supervisor: job {spec.get('job_id')}: {left} process(es) "
                          f"still alive {job_cgroup.KILL_WAIT_S:g}s after SIGKILL\n")
+    if copier is not None:  # the last of its output, before its end is recorded
+        result["output_truncated"] = copier.finish()
     result["ended_at"] = _now()
     result.update(clock.result(time.monotonic()))
     if rc < 0:

@@ -249,6 +249,14 @@ class Job(Base):
     # itself as its owner (%j, %A, %a expanded at launch); NULL: carbonsched's own log.
     stdout_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Storage limits (issue 48). stored_bytes: what the request stored for this job (command,
+    # environment, paths), counted against the owner's `max_stored_mib_per_user` until the job
+    # is purged; purged_at: when its command and environment were dropped after
+    # `job_retention` (the row stays: it is the job's accounting record). output_truncated:
+    # the streams cut at `job_output_limit_mib` ("stdout", "stderr" or both, comma-separated).
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    purged_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    output_truncated: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
     # Interruptible jobs (issue 30). `interruptible`: "checkpoint" (told to save its state at
     # the planned end of a segment by `checkpoint_signal` and the checkpoint file, it exits
