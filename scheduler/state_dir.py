@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,31 +36,8 @@ def bind_state_dir(state_dir: Path, store_id: str) -> Path | None:
     """Make `state_dir`'s per-job files this store's; return where another store's went
     (None when there were none)."""
     state_dir = Path(state_dir)
-    mark = state_dir / MARK
-    try:
-        bound = mark.read_text("utf-8").strip()
-    except FileNotFoundError:
-        bound = None
-    if bound == store_id:
-        return None
-    moved: Path | None = None
-    if bound is not None:
-        present = [d for d in PER_STORE if (state_dir / d).exists()]
-        if present:
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            moved = state_dir / f"previous-store-{_safe(bound)}-{stamp}"
-            moved.mkdir(mode=0o700)
-            moved.chmod(0o700)
-            for d in present:
-                os.rename(state_dir / d, moved / d)
-            log.warning("state directory %s served another store (%s), this is %s: its %s moved "
-                        "to %s, so no job of this store gets that store's files",
-                        state_dir, bound, store_id, " and ".join(present), moved)
-    tmp = mark.with_name(MARK + ".tmp")
-    tmp.write_text(store_id + "\n", "utf-8")
-    tmp.chmod(0o644)
-    os.replace(tmp, mark)
-    return moved
+    return _bind(state_dir, store_id, lambda: [state_dir / d for d in PER_STORE if (state_dir / d).exists()],
+                 "state directory")
 
 
 def bind_log_dir(log_dir: Path, store_id: str) -> Path | None:
@@ -67,7 +45,15 @@ def bind_log_dir(log_dir: Path, store_id: str) -> Path | None:
     return where another store's went (None when there were none)."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
-    mark = log_dir / MARK
+    return _bind(log_dir, store_id, lambda: [p for p in log_dir.iterdir()
+                                             if p.name != MARK and not p.name.startswith(("previous-store-", MARK))],
+                 "log directory")
+
+
+def _bind(directory: Path, store_id: str, per_store: Callable[[], list[Path]], what: str) -> Path | None:
+    """Record `store_id` in `directory`; where it served another store, first move that
+    store's `per_store()` entries into a root-only `previous-store-<ID>-<UTC time>/`."""
+    mark = directory / MARK
     try:
         bound = mark.read_text("utf-8").strip()
     except FileNotFoundError:
@@ -75,18 +61,17 @@ def bind_log_dir(log_dir: Path, store_id: str) -> Path | None:
     if bound == store_id:
         return None
     moved: Path | None = None
-    if bound is not None:
-        present = [p for p in log_dir.iterdir()
-                   if p.name != MARK and not p.name.startswith(("previous-store-", MARK))]
-        if present:
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            moved = log_dir / f"previous-store-{_safe(bound)}-{stamp}"
-            moved.mkdir(mode=0o700)
-            moved.chmod(0o700)
-            for p in present:
-                os.rename(p, moved / p.name)
-            log.warning("log directory %s held another store's (%s) job logs, this is %s: %d file(s) "
-                        "moved to %s", log_dir, bound, store_id, len(present), moved)
+    present = per_store() if bound is not None else []
+    if present:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        moved = directory / f"previous-store-{_safe(bound)}-{stamp}"
+        moved.mkdir(mode=0o700)
+        moved.chmod(0o700)
+        for p in present:
+            os.rename(p, moved / p.name)
+        log.warning("%s %s served another store (%s), this is %s: %s moved to %s, so no job of this "
+                    "store gets that store's files", what, directory, bound, store_id,
+                    " and ".join(p.name for p in present), moved)
     tmp = mark.with_name(MARK + ".tmp")
     tmp.write_text(store_id + "\n", "utf-8")
     tmp.chmod(0o644)
