@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -326,26 +327,40 @@ def test_expensive_requests_are_capped_per_uid_and_others_are_not_affected():
     gate.enter_expensive(7)
 
 
-def test_a_slow_listing_holds_the_uids_allowance_while_submits_still_go_through(tmp_path):
+@contextmanager
+def one_expensive_request_held(tmp_path, method: str, request, wait_s: float):
+    """An API allowing one expensive request per uid, with one request (`request(socket_path)`,
+    in a thread) held inside the service's `method` until `release` is set: the uid's
+    allowance is taken when the block starts. Yields (api, release, thread)."""
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.upgrade()
     service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
-    release = threading.Event()
-    real = service.list_jobs
+    entered, release = threading.Event(), threading.Event()
+    real = getattr(service, method)
 
-    def slow_listing(*a, **k):
-        release.wait(10)
+    def held(*a, **k):
+        entered.set()  # the API's gate counted the request before calling the service
+        release.wait(wait_s)
         return real(*a, **k)
 
-    service.list_jobs = slow_listing
+    setattr(service, method, held)
     api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(max_expensive_inflight=1))
     api.start()
+    first = threading.Thread(target=request, args=(api.path,))
     try:
-        first = threading.Thread(target=lambda: Client(api.path).jobs(include_done=True))
         first.start()
-        deadline = time.monotonic() + 5
-        while not api.gate._expensive and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert entered.wait(wait_s), f"the first {method} request never reached the service"
+        yield api, release, first
+    finally:
+        release.set()
+        first.join(wait_s)
+        api.stop()
+        store.dispose()
+
+
+def test_a_slow_listing_holds_the_uids_allowance_while_submits_still_go_through(tmp_path):
+    with one_expensive_request_held(tmp_path, "list_jobs", lambda path: Client(path).jobs(include_done=True),
+                                    wait_s=10) as (api, release, first):
         with pytest.raises(ApiError) as e:
             Client(api.path).jobs(include_done=True)
         assert e.value.status == 429
@@ -353,10 +368,6 @@ def test_a_slow_listing_holds_the_uids_allowance_while_submits_still_go_through(
         release.set()
         first.join(10)
         assert len(Client(api.path).jobs(include_done=True)) == 1  # and the allowance is back
-    finally:
-        release.set()
-        api.stop()
-        store.dispose()
 
 
 def test_a_user_cannot_queue_more_than_max_queued_per_user(tmp_path):
@@ -488,34 +499,12 @@ def test_id_lists_are_capped_with_a_400_that_names_the_cap(server, verb):
 
 def test_logs_count_as_expensive_requests_of_their_uid(tmp_path):
     """32 parallel reads of a 4 MiB log took another user's health check to a p95 of 3.2 s."""
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    store.upgrade()
-    service = JobService(store, ServiceConfig(daemon_uid=os.getuid()), log_dir=tmp_path / "logs")
-    release = threading.Event()
-    real = service.logs
-
-    def slow_logs(*a, **k):
-        release.wait(60)
-        return real(*a, **k)
-
-    service.logs = slow_logs
-    api = ApiServer(tmp_path / "s.sock", service, limits=UidLimits(max_expensive_inflight=1))
-    api.start()
-    first = threading.Thread(target=lambda: pytest.raises(ApiError, Client(api.path).logs, 1))
-    try:
-        first.start()
-        deadline = time.monotonic() + 60
-        while not api.gate._expensive and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with one_expensive_request_held(tmp_path, "logs", lambda path: pytest.raises(ApiError, Client(path).logs, 1),
+                                    wait_s=60) as (api, _, _):
         with pytest.raises(ApiError) as e:
             Client(api.path).logs(1)
         assert e.value.status == 429 and "logs" in str(e.value)
         assert Client(api.path).submit(argv=["true"])["id"] == 1  # cheap requests are served
-    finally:
-        release.set()
-        first.join(60)
-        api.stop()
-        store.dispose()
 
 
 def test_the_cli_prints_a_log_longer_than_one_reply_whole(tmp_path, capsysbinary):
