@@ -21,11 +21,12 @@ it, in the planner's order of reasons:
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from policies.energy import ProfileBook, fits, job_shape, within_time_limit
-from policies.model import QueuedJob
+from policies.model import GpuSlot, QueuedJob
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,16 @@ class GpuKind:
     model: str
     memory_gib: float
     count: int  # how many of them the node has
+
+
+def gpu_kinds(gpus: Iterable[GpuSlot]) -> list[GpuKind]:
+    """The kinds of `gpus`: one per model, memory and number of such GPUs on a node (two
+    nodes of 8 H100s are one kind), in a stable order."""
+    count: dict[tuple[str, str, float], int] = defaultdict(int)
+    for g in gpus:
+        count[(g.node, g.model, float(g.memory_gib))] += 1
+    return sorted({GpuKind(model, memory, n) for (_, model, memory), n in count.items()},
+                  key=lambda k: (k.model, k.memory_gib, k.count))
 
 
 def planning_runtime_s(est_runtime_s: float | None, time_limit_s: float | None,

@@ -22,12 +22,11 @@ simulator reports it; the daemon logs each with its traceback).
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.energy import ProfileBook, seed_profiles
-from policies.feasibility import GpuKind, exclusions, unfit_text
+from policies.feasibility import exclusions, gpu_kinds, unfit_text
 from policies.model import Plan, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
@@ -46,12 +45,7 @@ def screen(snapshot: Snapshot) -> dict[int, str]:
     set aside here (it would be planned if they came back; `submit` accepted it with a
     warning). The rules are the planner's own, per GPU kind (`policies.feasibility`)."""
     book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
-    count: dict[tuple[str, str, float], int] = defaultdict(int)
-    for g in snapshot.gpus:
-        if g.healthy and not g.drained:
-            count[(g.node, g.model, float(g.memory_gib))] += 1
-    kinds = sorted({GpuKind(model, memory, n) for (_, model, memory), n in count.items()},
-                   key=lambda k: (k.model, k.memory_gib, k.count))
+    kinds = gpu_kinds(g for g in snapshot.gpus if g.healthy and not g.drained)
     if not kinds:
         return {j.id: "no usable GPUs" for j in snapshot.jobs if not (j.pinned and j.id in snapshot.pinned)}
     out: dict[int, str] = {}

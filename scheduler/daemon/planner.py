@@ -847,16 +847,12 @@ def _seeded(queued: tuple[QueuedJob, ...], slots: list[GpuSlot], book, learned: 
     unplaceable on every GPU model of the fleet, where the seed profiles fit it, marked to be
     planned with the seeds (issue 48; `policies.feasibility.learned_refusal`, as admission
     asks it at submit). Only jobs of a workload with learned profiles are asked."""
-    from policies.feasibility import GpuKind, learned_refusal
+    from policies.feasibility import gpu_kinds, learned_refusal
 
     workloads = {p.workload for p in learned}
     if not workloads or not any(j.workload in workloads for j in queued):
         return queued
-    counts: dict[tuple[str, str, float], int] = {}
-    for s in slots:
-        counts[(s.node, s.model, s.memory_gib)] = counts.get((s.node, s.model, s.memory_gib), 0) + 1
-    kinds = sorted({GpuKind(model, mem, n) for (_, model, mem), n in counts.items()},
-                   key=lambda k: (k.model, k.memory_gib, k.count))
+    kinds = gpu_kinds(slots)
     answers: dict[tuple, str | None] = {}  # one answer per job shape: a queue has few
     out = []
     for j in queued:
