@@ -310,6 +310,9 @@ SETTINGS: tuple[Setting, ...] = (
             "progress at once", _HEAD, "N"),
     Setting("api_max_connections_per_uid", _integer(1, 100_000), 256, "API connections one uid may hold "
             "open", _HEAD, "N"),
+    Setting("api_max_active_per_uid", _integer(1, 1_000), 3, "API requests of one uid worked on at once; "
+            "its others wait their turn (so one user's flood cannot take the daemon's CPU from the others)",
+            _HEAD, "N"),
     Setting("api_max_expensive_per_uid", _integer(1, 1_000), 2, "job listings, reports, exports and plan "
             "previews one uid may have in progress at once", _HEAD, "N"),
     Setting("max_queued_per_user", _integer(1, 10_000_000), 5000, "jobs one user may have waiting "
