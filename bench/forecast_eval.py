@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zones", help="comma-separated folder names (default: all)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--rolling", action="store_true",
-                    help="rolling-origin comparison of the candidate forecasters (issue 26) on "
+                    help="rolling-origin comparison of the candidate forecasters on "
                          f"{','.join(ROLLING_ZONES)} unless --zones")
     ap.add_argument("--refit-days", type=int, default=61, help="--rolling: days between refits (default 61)")
     ap.add_argument("--candidates", default=",".join(CANDIDATES),

@@ -1,4 +1,4 @@
-"""Long jobs by their whole run (issue 24, item 6): days-long jobs with and without the zones'
+"""Long jobs by their whole run: days-long jobs with and without the zones'
 climatology past the forecast. Reads ../shared/data (not shipped); see bench/README.md.
 
     .venv/bin/python bench/long_jobs_bench.py [--slack 30d] [--policies fifo,greedy,cpsat:max_time_s=0.5] [--json OUT]
