@@ -10,7 +10,7 @@ The trace is synthetic and seeded (`--seed`): `--jobs` jobs (default 40) of 1, 2
 2022-03-01, so the climatology has a full year of past hours to stand on; perfect forecasts
 (the simulator's forecast covers the 48 h horizon plus up to 7 days). Each policy runs twice
 on the same code: with the climatology (`SimSettings.climatology`, the default) and with the
-forecast's last value repeated past its end (the planner before issue 24).
+forecast's last value repeated past its end (the planner without the climatology).
 """
 
 from __future__ import annotations

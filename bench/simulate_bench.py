@@ -1,9 +1,9 @@
-"""Benchmarks of `carbonsched simulate` (issue 6): policy quality against the oracle, the GAIA
+"""Benchmarks of `carbonsched simulate`: policy quality against the oracle, the GAIA
 comparison, and replay speed. Reads ../shared/data (not shipped); see bench/README.md.
 
     .venv/bin/python bench/simulate_bench.py gap   [--json OUT]   # cpsat vs oracle, pai_1k, 4 zones
     .venv/bin/python bench/simulate_bench.py gaia  [--json OUT]   # GAIA's setting, DE and US-CAL-CISO
-    .venv/bin/python bench/simulate_bench.py gaia --interruptible 1 [--resume-costs 0,60,600]   # issue 30
+    .venv/bin/python bench/simulate_bench.py gaia --interruptible 1 [--resume-costs 0,60,600]   # in segments
     .venv/bin/python bench/simulate_bench.py speed [--policy greedy] [--days N]  # pai-100k, 256 GPUs
     .venv/bin/python bench/simulate_bench.py overload [--loads 0.6,0.9,1.2] [--variants gaia,long]
     .venv/bin/python bench/simulate_bench.py halfhour [--forecast perfect,baseline]  # 30-min GB vs its hourly mean
