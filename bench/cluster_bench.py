@@ -13,7 +13,7 @@ pings received and the longest gap between two (a gap longer than the watchdog p
 missed ping, after which systemd would have restarted the daemon).
 
 Run: `.venv/bin/python bench/cluster_bench.py [--rate 300] [--queue-jobs 10000] [--json FILE]`.
-Targets (issue 7): submit p99 <= 100 ms, no missed watchdog ping.
+Targets: submit p99 <= 100 ms, no missed watchdog ping.
 """
 
 from __future__ import annotations

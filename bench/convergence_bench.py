@@ -1,4 +1,4 @@
-"""Does the daemon learn a truth it cannot see? Issue 19's convergence run on the emulated fleet.
+"""Does the daemon learn a truth it cannot see? A convergence run on the emulated fleet.
 
     .venv/bin/python bench/convergence_bench.py [--runs 5] [--seconds 2.5] [--db URL] [--json OUT]
 
@@ -13,7 +13,7 @@ other, each sized to take about `--seconds` by the seed; the job paces itself by
 agent tells it (`CARBONSCHED_EMULATED_S_PER_PROMPT`). Each run's predicted energy is the
 plan's estimate (`est_energy_j`, made from what was learned before it); its measured energy
 is the agent's (`energy_j`, the emulator's integral of the truth's power over the job's real
-wall time). The table gives the error run by run; the target (issue 19): within 10 % after
+wall time). The table gives the error run by run; the target: within 10 % after
 at most 5 runs on each model.
 
 It reuses the test suite's daemon harness (`tests/daemon_harness.py`);

@@ -1,4 +1,4 @@
-"""The headline figures, guarded (issue 47): re-run each figure the project stands on in its
+"""The headline figures, guarded: re-run each figure the project stands on in its
 smallest faithful form, compare it with `bench/figures_expected.toml` and exit non-zero on a
 regression.
 

@@ -27,7 +27,7 @@ Definitions used here:
   January, and no value at or after T is ever used for T.
 
 Run: `.venv/bin/python bench/forecast_eval.py [--data DIR] [--zones Z,Z,...] [--json FILE]`.
-`--rolling` compares the candidate forecasters of issue 26 instead (`rolling_evaluate`):
+`--rolling` compares the candidate forecasters instead (`rolling_evaluate`):
 persistence, seasonal-naive, the baseline, ridge, the learned LightGBM model and an ensemble,
 on rolling origins over the year, MAPE/MAE at 1/6/24/48 h and the next 24 h's rank correlation.
 A script, not a test. The medians of the horizon table are `EXPECTED_MAPE_PCT` in
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zones", help="comma-separated folder names (default: all)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--rolling", action="store_true",
-                    help="rolling-origin comparison of the candidate forecasters (issue 26) on "
+                    help="rolling-origin comparison of the candidate forecasters on "
                          f"{','.join(ROLLING_ZONES)} unless --zones")
     ap.add_argument("--refit-days", type=int, default=61, help="--rolling: days between refits (default 61)")
     ap.add_argument("--candidates", default=",".join(CANDIDATES),

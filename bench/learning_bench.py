@@ -1,4 +1,4 @@
-"""Does learning on one GPU model help predict the others? (policies.learning, issue 19)
+"""Does learning on one GPU model help predict the others? (policies.learning)
 
 A synthetic cluster: for every (workload, GPU model) with a seed profile, a hidden truth =
 seed x exp(w + e) in throughput and in power, w a per-workload error shared by all models

@@ -1,4 +1,4 @@
-"""Long jobs by their whole run (issue 24, item 6): days-long jobs with and without the zones'
+"""Long jobs by their whole run: days-long jobs with and without the zones'
 climatology past the forecast. Reads ../shared/data (not shipped); see bench/README.md.
 
     .venv/bin/python bench/long_jobs_bench.py [--slack 30d] [--policies fifo,greedy,cpsat:max_time_s=0.5] [--json OUT]
@@ -10,7 +10,7 @@ The trace is synthetic and seeded (`--seed`): `--jobs` jobs (default 40) of 1, 2
 2022-03-01, so the climatology has a full year of past hours to stand on; perfect forecasts
 (the simulator's forecast covers the 48 h horizon plus up to 7 days). Each policy runs twice
 on the same code: with the climatology (`SimSettings.climatology`, the default) and with the
-forecast's last value repeated past its end (the planner before issue 24).
+forecast's last value repeated past its end (the planner without the climatology).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ most energy-efficient operating point with TPOT p95 <= 100 ms and TTFT p95 <= 2 
 smallest TP degree that has one, on the planner's prediction path (stack factor and
 measured correction shown); (e)/(f) per-part MLPerf errors and pairwise order per round.
 
-Targets (issue 27): (a) MLPerf leave-one-round-out and leave-one-submitter-out median error
+Targets: (a) MLPerf leave-one-round-out and leave-one-submitter-out median error
 per part <= 15 %; (b) within each round, the order of every pair of parts right in >= 90 %
 of pairs (leave-one-round-out predictions); (c) ML.ENERGY rows within 10 %: >= 85, each on
 the planner's path out of sample where the planner has its configuration, else the model.

@@ -1,9 +1,9 @@
-"""Benchmarks of `carbonsched simulate` (issue 6): policy quality against the oracle, the GAIA
+"""Benchmarks of `carbonsched simulate`: policy quality against the oracle, the GAIA
 comparison, and replay speed. Reads ../shared/data (not shipped); see bench/README.md.
 
     .venv/bin/python bench/simulate_bench.py gap   [--json OUT]   # cpsat vs oracle, pai_1k, 4 zones
     .venv/bin/python bench/simulate_bench.py gaia  [--json OUT]   # GAIA's setting, DE and US-CAL-CISO
-    .venv/bin/python bench/simulate_bench.py gaia --interruptible 1 [--resume-costs 0,60,600]   # issue 30
+    .venv/bin/python bench/simulate_bench.py gaia --interruptible 1 [--resume-costs 0,60,600]   # in segments
     .venv/bin/python bench/simulate_bench.py speed [--policy greedy] [--days N]  # pai-100k, 256 GPUs
     .venv/bin/python bench/simulate_bench.py overload [--loads 0.6,0.9,1.2] [--variants gaia,long]
     .venv/bin/python bench/simulate_bench.py halfhour [--forecast perfect,baseline]  # 30-min GB vs its hourly mean
@@ -502,7 +502,7 @@ def main() -> None:
                    help="gap: the planner learns from finished jobs (default on)")
     p.add_argument("--mix", help="gap: give the trace's jobs workload classes, e.g. llm-chat-8b=1.0")
     p.add_argument("--caps", action="store_true", help="gap: run the scenario without and with GPU power "
-                   "limits chosen by the planner (issue 29) and compare energy, kgCO2 and deadline misses")
+                   "limits chosen by the planner and compare energy, kgCO2 and deadline misses")
     p.add_argument("--min-cap-fraction", type=float, default=0.7, help="gap --caps: the lowest limit, a "
                    "fraction of the default (default 0.7)")
     p.add_argument("--estimate", default="exact", help="what the planner is told of job lengths: exact, "
@@ -534,7 +534,7 @@ def main() -> None:
     p.add_argument("--lengths", default="pai", help="halfhour: pai (pai_1k's own lengths) or a duration that "
                                                     "every job runs (e.g. 30m)")
     p.add_argument("--interruptible", type=float, default=0.0, metavar="SHARE",
-                   help="gap, gaia, overload: this share of the jobs may be cut into segments (issue 30); "
+                   help="gap, gaia, overload: this share of the jobs may be cut into segments; "
                         "gaia then runs fifo,greedy at each of --resume-costs")
     p.add_argument("--interruptible-kind", choices=("checkpoint", "pause"), default="checkpoint")
     p.add_argument("--min-run", type=float, default=None, metavar="S", help="shortest segment, s (default one slot)")

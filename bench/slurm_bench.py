@@ -1,4 +1,4 @@
-"""Benchmark of the Slurm executor (issue 20): a queue of jobs planned by carbonsched and
+"""Benchmark of the Slurm executor: a queue of jobs planned by carbonsched and
 handed to a real Slurm (munged, slurmctld and `slurmd -N` nodes on loopback, started here
 with tests/slurm_cluster.py; needs root and Debian's slurm-wlm and munge).
 

@@ -1,5 +1,5 @@
 """The most any suspend-resume policy can save in a scenario whose pool is never full, with or
-without a cost per resume (issue 30's GAIA comparison).
+without a cost per resume (the GAIA comparison of interruptible jobs).
 
 With free resumes a job's cheapest plan is its window's cleanest hours (or parts of hours),
 taken in order of intensity. A resume that costs `r` seconds of extra running changes that:

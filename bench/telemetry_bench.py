@@ -4,7 +4,7 @@ one day of 1 Hz samples for 64 GPUs, on SQLite and PostgreSQL.
 
     .venv/bin/python bench/telemetry_bench.py [--db sqlite|postgres|both] [--seconds 60]
 
-Targets (issue 3): sampler CPU <= 5% of one core; ingest keeps up (no backlog, nothing
+Targets: sampler CPU <= 5% of one core; ingest keeps up (no backlog, nothing
 dropped); rollup of a day (5.5 M rows) <= 10 s. The sampler and the writer run exactly as in
 the agent: a sampling thread, and a flush of the buffer into the store once a second.
 """

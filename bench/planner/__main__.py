@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="curves as the daemon builds them: the horizon + 24 h of forecast, then each zone's "
                         "climatology (typical month x hour values from the year's hours before now)")
     p.add_argument("--interruptible", type=float, default=0.0, metavar="SHARE",
-                   help="make this share of the jobs checkpoint jobs, planned in segments (issue 30; default 0)")
+                   help="make this share of the jobs checkpoint jobs, planned in segments (default 0)")
     p.add_argument("--json", type=Path, help="write every figure to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of gCO2 by policy and size")
     p.add_argument("-v", "--verbose", action="store_true")

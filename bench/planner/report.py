@@ -73,7 +73,7 @@ def size_table(s: SizeResult) -> str:
 
 
 def targets_table(targets: list[Target]) -> str:
-    lines = ["== targets (issue 5)"]
+    lines = ["== targets"]
     for t in targets:
         value = "-" if t.value is None else f"{t.value:.2f}"
         lines.append(f"{'PASS' if t.passed else 'FAIL'}  {t.size:<10} {t.what:<40} {value:>9} {t.unit} "

@@ -3,7 +3,7 @@
 For each size the instance is generated (deterministic for the seed), pickled, and every
 policy setting runs once in a fresh subprocess (`bench.planner.child`). The plans come back
 and are judged here by `check.check_plan` (independent feasibility and gCO2). Then the LP
-bound is solved for the same snapshot (`policies.lp_relaxation`), and the targets of issue 5 are judged.
+bound is solved for the same snapshot (`policies.lp_relaxation`), and the targets are judged.
 """
 
 from __future__ import annotations

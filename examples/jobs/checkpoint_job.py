@@ -7,7 +7,7 @@ digest to `--out`. The digest depends on every step done exactly once in order, 
 cut into segments gives the same output as an uninterrupted one only if its state really
 was saved and restored.
 
-As carbonsched runs it (issue 30):
+As carbonsched runs it:
 
 - its state (the next step and the digest) lives in `$CARBONSCHED_CHECKPOINT_DIR/state.json`,
   written atomically (a temporary file, then rename); at start it restores it if there;

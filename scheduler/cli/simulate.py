@@ -55,7 +55,7 @@ def add_parser(subparsers) -> None:
     g.add_argument("--mix", metavar="CLASS=SHARE,...",
                    help="give generic jobs workload classes in these shares, e.g. llm-chat-8b=0.5,none=0.5")
     g.add_argument("--interruptible", metavar="SHARE", type=float, default=0.0,
-                   help="this share of the jobs (0-1, seeded) may be cut into segments (issue 30); "
+                   help="this share of the jobs (0-1, seeded) may be cut into segments; "
                         "a generic trace's interruptible column wins for its jobs")
     g.add_argument("--interruptible-kind", choices=("checkpoint", "pause"), default="checkpoint",
                    help="checkpoint (GPUs freed between segments, may resume elsewhere) or pause (held, idle "
