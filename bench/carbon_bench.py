@@ -5,7 +5,7 @@ For each database (SQLite file and/or a fresh PostgreSQL database) it:
 
 1. migrates an empty store (not timed);
 2. imports one zone's full-year Electricity Maps hourly CSV (8,760 rows) through
-   `CarbonSignals.import_file` (parse + validate + upsert, one transaction) and times it;
+   `CarbonWrites.import_file` (parse + validate + upsert, one transaction) and times it;
    target <= 2 s. A second import of the same file (all upserts) is timed for information;
 3. imports three more zones untimed, so queries run against a multi-zone table;
 4. times `intensity(zone, t)` and `forecast(zone, t, t + 72 h, as_of=t)` at N random hours of
