@@ -5,7 +5,7 @@ For each database (SQLite file and/or a fresh PostgreSQL database) it:
 
 1. migrates an empty store (not timed);
 2. imports one zone's full-year Electricity Maps hourly CSV (8,760 rows) through
-   `CarbonSignals.import_file` (parse + validate + upsert, one transaction) and times it;
+   `CarbonWrites.import_file` (parse + validate + upsert, one transaction) and times it;
    target <= 2 s. A second import of the same file (all upserts) is timed for information;
 3. imports three more zones untimed, so queries run against a multi-zone table;
 4. times `intensity(zone, t)` and `forecast(zone, t, t + 72 h, as_of=t)` at N random hours of
@@ -87,15 +87,15 @@ def bench_one(kind: str, zone_dir: str, year: int, calls: int, seed: int) -> dic
             store.upgrade()
             signals = CarbonSignals(store, track_status=False)
             t0 = time.perf_counter()
-            result = signals.import_file(path)
+            result = signals.writes.import_file(path)
             import_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            signals.import_file(path)
+            signals.writes.import_file(path)
             reimport_s = time.perf_counter() - t0
             for extra in EXTRA_ZONES:
                 p = DATA / extra / f"{extra}_{year}_hourly.csv"
                 if p.exists():
-                    signals.import_file(p)
+                    signals.writes.import_file(p)
             zone = result.zones[0]
             rng = random.Random(seed)
             start = datetime(year, 1, 15, tzinfo=timezone.utc)

@@ -576,7 +576,8 @@ class Accountant:
     def carbon(self) -> Any:
         """The signal store, built on first use (a report over priced jobs never needs it)."""
         if self._carbon is None:
-            from scheduler.carbon import CarbonConfig, CarbonSignals
+            from scheduler.carbon import CarbonSignals
+            from scheduler.carbon_config import CarbonConfig
 
             cfg = self._carbon_config
             if isinstance(cfg, Mapping):

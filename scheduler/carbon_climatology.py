@@ -16,25 +16,24 @@ a day in each month. It is a plain, documented average, not a forecaster
   mean of whatever the lookback holds;
 - no history and no static value: no climatology (the curve's last value holds, as before).
 
-The daemon's planner asks `StoreClimatology` (cached per zone, signal and UTC day: it is
-computed as of the start of the day, so it changes once a day however often the planner
-ticks); the simulator asks `climatology_from_hourly` with the trace's past hours.
+Both the daemon and the simulator ask one `Climatologies` (cached per zone, signal and UTC
+day: it is computed as of the start of the day, so it changes once a day however often the
+planner ticks), over the store's history (`store_history`) or the trace's past hours.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import numpy as np
-from sqlalchemy import Float, Integer, cast, extract, func, select
 
 from policies.model import CLIMATOLOGY_CELLS, Climatology
-from scheduler.store.carbon_models import carbon_intensity
-from telemetry.grid.forecast import hourly_means
-from telemetry.grid.readings import KIND_ACTUAL, SIGNAL_AVERAGE
+from scheduler import carbon_table
+from scheduler.store import Store
+from telemetry.grid.readings import SIGNAL_AVERAGE
 from telemetry.grid.static import static_intensity
 
 log = logging.getLogger(__name__)
@@ -86,18 +85,26 @@ def _of(label: str) -> str:
     return f" of {label}" if label else ""
 
 
-class StoreClimatology:
-    """Climatologies of zones from the carbon-signal store's actuals, as of a day's start.
+#: (zone, signal, as_of) -> the epoch hours and values of the zone's hourly actuals of the
+#: `LOOKBACK_DAYS` before `as_of` that ended by then
+History = Callable[[str, str, datetime], tuple[np.ndarray, np.ndarray]]
 
-    `for_zone(zone, signal, now)` computes from the rows issued before the start of the UTC
-    day holding `now` (so never a value from after `now`), over `LOOKBACK_DAYS` before it,
-    and caches the answer per (zone, signal, day). `static` overrides the built-in static
-    table (the carbon config's `static`).
+
+class Climatologies:
+    """Climatologies of zones as of a day's start, from a history of hourly actuals.
+
+    `for_zone(zone, signal, now)` computes from the hours the history knew at the start of
+    the UTC day holding `now` (so never a value from after `now`) and caches the answer per
+    (zone, signal, day). The daemon's history is the store's (`store_history`), the
+    simulator's its traces'; `static` overrides the built-in static table (the carbon
+    config's `static`), `label(zone, signal)` names the data in the result's source.
     """
 
-    def __init__(self, store: Any, static: dict[str, float] | None = None) -> None:
-        self.store = store
-        self.static = static
+    def __init__(self, history: History, *, static: Mapping[str, float] | None = None,
+                 label: Callable[[str, str], str]) -> None:
+        self._history = history
+        self.static = dict(static) if static is not None else None
+        self._label = label
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str, int], Climatology | None] = {}
 
@@ -108,36 +115,27 @@ class StoreClimatology:
             if key in self._cache:
                 return self._cache[key]
         as_of = datetime.fromtimestamp(day * _DAY_S, timezone.utc)
-        hourly = self._hourly(zone, signal, as_of)
+        hours, values = self._history(zone, signal, as_of)
         static = static_intensity(zone, self.static) if signal == SIGNAL_AVERAGE else None
-        hours = np.fromiter(hourly.keys(), dtype=np.int64, count=len(hourly))
-        values = np.fromiter(hourly.values(), dtype=np.float64, count=len(hourly))
         result = climatology_from_hourly(hours, values, static_g_per_kwh=None if static is None else static.gco2_per_kwh,
-                                         label=f"{zone} {signal} actuals")
+                                         label=self._label(zone, signal))
         with self._lock:
-            if len(self._cache) > 1024:
+            if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[key] = result
         log.debug("climatology of %s (%s) as of %s: %s", zone, signal, as_of, result.source if result else None)
         return result
 
-    def _hourly(self, zone: str, signal: str, as_of: datetime) -> dict[int, float]:
-        """Hourly actuals of the lookback known at `as_of` (the newest version of each period)."""
-        ci = carbon_intensity.c
-        if self.store.dialect == "sqlite":
-            at_epoch = cast(func.strftime("%s", ci.at), Integer)
-        else:
-            at_epoch = cast(extract("epoch", ci.at), Float)
+
+def store_history(store: Store) -> History:
+    """The history of a carbon-signal store: hourly actuals of the lookback known at `as_of`
+    (the newest version of each period), from `scheduler.carbon_table`."""
+    def hourly(zone: str, signal: str, as_of: datetime) -> tuple[np.ndarray, np.ndarray]:
         since = as_of - timedelta(days=LOOKBACK_DAYS)
-        stmt = (select(at_epoch, ci.duration_s, ci.gco2_per_kwh)
-                .where(ci.zone == zone, ci.signal == signal, ci.kind == KIND_ACTUAL, ci.at >= since, ci.at < as_of,
-                       ci.issued_at <= as_of)
-                .order_by(ci.at, ci.issued_at))
-        with self.store.read() as conn:
-            rows = conn.execute(stmt).all()
-        latest: dict[float, tuple[int, float]] = {}
-        for at_s, duration_s, value in rows:
-            latest[float(at_s)] = (duration_s, value)
+        known = carbon_table.hourly_history(store, zone, signal, since, as_of, as_of)
         end_s = as_of.timestamp()
-        hourly = hourly_means((at_s, d, v) for at_s, (d, v) in latest.items())
-        return {h: v for h, v in hourly.items() if (h + 1) * _HOUR_S <= end_s}
+        kept = {h: v for h, v in known.items() if (h + 1) * _HOUR_S <= end_s}
+        return (np.fromiter(kept.keys(), dtype=np.int64, count=len(kept)),
+                np.fromiter(kept.values(), dtype=np.float64, count=len(kept)))
+
+    return hourly

@@ -25,7 +25,8 @@ from scheduler.accounting import (
     record_actual_carbon,
     run_carbon,
 )
-from scheduler.carbon import CarbonConfig, CarbonSignals, ZoneConfig
+from scheduler.carbon import CarbonSignals
+from scheduler.carbon_config import CarbonConfig, ZoneConfig
 from scheduler.daemon.planner import SiteConfig
 from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.store.models import gpus, jobs, nodes
@@ -65,7 +66,7 @@ def add_job(store, *, node: str, gpu_ids: list[int], start: datetime, end: datet
 
 def add_intensity(store, zone: str, values: list[tuple[datetime, float]], *, signal: str = "average",
                   duration_s: int = 3600, source: str = "electricitymaps-csv") -> None:
-    CarbonSignals(store, track_status=False).store_readings(
+    CarbonSignals(store, track_status=False).writes.store_readings(
         IntensityReading(zone=zone, at=t, duration_s=duration_s, gco2_per_kwh=v, signal=signal, kind="actual",
                          issued_at=t + timedelta(seconds=duration_s), source=source)
         for t, v in values)

@@ -4,7 +4,7 @@ The server (http.server on 127.0.0.1, in a thread) serves responses in the docum
 of Electricity Maps v3 (carbon-intensity latest/history/forecast), WattTime v3 (login,
 signal-index, forecast) and the UK Carbon Intensity API (/intensity/{from}/fw48h), and
 also errors, 429 rate limits, slow answers (timeouts) and garbage. Then the store side:
-`CarbonSignals.refresh` calls each endpoint at most once per interval across processes,
+`CarbonSignals.providers.refresh` calls each endpoint at most once per interval across processes,
 backs off after failures and 429s, and the forecast chain falls back on its own.
 """
 
@@ -24,7 +24,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import select
 
-from scheduler.carbon import CarbonConfig, CarbonSignals, ZoneConfig
+from scheduler.carbon import CarbonSignals
+from scheduler.carbon_config import CarbonConfig, ZoneConfig
 from scheduler.store.carbon_models import carbon_fetches
 from telemetry.grid.electricitymaps import ElectricityMapsClient
 from telemetry.grid.readings import (
@@ -399,7 +400,7 @@ def test_refresh_stores_live_values_and_calls_each_endpoint_once_per_interval(ap
     serve_em(api)
     now = [NOW]
     s = CarbonSignals(store, em_config(api), clock=lambda: now[0], track_status=False)
-    report = s.refresh("DE")
+    report = s.providers.refresh("DE")
     assert report.fetched == {"history": 2, "latest": 1, "forecast": 3} and not report.errors
     assert s.intensity("DE", datetime(2024, 5, 1, 11, 30, tzinfo=UTC)).source == "electricitymaps"
     fc = s.forecast("DE", NOW, NOW + timedelta(hours=2))
@@ -408,12 +409,12 @@ def test_refresh_stores_live_values_and_calls_each_endpoint_once_per_interval(ap
     now[0] += timedelta(minutes=1)
     other = CarbonSignals(store, em_config(api), clock=lambda: now[0], track_status=False)
     calls = len(api.requests)
-    again = other.refresh("DE")
+    again = other.providers.refresh("DE")
     assert len(api.requests) == calls
     assert set(again.skipped) == {"history", "latest", "forecast"}
     # after the latest endpoint's 15 min interval only that one is called again
     now[0] += timedelta(minutes=15)
-    assert set(other.refresh("DE").fetched) == {"latest"}
+    assert set(other.providers.refresh("DE").fetched) == {"latest"}
 
 
 def test_a_rate_limit_is_respected_across_processes_even_when_forced(api, store):
@@ -422,17 +423,17 @@ def test_a_rate_limit_is_respected_across_processes_even_when_forced(api, store)
     config = em_config(api)
     config.zones["FR"] = ZoneConfig("FR", provider="electricitymaps")
     s = CarbonSignals(store, config, clock=lambda: now[0], track_status=False)
-    report = s.refresh("DE")
+    report = s.providers.refresh("DE")
     assert "history" in report.errors and not report.fetched      # stops at the first 429
     assert api.calls("/v3/carbon-intensity/latest") == 0
     serve_em(api)
-    assert "backing off electricitymaps" in s.refresh("FR").skipped["history"]   # the whole account waits
+    assert "backing off electricitymaps" in s.providers.refresh("FR").skipped["history"]   # the whole account waits
     now[0] += timedelta(minutes=5)
     calls = len(api.requests)
-    assert "backing off" in s.refresh("DE", force=True).skipped["history"]
+    assert "backing off" in s.providers.refresh("DE", force=True).skipped["history"]
     assert len(api.requests) == calls
     now[0] += timedelta(minutes=6)
-    assert s.refresh("DE").fetched["history"] == 2
+    assert s.providers.refresh("DE").fetched["history"] == 2
 
 
 def test_a_failing_provider_is_recorded_and_the_forecast_falls_back(api, store, caplog):
@@ -441,7 +442,7 @@ def test_a_failing_provider_is_recorded_and_the_forecast_falls_back(api, store, 
     api.on("/v3/carbon-intensity/latest", Reply(body=b"{not json"))
     api.on("/v3/carbon-intensity/forecast", Reply(401, {"error": "Invalid token"}))
     s = CarbonSignals(store, em_config(api), clock=lambda: NOW, track_status=False)
-    report = s.refresh("DE")
+    report = s.providers.refresh("DE")
     assert set(report.errors) == {"history", "latest", "forecast"}
     with store.read() as conn:
         rows = {r.endpoint: r for r in conn.execute(select(carbon_fetches)).all()}
@@ -464,7 +465,7 @@ def test_a_provider_region_is_stored_under_the_zone_name(api, store):
     config = CarbonConfig(zones={"us-west": ZoneConfig("us-west", provider="watttime", region="CAISO_NORTH")},
                           watttime_username="alice", watttime_password=PASSWORD, watttime_url=api.url)
     s = CarbonSignals(store, config, clock=lambda: NOW, track_status=False)
-    assert s.refresh("us-west").fetched == {"forecast": 2}
+    assert s.providers.refresh("us-west").fetched == {"forecast": 2}
     assert s.signal_of("us-west") == "marginal"
     fc = s.forecast("us-west", NOW, NOW + timedelta(minutes=10))
     assert fc.level == "live" and [p.gco2_per_kwh for p in fc.points] == pytest.approx([453.59237, 408.233133])
@@ -473,8 +474,8 @@ def test_a_provider_region_is_stored_under_the_zone_name(api, store):
 def test_a_zone_without_provider_or_credentials_is_reported_not_raised(store):
     s = CarbonSignals(store, CarbonConfig(zones={"DE": ZoneConfig("DE", provider="electricitymaps")}),
                       clock=lambda: NOW, track_status=False)
-    assert s.refresh("FR").skipped == {"*": "no live provider configured"}
-    report = s.refresh("DE")
+    assert s.providers.refresh("FR").skipped == {"*": "no live provider configured"}
+    report = s.providers.refresh("DE")
     assert "API token" in report.errors["history"]
 
 

@@ -17,7 +17,8 @@ import pytest
 from conftest import make_pg_database, require_pg
 from sqlalchemy import delete, func, inspect, select
 
-from scheduler.carbon import CarbonConfig, CarbonSignals, ZoneConfig
+from scheduler.carbon import CarbonSignals
+from scheduler.carbon_config import CarbonConfig, ZoneConfig
 from scheduler.store.carbon_models import carbon_intensity
 from telemetry.grid.readings import IntensityReading
 from telemetry.grid.static import STATIC_YEARLY_GCO2_PER_KWH
@@ -50,7 +51,7 @@ def forecast_run(zone: str, issued: datetime, hours: int, value: float, source: 
 def signals(store):
     """A fresh store holding the DE slice, for tests that write."""
     s = CarbonSignals(store, track_status=False)
-    s.import_file(DE)
+    s.writes.import_file(DE)
     return s
 
 
@@ -69,7 +70,7 @@ def shared(request, tmp_path_factory):
     try:
         store.upgrade()
         s = CarbonSignals(store, track_status=False)
-        s.import_file(DE)
+        s.writes.import_file(DE)
         yield s
     finally:
         store.dispose()
@@ -129,9 +130,9 @@ def test_intensity_as_of_ignores_values_not_known_yet(shared):
 
 def test_reimporting_is_idempotent_and_a_changed_value_replaces_the_old(store, signals):
     n = row_count(store)
-    signals.import_file(DE)
+    signals.writes.import_file(DE)
     assert row_count(store) == n
-    signals.store_readings([reading("DE", at(1, 0), 999.0, source="electricitymaps-csv")])
+    signals.writes.store_readings([reading("DE", at(1, 0), 999.0, source="electricitymaps-csv")])
     assert row_count(store) == n
     assert signals.intensity("DE", at(1, 0)).gco2_per_kwh == 999.0
 
@@ -143,7 +144,7 @@ def test_a_forecast_never_contains_anything_issued_after_as_of(store, signals):
     for i in range(0, 20 * 24, 6):                    # a provider forecast every 6 h, 48 h ahead
         issued = at(1) + timedelta(hours=i, minutes=7)
         runs += forecast_run("DE", issued, 48, 100.0 + i)
-    signals.store_readings(runs)
+    signals.writes.store_readings(runs)
     moments = [at(2, 5, 30), at(8, 13), at(12, 0), at(15, 23, 59), at(20, 6)]
     full = {t: signals.forecast("DE", t - timedelta(hours=3), t + timedelta(hours=72), as_of=t)
             for t in moments}
@@ -160,7 +161,7 @@ def test_a_forecast_never_contains_anything_issued_after_as_of(store, signals):
 
 
 def test_the_newest_forecast_run_issued_by_as_of_is_used(signals):
-    signals.store_readings(forecast_run("DE", at(10, 0), 48, 111.0) + forecast_run("DE", at(10, 6), 48, 222.0))
+    signals.writes.store_readings(forecast_run("DE", at(10, 0), 48, 111.0) + forecast_run("DE", at(10, 6), 48, 222.0))
     before = signals.forecast("DE", at(10, 8), at(10, 9), as_of=at(10, 5))
     after = signals.forecast("DE", at(10, 8), at(10, 9), as_of=at(10, 6))
     assert [p.gco2_per_kwh for p in before.points] == [111.0]
@@ -172,7 +173,7 @@ def test_the_newest_forecast_run_issued_by_as_of_is_used(signals):
 
 def test_a_fresh_live_forecast_covers_the_future_and_actuals_the_past(signals):
     as_of = at(15, 12, 10)
-    signals.store_readings(forecast_run("DE", at(15, 12, 5), 80, 250.0))
+    signals.writes.store_readings(forecast_run("DE", at(15, 12, 5), 80, 250.0))
     fc = signals.forecast("DE", as_of - timedelta(hours=2), as_of + timedelta(hours=72), as_of=as_of)
     assert fc.level == "live"
     assert fc.source == "electricitymaps"
@@ -198,8 +199,8 @@ def test_without_a_live_forecast_the_own_forecast_takes_over_with_its_quality(sh
 def test_a_stale_live_forecast_is_not_used(store):
     config = CarbonConfig(zones={"DE": ZoneConfig("DE", provider="electricitymaps")}, forecast_max_age_s=6 * 3600)
     s = CarbonSignals(store, config, track_status=False)
-    s.import_file(DE)
-    s.store_readings(forecast_run("DE", at(15, 0), 72, 250.0))
+    s.writes.import_file(DE)
+    s.writes.store_readings(forecast_run("DE", at(15, 0), 72, 250.0))
     fc = s.forecast("DE", at(15, 12), at(16, 12), as_of=at(15, 12))   # the run is 12 h old
     assert fc.level == "own"
     assert "no electricitymaps forecast issued in the 6 h before" in fc.reason
@@ -207,7 +208,7 @@ def test_a_stale_live_forecast_is_not_used(store):
 
 def test_a_short_live_forecast_is_continued_by_the_own_forecast(signals):
     as_of = at(15, 12)
-    signals.store_readings(forecast_run("DE", as_of, 24, 250.0))
+    signals.writes.store_readings(forecast_run("DE", as_of, 24, 250.0))
     fc = signals.forecast("DE", as_of, as_of + timedelta(hours=72), as_of=as_of)
     assert fc.complete
     assert fc.level == "own"
@@ -246,14 +247,14 @@ def test_a_configured_static_value_is_used_for_zones_without_one(store):
 
 def test_average_and_marginal_signals_are_never_mixed(signals):
     moer = [reading("DE", at(2, h), 700.0, signal="marginal", source="watttime") for h in range(24)]
-    signals.store_readings(moer)
+    signals.writes.store_readings(moer)
     assert signals.signal_of("DE") == "average"                       # average first when both exist
     assert signals.intensity("DE", at(2, 3)).gco2_per_kwh < 700
     marginal = signals.intensity("DE", at(2, 3), signal="marginal")
     assert (marginal.gco2_per_kwh, marginal.signal) == (700.0, "marginal")
     fc = signals.forecast("DE", at(2), at(3), as_of=at(3), signal="marginal")
     assert {p.gco2_per_kwh for p in fc.points} == {700.0}
-    signals.store_readings([reading("CAISO_NORTH", at(2), 900.0, signal="marginal")])
+    signals.writes.store_readings([reading("CAISO_NORTH", at(2), 900.0, signal="marginal")])
     assert signals.signal_of("CAISO_NORTH") == "marginal"
     late = signals.forecast("CAISO_NORTH", at(20), at(21), as_of=at(20))
     assert late.level == "none" and late.gaps                          # no static for marginal
@@ -261,7 +262,7 @@ def test_average_and_marginal_signals_are_never_mixed(signals):
 
 def test_the_configured_signal_of_a_zone_wins(store):
     s = CarbonSignals(store, CarbonConfig(zones={"DE": ZoneConfig("DE", signal="marginal")}), track_status=False)
-    s.import_file(DE)
+    s.writes.import_file(DE)
     assert s.signal_of("DE") == "marginal"
     assert s.intensity("DE", at(2)) is None
 
@@ -272,8 +273,8 @@ def test_each_downgrade_is_logged_once_and_recorded(store, caplog):
     now = [at(15, 12)]
     config = CarbonConfig(zones={"DE": ZoneConfig("DE", provider="electricitymaps")})
     s = CarbonSignals(store, config, clock=lambda: now[0])
-    s.import_file(DE)
-    s.store_readings(forecast_run("DE", at(15, 11, 55), 80, 250.0))
+    s.writes.import_file(DE)
+    s.writes.store_readings(forecast_run("DE", at(15, 11, 55), 80, 250.0))
     caplog.set_level(logging.INFO, logger="scheduler.carbon")
     for _ in range(3):
         assert s.forecast("DE", now[0], now[0] + timedelta(hours=24)).level == "live"
@@ -290,7 +291,7 @@ def test_each_downgrade_is_logged_once_and_recorded(store, caplog):
     s.forecast("DE", at(10), at(11), as_of=at(10))
     assert s.zone_status("DE")["since"] == at(16, 1)
     # recovery is logged too
-    s.store_readings(forecast_run("DE", at(16, 0, 59), 80, 250.0))
+    s.writes.store_readings(forecast_run("DE", at(16, 0, 59), 80, 250.0))
     assert s.forecast("DE", now[0], now[0] + timedelta(hours=24)).level == "live"
     assert any("back to electricitymaps" in r.getMessage() for r in caplog.records)
     assert s.zone_status("DE")["level"] == "live"
@@ -316,7 +317,7 @@ def test_naive_times_are_refused(shared):
 def test_a_watttime_zone_is_marginal_even_before_it_has_data_and_gets_no_static_value(store):
     config = CarbonConfig(zones={"GB": ZoneConfig("GB", provider="watttime", region="UK")})
     s = CarbonSignals(store, config, track_status=False)
-    s.import_file(DATA / "GB_2022-01-01_to_2022-01-14_hourly.csv")        # average data as well
+    s.writes.import_file(DATA / "GB_2022-01-01_to_2022-01-14_hourly.csv")        # average data as well
     assert s.signal_of("GB") == "marginal"
     fc = s.forecast("GB", at(20), at(21), as_of=at(20))
     assert fc.signal == "marginal" and fc.level == "none" and fc.points == ()
@@ -328,11 +329,11 @@ def test_a_big_batch_is_bulk_upserted_with_progress(store):
     start = datetime(2023, 1, 1, tzinfo=UTC)
     batch = [reading("ZZ", start + timedelta(hours=i), 100.0 + i) for i in range(1200)]
     seen: list[tuple[int, int]] = []
-    assert s.store_readings(batch, progress=lambda done, total: seen.append((done, total))) == 1200
+    assert s.writes.store_readings(batch, progress=lambda done, total: seen.append((done, total))) == 1200
     assert seen[-1] == (1200, 1200)
     n = row_count(store)
     changed = [reading("ZZ", r.at, r.gco2_per_kwh + 1) for r in batch] + batch[:1]   # a repeat inside
-    s.store_readings(changed)
+    s.writes.store_readings(changed)
     assert row_count(store) == n
     assert s.intensity("ZZ", start + timedelta(minutes=1)).gco2_per_kwh == 100.0   # the later repeat wins
     assert s.intensity("ZZ", start + timedelta(hours=6)).gco2_per_kwh == 107.0
@@ -346,12 +347,12 @@ def test_future_rows_without_an_issue_time_are_counted_and_as_forecast_makes_the
     csv = tmp_path / "z.csv"
     csv.write_text("time,gco2_per_kwh\n" + "".join(f"{at(10, h).isoformat()},{100 * h}\n" for h in range(11, 17)))
     plain = CarbonSignals(store, track_status=False, clock=lambda: now)
-    result = plain.import_file(csv, zone="Z1")
+    result = plain.writes.import_file(csv, zone="Z1")
     assert (result.future_values, result.future_first, result.future_last) == (5, at(10, 12), at(10, 16))
     fc = plain.forecast("Z1", at(10, 13), at(10, 15), as_of=now)
     assert all(p.kind != "forecast" or p.source != "csv" for p in fc.points)
 
-    result = plain.import_file(csv, zone="Z2", as_forecast=True)
+    result = plain.writes.import_file(csv, zone="Z2", as_forecast=True)
     assert result.future_values == 5 and result.as_forecast
     fc = plain.forecast("Z2", at(10, 13), at(10, 15), as_of=now)
     assert [(p.kind, p.source, p.gco2_per_kwh, p.issued_at) for p in fc.points] == [

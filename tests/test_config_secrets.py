@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from daemon_harness import DaemonProcess, database_for, readable_code_copy, world_dir
-from scheduler.carbon import CarbonConfig
+from scheduler.carbon_config import CarbonConfig
 from scheduler.settings import AGENT, DAEMON, ConfigErrors, resolve
 from suite_hygiene import make_user, remove_user
 

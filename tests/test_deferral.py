@@ -129,7 +129,7 @@ def test_the_daemon_keeps_the_waiting_job_pending_with_its_reason(store, tmp_pat
             ids[name] = [conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model=model,
                                                           vendor="nvidia", memory_gib=mem, healthy=True)
                                       .returning(gpus.c.id)).scalar_one() for i in range(8)]
-    CarbonSignals(store, track_status=False).store_readings([
+    CarbonSignals(store, track_status=False).writes.store_readings([
         IntensityReading(zone="DE", at=t + i * HOUR, duration_s=3600, gco2_per_kwh=300.0, signal="average",
                          kind="forecast", issued_at=t - HOUR, source="electricitymaps") for i in range(72)])
     running = service.submit(root, {"argv": ["true"], "gpus": 8, "est_runtime_s": 60 * 3600})["id"]

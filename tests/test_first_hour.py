@@ -245,7 +245,8 @@ def test_config_show_prints_the_paths_the_daemon_will_use_not_unset(cli_env, tmp
 def test_the_daemon_warns_once_at_start_when_its_zone_has_no_carbon_data(store, caplog, tmp_path):
     import logging
 
-    from scheduler.carbon import CarbonConfig, CarbonSignals
+    from scheduler.carbon import CarbonSignals
+    from scheduler.carbon_config import CarbonConfig
     from scheduler.daemon.main import _warn_if_zone_has_no_data
 
     signals = CarbonSignals(store, CarbonConfig.from_config({}), track_status=False)
@@ -257,7 +258,7 @@ def test_the_daemon_warns_once_at_start_when_its_zone_has_no_carbon_data(store, 
     caplog.clear()
     trace = tmp_path / "xx.csv"
     trace.write_text("time,gco2_per_kwh,zone\n2022-01-01T00:00:00Z,350,XX\n")
-    signals.import_file(trace)
+    signals.writes.import_file(trace)
     with caplog.at_level(logging.WARNING, logger="scheduler.daemon.main"):
         _warn_if_zone_has_no_data("XX", {"carbon": {}}, signals)  # imported data prices it
     assert caplog.records == []

@@ -114,7 +114,8 @@ def test_three_weeks_of_history_are_needed_to_fit(grid):
 # -- the signal store ----------------------------------------------------------------------------
 
 def _store_with(tmp_path, hours: dict[int, float], **config):
-    from scheduler.carbon import CarbonConfig, CarbonSignals
+    from scheduler.carbon import CarbonSignals
+    from scheduler.carbon_config import CarbonConfig
     from scheduler.store import Store
     from telemetry.grid.forecast import hour_start
     from telemetry.grid.readings import IntensityReading
@@ -126,7 +127,7 @@ def _store_with(tmp_path, hours: dict[int, float], **config):
                 for h, v in sorted(hours.items())]
     cfg = CarbonConfig(**config)
     signals = CarbonSignals(store, cfg, track_status=False)
-    signals.store_readings(readings)
+    signals.writes.store_readings(readings)
     return store, signals
 
 
@@ -329,8 +330,8 @@ def test_vessim_watttime_files_import_with_their_issue_times_and_replay_from_the
     store.upgrade()
     try:
         signals = CarbonSignals(store, track_status=False, clock=lambda: datetime(2024, 1, 1, tzinfo=timezone.utc))
-        signals.import_file(a, zone="CAISO_NORTH")
-        signals.import_file(f, zone="CAISO_NORTH")
+        signals.writes.import_file(a, zone="CAISO_NORTH")
+        signals.writes.import_file(f, zone="CAISO_NORTH")
         z = store_carbon(store, ["CAISO_NORTH"])["CAISO_NORTH"]
     finally:
         store.dispose()

@@ -21,7 +21,7 @@ def dirty_middle(store, zone: str = "DE") -> None:
     readings = [IntensityReading(zone=zone, at=T + i * HOUR, duration_s=3600,
                                  gco2_per_kwh=600.0 if 2 <= i < 8 else 50.0, signal="average", kind="forecast",
                                  issued_at=T, source="electricitymaps") for i in range(48)]
-    CarbonSignals(store, track_status=False).store_readings(readings)
+    CarbonSignals(store, track_status=False).writes.store_readings(readings)
 
 
 def planned(store, job_id):

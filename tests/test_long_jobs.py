@@ -23,8 +23,7 @@ from policies.model import CLIMATOLOGY_CELLS, CarbonCurve, Climatology, GpuSlot,
 from policies.problem import compile_problem
 from policies.short_jobs import _slot_costs
 from scheduler.carbon import CarbonSignals
-from scheduler.carbon_climatology import (LOOKBACK_DAYS, MIN_CELL_DAYS, StoreClimatology,
-                                          climatology_from_hourly)
+from scheduler.carbon_climatology import LOOKBACK_DAYS, MIN_CELL_DAYS, climatology_from_hourly
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
 from telemetry.grid.readings import IntensityReading
@@ -212,24 +211,25 @@ def test_the_store_climatology_uses_only_what_was_known_at_the_start_of_the_day(
     signals = CarbonSignals(store, track_status=False)
     now = datetime(2026, 3, 20, 15, 30, tzinfo=timezone.utc)
     day = datetime(2026, 3, 20, tzinfo=timezone.utc)
-    signals.store_readings(readings("XZ", day - timedelta(days=30), 30 * 24, 200.0))  # known history
-    signals.store_readings(readings("XZ", day, 24 * 5, 9000.0))  # today and later: not known at the day's start
+    signals.writes.store_readings(readings("XZ", day - timedelta(days=30), 30 * 24, 200.0))  # known history
+    signals.writes.store_readings(readings("XZ", day, 24 * 5, 9000.0))  # today and later: not known at the day's start
     # a revision of past hours issued after the day's start is not known either
-    signals.store_readings(readings("XZ", day - timedelta(days=2), 24, 7000.0, issued=now))
+    signals.writes.store_readings(readings("XZ", day - timedelta(days=2), 24, 7000.0, issued=now))
     # older than the lookback
-    signals.store_readings(readings("XZ", day - timedelta(days=LOOKBACK_DAYS + 20), 24 * 10, 5000.0))
-    c = StoreClimatology(store).for_zone("XZ", "average", now)
+    signals.writes.store_readings(readings("XZ", day - timedelta(days=LOOKBACK_DAYS + 20), 24 * 10, 5000.0))
+    c = signals.climatology("XZ", "average", now)
     assert c is not None
     assert set(c.values_g_per_kwh) == {200.0}
     assert "720 h" in c.source
 
 
 def test_the_store_climatology_falls_back_to_the_static_yearly_mean_of_a_zone_without_history(store):
-    c = StoreClimatology(store).for_zone("DE", "average", NOW)
+    signals = CarbonSignals(store, track_status=False)
+    c = signals.climatology("DE", "average", NOW)
     assert c is not None and set(c.values_g_per_kwh) == {static_intensity("DE").gco2_per_kwh}
     assert "static" in c.source
-    assert StoreClimatology(store).for_zone("NO-SUCH-ZONE", "average", NOW) is None
-    assert StoreClimatology(store).for_zone("DE", "marginal", NOW) is None  # the static table is average-only
+    assert signals.climatology("NO-SUCH-ZONE", "average", NOW) is None
+    assert signals.climatology("DE", "marginal", NOW) is None  # the static table is average-only
 
 
 def test_the_daemon_places_a_ten_day_job_by_the_zones_stored_history(store, tmp_path):
@@ -246,8 +246,8 @@ def test_the_daemon_places_a_ten_day_job_by_the_zones_stored_history(store, tmp_
     now = datetime(2026, 3, 20, 12, tzinfo=timezone.utc)
     signals = CarbonSignals(store, track_status=False)
     past = now - timedelta(days=30)
-    signals.store_readings(readings("XA", past, 30 * 24, 600.0) + readings("XB", past, 30 * 24, 120.0))
-    signals.store_readings(readings("XA", now, 80, 100.0, kind="forecast", issued=now)
+    signals.writes.store_readings(readings("XA", past, 30 * 24, 600.0) + readings("XB", past, 30 * 24, 120.0))
+    signals.writes.store_readings(readings("XA", now, 80, 100.0, kind="forecast", issued=now)
                            + readings("XB", now, 80, 200.0, kind="forecast", issued=now))
     with store.write() as conn:
         ids = []

@@ -12,10 +12,11 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from policies.model import PowerCap
-from scheduler.carbon import CarbonSignals, ForecastPoint
+from scheduler.carbon import CarbonSignals
+from scheduler.carbon_curves import CarbonCurves, curve_from_forecast
+from scheduler.carbon_signal import ForecastPoint
 from scheduler.daemon.main import plan_preview
-from scheduler.daemon.planner import (CarbonCurves, Planner, SiteConfig, curve_from_forecast, make_policy,
-                               preview_rows)
+from scheduler.daemon.planner import Planner, SiteConfig, make_policy, preview_rows
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.profiles import CompletedRun, fold_run
 from scheduler.store.models import gpus, jobs, nodes
@@ -43,7 +44,7 @@ def add_node(store, name: str, zone: str, model: str = "H100", n: int = 1, memor
 def import_carbon(store, *files) -> None:
     signals = CarbonSignals(store, track_status=False)
     for f in files:
-        signals.import_file(f)
+        signals.writes.import_file(f)
 
 
 def planner_for(store, policy: str = "greedy", *, site: SiteConfig | None = None,
@@ -105,7 +106,7 @@ def test_a_zone_without_any_carbon_data_gets_no_curve_and_is_logged_as_carbon_bl
     add_node(store, "de1", "DE")
     add_node(store, "lab", "LAB-1")  # no rows, no static value
     planner = planner_for(store, "fifo")
-    with caplog.at_level(logging.WARNING, logger="scheduler.daemon.planner"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.carbon_curves"):
         with store.read() as conn:
             snap, _ = planner.snapshot(conn)
     assert set(snap.carbon) == {"DE"}
@@ -127,6 +128,9 @@ def test_curves_are_cached_for_their_ttl_and_rebuilt_after_it(store):
             self.calls += 1
             return self.inner.forecast(*args, **kwargs)
 
+        def climatology(self, *args):
+            return self.inner.climatology(*args)
+
     counting = Counting(CarbonSignals(store, track_status=False))
     clock = [0.0]
     curves = CarbonCurves(counting, slot_s=900, horizon_s=48 * 3600, ttl_s=60, monotonic=lambda: clock[0])
@@ -145,7 +149,7 @@ def test_curves_are_cached_for_their_ttl_and_rebuilt_after_it(store):
 
 
 def test_gaps_in_a_forecast_are_bridged_with_the_value_before_them():
-    from scheduler.carbon import CarbonForecast
+    from scheduler.carbon_signal import CarbonForecast
 
     h = timedelta(hours=1)
     pts = (ForecastPoint(T, T + h, 100.0, "actual", "csv", T),
@@ -161,7 +165,7 @@ def test_gaps_in_a_forecast_are_bridged_with_the_value_before_them():
 
 
 def test_a_slot_straddling_two_hours_holds_their_time_weighted_mean():
-    from scheduler.carbon import CarbonForecast
+    from scheduler.carbon_signal import CarbonForecast
 
     h = timedelta(hours=1)
     pts = (ForecastPoint(T, T + h, 100.0, "actual", "csv", T), ForecastPoint(T + h, T + 2 * h, 400.0, "actual", "csv", T))
@@ -507,7 +511,7 @@ def test_carbon_imported_by_another_process_reaches_the_very_next_plan(store, se
         for h in range(24)))
     other = Store(db_url)
     try:
-        CarbonSignals(other, track_status=False).import_file(csv)
+        CarbonSignals(other, track_status=False).writes.import_file(csv)
     finally:
         other.dispose()
 
@@ -522,10 +526,10 @@ def test_carbon_imported_by_another_process_reaches_the_very_next_plan(store, se
 def test_every_write_of_a_zones_carbon_data_moves_its_version(store, tmp_path):
     signals = CarbonSignals(store, track_status=False)
     assert signals.data_versions(["DE", "GB"]) == {"DE": 0, "GB": 0}
-    signals.import_file(DE)
+    signals.writes.import_file(DE)
     after_import = signals.data_versions(["DE", "GB"])
     assert after_import["DE"] > 0 and after_import["GB"] == 0
-    signals.import_file(DE)  # the same values again (an upsert) still counts as a change
+    signals.writes.import_file(DE)  # the same values again (an upsert) still counts as a change
     assert signals.data_versions(["DE"])["DE"] > after_import["DE"]
 
 

@@ -71,7 +71,7 @@ def forecast(store, issued: datetime, valley_from_h: int, zone: str = "DE") -> N
         readings.append(IntensityReading(zone=zone, at=at, duration_s=3600, gco2_per_kwh=20.0 if cheap else 400.0,
                                          signal="average", kind="forecast", issued_at=issued,
                                          source="electricitymaps"))
-    CarbonSignals(store, track_status=False).store_readings(readings)
+    CarbonSignals(store, track_status=False).writes.store_readings(readings)
 
 
 def planner_for(store, clocks, *, full_replan_s: float | None = SIX_HOURS, policy: str = "greedy") -> Planner:

@@ -71,7 +71,7 @@ def test_a_plan_preview_runs_in_a_worker_process_with_the_daemons_policy_and_sit
     lines = ["time,gco2_per_kwh,zone"]
     lines += [f"{(now - timedelta(hours=h)).isoformat()},200,GB" for h in range(48, 0, -1)]
     csv.write_text("\n".join(lines) + "\n")
-    CarbonSignals(store, track_status=False).import_file(csv)
+    CarbonSignals(store, track_status=False).writes.import_file(csv)
     with store.write() as conn:
         conn.execute(insert(nodes).values(name="gb1", zone="GB", backend="emulated", emulated=True,
                                           registered_at=now, last_heartbeat=datetime.now(timezone.utc)))

@@ -67,7 +67,7 @@ def _job(conn, owner: Caller, owner_name: str, node: str, gpu_ids, start, end, e
 def fleet(store):
     ci = [("DE", D2 + 10 * H, 100.0), ("DE", D2 + 11 * H, 300.0), ("DE", D3 + 10 * H, 200.0)]
     ci += [("GB", t, 50.0) for t in (D2 + 10 * H, D2 + 11 * H, D3 + 10 * H)]
-    CarbonSignals(store, track_status=False).store_readings(
+    CarbonSignals(store, track_status=False).writes.store_readings(
         IntensityReading(zone=z, at=t, duration_s=3600, gco2_per_kwh=v, signal="average", kind="actual",
                          issued_at=t + H, source="electricitymaps-csv") for z, t, v in ci)
     with store.write() as conn:

@@ -32,8 +32,8 @@ def history(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'cs.db'}")
     store.upgrade()
     signals = CarbonSignals(store)
-    signals.import_file(DEMO / "GB.csv", zone="GB")
-    signals.import_file(DEMO / "DE-LU.csv", zone="DE")
+    signals.writes.import_file(DEMO / "GB.csv", zone="GB")
+    signals.writes.import_file(DEMO / "DE-LU.csv", zone="DE")
     with store.write() as conn:
         for name, zone in (("gb-1", "GB"), ("de-1", "DE")):
             conn.execute(insert(nodes).values(name=name, zone=zone, backend="emulated", emulated=True,

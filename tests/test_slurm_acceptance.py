@@ -98,7 +98,7 @@ def world(slurm_cluster):
         store.upgrade()
         now = utcnow()
         carbon_curves(root / "carbon.csv", now)
-        CarbonSignals(store, track_status=False).import_file(root / "carbon.csv")
+        CarbonSignals(store, track_status=False).writes.import_file(root / "carbon.csv")
         head = DaemonProcess(root, url, emulate=None, local_agent=False, extra=["--policy", "greedy"])
         config = head.config
         config.write_text(f'grace = "1s"\n[slurm]\npartitions = ["carbon"]\nconf = "{slurm_cluster.conf}"\n'

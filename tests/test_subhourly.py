@@ -17,7 +17,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select
 
-from scheduler.carbon import CarbonConfig, CarbonSignals
+from scheduler.carbon import CarbonSignals
+from scheduler.carbon_config import CarbonConfig
 from scheduler.daemon.planner import Planner, make_policy
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.store.carbon_models import carbon_intensity
@@ -64,7 +65,7 @@ def test_the_data_has_a_green_half_hour_that_its_hourly_mean_hides():
 # -- import -------------------------------------------------------------------------------------
 
 def test_a_30_minute_file_is_stored_at_30_minutes(store):
-    result = CarbonSignals(store, track_status=False, clock=lambda: T).import_file(GB30, zone="GB")
+    result = CarbonSignals(store, track_status=False, clock=lambda: T).writes.import_file(GB30, zone="GB")
     assert result.step_s == {"GB": 1800} and result.rows_stored == 2688
     with store.read() as conn:
         durations = set(conn.execute(select(carbon_intensity.c.duration_s)
@@ -74,7 +75,7 @@ def test_a_30_minute_file_is_stored_at_30_minutes(store):
 
 def test_a_real_file_that_turns_from_30_to_15_minutes_is_refused_in_one_line(store):
     with pytest.raises(MixedStepsError) as e:
-        CarbonSignals(store, track_status=False).import_file(MIXED, zone="GB")
+        CarbonSignals(store, track_status=False).writes.import_file(MIXED, zone="GB")
     message = str(e.value)
     assert "\n" not in message
     assert "mixed time steps for zone GB: 30 min from 2020-10-30T00:00Z to 2020-10-31T00:00Z, 15 min" in message
@@ -128,7 +129,7 @@ def test_the_own_forecast_of_a_30_minute_zone_is_at_30_minutes_and_as_of_safe(st
     write_plain(tmp_path / "known.csv", [(t, v) for t, v in rows() if t < T])
     config = CarbonConfig(model_fit_inline=True)
     signals = CarbonSignals(store, config, track_status=False, clock=lambda: T)
-    signals.import_file(tmp_path / "known.csv", zone="GB")
+    signals.writes.import_file(tmp_path / "known.csv", zone="GB")
     end = T + timedelta(hours=24)
     before = signals.forecast("GB", T, end, as_of=T)
     assert before.level == "own" and before.complete
@@ -138,7 +139,7 @@ def test_the_own_forecast_of_a_30_minute_zone_is_at_30_minutes_and_as_of_safe(st
     halves = [p.gco2_per_kwh for p in before.points]
     assert sum(abs(a - b) > 0.5 for a, b in zip(halves[::2], halves[1::2])) >= 12
 
-    signals.import_file(GB30, zone="GB")
+    signals.writes.import_file(GB30, zone="GB")
     after = CarbonSignals(store, config, track_status=False, clock=lambda: T).forecast("GB", T, end, as_of=T)
     assert [(p.at, round(p.gco2_per_kwh, 9)) for p in after.points] == \
         [(p.at, round(p.gco2_per_kwh, 9)) for p in before.points]
@@ -155,7 +156,7 @@ def _node(store, zone: str = "GB") -> None:
 
 
 def _plan_half_hour_job(store, tmp_path, path) -> tuple[datetime, object]:
-    CarbonSignals(store, track_status=False, clock=lambda: T).import_file(path, zone="GB", as_forecast=True)
+    CarbonSignals(store, track_status=False, clock=lambda: T).writes.import_file(path, zone="GB", as_forecast=True)
     _node(store)
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs", clock=lambda: T)
     job = service.submit(ROOT, {"argv": ["true"], "gpus": 1, "est_runtime_s": 1800,

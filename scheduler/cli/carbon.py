@@ -99,7 +99,7 @@ def run(args, config: dict) -> int:
 
 
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
-    from scheduler.carbon import CarbonConfig
+    from scheduler.carbon_config import CarbonConfig
 
     try:
         carbon_config = CarbonConfig.from_config(config)
@@ -194,7 +194,7 @@ def _import(args, config, carbon_config) -> int:
     try:
         signals = CarbonSignals(store, carbon_config, track_status=False)
         try:
-            result = signals.import_file(args.file, fmt=args.fmt, zone=args.zone, tz=args.timezone,
+            result = signals.writes.import_file(args.file, fmt=args.fmt, zone=args.zone, tz=args.timezone,
                                          progress=_progress_printer(args.file), as_forecast=args.as_forecast)
         except CsvFormatError as e:
             raise CliError(f"cannot import {e}", EXIT_USAGE) from None
@@ -299,7 +299,7 @@ def _show(args, config, carbon_config) -> int:
         signals = CarbonSignals(store, carbon_config, track_status=False)
         refresh = None
         if args.refresh:
-            refresh = signals.refresh(args.zone)
+            refresh = signals.providers.refresh(args.zone)
             for endpoint, error in refresh.errors.items():
                 print(f"carbonsched: warning: {refresh.provider} {endpoint}: {error}", file=sys.stderr)
         signal = args.signal or signals.signal_of(args.zone)
@@ -413,7 +413,7 @@ def _forget(args, config, carbon_config) -> int:
         if not any(z["zone"] == args.zone for z in signals.zones()):
             names = ", ".join(z["zone"] for z in signals.zones()) or "none"
             raise CliError(f"no carbon data for zone {args.zone!r} (zones with data: {names})", EXIT_USAGE)
-        n = signals.forget_zone(args.zone)
+        n = signals.writes.forget_zone(args.zone)
     finally:
         store.dispose()
     if args.json:

@@ -264,7 +264,7 @@ def _cap_bounds(whole):
 def _register_config_tables() -> None:
     """Nested config tables are checked by the code that owns them."""
     from scheduler.accounting import AccountingConfig
-    from scheduler.carbon import CarbonConfig
+    from scheduler.carbon_config import CarbonConfig
     from scheduler.daemon.planner import SiteConfig
     from scheduler.slurm.config import SlurmConfig
 

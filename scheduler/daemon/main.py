@@ -14,7 +14,8 @@ from pathlib import Path
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from scheduler.accounting import Accountant, AccountingConfig
-from scheduler.carbon import CarbonConfig, CarbonSignals
+from scheduler.carbon import CarbonSignals
+from scheduler.carbon_config import CarbonConfig
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
 from scheduler.daemon.planner import Planner, SiteConfig, check_policy, make_policy, preview_rows
 from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
@@ -242,7 +243,7 @@ class Daemon(ServiceProcess):
         samples = SampleStore(store)
         if any(z.provider for z in carbon.config.zones.values()):
             # Live providers are called within their budgets (the store is the shared gate).
-            scheduler.add_job(carbon.refresh_all, "interval", seconds=cfg.carbon_refresh_s,
+            scheduler.add_job(carbon.providers.refresh_all, "interval", seconds=cfg.carbon_refresh_s,
                               id="carbon", max_instances=1, next_run_time=now)
         scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
                           seconds=60, id="rollup", max_instances=1)

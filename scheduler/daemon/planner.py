@@ -33,26 +33,25 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, String, and_, bindparam, case, func, literal, or_, select, type_coerce, update
-from sqlalchemy.exc import SQLAlchemyError
 
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.base import get_policy, parse_policy_spec
 from policies.guard import fallback_chain, guarded, without
-from policies.model import (SITE_BUDGET_PREFIX, Assignment, CarbonCurve, Climatology, Estimate, GpuSlot, PowerCap,
-                            Profile, budget_of, site_budget)
+from policies.model import (SITE_BUDGET_PREFIX, Assignment, Estimate, GpuSlot, PowerCap, Profile, budget_of,
+                            site_budget)
 from policies.ramp import WINDOW_S as RAMP_WINDOW_S
 from policies.ramp import RecentStart, stagger_starts
 from policies.segments import horizon_for
 from scheduler import interruptible
+from scheduler.carbon_curves import DEFAULT_CARBON_TTL_S, CarbonCurves
+from scheduler.carbon_signal import CarbonSignal
 from scheduler.job_specs import BEGIN_REASON, HELD_REASON, OPERATOR_HELD_REASON
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
 from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget, ramps_of
@@ -77,10 +76,6 @@ LATER_TOLERANCE_SHARE = 0.1
 # A stored estimate is refreshed (without moving the plan) when the policy's new figure
 # differs by more than this share: forecasts and learned profiles change under a plan.
 ESTIMATE_REFRESH_SHARE = 0.1
-DEFAULT_CARBON_TTL_S = 60.0
-# Forecasts are read this far beyond the planning horizon: a job starting near its end
-# runs on past it.
-CURVE_TAIL_S = 24 * 3600.0
 MAX_CPSAT_TIME_LIMIT_S = 10.0
 SIMULATION_ONLY = {"oracle": "it needs perfect knowledge of future arrivals and of the actual "
                              "carbon intensity; use it in `carbonsched simulate --policy oracle`"}
@@ -343,202 +338,18 @@ def _pue(value: object, name: str) -> float:
     return float(value)
 
 
-# -- carbon curves ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ZoneCarbon:
-    """One zone's curve for a tick, or None with the reason it is planned carbon-blind."""
-
-    zone: str
-    curve: CarbonCurve | None
-    note: str | None = None
-
-
-class CarbonCurves:
-    """Forecast curves per zone, slot by slot, from the carbon-signal store only.
-
-    Each slot holds the time-weighted mean of the forecast over it. Gaps inside the window
-    are bridged with the nearest earlier value (the first known value before the first
-    one), and the curve's source says so. A zone whose forecast has no value at all gets
-    no curve. All zones of one snapshot use one signal (average unless every zone with
-    data only has marginal): zones whose data is of the other signal are planned blind
-    rather than mixed in silently. Past its end each curve carries the zone's climatology
-    (`tail`: its typical intensity by month and hour from its stored actuals as of the day's
-    start, `scheduler.carbon_climatology`), so a job that runs for days is priced over its
-    whole run.
-    """
-
-    def __init__(self, signals: Any, *, slot_s: float, horizon_s: float,
-                 ttl_s: float = DEFAULT_CARBON_TTL_S, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.signals = signals
-        self.slot_s = slot_s
-        self.horizon_s = horizon_s
-        self.ttl_s = ttl_s
-        self._monotonic = monotonic
-        self._lock = threading.Lock()
-        # (monotonic time, slot start, zones, their data versions, curves)
-        self._cache: tuple[float, datetime, frozenset[str], Any, dict[str, ZoneCarbon]] | None = None
-        self._blind_logged: set[str] = set()
-        self._climatology: Any = None  # scheduler.carbon_climatology.StoreClimatology, on first use
-
-    def invalidate(self) -> None:
-        with self._lock:
-            self._cache = None
-
-    def for_zones(self, zones: Iterable[str], now: datetime) -> dict[str, ZoneCarbon]:
-        """Curves for `zones` starting at the slot that holds `now` (cached briefly, and only
-        while no zone's carbon data has changed)."""
-        wanted = frozenset(zones)
-        start = _slot_floor(now, self.slot_s)
-        mono = self._monotonic()
-        versions = self._versions(wanted)
-        with self._lock:
-            hit = self._cache
-            if (hit is not None and versions is not None and mono - hit[0] < self.ttl_s and hit[1] == start
-                    and hit[2] == wanted and hit[3] == versions):
-                return hit[4]
-        out = self._build(sorted(wanted), start, now)
-        with self._lock:
-            self._cache = (mono, start, wanted, versions, out)
-        for z, zc in out.items():
-            if zc.curve is None and z not in self._blind_logged:
-                self._blind_logged.add(z)
-                log.warning("planning zone %s carbon-blind: %s", z, zc.note)
-            elif zc.curve is not None and z in self._blind_logged:
-                self._blind_logged.discard(z)
-                log.info("zone %s has carbon data again (%s)", z, zc.curve.source)
-        return out
-
-    def _versions(self, zones: frozenset[str]) -> tuple[tuple[str, int], ...] | None:
-        """The zones' carbon data versions; None (no cache hit) when they cannot be read."""
-        read = getattr(self.signals, "data_versions", None)
-        if read is None:
-            return ()  # a signal source without versions (a fake): the TTL alone decides
-        try:
-            return tuple(sorted(read(zones).items()))
-        except SQLAlchemyError as e:
-            log.warning("carbon data versions unreadable, re-reading the curves: %s", e)
-            return None
-
-    def _build(self, zones: list[str], start: datetime, now: datetime) -> dict[str, ZoneCarbon]:
-        if self.signals is None:
-            return {z: ZoneCarbon(z, None, "no carbon-signal store") for z in zones}
-        end = start + timedelta(seconds=self.horizon_s + CURVE_TAIL_S)
-        own: dict[str, str | None] = {}
-        for z in zones:
-            try:
-                own[z] = self.signals.signal_of(z)
-            except SQLAlchemyError as e:
-                log.warning("carbon signal of zone %s unreadable: %s", z, e)
-                own[z] = None
-        kinds = Counter(sig for sig in own.values() if sig)
-        signal = "marginal" if kinds and "average" not in kinds else "average"
-        out: dict[str, ZoneCarbon] = {}
-        for z in zones:
-            try:
-                fc = self.signals.forecast(z, start, end, as_of=now, signal=signal)
-            except (SQLAlchemyError, ValueError) as e:
-                log.warning("carbon forecast of zone %s unreadable: %s", z, e)
-                out[z] = ZoneCarbon(z, None, f"its forecast could not be read ({e})")
-                continue
-            step = curve_step_s(fc, self.slot_s)
-            curve = curve_from_forecast(fc, start, step, int(round((end - start).total_seconds() / step)))
-            if curve is None:
-                why = f"no {signal} carbon data"
-                if own[z] and own[z] != signal:
-                    why += f" (it has {own[z]} data, which is not mixed with {signal} in one plan)"
-                elif fc.reason:
-                    why += f": {fc.reason}"
-                out[z] = ZoneCarbon(z, None, why)
-            else:
-                out[z] = ZoneCarbon(z, replace(curve, tail=self._tail(z, signal, now)), None)
-        return out
-
-    def _tail(self, zone: str, signal: str, now: datetime) -> Climatology | None:
-        """The zone's climatology as of `now` (None: a signal source without a store, or the
-        store could not be read: the curve's last value holds past its end)."""
-        store = getattr(self.signals, "store", None)
-        if store is None:
-            return None
-        if self._climatology is None:
-            from scheduler.carbon_climatology import StoreClimatology
-
-            self._climatology = StoreClimatology(store, getattr(getattr(self.signals, "config", None), "static", None))
-        try:
-            return self._climatology.for_zone(zone, signal, now)
-        except SQLAlchemyError as e:
-            log.warning("carbon history of zone %s unreadable, no climatology past the forecast: %s", zone, e)
-            return None
-
-
-MIN_CURVE_STEP_S = 300.0
-
-
-def curve_step_s(fc: Any, slot_s: float) -> float:
-    """The step of a zone's curve: its data's shortest period (5-minute MOER) where that is
-    finer than the planner's slot and divides it, so no value is averaged away; else the slot."""
-    periods = Counter((p.until - p.at).total_seconds() for p in fc.points)
-    # a period cut at the window's edge is no step; nothing provides finer than 5 minutes
-    finest = min((d for d, n in periods.items() if d >= MIN_CURVE_STEP_S and n >= 2), default=slot_s)
-    return float(finest) if finest < slot_s and slot_s % finest == 0 else float(slot_s)
-
-
-def curve_from_forecast(fc: Any, start: datetime, step_s: float, n_steps: int) -> CarbonCurve | None:
-    """A `CarbonForecast` as a step curve of `n_steps` slots from `start`; None without values."""
-    points = sorted(fc.points, key=lambda p: p.at)
-    if not points:
-        return None
-    step = timedelta(seconds=step_s)
-    values: list[float | None] = []
-    i = 0
-    for k in range(n_steps):
-        a = start + k * step
-        b = a + step
-        while i < len(points) and points[i].until <= a:
-            i += 1
-        total = weight = 0.0
-        j = i
-        while j < len(points) and points[j].at < b:
-            lo, hi = max(points[j].at, a), min(points[j].until, b)
-            if hi > lo:
-                w = (hi - lo).total_seconds()
-                total += points[j].gco2_per_kwh * w
-                weight += w
-            j += 1
-        values.append(total / weight if weight > 0 else None)
-    filled = sum(v is None for v in values)
-    first = next(v for v in values if v is not None) if filled < len(values) else None
-    if first is None:
-        return None
-    last = first
-    out: list[float] = []
-    for v in values:
-        last = v if v is not None else last
-        out.append(last)
-    source = f"{fc.source} ({fc.level})"
-    if filled:
-        source += f", {filled} of {n_steps} slots bridged over gaps"
-    return CarbonCurve(zone=fc.zone, start=start, step_s=step_s, values_g_per_kwh=tuple(out),
-                       signal=fc.signal, source=source)
-
-
-def _slot_floor(t: datetime, slot_s: float) -> datetime:
-    epoch = t.timestamp()
-    return datetime.fromtimestamp(epoch - (epoch % slot_s), tz=timezone.utc)
-
-
 class Planner:
     """Builds snapshots from the store, runs the policy, writes the plan back.
 
-    `carbon` is a `scheduler.carbon.CarbonSignals` (default: one over `store` with the
-    default configuration); `site` gives PUE and power caps; `plan_interval_s` is the tick
+    `carbon` is the carbon signal (`scheduler.carbon_signal.CarbonSignal`; default: the store's
+    `scheduler.carbon.CarbonSignals` with the default configuration); `site` gives PUE and power caps; `plan_interval_s` is the tick
     period, which decides which PLANNED jobs are pinned. `full_replan_s` (None: every tick
     is full) turns on incremental planning between full re-plans that far apart;
     `monotonic` is the clock that spaces them (and the forced re-plans and carbon cache).
     """
 
     def __init__(self, store: Store, policy: Policy, *, node_timeout_s: float = 60.0,
-                 default_runtime_s: float = 3600.0, clock=utcnow, carbon: Any = None,
+                 default_runtime_s: float = 3600.0, clock=utcnow, carbon: CarbonSignal | None = None,
                  site: SiteConfig | None = None, plan_interval_s: float = 15.0,
                  slot_s: float = 900.0, horizon_s: float = 48 * 3600.0,
                  carbon_ttl_s: float = DEFAULT_CARBON_TTL_S, full_replan_s: float | None = None,

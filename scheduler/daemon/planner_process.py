@@ -44,7 +44,8 @@ class PlannerSpec:
 
 def build_planner(spec: PlannerSpec, store) -> Any:
     """The Planner a spec describes: its policy tuned to the interval, carbon from the store."""
-    from scheduler.carbon import CarbonConfig, CarbonSignals
+    from scheduler.carbon import CarbonSignals
+    from scheduler.carbon_config import CarbonConfig
     from scheduler.daemon.planner import Planner, make_policy
 
     signals = CarbonSignals(store, CarbonConfig.from_config({"carbon": spec.carbon}))

@@ -56,11 +56,16 @@ import logging
 import math
 import zlib
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
 from policies.model import CarbonCurve, Climatology
+from scheduler.carbon_climatology import LOOKBACK_DAYS, Climatologies
+from scheduler.carbon_curves import zone_curve
+from scheduler.carbon_signal import LEVEL_REPLAYED, CarbonForecast, ForecastGrid, IntensityValue
 from scheduler.simulate.intensity import HOUR_S, ZoneIntensity
+from telemetry.grid.forecast import SHAPE_DAYS, baseline_forecast, intra_hour_shape
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,12 @@ REFIT_H = 168
 
 @dataclass
 class ForecastModel:
-    """Issues forecast curves per zone; `name` is the spec it was parsed from."""
+    """Issues forecast curves per zone; `name` is the spec it was parsed from.
+
+    The simulator's replayed carbon signal (`scheduler.carbon_signal.CarbonSignal`) over each
+    zone's `ZoneIntensity`: `forecast` is what the model would have issued at `as_of`,
+    `intensity` the trace's value once known, `climatology` the trace's past hours'.
+    """
 
     kind: str
     zones: dict[str, ZoneIntensity]
@@ -83,10 +93,10 @@ class ForecastModel:
     name: str = ""
     fallbacks: int = 0
     hourly: bool = False  # `+hourly`: curves of hourly means even for sub-hourly traces
-    climatology: bool = True  # curves carry the zone's climatology past their end (`tail`)
-    _cache: dict[tuple[str, int, int], CarbonCurve] = field(default_factory=dict, repr=False)
+    with_climatology: bool = True  # curves carry the zone's climatology past their end (`tail`)
+    _cache: dict[tuple, CarbonCurve] = field(default_factory=dict, repr=False)
     _hourly: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
-    _tails: dict[tuple[str, int], Climatology | None] = field(default_factory=dict, repr=False)
+    _climatologies: Climatologies | None = field(default=None, repr=False)
     #: fitted learned models by (zone, fit hour), shared by the ForecastModels of one run
     fits: dict = field(default_factory=dict, repr=False)
     #: `stored`: (zone, now_s, issued_s or None) of every curve issued
@@ -94,102 +104,127 @@ class ForecastModel:
 
     def curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
         """The forecast issued at `now_s` for `zone`, hourly (or at a sub-hourly trace's own
-        step), covering [now, now + horizon]."""
+        step), covering [now, now + horizon]: `scheduler.carbon_curves.zone_curve` of it."""
         z = self.zones[zone]
-        if z.fine is not None and not self.hourly and self.kind != "stored":
-            return self._fine_curve(zone, now_s, horizon_s)
-        issue_hour = int(now_s // HOUR_S)
-        n_hours = int(math.ceil(horizon_s / HOUR_S)) + 1
-        run = None
-        if self.kind == "stored":
-            issued = self.zones[zone].issued
-            run = issued.latest(now_s) if issued is not None else None
-            self.seen.append((zone, now_s, issued.issued_s[run] if run is not None else None))
-        key = (zone, issue_hour, n_hours, run)
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        values = self._stored(zone, issue_hour, n_hours, run) if self.kind == "stored" \
-            else self.values(zone, issue_hour, n_hours)
-        from datetime import datetime, timezone
-
-        z = self.zones[zone]
-        curve = CarbonCurve(zone=zone, start=datetime.fromtimestamp(issue_hour * HOUR_S, timezone.utc),
-                            step_s=HOUR_S, values_g_per_kwh=tuple(values), signal=z.signal,
-                            source=f"simulated forecast {self.name or self.kind} of {z.source}",
-                            tail=self.tail(zone, issue_hour) if self.climatology else None)
-        self._cache[key] = curve
-        return curve
-
-    def _fine_curve(self, zone: str, now_s: float, horizon_s: float) -> CarbonCurve:
-        """The curve at the zone's own sub-hourly step (see the module docstring)."""
-        from datetime import datetime, timezone
-
-        z = self.zones[zone]
-        fine = z.fine
-        step = fine.step_s
+        fine = z.fine is not None and not self.hourly and self.kind != "stored"
+        step = z.fine.step_s if fine else HOUR_S
         issue = int(now_s // step)
         n = int(math.ceil(horizon_s / step)) + 1
-        key = (zone, -1, issue, n)
+        run = None
+        if self.kind == "stored":
+            issued = z.issued
+            run = issued.latest(now_s) if issued is not None else None
+            self.seen.append((zone, now_s, issued.issued_s[run] if run is not None else None))
+        key = (zone, -1, issue, n) if fine else (zone, issue, n, run)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         if len(self._cache) > 4096:
             self._cache.clear()
-        if self.kind == "perfect":
-            values = fine.values(issue, n)
-        elif self.kind == "noisy":
-            actual = np.array(fine.values(issue, n))
-            rng = np.random.default_rng([self.seed, zlib.crc32(zone.encode()), issue & 0xFFFFFFFF, int(step)])
-            values = np.maximum(0.0, actual * (1.0 + self.sigma * rng.standard_normal(n))).tolist()
-        else:
-            from telemetry.grid.forecast import SHAPE_DAYS, intra_hour_shape
-
-            issue_hour = int(issue * step // HOUR_S)
-            last_s = (issue + n) * step
-            n_hours = int(math.ceil((last_s - issue_hour * HOUR_S) / HOUR_S))
-            hourly = self.values(zone, issue_hour, n_hours)
-            known = fine.points((issue_hour - 24 * SHAPE_DAYS) * HOUR_S, issue_hour * HOUR_S)
-            shape = intra_hour_shape(known, int(step), issue_hour - 1)
-            parts = int(HOUR_S // step)
-            values = []
-            for k in range(issue, issue + n):
-                t = k * step
-                h = int(t // HOUR_S)
-                ratios = shape.get(h % 24)
-                v = hourly[h - issue_hour]
-                values.append(v * ratios[int((t - h * HOUR_S) // step)] if ratios and len(ratios) == parts else v)
-        curve = CarbonCurve(zone=zone, start=datetime.fromtimestamp(issue * step, timezone.utc), step_s=step,
-                            values_g_per_kwh=tuple(values), signal=z.signal,
-                            source=f"simulated forecast {self.name or self.kind} of {z.source} at {step:g} s",
-                            tail=self.tail(zone, int(now_s // HOUR_S)) if self.climatology else None)
+        curve = zone_curve(self, self._issue(zone, issue, n, fine, run, _as_of(now_s)), step)
+        assert curve is not None  # a replayed forecast always has values
         self._cache[key] = curve
         return curve
 
-    def tail(self, zone: str, issue_hour: int) -> Climatology | None:
-        """The zone's climatology as of the start of the day holding `issue_hour`: from the
-        trace's hours that ended by then (cached per zone and day)."""
-        day = issue_hour // 24
-        key = (zone, day)
-        if key in self._tails:
-            return self._tails[key]
-        from scheduler.carbon_climatology import LOOKBACK_DAYS, climatology_from_hourly
-        from telemetry.grid.static import static_intensity
+    # -- the carbon signal (scheduler.carbon_signal.CarbonSignal) ----------------------------
 
+    def signal_of(self, zone: str) -> str | None:
+        z = self.zones.get(zone)
+        return z.signal if z is not None else None
+
+    def intensity(self, zone: str, t: datetime, *, signal: str | None = None,
+                  as_of: datetime | None = None) -> IntensityValue | None:
+        """The trace's value at `t`, once its step has ended by `as_of`; None outside the trace."""
+        z = self.zones.get(zone)
+        t_s = t.timestamp()
+        if z is None or (signal is not None and signal != z.signal) or not z.start_s <= t_s < z.end_s:
+            return None
+        step = z.step_s
+        valid_from = math.floor(t_s / step) * step
+        known_s = valid_from + step
+        if as_of is not None and known_s > as_of.timestamp():
+            return None
+        known = datetime.fromtimestamp(known_s, timezone.utc)
+        return IntensityValue(zone=zone, at=t, gco2_per_kwh=z.value_at(t_s), kind="actual", signal=z.signal,
+                              source=z.source, valid_from=datetime.fromtimestamp(valid_from, timezone.utc),
+                              valid_until=known, issued_at=known)
+
+    def forecast(self, zone: str, start: datetime, end: datetime, as_of: datetime | None = None,
+                 *, signal: str | None = None) -> CarbonForecast:
+        """This model's forecast issued at `as_of` (default `start`) from the step holding
+        `start` to `end`, on the curve's grid."""
         z = self.zones[zone]
-        lo = max(z.first_hour, day * 24 - LOOKBACK_DAYS * 24)
-        hi = min(day * 24, z.first_hour + z.n_hours)
+        as_of = as_of or start
+        fine = z.fine is not None and not self.hourly and self.kind != "stored"
+        step = z.fine.step_s if fine else HOUR_S
+        issue = int(start.timestamp() // step)
+        n = max(1, int(math.ceil((end.timestamp() - issue * step) / step)))
+        run = None
+        if self.kind == "stored" and z.issued is not None:
+            run = z.issued.latest(as_of.timestamp())
+        return self._issue(zone, issue, n, fine, run, as_of)
+
+    def climatology(self, zone: str, signal: str, as_of: datetime) -> Climatology | None:
+        """The zone's climatology as of the start of `as_of`'s day: from the trace's hours that
+        ended by then (None with `with_climatology` off: the curve's last value holds)."""
+        if not self.with_climatology:
+            return None
+        if self._climatologies is None:
+            self._climatologies = Climatologies(self._trace_history, label=lambda zone, signal: f"the {zone} trace")
+        return self._climatologies.for_zone(zone, signal, as_of)
+
+    def _trace_history(self, zone: str, signal: str, as_of: datetime) -> tuple[np.ndarray, np.ndarray]:
+        """The trace's hours of the climatology's lookback that ended by `as_of` (a day's start)."""
+        z = self.zones[zone]
+        end_hour = int(as_of.timestamp() // HOUR_S)
+        lo = max(z.first_hour, end_hour - LOOKBACK_DAYS * 24)
+        hi = min(end_hour, z.first_hour + z.n_hours)
         hours = np.arange(lo, max(lo, hi), dtype=np.int64)
         values = z.values_g_per_kwh[lo - z.first_hour:max(lo, hi) - z.first_hour]
-        static = static_intensity(zone) if z.signal == "average" else None
-        tail = climatology_from_hourly(hours, values, static_g_per_kwh=None if static is None else static.gco2_per_kwh,
-                                       label=f"the {zone} trace")
-        if len(self._tails) > 4096:
-            self._tails.clear()
-        self._tails[key] = tail
-        return tail
+        return hours, values
+
+    def _issue(self, zone: str, issue: int, n: int, fine: bool, run: int | None, as_of: datetime) -> CarbonForecast:
+        """The forecast of `n` steps from step `issue` (hours, or the trace's own steps when
+        `fine`), as a grid."""
+        z = self.zones[zone]
+        if fine:
+            step = z.fine.step_s
+            values = self._fine_values(zone, issue, n)
+            source = f"simulated forecast {self.name or self.kind} of {z.source} at {step:g} s"
+        else:
+            step = HOUR_S
+            values = self._stored(zone, issue, n, run) if self.kind == "stored" else self.values(zone, issue, n)
+            source = f"simulated forecast {self.name or self.kind} of {z.source}"
+        start = datetime.fromtimestamp(issue * step, timezone.utc)
+        return CarbonForecast(zone=zone, signal=z.signal, start=start, end=start + timedelta(seconds=n * step),
+                              as_of=as_of, points=(), gaps=(), level=LEVEL_REPLAYED, source=source,
+                              expected_mape_pct=None, grid=ForecastGrid(start, step, tuple(values)))
+
+    def _fine_values(self, zone: str, issue: int, n: int) -> list[float]:
+        """The values of `n` steps from step `issue` at the zone's own sub-hourly step."""
+        fine = self.zones[zone].fine
+        step = fine.step_s
+        if self.kind == "perfect":
+            return fine.values(issue, n)
+        if self.kind == "noisy":
+            actual = np.array(fine.values(issue, n))
+            rng = np.random.default_rng([self.seed, zlib.crc32(zone.encode()), issue & 0xFFFFFFFF, int(step)])
+            return np.maximum(0.0, actual * (1.0 + self.sigma * rng.standard_normal(n))).tolist()
+        issue_hour = int(issue * step // HOUR_S)
+        last_s = (issue + n) * step
+        n_hours = int(math.ceil((last_s - issue_hour * HOUR_S) / HOUR_S))
+        hourly = self.values(zone, issue_hour, n_hours)
+        known = fine.points((issue_hour - 24 * SHAPE_DAYS) * HOUR_S, issue_hour * HOUR_S)
+        shape = intra_hour_shape(known, int(step), issue_hour - 1)
+        parts = int(HOUR_S // step)
+        values = []
+        for k in range(issue, issue + n):
+            t = k * step
+            h = int(t // HOUR_S)
+            ratios = shape.get(h % 24)
+            v = hourly[h - issue_hour]
+            values.append(v * ratios[int((t - h * HOUR_S) // step)] if ratios and len(ratios) == parts else v)
+        return values
 
     def values(self, zone: str, issue_hour: int, n_hours: int, kind: str | None = None) -> list[float]:
         """Forecast values for the hours issue_hour .. issue_hour + n_hours - 1 (by `kind`,
@@ -207,8 +242,6 @@ class ForecastModel:
         last_known = issue_hour - 1
         if kind == "persistence":
             return [self._persistence(z, h, last_known) for h in targets]
-        from telemetry.grid.forecast import baseline_forecast
-
         hourly = self._hourly.get(zone)
         if hourly is None:
             hourly = self._hourly[zone] = z.hourly_dict()
@@ -327,3 +360,8 @@ def parse_forecast(spec: str, zones: dict[str, ZoneIntensity], seed: int = 0,
     return ForecastModel(kind=kind, zones=zones, sigma=sigma, quantile=quantile, spread_penalty=spread,
                          seed=seed, name=text, hourly=bool(plus),
                          fits=fits if fits is not None else {})
+
+
+def _as_of(now_s: float) -> datetime:
+    """`now_s` as a time, cut (not rounded) to whole microseconds: its day never moves."""
+    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=math.floor(now_s * 1_000_000))

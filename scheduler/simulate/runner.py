@@ -131,7 +131,7 @@ def _simulate(scenario: Scenario, spec: PolicySpec, params: dict, forecast: str,
               progress: Callable[[float], None] | None = None) -> PolicyRun:
     """One run of `spec`'s policy with `params`, on a fresh forecast model of the run's seed."""
     model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
-    model.climatology = settings.climatology
+    model.with_climatology = settings.climatology
     return Simulation(cluster=scenario.cluster, jobs=scenario.jobs, carbon=scenario.carbon, policy=spec.name,
                       policy_params=params, forecast=model, settings=settings, profiles=scenario.profiles,
                       progress=progress).run()

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import select
 
+from scheduler import carbon_table
 from scheduler.simulate.cluster import ClusterSpec, cluster_from_dict
 from scheduler.simulate.intensity import CarbonInputError, ZoneIntensity, from_hourly
 from scheduler.simulate.scenario import Scenario, build_scenario
@@ -40,7 +41,6 @@ def store_scenario(store: Store, *, since: datetime | None = None, until: dateti
     from policies.energy import ProfileBook, job_shape, seed_profiles
     from policies.model import QueuedJob
     from scheduler.lifecycle import State
-    from scheduler.store.carbon_models import carbon_intensity as ci
     from scheduler.store.models import gpus, jobs, nodes
 
     now = datetime.now(timezone.utc)
@@ -66,10 +66,7 @@ def store_scenario(store: Store, *, since: datetime | None = None, until: dateti
         if cluster is None:
             cluster = _store_cluster(gpu_rows, node_zone)
         zones = cluster.zones
-        intensity_rows = conn.execute(
-            select(ci.c.zone, ci.c.signal, ci.c.at, ci.c.duration_s, ci.c.gco2_per_kwh)
-            .where(ci.c.kind == "actual", ci.c.zone.in_(zones))
-            .order_by(ci.c.zone, ci.c.at)).all()
+        intensity_rows = carbon_table.replay_actuals(conn, zones)
     if not rows:
         raise ValueError(f"no completed jobs submitted between {since.isoformat()} and {until.isoformat()} "
                          "in the store: nothing to replay (widen --since)")
@@ -120,17 +117,10 @@ def store_carbon(store: Store, zones: list[str]) -> dict[str, ZoneIntensity]:
     """The recorded actual intensity of `zones` from the store (read-only), hourly, and the
     forecasts stored for them with their issue times (for `--forecast stored`)."""
     from scheduler.simulate.issued import IssuedForecasts
-    from scheduler.store.carbon_models import carbon_intensity as ci
 
     with store.read() as conn:
-        rows = conn.execute(
-            select(ci.c.zone, ci.c.signal, ci.c.at, ci.c.duration_s, ci.c.gco2_per_kwh)
-            .where(ci.c.kind == "actual", ci.c.zone.in_(zones))
-            .order_by(ci.c.zone, ci.c.at)).all()
-        forecast_rows = conn.execute(
-            select(ci.c.zone, ci.c.signal, ci.c.issued_at, ci.c.at, ci.c.duration_s, ci.c.gco2_per_kwh)
-            .where(ci.c.kind == "forecast", ci.c.zone.in_(zones))
-            .order_by(ci.c.zone, ci.c.issued_at, ci.c.at)).all()
+        rows = carbon_table.replay_actuals(conn, zones)
+        forecast_rows = carbon_table.replay_forecasts(conn, zones)
     out = _store_carbon(rows, zones)
     for zone, z in out.items():
         mine = [(r.issued_at.timestamp(), r.at.timestamp(),
