@@ -36,6 +36,9 @@ StoredSample = tuple[int, Sample]
 
 @dataclass(frozen=True)
 class JobEnergy:
+    """A job's energy over its GPUs (None: some GPU unmeasured), the weakest method used,
+    and each GPU's own estimate."""
+
     energy_j: float | None
     method: str
     per_gpu: dict[int, EnergyEstimate]
@@ -48,8 +51,7 @@ def energy_note_of(per_gpu: Mapping[int, EnergyEstimate]) -> str | None:
 
 
 def _counter_notes(estimates: Iterable[tuple[int, EnergyEstimate]]) -> str | None:
-    notes = [f"GPU {gid}: {e.note}" for gid, e in estimates
-             if getattr(e, "note", "") and getattr(e, "method", "") != "counter"]
+    notes = [f"GPU {gid}: {e.note}" for gid, e in estimates if e.note and e.method != "counter"]
     return "; ".join(notes) or None
 
 
@@ -103,6 +105,8 @@ def counter_note(conn: Connection, gpu_ids: Sequence[int], start_s: float, end_s
 
 
 class SampleStore:
+    """The GPU samples of one store: the agent writes and measures jobs, the daemon rolls up."""
+
     def __init__(self, store: Store) -> None:
         self.store = store
 
@@ -131,6 +135,7 @@ class SampleStore:
         return len(rows)
 
     def samples(self, gpu_id: int, start_s: float, end_s: float) -> list[Sample]:
+        """The raw samples of one GPU over [start, end], in time order."""
         with self.store.read() as conn:
             return read_samples(conn, gpu_id, start_s, end_s)
 

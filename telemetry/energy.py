@@ -115,7 +115,8 @@ def integrate_power(samples: Sequence[Sample], start_s: float | None = None, end
     window, power interpolated at its edges and held flat beyond the first and last readings
     (0.0 for an empty window or no valid readings), so cutting a span into windows never
     changes the total."""
-    pts = [(s.t_s, s.power_w) for s in _valid_samples(samples, max_power_w) if s.power_w is not None]
+    pts = [(s.t_s, p) for s in sorted(samples, key=lambda s: s.t_s)
+           if (p := _valid_power(s.power_w, max_power_w)) is not None]
     if start_s is None or end_s is None:
         if len(pts) < 2:
             return None

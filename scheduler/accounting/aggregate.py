@@ -162,6 +162,7 @@ def signal_figures(rows: Sequence[Mapping[str, Any]]) -> dict:
 
 
 def figures(r: Mapping[str, Any]) -> dict:
+    """The figures of one group from its sums (`sum_rows` of `JobSums.aggregate` rows)."""
     def f(name: str) -> float:
         return float(r.get(name) or 0.0)
 
