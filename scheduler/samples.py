@@ -155,6 +155,7 @@ class SampleStore:
             return JobEnergy(None, "none", per_gpu)
         return JobEnergy(sum(e.energy_j for e in per_gpu.values()),
                          combine_methods([e.method for e in per_gpu.values()]), per_gpu)
+
     def rollup(self, *, retention_s: float = DEFAULT_RETENTION_S, now_s: float | None = None) -> int:
         """Fold samples older than the retention window into minute rows; returns rows folded."""
         now_s = time.time() if now_s is None else now_s

@@ -70,4 +70,3 @@ def record_actual_carbon(store: Store, job_id: int, *, site: Any = None, carbon:
     """
     return Accountant(store, site=site, carbon=carbon, config=config).account(
         job_id, energy_note=energy_note, tokens=tokens)
-

@@ -66,4 +66,3 @@ class AccountingConfig:
 
     def gpu_usd_per_hour(self, list_price_usd: float) -> float:
         return list_price_usd / (self.gpu_lifetime_years * HOURS_PER_YEAR)
-

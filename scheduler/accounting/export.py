@@ -32,7 +32,6 @@ SOURCE_INFO: dict[str, dict[str, str]] = {
 }
 
 
-
 class Disclosure:
     """The disclosure export over one store; never-priced jobs of the period are priced by
     `ledger` first."""

@@ -36,4 +36,3 @@ MODELLED_DESCRIPTION = ("MODELLED, not measured: emulated GPUs, energy from the 
 def is_modelled(method: str | None) -> bool:
     """Whether a stored energy method is a model's figure (emulated GPUs), not a measurement."""
     return bool(method) and method.partition("+")[0] == MODELLED
-

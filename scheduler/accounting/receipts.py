@@ -32,7 +32,6 @@ def _work(reported: int | None, declared: int | None) -> tuple[int | None, str |
     return (declared, "declared") if declared is not None else (None, None)
 
 
-
 def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str | None,
                   shift: RunCarbon | None = None, cost_usd: float | None = None) -> dict:
     """The carbon receipt of one finished job, as plain JSON-ready data.
@@ -166,8 +165,6 @@ def operating_point(job: Mapping[str, Any]) -> dict | None:
     why = next((part.strip() for part in (job.get("explanation") or "").split("; ") if " at batch " in part), None)
     return {"max_batch": job["planned_max_batch"], "precision": job.get("planned_precision"),
             "tp": job.get("planned_tp"), "why": why}
-
-
 
 
 class Receipts:

@@ -76,7 +76,6 @@ class Reports:
         return out
 
 
-
 def parse_period(since: str | None, until: str | None, now: datetime, *,
                  default_days: float = 30.0) -> tuple[datetime, datetime]:
     """--since/--until: an ISO time or date (UTC if no offset), or a duration back from now
