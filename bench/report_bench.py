@@ -124,7 +124,8 @@ def timed(fn, repeats: int) -> tuple[float, list[float]]:
 
 
 def bench(kind: str, url: str, args) -> dict:
-    from scheduler.accounting import GROUPINGS, Accountant
+    from scheduler.accounting.accountant import Accountant
+    from scheduler.accounting.reports import GROUPINGS
     from scheduler.daemon.planner import SiteConfig
     from scheduler.store import Store
 

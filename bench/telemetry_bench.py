@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from policies.catalog import parse_fleet  # noqa: E402
-from scheduler.node.samples import SampleStore, StoredSample  # noqa: E402
+from scheduler.samples import SampleStore  # noqa: E402
 from scheduler.store import Store  # noqa: E402
 from telemetry.gpu import EmulatedBackend, EmulatedModel  # noqa: E402
 from telemetry.sampler import Sampler  # noqa: E402
@@ -62,8 +62,7 @@ def ingest(kind: str, seconds: float, hz: float, gpus: int) -> dict:
             next_flush += 1.0
             batch = sampler.drain()
             t0 = time.perf_counter()
-            written += samples.write([StoredSample(gpu_of[r.uuid], r.t_s, r.power_w, r.energy_j,
-                                                   r.utilization_pct) for r in batch])
+            written += samples.write([(gpu_of[r.uuid], r) for r in batch])
             flush_s.append(time.perf_counter() - t0)
             backlog.append(sampler.pending())
             if len(flush_s) % 10 == 0:

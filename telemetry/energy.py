@@ -26,6 +26,7 @@ Without a usable counter, the integral bridges gaps (the best figure there is) a
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,11 +44,15 @@ MIN_POWER_COVERAGE = 0.5
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading of one GPU: time in seconds (any monotonic origin), power, counter."""
+    """One reading of one GPU: time in seconds (any monotonic origin), power, energy counter
+    and utilization. The sampler's `Reading` is one (of a named device); the store keeps
+    them and gives them back as this type, so every step from the GPU to a receipt reads
+    one shape."""
 
     t_s: float
     power_w: float | None
     energy_j: float | None
+    utilization_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,14 +104,48 @@ def _valid_samples(samples: Sequence[Sample], max_power_w: float | None) -> list
             for s in sorted(samples, key=lambda s: s.t_s)]
 
 
-def integrate_power(samples: Sequence[Sample], *, max_power_w: float | None = None) -> float | None:
-    """Trapezoid integral of power over the samples' span, in joules (None: < 2 valid readings).
+def integrate_power(samples: Sequence[Sample], start_s: float | None = None, end_s: float | None = None, *,
+                    max_power_w: float | None = None) -> float | None:
+    """The trapezoid integral of power over time, in joules: the one place power is integrated
+    (a job's energy, the counter's cross-check, the agent's daily GPU energy, and the split of
+    a run's energy among intensity periods all come from here).
 
-    Gaps (invalid readings) are bridged linearly between the valid readings around them."""
-    pts = [(s.t_s, s.power_w) for s in _valid_samples(samples, max_power_w) if s.power_w is not None]
-    if len(pts) < 2:
-        return None
-    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:]))
+    Power is linear between valid readings (gaps bridged). Without a window: over the
+    readings' own span (None: fewer than 2 valid readings). With [start_s, end_s]: over that
+    window, power interpolated at its edges and held flat beyond the first and last readings
+    (0.0 for an empty window or no valid readings), so cutting a span into windows never
+    changes the total."""
+    pts = [(s.t_s, p) for s in sorted(samples, key=lambda s: s.t_s)
+           if (p := _valid_power(s.power_w, max_power_w)) is not None]
+    if start_s is None or end_s is None:
+        if len(pts) < 2:
+            return None
+        knots = pts
+    elif end_s <= start_s or not pts:
+        return 0.0
+    else:
+        knots = _window_knots(pts, start_s, end_s)
+    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(knots, knots[1:]))
+
+
+def _window_knots(pts: list[tuple[float, float]], start_s: float, end_s: float) -> list[tuple[float, float]]:
+    """(t, W) at the window's edges and at every reading strictly inside it."""
+    times = [t for t, _ in pts]
+    inner = times[bisect.bisect_right(times, start_s):bisect.bisect_left(times, end_s)]
+    return [(t, _power_at(pts, times, t)) for t in [start_s, *inner, end_s]]
+
+
+def _power_at(pts: list[tuple[float, float]], times: list[float], t: float) -> float:
+    """Linear interpolation of a power series, held flat beyond its ends."""
+    i = bisect.bisect_left(times, t)
+    if i < len(times) and times[i] == t:
+        return pts[i][1]
+    if i == 0:
+        return pts[0][1]
+    if i == len(times):
+        return pts[-1][1]
+    (t0, p0), (t1, p1) = pts[i - 1], pts[i]
+    return p0 + (p1 - p0) * (t - t0) / (t1 - t0)
 
 
 def counter_delta(samples: Sequence[Sample]) -> tuple[float | None, str]:
@@ -139,7 +178,7 @@ def _covered(samples: list[Sample]) -> _Coverage:
         if None in (a.power_w, b.power_w, a.energy_j, b.energy_j):
             continue
         dt = b.t_s - a.t_s
-        integral += dt * (a.power_w + b.power_w) / 2
+        integral += integrate_power((a, b)) or 0.0  # both readings hold valid power
         counter += b.energy_j - a.energy_j
         covered += dt
         error_sq += (abs(b.power_w - a.power_w) * dt / 2) ** 2

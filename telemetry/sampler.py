@@ -15,20 +15,18 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from telemetry.energy import Sample
 from telemetry.gpu.common import GpuBackend, GpuError, GpuLost, GpuNotSupported
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Reading:
-    """One GPU at one moment; `t_s` is Unix time in seconds."""
+@dataclass(frozen=True, kw_only=True)
+class Reading(Sample):
+    """One GPU's sample at one moment, with the device it came from; `t_s` is Unix time in
+    seconds. A `Sample`, so the energy functions and the sample store take it as it is."""
 
     uuid: str
-    t_s: float
-    power_w: float | None
-    energy_j: float | None
-    utilization_pct: float | None
 
 
 @dataclass
@@ -130,7 +128,7 @@ class Sampler:
             finally:
                 self.stats.read_s += time.perf_counter() - t0
             self.stats.reads += 1
-            out.append(Reading(uuid, self._clock(), r.power_w, r.energy_j, r.utilization_pct))
+            out.append(Reading(self._clock(), r.power_w, r.energy_j, r.utilization_pct, uuid=uuid))
         with self._lock:
             for reading in out:
                 self._latest[reading.uuid] = reading

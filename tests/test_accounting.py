@@ -1,4 +1,4 @@
-"""Carbon accounting (scheduler/accounting.py): receipts against hand-computed values.
+"""Carbon accounting (scheduler/accounting/): receipts against hand-computed values.
 
 Every expected figure below is worked out by hand in the test from the power samples and
 intensity rows the test itself writes, so a wrong weighting (mean power instead of each
@@ -13,23 +13,18 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select, update
 
-from scheduler.accounting import (
-    J_PER_KWH,
-    Accountant,
-    AccountingConfig,
-    IntensitySpan,
-    describe_measurement,
-    energy_note_of,
-    parse_period,
-    power_integral_j,
-    record_actual_carbon,
-    run_carbon,
-)
+from scheduler.accounting.accountant import Accountant, record_actual_carbon
+from scheduler.accounting.config import AccountingConfig
+from scheduler.accounting.figures import J_PER_KWH, difference
+from scheduler.accounting.measurement import describe_measurement
+from scheduler.accounting.reports import parse_period
+from scheduler.accounting.run_carbon import IntensitySpan, run_carbon
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig, ZoneConfig
 from scheduler.daemon.planner import SiteConfig
-from scheduler.node.samples import SampleStore, StoredSample
+from scheduler.samples import SampleStore, energy_note_of
 from scheduler.store.models import gpus, jobs, nodes
+from telemetry.energy import Sample, integrate_power
 from telemetry.grid.readings import IntensityReading
 from telemetry.grid.static import STATIC_YEARLY_GCO2_PER_KWH
 
@@ -85,8 +80,8 @@ def job_row(store, job_id: int):
 #   [11:01, 11:30]  1740 s x 600 W                   = 1,044,000 J -> 1,074,000 J at 400 g/kWh
 #   total 1,440,000 J = 0.4 kWh;  gCO2 = 366000/3.6e6*100 + 1074000/3.6e6*400 = 129.5 g
 # (the mean-power shortcut would say 0.4 kWh x 250 g/kWh = 100 g).
-STEP_POWER = [(at(10, 30).timestamp(), 200.0), (at(10, 59).timestamp(), 200.0),
-              (at(11, 1).timestamp(), 600.0), (at(11, 30).timestamp(), 600.0)]
+STEP_POWER = [Sample(at(10, 30).timestamp(), 200.0, None), Sample(at(10, 59).timestamp(), 200.0, None),
+              Sample(at(11, 1).timestamp(), 600.0, None), Sample(at(11, 30).timestamp(), 600.0, None)]
 STEP_ENERGY_J = 1_440_000.0
 STEP_GCO2 = 366_000 / 3.6e6 * 100 + 1_074_000 / 3.6e6 * 400
 SPANS = [IntensitySpan(at(10), at(11), 100.0, "actual", "electricitymaps-csv"),
@@ -96,9 +91,9 @@ SPANS = [IntensitySpan(at(10), at(11), 100.0, "actual", "electricitymaps-csv"),
 # -- the pure computation -------------------------------------------------------------------
 
 def test_power_integral_is_the_trapezoid_rule_and_cutting_it_changes_nothing():
-    assert power_integral_j(STEP_POWER, at(10, 30).timestamp(), at(11, 30).timestamp()) == pytest.approx(STEP_ENERGY_J)
-    first = power_integral_j(STEP_POWER, at(10, 30).timestamp(), at(11).timestamp())
-    second = power_integral_j(STEP_POWER, at(11).timestamp(), at(11, 30).timestamp())
+    assert integrate_power(STEP_POWER, at(10, 30).timestamp(), at(11, 30).timestamp()) == pytest.approx(STEP_ENERGY_J)
+    first = integrate_power(STEP_POWER, at(10, 30).timestamp(), at(11).timestamp())
+    second = integrate_power(STEP_POWER, at(11).timestamp(), at(11, 30).timestamp())
     assert first == pytest.approx(366_000.0)
     assert second == pytest.approx(1_074_000.0)
 
@@ -125,7 +120,7 @@ def test_pue_multiplies_and_the_measured_energy_is_the_authority_over_the_sample
 
 
 def test_the_gpus_of_a_job_add_up_and_each_contributes_its_own_shape():
-    flat = [(at(10, 30).timestamp(), 100.0), (at(11, 30).timestamp(), 100.0)]  # 180,000 J per half hour
+    flat = [Sample(at(10, 30).timestamp(), 100.0, None), Sample(at(11, 30).timestamp(), 100.0, None)]  # 180,000 J/half h
     run = run_carbon(STEP_ENERGY_J + 360_000.0, at(10, 30), at(11, 30), SPANS, gpu_power=[STEP_POWER, flat])
     expected = (366_000 + 180_000) / 3.6e6 * 100 + (1_074_000 + 180_000) / 3.6e6 * 400
     assert run.gco2 == pytest.approx(expected)
@@ -233,7 +228,7 @@ def test_receipts_and_reports_use_the_pue_of_the_nodes_site_not_one_per_zone(sto
 
 def test_receipt_of_a_run_across_an_intensity_change_from_stored_samples(store):
     g = add_node(store, "de1", "DE", "H100")
-    SampleStore(store).write([StoredSample(g[0], t, p, None) for t, p in STEP_POWER])
+    SampleStore(store).write([(g[0], s) for s in STEP_POWER])
     add_intensity(store, "DE", [(at(10), 100.0), (at(11), 400.0)])
     job = add_job(store, node="de1", gpu_ids=[g[0]], start=at(10, 30), end=at(11, 30), energy_j=STEP_ENERGY_J,
                   submitted=at(10), deadline=at(12), prompts=1000, tokens=500_000,
@@ -286,7 +281,7 @@ def test_receipt_of_a_run_measured_by_integration_after_a_counter_fault(store):
         t = start.timestamp() + 10 * i
         power = 300.0 if t < at(11).timestamp() else 900.0
         counter = 3000.0 * i if i < 60 else 3000.0 * (i - 60)   # reset at 11:00
-        samples.append(StoredSample(g[0], t, power, counter))
+        samples.append((g[0], Sample(t, power, counter)))
     SampleStore(store).write(samples)
     measured = SampleStore(store).job_energy([g[0]], start.timestamp(), end.timestamp())
     assert measured.method == "integral"
@@ -310,7 +305,7 @@ def test_receipt_of_a_run_measured_by_integration_after_a_counter_fault(store):
 def test_a_counter_fault_note_is_rederived_from_raw_samples_when_the_agent_gave_none(store):
     g = add_node(store, "de1", "DE", "MI300X")
     start = at(10, 0)
-    SampleStore(store).write([StoredSample(g[0], start.timestamp() + 10 * i, 300.0, 5000.0) for i in range(61)])
+    SampleStore(store).write([(g[0], Sample(start.timestamp() + 10 * i, 300.0, 5000.0)) for i in range(61)])
     job = add_job(store, node="de1", gpu_ids=[g[0]], start=start, end=start + timedelta(minutes=10),
                   energy_j=180_000.0, method="integral")
     Accountant(store).account(job)
@@ -323,7 +318,7 @@ def test_minute_rollups_stand_in_for_raw_samples_after_retention(store):
     rows = []
     for minute, watts in ((58, 100.0), (59, 100.0), (0, 500.0), (1, 500.0)):
         base = (at(10, minute) if minute >= 58 else at(11, minute)).timestamp()
-        rows += [StoredSample(g[0], base + s, watts, None) for s in range(0, 60, 10)]
+        rows += [(g[0], Sample(base + s, watts, None)) for s in range(0, 60, 10)]
     SampleStore(store).write(rows)
     SampleStore(store).rollup(retention_s=0, now_s=at(13).timestamp())
     add_intensity(store, "DE", [(at(10), 100.0), (at(11), 300.0)])
@@ -423,8 +418,6 @@ def test_the_agent_path_records_gco2_for_a_job_it_ran(store):
 
 
 def test_a_saving_that_is_rounding_noise_is_reported_as_zero():
-    from scheduler.accounting import _difference
-
-    assert _difference(0.233, 0.233 + 2.78e-17) == 0.0
-    assert _difference(150.0, 100.0) == 50.0
-    assert _difference(None, 1.0) is None
+    assert difference(0.233, 0.233 + 2.78e-17) == 0.0
+    assert difference(150.0, 100.0) == 50.0
+    assert difference(None, 1.0) is None

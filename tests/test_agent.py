@@ -312,7 +312,7 @@ def test_energy_on_emulated_gpus_is_labelled_modelled_in_the_receipt_report_expo
     """Issue 16 defect 7: the emulated backend's readings used to be stored as method
     `counter` and the receipt said "GPU hardware energy counter, cross-checked against
     integrated power". Every figure that includes them now says they are modelled."""
-    from scheduler.accounting import Accountant
+    from scheduler.accounting.accountant import Accountant
     from scheduler.cli.report import export_csv, receipt_text, report_table
     from scheduler.metrics import GpuCollector, StoreCollector
 

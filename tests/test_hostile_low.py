@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from scheduler.accounting import Accountant
+from scheduler.accounting.accountant import Accountant
 from scheduler.cli.client import ApiError, Client
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes
 from scheduler.daemon.service import JobService, ServiceConfig

@@ -262,7 +262,7 @@ def test_the_checkpoint_request_waits_for_min_run_after_a_late_start():
 
 
 def service_receipt(store, job_id):
-    from scheduler.accounting import Accountant
+    from scheduler.accounting.accountant import Accountant
 
     return Accountant(store).receipt(job_id)
 

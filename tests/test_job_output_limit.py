@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from policies import get_policy
 from policies.catalog import parse_fleet
-from scheduler.accounting import Accountant
+from scheduler.accounting.accountant import Accountant
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.node.agent import Agent, AgentConfig

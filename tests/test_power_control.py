@@ -341,7 +341,7 @@ def test_at_start_up_the_agent_restores_every_gpu_that_runs_no_job_of_ours(node,
 
 
 def test_show_and_the_receipt_say_what_limit_was_planned_and_whether_it_was_applied():
-    from scheduler.accounting import power_limit
+    from scheduler.accounting.receipts import power_limit
     from scheduler.cli.output import power_limit_text
 
     assert power_limit({"planned_power_limit_w": None, "power_limit_w": None}) is None

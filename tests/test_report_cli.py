@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from policies.catalog import catalog
-from scheduler.accounting import Accountant
+from scheduler.accounting.accountant import Accountant
 from scheduler.carbon import CarbonSignals
 from scheduler.cli import main as cli
 from scheduler.cli.common import EXIT_USAGE

@@ -7,7 +7,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from scheduler.node.samples import SampleStore, StoredSample
+from scheduler.samples import SampleStore
 from scheduler.store.telemetry_models import gpu_power_minutes, gpu_samples
 from telemetry.energy import Sample
 
@@ -23,7 +23,7 @@ def count(store, table) -> int:
 
 
 def test_a_batch_is_written_once_even_if_resent(samples, store):
-    batch = [StoredSample(1, 1000.0 + i, 300.0, 10.0 * i) for i in range(50)]
+    batch = [(1, Sample(1000.0 + i, 300.0, 10.0 * i)) for i in range(50)]
     assert samples.write(batch) == 50
     samples.write(batch[:10])  # a retried flush must not duplicate rows
     assert count(store, gpu_samples) == 50
@@ -31,8 +31,8 @@ def test_a_batch_is_written_once_even_if_resent(samples, store):
 
 def test_rollup_folds_old_samples_into_minutes_and_keeps_recent_ones(samples, store):
     now = 1_800_000_000.0  # on a minute boundary
-    old = [StoredSample(7, now - 7200 + i, 100.0 + (i % 2) * 100, None) for i in range(120)]  # 2 min at 1 Hz
-    recent = [StoredSample(7, now - 10 + i, 500.0, None) for i in range(10)]
+    old = [(7, Sample(now - 7200 + i, 100.0 + (i % 2) * 100, None)) for i in range(120)]  # 2 min at 1 Hz
+    recent = [(7, Sample(now - 10 + i, 500.0, None)) for i in range(10)]
     samples.write(old + recent)
     folded = samples.rollup(retention_s=3600, now_s=now)
     assert folded == 120
@@ -48,9 +48,9 @@ def test_rollup_folds_old_samples_into_minutes_and_keeps_recent_ones(samples, st
 
 def test_late_samples_for_an_already_rolled_minute_are_merged_not_lost(samples, store):
     now = 1_800_000_000.0
-    samples.write([StoredSample(3, now - 7200 + i, 100.0, None) for i in range(0, 60, 2)])
+    samples.write([(3, Sample(now - 7200 + i, 100.0, None)) for i in range(0, 60, 2)])
     samples.rollup(retention_s=3600, now_s=now)
-    samples.write([StoredSample(3, now - 7200 + i, 300.0, None) for i in range(1, 60, 2)])
+    samples.write([(3, Sample(now - 7200 + i, 300.0, None)) for i in range(1, 60, 2)])
     samples.rollup(retention_s=3600, now_s=now)
     with store.read() as conn:
         row = conn.execute(select(gpu_power_minutes)).one()
@@ -61,8 +61,8 @@ def test_late_samples_for_an_already_rolled_minute_are_merged_not_lost(samples, 
 
 def test_job_energy_uses_the_counter_when_it_agrees_with_power(samples):
     t0 = time.time() - 100
-    samples.write([StoredSample(1, t0 + i, 700.0, 5e6 + 700.0 * i) for i in range(61)])
-    samples.write([StoredSample(2, t0 + i, 650.0, 9e6 + 650.0 * i) for i in range(61)])
+    samples.write([(1, Sample(t0 + i, 700.0, 5e6 + 700.0 * i)) for i in range(61)])
+    samples.write([(2, Sample(t0 + i, 650.0, 9e6 + 650.0 * i)) for i in range(61)])
     e = samples.job_energy([1, 2], t0, t0 + 60)
     assert e.method == "counter"
     assert e.energy_j == pytest.approx(60 * (700 + 650))
@@ -70,7 +70,7 @@ def test_job_energy_uses_the_counter_when_it_agrees_with_power(samples):
 
 def test_job_energy_falls_back_to_power_when_a_counter_resets(samples):
     t0 = time.time() - 100
-    samples.write([StoredSample(1, t0 + i, 500.0, (500.0 * i) if i < 30 else 500.0 * (i - 30))
+    samples.write([(1, Sample(t0 + i, 500.0, (500.0 * i) if i < 30 else 500.0 * (i - 30)))
                    for i in range(61)])
     e = samples.job_energy([1], t0, t0 + 60)
     assert e.method == "integral"
@@ -79,7 +79,7 @@ def test_job_energy_falls_back_to_power_when_a_counter_resets(samples):
 
 def test_job_energy_includes_exact_start_and_end_readings(samples):
     t0 = time.time() - 100
-    samples.write([StoredSample(1, t0 + i, 400.0, 400.0 * i) for i in range(1, 10)])
+    samples.write([(1, Sample(t0 + i, 400.0, 400.0 * i)) for i in range(1, 10)])
     extra = {1: [Sample(t0, 400.0, 0.0), Sample(t0 + 10, 400.0, 4000.0)]}
     e = samples.job_energy([1], t0, t0 + 10, extra)
     assert e.energy_j == pytest.approx(4000.0)
@@ -94,8 +94,8 @@ def test_a_big_catch_up_rollup_keeps_recent_samples_and_loses_nothing(samples, s
     """Large rollups take a bulk path on PostgreSQL; either way the minute rows and the
     recent samples must be exactly as after a row-by-row rollup."""
     now = 1_800_000_000.0
-    old = [StoredSample(g, now - 7200 + i, 200.0, None) for g in range(1, 5) for i in range(3600)]
-    recent = [StoredSample(g, now - 600 + i, 400.0, None) for g in range(1, 5) for i in range(600)]
+    old = [(g, Sample(now - 7200 + i, 200.0, None)) for g in range(1, 5) for i in range(3600)]
+    recent = [(g, Sample(now - 600 + i, 400.0, None)) for g in range(1, 5) for i in range(600)]
     samples.write(old)
     samples.write(recent)
     if store.dialect == "postgresql":

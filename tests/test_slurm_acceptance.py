@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import select
 
 from daemon_harness import REPO, DaemonProcess, database_for, world_dir
-from scheduler.accounting import Accountant
+from scheduler.accounting.accountant import Accountant
 from scheduler.carbon import CarbonSignals
 from scheduler.lifecycle import utcnow
 from scheduler.slurm.commands import SlurmCommands

@@ -263,7 +263,7 @@ def _cap_bounds(whole):
 
 def _register_config_tables() -> None:
     """Nested config tables are checked by the code that owns them."""
-    from scheduler.accounting import AccountingConfig
+    from scheduler.accounting.config import AccountingConfig
     from scheduler.carbon_config import CarbonConfig
     from scheduler.daemon.planner import SiteConfig
     from scheduler.slurm.config import SlurmConfig
@@ -335,7 +335,7 @@ def cmd_agent(args, config) -> int:
 
 
 def cmd_daemon(args, config) -> int:
-    from scheduler.accounting import AccountingConfig
+    from scheduler.accounting.config import AccountingConfig
     from scheduler.cli.client import default_state_dir
     from scheduler.daemon.api import UidLimits
     from scheduler.daemon.main import Daemon, DaemonConfig

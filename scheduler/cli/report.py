@@ -75,7 +75,8 @@ class _Site:
 
 def _direct(args, config: dict):
     """An Accountant over the store named by --db, configured like the daemon."""
-    from scheduler.accounting import Accountant, AccountingConfig
+    from scheduler.accounting.accountant import Accountant
+    from scheduler.accounting.config import AccountingConfig
     from scheduler.cli.common import open_existing_store
 
     store = open_existing_store(args.db)
@@ -86,7 +87,7 @@ def _direct(args, config: dict):
 def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
     query = {k: v for k, v in (("since", args.since), ("until", args.until), ("by", by)) if v}
     if args.db:
-        from scheduler.accounting import parse_period
+        from scheduler.accounting.reports import parse_period
 
         store, acc = _direct(args, config)
         try:

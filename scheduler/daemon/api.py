@@ -27,7 +27,9 @@ import orjson
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from scheduler.accounting import GROUPINGS, Accountant, NotFound, parse_period
+from scheduler.accounting.accountant import Accountant
+from scheduler.accounting.ledger import NotFound
+from scheduler.accounting.reports import GROUPINGS, parse_period
 from scheduler.daemon.service import Caller, JobService, RequestError
 from scheduler.profiles import learned_view
 from scheduler.store import Store

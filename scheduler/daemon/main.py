@@ -13,7 +13,8 @@ from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from scheduler.accounting import Accountant, AccountingConfig
+from scheduler.accounting.accountant import Accountant
+from scheduler.accounting.config import AccountingConfig
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
@@ -28,7 +29,7 @@ from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig, default_node_name
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
-from scheduler.node.samples import DEFAULT_RETENTION_S, SampleStore
+from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
 from scheduler.slurm.config import SlurmConfig
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
                                scheduler_diagnostics, stalled)

@@ -20,20 +20,19 @@ from sqlalchemy import Connection, case, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from policies.catalog import match_device_name, nominal_memory_gib
-from scheduler.accounting import energy_note_of
 from scheduler.lifecycle import UNPLACED, State, end_run, record_events, retry_or_end, transition, utcnow
 from scheduler import interruptible
 from scheduler.node import checkpoint, job_metrics, segments
 from scheduler.node.segment_clock import read_phase
 from scheduler.node.executor import Executor, JobExecutor, LaunchSpec, RunState, RunStatus
 from scheduler.node.log_shipper import LogShipper
-from scheduler.node.samples import SampleStore, StoredSample
 from scheduler.profiles import learn_from_job
+from scheduler.samples import SampleStore, StoredSample, energy_note_of
 from scheduler.slurm.commands import SlurmError
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, nodes
 from scheduler.timeparse import format_duration
-from telemetry.energy import MODELLED, Sample
+from telemetry.energy import MODELLED, Sample, integrate_power
 from telemetry.gpu import GpuBackend, GpuError, GpuLost, GpuNotSupported, GpuPermissionDenied
 from telemetry.sampler import Reading, Sampler
 
@@ -310,10 +309,11 @@ class Agent:
             gid = self._gpu_of.get(r.uuid)
             if gid is None:
                 continue
-            rows.append(StoredSample(gid, r.t_s, r.power_w, r.energy_j, r.utilization_pct))
+            rows.append((gid, r))
             prev = self._prev_reading.get(r.uuid)
-            if prev is not None and r.power_w is not None and prev.power_w is not None and r.t_s > prev.t_s:
-                self._day_j[gid] = self._day_j.get(gid, 0.0) + (r.t_s - prev.t_s) * (r.power_w + prev.power_w) / 2
+            step_j = integrate_power((prev, r)) if prev is not None and r.t_s > prev.t_s else None
+            if step_j is not None:
+                self._day_j[gid] = self._day_j.get(gid, 0.0) + step_j
             self._prev_reading[r.uuid] = r
         try:
             return self.samples.write(rows)

@@ -119,7 +119,7 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_state_planned_node", "state", "planned_node"),
         Index("ix_jobs_owner_uid_state", "owner_uid", "state"),
-        # Period reports and accounting backfill (scheduler/accounting.py).
+        # Period reports and accounting backfill (scheduler/accounting/).
         Index("ix_jobs_ended_at", "ended_at"),
         Index("ix_jobs_owner_uid_ended_at", "owner_uid", "ended_at"),
         Index("ix_jobs_accounted_at", "accounted_at"),
@@ -203,7 +203,7 @@ class Job(Base):
     power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     power_limit_note: Mapped[str | None] = mapped_column(Text, nullable=True)
     gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # Carbon accounting of the run (scheduler/accounting.py): where it ran, how its gCO2 was
+    # Carbon accounting of the run (scheduler/accounting/): where it ran, how its gCO2 was
     # priced, and when; re-checked while actual intensity data may still arrive.
     zone: Mapped[str | None] = mapped_column(String(64), nullable=True)
     gpu_model: Mapped[str | None] = mapped_column(String(64), nullable=True)
