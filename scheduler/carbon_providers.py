@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from telemetry.grid.readings import SIGNAL_AVERAGE, SIGNAL_MARGINAL, GridConfigError, IntensityReading
+from telemetry.grid.readings import SIGNAL_AVERAGE, SIGNAL_MARGINAL, GridConfigError
 
 if TYPE_CHECKING:
     from scheduler.carbon_config import CarbonConfig

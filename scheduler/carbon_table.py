@@ -162,6 +162,22 @@ def actual_periods(conn: Connection, zone: str, signal: str, start: datetime, en
     return out
 
 
+def zones_with_data(conn: Connection, zones: Sequence[str]) -> set[str]:
+    """Which of `zones` have any carbon data at all (of any kind and signal)."""
+    ci = carbon_intensity.c
+    return set(conn.execute(select(ci.zone).distinct().where(ci.zone.in_(list(zones)))).scalars())
+
+
+def actual_sources(conn: Connection, zones: Sequence[str], since: datetime, until: datetime) -> list[Row]:
+    """(source, zone, signal, rows) of the actuals of `zones` whose periods may overlap
+    [since, until)."""
+    ci = carbon_intensity.c
+    return conn.execute(select(ci.source, ci.zone, ci.signal, func.count()).where(
+        ci.zone.in_(list(zones)), ci.kind == KIND_ACTUAL, ci.at < until,
+        ci.at >= since - timedelta(seconds=MAX_PERIOD_S))
+        .group_by(ci.source, ci.zone, ci.signal)).all()
+
+
 def zone_signals(store: Store, zone: str) -> set[str]:
     """The signals a zone has any rows of."""
     ci = carbon_intensity.c

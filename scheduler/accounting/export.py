@@ -4,18 +4,17 @@ reporting."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 
-from sqlalchemy import func, select
 
 from policies.counterfactual import RULE_SHORT
 from scheduler.accounting.aggregate import JobSums, kg_by_signal, shares, signal_figures, signal_key, work_figures
 from scheduler.accounting.figures import iso
-from scheduler.accounting.ledger import MAX_PERIOD_S, Ledger
-from scheduler.store.carbon_models import carbon_intensity
+from scheduler.accounting.ledger import Ledger
+from scheduler.carbon_table import actual_sources
 from scheduler.store.models import jobs
-from telemetry.grid.readings import KIND_ACTUAL, SIGNAL_AVERAGE
+from telemetry.grid.readings import SIGNAL_AVERAGE
 
 #: Licences and descriptions of the intensity sources, for the disclosure export.
 SOURCE_INFO: dict[str, dict[str, str]] = {
@@ -76,14 +75,10 @@ class Disclosure:
         }
 
     def _sources(self, zones: list[str], since: datetime, until: datetime) -> list[dict]:
-        ci = carbon_intensity.c
         out = []
         if zones:
             with self.ledger.store.read() as conn:
-                rows = conn.execute(select(ci.source, ci.zone, ci.signal, func.count()).where(
-                    ci.zone.in_(zones), ci.kind == KIND_ACTUAL, ci.at < until,
-                    ci.at >= since - timedelta(seconds=MAX_PERIOD_S))
-                    .group_by(ci.source, ci.zone, ci.signal)).all()
+                rows = actual_sources(conn, zones, since, until)
             by_source: dict[str, dict] = {}
             for source, zone, signal, n in rows:
                 e = by_source.setdefault(source, {"source": source, "zones": [], "signals": [], "rows": 0,

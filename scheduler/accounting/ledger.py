@@ -15,14 +15,13 @@ from scheduler.accounting.run_carbon import IntensitySpan, RunCarbon, combine_ru
 from scheduler.lifecycle import TERMINAL, utcnow
 from scheduler.samples import counter_note, power_series
 from scheduler.store import Store
-from scheduler.store.carbon_models import carbon_intensity
+from scheduler.carbon_table import actual_periods
 from scheduler.store.models import gpus, job_segments, jobs, nodes
 from telemetry.grid.readings import KIND_ACTUAL, SIGNAL_AVERAGE
 from telemetry.grid.static import static_intensity
 
 log = logging.getLogger(__name__)
 
-MAX_PERIOD_S = 86400               # the longest intensity period looked back over
 FINISHED = tuple(sorted(s.value for s in TERMINAL))
 
 _JOB_COLUMNS = ("id", "name", "state", "owner_uid", "owner_name", "workload", "gpus", "gpu_ids", "node",
@@ -118,24 +117,8 @@ class Ledger:
         """Recorded values of `zone` over [start, end) (newest issue of each period; a later
         period cuts an earlier one short), with the gaps between them filled by the static
         yearly mean where the signal is average and a static value exists."""
-        spans: list[IntensitySpan] = []
-        if signal is not None:
-            ci = carbon_intensity.c
-            rows = conn.execute(
-                select(ci.at, ci.duration_s, ci.gco2_per_kwh, ci.source, ci.issued_at)
-                .where(ci.zone == zone, ci.signal == signal, ci.kind == KIND_ACTUAL,
-                       ci.at <= end, ci.at > start - timedelta(seconds=MAX_PERIOD_S))
-                .order_by(ci.at, ci.issued_at)).all()
-            newest: dict[datetime, Any] = {}
-            for r in rows:
-                newest[r.at] = r
-            ordered = sorted(newest.values(), key=lambda r: r.at)
-            for i, r in enumerate(ordered):
-                stop = r.at + timedelta(seconds=r.duration_s)
-                if i + 1 < len(ordered):
-                    stop = min(stop, ordered[i + 1].at)
-                if stop > start and r.at <= end and stop > r.at:
-                    spans.append(IntensitySpan(r.at, stop, r.gco2_per_kwh, KIND_ACTUAL, r.source))
+        spans = [IntensitySpan(p.start, p.end, p.gco2_per_kwh, KIND_ACTUAL, p.source)
+                 for p in actual_periods(conn, zone, signal, start, end)] if signal is not None else []
         static = static_intensity(zone, self.static_overrides()) if signal in (None, SIGNAL_AVERAGE) else None
         if static is not None:
             cur = start

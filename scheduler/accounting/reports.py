@@ -11,7 +11,7 @@ from sqlalchemy import case, func, select
 from scheduler.accounting.aggregate import JobSums, signal_figures, signal_key
 from scheduler.accounting.figures import iso
 from scheduler.accounting.ledger import Ledger
-from scheduler.store.carbon_models import carbon_intensity
+from scheduler.carbon_table import zones_with_data
 from scheduler.store.models import jobs
 from telemetry.grid.static import static_intensity
 
@@ -57,12 +57,11 @@ class Reports:
     def _unpriced(self, where) -> list[dict]:
         """Why jobs of the period have no gCO2: per zone, how many, and whether the zone has
         any carbon data at all (none: it never will be priced until data is imported)."""
-        j, ci = jobs.c, carbon_intensity.c
+        j = jobs.c
         with self.ledger.store.read() as conn:
             rows = conn.execute(select(j.zone, func.count(), func.sum(case((j.energy_j.is_(None), 1), else_=0)))
                                 .where(where, j.gco2.is_(None)).group_by(j.zone)).all()
-            with_data = set(conn.execute(select(ci.zone).distinct()
-                                         .where(ci.zone.in_([r[0] for r in rows if r[0]]))).scalars())
+            with_data = zones_with_data(conn, [r[0] for r in rows if r[0]])
         static = getattr(getattr(self.ledger.carbon, "config", None), "static", None)
         out = []
         for zone, count, unmeasured in sorted(rows, key=lambda r: str(r[0])):
