@@ -87,8 +87,8 @@ class Agent:
         self.dropped_samples = 0
         self.power = PowerLimits(store, backend, self._uuid_of, self._gpu_of, clock)
         self.energy = RunEnergy(self.samples, backend, self._uuid_of, self.flush_samples, config.node_static_w)
-        self.disk = DiskGuard(store, config.node, disk_places(config.state_dir, getattr(self.executor, "log_root", None)),
-                              config.min_free_disk_mib)
+        places = disk_places(config.state_dir, getattr(self.executor, "log_root", None))
+        self.disk = DiskGuard(store, config.node, places, config.min_free_disk_mib)
         self.marks = RunMarks()
         # Called with (job id, energy note) once a run's end is recorded: the head prices its carbon.
         self.ends = JobEnds(store, config, self.launcher, self.energy, self.power, self.marks,
