@@ -37,7 +37,8 @@ from policies.catalog import parse_fleet  # noqa: E402
 from scheduler.daemon.planner import Planner, make_policy  # noqa: E402
 from scheduler.daemon.service import Caller, JobService, ServiceConfig  # noqa: E402
 from scheduler.lifecycle import utcnow  # noqa: E402
-from scheduler.node.agent import Agent, AgentConfig  # noqa: E402
+from scheduler.node.agent import Agent  # noqa: E402
+from scheduler.node.config import AgentConfig  # noqa: E402
 from scheduler.node.main import AgentRunConfig, make_slurm_agent  # noqa: E402
 from scheduler.slurm.commands import SlurmCommands  # noqa: E402
 from scheduler.slurm.config import SlurmConfig  # noqa: E402
@@ -145,8 +146,8 @@ def main() -> int:
         calls: Counter[str] = Counter()
         seconds: Counter[str] = Counter()
         for a in agents:
-            calls.update(a.slurm.calls)
-            seconds.update(a.slurm.seconds)
+            calls.update(a.launcher.slurm.calls)
+            seconds.update(a.launcher.slurm.seconds)
         result = {
             "jobs": len(ids), "nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node,
             "policy": args.policy, "states": dict(Counter(r.state for r in rows.values())),

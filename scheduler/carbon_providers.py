@@ -11,16 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from telemetry.grid.readings import SIGNAL_AVERAGE, SIGNAL_MARGINAL, GridConfigError
 
-if TYPE_CHECKING:
-    from scheduler.carbon_config import CarbonConfig
 
 #: A provider's client call: (client, zone, region, horizon_hours) -> readings (None entries
 #: skipped); `region` is the provider's own id of the zone (default: the zone).
 EndpointCall = Callable[[Any, str, str, int], "list[IntensityReading | None]"]
+
+
+class ProviderSettings(Protocol):
+    """What the client factories read of the carbon configuration (`CarbonConfig` has it)."""
+
+    electricitymaps_token: str | None
+    electricitymaps_url: str | None
+    emission_factor: str
+    watttime_username: str | None
+    watttime_password: str | None
+    watttime_url: str | None
+    ukgrid_url: str | None
 
 
 @dataclass(frozen=True)
@@ -34,24 +44,24 @@ class Provider:
     name: str
     signal: str
     endpoints: tuple[tuple[str, EndpointCall, float], ...]
-    client: Callable[["CarbonConfig", dict[str, Any]], Any]
+    client: Callable[[ProviderSettings, dict[str, Any]], Any]
 
 
-def _electricitymaps(cfg: CarbonConfig, common: dict[str, Any]) -> Any:
+def _electricitymaps(cfg: ProviderSettings, common: dict[str, Any]) -> Any:
     from telemetry.grid.electricitymaps import DEFAULT_BASE_URL, ElectricityMapsClient
 
     return ElectricityMapsClient(cfg.electricitymaps_token or "", base_url=cfg.electricitymaps_url or DEFAULT_BASE_URL,
                                  emission_factor=cfg.emission_factor, **common)
 
 
-def _watttime(cfg: CarbonConfig, common: dict[str, Any]) -> Any:
+def _watttime(cfg: ProviderSettings, common: dict[str, Any]) -> Any:
     from telemetry.grid.watttime import DEFAULT_BASE_URL, WattTimeClient
 
     return WattTimeClient(cfg.watttime_username or "", cfg.watttime_password or "",
                           base_url=cfg.watttime_url or DEFAULT_BASE_URL, **common)
 
 
-def _ukgrid(cfg: CarbonConfig, common: dict[str, Any]) -> Any:
+def _ukgrid(cfg: ProviderSettings, common: dict[str, Any]) -> Any:
     from telemetry.grid.ukgrid import DEFAULT_BASE_URL, UkCarbonIntensityClient
 
     return UkCarbonIntensityClient(base_url=cfg.ukgrid_url or DEFAULT_BASE_URL, **common)

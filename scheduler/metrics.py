@@ -70,7 +70,7 @@ class GpuCollector:
                                       labels=labels)
         limit_max = GaugeMetricFamily("carbonsched_gpu_power_limit_max_watts", "Highest settable power limit",
                                       labels=labels)
-        limits = self.agent.power_limits
+        limits = self.agent.power.current
         node = self.agent.config.node
         latest = self.agent.sampler.latest()
         lost = self.agent.sampler.lost()

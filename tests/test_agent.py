@@ -17,7 +17,8 @@ from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.daemon.watchdog import NodeReaper
 from scheduler.lifecycle import utcnow
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import Agent
+from scheduler.node.config import AgentConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes
 from telemetry.energy import Sample, clip_window
 from telemetry.gpu import EmulatedBackend, EmulatedModel
@@ -224,11 +225,11 @@ def test_a_gpu_lost_while_its_jobs_supervisor_is_still_starting_stops_the_job_on
 
 
 def test_a_full_log_disk_stops_new_jobs_on_the_node_until_space_is_freed(cluster, store, monkeypatch):
-    import scheduler.node.agent as agent_module
+    import scheduler.node.disk as disk_module
 
     agent, service, planner = cluster
     free = {"bytes": 10 * 2**20}
-    monkeypatch.setattr(agent_module, "disk_free_bytes", lambda path: free["bytes"])
+    monkeypatch.setattr(disk_module, "disk_free_bytes", lambda path: free["bytes"])
     job = service.submit(ROOT, {"argv": ["true"], "gpus": 1})["id"]
     for _ in range(5):
         planner.tick()

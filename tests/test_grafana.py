@@ -19,7 +19,8 @@ from sqlalchemy import insert
 
 from policies.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import Agent
+from scheduler.node.config import AgentConfig
 from scheduler.store import Store
 from scheduler.store.models import jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel

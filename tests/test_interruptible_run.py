@@ -28,7 +28,8 @@ from policies import get_policy
 from policies.model import Plan, Snapshot
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import Agent
+from scheduler.node.config import AgentConfig
 from scheduler.store.models import job_segments, jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 from policies.catalog import parse_fleet

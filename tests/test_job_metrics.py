@@ -24,7 +24,8 @@ from policies.catalog import parse_fleet
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.node import job_metrics
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import Agent
+from scheduler.node.config import AgentConfig
 from scheduler.store.models import job_events, jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 

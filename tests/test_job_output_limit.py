@@ -20,7 +20,8 @@ from policies.catalog import parse_fleet
 from scheduler.accounting.accountant import Accountant
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import Agent
+from scheduler.node.config import AgentConfig
 from scheduler.store.models import jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 
@@ -91,7 +92,7 @@ def test_a_jobs_output_is_cut_at_its_limit_with_a_marker_and_show_says_so(cluste
 
 
 def test_a_full_log_disk_keeps_jobs_waiting_with_a_reason(cluster, store, tmp_path, monkeypatch):
-    import scheduler.node.agent as agent_module
+    import scheduler.node.disk as disk_module
 
     agent, service, planner, log_dir = cluster
     free = {"log": 10 * 2**20}
@@ -101,7 +102,7 @@ def test_a_full_log_disk_keeps_jobs_waiting_with_a_reason(cluster, store, tmp_pa
         checked.add(Path(path))
         return free["log"] if Path(path) == log_dir else 10 * 2**30
 
-    monkeypatch.setattr(agent_module, "disk_free_bytes", disk_free_bytes)
+    monkeypatch.setattr(disk_module, "disk_free_bytes", disk_free_bytes)
     job = service.submit(ROOT, {"argv": ["true"], "gpus": 1})["id"]
     deadline = time.monotonic() + 30
     reason = None

@@ -32,7 +32,8 @@ def planned(store, tmp_path):
 def test_a_wake_up_plans_queued_jobs_in_the_child_and_reports_back(planned, store, tmp_path):
     proc, ticks, done = planned
     # A node with one GPU so that fifo can place the job.
-    from scheduler.node.agent import Agent, AgentConfig
+    from scheduler.node.agent import Agent
+    from scheduler.node.config import AgentConfig
     from telemetry.gpu import EmulatedBackend, EmulatedModel
 
     agent = Agent(store, EmulatedBackend([EmulatedModel("H100", "nvidia", 80, 70, 700)], node="n1"),

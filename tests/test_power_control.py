@@ -171,7 +171,9 @@ from sqlalchemy import select, update  # noqa: E402
 
 from scheduler.daemon.service import Caller, JobService, ServiceConfig  # noqa: E402
 from scheduler.lifecycle import utcnow  # noqa: E402
-from scheduler.node.agent import ENV_POWER_LIMIT, Agent, AgentConfig  # noqa: E402
+from scheduler.node.agent import Agent  # noqa: E402
+from scheduler.node.config import AgentConfig  # noqa: E402
+from scheduler.node.power_limits import ENV_POWER_LIMIT  # noqa: E402
 from scheduler.store.models import gpus, job_events, jobs  # noqa: E402
 
 ROOT = Caller(uid=0, gid=0)
@@ -300,7 +302,7 @@ def test_no_privilege_runs_the_job_uncapped_with_a_clear_event_logged_once(node,
     deny()
     uuids = [d.uuid for d in agent.devices]
     default = agent.backend.power_limit(uuids[0]).default_w
-    caplog.set_level(logging.WARNING, logger="scheduler.node.agent")
+    caplog.set_level(logging.WARNING, logger="scheduler.node.power_limits")
     for _ in range(2):
         job = submit(service, tmp_path, ["sh", "-c", f'echo "x${ENV_POWER_LIMIT}" > {tmp_path}/env.txt'])
         plan_on(store, job, gpu_ids_of(store), round(0.7 * default))

@@ -166,7 +166,8 @@ def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
     from policies.catalog import parse_fleet
     from scheduler.daemon.planner import Planner
     from scheduler.daemon.service import Caller, JobService, ServiceConfig
-    from scheduler.node.agent import Agent, AgentConfig
+    from scheduler.node.agent import Agent
+    from scheduler.node.config import AgentConfig
     from telemetry.gpu import EmulatedBackend, EmulatedModel
 
     backend = EmulatedBackend([EmulatedModel(m.name, m.vendor, m.memory_gib, m.idle_w, m.tdp_w)

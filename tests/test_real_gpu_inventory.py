@@ -17,7 +17,8 @@ from scheduler.cli.output import nodes_table
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.metrics import GpuCollector
-from scheduler.node.agent import Agent, AgentConfig
+from scheduler.node.agent import Agent
+from scheduler.node.config import AgentConfig
 from scheduler.store.models import gpus
 from telemetry.gpu.amd import AmdSmiBackend
 from telemetry.gpu.nvml import NvmlBackend
@@ -131,7 +132,7 @@ def test_a_changed_power_limit_reaches_the_store_and_the_plan(store, node, monke
     agent = node([fake_gpu])
     assert rows(store)["GPU-c"].power_limit_w == 700
     fake_gpu.limit_mw = 450_000  # an operator ran nvidia-smi -pl 450
-    monkeypatch.setattr("scheduler.node.agent.POWER_LIMIT_REFRESH_S", 0.0)
+    monkeypatch.setattr("scheduler.node.power_limits.POWER_LIMIT_REFRESH_S", 0.0)
     agent.tick()
     assert rows(store)["GPU-c"].power_limit_w == 450
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs")

@@ -107,7 +107,7 @@ _first_id = int(time.time()) % 1000 * 1000
 
 @pytest.fixture
 def world(slurm_cluster):
-    """A SQLite store, a job service, a fifo planner and one SlurmAgent per Slurm node."""
+    """A SQLite store, a job service, a fifo planner and one Slurm agent (an Agent with a SlurmLauncher) per Slurm node."""
     root = Path(tempfile.mkdtemp(prefix="cs-world-"))
     root.chmod(0o755)  # slurmd writes a user's output as that user
     store = Store(f"sqlite:///{root / 'carbonsched.db'}")
@@ -213,7 +213,7 @@ def test_exit_codes_and_cancels_from_either_side_follow_slurm(world, slurm_clust
     ours = service.submit(ROOT, {"argv": ["sleep", "60"], "gpus": 1, "est_runtime_s": 60})["id"]
     theirs = service.submit(ROOT, {"argv": ["sleep", "60"], "gpus": 1, "est_runtime_s": 60})["id"]
     drive(store, planner, agents, [ours, theirs], states={"RUNNING"},
-          until=lambda: all(agents[n].slurm_executor.jobs(0) for n in agents))
+          until=lambda: all(agents[n].launcher.slurm_executor.jobs(0) for n in agents))
 
     def reason_of(job_id):
         with store.read() as conn:
@@ -247,7 +247,7 @@ def test_an_agent_that_died_after_sbatch_finds_the_job_by_its_comment_and_never_
     job = service.submit(ROOT, {"argv": ["sleep", "3"], "gpus": 1, "est_runtime_s": 5})["id"]
     drive(store, planner, agents, [job], states={"RUNNING"})
     node = next(n for n, a in agents.items() if a.executor.known_runs())
-    executor = agents[node].slurm_executor
+    executor = agents[node].launcher.slurm_executor
     (executor.run_dir(job) / "slurm.json").unlink()  # as if killed between sbatch and writing it down
     config = SlurmConfig(conf=slurm_cluster.conf)
     cfg = AgentRunConfig(db_url="", state_dir=executor.run_root.parent, node=node, zone="x", grace_s=1.0)
@@ -336,7 +336,7 @@ def test_an_adopted_job_cancelled_on_either_side_before_it_is_placed_is_cancelle
 
     def both_cancelled():
         for a in agents.values():
-            a._adopted_at = -1e18  # sweep now
+            a.launcher._adopted_at = -1e18  # sweep now
             a.tick()
         with store.read() as conn:
             state = conn.execute(select(jobs.c.state).where(jobs.c.id == there)).scalar_one()
@@ -356,7 +356,7 @@ def test_a_node_drained_in_slurm_takes_no_plans_until_resumed(world, slurm_clust
     env = {**os.environ, **slurm_cluster.env}
 
     def fr_gpus():
-        agents["sn-fr"]._node_checked = -1e18  # read the node now, not in 10 s
+        agents["sn-fr"].launcher._node_checked = -1e18  # read the node now, not in 10 s
         agents["sn-fr"].tick()
         with store.read() as conn:
             return conn.execute(select(gpus.c.healthy, gpus.c.unhealthy_reason)

@@ -14,7 +14,7 @@ from sqlalchemy import insert, select, update
 from scheduler.daemon.planner import Planner, make_policy
 from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.job_specs import expand_log_pattern, parse_array, parse_dependency
-from scheduler.node.agent import redirected_argv
+from scheduler.node.launch import redirected_argv
 from scheduler.store.models import gpus, jobs, nodes
 
 ROOT = Caller(uid=0, gid=0)

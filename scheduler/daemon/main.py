@@ -26,7 +26,8 @@ from scheduler.daemon.retention import PURGE_INTERVAL_S, purge_finished_jobs
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
-from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig, default_node_name
+from scheduler.node.agent import Agent, default_node_name
+from scheduler.node.config import DEFAULT_OUTPUT_LIMIT_BYTES, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
 from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
@@ -86,7 +87,7 @@ class DaemonConfig:
     max_stored_bytes_per_user: int | None = 2**30
     job_retention_s: float = DEFAULT_JOB_RETENTION_S
     # The local agent's executor: "local" processes, or "slurm" (this host is a Slurm node;
-    # its jobs are handed to Slurm, see scheduler.node.slurm_agent) with the [slurm] table.
+    # its jobs are handed to Slurm, see scheduler.node.slurm_launcher) with the [slurm] table.
     executor: str = "local"
     slurm: SlurmConfig | None = None
 

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from policies.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
-from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig
+from scheduler.lifecycle import utcnow
+from scheduler.node.agent import Agent
+from scheduler.node.config import DEFAULT_OUTPUT_LIMIT_BYTES, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
-from scheduler.node.slurm_agent import SlurmAgent
+from scheduler.node.slurm_launcher import SlurmLauncher
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
                                scheduler_diagnostics, stalled)
 from scheduler.policy_tables import warm_policy_tables
@@ -76,7 +78,7 @@ class AgentRunConfig:
     min_free_disk_mib: float = 256.0
     log_dir: Path | None = None  # job logs; None: STATE_DIR/logs
     output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES  # stdout + stderr kept per job
-    executor: str = "local"  # or "slurm": jobs are handed to Slurm (scheduler.node.slurm_agent)
+    executor: str = "local"  # or "slurm": jobs are handed to Slurm (scheduler.node.slurm_launcher)
     slurm: SlurmConfig | None = None
 
 
@@ -87,9 +89,10 @@ def agent_config(cfg: AgentRunConfig, zone: str) -> AgentConfig:
                        output_limit_bytes=cfg.output_limit_bytes)
 
 
-def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **agent_kwargs) -> SlurmAgent:
-    """The agent of a Slurm node: zone and GPUs from Slurm (`sinfo`), emulated from its GRES
-    where no real GPU is found (or `--emulate` says so)."""
+def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **agent_kwargs) -> Agent:
+    """The agent of a Slurm node, its jobs handed to Slurm (`SlurmLauncher`): zone and GPUs
+    from Slurm (`sinfo`), emulated from its GRES where no real GPU is found (or `--emulate`
+    says so)."""
     slurm = SlurmCommands(slurm_config.conf, timeout_s=slurm_config.timeout_s)
     try:
         info = read_node(slurm, slurm_config, cfg.node)
@@ -102,14 +105,17 @@ def make_slurm_agent(store, cfg: AgentRunConfig, slurm_config: SlurmConfig, **ag
         log.warning("Slurm node %s has no %sXX feature; using zone %s", cfg.node,
                     slurm_config.zone_feature_prefix, zone)
     emulate = cfg.emulate
+    backend = None
     if emulate is None:
         backend, broken = probe_backends()
-        if backend is not None:
-            return SlurmAgent(store, backend, agent_config(cfg, zone), slurm=slurm,
-                              slurm_config=slurm_config, node_info=info, **agent_kwargs)
-        emulate = info.fleet_spec()
-    return SlurmAgent(store, make_backend(emulate, cfg.node, cfg.state_dir), agent_config(cfg, zone), slurm=slurm,
-                      slurm_config=slurm_config, node_info=info, **agent_kwargs)
+        if backend is None:
+            emulate = info.fleet_spec()
+    if backend is None:
+        backend = make_backend(emulate, cfg.node, cfg.state_dir)
+    config = agent_config(cfg, zone)
+    launcher = SlurmLauncher(store, backend, config, slurm=slurm, slurm_config=slurm_config, node_info=info,
+                             clock=agent_kwargs.get("clock", utcnow))
+    return Agent(store, backend, config, launcher=launcher, **agent_kwargs)
 
 
 class AgentRunner(ServiceProcess):

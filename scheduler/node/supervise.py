@@ -136,49 +136,21 @@ def supervise(run_dir: Path) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     uid, gid = spec["uid"], spec["gid"]
-    out_fd = open_job_log(spec["stdout"], uid, gid)
-    err_fd = open_job_log(spec["stderr"], uid, gid)
-    # The job writes into pipes and we copy into its logs, up to its output limit (issue 48).
-    copier = None
-    if spec.get("output_limit_bytes") is not None:
-        copier = OutputCopier(out_fd, err_fd, int(spec["output_limit_bytes"]))
-        out_fd, err_fd = copier.child_fds
+    out_fd, err_fd, copier = _open_outputs(spec, uid, gid)
     if spec.get("metrics_file"):
         job_metrics.create(Path(spec["metrics_file"]), uid, gid)
     remove_request_file((spec.get("extra") or {}).get("checkpoint_file"))  # this run starts unasked
-    as_other = os.geteuid() == 0 and uid != 0  # a non-root daemon only runs its own jobs
     result: dict = {"exit_code": None, "signal": None, "timed_out": False, "cancelled": False,
                     "error": None}
-
-    # Contain the job (scheduler.node.job_cgroup): its own cgroup where cgroup v2 lets us,
-    # else a run token in its environment. Either way nothing it starts outlives it.
-    run_id = job_cgroup.new_run_id(int(spec.get("job_id") or 0))
+    run_id, cgroup = _contain(spec)
     env = {**spec["env"], job_cgroup.RUN_ID_ENV: run_id}
-    cgroup = None
-    if (spec.get("extra") or {}).get("contain", "auto") == "auto":
-        cgroup = job_cgroup.JobCgroup.create(f"job-{spec.get('job_id')}-{os.getpid()}")
-        if cgroup is not None and not cgroup.enter():
-            cgroup.remove()
-            cgroup = None
     contained = {"cgroup": str(cgroup.path) if cgroup else None, "run_id": run_id}
 
     write_json_atomic(run_dir / "launched.json", {"supervisor_pid": os.getpid(), "at": _now(), **contained})
     started = time.monotonic()
     result["started_at"] = _now()
     try:
-        proc = subprocess.Popen(
-            spec["argv"],
-            cwd="/",  # the job's own cwd is entered by _enter_cwd, as the job's owner
-            preexec_fn=_child_setup(spec["cwd"], interruptible.startup_ignored_signal(spec.get("extra"))),
-            umask=JOB_UMASK,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out_fd,
-            stderr=err_fd,
-            start_new_session=True,
-            close_fds=True,
-            **({"user": uid, "group": gid, "extra_groups": spec["groups"]} if as_other else {}),
-        )
+        proc = _start(spec, env, out_fd, err_fd)
     except (OSError, subprocess.SubprocessError) as e:
         if cgroup is not None:
             cgroup.leave()
@@ -212,35 +184,11 @@ def supervise(run_dir: Path) -> int:
             job_cgroup.signal_run(run_id, uid, sig)
 
     write_json_atomic(run_dir / "pid.json", {"pid": proc.pid, "pgid": proc.pid, "at": _now(), **contained})
-    limit_s = spec.get("time_limit_s")
-    grace_s = float(spec.get("grace_s", 10.0))
-    term_sent_at: float | None = None
-    # Interruptible jobs (issue 30): the checkpoint request and the pauses are kept by the
-    # supervisor, which outlives the agent, so an agent crash never leaves a job stopped or
-    # unasked; the agent reads what happened from result.json (and phase.json meanwhile).
+    # Interruptible jobs: the checkpoint request and the pauses are kept by the supervisor,
+    # which outlives the agent, so an agent crash never leaves a job stopped or unasked; the
+    # agent reads what happened from result.json (and phase.json meanwhile).
     clock = SegmentClock.from_spec(spec, run_dir, uid, gid)
-    while True:
-        try:
-            rc = proc.wait(timeout=0.1)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.monotonic()
-        if term_sent_at is None:
-            if stop.requested:
-                result["cancelled"] = True
-            elif limit_s is not None and now - started - clock.paused_s(now) >= limit_s:
-                result["timed_out"] = True  # paused time does not count against the limit
-            if result["cancelled"] or result["timed_out"]:
-                signal_job(signal.SIGTERM)
-                if clock.paused:  # a stopped job gets its TERM only once continued
-                    clock.resume(now, signal_job, why="stopping")
-                term_sent_at = now
-            else:
-                clock.tick(now, signal_job, lambda sig: _kill_group(proc.pid, sig))
-        elif now - term_sent_at >= grace_s:
-            signal_job(signal.SIGKILL)
-            term_sent_at = float("inf")  # sent both; just wait now
+    rc = _wait(proc, spec, stop, started, result, clock, signal_job)
     # The job has ended: so has everything it started, whatever session it moved to.
     _kill_group(proc.pid, signal.SIGKILL)
     if cgroup is not None:
@@ -260,6 +208,83 @@ def supervise(run_dir: Path) -> int:
     result["exit_code"] = rc
     _write_result_patiently(run_dir, result)
     return 0
+
+
+def _open_outputs(spec: dict, uid: int, gid: int) -> tuple[int, int, OutputCopier | None]:
+    """The descriptors the job writes its stdout and stderr to: its log files, or pipes that
+    a copier empties into them up to its output limit (the copier, else None)."""
+    out_fd = open_job_log(spec["stdout"], uid, gid)
+    err_fd = open_job_log(spec["stderr"], uid, gid)
+    copier = None
+    if spec.get("output_limit_bytes") is not None:
+        copier = OutputCopier(out_fd, err_fd, int(spec["output_limit_bytes"]))
+        out_fd, err_fd = copier.child_fds
+    return out_fd, err_fd, copier
+
+
+def _contain(spec: dict) -> tuple[str, job_cgroup.JobCgroup | None]:
+    """Contain the job (scheduler.node.job_cgroup): its own cgroup, which this supervisor
+    enters so that the job starts in it, where cgroup v2 lets us (else None), and a run
+    token for its environment either way. Nothing the job starts outlives it."""
+    run_id = job_cgroup.new_run_id(int(spec.get("job_id") or 0))
+    cgroup = None
+    if (spec.get("extra") or {}).get("contain", "auto") == "auto":
+        cgroup = job_cgroup.JobCgroup.create(f"job-{spec.get('job_id')}-{os.getpid()}")
+        if cgroup is not None and not cgroup.enter():
+            cgroup.remove()
+            cgroup = None
+    return run_id, cgroup
+
+
+def _start(spec: dict, env: dict, out_fd: int, err_fd: int) -> subprocess.Popen:
+    """Start the job's command in a session of its own, as its owner (when the supervisor is
+    root and the owner is not: a non-root daemon only runs its own jobs)."""
+    uid, gid = spec["uid"], spec["gid"]
+    as_other = os.geteuid() == 0 and uid != 0
+    return subprocess.Popen(
+        spec["argv"],
+        cwd="/",  # the job's own cwd is entered by _enter_cwd, as the job's owner
+        preexec_fn=_child_setup(spec["cwd"], interruptible.startup_ignored_signal(spec.get("extra"))),
+        umask=JOB_UMASK,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=out_fd,
+        stderr=err_fd,
+        start_new_session=True,
+        close_fds=True,
+        **({"user": uid, "group": gid, "extra_groups": spec["groups"]} if as_other else {}),
+    )
+
+
+def _wait(proc: subprocess.Popen, spec: dict, stop: _Stop, started: float, result: dict,
+          clock: SegmentClock, signal_job) -> int:
+    """Wait for the job to end while keeping its time limit (paused time not counted), a
+    cancel (SIGTERM to us: TERM to the job, KILL after the grace period) and its segment
+    clock; its return code. Marks `result` cancelled or timed out."""
+    limit_s = spec.get("time_limit_s")
+    grace_s = float(spec.get("grace_s", 10.0))
+    term_sent_at: float | None = None
+    while True:
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if term_sent_at is None:
+            if stop.requested:
+                result["cancelled"] = True
+            elif limit_s is not None and now - started - clock.paused_s(now) >= limit_s:
+                result["timed_out"] = True  # paused time does not count against the limit
+            if result["cancelled"] or result["timed_out"]:
+                signal_job(signal.SIGTERM)
+                if clock.paused:  # a stopped job gets its TERM only once continued
+                    clock.resume(now, signal_job, why="stopping")
+                term_sent_at = now
+            else:
+                clock.tick(now, signal_job, lambda sig: _kill_group(proc.pid, sig))
+        elif now - term_sent_at >= grace_s:
+            signal_job(signal.SIGKILL)
+            term_sent_at = float("inf")  # sent both; just wait now
 
 
 RESULT_RETRY_S = 2.0

@@ -1,18 +1,21 @@
-"""The agent of a Slurm node (`executor = "slurm"`): the same claim / reconcile / finish
-loop as the local agent, with jobs run by Slurm (`SlurmExecutor`), and what Slurm adds:
+"""How a Slurm node's jobs run (`executor = "slurm"`): the agent's launcher when jobs are
+handed to Slurm (`SlurmExecutor`). The agent's claim / reconcile / finish loop is the same
+as on a plain node (scheduler.node.agent); what Slurm adds is here:
 
 - inventory from Slurm: the node's zone (feature `zone_XX`) and GPUs (GRES types, in
   Slurm's index order; emulated from them where no real GPU is found);
 - GPUs follow Slurm: energy is attributed by the GPU indices Slurm gave each job
   (`gres_detail` IDX) over the times Slurm started and ended it; a drained or down node's
   GPUs take no plans;
-- adoption of users' held `sbatch` jobs (`scheduler.slurm.adopt`).
+- adoption of users' held `sbatch` jobs (`scheduler.slurm.adopt`), and observation of GPU
+  jobs Slurm runs here outside carbonsched.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from types import SimpleNamespace
@@ -20,9 +23,11 @@ from types import SimpleNamespace
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from scheduler.lifecycle import State, record_submit, transition
-from scheduler.node.agent import RUNNING_COLUMNS, Agent, AgentConfig, _parse_time
+from scheduler.lifecycle import State, record_submit, transition, utcnow
+from scheduler.node.config import AgentConfig
 from scheduler.node.executor import LaunchSpec, RunStatus
+from scheduler.node.job_ends import parse_time
+from scheduler.node.reconcile import running_jobs
 from scheduler.node.slurm_executor import SlurmExecutor, slurm_time
 from scheduler.node.supervise import write_json_atomic
 from scheduler.slurm.adopt import adopt_held, follow_adopted, observed_row
@@ -41,17 +46,27 @@ ADOPT_EVERY_S = 2.0
 UNAVAILABLE_PREFIX = "slurm: "
 
 
-class SlurmAgent(Agent):
-    """One Slurm node's agent. `node_info` is the node as Slurm described it at start."""
+class SlurmLauncher:
+    """One Slurm node's launcher (scheduler.node.launcher.Launcher). `node_info` is the node
+    as Slurm described it at start."""
+
+    # Adopted and observed jobs have a Slurm job of their own.
+    running_columns = (jobs.c.slurm_job_id,)
 
     def __init__(self, store: Store, backend: GpuBackend, config: AgentConfig, *,
                  slurm: SlurmCommands, slurm_config: SlurmConfig, node_info: SlurmNodeInfo,
-                 **kwargs) -> None:
+                 clock: Callable[[], datetime] = utcnow) -> None:
+        self.store = store
+        self.backend = backend
+        self.node = config.node
         self.slurm = slurm
         self.slurm_config = slurm_config
         self.node_info = node_info
+        self._clock = clock
         self.slurm_executor = SlurmExecutor(config.state_dir, slurm, grace_s=config.grace_s)
-        super().__init__(store, backend, config, executor=self.slurm_executor, **kwargs)
+        self.executor = self.slurm_executor
+        self.devices: list = []
+        self._uuid_of: dict[int, str] = {}
         self._slurm_gpu_of_id: dict[int, int] = {}   # store GPU id -> Slurm GRES index
         self._id_of_slurm_gpu: dict[int, int] = {}
         self._synced: set[int] = set()
@@ -61,57 +76,50 @@ class SlurmAgent(Agent):
         self._refused: set[int] = set()
         self._observed: set[int] = set()  # Slurm job ids already looked at
 
-    def register(self) -> None:
-        """Register the GPUs, matching the backend's devices to Slurm's GRES indices by order
-        (gres.conf lists a node's GPUs in the order its driver numbers them)."""
-        super().register()
-        if len(self.devices) != len(self.node_info.gpus):
+    def registered(self, devices: list, uuid_of: dict[int, str], gpu_of: dict[str, int]) -> None:
+        """Match the backend's devices to Slurm's GRES indices by order (gres.conf lists a
+        node's GPUs in the order its driver numbers them)."""
+        self.devices = devices
+        self._uuid_of = uuid_of
+        if len(devices) != len(self.node_info.gpus):
             log.error("node %s: the GPU backend sees %d GPUs, Slurm's GRES has %d; energy is "
-                      "attributed to the first %d by index", self.config.node, len(self.devices),
-                      len(self.node_info.gpus), min(len(self.devices), len(self.node_info.gpus)))
+                      "attributed to the first %d by index", self.node, len(devices),
+                      len(self.node_info.gpus), min(len(devices), len(self.node_info.gpus)))
         self._slurm_gpu_of_id = {}
-        for idx, device in enumerate(self.devices[:len(self.node_info.gpus)]):
-            gid = self._gpu_of.get(device.uuid)
+        for idx, device in enumerate(devices[:len(self.node_info.gpus)]):
+            gid = gpu_of.get(device.uuid)
             if gid is not None:
                 self._slurm_gpu_of_id[gid] = idx
         self._id_of_slurm_gpu = {idx: gid for gid, idx in self._slurm_gpu_of_id.items()}
 
-    def tick(self) -> None:
-        """Read Slurm's jobs once, then the agent's tick, then follow what Slurm did."""
+    def refresh(self) -> bool:
+        """Read Slurm's jobs once per tick. When Slurm cannot be read, jobs wait (nothing is
+        claimed or ended blind); the node still heartbeats, so a Slurm outage does not make
+        carbonsched declare its running jobs lost."""
         try:
             self.slurm_executor.refresh()
         except SlurmError as e:
-            # Jobs wait (nothing is claimed or ended blind); the node still heartbeats, so
-            # a Slurm outage does not make carbonsched declare its running jobs lost.
-            log.error("node %s: cannot read Slurm's jobs, claiming and reconciling nothing: %s",
-                      self.config.node, e)
-            if self._tick_lock.acquire(blocking=False):
-                try:
-                    self.flush_samples()
-                    self._heartbeat()
-                finally:
-                    self._tick_lock.release()
-            return
-        super().tick()
-        if not self._tick_lock.acquire(blocking=False):
-            return
+            log.error("node %s: cannot read Slurm's jobs, claiming and reconciling nothing: %s", self.node, e)
+            return False
+        return True
+
+    def follow(self) -> bool:
+        """After the agent's tick: follow what Slurm did, the node's state, and users' jobs
+        to adopt or observe."""
         try:
             changed = self._follow_slurm()
             changed |= self._check_node()
             changed |= self._adopt()
             changed |= self._observe()
-            if changed:
-                self._on_change()
+            return changed
         except SlurmError as e:
-            log.error("node %s: %s", self.config.node, e)
-        finally:
-            self._tick_lock.release()
-
+            log.error("node %s: %s", self.node, e)
+            return False
     # -- handing jobs to Slurm ----------------------------------------------------------
 
-    def _launch_spec(self, job, vendor: str, indices: list[int], energy_start: dict,
-                     emulated_env: dict[str, str] | None = None) -> LaunchSpec:
-        spec = super()._launch_spec(job, vendor, indices, energy_start, emulated_env)
+    def launch_spec(self, job, spec: LaunchSpec) -> LaunchSpec:
+        """The agent's spec, with the Slurm job to submit: the planned GPUs' GRES type and
+        count on this node, to begin at the planned start."""
         ids = list(job.planned_gpu_ids or [])
         types = {self.node_info.gpus[self._slurm_gpu_of_id[g]].gres_type for g in ids
                  if g in self._slurm_gpu_of_id}
@@ -120,22 +128,20 @@ class SlurmAgent(Agent):
         # One Slurm job per attempt and per segment of an interruptible job (a resume is not
         # an attempt), so a resumed segment is never mistaken for its checkpointed predecessor.
         attempt = int(job.attempts or 0) + 1 + int(getattr(job, "resume_count", 0) or 0)
-        slurm = dict(partition=self.slurm_config.submit_partition, node=self.config.node,
+        slurm = dict(partition=self.slurm_config.submit_partition, node=self.node,
                      gres_type=types.pop(), count=len(ids),
                      begin=slurm_time(job.planned_start), comment=comment_for(job.id, attempt),
                      name=job.name, adopted_job_id=job.slurm_job_id,
                      not_before=job.submitted_at.timestamp())
         return replace(spec, extra={**spec.extra, "slurm": slurm})
 
-    def _claim(self, job, gpu_ids, gpu_rows, now) -> bool:
-        try:
-            return super()._claim(job, gpu_ids, gpu_rows, now)
-        finally:
-            self._synced.discard(job.id)
+    def claim_ended(self, job_id: int) -> None:
+        """A new claim: its real start and GPUs are recorded again once Slurm runs it."""
+        self._synced.discard(job_id)
 
     # -- following Slurm ----------------------------------------------------------------
 
-    def _set_busy(self, gpu_id: int, busy: bool) -> None:
+    def set_busy(self, uuid: str, busy: bool) -> None:
         """GPU load follows Slurm's allocation (see `_follow_slurm`), not carbonsched's claims."""
 
     def _follow_slurm(self) -> bool:
@@ -143,7 +149,7 @@ class SlurmAgent(Agent):
         carbonsched job's real start and GPUs once Slurm runs it."""
         busy: set[int] = set()
         for sj in self.slurm_executor.jobs().values():
-            if sj.state in ("RUNNING", "COMPLETING") and sj.nodes == self.config.node:
+            if sj.state in ("RUNNING", "COMPLETING") and sj.nodes == self.node:
                 busy.update(sj.gpu_idx)
         for idx in busy ^ self._busy_idx:
             gid = self._id_of_slurm_gpu.get(idx)
@@ -151,7 +157,7 @@ class SlurmAgent(Agent):
             if uuid:
                 self.backend.set_busy(uuid, idx in busy)
         self._busy_idx = busy
-        for job in self._running_jobs():
+        for job in running_jobs(self.store, self.node, self.running_columns):
             if job.id in self._synced:
                 continue
             idx, started = self.slurm_executor.running_gpus(job.id)
@@ -167,7 +173,7 @@ class SlurmAgent(Agent):
         indices = [self._index_of(g) for g in new_ids]
 
         slurm_id = self.slurm_executor.slurm_job_id(job.id)
-        reason = f"running as Slurm job {slurm_id} on {self.config.node} GPUs {','.join(map(str, idx))}"
+        reason = f"running as Slurm job {slurm_id} on {self.node} GPUs {','.join(map(str, idx))}"
 
         def tx(conn: Connection) -> None:
             conn.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.state == State.RUNNING.value)
@@ -189,25 +195,17 @@ class SlurmAgent(Agent):
                 return d.index
         return None
 
-    def _job_energy(self, job, status: RunStatus, ended: datetime):
-        """Energy over the run as Slurm timed it, on the GPUs Slurm gave the job."""
+    def measured_run(self, job, status: RunStatus):
+        """The run as Slurm timed it, on the GPUs Slurm gave the job."""
         result = status.result or {}
-        started = _parse_time(result.get("started_at"))
+        started = parse_time(result.get("started_at"))
         if started is None:  # cancelled before Slurm started it: it used no GPU
-            return None, None, None
+            return None
         idx = result.get("gpu_idx") or []
         ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu] or list(job.gpu_ids or [])
-        run = SimpleNamespace(id=job.id, gpu_ids=ids, started_at=started)
-        return super()._job_energy(run, status, ended)
+        return SimpleNamespace(id=job.id, gpu_ids=ids, started_at=started)
 
-    def _running_jobs(self) -> list:
-        """The base agent's running jobs, with the Slurm job id of adopted and observed ones."""
-        with self.store.read() as conn:
-            return list(conn.execute(
-                select(*RUNNING_COLUMNS, jobs.c.slurm_job_id)
-                .where(jobs.c.state == State.RUNNING.value, jobs.c.node == self.config.node)))
-
-    def _requeue_unlaunched(self, job) -> None:
+    def launched_anyway(self, job) -> bool:
         """A job with a Slurm job of its own (adopted, observed) was launched even when this
         agent died before writing that down: note the id instead of re-queueing it."""
         sj = self.slurm_executor.jobs().get(job.slurm_job_id) if job.slurm_job_id is not None else None
@@ -216,17 +214,16 @@ class SlurmAgent(Agent):
             run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_json_atomic(run_dir / "slurm.json", {"job_id": job.slurm_job_id})
             log.warning("job %s: found its Slurm job %s again after a restart", job.id, job.slurm_job_id)
-            return
-        super()._requeue_unlaunched(job)
+            return True
+        return False
 
-    def _stop_orphans(self, running_here: set[int]) -> None:
-        """As the base agent, except that a job carbonsched only observed is never stopped
-        for being no longer RUNNING here (declared lost while this agent was away): it is
-        Slurm's and its owner's, not carbonsched's, to stop."""
+    def forget_orphans(self, running_here: set[int]) -> None:
+        """A job carbonsched only observed is never stopped for being no longer RUNNING here
+        (declared lost while this agent was away): it is Slurm's and its owner's, not
+        carbonsched's, to stop."""
         for job_id in self.executor.known_runs():
             if job_id not in running_here and self.slurm_executor.observed(job_id):
                 self.executor.forget(job_id)
-        super()._stop_orphans(running_here)
 
     def _observe(self) -> bool:
         """Make carbonsched jobs of Slurm GPU jobs running here that carbonsched does not know
@@ -235,7 +232,7 @@ class SlurmAgent(Agent):
         if not self.slurm_config.observe:
             return False
         seen = [sj for sj in self.slurm_executor.jobs().values()
-                if sj.state == "RUNNING" and sj.nodes == self.config.node and sj.gpu_idx
+                if sj.state == "RUNNING" and sj.nodes == self.node and sj.gpu_idx
                 and sj.carbonsched_id is None and sj.job_id not in self._observed]
         if not seen:
             return False
@@ -259,7 +256,7 @@ class SlurmAgent(Agent):
         now = self._clock()
         row = observed_row(sj, now)
         started = sj.start_time or now
-        node = self.config.node
+        node = self.node
 
         def tx(conn: Connection) -> int:
             job_id = conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one()
@@ -293,9 +290,9 @@ class SlurmAgent(Agent):
         if now - self._node_checked < NODE_REFRESH_S:
             return False
         self._node_checked = now
-        info = read_node(self.slurm, self.slurm_config, self.config.node)
+        info = read_node(self.slurm, self.slurm_config, self.node)
         why = info.unavailable
-        node = self.config.node
+        node = self.node
 
         def tx(conn: Connection) -> int:
             if why:
