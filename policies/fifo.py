@@ -64,61 +64,11 @@ class FifoPolicy:
         `placement.Score`): None is returned once fifo's own unplaced jobs and misses (which
         only grow as it goes) show its plan cannot be better. A policy that meets every
         deadline learns so from fifo's first miss instead of its whole pass."""
-        now = snapshot.now
         book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
         pinned = {j.id: snapshot.pinned[j.id] for j in snapshot.jobs
                   if j.pinned and j.id in snapshot.pinned}
-        busy_until: dict[int, datetime | None] = {g.id: g.busy_until for g in snapshot.gpus}
         pinned.update(_still_valid_keeps(snapshot, pinned))
-        jobs_by_id = {j.id: j for j in snapshot.jobs}
-        model_of = {g.id: g.model for g in snapshot.gpus}
-        for a in pinned.values():
-            model = model_of.get(a.gpu_ids[0], "H100") if a.gpu_ids else "H100"
-            runtime_s = a.estimate.runtime_s or job_shape(
-                jobs_by_id[a.job_id], model, book, snapshot.default_runtime_s).runtime_s
-            end = a.start_at + timedelta(seconds=runtime_s)
-            for gid in a.gpu_ids:
-                prev = busy_until.get(gid)
-                busy_until[gid] = end if prev is None or prev < end else prev
-
-        by_node: dict[str, list[GpuSlot]] = defaultdict(list)
-        pools: dict[tuple[str, str, float], list[GpuSlot]] = defaultdict(list)
-        for gpu in snapshot.gpus:
-            if not gpu.healthy or gpu.drained:
-                continue
-            by_node[gpu.node].append(gpu)
-            pools[(gpu.node, gpu.model, float(gpu.memory_gib))].append(gpu)
-        keys = sorted(pools)
-        limit_of = {g.id: g.power_limit_w for g in snapshot.gpus}
-        width = max((len(v) for v in pools.values()), default=1)
-        # free[p, i]: seconds from now when the i-th GPU of pool p is free, rows kept sorted
-        free = np.full((len(keys), width), np.inf)
-        ids = np.full((len(keys), width), -1, dtype=np.int64)
-        index = np.zeros((len(keys), width), dtype=np.int64)
-        for p, key in enumerate(keys):
-            rows = []
-            for g in pools[key]:
-                bu = busy_until.get(g.id)
-                rows.append((max(0.0, (bu - now).total_seconds()) if bu else 0.0, g.index, g.id))
-            rows.sort()
-            for i, (f, idx, gid) in enumerate(rows):
-                free[p, i], index[p, i], ids[p, i] = f, idx, gid
-        first_free = free.copy()
-        size = np.array([len(pools[k]) for k in keys], dtype=np.int64)
-        mem = np.array([k[2] for k in keys])
-        models = [k[1] for k in keys]
-        zone_of = {k: pools[k][0].zone for k in keys}
-        curves = priced_curves(snapshot)  # blind zones priced by the one rule (policies.blind)
-        integrators = {z: CurveIntegrator(c) for z, c in curves.items()}
-        blind = {z for z, c in curves.items() if c.signal == "blind"}
-        price = blind_price(snapshot) if blind else None
-        kind_of = [(zone_of[key], key[1]) for key in keys]
-        pue_of = [snapshot.gpu_pue(pools[key][0]) for key in keys]
-        cap_of = [gang_power_limit_w(g.power_limit_w for g in pools[key]) for key in keys]
-        # pools by (model, power limit): a job's runtime depends on these only (see `_pick`)
-        shape_ix: dict[tuple[str, float | None], int] = {}
-        pool_shape = np.array([shape_ix.setdefault(mc, len(shape_ix)) for mc in zip(models, cap_of)], dtype=np.int64)
-        shapes = _PoolShapes(pool_shape, list(shape_ix))
+        fleet = _Fleet(snapshot, _busy_until(snapshot, pinned, book))
 
         assignments: list[Assignment] = list(pinned.values())
         unplaced: dict[int, str] = {}
@@ -128,78 +78,69 @@ class FifoPolicy:
                 continue
             if beat is not None and _cannot_beat(len(unplaced), misses, beat):
                 return None
-            k = max(1, job.gpus)
-            release_s = max(0.0, (job.submitted_at - now).total_seconds())
-            ok = (size >= k) & (mem >= job.gpu_mem_gib)
-            if job.workload is not None or has_slo(job):  # operating point: memory and SLOs
-                point_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
-                ok &= np.array([point_ok[m] for m in models], dtype=bool) if keys else ok
-            if job.time_limit_s is not None and ok.any():
-                limit_ok = {(m, c): within_time_limit(job, m, book, snapshot.default_runtime_s, c)
-                            for m, c in set(zip(models, cap_of))}
-                ok &= np.array([limit_ok[m, c] for m, c in zip(models, cap_of)], dtype=bool)
-                if not ok.any():
-                    unplaced[job.id] = (f"runs longer than its time limit ({_human(job.time_limit_s)}) on every GPU "
-                                        "model that can take it")
-                    continue
-            if not ok.any():
-                unplaced[job.id] = _why_unplaceable(job, by_node, book)
+            ok = fleet.eligible(job, book, snapshot.default_runtime_s)
+            if isinstance(ok, str):
+                unplaced[job.id] = ok
                 continue
-            starts = np.where(ok, np.maximum(free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
-            p = self._pick(job, starts, shapes, book, snapshot.default_runtime_s)
-            start_s = float(starts[p])
-            model = models[p]
-            chosen = sorted(range(k), key=lambda i: index[p, i])
-            gpu_ids = tuple(int(ids[p, i]) for i in chosen)
-            shape = job_shape(job, model, book, snapshot.default_runtime_s,
-                              gang_power_limit_w(limit_of.get(g) for g in gpu_ids))
-            start = now + timedelta(seconds=start_s)
-            finish = start + timedelta(seconds=shape.runtime_s)
-            free[p, :k] = (finish - now).total_seconds()  # via datetimes: exact microseconds
-            order = np.lexsort((index[p], free[p]))
-            free[p], ids[p], index[p] = free[p, order], ids[p, order], index[p, order]
-
-            zone = zone_of[keys[p]]
-            pue = snapshot.gpu_pue(pools[keys[p]][0])
-            gco2 = _gco2(integrators.get(zone), start, shape, pue, multipliers(job))
-            miss = job.deadline is not None and finish > job.deadline
-            misses += miss
-            if not explain:
-                assignments.append(Assignment(
-                    job_id=job.id, node=keys[p][0], gpu_ids=gpu_ids, start_at=start,
-                    estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
-                                      runtime_s=shape.runtime_s, deadline_miss=miss,
-                                      time_limit_s=job.derived_time_limit_s(shape.runtime_s))))
-                continue
-            gco2_now = job.gco2_if_now
-            if gco2_now is None:
-                gco2_now = _if_now(job, ok, first_free, width, k, release_s, models, kind_of, pue_of, cap_of,
-                                   integrators, now, book, snapshot)
-            wait_s = start_s
-            when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
-            cost = f"{gco2:.0f} g" + (f" {price.note()}" if zone in blind and price is not None else "")
-            assignments.append(
-                Assignment(
-                    job_id=job.id,
-                    node=keys[p][0],
-                    gpu_ids=gpu_ids,
-                    start_at=start,
-                    estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
-                                      gco2_if_now=gco2_now, runtime_s=shape.runtime_s, prompts=job.prompts,
-                                      binding="deadline" if miss else None, deadline_miss=miss,
-                                      blind_g_per_kwh=price.g_per_kwh if zone in blind and price else None,
-                                      time_limit_s=job.derived_time_limit_s(shape.runtime_s)),
-                    explanation=(
-                        f"{self.name}: {k}x{model} on {keys[p][0]} in {zone} {when}, {cost}; "
-                        f"{self.rule}"
-                        + (" (finishes after its deadline)" if miss else "")
-                    ),
-                )
-            )
+            a = self._place(job, ok, fleet, book, snapshot, explain)
+            misses += a.estimate.deadline_miss
+            assignments.append(a)
         if beat is not None and _cannot_beat(len(unplaced), misses, beat):
             return None
         return Plan(assignments=tuple(assignments), unplaced=unplaced)
 
+    def _place(self, job: QueuedJob, ok: np.ndarray, fleet: "_Fleet", book: ProfileBook, snapshot: Snapshot,
+               explain: bool) -> Assignment:
+        """The job on the pool `_pick` chooses among the eligible ones (`ok`), at the moment
+        its GPUs free up; the pool's GPUs are then busy until it finishes."""
+        now = snapshot.now
+        k = max(1, job.gpus)
+        release_s = max(0.0, (job.submitted_at - now).total_seconds())
+        starts = np.where(ok, np.maximum(fleet.free[:, k - 1] if fleet.width >= k else np.inf, release_s), np.inf)
+        p = self._pick(job, starts, fleet.shapes, book, snapshot.default_runtime_s)
+        start_s = float(starts[p])
+        model = fleet.models[p]
+        gpu_ids = fleet.first_gpus(p, k)
+        shape = job_shape(job, model, book, snapshot.default_runtime_s,
+                          gang_power_limit_w(fleet.limit_of.get(g) for g in gpu_ids))
+        start = now + timedelta(seconds=start_s)
+        finish = start + timedelta(seconds=shape.runtime_s)
+        fleet.hold(p, k, (finish - now).total_seconds())  # via datetimes: exact microseconds
+
+        key = fleet.keys[p]
+        zone = fleet.zone_of[key]
+        pue = snapshot.gpu_pue(fleet.pools[key][0])
+        gco2 = _gco2(fleet.integrators.get(zone), start, shape, pue, multipliers(job))
+        miss = job.deadline is not None and finish > job.deadline
+        if not explain:
+            return Assignment(
+                job_id=job.id, node=key[0], gpu_ids=gpu_ids, start_at=start,
+                estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
+                                  runtime_s=shape.runtime_s, deadline_miss=miss,
+                                  time_limit_s=job.derived_time_limit_s(shape.runtime_s)))
+        gco2_now = job.gco2_if_now
+        if gco2_now is None:
+            gco2_now = _if_now(job, ok, fleet, k, release_s, now, book, snapshot)
+        wait_s = start_s
+        when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
+        blind, price = zone in fleet.blind, fleet.price
+        cost = f"{gco2:.0f} g" + (f" {price.note()}" if blind and price is not None else "")
+        return Assignment(
+            job_id=job.id,
+            node=key[0],
+            gpu_ids=gpu_ids,
+            start_at=start,
+            estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=gco2,
+                              gco2_if_now=gco2_now, runtime_s=shape.runtime_s, prompts=job.prompts,
+                              binding="deadline" if miss else None, deadline_miss=miss,
+                              blind_g_per_kwh=price.g_per_kwh if blind and price else None,
+                              time_limit_s=job.derived_time_limit_s(shape.runtime_s)),
+            explanation=(
+                f"{self.name}: {k}x{model} on {key[0]} in {zone} {when}, {cost}; "
+                f"{self.rule}"
+                + (" (finishes after its deadline)" if miss else "")
+            ),
+        )
 
     def _pick(self, job: QueuedJob, starts: np.ndarray, shapes: "_PoolShapes", book: ProfileBook,
               default_runtime_s: float) -> int:
@@ -240,6 +181,104 @@ class _PoolShapes(NamedTuple):
     keys: list[tuple[str, float | None]]
 
 
+def _busy_until(snapshot: Snapshot, pinned: dict[int, Assignment], book: ProfileBook) -> dict[int, datetime | None]:
+    """When each GPU is free: its own busy_until, or later the end of a pinned or kept plan
+    on it (fifo schedules a GPU as a list: nothing goes in the gap before them)."""
+    busy_until: dict[int, datetime | None] = {g.id: g.busy_until for g in snapshot.gpus}
+    jobs_by_id = {j.id: j for j in snapshot.jobs}
+    model_of = {g.id: g.model for g in snapshot.gpus}
+    for a in pinned.values():
+        model = model_of.get(a.gpu_ids[0], "H100") if a.gpu_ids else "H100"
+        runtime_s = a.estimate.runtime_s or job_shape(
+            jobs_by_id[a.job_id], model, book, snapshot.default_runtime_s).runtime_s
+        end = a.start_at + timedelta(seconds=runtime_s)
+        for gid in a.gpu_ids:
+            prev = busy_until.get(gid)
+            busy_until[gid] = end if prev is None or prev < end else prev
+    return busy_until
+
+
+class _Fleet:
+    """fifo's pools (the usable GPUs of one (node, model, memory)) and when each GPU is free:
+    `free[p, i]`, seconds from now when the i-th GPU of pool p is free, rows kept sorted (the
+    GPUs' ids and indices beside it); `first_free` the same before any queued job. With each
+    pool's zone, PUE, gang power limit, and each zone's priced curve."""
+
+    def __init__(self, snapshot: Snapshot, busy_until: dict[int, datetime | None]) -> None:
+        now = snapshot.now
+        self.by_node: dict[str, list[GpuSlot]] = defaultdict(list)
+        pools: dict[tuple[str, str, float], list[GpuSlot]] = defaultdict(list)
+        for gpu in snapshot.gpus:
+            if not gpu.healthy or gpu.drained:
+                continue
+            self.by_node[gpu.node].append(gpu)
+            pools[(gpu.node, gpu.model, float(gpu.memory_gib))].append(gpu)
+        self.pools = pools
+        keys = self.keys = sorted(pools)
+        self.limit_of = {g.id: g.power_limit_w for g in snapshot.gpus}
+        width = self.width = max((len(v) for v in pools.values()), default=1)
+        self.free = np.full((len(keys), width), np.inf)
+        self.ids = np.full((len(keys), width), -1, dtype=np.int64)
+        self.index = np.zeros((len(keys), width), dtype=np.int64)
+        for p, key in enumerate(keys):
+            rows = []
+            for g in pools[key]:
+                bu = busy_until.get(g.id)
+                rows.append((max(0.0, (bu - now).total_seconds()) if bu else 0.0, g.index, g.id))
+            rows.sort()
+            for i, (f, idx, gid) in enumerate(rows):
+                self.free[p, i], self.index[p, i], self.ids[p, i] = f, idx, gid
+        self.first_free = self.free.copy()
+        self.size = np.array([len(pools[k]) for k in keys], dtype=np.int64)
+        self.mem = np.array([k[2] for k in keys])
+        self.models = [k[1] for k in keys]
+        self.zone_of = {k: pools[k][0].zone for k in keys}
+        curves = priced_curves(snapshot)  # blind zones priced by the one rule (policies.blind)
+        self.integrators = {z: CurveIntegrator(c) for z, c in curves.items()}
+        self.blind = {z for z, c in curves.items() if c.signal == "blind"}
+        self.price = blind_price(snapshot) if self.blind else None
+        self.kind_of = [(self.zone_of[key], key[1]) for key in keys]
+        self.pue_of = [snapshot.gpu_pue(pools[key][0]) for key in keys]
+        self.cap_of = [gang_power_limit_w(g.power_limit_w for g in pools[key]) for key in keys]
+        # pools by (model, power limit): a job's runtime depends on these only (see `_pick`)
+        shape_ix: dict[tuple[str, float | None], int] = {}
+        pool_shape = np.array([shape_ix.setdefault(mc, len(shape_ix)) for mc in zip(self.models, self.cap_of)],
+                              dtype=np.int64)
+        self.shapes = _PoolShapes(pool_shape, list(shape_ix))
+
+    def eligible(self, job: QueuedJob, book: ProfileBook, default_runtime_s: float) -> np.ndarray | str:
+        """Which pools can take the job (GPUs, memory, operating point, time limit), or why
+        none can."""
+        k = max(1, job.gpus)
+        models, keys = self.models, self.keys
+        ok = (self.size >= k) & (self.mem >= job.gpu_mem_gib)
+        if job.workload is not None or has_slo(job):  # operating point: memory and SLOs
+            point_ok = {m: fits(job, m, 1e9, book) is None for m in set(models)}
+            ok &= np.array([point_ok[m] for m in models], dtype=bool) if keys else ok
+        if job.time_limit_s is not None and ok.any():
+            limit_ok = {(m, c): within_time_limit(job, m, book, default_runtime_s, c)
+                        for m, c in set(zip(models, self.cap_of))}
+            ok &= np.array([limit_ok[m, c] for m, c in zip(models, self.cap_of)], dtype=bool)
+            if not ok.any():
+                return (f"runs longer than its time limit ({_human(job.time_limit_s)}) on every GPU "
+                        "model that can take it")
+        if not ok.any():
+            return _why_unplaceable(job, self.by_node, book)
+        return ok
+
+    def first_gpus(self, p: int, k: int) -> tuple[int, ...]:
+        """The ids of pool p's k first free GPUs, in GPU index order."""
+        chosen = sorted(range(k), key=lambda i: self.index[p, i])
+        return tuple(int(self.ids[p, i]) for i in chosen)
+
+    def hold(self, p: int, k: int, until_s: float) -> None:
+        """Pool p's k first free GPUs busy until `until_s` (seconds from now); rows re-sorted."""
+        free, ids, index = self.free, self.ids, self.index
+        free[p, :k] = until_s
+        order = np.lexsort((index[p], free[p]))
+        free[p], ids[p], index[p] = free[p, order], ids[p, order], index[p, order]
+
+
 def _cannot_beat(unplaced: int, misses: int, beat: tuple[int, int]) -> bool:
     """Whether a plan with at least these unplaced jobs and misses ranks below `beat`'s
     (unplaced, misses), whatever its grams (`placement.Score` compares in that order)."""
@@ -264,13 +303,13 @@ def _still_valid_keeps(snapshot: Snapshot, pinned: dict[int, Assignment]) -> dic
     return out
 
 
-def _if_now(job: QueuedJob, ok: np.ndarray, first_free: np.ndarray, width: int, k: int, release_s: float,
-            models: list[str], kind_of: list[tuple[str, str]], pue_of: list[float],
-            cap_of: list[float | None], integrators: dict[str, CurveIntegrator], now: datetime, book: ProfileBook,
-            snapshot: Snapshot) -> float | None:
+def _if_now(job: QueuedJob, ok: np.ndarray, fleet: _Fleet, k: int, release_s: float, now: datetime,
+            book: ProfileBook, snapshot: Snapshot) -> float | None:
     """The job's "if run now" counterfactual (`policies.counterfactual`): alone on the pools'
     first free GPUs (the queue ignored), the earliest, then the fastest, then the mean over the
     tied (zone, model) pairs."""
+    first_free, width, models, kind_of = fleet.first_free, fleet.width, fleet.models, fleet.kind_of
+    pue_of, cap_of, integrators = fleet.pue_of, fleet.cap_of, fleet.integrators
     alone = np.where(ok, np.maximum(first_free[:, k - 1] if width >= k else np.inf, release_s), np.inf)
     if not np.isfinite(alone).any():
         return None

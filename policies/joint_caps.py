@@ -33,16 +33,21 @@ Pure (numpy); no I/O.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Sequence
 
 import numpy as np
 
-from policies.energy import J_PER_KWH
+from policies.catalog import lookup
+from policies.energy import J_PER_KWH, ProfileBook, model_choice
+from policies.job_arrays import JobArrays
 from policies.margin import duration_slots, latest_start_slots
-from policies.power_cap import alpha_of, candidate_fractions, default_limit_w
-
-if TYPE_CHECKING:
-    from policies.problem import Problem
+from policies.model import QueuedJob
+from policies.occupancy import Occupancy
+from policies.operating_point import Choice
+from policies.power_cap import CapBounds, alpha_of, candidate_fractions, default_limit_w
+from policies.slot_grid import SlotGrid
+from policies.topology import Group
+from policies.zone_integrals import ZoneIntegrals
 
 _CHUNK = 256  # jobs priced at once per group (a chunk x limits x slots array)
 
@@ -52,43 +57,40 @@ class CapVariants:
     and power: what `choose` prices. Built before the problem's carbon knots, which must
     reach the end of the longest stretched run (`longest_s`)."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, arrays: JobArrays, jobs: Sequence[QueuedJob], groups: Sequence[Group],
+                 bounds: CapBounds | None, book: ProfileBook) -> None:
         self.by_group: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.longest_s = 0.0
-        bounds = problem.snapshot.caps
-        if bounds is None or not bounds.any_allowed or not problem.jobs:
+        if bounds is None or not bounds.any_allowed or not jobs:
             return
-        from policies.catalog import lookup
-
-        jobs = problem.jobs
-        eligible = np.array([j.interruptible is None for j in jobs], dtype=bool) & ~problem.job_resumed
-        k = problem.job_k.astype(np.float64)
+        eligible = np.array([j.interruptible is None for j in jobs], dtype=bool) & ~arrays.job_resumed
+        k = arrays.job_k.astype(np.float64)
         slo_rows = [i for i, j in enumerate(jobs) if j.workload is not None and
                     (j.ttft_slo_ms is not None or j.tpot_slo_ms is not None or j.latency_slo_ms is not None)]
         # an explicit time limit binds the stretched run (a derived one stretches with it)
         limit_s = np.array([math.inf if j.time_limit_s is None or j.time_limit_factor is not None
                             else j.time_limit_s for j in jobs], dtype=np.float64)
-        for g, group in enumerate(problem.groups):
+        for g, group in enumerate(groups):
             allow, low = bounds.for_model(group.model)
             try:
                 spec = lookup(group.model)
             except KeyError:
                 continue
-            rows = np.flatnonzero(problem.job_fit[:, g] & eligible)
+            rows = np.flatnonzero(arrays.job_fit[:, g] & eligible)
             fractions = candidate_fractions(low)
             if not allow or not fractions or rows.size == 0:
                 continue
             default_w = default_limit_w(spec.tdp_w, group.power_limit_w)
             caps_w = np.array([f * default_w for f in fractions], dtype=np.float64)
-            per_gpu_w = problem.job_power_w[rows, g] / k[rows]
+            per_gpu_w = arrays.job_power_w[rows, g] / k[rows]
             # (rows x limits): the cap response of `power_cap.capped`, vectorised
             hit = caps_w[None, :] < per_gpu_w[:, None]
             factor = np.where(hit, (per_gpu_w[:, None] / caps_w[None, :]) ** alpha_of(spec.vendor), 1.0)
             power_w = np.where(hit, caps_w[None, :], per_gpu_w[:, None]) * k[rows][:, None]
-            runtime_s = problem.job_runtime_s[rows, g][:, None] * factor
+            runtime_s = arrays.job_runtime_s[rows, g][:, None] * factor
             ok = hit & (runtime_s <= limit_s[rows][:, None] * (1 + 1e-9))
             if slo_rows:
-                _slo_check(problem, g, rows, factor, ok)
+                _slo_check(jobs, group.model, book, rows, factor, ok)
             if not ok.any():
                 continue
             allowed_s = np.where(ok, runtime_s, np.nan)
@@ -96,18 +98,15 @@ class CapVariants:
             self.longest_s = max(self.longest_s, float(np.nanmax(allowed_s)))
 
 
-def _slo_check(problem: Problem, g: int, rows: np.ndarray, factor: np.ndarray, ok: np.ndarray) -> None:
-    """Rule out the limits under which an inference job's p95 latencies, stretched by the
-    runtime factor, break its SLOs."""
-    from policies.energy import model_choice
-    from policies.operating_point import Choice
-
-    model = problem.groups[g].model
+def _slo_check(jobs: Sequence[QueuedJob], model: str, book: ProfileBook, rows: np.ndarray, factor: np.ndarray,
+               ok: np.ndarray) -> None:
+    """Rule out the limits under which an inference job's p95 latencies on `model`, stretched
+    by the runtime factor, break its SLOs."""
     for r, i in enumerate(rows.tolist()):
-        job = problem.jobs[i]
+        job = jobs[i]
         if job.workload is None:
             continue
-        c = model_choice(job, model, problem.book)
+        c = model_choice(job, model, book)
         if not isinstance(c, Choice) or not c.inference:
             continue
         for value, limit in ((c.ttft_p95_ms, c.slos.ttft_ms), (c.tpot_p95_ms, c.slos.tpot_ms),
@@ -116,39 +115,42 @@ def _slo_check(problem: Problem, g: int, rows: np.ndarray, factor: np.ndarray, o
                 ok[r] &= value * factor[r] <= limit
 
 
-def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline_s: np.ndarray) -> None:
+def choose(arrays: JobArrays, variants: CapVariants, occupancy: Occupancy, grid: SlotGrid,
+           integrals: ZoneIntegrals) -> None:
     """Price each variant over its start window (see the module docstring) and put the winner
-    in the problem's job arrays; `problem.job_cap_w` (jobs x groups, NaN: the default limit)
-    records it, `job_uncapped_runtime_s` / `job_uncapped_power_w` the default's figures."""
-    n_jobs, n_groups = problem.job_runtime_s.shape
-    problem.job_cap_w = np.full((n_jobs, n_groups), np.nan)
-    problem.job_uncapped_runtime_s = problem.job_runtime_s.copy()
-    problem.job_uncapped_power_w = problem.job_power_w.copy()
+    in the job arrays; `arrays.job_cap_w` (jobs x groups, NaN: the default limit) records
+    it, `job_uncapped_runtime_s` / `job_uncapped_power_w` the default's figures. The windows
+    start where `occupancy` has the GPUs free, and stay under its power budgets."""
+    n_jobs, n_groups = arrays.job_runtime_s.shape
+    arrays.job_cap_w = np.full((n_jobs, n_groups), np.nan)
+    arrays.job_uncapped_runtime_s = arrays.job_runtime_s.copy()
+    arrays.job_uncapped_power_w = arrays.job_power_w.copy()
     if not variants.by_group:
         return
-    S, slot_s = problem.n_slots, problem.slot_s
+    S, slot_s = grid.n_slots, grid.slot_s
+    margin, deadline_s = arrays.margin, arrays.deadline_s
     has_deadline = ~np.isnan(deadline_s)
-    zone_index = {z: i for i, z in enumerate(problem.zones)}
+    zone_index = {z: i for i, z in enumerate(integrals.zones)}
     for g, (rows, caps_w, runtime_v, power_v) in variants.by_group.items():
-        group = problem.groups[g]
-        tk, gk = problem._zone_knots[zone_index[group.zone]]
-        base = problem._zone_base[zone_index[group.zone]]
+        group = occupancy.groups[g]
+        tk, gk = integrals.zone_knots[zone_index[group.zone]]
+        base = integrals.zone_base[zone_index[group.zone]]
         for lo in range(0, rows.size, _CHUNK):
             r = rows[lo:lo + _CHUNK]
             sl = slice(lo, lo + _CHUNK)
-            k = problem.job_k[r]
-            width = problem.group_kth_free_slot.shape[1]
-            first = np.maximum(problem.job_earliest[r],
-                               problem.group_kth_free_slot[g, np.minimum(k, width) - 1])
+            k = arrays.job_k[r]
+            width = occupancy.group_kth_free_slot.shape[1]
+            first = np.maximum(arrays.job_earliest[r],
+                               occupancy.group_kth_free_slot[g, np.minimum(k, width) - 1])
             # column 0: the default limit, as compiled; then each candidate limit
-            runtime = np.concatenate([problem.job_runtime_s[r, g][:, None], runtime_v[sl]], axis=1)
-            power = np.concatenate([problem.job_power_w[r, g][:, None], power_v[sl]], axis=1)
+            runtime = np.concatenate([arrays.job_runtime_s[r, g][:, None], runtime_v[sl]], axis=1)
+            power = np.concatenate([arrays.job_power_w[r, g][:, None], power_v[sl]], axis=1)
             valid = ~np.isnan(runtime)
-            rt = np.where(valid, runtime, problem.job_runtime_s[r, g][:, None])
-            # each limit's last on-time start (as `Problem` computes it), then within the hard window
+            rt = np.where(valid, runtime, arrays.job_runtime_s[r, g][:, None])
+            # each limit's last on-time start (as `job_arrays` computes it), then within the hard window
             on_time = np.where(has_deadline[r][:, None], latest_start_slots(
-                deadline_s[r], rt, margin[r, g][:, None], problem.job_earliest[r], slot_s), float(S))
-            latest = np.minimum(on_time, problem.job_hard_latest[r][:, None].astype(np.float64))
+                deadline_s[r], rt, margin[r, g][:, None], arrays.job_earliest[r], slot_s), float(S))
+            latest = np.minimum(on_time, arrays.job_hard_latest[r][:, None].astype(np.float64))
             # the default must make its deadline from its first free slot, or no cap at all;
             # only the rows with a limit left to weigh are priced, as flat (row, limit) pairs
             plain_ok = latest[:, 0] >= first
@@ -162,11 +164,11 @@ def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline
             best_p = np.full(pr.size, np.inf)
             if lo_s <= hi_s:  # price the slots some pair can start in, and only those
                 span = slice(lo_s, hi_s + 1)
-                ends = np.interp(problem.slot_offsets_s[None, span] + rt_p[:, None], tk, gk)
+                ends = np.interp(grid.offsets_s[None, span] + rt_p[:, None], tk, gk)
                 grams = (ends - base[None, span]) * (power_p * group.pue / J_PER_KWH)[:, None]
-                slots = problem.slot_index[None, span]
+                slots = grid.index[None, span]
                 inside = (slots >= first_p[:, None]) & (slots <= latest_p[:, None])
-                room = problem._power_cap.get(group.budget)
+                room = occupancy.power_cap.get(group.budget)
                 if room is not None:  # a power budget: only the starts whose whole run it holds
                     inside &= _budget_holds(room, rt_p, power_p, slot_s)[:, span]
                 best_p = np.where(inside, grams, np.inf).min(axis=1)
@@ -180,13 +182,13 @@ def choose(problem: Problem, variants: CapVariants, margin: np.ndarray, deadline
             if not take.any():
                 continue
             tr, tc = r[take], pick[take]
-            problem.job_cap_w[tr, g] = caps_w[tc - 1]
-            problem.job_runtime_s[tr, g] = runtime[take, tc]
-            problem.job_power_w[tr, g] = power[take, tc]
-            problem.job_scale[tr, g] = power[take, tc] * group.pue / J_PER_KWH
-            problem.job_duration[tr, g] = duration_slots(runtime[take, tc], slot_s)
-            problem.job_on_time_latest[tr, g] = np.clip(on_time[take, tc], -1e9, 1e9)
-            problem.job_latest[tr, g] = latest[take, tc].astype(np.int64)
+            arrays.job_cap_w[tr, g] = caps_w[tc - 1]
+            arrays.job_runtime_s[tr, g] = runtime[take, tc]
+            arrays.job_power_w[tr, g] = power[take, tc]
+            arrays.job_scale[tr, g] = power[take, tc] * group.pue / J_PER_KWH
+            arrays.job_duration[tr, g] = duration_slots(runtime[take, tc], slot_s)
+            arrays.job_on_time_latest[tr, g] = np.clip(on_time[take, tc], -1e9, 1e9)
+            arrays.job_latest[tr, g] = latest[take, tc].astype(np.int64)
 
 
 def _budget_holds(room_w: np.ndarray, runtime_s: np.ndarray, power_w: np.ndarray, slot_s: float) -> np.ndarray:

@@ -609,8 +609,6 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
     notes = list(inst.notes)
     pricer = _Pricer(inst)
     n_jobs = len(inst.jobs)
-    R, T = inst.capacity.shape[0], inst.n_slots
-    Z = inst.power_cap.shape[0] if inst.power_cap.size else 0
     if n_jobs == 0:
         return LpResult(0.0, 0.0, True, "no jobs", 0, 0, 0.0, 0.0, notes)
     block = max(1, int(block))
@@ -618,87 +616,196 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
         notes.append(f"capacity rows summed over blocks of {block} slots (a relaxation)")
     big = _artificial_costs(inst, pricer, artificial_factor)
     lag = _Lagrangian(inst, pricer, block, big, per_job, rel_tol)
-    n_blocks, cap_b, pcap_b, pcap_finite_b = lag.n_blocks, lag.cap_b, lag.pcap_b, lag.pcap_finite_b
+    cols = _Columns(inst, pricer, lag, big, block)
+    for e, s in _greedy_columns(inst, pricer):
+        cols.add(e, s)
+    if warmup_share > 0:
+        notes.append(_warm_up(cols, lag, pricer, big, t0, t0 + warmup_share * time_limit_s, seed_steps))
+    cg = _column_generation(cols, lag, pricer, t0, time_limit_s, time_limit_s * (1.0 - ascent_share),
+                            smoothing, rel_tol)
+    lp_value, converged, status = cg.lp_value, cg.converged, cg.status
+    ascent_steps = 0
+    if not converged and lag.best_duals is not None and lp_value is not None:
+        # Lagrangian ascent from the best duals towards the master's value: every point is
+        # a valid bound, so this only ever raises it
+        before = lag.best_bound
+        ascent_steps = lag.ascend(lag.best_duals, lp_value, t0 + time_limit_s)
+        if ascent_steps:
+            notes.append(f"Lagrangian ascent after column generation: {ascent_steps} steps raised the bound "
+                         f"by {100 * (lag.best_bound - before) / before:.2f} %")
+    wall_s = time.perf_counter() - t0
+    if not converged:
+        gap = f"{100 * (lp_value - lag.best_bound) / lp_value:.2f} %" if lp_value else "an unknown amount"
+        notes.append(f"did not converge ({status}); the bound is the best Lagrangian bound: "
+                     f"proven, but below the LP optimum by up to {gap}")
+    return LpResult(bound_g=lag.best_bound, lp_value_g=lp_value, converged=converged, status=status,
+                    rounds=cg.rounds, columns=cols.count, wall_s=wall_s, artificial_share=cg.art_share, notes=notes,
+                    solution=cols.solution(cg.last_x), gpu_slot_price=lag.gpu_slot_price())
 
-    master = _Master()
-    inf = math.inf
-    conv = [master.row(1.0, 1.0) for _ in range(n_jobs)]
-    budget_row = None
-    cap_rows: dict[tuple[int, int], object] = {}
-    pow_rows: dict[tuple[int, int], object] = {}
-    artificial = [master.column(float(big[j]), [(conv[j], 1.0)]) for j in range(n_jobs)]
-    seen: set[tuple[int, int]] = set()
-    columns = 0
-    col_vars: list = []
-    col_keys: list[tuple[int, int]] = []
 
-    def add_column(e: int, s: int) -> None:
-        nonlocal columns, budget_row
-        if (e, s) in seen:
+class _Columns:
+    """The restricted master LP and its columns: one convexity row per job (kept feasible by
+    an artificial column at `big`), capacity and power rows per (pool or zone, block of
+    slots) made when a column first touches them, the late-budget row likewise, and one
+    column per (edge or scatter column of the pricer, start) added (each once)."""
+
+    def __init__(self, inst: LpInstance, pricer: _Pricer, lag: _Lagrangian, big: np.ndarray, block: int) -> None:
+        self.inst, self.pricer, self.block = inst, pricer, block
+        self.cap_b, self.pcap_b, self.pcap_finite_b = lag.cap_b, lag.pcap_b, lag.pcap_finite_b
+        self.Z = inst.power_cap.shape[0] if inst.power_cap.size else 0
+        self.master = _Master()
+        n_jobs = len(inst.jobs)
+        self.conv = [self.master.row(1.0, 1.0) for _ in range(n_jobs)]
+        self.budget_row = None
+        self.cap_rows: dict[tuple[int, int], object] = {}
+        self.pow_rows: dict[tuple[int, int], object] = {}
+        self.artificial = [self.master.column(float(big[j]), [(self.conv[j], 1.0)]) for j in range(n_jobs)]
+        self.seen: set[tuple[int, int]] = set()
+        self.count = 0
+        self.vars: list = []
+        self.keys: list[tuple[int, int]] = []
+
+    def add(self, e: int, s: int) -> None:
+        """Column (e, s) into the master, unless it is there already."""
+        if (e, s) in self.seen:
             return
-        seen.add((e, s))
-        if e >= pricer.edges:  # a scatter column: k GPUs in each of its slots
-            j, i, slots, res = pricer.scatter_column(s)
-            per_row: dict[tuple[str, int, int], float] = {}
-            z = int(pricer.sc_zone[i])
-            pw = float(pricer.sc_pw[i]) if Z and z >= 0 else 0.0
-            for t, r in zip(slots.tolist(), res.tolist()):
-                b = t // block
-                per_row[("cap", r, b)] = per_row.get(("cap", r, b), 0.0) + float(pricer.sc_k[i])
-                if pw > 0 and pcap_finite_b[z, b] >= block:
-                    per_row[("pow", z, b)] = per_row.get(("pow", z, b), 0.0) + pw
-            entries = [(conv[j], 1.0)]
-            for (kind, r, b), coef in per_row.items():
-                rows, limit = (cap_rows, cap_b) if kind == "cap" else (pow_rows, pcap_b)
-                row = rows.get((r, b))
-                if row is None:
-                    row = rows[(r, b)] = master.row(-inf, float(limit[r, b]))
-                entries.append((row, coef))
-            col_vars.append(master.column(float(pricer.sc_cost[i][slots].sum()), entries))
-            col_keys.append((e, s))
-            columns += 1
+        self.seen.add((e, s))
+        if e >= self.pricer.edges:  # a scatter column: k GPUs in each of its slots
+            self._add_scatter(e, s)
             return
+        pricer, block, master, inf = self.pricer, self.block, self.master, math.inf
+        cap_rows, pow_rows = self.cap_rows, self.pow_rows
         j, r = int(pricer.e_job[e]), int(pricer.e_res[e])
         d, k = int(pricer.e_d[e]), float(pricer.e_k[e])
-        end = min(s + d, T)
-        entries: list[tuple[object, float]] = [(conv[j], 1.0)]
+        end = min(s + d, self.inst.n_slots)
+        entries: list[tuple[object, float]] = [(self.conv[j], 1.0)]
         z = int(pricer.e_zone[e])
-        pw = float(pricer.e_pw[e]) if Z and z >= 0 else 0.0
+        pw = float(pricer.e_pw[e]) if self.Z and z >= 0 else 0.0
         for b in range(s // block, (end - 1) // block + 1):
             overlap = min(end, (b + 1) * block) - max(s, b * block)
             row = cap_rows.get((r, b))
             if row is None:
-                row = cap_rows[(r, b)] = master.row(-inf, float(cap_b[r, b]))
+                row = cap_rows[(r, b)] = master.row(-inf, float(self.cap_b[r, b]))
             entries.append((row, k * overlap))
-            if pw > 0 and pcap_finite_b[z, b] >= block:  # a cap on every slot of the block
+            if pw > 0 and self.pcap_finite_b[z, b] >= block:  # a cap on every slot of the block
                 row = pow_rows.get((z, b))
                 if row is None:
-                    row = pow_rows[(z, b)] = master.row(-inf, float(pcap_b[z, b]))
+                    row = pow_rows[(z, b)] = master.row(-inf, float(self.pcap_b[z, b]))
                 entries.append((row, pw * overlap))
         if pricer.e_late[e]:
-            if budget_row is None:
-                budget_row = master.row(-inf, float(inst.late_budget))
-            entries.append((budget_row, 1.0))
-        col_vars.append(master.column(float(pricer.cost[pricer.e_row[e], s]), entries))
-        col_keys.append((e, s))
-        columns += 1
+            if self.budget_row is None:
+                self.budget_row = master.row(-inf, float(self.inst.late_budget))
+            entries.append((self.budget_row, 1.0))
+        self.vars.append(master.column(float(pricer.cost[pricer.e_row[e], s]), entries))
+        self.keys.append((e, s))
+        self.count += 1
 
-    for e, s in _greedy_columns(inst, pricer):
-        add_column(e, s)
+    def _add_scatter(self, e: int, s: int) -> None:
+        pricer, block = self.pricer, self.block
+        j, i, slots, res = pricer.scatter_column(s)
+        per_row: dict[tuple[str, int, int], float] = {}
+        z = int(pricer.sc_zone[i])
+        pw = float(pricer.sc_pw[i]) if self.Z and z >= 0 else 0.0
+        for t, r in zip(slots.tolist(), res.tolist()):
+            b = t // block
+            per_row[("cap", r, b)] = per_row.get(("cap", r, b), 0.0) + float(pricer.sc_k[i])
+            if pw > 0 and self.pcap_finite_b[z, b] >= block:
+                per_row[("pow", z, b)] = per_row.get(("pow", z, b), 0.0) + pw
+        entries = [(self.conv[j], 1.0)]
+        for (kind, r, b), coef in per_row.items():
+            rows, limit = (self.cap_rows, self.cap_b) if kind == "cap" else (self.pow_rows, self.pcap_b)
+            row = rows.get((r, b))
+            if row is None:
+                row = rows[(r, b)] = self.master.row(-math.inf, float(limit[r, b]))
+            entries.append((row, coef))
+        self.vars.append(self.master.column(float(pricer.sc_cost[i][slots].sum()), entries))
+        self.keys.append((e, s))
+        self.count += 1
 
-    pi_b = np.zeros((R, n_blocks))
-    rho_b = np.zeros((Z, n_blocks))
+    def duals(self, n_res: int, n_blocks: int, rho_b: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+        """The last optimal master's duals: (capacity per (pool, block), power per (zone,
+        block); `rho_b` kept without power rows, late budget, convexity per job), each
+        clipped to its sign."""
+        master = self.master
+        mu = np.asarray(master.duals(self.conv))
+        sigma = min(0.0, master.duals([self.budget_row])[0]) if self.budget_row is not None else 0.0
+        pi_b = np.zeros((n_res, n_blocks))
+        keys = list(self.cap_rows)
+        if keys:
+            idx = np.asarray(keys)
+            pi_b[idx[:, 0], idx[:, 1]] = np.minimum(0.0, master.duals([self.cap_rows[k] for k in keys]))
+        if self.Z:
+            rho_b = np.zeros((self.Z, n_blocks))
+            keys = list(self.pow_rows)
+            if keys:
+                idx = np.asarray(keys)
+                rho_b[idx[:, 0], idx[:, 1]] = np.minimum(0.0, master.duals([self.pow_rows[k] for k in keys]))
+        return pi_b, rho_b, sigma, mu
+
+    def solution(self, last_x: tuple[int, list[float]]) -> list[tuple[int, int, int, float]]:
+        """(job, pool, start, x) of the edge columns with a positive value in the last
+        optimal master (`last_x`: how many columns it had, and their values)."""
+        out: list[tuple[int, int, int, float]] = []
+        if last_x[1]:
+            for (e, s), x in zip(self.keys[:last_x[0]], last_x[1]):
+                if x > 1e-9 and e < self.pricer.edges:  # scatter columns have no start to report
+                    out.append((int(self.pricer.e_job[e]), int(self.pricer.e_res[e]), s, x))
+        return out
+
+
+def _warm_up(cols: _Columns, lag: _Lagrangian, pricer: _Pricer, big: np.ndarray, t0: float, until: float,
+             seed_steps: int) -> str:
+    """Seed the first master: a Lagrangian ascent from zero duals, towards the greedy
+    columns' cost, finds near-optimal duals cheaply (each step is one pricing pass); every
+    job's best columns along the way seed the first master, and its best duals centre the
+    smoothing from the first round on. Without it the first masters are mostly artificial
+    columns and their duals are poor, which costs many expensive rounds. Returns the note."""
+    n_jobs = len(cols.conv)
+    greedy_cost = sum(float(pricer.cost[pricer.e_row[e], s]) for e, s in cols.keys)  # edges only so far
+    placed = np.zeros(n_jobs, dtype=bool)
+    placed[[int(pricer.e_job[e]) for e, _ in cols.keys]] = True
+    zero = lag.zero()
+    lag.evaluate(zero)
+    cheapest = np.minimum(pricer.last_value, big)
+    target = greedy_cost + float(cheapest[~placed].sum())
+    steps_cols: list[np.ndarray] = []
+    warm_steps = lag.ascend(zero, max(target, lag.best_bound * 1.01), until, steps_cols)
+    # the columns of the last `seed_steps` steps only: the early ones were priced at
+    # poor duals, and every column makes the master slower
+    seeds = np.unique(np.concatenate(steps_cols[-seed_steps:]), axis=0) if steps_cols else np.zeros((0, 2), int)
+    before_cols = cols.count
+    for e, s in seeds.tolist():
+        cols.add(e, s)
+    log.debug("warm-up: %d ascent steps, bound %.1f, %d seed columns, %.1f s", warm_steps, lag.best_bound,
+              cols.count - before_cols, time.perf_counter() - t0)
+    return (f"column generation warm-started by {warm_steps} Lagrangian ascent steps "
+            f"({cols.count - before_cols} seed columns)")
+
+
+@dataclass
+class _CgRun:
+    """Where column generation stopped: the last master's value (None: never solved), why,
+    the rounds, the artificial columns' share, and the last optimal master's column values."""
+
     lp_value: float | None = None
-    status = "not solved"
-    converged = False
-    rounds = 0
-    art_share = float("nan")
-    mu = np.zeros(n_jobs)
-    sigma = 0.0
-    last_x: tuple[int, list[float]] = (0, [])  # the last optimal master's column values
-    cg_limit_s = time_limit_s * (1.0 - ascent_share)
+    status: str = "not solved"
+    converged: bool = False
+    rounds: int = 0
+    art_share: float = float("nan")
+    last_x: tuple[int, list[float]] = (0, [])
 
-    evaluate = lag.evaluate
+
+def _column_generation(cols: _Columns, lag: _Lagrangian, pricer: _Pricer, t0: float, time_limit_s: float,
+                       cg_limit_s: float, smoothing: float, rel_tol: float) -> _CgRun:
+    """Rounds of pricing and master solves until the bound is within `rel_tol` of the
+    master's value (converged), no column improves, or `cg_limit_s` from `t0` is spent."""
+    R, T = cols.inst.capacity.shape[0], cols.inst.n_slots
+    block, n_blocks = cols.block, lag.n_blocks
+    pi_b = np.zeros((R, n_blocks))
+    rho_b = np.zeros((cols.Z, n_blocks))
+    mu = np.zeros(len(cols.conv))
+    sigma = 0.0
+    run = _CgRun()
 
     def improving(cands: list[tuple[int, int, int, float]]) -> list[tuple[int, int]]:
         """The candidates whose reduced cost at the master's duals is negative."""
@@ -712,37 +819,10 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
         keep = rc < -1e-9 * np.maximum(1.0, np.abs(mu[jj]))
         return [(int(a), int(b)) for a, b in zip(e[keep], st[keep])]
 
-    ascend = lag.ascend
-
-    if warmup_share > 0:
-        # Warm-up: a Lagrangian ascent from zero duals, towards the greedy columns' cost,
-        # finds near-optimal duals cheaply (each step is one pricing pass); every job's best
-        # columns along the way seed the first master, and its best duals centre the
-        # smoothing from the first round on. Without it the first masters are mostly
-        # artificial columns and their duals are poor, which costs many expensive rounds.
-        greedy_cost = sum(float(pricer.cost[pricer.e_row[e], s]) for e, s in col_keys)  # edges only so far
-        placed = np.zeros(n_jobs, dtype=bool)
-        placed[[int(pricer.e_job[e]) for e, _ in col_keys]] = True
-        zero = lag.zero()
-        evaluate(zero)
-        cheapest = np.minimum(pricer.last_value, big)
-        target = greedy_cost + float(cheapest[~placed].sum())
-        steps_cols: list[np.ndarray] = []
-        warm_steps = ascend(zero, max(target, lag.best_bound * 1.01), t0 + warmup_share * time_limit_s, steps_cols)
-        # the columns of the last `seed_steps` steps only: the early ones were priced at
-        # poor duals, and every column makes the master slower
-        seeds = np.unique(np.concatenate(steps_cols[-seed_steps:]), axis=0) if steps_cols else np.zeros((0, 2), int)
-        before_cols = columns
-        for e, s in seeds.tolist():
-            add_column(e, s)
-        log.debug("warm-up: %d ascent steps, bound %.1f, %d seed columns, %.1f s", warm_steps, lag.best_bound,
-                  columns - before_cols, time.perf_counter() - t0)
-        notes.append(f"column generation warm-started by {warm_steps} Lagrangian ascent steps "
-                     f"({columns - before_cols} seed columns)")
-
+    evaluate = lag.evaluate
     while True:
         master_duals = (pi_b, rho_b, sigma)
-        if rounds > 0 and lag.best_duals is not None and smoothing > 0:
+        if run.rounds > 0 and lag.best_duals is not None and smoothing > 0:
             # Wentges smoothing: price between the best-bound duals and the master's, which
             # damps the oscillation of plain column generation; fall back to the master's
             # duals when that finds nothing (a "mispricing")
@@ -752,62 +832,30 @@ def solve_lp_bound(inst: LpInstance, *, time_limit_s: float = 120.0, block: int 
             if not new:
                 new = improving(evaluate(master_duals))
         else:
-            new = improving(evaluate(master_duals)) if rounds > 0 else \
+            new = improving(evaluate(master_duals)) if run.rounds > 0 else \
                 [(e, s) for e, s, _, _ in evaluate(master_duals)]
-        if rounds > 0 and (not new or lp_value - lag.best_bound <= rel_tol * max(1.0, abs(lp_value))):
-            converged = True
-            status = "optimal" if not new else f"within {rel_tol:g} of the LP optimum"
+        lp_value = run.lp_value
+        if run.rounds > 0 and (not new or lp_value - lag.best_bound <= rel_tol * max(1.0, abs(lp_value))):
+            run.converged = True
+            run.status = "optimal" if not new else f"within {rel_tol:g} of the LP optimum"
             break
         if time.perf_counter() - t0 > cg_limit_s:
-            status = f"time limit {time_limit_s:g} s after {rounds} rounds"
+            run.status = f"time limit {time_limit_s:g} s after {run.rounds} rounds"
             break
         for e, s in new:
-            add_column(e, s)
-        ok, why = master.solve(cg_limit_s - (time.perf_counter() - t0))
-        rounds += 1
+            cols.add(e, s)
+        ok, why = cols.master.solve(cg_limit_s - (time.perf_counter() - t0))
+        run.rounds += 1
         if not ok:
-            status = f"GLOP stopped ({why}) in round {rounds}"
+            run.status = f"GLOP stopped ({why}) in round {run.rounds}"
             break
-        lp_value = master.value()
-        art_share = float(sum(master.primal(artificial)))
-        last_x = (len(col_vars), master.primal(col_vars))
-        mu = np.asarray(master.duals(conv))
-        sigma = min(0.0, master.duals([budget_row])[0]) if budget_row is not None else 0.0
-        pi_b = np.zeros((R, n_blocks))
-        keys = list(cap_rows)
-        if keys:
-            idx = np.asarray(keys)
-            pi_b[idx[:, 0], idx[:, 1]] = np.minimum(0.0, master.duals([cap_rows[k] for k in keys]))
-        if Z:
-            rho_b = np.zeros((Z, n_blocks))
-            keys = list(pow_rows)
-            if keys:
-                idx = np.asarray(keys)
-                rho_b[idx[:, 0], idx[:, 1]] = np.minimum(0.0, master.duals([pow_rows[k] for k in keys]))
-        log.debug("round %d: master %.1f, bound %.1f, %d columns, %.1f s", rounds, lp_value, lag.best_bound,
-                  columns, time.perf_counter() - t0)
-    ascent_steps = 0
-    if not converged and lag.best_duals is not None and lp_value is not None:
-        # Lagrangian ascent from the best duals towards the master's value: every point is
-        # a valid bound, so this only ever raises it
-        before = lag.best_bound
-        ascent_steps = ascend(lag.best_duals, lp_value, t0 + time_limit_s)
-        if ascent_steps:
-            notes.append(f"Lagrangian ascent after column generation: {ascent_steps} steps raised the bound "
-                         f"by {100 * (lag.best_bound - before) / before:.2f} %")
-    wall_s = time.perf_counter() - t0
-    if not converged:
-        gap = f"{100 * (lp_value - lag.best_bound) / lp_value:.2f} %" if lp_value else "an unknown amount"
-        notes.append(f"did not converge ({status}); the bound is the best Lagrangian bound: "
-                     f"proven, but below the LP optimum by up to {gap}")
-    solution: list[tuple[int, int, int, float]] = []
-    if last_x[1]:
-        for (e, s), x in zip(col_keys[:last_x[0]], last_x[1]):
-            if x > 1e-9 and e < pricer.edges:  # scatter columns have no start to report
-                solution.append((int(pricer.e_job[e]), int(pricer.e_res[e]), s, x))
-    return LpResult(bound_g=lag.best_bound, lp_value_g=lp_value, converged=converged, status=status,
-                    rounds=rounds, columns=columns, wall_s=wall_s, artificial_share=art_share, notes=notes,
-                    solution=solution, gpu_slot_price=lag.gpu_slot_price())
+        run.lp_value = cols.master.value()
+        run.art_share = float(sum(cols.master.primal(cols.artificial)))
+        run.last_x = (len(cols.vars), cols.master.primal(cols.vars))
+        pi_b, rho_b, sigma, mu = cols.duals(R, n_blocks, rho_b)
+        log.debug("round %d: master %.1f, bound %.1f, %d columns, %.1f s", run.rounds, run.lp_value, lag.best_bound,
+                  cols.count, time.perf_counter() - t0)
+    return run
 
 
 def _greedy_columns(inst: LpInstance, pricer: _Pricer) -> list[tuple[int, int]]:

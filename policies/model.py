@@ -226,7 +226,7 @@ class Estimate:
     # A time limit that follows the plan: the runtime estimated on the chosen GPUs x the job's
     # `QueuedJob.time_limit_factor` (None: the job has none, or an explicit one).
     time_limit_s: float | None = None
-    # The operating point on the chosen GPUs (policies.operating_point.annotate): batch limit,
+    # The operating point on the chosen GPUs (policies.point_annotation.annotate): batch limit,
     # precision, tensor-parallel degree. None: the job has no performance-model workload.
     max_batch: int | None = None
     precision: str | None = None

@@ -39,10 +39,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from policies.model import Plan, Snapshot, sig
+from policies.model import sig
 from policies.perf_model import (BYTES_PER_PARAM, OperatingPoint, Prediction, Workload, frontier, measurements,
                                  parts, predict, presets)
 
@@ -375,36 +375,3 @@ def seed_choice(workload: str, model: str) -> Choice | None:
         if isinstance(c, Choice):
             return c
     return None
-
-
-
-def annotate(snapshot: Snapshot, plan: Plan) -> Plan:
-    """`plan` with each placed job's operating point on its chosen GPUs: the point in its
-    estimate (`max_batch`, `precision`, `tp`) and why in its explanation ("H200 at batch 64
-    BF16 TP1: TPOT p95 38 ms <= 40 ms (binding), ..."); a binding SLO becomes the plan's
-    `binding` when nothing else bound it. Assignments that already carry a point (kept,
-    pinned) and jobs without a performance-model workload are left as they are."""
-    from policies.energy import ProfileBook, model_choice, seed_profiles
-
-    jobs = {j.id: j for j in snapshot.jobs}
-    model_of = {g.id: g.model for g in snapshot.gpus}
-    book: ProfileBook | None = None
-    out = []
-    for a in plan.assignments:
-        job = jobs.get(a.job_id)
-        if job is None or job.workload is None or not a.gpu_ids or a.estimate.max_batch is not None:
-            out.append(a)
-            continue
-        if book is None:
-            book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
-        c = model_choice(job, model_of.get(a.gpu_ids[0], ""), book)
-        if not isinstance(c, Choice) or not c.inference:  # training presets: no serving point
-            out.append(a)
-            continue
-        p = c.point
-        est = replace(a.estimate, max_batch=p.max_batch, precision=p.precision, tp=p.tp,
-                      binding=a.estimate.binding or ("slo" if c.binding else None))
-        why = c.describe()
-        out.append(replace(a, estimate=est, explanation=f"{a.explanation}; {why}" if a.explanation else why))
-    return replace(plan, assignments=tuple(out))
-

@@ -30,6 +30,7 @@ Pure functions; no I/O.
 
 from __future__ import annotations
 
+import functools
 import math
 
 # Runtime exponent per vendor (see the module docstring for each figure's source).
@@ -86,7 +87,7 @@ def limit_text(cap_w: float, default_w: float, gco2: float | None, uncapped_gco2
 
 # -- operator bounds and the planner's choice -------------------------------------------------
 
-from collections.abc import Mapping  # noqa: E402
+from collections.abc import Callable, Mapping  # noqa: E402
 from dataclasses import dataclass, field, replace  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Any  # noqa: E402
@@ -191,8 +192,6 @@ def choose_caps(snapshot, plan):
     if bounds is None or not bounds.any_allowed or not plan.assignments:
         return plan
     from policies.catalog import lookup
-    from policies.energy import ProfileBook, job_gco2, model_choice, seed_profiles
-    from policies.operating_point import Choice
 
     jobs = {j.id: j for j in snapshot.jobs}
     slots = {g.id: g for g in snapshot.gpus}
@@ -200,7 +199,13 @@ def choose_caps(snapshot, plan):
     for a in plan.assignments:
         for g in a.gpu_ids:
             starts.setdefault(g, []).append(a.start_at)
-    book = None
+
+    @functools.cache
+    def book():  # the profile book, made on first use
+        from policies.energy import ProfileBook, seed_profiles
+
+        return ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
+
     out = []
     for a in plan.assignments:
         job, est = jobs.get(a.job_id), a.estimate
@@ -209,7 +214,7 @@ def choose_caps(snapshot, plan):
         energy = est.uncapped_energy_j if capped_before else est.energy_j
         gco2 = est.uncapped_gco2 if capped_before else est.gco2
         gpu = slots.get(a.gpu_ids[0]) if a.gpu_ids else None
-        # a plan in segments (issue 30) is priced by its own rules: its GPUs stay at the default
+        # a plan in segments is priced by its own rules: its GPUs stay at the default
         if job is None or gpu is None or not runtime or not energy or runtime <= 0 or est.deadline_miss \
                 or a.segments:
             out.append(a)
@@ -223,44 +228,8 @@ def choose_caps(snapshot, plan):
             out.append(a)
             continue
         default_w = default_limit_w(spec.tdp_w, gpu.power_limit_w)
-        n = len(a.gpu_ids)
-        per_gpu_w = energy / runtime / n
         nxt = min((s for g in a.gpu_ids for s in starts.get(g, ()) if s > a.start_at), default=None)
-        curve = snapshot.carbon.get(gpu.zone)
-        pue = snapshot.gpu_pue(gpu)
-        base_g = job_gco2(curve, a.start_at, runtime, per_gpu_w * n, pue)
-        choice = None
-        if job.workload is not None:
-            if book is None:
-                book = ProfileBook(snapshot.profiles) if snapshot.profiles else ProfileBook(seed_profiles())
-            c = model_choice(job, gpu.model, book)
-            choice = c if isinstance(c, Choice) and c.inference else None
-        best = None  # (score, cap_w, factor, energy, gco2, runtime, finish)
-        for f in candidate_fractions(low):
-            cap_w = f * default_w
-            factor, power_w = capped(per_gpu_w, cap_w, spec.vendor)
-            if factor == 1.0:
-                continue  # the job never reaches this limit: nothing to gain
-            new_runtime = runtime * factor
-            finish = a.start_at + timedelta(seconds=new_runtime)
-            if job.deadline is not None and finish > job.deadline:
-                continue
-            if nxt is not None and finish > nxt:
-                continue
-            if job.time_limit_s is not None and job.time_limit_factor is None and new_runtime > job.time_limit_s:
-                continue
-            if choice is not None and any(limit is not None and value * factor > limit for value, limit in (
-                    (choice.ttft_p95_ms, choice.slos.ttft_ms), (choice.tpot_p95_ms, choice.slos.tpot_ms),
-                    (choice.latency_p95_ms, choice.slos.latency_ms))):
-                continue
-            new_energy = power_w * n * new_runtime
-            if base_g and gco2 is not None:
-                new_g = gco2 * job_gco2(curve, a.start_at, new_runtime, power_w * n, pue) / base_g
-            else:
-                new_g = None if gco2 is None else gco2 * new_energy / energy
-            score = new_g if new_g is not None else new_energy
-            if best is None or score < best[0] - 1e-9:
-                best = (score, cap_w, factor, new_energy, new_g, new_runtime, finish)
+        best = _best_limit(snapshot, a, job, gpu, spec.vendor, default_w, low, (runtime, energy, gco2), nxt, book)
         if best is None:
             if capped_before:  # a kept plan's limit no longer holds: back to the uncapped figures
                 est = replace(est, runtime_s=runtime, energy_j=energy, gco2=gco2,
@@ -270,14 +239,71 @@ def choose_caps(snapshot, plan):
             else:
                 out.append(a)
             continue
-        _, cap_w, factor, new_energy, new_g, new_runtime, finish = best
-        limit_s = est.time_limit_s
-        if limit_s is not None and not capped_before:
-            limit_s = limit_s * factor
-        new_est = replace(est, runtime_s=new_runtime, energy_j=new_energy, gco2=new_g, finish_at=finish,
-                          time_limit_s=limit_s, power_limit_w=round(cap_w, 1), uncapped_runtime_s=runtime,
-                          uncapped_energy_j=energy, uncapped_gco2=gco2)
-        why = limit_text(cap_w, default_w, new_g, gco2, new_energy / energy, factor)
-        text = a.explanation.split("; power limit ")[0] if capped_before else a.explanation
-        out.append(replace(a, estimate=new_est, explanation=f"{text}; {why}" if text else why))
+        out.append(_at_best_limit(a, best, default_w, (runtime, energy, gco2), capped_before))
     return replace(plan, assignments=tuple(out))
+
+
+def _best_limit(snapshot, a, job, gpu, vendor: str | None, default_w: float, low: float,
+                uncapped: tuple, nxt, book: Callable[[], Any]) -> tuple | None:
+    """The limit of `candidate_fractions(low)` x `default_w` with the fewest grams (else
+    joules) for assignment `a` on `gpu`, of those its slower run still keeps (deadline, next
+    start `nxt` on its GPUs, explicit time limit, latency SLOs), as (score, cap_w, factor,
+    energy, gco2, runtime, finish); None if no limit cuts anything. `uncapped`: (runtime,
+    energy, gco2) at the default limit; `book()` the profile book."""
+    from policies.energy import job_gco2, model_choice
+    from policies.operating_point import Choice
+
+    runtime, energy, gco2 = uncapped
+    n = len(a.gpu_ids)
+    per_gpu_w = energy / runtime / n
+    curve = snapshot.carbon.get(gpu.zone)
+    pue = snapshot.gpu_pue(gpu)
+    base_g = job_gco2(curve, a.start_at, runtime, per_gpu_w * n, pue)
+    choice = None
+    if job.workload is not None:
+        c = model_choice(job, gpu.model, book())
+        choice = c if isinstance(c, Choice) and c.inference else None
+    best = None  # (score, cap_w, factor, energy, gco2, runtime, finish)
+    for f in candidate_fractions(low):
+        cap_w = f * default_w
+        factor, power_w = capped(per_gpu_w, cap_w, vendor)
+        if factor == 1.0:
+            continue  # the job never reaches this limit: nothing to gain
+        new_runtime = runtime * factor
+        finish = a.start_at + timedelta(seconds=new_runtime)
+        if job.deadline is not None and finish > job.deadline:
+            continue
+        if nxt is not None and finish > nxt:
+            continue
+        if job.time_limit_s is not None and job.time_limit_factor is None and new_runtime > job.time_limit_s:
+            continue
+        if choice is not None and any(limit is not None and value * factor > limit for value, limit in (
+                (choice.ttft_p95_ms, choice.slos.ttft_ms), (choice.tpot_p95_ms, choice.slos.tpot_ms),
+                (choice.latency_p95_ms, choice.slos.latency_ms))):
+            continue
+        new_energy = power_w * n * new_runtime
+        if base_g and gco2 is not None:
+            new_g = gco2 * job_gco2(curve, a.start_at, new_runtime, power_w * n, pue) / base_g
+        else:
+            new_g = None if gco2 is None else gco2 * new_energy / energy
+        score = new_g if new_g is not None else new_energy
+        if best is None or score < best[0] - 1e-9:
+            best = (score, cap_w, factor, new_energy, new_g, new_runtime, finish)
+    return best
+
+
+def _at_best_limit(a, best: tuple, default_w: float, uncapped: tuple, capped_before: bool):
+    """Assignment `a` at the limit `_best_limit` chose: its estimate at the limit with the
+    uncapped figures beside it, and the explanation saying so."""
+    runtime, energy, gco2 = uncapped
+    est = a.estimate
+    _, cap_w, factor, new_energy, new_g, new_runtime, finish = best
+    limit_s = est.time_limit_s
+    if limit_s is not None and not capped_before:
+        limit_s = limit_s * factor
+    new_est = replace(est, runtime_s=new_runtime, energy_j=new_energy, gco2=new_g, finish_at=finish,
+                      time_limit_s=limit_s, power_limit_w=round(cap_w, 1), uncapped_runtime_s=runtime,
+                      uncapped_energy_j=energy, uncapped_gco2=gco2)
+    why = limit_text(cap_w, default_w, new_g, gco2, new_energy / energy, factor)
+    text = a.explanation.split("; power limit ")[0] if capped_before else a.explanation
+    return replace(a, estimate=new_est, explanation=f"{text}; {why}" if text else why)

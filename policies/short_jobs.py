@@ -27,7 +27,6 @@ the cap over the whole run.
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 
@@ -411,17 +410,24 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
     that start earliest, the fastest of them, their grams averaged); a zone without a forecast
     is priced by `policies.blind`.
     """
-    now = snapshot.now
-    t_now = now.timestamp()
-    horizon_end = t_now + snapshot.horizon_s
-    curves = priced_curves(snapshot)  # a zone without a forecast is priced blind (policies.blind)
-    blind = {z for z, c in curves.items() if c.signal == "blind"}
-    price = blind_price(snapshot) if blind else None
-    slot_s = snapshot.slot_s
-    n_slots = int(math.ceil(snapshot.horizon_s / slot_s))
-    slot_starts = t_now + slot_s * np.arange(n_slots)
-    usable = [g for g in snapshot.gpus if g.healthy and not g.drained]
-    by_id: dict[int, GpuSlot] = {g.id: g for g in snapshot.gpus}
+    packer = _Packer(snapshot, base, book, policy)
+    placed: list[Assignment] = []
+    unplaced: dict[int, str] = {}
+    for job in sorted(short, key=packer.order):
+        a = packer.place(job)
+        if isinstance(a, str):
+            unplaced[job.id] = a
+        else:
+            placed.append(a)
+    return placed, unplaced
+
+
+def _busy_spans(snapshot: Snapshot, base: Plan, book: ProfileBook, usable: list[GpuSlot],
+                by_id: Mapping[int, GpuSlot]) -> dict[int, list[tuple[float, float]]]:
+    """Busy spans (epoch s) by usable GPU: running jobs until their busy_until, pinned plans
+    and the long jobs' plan over their runs; a checkpoint job's later segments held on GPUs
+    of its node (`_hold_later_segments`)."""
+    now, t_now = snapshot.now, snapshot.now.timestamp()
     usable_ids = {g.id for g in usable}
     jobs_by_id = {j.id: j for j in snapshot.jobs}
     per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)  # busy spans by GPU
@@ -438,8 +444,8 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         else:
             run_s = snapshot.default_runtime_s
         t0 = a.start_at.timestamp()
-        # a job planned in segments (issue 30) holds its GPUs in each segment (a pause job: over
-        # its whole span); a checkpoint job's later segments are given GPUs of its node below
+        # a job planned in segments holds its GPUs in each segment (a pause job: over its
+        # whole span); a checkpoint job's later segments are given GPUs of its node below
         if a.segments and job is not None and job.interruptible == "pause":
             spans = [(t0, a.segments[-1][1].timestamp())]
         elif a.segments:
@@ -451,10 +457,14 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             if gid in usable_ids:
                 per_gpu[gid].extend(spans)
     _hold_later_segments(later, per_gpu, usable)
-    lines: dict[int, _Timeline] = _Timelines(per_gpu)  # built when a job first looks at the GPU
-    # when each GPU is free as the "if run now" counterfactual sees it (policies.counterfactual):
-    # the job alone, only running and pinned jobs hold GPUs, until their end (as in the slot
-    # planner's `Problem`)
+    return per_gpu
+
+
+def _free_alone(snapshot: Snapshot, usable: list[GpuSlot]) -> dict[int, float]:
+    """When each usable GPU is free as the "if run now" counterfactual sees it
+    (policies.counterfactual): the job alone, only running and pinned jobs hold GPUs, until
+    their end (as in the slot planner's `Problem`)."""
+    now, t_now = snapshot.now, snapshot.now.timestamp()
     free_alone: dict[int, float] = {g.id: t_now for g in usable}
     for g in usable:
         if g.busy_until is not None and g.busy_until > now:
@@ -465,11 +475,15 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         for gid in a.gpu_ids:
             if gid in free_alone:
                 free_alone[gid] = max(free_alone[gid], end)
-    alone = _AloneStarts(free_alone)
+    return free_alone
 
-    # power drawn per budget (a zone's or a site's) over time, for the caps: (start, end, watts)
+
+def _draws(snapshot: Snapshot, base: Plan, by_id: Mapping[int, GpuSlot],
+           capped: set[str]) -> dict[str, list[tuple[float, float, float]]]:
+    """Power drawn per capped budget (a zone's or a site's) over time, as (start, end, watts):
+    running GPUs at their model's generic power, pinned and planned jobs at their estimate's."""
+    now, t_now = snapshot.now, snapshot.now.timestamp()
     draws: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    capped = {c.zone for c in snapshot.power_caps}
     if capped:
         for g in snapshot.gpus:
             if budget_of(g) in capped and g.busy_until is not None and g.busy_until > now:
@@ -480,9 +494,56 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             if g0 is not None and budget_of(g0) in capped and e.runtime_s and e.energy_j is not None:
                 t0 = a.start_at.timestamp()
                 draws[budget_of(g0)].append((t0, t0 + e.runtime_s, e.energy_j / e.runtime_s))
+    return draws
 
-    def under_cap(budget: str, t0: float, t1: float, watts: float) -> bool:
-        for cap in snapshot.power_caps:
+
+def _kinds_of(snapshot: Snapshot, usable: list[GpuSlot]) -> dict[tuple[str, str, float, float | None, str], _Kind]:
+    """The usable GPUs by (zone, model, site PUE, power limit, budget), each with its nodes."""
+    by_node: dict[tuple[str, str, str], list[GpuSlot]] = defaultdict(list)
+    for g in usable:
+        by_node[(g.zone, g.model, g.node)].append(g)
+    kinds: dict[tuple[str, str, float, float | None, str], _Kind] = {}
+    for (zone, model, node), members in sorted(by_node.items()):
+        pue = snapshot.gpu_pue(members[0])
+        cap = gang_power_limit_w(g.power_limit_w for g in members)
+        budget = budget_of(members[0])
+        kind = kinds.setdefault((zone, model, pue, cap, budget),
+                                _Kind(zone, model, members[0].memory_gib, [], pue, cap, budget))
+        kind.nodes.append((node, members))
+    return kinds
+
+
+class _Packer:
+    """The GPUs' timelines around the long jobs' plan, and the short jobs placed into them one
+    by one (`place`); see `pack`."""
+
+    def __init__(self, snapshot: Snapshot, base: Plan, book: ProfileBook, policy: str) -> None:
+        self.snapshot, self.book, self.policy = snapshot, book, policy
+        self.now = now = snapshot.now
+        self.t_now = now.timestamp()
+        self.horizon_end = self.t_now + snapshot.horizon_s
+        self.curves = priced_curves(snapshot)  # a zone without a forecast is priced blind (policies.blind)
+        self.blind = {z for z, c in self.curves.items() if c.signal == "blind"}
+        self.price = blind_price(snapshot) if self.blind else None
+        self.slot_s = snapshot.slot_s
+        n_slots = int(math.ceil(snapshot.horizon_s / self.slot_s))
+        self.slot_starts = self.t_now + self.slot_s * np.arange(n_slots)
+        usable = [g for g in snapshot.gpus if g.healthy and not g.drained]
+        by_id: dict[int, GpuSlot] = {g.id: g for g in snapshot.gpus}
+        # built when a job first looks at the GPU
+        self.lines: dict[int, _Timeline] = _Timelines(_busy_spans(snapshot, base, book, usable, by_id))
+        self.alone = _AloneStarts(_free_alone(snapshot, usable))
+        self.capped = {c.zone for c in snapshot.power_caps}
+        self.draws = _draws(snapshot, base, by_id, self.capped)
+        self.kinds = _kinds_of(snapshot, usable)
+
+    def order(self, j: QueuedJob):
+        return (j.deadline or datetime.max.replace(tzinfo=self.now.tzinfo), j.submitted_at, j.id)
+
+    def under_cap(self, budget: str, t0: float, t1: float, watts: float) -> bool:
+        """Whether `watts` more from t0 to t1 keeps the budget under each of its caps."""
+        draws = self.draws
+        for cap in self.snapshot.power_caps:
             if cap.zone != budget:
                 continue
             lo = max(t0, cap.start.timestamp()) if cap.start else t0
@@ -495,22 +556,11 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                     return False
         return True
 
-    by_node: dict[tuple[str, str, str], list[GpuSlot]] = defaultdict(list)
-    for g in usable:
-        by_node[(g.zone, g.model, g.node)].append(g)
-    kinds: dict[tuple[str, str, float, float | None, str], _Kind] = {}
-    for (zone, model, node), members in sorted(by_node.items()):
-        pue = snapshot.gpu_pue(members[0])
-        cap = gang_power_limit_w(g.power_limit_w for g in members)
-        budget = budget_of(members[0])
-        kind = kinds.setdefault((zone, model, pue, cap, budget),
-                                _Kind(zone, model, members[0].memory_gib, [], pue, cap, budget))
-        kind.nodes.append((node, members))
-
-    def start_in(kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
+    def start_in(self, kind: _Kind, k: int, run_s: float, power_w: float, lo: float, hi: float):
         """The earliest start in [lo, hi] with k GPUs of one node of `kind` free for the run
         (and room under its power budget's cap), with the GPUs; None if there is none."""
-        if kind.budget not in capped:
+        lines = self.lines
+        if kind.budget not in self.capped:
             return _earliest_on_nodes(kind, lines, k, run_s, lo, hi)
         best = None
         for node, members in kind.nodes:
@@ -526,29 +576,20 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
                     break
                 free = [g for g in members if lines[g.id].free(t, t + run_s)]
                 if len(free) >= k:
-                    if kind.budget in capped and not under_cap(kind.budget, t, t + run_s, power_w):
+                    if kind.budget in self.capped and not self.under_cap(kind.budget, t, t + run_s, power_w):
                         continue
                     best = (t, node, tuple(sorted(g.id for g in free[:k])))
                     break
         return best
 
-    def order(j: QueuedJob):
-        return (j.deadline or datetime.max.replace(tzinfo=now.tzinfo), j.submitted_at, j.id)
-
-    placed: list[Assignment] = []
-    unplaced: dict[int, str] = {}
-    for job in sorted(short, key=order):
-        release = max(t_now, job.submitted_at.timestamp())
-        latest = horizon_end
-        if job.max_delay_s is not None:
-            latest = min(latest, job.submitted_at.timestamp() + job.max_delay_s)
-        first_slot = max(0, int(math.floor((release - t_now) / slot_s)))
+    def options(self, job: QueuedJob) -> tuple[list[tuple[_Kind, object]], set[str]]:
+        """The kinds that can take the job, each with its shape there, and why the others cannot."""
+        book, default_runtime_s = self.book, self.snapshot.default_runtime_s
         options: list[tuple[_Kind, object]] = []
         reasons = set()
-        for kind in kinds.values():
+        for kind in self.kinds.values():
             why = fits(job, kind.model, kind.memory_gib, book)
-            if why is None and not within_time_limit(job, kind.model, book, snapshot.default_runtime_s,
-                                                     kind.power_limit_w):
+            if why is None and not within_time_limit(job, kind.model, book, default_runtime_s, kind.power_limit_w):
                 why = "time limit"
             if why is not None:
                 reasons.add(why)
@@ -556,13 +597,12 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
             if all(len(m) < job.gpus for _, m in kind.nodes):
                 reasons.add("gpus")
                 continue
-            shape = job_shape(job, kind.model, book, snapshot.default_runtime_s, kind.power_limit_w)
+            shape = job_shape(job, kind.model, book, default_runtime_s, kind.power_limit_w)
             options.append((kind, shape))
-        if not options:
-            unplaced[job.id] = ("no GPU model can take it (" + ", ".join(sorted(reasons)) + ")") if reasons \
-                else "no healthy GPUs"
-            continue
-        starts = np.maximum(slot_starts[first_slot:], release)
+        return options, reasons
+
+    def cost_table(self, job: QueuedJob, options: list, starts: np.ndarray) -> np.ndarray:
+        """gCO2 of each option (rows) at each start, costed per zone at once."""
         table = np.empty((len(options), len(starts)))  # options x slots, costed per zone at once
         by_zone: dict[tuple[str, float], list[int]] = defaultdict(list)
         for o, (kind, _) in enumerate(options):
@@ -570,94 +610,49 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         spread = multipliers(job)  # expected grams over the job's length spread (policies.length_spread)
         for (zone, pue), os_ in by_zone.items():
             power_w = np.array([options[o][1].power_w for o in os_])
-            table[os_] = expected(lambda run_s: _slot_costs(curves[zone], starts, run_s, power_w, pue),
+            table[os_] = expected(lambda run_s: _slot_costs(self.curves[zone], starts, run_s, power_w, pue),
                                   np.array([options[o][1].runtime_s for o in os_]), spread)
-        slots = first_slot + np.arange(table.shape[1])
+        return table
 
-        # earliest[o]: known answers (lo, start) of "the earliest feasible start of option o
-        # from lo"; that start also answers every lo' in [lo, start] (nothing fits before it)
-        earliest: dict[int, list[tuple[float, object]]] = defaultdict(list)
-
-        def feasible(o: int, col: int, hi_limit: float):
-            kind, shape = options[o]
-            lo = float(starts[col])
-            hi = min(float(slot_starts[slots[col]]) + slot_s - 1e-6, hi_limit)
-            if lo > hi:
-                return None
-            for lo1, h1 in earliest[o]:
-                if lo1 <= lo and (h1 is None or lo <= h1[0]):
-                    return h1 if h1 is not None and h1[0] <= hi else None
-            h = start_in(kind, job.gpus, shape.runtime_s, shape.power_w, lo, horizon_end)
-            earliest[o].append((lo, h))
-            return h if h is not None and h[0] <= hi else None
-
-        # the earliest feasible start anywhere (where a job that cannot meet its window runs):
-        # one scan per option over the whole horizon, stopping at its first fit
-        asap = None
-        for o, (kind, shape) in enumerate(options):
-            hi = horizon_end if asap is None else min(horizon_end, asap[0][0] - 1e-6)
-            h = start_in(kind, job.gpus, shape.runtime_s, shape.power_w, release, hi)
-            if h is not None:
-                col = min(table.shape[1] - 1, max(0, int((h[0] - t_now) // slot_s) - first_slot))
-                asap = (h, o, col)
+    def place(self, job: QueuedJob) -> Assignment | str:
+        """The job at its cheapest feasible start (else as soon as possible, flagged), its
+        GPUs then busy for its run; or why it cannot be placed."""
+        t_now, slot_s, horizon_end = self.t_now, self.slot_s, self.horizon_end
+        release = max(t_now, job.submitted_at.timestamp())
+        latest = horizon_end
+        if job.max_delay_s is not None:
+            latest = min(latest, job.submitted_at.timestamp() + job.max_delay_s)
+        first_slot = max(0, int(math.floor((release - t_now) / slot_s)))
+        options, reasons = self.options(job)
+        if not options:
+            return ("no GPU model can take it (" + ", ".join(sorted(reasons)) + ")") if reasons \
+                else "no healthy GPUs"
+        starts = np.maximum(self.slot_starts[first_slot:], release)
+        table = self.cost_table(job, options, starts)
+        search = _Search(self, job, options, starts, first_slot + np.arange(table.shape[1]), latest)
+        asap = search.asap(release, table.shape[1], first_slot)
         if asap is None:
-            unplaced[job.id] = "no GPUs free long enough within the planning horizon" + (
+            return "no GPUs free long enough within the planning horizon" + (
                 f" ({', '.join(sorted(reasons))})" if reasons else "")
-            continue
+        h, o, col, miss = search.cheapest(table, asap)
+        return self._assignment(job, options, h, o, miss, release, latest)
 
-        @functools.cache  # per option: asked for every candidate start of the option
-        def window_limit(o: int) -> float:
-            _, shape = options[o]
-            limit = latest
-            if job.deadline is not None:
-                limit = min(limit, latest_start_s(job.deadline.timestamp(), shape.runtime_s,
-                                                  job_margin(job, shape.model, book,
-                                                             getattr(snapshot, "estimate_margin", True)),
-                                                  release))
-            return limit
-
-        # cheapest feasible within the window, then the earliest start about as cheap
-        flat = np.argsort(table, axis=None, kind="stable")
-        best = None
-        for idx in flat:
-            o, col = divmod(int(idx), table.shape[1])
-            limit = window_limit(o)
-            if starts[col] > limit + 1e-6:
-                continue
-            h = feasible(o, col, limit)
-            if h is not None:
-                best = (float(table[o, col]), h, o, col)
-                break
-        miss = best is None
-        if miss:
-            h, o, col = asap
-        else:
-            c_star = best[0]
-            h, o, col = best[1], best[2], best[3]
-            if math.isfinite(c_star):
-                near = np.argwhere(table <= c_star * (1 + DELAY_WORTH))
-                for o2, col2 in sorted(((int(a), int(b)) for a, b in near), key=lambda x: (starts[x[1]], x[0])):
-                    if starts[col2] >= h[0]:
-                        break
-                    if starts[col2] > window_limit(o2) + 1e-6:
-                        continue
-                    h2 = feasible(o2, col2, window_limit(o2))
-                    if h2 is not None and h2[0] < h[0]:
-                        h, o, col = h2, o2, col2
-                        break
-            else:  # carbon-blind everywhere: the earliest feasible start in the window
-                h, o, col = asap if asap[0][0] <= window_limit(asap[1]) + 1e-6 else (h, o, col)
+    def _assignment(self, job: QueuedJob, options: list, h: tuple, o: int, miss: bool, release: float,
+                    latest: float) -> Assignment:
+        """The job started at `h` = (time, node, GPUs) with option o, booked on the GPUs'
+        timelines (and its budget's draws), with its estimate and explanation."""
+        t_now, now = self.t_now, self.now
         t, node, chosen = h
         kind, shape = options[o]
         for gid in chosen:
-            lines[gid].add(t, t + shape.runtime_s)
-        if kind.budget in capped:
-            draws[kind.budget].append((t, t + shape.runtime_s, shape.power_w))
+            self.lines[gid].add(t, t + shape.runtime_s)
+        if kind.budget in self.capped:
+            self.draws[kind.budget].append((t, t + shape.runtime_s, shape.power_w))
         start = datetime.fromtimestamp(t, now.tzinfo)
-        cost = job_gco2(curves[kind.zone], start, shape.runtime_s, shape.power_w, kind.pue, multipliers(job))
+        cost = job_gco2(self.curves[kind.zone], start, shape.runtime_s, shape.power_w, kind.pue, multipliers(job))
         now_cost, now_where = job.gco2_if_now, "if run at submission"
         if now_cost is None:
-            cf = _if_now(job, options, alone, release, horizon_end, curves, snapshot)
+            cf = _if_now(job, options, self.alone, release, self.horizon_end, self.curves, self.snapshot)
             now_cost, now_where = (cf.gco2, f"now on {cf.where()}" if cf.start - t_now < 1 else
                                    f"at the earliest on {cf.where()}") if cf else (None, "")
         finish = start + timedelta(seconds=shape.runtime_s)
@@ -666,16 +661,111 @@ def pack(snapshot: Snapshot, base: Plan, short: list[QueuedJob], book: ProfileBo
         if miss:  # which limit could not be kept
             binding = "max delay" if t > latest + 1e-6 else "deadline" if job.deadline else "capacity"
         when = "now" if t - t_now < 1 else f"at {start:%H:%M:%S}" if t - t_now < 86400 else f"at {start:%Y-%m-%d %H:%M}"
-        cost_txt = grams(cost) + (f" {price.note()}" if kind.zone in blind else "")
+        blind = kind.zone in self.blind
+        cost_txt = grams(cost) + (f" {self.price.note()}" if blind else "")
         why = f"{binding} cannot be met: as soon as possible" if miss else "short job packed between longer ones"
-        placed.append(Assignment(
+        return Assignment(
             job_id=job.id, node=node, gpu_ids=chosen, start_at=start,
             estimate=Estimate(finish_at=finish, energy_j=shape.energy_j, gco2=cost, gco2_if_now=now_cost,
                               runtime_s=shape.runtime_s, prompts=job.prompts, binding=binding,
                               deadline_miss=deadline_miss,
-                              blind_g_per_kwh=price.g_per_kwh if kind.zone in blind else None,
+                              blind_g_per_kwh=self.price.g_per_kwh if blind else None,
                               time_limit_s=job.derived_time_limit_s(shape.runtime_s)),
-            explanation=(f"{policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs "
+            explanation=(f"{self.policy}: {len(chosen)}x{kind.model} in {kind.zone} {when}: {cost_txt} vs "
                          + (f"{grams(now_cost)} {now_where}" if now_cost is not None else "no free GPU alone")
-                         + f" ({why})")))
-    return placed, unplaced
+                         + f" ({why})"))
+
+
+class _Search:
+    """One short job's search over its options (rows) x candidate start slots (columns):
+    `starts[col]` is the start the column stands for, `slots[col]` its slot."""
+
+    def __init__(self, packer: _Packer, job: QueuedJob, options: list, starts: np.ndarray, slots: np.ndarray,
+                 latest: float) -> None:
+        self.packer, self.job, self.options = packer, job, options
+        self.starts, self.slots, self.latest = starts, slots, latest
+        # earliest[o]: known answers (lo, start) of "the earliest feasible start of option o
+        # from lo"; that start also answers every lo' in [lo, start] (nothing fits before it)
+        self.earliest: dict[int, list[tuple[float, object]]] = defaultdict(list)
+        self._limits: dict[int, float] = {}
+
+    def feasible(self, o: int, col: int, hi_limit: float):
+        """The earliest start of option o within column col's slot (and by `hi_limit`)
+        with its GPUs free, or None."""
+        pk = self.packer
+        kind, shape = self.options[o]
+        lo = float(self.starts[col])
+        hi = min(float(pk.slot_starts[self.slots[col]]) + pk.slot_s - 1e-6, hi_limit)
+        if lo > hi:
+            return None
+        for lo1, h1 in self.earliest[o]:
+            if lo1 <= lo and (h1 is None or lo <= h1[0]):
+                return h1 if h1 is not None and h1[0] <= hi else None
+        h = pk.start_in(kind, self.job.gpus, shape.runtime_s, shape.power_w, lo, pk.horizon_end)
+        self.earliest[o].append((lo, h))
+        return h if h is not None and h[0] <= hi else None
+
+    def window_limit(self, o: int) -> float:
+        """Option o's last start that keeps the job's deadline (with its margin) and maximum
+        delay; asked for every candidate start of the option, so remembered."""
+        limit = self._limits.get(o)
+        if limit is None:
+            _, shape = self.options[o]
+            job, pk = self.job, self.packer
+            limit = self.latest
+            if job.deadline is not None:
+                limit = min(limit, latest_start_s(job.deadline.timestamp(), shape.runtime_s,
+                                                  job_margin(job, shape.model, pk.book,
+                                                             getattr(pk.snapshot, "estimate_margin", True)),
+                                                  max(pk.t_now, job.submitted_at.timestamp())))
+            self._limits[o] = limit
+        return limit
+
+    def asap(self, release: float, n_cols: int, first_slot: int):
+        """The earliest feasible start anywhere (where a job that cannot meet its window
+        runs), as (start, option, column); None if there is none: one scan per option over
+        the whole horizon, stopping at its first fit."""
+        pk = self.packer
+        asap = None
+        for o, (kind, shape) in enumerate(self.options):
+            hi = pk.horizon_end if asap is None else min(pk.horizon_end, asap[0][0] - 1e-6)
+            h = pk.start_in(kind, self.job.gpus, shape.runtime_s, shape.power_w, release, hi)
+            if h is not None:
+                col = min(n_cols - 1, max(0, int((h[0] - pk.t_now) // pk.slot_s) - first_slot))
+                asap = (h, o, col)
+        return asap
+
+    def cheapest(self, table: np.ndarray, asap: tuple):
+        """The cheapest feasible start within the window, then the earliest start about as
+        cheap (`DELAY_WORTH`), as (start, option, column, missed: False); else `asap`, missed."""
+        starts = self.starts
+        flat = np.argsort(table, axis=None, kind="stable")
+        best = None
+        for idx in flat:
+            o, col = divmod(int(idx), table.shape[1])
+            limit = self.window_limit(o)
+            if starts[col] > limit + 1e-6:
+                continue
+            h = self.feasible(o, col, limit)
+            if h is not None:
+                best = (float(table[o, col]), h, o, col)
+                break
+        if best is None:
+            h, o, col = asap
+            return h, o, col, True
+        c_star = best[0]
+        h, o, col = best[1], best[2], best[3]
+        if math.isfinite(c_star):
+            near = np.argwhere(table <= c_star * (1 + DELAY_WORTH))
+            for o2, col2 in sorted(((int(a), int(b)) for a, b in near), key=lambda x: (starts[x[1]], x[0])):
+                if starts[col2] >= h[0]:
+                    break
+                if starts[col2] > self.window_limit(o2) + 1e-6:
+                    continue
+                h2 = self.feasible(o2, col2, self.window_limit(o2))
+                if h2 is not None and h2[0] < h[0]:
+                    h, o, col = h2, o2, col2
+                    break
+        else:  # carbon-blind everywhere: the earliest feasible start in the window
+            h, o, col = asap if asap[0][0] <= self.window_limit(asap[1]) + 1e-6 else (h, o, col)
+        return h, o, col, False

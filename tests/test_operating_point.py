@@ -15,9 +15,10 @@ import pytest
 from policies import get_policy
 from policies.energy import ProfileBook, fits, job_shape, seed_profiles, shape_arrays
 from policies.model import CarbonCurve, GpuSlot, Profile, QueuedJob, Snapshot
-from policies.operating_point import (Choice, Refusal, Slos, WorkloadSpecError, annotate, choose, has_latency_model,
+from policies.operating_point import (Choice, Refusal, Slos, WorkloadSpecError, choose, has_latency_model,
                                       job_choice, latency_model_names, parse_spec, slos_for, tp_degrees)
 from policies.perf_model import memory_needed_gib, parts, predict, presets
+from policies.point_annotation import annotate
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 BOOK = ProfileBook(seed_profiles())

@@ -640,7 +640,7 @@ def _with_points(snapshot: Snapshot, plan: Plan) -> Plan:
     """The plan with each job's operating point on its GPUs, in its estimate and explanation,
     and the GPU power limit chosen with it where operators allow caps (policies.power_cap);
     a job planned with its seed profiles says why (`_seeded`)."""
-    from policies.operating_point import annotate
+    from policies.point_annotation import annotate
     from policies.power_cap import choose_caps
 
     plan = choose_caps(snapshot, annotate(snapshot, plan))
