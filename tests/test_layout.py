@@ -201,8 +201,6 @@ KNOWN_CIRCLES = [
     # the store's tables and identity <-> the job lifecycle (a clock in the job-state module)
     {"scheduler.lifecycle", "scheduler.store", "scheduler.store.carbon_models", "scheduler.store.engine",
      "scheduler.store.identity", "scheduler.store.models", "scheduler.store.telemetry_models"},
-    {"policies.energy", "policies.operating_point"},
-    {"policies.joint_caps", "policies.problem"},
 ]
 
 
@@ -234,11 +232,6 @@ OVERSIZED = {
     "scheduler.simulate.cluster:cluster_from_dict",
     "scheduler.simulate.model:Simulation",
     "scheduler.simulate.scenario:build_scenario",
-    "policies.fifo:FifoPolicy.plan",
-    "policies.lp_relaxation:solve_lp_bound",
-    "policies.power_cap:choose_caps",
-    "policies.problem:Problem",
-    "policies.short_jobs:pack",
     "telemetry.grid.csv_import:read_trace",
     "telemetry.grid.csv_import:_row_parser",
 }
