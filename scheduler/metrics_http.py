@@ -32,6 +32,10 @@ class MetricsServer(ThreadingHTTPServer):
     """Prometheus text exposition of `registry` on (addr, port), one request per connection."""
 
     daemon_threads = True
+    # Connections waiting to be accepted (the default, 5, left a flood of half-sent requests
+    # in SYN retries for about two minutes, and a real scrape among them waited seconds): the
+    # accept loop answers those beyond `max_connections` with a 503 at once.
+    request_queue_size = 128
     block_on_close = False
 
     def __init__(self, addr: str, port: int, registry: CollectorRegistry, *,
