@@ -8,7 +8,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from policies.energy import J_PER_KWH
+from scheduler.simulate.power import grams
 from scheduler.simulate.records import EPS_S, JobRecord
 
 if TYPE_CHECKING:
@@ -127,14 +127,14 @@ class Execution:
         sim.events += 1
         now = sim.env.now
         r.idle_energy_j += r.idle_w * (now - paused_s)
-        r.idle_gco2 += r.idle_w * r.pue * sim.carbon[r.zone].integral_g_per_kwh_s(paused_s, now) / J_PER_KWH
+        r.idle_gco2 += grams(r.idle_w, r.pue, sim.carbon[r.zone], paused_s, now)
         sim.power.meter(r, now, r.power_w - r.idle_w, r.pue)
         self._run_segment(idx, token)
 
     def _log_segment(self, r: JobRecord, now: float) -> None:
         """Account the segment that ends now: its energy and grams, beside the others."""
         e = r.power_w * (now - r.run_start_s)
-        g = r.power_w * r.pue * self.sim.carbon[r.zone].integral_g_per_kwh_s(r.run_start_s, now) / J_PER_KWH
+        g = grams(r.power_w, r.pue, self.sim.carbon[r.zone], r.run_start_s, now)
         r.segment_log.append((r.run_start_s, now, e, g))
         r.energy_j += e
         r.gco2 += g
@@ -176,11 +176,11 @@ class Execution:
             if paused:  # its idle time so far was spent holding the GPUs
                 since = r.segment_log[-1][1] if r.segment_log else now_s
                 r.lost_energy_j += r.idle_w * (now_s - since)
-                r.lost_gco2 += r.idle_w * r.pue * intensity.integral_g_per_kwh_s(since, now_s) / J_PER_KWH
+                r.lost_gco2 += grams(r.idle_w, r.pue, intensity, since, now_s)
             else:
                 ran = now_s - t0
                 r.lost_energy_j += r.power_w * ran
-                r.lost_gco2 += r.power_w * r.pue * intensity.integral_g_per_kwh_s(t0, now_s) / J_PER_KWH
+                r.lost_gco2 += grams(r.power_w, r.pue, intensity, t0, now_s)
             # work since the last checkpoint is lost; a pause job's progress was never saved
             if r.job.interruptible != "checkpoint":
                 r.work_done_s = 0.0

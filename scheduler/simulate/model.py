@@ -74,7 +74,6 @@ from typing import Any
 import simpy
 
 from policies.base import Policy
-from policies.energy import J_PER_KWH
 from policies.model import QueuedJob
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.dispatch import Dispatcher
@@ -85,7 +84,7 @@ from scheduler.simulate.gpus import GpuLedger
 from scheduler.simulate.intensity import ZoneIntensity
 from scheduler.simulate.knowledge import Knowledge
 from scheduler.simulate.planning import TickPlanner
-from scheduler.simulate.power import SitePower
+from scheduler.simulate.power import SitePower, grams
 from scheduler.simulate.records import JobRecord, PolicyRun
 from scheduler.simulate.truth import parse_truth
 
@@ -303,7 +302,7 @@ class Simulation:
         for r in self.records:  # cut off by the overrun limit: what they drew so far was spent
             if r.state == "running" and r.run_start_s is not None:
                 r.lost_energy_j += r.power_w * (end - r.run_start_s)
-                r.lost_gco2 += r.power_w * r.pue * self.carbon[r.zone].integral_g_per_kwh_s(r.run_start_s, end) / J_PER_KWH
+                r.lost_gco2 += grams(r.power_w, r.pue, self.carbon[r.zone], r.run_start_s, end)
         planner = self.planner
         return PolicyRun(policy=self.policy_name, forecast=planner.forecast.name or planner.forecast.kind,
                          records=self.records, meters=self.power.meters, site_meters=self.power.site_meters,

@@ -90,6 +90,11 @@ class ZoneMeter:
         self.timeline.append((now_s, self.power_w, self.facility_w))
 
 
+def grams(power_w: float, pue: float, intensity: ZoneIntensity, start_s: float, end_s: float) -> float:
+    """gCO2 of a constant GPU power at `pue` over [start_s, end_s], at the zone's actual intensity."""
+    return power_w * pue * intensity.integral_g_per_kwh_s(start_s, end_s) / J_PER_KWH
+
+
 class SitePower:
     """The meters of every zone and [sites.S] budget, and the budgets' caps and ramp limits."""
 
