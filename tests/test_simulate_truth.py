@@ -12,8 +12,9 @@ from policies import get_policy
 from policies.energy import seed_profiles
 from scheduler.simulate.forecasts import parse_forecast
 from scheduler.simulate.gpus import GpuLedger
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.model import Simulation
 from scheduler.simulate.planning import TickPlanner
+from scheduler.simulate.settings import SimSettings
 from scheduler.simulate.truth import NoisyTruth, ProfilesTruth, Truth, TruthError, parse_truth
 
 from tests.test_simulate import scenario

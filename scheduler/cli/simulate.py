@@ -244,7 +244,7 @@ def _run(args, config: dict) -> int:
 
 def _settings(args, demo: bool):
     """The simulated daemon's settings from the options (`SimSettings`)."""
-    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.settings import SimSettings
 
     # The demo plans hourly (the carbon data's own step) so that it finishes in about a minute.
     plan_interval = _duration(args.plan_interval or ("1h" if demo else "15m"), "--plan-interval")

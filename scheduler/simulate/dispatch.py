@@ -4,55 +4,55 @@ the job will really do on those GPUs (the truth, a power limit, interruptible se
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from policies.energy import job_shape
 from policies.model import Assignment, GpuSlot
+from scheduler.simulate.execution import Execution
 from scheduler.simulate.records import EPS_S, JobRecord
+from scheduler.simulate.state import SimState
 from scheduler.simulate.truth import Truth
-
-if TYPE_CHECKING:
-    from scheduler.simulate.model import Simulation
 
 log = logging.getLogger(__name__)
 
 
 class Dispatcher:
-    """Commits the assignments of one `Simulation`'s plans: reserves the GPUs and schedules the start.
+    """Commits the assignments of a simulation run's plans: reserves the GPUs and has
+    `execution` start the job at its time.
 
     `truth` (`scheduler.simulate.truth`) says how a job really runs; only `commit` reads it,
     never the planner.
     """
 
-    def __init__(self, sim: Simulation, truth: Truth) -> None:
-        self.sim = sim
+    def __init__(self, state: SimState, truth: Truth, execution: Execution) -> None:
+        self.state = state
         self.truth = truth
+        self.execution = execution
         self.rejected = 0
 
     def commit(self, a: Assignment, start_s: float) -> int:
         """Reserve the GPUs and schedule the start, if the assignment is valid (1) else 0."""
-        sim = self.sim
-        idx = sim.index.get(a.job_id)
+        state = self.state
+        idx = state.index.get(a.job_id)
         if idx is None:
             return self._reject(a, "unknown job")
-        r = sim.records[idx]
+        r = state.records[idx]
         if r.state not in ("queued", "future"):
             return self._reject(a, f"job is {r.state}")
         job = r.job
         ids = a.gpu_ids
-        why = sim.gpus.refusal(job, ids, start_s)
+        why = state.gpus.refusal(job, ids, start_s)
         if why is not None:
             return self._reject(a, why)
-        first = sim.gpus.slots[ids[0]]
+        first = state.gpus.slots[ids[0]]
         if start_s < r.arrival_s - EPS_S:
             return self._reject(a, "starts before the job is submitted")
-        knowledge = sim.knowledge
-        default_runtime_s = sim.settings.default_runtime_s
+        knowledge = state.knowledge
+        default_runtime_s = state.settings.default_runtime_s
         shape = knowledge.shape(job, first.model)
         r.state = "committed"
         r.node, r.zone, r.model, r.gpu_ids = first.node, first.zone, first.model, tuple(ids)
         r.planned_runtime_s, r.planned_power_w = shape.runtime_s, shape.power_w
-        r.committed_s = sim.env.now
+        r.committed_s = state.env.now
         # the truth is anchored on the real job and the scenario's own profiles, never on the
         # estimate or on what was learned since
         real = r.real or job
@@ -75,17 +75,18 @@ class Dispatcher:
         r.est_gco2 = a.estimate.gco2
         r.explanation = a.explanation
         r.token += 1
-        sim.gpus.reserve(idx, ids, start_s + r.planned_runtime_s)
-        sim.queue.pop(job.id, None)
-        sim.changes += 1
+        state.gpus.reserve(idx, ids, start_s + r.planned_runtime_s)
+        state.queue.pop(job.id, None)
+        state.changes += 1
         token = r.token
-        ev = sim.env.timeout(max(0.0, start_s - sim.env.now))
-        ev.callbacks.append(lambda _e, idx=idx, token=token: sim.execution.start(idx, token))
+        ev = state.env.timeout(max(0.0, start_s - state.env.now))
+        start = self.execution.start
+        ev.callbacks.append(lambda _e, idx=idx, token=token: start(idx, token))
         return 1
 
     def _gpu_pue(self, gpu: GpuSlot) -> float:
         """The PUE of the site of a GPU's node (its zone's default when it has none)."""
-        return float(gpu.pue) if gpu.pue is not None else float(self.sim.pue.get(gpu.zone, 1.0))
+        return float(gpu.pue) if gpu.pue is not None else float(self.state.pue.get(gpu.zone, 1.0))
 
     def _reject(self, a: Assignment, why: str) -> int:
         self.rejected += 1

@@ -1,93 +1,23 @@
 """The simulated cluster's power against its budgets.
 
-`ZoneMeter` integrates a zone's (or a [sites.S] budget's) GPU power over time and its emissions
-at the zone's actual intensity; `SitePower` holds the meters, routes each change of a job's
-power to them, and answers what the budgets ask of a tick: the caps in force over its
+`SitePower` holds a meter (`records.ZoneMeter`) per zone and per [sites.S] budget, routes each
+change of a job's power to them, and answers what the budgets ask of a tick: the caps in force over its
 horizon (constant caps, daily windows, dated events: `scheduler.power_budget`) and the ramp
 limits on new load (`policies.ramp`), as the daemon's planner applies them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 from policies.energy import J_PER_KWH
 from policies.model import Plan, Snapshot, budget_of
 from policies.ramp import WINDOW_S as RAMP_WINDOW_S
 from policies.ramp import RecentStart, stagger_starts
-from scheduler.power_budget import ZoneBudget, caps_between, ramps_of
+from scheduler.power_budget import caps_between, ramps_of
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.intensity import ZoneIntensity
-from scheduler.simulate.records import EPS_S, JobRecord, at
-
-
-@dataclass
-class ZoneMeter:
-    """Integrates a zone's simulated GPU power over time, and its emissions at actual intensity.
-
-    The nodes of one zone may sit in sites with different PUEs: each change of power carries
-    its node's PUE, and the meter integrates the facility power (GPU power x PUE) beside the
-    GPU power. `pue` is the zone's default, for changes that name none.
-    """
-
-    zone: str
-    pue: float
-    intensity: ZoneIntensity
-    power_w: float = 0.0
-    facility_w: float = 0.0
-    last_s: float = 0.0
-    energy_j: float = 0.0
-    facility_j: float = 0.0
-    gco2: float = 0.0
-    peak_w: float = 0.0
-    over_cap_s: float = 0.0
-    cap_w: float | None = None
-    budget: ZoneBudget | None = None  # with daily windows: the cap in force changes with the time
-    # (time, GPU power after the change, facility power after the change)
-    timeline: list[tuple[float, float, float]] = field(default_factory=list)
-    # GPU power under this meter's budget: all of it, but in a zone that holds budgeted sites
-    # only its nodes outside them (the sites' power is held to their own budgets)
-    budget_w: float = 0.0
-
-    def advance(self, now_s: float) -> None:
-        dt = now_s - self.last_s
-        if dt > 0 and self.power_w:
-            self.energy_j += self.power_w * dt
-            self.facility_j += self.facility_w * dt
-            self.gco2 += self.facility_w * self.intensity.integral_g_per_kwh_s(self.last_s, now_s) / J_PER_KWH
-        if dt > 0 and self.budget_w:
-            if self.budget is not None:
-                self.over_cap_s += self._over_budget_s(self.last_s, now_s)
-            elif self.cap_w is not None and self.budget_w > self.cap_w + EPS_S:
-                self.over_cap_s += dt
-        self.last_s = now_s
-
-    def _over_budget_s(self, start_s: float, end_s: float) -> float:
-        """Seconds of [start, end) at constant power over the cap in force, piece by piece
-        between the windows' edges."""
-        start, end = (datetime.fromtimestamp(t, timezone.utc) for t in (start_s, end_s))
-        edges = [start, *self.budget.changes_between(start, end), end]
-        over = 0.0
-        for a, b in zip(edges, edges[1:]):
-            cap = self.budget.gpu_cap_at(a)  # the site's cap less its static power
-            if cap is not None and self.budget_w > cap + EPS_S:
-                over += (b - a).total_seconds()
-        return over
-
-    def change(self, now_s: float, delta_w: float, pue: float | None = None, budgeted: bool = True) -> None:
-        """`delta_w` more GPU power from `now_s` (`budgeted`: under this meter's budget)."""
-        self.advance(now_s)
-        self.power_w += delta_w
-        self.facility_w += delta_w * (self.pue if pue is None else pue)
-        if budgeted:
-            self.budget_w += delta_w
-            if abs(self.budget_w) < 1e-6:
-                self.budget_w = 0.0
-        if abs(self.power_w) < 1e-6:
-            self.power_w = self.facility_w = 0.0
-        self.peak_w = max(self.peak_w, self.power_w)
-        self.timeline.append((now_s, self.power_w, self.facility_w))
+from scheduler.simulate.records import JobRecord, ZoneMeter, at
 
 
 def grams(power_w: float, pue: float, intensity: ZoneIntensity, start_s: float, end_s: float) -> float:
