@@ -50,10 +50,10 @@ def write_trace(path: Path, n_jobs: int, seed: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     from scheduler.simulate.cluster import load_cluster
     from scheduler.simulate.intensity import load_zone_files
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.report import table
     from scheduler.simulate.runner import parse_policies, run_policies
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
     from scheduler.timeparse import parse_duration
 

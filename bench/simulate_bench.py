@@ -79,8 +79,8 @@ def _print(result) -> None:
 def bench_gap(args) -> dict:
     """cpsat vs oracle savings over fifo: pai_1k, 24 h slack, the 4-zone cluster, 2022 carbon."""
     from scheduler.simulate.cluster import load_cluster
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     cluster = load_cluster(ROOT / "examples" / "cluster-4zone.toml")
@@ -132,8 +132,8 @@ def bench_gap(args) -> dict:
 def bench_gaia(args) -> dict:
     """GAIA's setting in both zones: reductions vs run-at-arrival beside GAIA's own figures."""
     from scheduler.simulate.cluster import load_cluster
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     out: dict = {"scenario": "gaia", "start": GAIA_START.isoformat(), "max_wait_h": 24, "zones": {},
@@ -204,8 +204,8 @@ def _gaia_interrupting(args, out: dict) -> dict:
     """GAIA's setting with --interruptible SHARE of the jobs interruptible (issue 30), at each
     of --resume-costs: the reduction vs run-at-arrival beside GAIA's suspend-resume figure."""
     from scheduler.simulate.cluster import load_cluster
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     costs = [float(x) for x in args.resume_costs.split(",")]
@@ -281,8 +281,8 @@ def bench_speed(args) -> dict:
 
 def speed_child(args) -> None:
     from scheduler.simulate.cluster import load_cluster
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     t0 = time.perf_counter()
@@ -348,8 +348,8 @@ def bench_overload(args) -> dict:
     import statistics
 
     from scheduler.simulate.cluster import load_cluster
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
 
     cluster = load_cluster(ROOT / "examples" / "cluster-4zone.toml")
     capacity = sum(cluster.gpus_by_model().values())
@@ -418,8 +418,8 @@ def bench_halfhour(args) -> dict:
     are counted on the 30-minute truth in both."""
     from scheduler.simulate.cluster import load_cluster
     from scheduler.simulate.intensity import load_zone_files
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     import dataclasses

@@ -233,8 +233,9 @@ def test_stored_forecasts_replay_exactly_the_run_issued_before_each_tick(tmp_pat
     from scheduler.simulate.cluster import cluster_from_dict
     from scheduler.simulate.forecasts import parse_forecast
     from scheduler.simulate.intensity import load_zone_files
-    from scheduler.simulate.model import SimSettings, Simulation
+    from scheduler.simulate.model import Simulation
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     path, runs = _issued_file(tmp_path)

@@ -299,9 +299,9 @@ def test_a_simulated_two_week_job_runs_where_it_is_cleaner_over_two_weeks(tmp_pa
     planner before issue 24) it ran in A and emitted over a third more (2,900 vs 2,100
     g/kWh x days)."""
     from scheduler.simulate.cluster import cluster_from_dict
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.runner import run_policies
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     start = datetime(2022, 3, 1, tzinfo=timezone.utc)

@@ -170,9 +170,9 @@ def test_the_simulator_with_caps_uses_less_energy_at_the_same_deadline_misses(tm
     simulated runs (runtime by the cap response, power at the limit)."""
     from test_simulate import scenario
 
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.runner import run_policies
     from scheduler.simulate.scenario import parse_mix
+    from scheduler.simulate.settings import SimSettings
 
     sc = scenario(24, tmp_path, slack_s=12 * 3600, mix=parse_mix("llm-chat-8b=0.5,llm-chat-70b=0.5"))
     free = run_policies(sc, ["greedy"]).summaries["greedy"]

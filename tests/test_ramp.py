@@ -18,7 +18,8 @@ from scheduler.power_budget import parse_zone_budget
 from scheduler.simulate.cluster import cluster_from_dict
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.model import Simulation
+from scheduler.simulate.settings import SimSettings
 
 NOW = datetime(2022, 10, 19, tzinfo=timezone.utc)
 

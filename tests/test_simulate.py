@@ -22,9 +22,10 @@ from scheduler.cli.main import main
 from scheduler.simulate.cluster import cluster_from_dict, load_cluster
 from scheduler.simulate.forecasts import parse_forecast
 from scheduler.simulate.intensity import load_zone_files
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.model import Simulation
 from scheduler.simulate.runner import parse_policies, run_policies
 from scheduler.simulate.scenario import build_scenario, demo_dir
+from scheduler.simulate.settings import SimSettings
 from scheduler.simulate.traces import read_jobs
 
 DEMO = demo_dir()

@@ -21,7 +21,8 @@ from scheduler.simulate.estimates import (
 )
 from scheduler.simulate.forecasts import parse_forecast
 from scheduler.simulate.intensity import load_zone_files
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.model import Simulation
+from scheduler.simulate.settings import SimSettings
 
 from tests.test_simulate import DEMO, START, scenario
 

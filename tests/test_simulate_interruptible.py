@@ -20,8 +20,9 @@ from policies.segments import idle_power_w
 from scheduler.simulate.cluster import cluster_from_dict
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.model import Simulation
 from scheduler.simulate.scenario import Interruptible
+from scheduler.simulate.settings import SimSettings
 from scheduler.simulate.traces import read_jobs
 
 START = datetime(2022, 10, 19, 0, tzinfo=timezone.utc)

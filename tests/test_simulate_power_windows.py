@@ -14,7 +14,8 @@ from policies.model import QueuedJob
 from scheduler.simulate.cluster import ClusterSpecError, cluster_from_dict
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.model import Simulation
+from scheduler.simulate.settings import SimSettings
 
 START = datetime(2022, 10, 19, 0, tzinfo=timezone.utc)
 GPUS = 4
@@ -54,7 +55,7 @@ def test_a_demand_response_window_at_60_percent_of_peak_is_never_exceeded():
 
 def test_the_meter_counts_time_over_the_cap_in_force_only():
     from scheduler.power_budget import parse_zone_budget
-    from scheduler.simulate.model import ZoneMeter
+    from scheduler.simulate.records import ZoneMeter
 
     budget = parse_zone_budget("DE", {"power_windows": [{"start": "01:00", "end": "02:00", "cap_w": 100.0}]})
     meter = ZoneMeter(zone="DE", pue=1.0, intensity=_flat_zone(), budget=budget, last_s=START.timestamp())

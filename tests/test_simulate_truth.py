@@ -11,7 +11,10 @@ import pytest
 from policies import get_policy
 from policies.energy import seed_profiles
 from scheduler.simulate.forecasts import parse_forecast
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.gpus import GpuLedger
+from scheduler.simulate.model import Simulation
+from scheduler.simulate.planning import TickPlanner
+from scheduler.simulate.settings import SimSettings
 from scheduler.simulate.truth import NoisyTruth, ProfilesTruth, Truth, TruthError, parse_truth
 
 from tests.test_simulate import scenario
@@ -99,14 +102,14 @@ def test_the_planner_never_sees_the_truth(tmp_path):
     for label, truth in (("perfect", Truth()), ("watching", Watching("watching"))):
         sim = Simulation(cluster=sc.cluster, jobs=sc.jobs, carbon=sc.carbon, policy=Spy(label),
                          forecast=parse_forecast("perfect", sc.carbon), settings=SimSettings(learn=False))
-        sim.truth = truth
+        sim.dispatch.truth = truth
         sim.run()
         ends += [r.end_s for r in sim.records if r.end_s]
-    assert callers and set(callers) == {"_commit"}
+    assert callers and set(callers) == {"commit"}
     first_end = min(ends)  # until a job ends somewhere, nothing measured can differ
     before = [(a, b) for a, b in zip(seen["perfect"], seen["watching"]) if b.now.timestamp() < first_end]
     assert before and all(a == b for a, b in before)
-    assert "truth" not in inspect.getsource(Simulation._snapshot)
+    assert all("truth" not in inspect.getsource(f) for f in (TickPlanner.snapshot, GpuLedger.view))
 
 
 def test_with_learning_the_planners_estimates_converge_to_the_truth(tmp_path):

@@ -20,7 +20,8 @@ from scheduler.power_budget import ZoneBudget
 from scheduler.simulate.cluster import ClusterSpecError, cluster_from_dict
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
-from scheduler.simulate.model import SimSettings, Simulation
+from scheduler.simulate.model import Simulation
+from scheduler.simulate.settings import SimSettings
 from scheduler.store.models import job_events
 from tests.test_power_governor import measured_w, node, start_jobs  # noqa: F401  (the agent fixture)
 

@@ -212,9 +212,9 @@ def test_a_simulated_half_hour_job_emits_less_on_half_hours_than_on_hourly_means
     emissions, counted on the 30-minute truth in both runs, show what hourly averaging cost."""
     from scheduler.simulate.cluster import load_cluster
     from scheduler.simulate.intensity import load_zone_files
-    from scheduler.simulate.model import SimSettings
     from scheduler.simulate.runner import run_policies
     from scheduler.simulate.scenario import build_scenario
+    from scheduler.simulate.settings import SimSettings
     from scheduler.simulate.traces import read_jobs
 
     (tmp_path / "c.toml").write_text('[[node]]\nname = "gb"\nzone = "GB"\ngpus = "1xH100"\n')

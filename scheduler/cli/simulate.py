@@ -38,7 +38,15 @@ def add_parser(subparsers) -> None:
         description="Replay a job trace on a simulated cluster through the daemon's own policies, with "
                     "carbon traces per zone, and report carbon, energy, waits and deadlines side by side. "
                     "Without trace arguments it runs the bundled demo scenario.")
-    g = s.add_argument_group("inputs")
+    _input_options(s.add_argument_group("inputs"))
+    _shadow_options(s.add_argument_group("shadow mode (replay the production store)"))
+    _model_options(s.add_argument_group("model"))
+    _output_options(s.add_argument_group("output"))
+    register("simulate", run)
+
+
+def _input_options(g) -> None:
+    """The trace, carbon and job-shaping options."""
     g.add_argument("--cluster", metavar="FILE.toml", help="cluster file: nodes with zone, GPUs and PUE")
     g.add_argument("--jobs", metavar="FILE", help="job trace (GAIA, Alibaba GPU v2023, LLM requests or generic CSV)")
     g.add_argument("--jobs-format", choices=FORMATS, help="trace format (default: detected from the header)")
@@ -71,7 +79,10 @@ def add_parser(subparsers) -> None:
                    help="LLM traces: a batch spans at most this long (default 15m)")
     g.add_argument("--llm-workload", default="llm-chat-8b", metavar="CLASS",
                    help="LLM traces: workload class of the batch jobs (default llm-chat-8b)")
-    sh = s.add_argument_group("shadow mode (replay the production store)")
+
+
+def _shadow_options(sh) -> None:
+    """The options of a replay of the production store."""
     sh.add_argument("--from-store", action="store_true",
                     help="replay the store's finished jobs and recorded intensity (read-only)")
     sh.add_argument("--since", metavar="T", help="jobs submitted from this time (ISO or a duration ago; default 7d)")
@@ -79,7 +90,10 @@ def add_parser(subparsers) -> None:
     sh.add_argument("--db", help=env_help("database URL (default SQLite under the state dir)", "CARBONSCHED_DB"))
     sh.add_argument("--state-dir", help=env_help("state directory (for the default SQLite URL)",
                                                   "CARBONSCHED_STATE_DIR"))
-    m = s.add_argument_group("model")
+
+
+def _model_options(m) -> None:
+    """The policies, forecast, truth, estimates and the simulated daemon's settings."""
     m.add_argument("--policy", default=None, metavar="a,b,...",
                    help="policies to compare, the first is the baseline (default fifo,greedy,cpsat; also "
                         "edf, the deadline-aware carbon-blind baseline, and oracle); NAME:key=value sets a "
@@ -126,14 +140,15 @@ def add_parser(subparsers) -> None:
                         "and plan only new jobs (default: every tick re-plans every queued job)")
     m.add_argument("--gpu-mtbf", metavar="DUR", help="simulate GPU failures: mean time between failures per GPU")
     m.add_argument("--gpu-repair", default="4h", metavar="DUR", help="time a failed GPU is down (default 4h)")
-    o = s.add_argument_group("output")
+
+
+def _output_options(o) -> None:
+    """Where and how the report goes."""
     o.add_argument("--out", metavar="DIR", help="report folder (default ./simulate-<time>)")
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: on a terminal, off with --json)")
-
-    register("simulate", run)
 
 
 def run(args, config: dict) -> int:
@@ -180,87 +195,22 @@ def _start(text: str | None) -> datetime | None:
 
 
 def _run(args, config: dict) -> int:
-    from scheduler.simulate.model import SimSettings
+    from scheduler.simulate.estimates import EstimateError, parse_estimate
     from scheduler.simulate.report import table, write_report
     from scheduler.simulate.runner import parse_policies, run_policies
-    from scheduler.simulate.scenario import DEMO_POLICIES, build_scenario, parse_mix
-    from scheduler.simulate.estimates import EstimateError, parse_estimate
+    from scheduler.simulate.scenario import DEMO_POLICIES
     from scheduler.simulate.truth import TruthError, parse_truth
 
     trace_args = [a for a in ("cluster", "jobs") if getattr(args, a)] + (["carbon"] if args.carbon else [])
     demo = not trace_args and not args.from_store
-    # The demo plans hourly (the carbon data's own step) so that it finishes in about a minute.
-    plan_interval = _duration(args.plan_interval or ("1h" if demo else "15m"), "--plan-interval")
-    wake = args.wake_on_submit if args.wake_on_submit is not None else not demo
-    horizon = _duration(args.horizon, "--horizon")
-    if not plan_interval or not horizon:
-        raise CliError("--plan-interval and --horizon must be positive durations", EXIT_USAGE)
-    settings = SimSettings(plan_interval_s=plan_interval, wake_on_submit=wake,
-                           horizon_s=horizon, gpu_mtbf_s=_duration(args.gpu_mtbf, "--gpu-mtbf"),
-                           full_replan_s=_duration(args.full_replan, "--full-replan"),
-                           gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed,
-                           truth=args.truth, learn=args.learn, estimate=args.estimate,
-                           correct_estimates=args.correct_estimates, estimate_margin=args.estimate_margin,
-                           price_length_spread=args.price_length_spread)
+    settings = _settings(args, demo)
     try:
         parse_truth(args.truth, seed=args.seed)  # a bad spec or file fails before any work
         parse_estimate(args.estimate, seed=args.seed)
     except (TruthError, EstimateError) as e:
         raise CliError(str(e), EXIT_USAGE) from None
     policies = parse_policies(args.policy or _default_policies(DEMO_POLICIES if demo else "fifo,greedy,cpsat"))
-    slack_s = _duration(args.slack, "--slack")
-    max_wait_s = _duration(args.max_wait, "--max-wait")
-    mix = parse_mix(args.mix)
-    from scheduler.simulate.scenario import Interruptible
-
-    try:
-        cut = Interruptible(share=args.interruptible, kind=args.interruptible_kind,
-                            min_run_s=_duration(args.min_run, "--min-run"),
-                            resume_cost_s=_duration(args.resume_cost, "--resume-cost") or 0.0,
-                            max_segments=args.max_segments)
-    except ValueError as e:
-        raise CliError(str(e), EXIT_USAGE) from None
-
-    if args.from_store:
-        if trace_args and trace_args != ["cluster"]:
-            raise CliError("--from-store replays the store's own jobs and intensity: leave out --jobs and --carbon",
-                           EXIT_USAGE)
-        scenario = _store_scenario(args, config)
-        what = f"the store's job history ({len(scenario.jobs)} jobs)"
-    elif demo:
-        from scheduler.simulate.scenario import demo_inputs
-
-        cluster, trace, carbon, start = demo_inputs()
-        scenario = build_scenario(cluster, trace, carbon, start=_start(args.start) or start, slack_s=slack_s,
-                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed, interruptible=cut)
-        what = (f"the bundled demo: {len(scenario.jobs)} PAI jobs on {cluster.describe()}, "
-                f"Electricity Maps 2022 carbon")
-    else:
-        missing = [a for a in ("cluster", "jobs", "carbon") if a not in trace_args]
-        if missing:
-            raise CliError(f"missing {', '.join('--' + m for m in missing)} (or give no trace arguments "
-                           "for the bundled demo)", EXIT_USAGE)
-        from scheduler.simulate.cluster import load_cluster
-        from scheduler.simulate.intensity import load_carbon
-        from scheduler.simulate.traces import read_jobs
-
-        cluster = load_cluster(args.cluster)
-        files = [c for c in args.carbon if c.partition("=")[2].strip() != "store"]
-        from_store = [c.partition("=")[0].strip() for c in args.carbon if c.partition("=")[2].strip() == "store"]
-        carbon = load_carbon(files) if files else {}
-        if from_store:
-            carbon.update(_carbon_from_store(args, config, from_store))
-            from scheduler.simulate.intensity import check_signals
-
-            check_signals(carbon)
-        _check_workload(args.llm_workload)
-        window = _duration(args.llm_batch_window, "--llm-batch-window")
-        trace = read_jobs(args.jobs, fmt=args.jobs_format, time_unit=args.time_unit,
-                          llm_batch_prompts=args.llm_batch_prompts, llm_batch_window_s=window or 900.0,
-                          llm_workload=args.llm_workload)
-        scenario = build_scenario(cluster, trace, carbon, start=_start(args.start), slack_s=slack_s,
-                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed, interruptible=cut)
-        what = f"{len(scenario.jobs)} jobs from {args.jobs} on {cluster.describe()}"
+    scenario, what = _scenario(args, config, trace_args, demo)
 
     progress = args.progress if args.progress is not None else (not args.json and sys.stderr.isatty())
     if not args.json:
@@ -290,6 +240,89 @@ def _run(args, config: dict) -> int:
         print(f"\nreport written to {out}/ (report.json, jobs-<policy>.csv"
               + ("" if args.no_plots else ", emissions.png, gpu_usage.png, waits.png") + ")")
     return EXIT_OK
+
+
+def _settings(args, demo: bool):
+    """The simulated daemon's settings from the options (`SimSettings`)."""
+    from scheduler.simulate.settings import SimSettings
+
+    # The demo plans hourly (the carbon data's own step) so that it finishes in about a minute.
+    plan_interval = _duration(args.plan_interval or ("1h" if demo else "15m"), "--plan-interval")
+    wake = args.wake_on_submit if args.wake_on_submit is not None else not demo
+    horizon = _duration(args.horizon, "--horizon")
+    if not plan_interval or not horizon:
+        raise CliError("--plan-interval and --horizon must be positive durations", EXIT_USAGE)
+    return SimSettings(plan_interval_s=plan_interval, wake_on_submit=wake,
+                       horizon_s=horizon, gpu_mtbf_s=_duration(args.gpu_mtbf, "--gpu-mtbf"),
+                       full_replan_s=_duration(args.full_replan, "--full-replan"),
+                       gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed,
+                       truth=args.truth, learn=args.learn, estimate=args.estimate,
+                       correct_estimates=args.correct_estimates, estimate_margin=args.estimate_margin,
+                       price_length_spread=args.price_length_spread)
+
+
+def _scenario(args, config: dict, trace_args: list[str], demo: bool):
+    """The scenario to replay (the store's history, the bundled demo or the trace files) and
+    a phrase saying what it is."""
+    from scheduler.simulate.scenario import Interruptible, build_scenario, parse_mix
+
+    slack_s = _duration(args.slack, "--slack")
+    max_wait_s = _duration(args.max_wait, "--max-wait")
+    mix = parse_mix(args.mix)
+    try:
+        cut = Interruptible(share=args.interruptible, kind=args.interruptible_kind,
+                            min_run_s=_duration(args.min_run, "--min-run"),
+                            resume_cost_s=_duration(args.resume_cost, "--resume-cost") or 0.0,
+                            max_segments=args.max_segments)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+
+    if args.from_store:
+        if trace_args and trace_args != ["cluster"]:
+            raise CliError("--from-store replays the store's own jobs and intensity: leave out --jobs and --carbon",
+                           EXIT_USAGE)
+        scenario = _store_scenario(args, config)
+        return scenario, f"the store's job history ({len(scenario.jobs)} jobs)"
+    if demo:
+        from scheduler.simulate.scenario import demo_inputs
+
+        cluster, trace, carbon, start = demo_inputs()
+        scenario = build_scenario(cluster, trace, carbon, start=_start(args.start) or start, slack_s=slack_s,
+                                  max_wait_s=max_wait_s, mix=mix, seed=args.seed, interruptible=cut)
+        return scenario, (f"the bundled demo: {len(scenario.jobs)} PAI jobs on {cluster.describe()}, "
+                          f"Electricity Maps 2022 carbon")
+    missing = [a for a in ("cluster", "jobs", "carbon") if a not in trace_args]
+    if missing:
+        raise CliError(f"missing {', '.join('--' + m for m in missing)} (or give no trace arguments "
+                       "for the bundled demo)", EXIT_USAGE)
+    cluster, trace, carbon = _file_inputs(args, config)
+    scenario = build_scenario(cluster, trace, carbon, start=_start(args.start), slack_s=slack_s,
+                              max_wait_s=max_wait_s, mix=mix, seed=args.seed, interruptible=cut)
+    return scenario, f"{len(scenario.jobs)} jobs from {args.jobs} on {cluster.describe()}"
+
+
+def _file_inputs(args, config: dict):
+    """The cluster, job trace and carbon of --cluster, --jobs and --carbon (ZONE=store from
+    the store)."""
+    from scheduler.simulate.cluster import load_cluster
+    from scheduler.simulate.intensity import load_carbon
+    from scheduler.simulate.traces import read_jobs
+
+    cluster = load_cluster(args.cluster)
+    files = [c for c in args.carbon if c.partition("=")[2].strip() != "store"]
+    from_store = [c.partition("=")[0].strip() for c in args.carbon if c.partition("=")[2].strip() == "store"]
+    carbon = load_carbon(files) if files else {}
+    if from_store:
+        carbon.update(_carbon_from_store(args, config, from_store))
+        from scheduler.simulate.intensity import check_signals
+
+        check_signals(carbon)
+    _check_workload(args.llm_workload)
+    window = _duration(args.llm_batch_window, "--llm-batch-window")
+    trace = read_jobs(args.jobs, fmt=args.jobs_format, time_unit=args.time_unit,
+                      llm_batch_prompts=args.llm_batch_prompts, llm_batch_window_s=window or 900.0,
+                      llm_workload=args.llm_workload)
+    return cluster, trace, carbon
 
 
 def _check_workload(workload: str) -> None:

@@ -164,7 +164,23 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
     site_pue = _positive(site.get("pue", 1.0), "site pue", fail)
     if site_pue < 1.0:
         raise fail(f"site pue {site_pue} is below 1.0")
+    zone_pue = _zone_pues(zone_tables, fail)
+    nodes = _node_specs(nodes_raw, zone_pue, site_pue, site_tables, fail)
+    by_zone = {n.zone for n in nodes}
+    for zone in zone_tables:
+        if zone not in by_zone:
+            raise fail(f"[zone.{zone}] names a zone without nodes")
+    base_dir = Path(path).parent if path != "<cluster>" else None
+    prices, caps, budgets = _zone_budgets(sorted(by_zone), zone_tables, site, base_dir, fail)
+    site_caps, site_budgets = _site_budgets(site_tables, nodes, base_dir, fail)
+    years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
+    return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
+                       power_caps=tuple(caps + site_caps), path=path, budgets={**budgets, **site_budgets},
+                       zone_pue={z: zone_pue.get(z, site_pue) for z in sorted(by_zone)})
 
+
+def _zone_pues(zone_tables, fail) -> dict[str, float]:
+    """The [zone.Z] pue of each zone that sets one."""
     if not isinstance(zone_tables, dict) or not all(isinstance(t, dict) for t in zone_tables.values()):
         raise fail("[zone.X] entries must be tables")
     zone_pue: dict[str, float] = {}
@@ -173,7 +189,12 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             zone_pue[zone] = _positive(zt["pue"], f"zone {zone} pue", fail)
             if zone_pue[zone] < 1.0:
                 raise fail(f"zone {zone} pue {zone_pue[zone]} is below 1.0")
+    return zone_pue
 
+
+def _node_specs(nodes_raw: list, zone_pue: dict[str, float], site_pue: float, site_tables: dict,
+                fail) -> list[NodeSpec]:
+    """The [[node]] entries as NodeSpecs, a `count = N` entry as N nodes NAME-1..NAME-N."""
     nodes: list[NodeSpec] = []
     seen: set[str] = set()
     for i, raw in enumerate(nodes_raw, 1):
@@ -208,16 +229,17 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             seen.add(name)
             nodes.append(NodeSpec(name=name, zone=raw["zone"].strip(), models=models, pue=float(pue),
                                   budget=budget))
+    return nodes
 
-    by_zone = {n.zone for n in nodes}
-    for zone in zone_tables:
-        if zone not in by_zone:
-            raise fail(f"[zone.{zone}] names a zone without nodes")
 
+def _zone_budgets(zones: list[str], zone_tables: dict, site: dict, base_dir: Path | None,
+                  fail) -> tuple[dict[str, float], list[PowerCap], dict[str, ZoneBudget]]:
+    """Each zone's energy price, constant GPU power cap and (with windows, events, static
+    power or a ramp limit) its whole budget, as the daemon reads them."""
     prices: dict[str, float] = {}
     caps: list[PowerCap] = []
     budgets: dict[str, ZoneBudget] = {}
-    for zone in sorted(by_zone):
+    for zone in zones:
         zt = zone_tables.get(zone, {})
         price = zt.get("energy_price_usd_per_kwh", site.get("energy_price_usd_per_kwh", 0.0))
         prices[zone] = _non_negative(price, f"zone {zone} energy_price_usd_per_kwh", fail)
@@ -230,13 +252,21 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
         if timed:  # windows, dated events, static power: the daemon's budget (scheduler.power_budget)
             try:
                 budget = parse_zone_budget(zone, {**timed, **({"power_cap_w": cap} if cap is not None else {})},
-                                           base_dir=Path(path).parent if path != "<cluster>" else None)
+                                           base_dir=base_dir)
             except ValueError as e:
                 raise fail(str(e).removeprefix("config ")) from None
         if cap is not None:  # the constant cap of GPU power: the site's less its static power
             caps.append(PowerCap(zone=zone, cap_w=cap - (budget.static_w if budget is not None else 0.0)))
         if budget is not None and (budget.windows or budget.events or budget.static_w or budget.ramp_w_per_min):
             budgets[zone] = budget
+    return prices, caps, budgets
+
+
+def _site_budgets(site_tables: dict, nodes: list[NodeSpec], base_dir: Path | None,
+                  fail) -> tuple[list[PowerCap], dict[str, ZoneBudget]]:
+    """The [sites.S] budgets, by key `site:NAME`: each site in one zone, with nodes and a budget."""
+    caps: list[PowerCap] = []
+    budgets: dict[str, ZoneBudget] = {}
     used_sites = {n.budget for n in nodes if n.budget is not None}
     for key in sorted(used_sites):
         zones_of_site = sorted({n.zone for n in nodes if n.budget == key})
@@ -252,8 +282,7 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
         if unknown_keys:
             raise fail(f"[sites.{name}]: unknown key(s) {', '.join(sorted(unknown_keys))}")
         try:
-            budget = parse_zone_budget(name, st, base_dir=Path(path).parent if path != "<cluster>" else None,
-                                       where=f"sites.{name}")
+            budget = parse_zone_budget(name, st, base_dir=base_dir, where=f"sites.{name}")
         except ValueError as e:
             raise fail(str(e).removeprefix("config ")) from None
         if budget is None:
@@ -262,10 +291,7 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
             caps.append(PowerCap(zone=key, cap_w=budget.cap_w - budget.static_w))
         if budget.windows or budget.events or budget.static_w or budget.ramp_w_per_min:
             budgets[key] = budget
-    years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
-    return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
-                       power_caps=tuple(caps), path=path, budgets=budgets,
-                       zone_pue={z: zone_pue.get(z, site_pue) for z in sorted(by_zone)})
+    return caps, budgets
 
 
 def _positive(value, what: str, fail) -> float:

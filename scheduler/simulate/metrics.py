@@ -30,8 +30,9 @@ import statistics
 from collections import defaultdict
 
 from policies.catalog import lookup
+from policies.energy import J_PER_KWH
 from scheduler.simulate.cluster import ClusterSpec
-from scheduler.simulate.model import J_PER_KWH, PolicyRun
+from scheduler.simulate.records import PolicyRun
 
 YEAR_S = 365.0 * 86400.0
 

@@ -17,8 +17,9 @@ import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
+from policies.energy import J_PER_KWH
 from scheduler.simulate.intensity import HOUR_S
-from scheduler.simulate.model import J_PER_KWH, PolicyRun
+from scheduler.simulate.records import PolicyRun
 
 log = logging.getLogger(__name__)
 

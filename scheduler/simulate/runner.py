@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from scheduler.simulate.forecasts import parse_forecast
 from scheduler.simulate.metrics import compare, summarize
-from scheduler.simulate.model import PolicyRun, SimSettings, Simulation
+from scheduler.simulate.model import Simulation
+from scheduler.simulate.records import PolicyRun
 from scheduler.simulate.scenario import Scenario
+from scheduler.simulate.settings import SimSettings
 
 log = logging.getLogger(__name__)
 

@@ -136,7 +136,7 @@ def build_scenario(
     interruptible: Interruptible | None = None,
 ) -> Scenario:
     """Place a trace on the calendar of the carbon data and make the jobs (module docstring)."""
-    from policies.energy import ProfileBook, fits, seed_profiles, shape_arrays
+    from policies.energy import ProfileBook, seed_profiles
 
     check_zones(cluster.zones, carbon)
     book = ProfileBook(profiles or seed_profiles())
@@ -144,6 +144,31 @@ def build_scenario(
     if capped:
         log.warning("%d jobs were wider than the widest node (%d GPUs of one model) and were narrowed "
                     "to it, keeping their GPU-hours", capped, cluster.max_gpus_per_node())
+    origin = _origin(trace, carbon, start)
+    if mix:
+        unknown = [w for w in mix if w != "none" and book.get(w, REFERENCE_MODEL) is None]
+        if unknown:
+            raise ValueError(f"--mix: no {REFERENCE_MODEL} profile for {', '.join(unknown)}; "
+                             f"known classes: {', '.join(book.workloads()) or 'none'}")
+    cut = interruptible or Interruptible()
+    jobs, names = _make_jobs(trace, origin, book, max_wait_s=max_wait_s, mix=mix, seed=seed, cut=cut)
+    no_model = _give_deadlines(jobs, trace, cluster, origin, book, slack_s)
+    if no_model:
+        log.warning("%d jobs fit no GPU model of the cluster (memory or latency SLO); they will stay unplaced",
+                    no_model)
+    notes: dict[str, object] = {"origin": origin.isoformat(), "slack_s": slack_s, "max_wait_s": max_wait_s,
+                                "narrowed_jobs": capped, "unfit_jobs": no_model, "mix": mix,
+                                "interruptible_jobs": sum(1 for j in jobs if j.interruptible)}
+    if interruptible is not None:
+        notes["interruptible"] = {"share": cut.share, "kind": cut.kind, "min_run_s": cut.min_run_s,
+                                  "resume_cost_s": cut.resume_cost_s, "max_segments": cut.max_segments}
+    return Scenario(cluster=cluster, jobs=jobs, carbon=carbon, origin=origin, trace=trace, names=names,
+                    notes=notes, profiles=tuple(profiles))
+
+
+def _origin(trace: JobTrace, carbon: dict[str, ZoneIntensity], start: datetime | None) -> datetime:
+    """The calendar time of the trace's offset 0 (module docstring); an error where the whole
+    trace lies outside the carbon data, a warning where part of it does."""
     carbon_start = common_start(carbon)
     origin = shift_origin(trace, start, carbon_start)
     if start is None and trace.origin is not None:
@@ -164,19 +189,17 @@ def build_scenario(
         log.warning("part of the trace (%s to %s) lies outside the carbon data (%s to %s): the nearest "
                     "hour's intensity is used there", _iso(first_s), _iso(last_s), _iso(data_start),
                     _iso(data_end))
+    return origin
 
-    if mix:
-        unknown = [w for w in mix if w != "none" and book.get(w, REFERENCE_MODEL) is None]
-        if unknown:
-            raise ValueError(f"--mix: no {REFERENCE_MODEL} profile for {', '.join(unknown)}; "
-                             f"known classes: {', '.join(book.workloads()) or 'none'}")
+
+def _make_jobs(trace: JobTrace, origin: datetime, book, *, max_wait_s: float | None,
+               mix: dict[str, float] | None, seed: int, cut: Interruptible) -> tuple[list[QueuedJob], dict[int, str]]:
+    """The trace's jobs as QueuedJobs (ids 1..N) on the calendar, with their workload class
+    from the mix and their interruptibility drawn (each from its own seeded stream), and
+    each job's name by id."""
     rng = random.Random(seed)
-    cut = interruptible or Interruptible()
     cut_rng = random.Random(f"interruptible:{seed}")  # its own stream: the mix's draws are unchanged
-    models = sorted(cluster.gpus_by_model())
-    memory = {m: _memory(cluster, m) for m in models}
     jobs: list[QueuedJob] = []
-    arrivals: list[datetime] = []
     names: dict[int, str] = {}
     for i, tj in enumerate(trace.jobs):
         job_id = i + 1
@@ -193,14 +216,23 @@ def build_scenario(
         kind = getattr(tj, "interruptible", None)
         if kind is None and cut.share > 0 and cut_rng.random() < cut.share:
             kind = cut.kind
-        job = cut.apply(job, kind)
-        jobs.append(job)
-        arrivals.append(arrival)
+        jobs.append(cut.apply(job, kind))
         names[job_id] = tj.name
+    return jobs, names
+
+
+def _give_deadlines(jobs: list[QueuedJob], trace: JobTrace, cluster: ClusterSpec, origin: datetime, book,
+                    slack_s: float | None) -> int:
+    """Give each job (in place) the trace's deadline or arrival + its shortest runtime on a
+    model that can take it + slack; return how many jobs fit no model at all."""
+    from policies.energy import fits, shape_arrays
+
+    models = sorted(cluster.gpus_by_model())
+    memory = {m: _memory(cluster, m) for m in models}
     # each job's shortest runtime on a model that can take it (all models if none can), at once
     runtime = shape_arrays(jobs, models, book, 3600.0).runtime_s
     no_model = 0
-    for i, (tj, job, arrival) in enumerate(zip(trace.jobs, jobs, arrivals)):
+    for i, (tj, job) in enumerate(zip(trace.jobs, jobs)):
         usable = [c for c, m in enumerate(models) if fits(job, m, memory[m], book) is None]
         if not usable:
             no_model += 1
@@ -210,20 +242,10 @@ def build_scenario(
             deadline = origin + timedelta(seconds=tj.deadline_s)
         else:
             slack = tj.slack_s if tj.slack_s is not None else slack_s
-            deadline = None if slack is None else arrival + timedelta(seconds=best_runtime + slack)
+            deadline = None if slack is None else job.submitted_at + timedelta(seconds=best_runtime + slack)
         if deadline is not None:
             jobs[i] = replace(job, deadline=deadline)
-    if no_model:
-        log.warning("%d jobs fit no GPU model of the cluster (memory or latency SLO); they will stay unplaced",
-                    no_model)
-    notes: dict[str, object] = {"origin": origin.isoformat(), "slack_s": slack_s, "max_wait_s": max_wait_s,
-                                "narrowed_jobs": capped, "unfit_jobs": no_model, "mix": mix,
-                                "interruptible_jobs": sum(1 for j in jobs if j.interruptible)}
-    if interruptible is not None:
-        notes["interruptible"] = {"share": cut.share, "kind": cut.kind, "min_run_s": cut.min_run_s,
-                                  "resume_cost_s": cut.resume_cost_s, "max_segments": cut.max_segments}
-    return Scenario(cluster=cluster, jobs=jobs, carbon=carbon, origin=origin, trace=trace, names=names,
-                    notes=notes, profiles=tuple(profiles))
+    return no_model
 
 
 def _choose(rng: random.Random, mix: dict[str, float]) -> str:

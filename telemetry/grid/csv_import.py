@@ -156,6 +156,24 @@ def read_trace(
     name = str(path)
     if fmt is not None and fmt not in FORMATS:
         raise CsvFormatError(name, None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    text = _read_text(path, name)
+    total_lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header, fmt = _read_header(reader, name, fmt)
+    if emission_factor not in _EM_VALUE:
+        raise ValueError(f"emission_factor must be direct or lifecycle, not {emission_factor!r}")
+    cols = [_norm(c) for c in header]
+    try:
+        parse_row = _row_parser(name, fmt, cols, zone, _tzinfo(tz), emission_factor,
+                                [c.strip() for c in header])
+    except ValueError as e:
+        raise CsvFormatError(name, 1, str(e)) from None
+    scan = _scan_rows(reader, parse_row, len(header), name, total_lines, progress)
+    return _clean_trace(scan, name, fmt, zone, duration_s)
+
+
+def _read_text(path: Path, name: str) -> str:
+    """The file's text (UTF-8, a byte-order mark dropped); CsvFormatError where it cannot be read."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -165,38 +183,44 @@ def read_trace(
     except PermissionError:
         raise CsvFormatError(name, None, "permission denied") from None
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise CsvFormatError(name, line, "not UTF-8 text (Electricity Maps headers need UTF-8)") from None
-    total_lines = text.count("\n") + (0 if text.endswith("\n") else 1)
-    reader = csv.reader(io.StringIO(text, newline=""))
+
+
+def _read_header(reader, name: str, fmt: str | None) -> tuple[list[str], str]:
+    """The header row and the file's format (`fmt` if given, else detected from the header)."""
     try:
         header = next(reader)
     except StopIteration:
         raise CsvFormatError(name, 1, "empty file") from None
     except csv.Error as e:
         raise CsvFormatError(name, 1, f"bad CSV: {e}") from None
-    detected = detect_format(header)
-    fmt = fmt or detected
+    fmt = fmt or detect_format(header)
     if fmt is None:
         raise CsvFormatError(name, 1, "unrecognised header; expected an Electricity Maps export, "
                                       "WattTime point_time,value, Vessim time,<region> or "
                                       "request_time,forecast_time,<region>, or plain time,gco2_per_kwh "
                                       f"(got {','.join(header)[:120]!r})")
-    if emission_factor not in _EM_VALUE:
-        raise ValueError(f"emission_factor must be direct or lifecycle, not {emission_factor!r}")
-    cols = [_norm(c) for c in header]
-    try:
-        parse_row = _row_parser(name, fmt, cols, zone, _tzinfo(tz), emission_factor,
-                                [c.strip() for c in header])
-    except ValueError as e:
-        raise CsvFormatError(name, 1, str(e)) from None
+    return header, fmt
 
-    ncols = len(header)
-    rows: list[tuple[str, str, datetime, datetime | None, float, bool | None, str]] = []
-    gap_times: list[tuple[str, datetime]] = []   # (zone, time) of rows with an empty value
-    missing = out_of_order = 0
+
+@dataclass
+class _Scan:
+    """The parsed rows of a file in file order, before cleaning, with what was counted on the way."""
+
+    rows: list[tuple[str, str, datetime, datetime | None, float, bool | None, str]]
+    gap_times: list[tuple[str, datetime]]  # (zone, time) of rows with an empty value
+    missing: int
+    out_of_order: int
+
+
+def _scan_rows(reader, parse_row, ncols: int, name: str, total_lines: int, progress: Progress | None) -> _Scan:
+    """Parse every data row (blank lines skipped, a wrong field count refused), counting gaps
+    and rows out of time order."""
+    scan = _Scan(rows=[], gap_times=[], missing=0, out_of_order=0)
+    rows = scan.rows
     prev: datetime | None = None
     try:
         for record in reader:
@@ -207,12 +231,12 @@ def read_trace(
                 raise CsvFormatError(name, line, f"expected {ncols} fields, got {len(record)}")
             parsed = parse_row(record, line)
             if parsed[4] is None:
-                missing += 1
-                gap_times.append((parsed[0], parsed[2]))
+                scan.missing += 1
+                scan.gap_times.append((parsed[0], parsed[2]))
                 continue
             at = parsed[2]
             if prev is not None and at < prev:
-                out_of_order += 1
+                scan.out_of_order += 1
             prev = at
             rows.append(parsed)
             if progress is not None and len(rows) % PROGRESS_EVERY_ROWS == 0:
@@ -221,7 +245,13 @@ def read_trace(
         raise CsvFormatError(name, reader.line_num, f"bad CSV: {e}") from None
     if progress is not None:
         progress(total_lines, total_lines)
+    return scan
 
+
+def _clean_trace(scan: _Scan, name: str, fmt: str, zone: str | None, duration_s: int | None) -> ParsedTrace:
+    """The scanned rows checked (zones), de-duplicated (the last row of a key wins), given
+    each zone's period length and sorted into readings."""
+    rows, gap_times = scan.rows, scan.gap_times
     zones_in_file = sorted({r[0] for r in rows})
     for z in zones_in_file:
         problem = zone_problem(z)
@@ -232,8 +262,8 @@ def read_trace(
         raise CsvFormatError(name, None, f"the file holds several zones ({', '.join(file_zones)}); "
                                          "--zone would merge them: import without --zone")
     signals = sorted({r[1] for r in rows})
-    trace = ParsedTrace(path=name, fmt=fmt, readings=[], rows=len(rows) + missing, missing=missing,
-                        out_of_order=out_of_order, zones=zones_in_file, signals=signals)
+    trace = ParsedTrace(path=name, fmt=fmt, readings=[], rows=len(rows) + scan.missing, missing=scan.missing,
+                        out_of_order=scan.out_of_order, zones=zones_in_file, signals=signals)
     source = SOURCES[fmt]
     by_key: dict[tuple, tuple] = {}
     for r in rows:
@@ -355,80 +385,97 @@ def _row_parser(name: str, fmt: str, cols: list[str], zone: str | None, tz, emis
     file's zone in the first field.
     """
     if fmt == "electricitymaps":
-        i_time = _find(cols, "datetime (utc)", "datetime")
-        i_value = _find(cols, *_EM_VALUE[emission_factor])
-        i_zone = _find(cols, "zone id")
-        i_est = _find(cols, "data estimated")
-        i_issued = _find(cols, *_EM_ISSUED)
-        if i_time is None or i_value is None:
-            raise ValueError("Electricity Maps export without 'Datetime (UTC)' or the "
-                             f"{emission_factor} carbon intensity column")
-        time_tz = timezone.utc if cols[i_time] == "datetime (utc)" else tz
-        if i_zone is None and zone is None:
-            raise ValueError("no 'Zone Id' column: give the zone (--zone)")
-
-        def parse(record: list[str], line: int):
-            value = _parse_value(record[i_value], line, name)
-            at = _parse_time(record[i_time], time_tz, "time", line, name)
-            file_zone = record[i_zone].strip() if i_zone is not None else zone
-            if not file_zone:
-                raise CsvFormatError(name, line, "empty Zone Id")
-            est = record[i_est].strip().lower() if i_est is not None else ""
-            estimated = True if est == "true" else False if est == "false" else None
-            issued = (_parse_time(record[i_issued], time_tz, "issue time", line, name)
-                      if i_issued is not None and record[i_issued].strip() else None)
-            return (zone or file_zone, SIGNAL_AVERAGE, at, issued, value, estimated, file_zone)
-
-        return parse
-
+        return _em_parser(name, cols, zone, tz, emission_factor)
     if fmt == "vessim":
-        header = raw_header or cols
-        forecast = cols[:2] == ["request_time", "forecast_time"]
-        if forecast and len(cols) == 3:
-            i_issue, i_time, i_value = 0, 1, 2
-        elif not forecast and len(cols) == 2 and cols[0] == "time":
-            i_issue, i_time, i_value = None, 0, 1
-        else:
-            raise ValueError("Vessim file: expected time,<region> or request_time,forecast_time,<region>")
-        region = header[i_value].strip()
-
-        def parse(record: list[str], line: int):
-            value = _parse_value(record[i_value], line, name)
-            at = _parse_time(record[i_time], timezone.utc, "time", line, name)
-            issued = _parse_time(record[i_issue], timezone.utc, "request_time", line, name) \
-                if i_issue is not None else None
-            return (zone or region, SIGNAL_MARGINAL, at, issued, value, None, region)
-
-        return parse
-
+        return _vessim_parser(name, cols, zone, raw_header)
     if fmt == "watttime":
-        i_time = _find(cols, "point_time", "timestamp", "datetime")
-        i_value = _find(cols, "value", "moer")
-        i_zone = _find(cols, "region", "ba")
-        i_gen = _find(cols, "generated_at")
-        i_units = _find(cols, "units")
-        if i_time is None or i_value is None:
-            raise ValueError("WattTime file without point_time/timestamp and value/MOER columns")
-        if i_zone is None and zone is None:
-            raise ValueError("no region column: give the zone (--zone), e.g. CAISO_NORTH")
+        return _watttime_parser(name, cols, zone)
+    return _plain_parser(name, cols, zone, tz)
 
-        def parse(record: list[str], line: int):
-            if i_units is not None and record[i_units].strip() not in ("", "lbs_co2_per_mwh"):
-                raise CsvFormatError(name, line, f"units {record[i_units]!r}: only lbs_co2_per_mwh "
-                                                 "MOER values can be imported")
-            value = _parse_value(record[i_value], line, name, MAX_G_PER_KWH / lbs_per_mwh_to_g_per_kwh(1.0),
-                                 "lbs/MWh")
-            at = _parse_time(record[i_time], timezone.utc, "time", line, name)
-            issued = (_parse_time(record[i_gen], timezone.utc, "generated_at", line, name)
-                      if i_gen is not None and record[i_gen].strip() else None)
-            file_zone = record[i_zone].strip() if i_zone is not None else zone
-            if not file_zone:
-                raise CsvFormatError(name, line, "empty region")
-            return (zone or file_zone, SIGNAL_MARGINAL, at, issued,
-                    None if value is None else lbs_per_mwh_to_g_per_kwh(value), None, file_zone)
 
-        return parse
+def _em_parser(name: str, cols: list[str], zone: str | None, tz, emission_factor: str):
+    """Rows of an Electricity Maps export (`_row_parser`)."""
+    i_time = _find(cols, "datetime (utc)", "datetime")
+    i_value = _find(cols, *_EM_VALUE[emission_factor])
+    i_zone = _find(cols, "zone id")
+    i_est = _find(cols, "data estimated")
+    i_issued = _find(cols, *_EM_ISSUED)
+    if i_time is None or i_value is None:
+        raise ValueError("Electricity Maps export without 'Datetime (UTC)' or the "
+                         f"{emission_factor} carbon intensity column")
+    time_tz = timezone.utc if cols[i_time] == "datetime (utc)" else tz
+    if i_zone is None and zone is None:
+        raise ValueError("no 'Zone Id' column: give the zone (--zone)")
 
+    def parse(record: list[str], line: int):
+        value = _parse_value(record[i_value], line, name)
+        at = _parse_time(record[i_time], time_tz, "time", line, name)
+        file_zone = record[i_zone].strip() if i_zone is not None else zone
+        if not file_zone:
+            raise CsvFormatError(name, line, "empty Zone Id")
+        est = record[i_est].strip().lower() if i_est is not None else ""
+        estimated = True if est == "true" else False if est == "false" else None
+        issued = (_parse_time(record[i_issued], time_tz, "issue time", line, name)
+                  if i_issued is not None and record[i_issued].strip() else None)
+        return (zone or file_zone, SIGNAL_AVERAGE, at, issued, value, estimated, file_zone)
+
+    return parse
+
+
+def _vessim_parser(name: str, cols: list[str], zone: str | None, raw_header: list[str] | None):
+    """Rows of a Vessim WattTime file: actuals or historical forecasts (`_row_parser`)."""
+    header = raw_header or cols
+    forecast = cols[:2] == ["request_time", "forecast_time"]
+    if forecast and len(cols) == 3:
+        i_issue, i_time, i_value = 0, 1, 2
+    elif not forecast and len(cols) == 2 and cols[0] == "time":
+        i_issue, i_time, i_value = None, 0, 1
+    else:
+        raise ValueError("Vessim file: expected time,<region> or request_time,forecast_time,<region>")
+    region = header[i_value].strip()
+
+    def parse(record: list[str], line: int):
+        value = _parse_value(record[i_value], line, name)
+        at = _parse_time(record[i_time], timezone.utc, "time", line, name)
+        issued = _parse_time(record[i_issue], timezone.utc, "request_time", line, name) \
+            if i_issue is not None else None
+        return (zone or region, SIGNAL_MARGINAL, at, issued, value, None, region)
+
+    return parse
+
+
+def _watttime_parser(name: str, cols: list[str], zone: str | None):
+    """Rows of a WattTime MOER file, lbs/MWh converted to g/kWh (`_row_parser`)."""
+    i_time = _find(cols, "point_time", "timestamp", "datetime")
+    i_value = _find(cols, "value", "moer")
+    i_zone = _find(cols, "region", "ba")
+    i_gen = _find(cols, "generated_at")
+    i_units = _find(cols, "units")
+    if i_time is None or i_value is None:
+        raise ValueError("WattTime file without point_time/timestamp and value/MOER columns")
+    if i_zone is None and zone is None:
+        raise ValueError("no region column: give the zone (--zone), e.g. CAISO_NORTH")
+
+    def parse(record: list[str], line: int):
+        if i_units is not None and record[i_units].strip() not in ("", "lbs_co2_per_mwh"):
+            raise CsvFormatError(name, line, f"units {record[i_units]!r}: only lbs_co2_per_mwh "
+                                             "MOER values can be imported")
+        value = _parse_value(record[i_value], line, name, MAX_G_PER_KWH / lbs_per_mwh_to_g_per_kwh(1.0),
+                             "lbs/MWh")
+        at = _parse_time(record[i_time], timezone.utc, "time", line, name)
+        issued = (_parse_time(record[i_gen], timezone.utc, "generated_at", line, name)
+                  if i_gen is not None and record[i_gen].strip() else None)
+        file_zone = record[i_zone].strip() if i_zone is not None else zone
+        if not file_zone:
+            raise CsvFormatError(name, line, "empty region")
+        return (zone or file_zone, SIGNAL_MARGINAL, at, issued,
+                None if value is None else lbs_per_mwh_to_g_per_kwh(value), None, file_zone)
+
+    return parse
+
+
+def _plain_parser(name: str, cols: list[str], zone: str | None, tz):
+    """Rows of a plain `time,gco2_per_kwh` file (`_row_parser`)."""
     i_time = _find(cols, "time", "timestamp", "datetime")
     i_value = _find(cols, *_VALUE_COLUMNS)
     i_zone = _find(cols, "zone")
