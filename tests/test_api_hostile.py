@@ -275,7 +275,7 @@ def test_a_lone_surrogate_is_refused_at_the_edge_and_changes_nothing(server):
 def test_a_stored_row_with_text_utf8_cannot_carry_still_lists_and_shows(server):
     """A row stored before the edge refused lone surrogates must not break `queue --all`."""
     from sqlalchemy import insert
-    from scheduler.lifecycle import utcnow
+    from scheduler.clock import utcnow
 
     api, store = server
     job_id = store.transact(lambda conn: conn.execute(insert(jobs).values(

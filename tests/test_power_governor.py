@@ -16,7 +16,7 @@ from policies.power_cap import CapBounds
 from scheduler.daemon.planner import SiteConfig
 from scheduler.daemon.power_governor import PowerGovernor
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.node.agent import Agent, AgentConfig
 from scheduler.power_budget import ZoneBudget, parse_zone_budget
 from scheduler.store.models import gpus, job_events, jobs

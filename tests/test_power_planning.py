@@ -109,7 +109,7 @@ def test_the_daemon_planner_writes_the_chosen_limit_and_the_uncapped_estimate(st
 
     from scheduler.daemon.planner import Planner, SiteConfig
     from scheduler.daemon.service import Caller, JobService, ServiceConfig
-    from scheduler.lifecycle import utcnow
+    from scheduler.clock import utcnow
     from scheduler.store.models import gpus, jobs, nodes
 
     now = utcnow()
@@ -143,7 +143,7 @@ def test_a_run_under_a_power_limit_is_kept_out_of_the_default_limit_profile(stor
 
     from scheduler.profiles import completed_run
     from scheduler.store.models import gpus, jobs, nodes
-    from scheduler.lifecycle import utcnow
+    from scheduler.clock import utcnow
 
     now = utcnow()
     with store.engine.begin() as conn:

@@ -105,7 +105,7 @@ def test_the_daemon_planner_stores_staggered_starts_and_counts_jobs_started_in_t
     from policies import get_policy
     from scheduler.daemon.planner import Planner, SiteConfig
     from scheduler.daemon.service import Caller, JobService, ServiceConfig
-    from scheduler.lifecycle import utcnow
+    from scheduler.clock import utcnow
     from scheduler.store.models import gpus, jobs, nodes
 
     now = utcnow()

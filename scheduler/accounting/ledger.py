@@ -12,7 +12,8 @@ from sqlalchemy import Connection, or_, select, update
 
 from scheduler.accounting.config import AccountingConfig
 from scheduler.accounting.run_carbon import IntensitySpan, RunCarbon, combine_runs, run_carbon
-from scheduler.lifecycle import TERMINAL, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import TERMINAL
 from scheduler.samples import counter_note, power_series
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_intensity

@@ -53,7 +53,8 @@ from scheduler import interruptible
 from scheduler.carbon_curves import DEFAULT_CARBON_TTL_S, CarbonCurves
 from scheduler.carbon_signal import CarbonSignal
 from scheduler.job_specs import BEGIN_REASON, HELD_REASON, OPERATOR_HELD_REASON
-from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events
 from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget, ramps_of
 from scheduler.profiles import learned_profiles
 from scheduler.store import Store

@@ -27,7 +27,8 @@ from policies.model import QueuedJob
 from scheduler.daemon.admission import MAX_GPUS, Admission, Refused
 from scheduler.job_view import gpu_map, job_select, jobs_json, segment_rows
 from scheduler import interruptible
-from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_events, jobs, nodes, workload_profiles
 from scheduler.timeparse import iso

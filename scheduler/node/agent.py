@@ -20,7 +20,8 @@ from sqlalchemy import Connection, case, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from policies.catalog import match_device_name, nominal_memory_gib
-from scheduler.lifecycle import UNPLACED, State, end_run, record_events, retry_or_end, transition, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import UNPLACED, State, end_run, record_events, retry_or_end, transition
 from scheduler import interruptible
 from scheduler.node import checkpoint, job_metrics, segments
 from scheduler.node.segment_clock import read_phase
