@@ -126,7 +126,7 @@ def timed(fn, repeats: int) -> tuple[float, list[float]]:
 def bench(kind: str, url: str, args) -> dict:
     from scheduler.accounting.accountant import Accountant
     from scheduler.accounting.reports import GROUPINGS
-    from scheduler.daemon.planner import SiteConfig
+    from scheduler.site import SiteConfig
     from scheduler.store import Store
 
     store = Store(url)

@@ -11,7 +11,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from scheduler.daemon.planner import Planner, make_policy
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
 from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes
 

@@ -13,10 +13,10 @@ from sqlalchemy import select, update
 
 from policies import get_policy
 from policies.catalog import parse_fleet
+from scheduler.clock import utcnow
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.daemon.watchdog import NodeReaper
-from scheduler.clock import utcnow
 from scheduler.node.agent import Agent, AgentConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes
 from telemetry.energy import Sample, clip_window

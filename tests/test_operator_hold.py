@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import insert, select
 
-from scheduler.daemon.planner import Planner, make_policy
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
 from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
 from scheduler.store.models import gpus, jobs, nodes
 

@@ -17,8 +17,9 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from scheduler.carbon import CarbonSignals
-from scheduler.daemon.planner import Planner, make_policy
+from scheduler.daemon.planner import Planner
 from scheduler.daemon.planner_process import PlannerSpec, build_planner
+from scheduler.daemon.policy_factory import make_policy
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.grid.readings import IntensityReading

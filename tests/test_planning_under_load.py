@@ -24,7 +24,7 @@ from policies.guard import GuardedPolicy, guarded, screen
 from policies.lateness import parse_lateness_price
 from policies.model import CarbonCurve, Plan
 from policy_checker import violations
-from scheduler.daemon.planner import make_policy
+from scheduler.daemon.policy_factory import make_policy
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)

@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import select, update
 
 from policies.power_cap import CapBounds
-from scheduler.daemon.planner import SiteConfig
+from scheduler.clock import utcnow
 from scheduler.daemon.power_governor import PowerGovernor
 from scheduler.daemon.service import Caller, JobService, ServiceConfig
-from scheduler.clock import utcnow
 from scheduler.node.agent import Agent, AgentConfig
 from scheduler.power_budget import ZoneBudget, parse_zone_budget
+from scheduler.site import SiteConfig
 from scheduler.store.models import gpus, job_events, jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 

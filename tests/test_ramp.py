@@ -103,9 +103,10 @@ def test_the_daemon_planner_stores_staggered_starts_and_counts_jobs_started_in_t
     from sqlalchemy import select, update
 
     from policies import get_policy
-    from scheduler.daemon.planner import Planner, SiteConfig
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
     from scheduler.clock import utcnow
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.site import SiteConfig
     from scheduler.store.models import gpus, jobs, nodes
 
     now = utcnow()

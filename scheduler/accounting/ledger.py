@@ -44,7 +44,7 @@ class NotFound(LookupError):
 class Ledger:
     """Prices finished jobs and records their carbon on the job, over one store.
 
-    `site` gives the PUE of a job's node (scheduler.daemon.planner.SiteConfig, anything with
+    `site` gives the PUE of a job's node (scheduler.site.SiteConfig, anything with
     `.pue(zone, node)`: the node's site, else its zone's default);
     `carbon` the signal per zone (scheduler.carbon.CarbonSignals, anything with
     `.signal_of(zone)` and `.config.static`), else one is built on first use from

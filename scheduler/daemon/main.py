@@ -18,9 +18,10 @@ from scheduler.accounting.config import AccountingConfig
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
-from scheduler.daemon.planner import Planner, SiteConfig, check_policy, make_policy, preview_rows
-from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
+from scheduler.daemon.planner import Planner, preview_rows
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
+from scheduler.daemon.policy_factory import check_policy, make_policy
+from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
 from scheduler.daemon.retention import DEFAULT_RETENTION_S as DEFAULT_JOB_RETENTION_S
 from scheduler.daemon.retention import PURGE_INTERVAL_S, purge_finished_jobs
 from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
@@ -29,11 +30,12 @@ from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig, default_node_name
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
-from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
-from scheduler.slurm.config import SlurmConfig
+from scheduler.policy_tables import warm_policy_tables
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
                                scheduler_diagnostics, stalled)
-from scheduler.policy_tables import warm_policy_tables
+from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
+from scheduler.site import SiteConfig
+from scheduler.slurm.config import SlurmConfig
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.state_dir import bind_log_dir, bind_state_dir
 from scheduler.store import SchemaError, Store

@@ -24,10 +24,10 @@ from pathlib import Path
 from sqlalchemy import Connection, bindparam, case, func, insert, literal, null, or_, select, update
 
 from policies.model import QueuedJob
-from scheduler.daemon.admission import MAX_GPUS, Admission, Refused
-from scheduler.job_view import gpu_map, job_select, jobs_json, segment_rows
 from scheduler import interruptible
 from scheduler.clock import utcnow
+from scheduler.daemon.admission import MAX_GPUS, Admission, Refused
+from scheduler.job_view import gpu_map, job_select, jobs_json, segment_rows
 from scheduler.lifecycle import ACTIVE, TERMINAL, State, record_submit, transition
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_events, jobs, nodes, workload_profiles

@@ -6,7 +6,7 @@ Every datetime column is timezone-aware UTC on the Python side, whatever the dat
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy import (
     JSON,
