@@ -14,8 +14,9 @@ from sqlalchemy import select, update
 from policies import get_policy
 from policies.catalog import parse_fleet
 from scheduler.clock import utcnow
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.daemon.watchdog import NodeReaper
 from scheduler.node.agent import Agent, AgentConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes

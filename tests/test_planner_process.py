@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 
 
 @pytest.fixture

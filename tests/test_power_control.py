@@ -170,7 +170,8 @@ import time  # noqa: E402
 from sqlalchemy import select, update  # noqa: E402
 
 from scheduler.clock import utcnow  # noqa: E402
-from scheduler.daemon.service import Caller, JobService, ServiceConfig  # noqa: E402
+from scheduler.daemon.access import Caller, ServiceConfig  # noqa: E402
+from scheduler.daemon.service import JobService  # noqa: E402
 from scheduler.node.agent import ENV_POWER_LIMIT, Agent, AgentConfig  # noqa: E402
 from scheduler.store.models import gpus, job_events, jobs  # noqa: E402
 

@@ -14,8 +14,9 @@ from sqlalchemy import select, update
 
 from policies.power_cap import CapBounds
 from scheduler.clock import utcnow
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.power_governor import PowerGovernor
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.node.agent import Agent, AgentConfig
 from scheduler.power_budget import ZoneBudget, parse_zone_budget
 from scheduler.site import SiteConfig

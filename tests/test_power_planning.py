@@ -108,8 +108,9 @@ def test_the_daemon_planner_writes_the_chosen_limit_and_the_uncapped_estimate(st
     from sqlalchemy import select, update
 
     from scheduler.clock import utcnow
+    from scheduler.daemon.access import Caller, ServiceConfig
     from scheduler.daemon.planner import Planner
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.daemon.service import JobService
     from scheduler.site import SiteConfig
     from scheduler.store.models import gpus, jobs, nodes
 

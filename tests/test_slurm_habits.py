@@ -11,9 +11,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select, update
 
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.policy_factory import make_policy
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.job_specs import expand_log_pattern, parse_array, parse_dependency
 from scheduler.node.agent import redirected_argv
 from scheduler.store.models import gpus, jobs, nodes

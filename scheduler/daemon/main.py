@@ -17,6 +17,7 @@ from scheduler.accounting.accountant import Accountant
 from scheduler.accounting.config import AccountingConfig
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig
+from scheduler.daemon.access import Caller, ServiceConfig, admin_gids
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
 from scheduler.daemon.planner import Planner, preview_rows
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
@@ -24,7 +25,7 @@ from scheduler.daemon.policy_factory import check_policy, make_policy
 from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
 from scheduler.daemon.retention import DEFAULT_RETENTION_S as DEFAULT_JOB_RETENTION_S
 from scheduler.daemon.retention import PURGE_INTERVAL_S, purge_finished_jobs
-from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
+from scheduler.daemon.service import JobService
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.node.agent import DEFAULT_OUTPUT_LIMIT_BYTES, Agent, AgentConfig, default_node_name
