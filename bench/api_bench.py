@@ -494,7 +494,8 @@ class Bench:
         """Top the store up to `target` active jobs: insert directly, then one API submit."""
         from sqlalchemy import func, insert, select
 
-        from scheduler.daemon.service import Caller, JobService, ServiceConfig
+        from scheduler.daemon.access import Caller, ServiceConfig
+        from scheduler.daemon.service import JobService
         from scheduler.lifecycle import ACTIVE
         from scheduler.store import Store
         from scheduler.store.models import job_events, jobs
@@ -510,9 +511,9 @@ class Bench:
                 svc = JobService(store, ServiceConfig(daemon_uid=os.geteuid()), log_dir=self.tmp / "logs")
                 now = datetime.now(timezone.utc)
                 try:  # the service's own row shape, exactly as a submit builds it
-                    row = svc._validate_submit(dict(body), caller, now)
+                    row = svc.submissions.job_row(dict(body), caller, now)
                 except AttributeError:
-                    raise RuntimeError("JobService._validate_submit is gone: update fill_to() in "
+                    raise RuntimeError("Submissions.job_row is gone: update fill_to() in "
                                        "bench/api_bench.py to build job rows the new way") from None
                 t0 = time.perf_counter()
 

@@ -121,17 +121,24 @@ def half_sent(host: str, port: int, connections: int, hold_s: float) -> dict:
             refused += 1
     connect_s = time.monotonic() - t0
     time.sleep(hold_s)
-    closed = 0
+    answered_busy = closed = still_open = 0
     for s in opened:
         s.setblocking(False)
         try:
-            closed += s.recv(1) == b""
+            data = s.recv(64)
+            if not data:
+                closed += 1
+            elif b" 503 " in data.split(b"\r\n", 1)[0]:
+                answered_busy += 1
+            else:
+                closed += 1  # answered otherwise (a timeout reply), then closed
         except BlockingIOError:
-            pass
+            still_open += 1
         except OSError:
             closed += 1
         s.close()
-    return {"opened": len(opened), "refused": refused, "closed_by_server": closed, "connect_s": connect_s}
+    return {"opened": len(opened), "refused": refused, "answered_busy": answered_busy, "closed_by_server": closed,
+            "still_open": still_open, "connect_s": connect_s}
 
 
 def call(socket_path: str, method: str, path: str, body=None, query=None) -> dict:

@@ -126,7 +126,7 @@ def timed(fn, repeats: int) -> tuple[float, list[float]]:
 def bench(kind: str, url: str, args) -> dict:
     from scheduler.accounting.accountant import Accountant
     from scheduler.accounting.reports import GROUPINGS
-    from scheduler.daemon.planner import SiteConfig
+    from scheduler.site import SiteConfig
     from scheduler.store import Store
 
     store = Store(url)
@@ -168,8 +168,9 @@ def bench(kind: str, url: str, args) -> dict:
 
     # What users run: the CLI asks the daemon's API (here an ApiServer with the daemon's
     # accounting routes, in this process) over its Unix socket.
+    from scheduler.daemon.access import ServiceConfig
     from scheduler.daemon.api import ApiServer, accounting_routes
-    from scheduler.daemon.service import JobService, ServiceConfig
+    from scheduler.daemon.service import JobService
 
     with tempfile.TemporaryDirectory(prefix="cs-report-api-") as tmp:
         service = JobService(store, ServiceConfig(daemon_uid=os.geteuid()), log_dir=Path(tmp) / "logs")

@@ -34,9 +34,11 @@ sys.path.insert(0, str(REPO))
 from sqlalchemy import select  # noqa: E402
 
 from policies.catalog import parse_fleet  # noqa: E402
-from scheduler.daemon.planner import Planner, make_policy  # noqa: E402
-from scheduler.daemon.service import Caller, JobService, ServiceConfig  # noqa: E402
-from scheduler.lifecycle import utcnow  # noqa: E402
+from scheduler.daemon.planner import Planner  # noqa: E402
+from scheduler.daemon.policy_factory import make_policy  # noqa: E402
+from scheduler.daemon.access import Caller, ServiceConfig  # noqa: E402
+from scheduler.daemon.service import JobService  # noqa: E402
+from scheduler.clock import utcnow  # noqa: E402
 from scheduler.node.agent import Agent  # noqa: E402
 from scheduler.node.config import AgentConfig  # noqa: E402
 from scheduler.node.main import AgentRunConfig, make_slurm_agent  # noqa: E402

@@ -447,8 +447,10 @@ def attack_7_metrics(w: World) -> Outcome:
     p99 = percentile(bob_r["latencies_ms"], 99)
     held = peak - threads_before <= 32 and p99 < TARGET_P99_MS and set(bob_r["statuses"]) == {"200"}
     return Outcome("7", "1,000 half-sent metrics requests", held,
-                   f"daemon threads {threads_before:.0f} -> peak {peak:.0f}; {flood_r['opened']} opened, "
-                   f"{flood_r['closed_by_server']} closed by the daemon within 20 s; bob's submit p99 {p99:.0f} ms")
+                   f"daemon threads {threads_before:.0f} -> peak {peak:.0f}; of {flood_r['opened']} opened "
+                   f"(in {flood_r['connect_s']:.1f} s), {flood_r['answered_busy']} answered 503 at once, "
+                   f"{flood_r['closed_by_server']} closed, {flood_r['still_open']} open after 20 s; "
+                   f"bob's submit p99 {p99:.0f} ms")
 
 
 def attack_8_operator_hold(w: World) -> Outcome:

@@ -7,7 +7,8 @@ import os
 from alembic import context
 
 from scheduler.store.engine import make_engine
-from scheduler.store.models import Base
+import scheduler.store.models  # noqa: F401  (every table on Base.metadata)
+from scheduler.store.base import Base
 
 config = context.config
 target_metadata = Base.metadata

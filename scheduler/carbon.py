@@ -58,7 +58,7 @@ from scheduler.carbon_signal import (KIND_STATIC, LEVELS, SOURCE_OWN, SOURCE_STA
                                      IntensityValue)
 from scheduler.carbon_table import MAX_PERIOD_S, from_epoch
 from scheduler.carbon_writes import CarbonWrites
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.store import Store
 from scheduler.timeparse import utc_aware
 from telemetry.grid.forecast import (

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Row, and_, select, update
 from scheduler.carbon_config import CarbonConfig
 from scheduler.carbon_providers import provider as registered
 from scheduler.carbon_writes import CarbonWrites
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_fetches
 from telemetry.grid.readings import GridAuthError, GridConfigError, GridError, GridRateLimited, IntensityReading

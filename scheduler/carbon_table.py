@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Float, Integer, Row, bindparam, cast, delete, extract, func, insert, select, update
 
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.store import Store
 from scheduler.store.carbon_models import carbon_fetches, carbon_intensity, carbon_zone_status, carbon_zone_versions
 from telemetry.grid.forecast import hourly_means

@@ -16,7 +16,7 @@ from pathlib import Path
 from sqlalchemy import Connection
 
 from scheduler import carbon_table
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.store import Store
 from telemetry.grid.csv_import import ParsedTrace, read_trace
 from telemetry.grid.readings import KIND_ACTUAL, KIND_FORECAST, SIGNALS, IntensityReading

@@ -8,11 +8,12 @@ caller's transaction.
 from __future__ import annotations
 
 import enum
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
+from scheduler.clock import utcnow
 from scheduler.store.models import gpus, job_events, jobs
 
 
@@ -56,10 +57,6 @@ def check_allowed(src: State, dst: State) -> None:
 
 def allowed_sources(to: State) -> list[State]:
     return [src for src, dests in TRANSITIONS.items() if to in dests]
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def transition(

@@ -32,7 +32,8 @@ from sqlalchemy.exc import IntegrityError
 
 from policies.learning import Run, is_outlier, keep, learned_by_model
 from policies.model import Profile, QueuedJob
-from scheduler.lifecycle import State, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import State
 from scheduler.store import Store
 from scheduler.store.models import gpus, jobs, workload_profiles
 from scheduler.timeparse import iso

@@ -21,8 +21,8 @@ from scheduler.accounting.reports import parse_period
 from scheduler.accounting.run_carbon import IntensitySpan, run_carbon
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig, ZoneConfig
-from scheduler.daemon.planner import SiteConfig
 from scheduler.samples import SampleStore, energy_note_of
+from scheduler.site import SiteConfig
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.energy import Sample, integrate_power
 from telemetry.grid.readings import IntensityReading

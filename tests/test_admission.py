@@ -11,8 +11,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from scheduler.daemon.planner import Planner, make_policy
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.daemon.service import JobService
 from scheduler.store.models import gpus, job_events, jobs, nodes
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)

@@ -13,10 +13,11 @@ from sqlalchemy import select, update
 
 from policies import get_policy
 from policies.catalog import parse_fleet
+from scheduler.clock import utcnow
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.daemon.watchdog import NodeReaper
-from scheduler.lifecycle import utcnow
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.store.models import gpus, job_events, jobs, nodes

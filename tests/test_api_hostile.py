@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.cli.client import ApiError, Client
+from scheduler.daemon.access import RequestError, ServiceConfig
 from scheduler.daemon.api import ApiServer, UidLimits, _UidGate
-from scheduler.daemon.service import JobService, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store import Store
 from scheduler.store.models import jobs
 
@@ -275,7 +276,7 @@ def test_a_lone_surrogate_is_refused_at_the_edge_and_changes_nothing(server):
 def test_a_stored_row_with_text_utf8_cannot_carry_still_lists_and_shows(server):
     """A row stored before the edge refused lone surrogates must not break `queue --all`."""
     from sqlalchemy import insert
-    from scheduler.lifecycle import utcnow
+    from scheduler.clock import utcnow
 
     api, store = server
     job_id = store.transact(lambda conn: conn.execute(insert(jobs).values(
@@ -371,7 +372,7 @@ def test_a_slow_listing_holds_the_uids_allowance_while_submits_still_go_through(
 
 
 def test_a_user_cannot_queue_more_than_max_queued_per_user(tmp_path):
-    from scheduler.daemon.service import Caller
+    from scheduler.daemon.access import Caller
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.upgrade()
@@ -387,7 +388,7 @@ def test_a_user_cannot_queue_more_than_max_queued_per_user(tmp_path):
     # once alice's jobs have started (or ended), she may submit again (after the count's refresh)
     with store.write() as conn:
         conn.execute(jobs.update().where(jobs.c.owner_uid == 1000).values(state="CANCELLED"))
-    service._queue_limit._counts.clear()
+    service.submissions.queue_limit._counts.clear()
     service.submit(alice, {"argv": ["true"]})
 
 

@@ -18,8 +18,9 @@ import time
 import pytest
 
 from scheduler.cli.client import ApiError, Client
+from scheduler.daemon.access import ServiceConfig
 from scheduler.daemon.api import ApiServer, UidLimits, _UidTurns
-from scheduler.daemon.service import JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store import Store
 
 WAIT_S = 30.0

@@ -175,8 +175,9 @@ def test_a_counterfactual_fixed_at_first_planning_is_kept(policy):
 def test_the_stored_counterfactual_is_the_one_of_the_first_plan_in_every_later_plan_and_preview(store, tmp_path):
     """A job planned in DE is moved when a cleaner GB node joins an hour later; it is still
     compared with running it at submission (DE only), in the store and in `plan`'s preview."""
+    from scheduler.daemon.access import ServiceConfig
     from scheduler.daemon.planner import preview_rows
-    from scheduler.daemon.service import JobService, ServiceConfig
+    from scheduler.daemon.service import JobService
     from tests.test_planner_carbon import DE, GB, T, add_node, import_carbon, job_row, planner_for, submit
 
     import_carbon(store, DE, GB)

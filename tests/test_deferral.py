@@ -113,8 +113,10 @@ def test_the_daemon_keeps_the_waiting_job_pending_with_its_reason(store, tmp_pat
     from sqlalchemy import insert, select, update
 
     from scheduler.carbon import CarbonSignals
-    from scheduler.daemon.planner import Planner, make_policy
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.daemon.access import Caller, ServiceConfig
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.policy_factory import make_policy
+    from scheduler.daemon.service import JobService
     from scheduler.store.models import gpus, jobs, nodes
     from telemetry.grid.readings import IntensityReading
 

@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import insert
 
 from scheduler.cli.output import nodes_table
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store.models import gpus, nodes
 
 ROOT = Caller(uid=0, gid=0)

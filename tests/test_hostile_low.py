@@ -13,8 +13,9 @@ import pytest
 
 from scheduler.accounting.accountant import Accountant
 from scheduler.cli.client import ApiError, Client
+from scheduler.daemon.access import ServiceConfig
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes
-from scheduler.daemon.service import JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store import Store
 from test_api_hostile import raw_exchange, request_bytes, responses
 

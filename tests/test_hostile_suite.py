@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from conftest import DB_KINDS, database_for
 from scheduler.cli.client import Client
 from scheduler.cli.output import job_detail, jobs_table
+from scheduler.daemon.access import ServiceConfig
 from scheduler.daemon.api import ApiServer
-from scheduler.daemon.service import JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store import Store
 from scheduler.store.models import jobs
 from test_api_hostile import raw_exchange, responses

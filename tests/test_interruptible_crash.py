@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from scheduler.daemon.access import ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 
 from test_interruptible_run import (ME, SegmentingPolicy, row, segs, steps_run, submit,
                                     uninterrupted_output)

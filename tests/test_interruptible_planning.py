@@ -10,7 +10,8 @@ from sqlalchemy import select
 
 from scheduler import interruptible
 from scheduler.carbon import CarbonSignals
-from scheduler.daemon.service import JobService, ServiceConfig
+from scheduler.daemon.access import ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store.models import jobs
 from telemetry.grid.readings import IntensityReading
 from test_planner_incremental import HOUR, ROOT, T, Clocks, add_node, planner_for

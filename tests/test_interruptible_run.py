@@ -26,8 +26,9 @@ from sqlalchemy import select
 
 from policies import get_policy
 from policies.model import Plan, Snapshot
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.store.models import job_segments, jobs

@@ -14,7 +14,8 @@ from sqlalchemy import select
 
 from scheduler import interruptible
 from scheduler.cli.output import interruptible_fields
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.node import checkpoint
 from scheduler.node.segment_clock import SegmentClock
 from scheduler.store.models import jobs

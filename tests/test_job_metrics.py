@@ -21,8 +21,9 @@ from sqlalchemy import select
 
 from policies import get_policy
 from policies.catalog import parse_fleet
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.node import job_metrics
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig

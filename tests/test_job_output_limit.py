@@ -18,8 +18,9 @@ from sqlalchemy import select
 from policies import get_policy
 from policies.catalog import parse_fleet
 from scheduler.accounting.accountant import Accountant
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.store.models import jobs

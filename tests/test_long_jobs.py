@@ -235,8 +235,10 @@ def test_the_store_climatology_falls_back_to_the_static_yearly_mean_of_a_zone_wi
 def test_the_daemon_places_a_ten_day_job_by_the_zones_stored_history(store, tmp_path):
     """End to end through the planner: the live forecast says A is cleaner for the next
     three days, a month of history says B is typically far cleaner."""
-    from scheduler.daemon.planner import Planner, make_policy
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.daemon.access import Caller, ServiceConfig
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.policy_factory import make_policy
+    from scheduler.daemon.service import JobService
     from sqlalchemy import select
 
     from sqlalchemy import insert

@@ -13,8 +13,10 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import insert, select
 
-from scheduler.daemon.planner import Planner, make_policy
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.daemon.service import JobService
 from scheduler.store.models import gpus, jobs, nodes
 
 ROOT = Caller(uid=0, gid=0)

@@ -15,10 +15,13 @@ from policies.model import PowerCap
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_curves import CarbonCurves, curve_from_forecast
 from scheduler.carbon_signal import ForecastPoint
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.main import plan_preview
-from scheduler.daemon.planner import Planner, SiteConfig, make_policy, preview_rows
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.planner import Planner, preview_rows
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.daemon.service import JobService
 from scheduler.profiles import CompletedRun, fold_run
+from scheduler.site import SiteConfig
 from scheduler.store.models import gpus, jobs, nodes
 
 from tests.conftest import DATA_DIR

@@ -17,9 +17,11 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from scheduler.carbon import CarbonSignals
-from scheduler.daemon.planner import Planner, make_policy
+from scheduler.daemon.access import Caller, ServiceConfig
+from scheduler.daemon.planner import Planner
 from scheduler.daemon.planner_process import PlannerSpec, build_planner
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.daemon.service import JobService
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.grid.readings import IntensityReading
 

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 
 
 @pytest.fixture
@@ -62,8 +63,8 @@ def test_a_plan_preview_runs_in_a_worker_process_with_the_daemons_policy_and_sit
     from sqlalchemy import insert, select, update
 
     from scheduler.carbon import CarbonSignals
-    from scheduler.daemon.planner import SiteConfig
     from scheduler.daemon.planner_process import PreviewProcess
+    from scheduler.site import SiteConfig
     from scheduler.store.models import gpus, jobs, nodes
 
     # Carbon rows for zone GB up to now (a constant series: the estimate depends on PUE only).

@@ -24,7 +24,7 @@ from policies.guard import GuardedPolicy, guarded, screen
 from policies.lateness import parse_lateness_price
 from policies.model import CarbonCurve, Plan
 from policy_checker import violations
-from scheduler.daemon.planner import make_policy
+from scheduler.daemon.policy_factory import make_policy
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
@@ -330,8 +330,9 @@ def test_lateness_prices_parse_and_refuse_nonsense():
 def test_a_tick_plans_at_most_max_jobs_by_deadline_and_says_why_the_rest_wait(store, tmp_path):
     from sqlalchemy import insert
 
+    from scheduler.daemon.access import Caller, ServiceConfig
     from scheduler.daemon.planner import Planner
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.daemon.service import JobService
     from scheduler.store.models import gpus, nodes
 
     now = datetime.now(timezone.utc)

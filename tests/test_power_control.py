@@ -169,8 +169,9 @@ import time  # noqa: E402
 
 from sqlalchemy import select, update  # noqa: E402
 
-from scheduler.daemon.service import Caller, JobService, ServiceConfig  # noqa: E402
-from scheduler.lifecycle import utcnow  # noqa: E402
+from scheduler.daemon.access import Caller, ServiceConfig  # noqa: E402
+from scheduler.daemon.service import JobService  # noqa: E402
+from scheduler.clock import utcnow  # noqa: E402
 from scheduler.node.agent import Agent  # noqa: E402
 from scheduler.node.config import AgentConfig  # noqa: E402
 from scheduler.node.power_limits import ENV_POWER_LIMIT  # noqa: E402

@@ -23,8 +23,9 @@ import pytest
 from sqlalchemy import select, update
 
 from daemon_harness import DB_KINDS, REPO, TERMINAL, database_for, world_dir
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
+from scheduler.daemon.access import Caller, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.node.main import EMULATED_LIMITS_FILE
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_events, jobs

@@ -13,13 +13,14 @@ import pytest
 from sqlalchemy import select, update
 
 from policies.power_cap import CapBounds
-from scheduler.daemon.planner import SiteConfig
+from scheduler.clock import utcnow
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.power_governor import PowerGovernor
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
-from scheduler.lifecycle import utcnow
+from scheduler.daemon.service import JobService
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.power_budget import ZoneBudget, parse_zone_budget
+from scheduler.site import SiteConfig
 from scheduler.store.models import gpus, job_events, jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 

@@ -107,9 +107,11 @@ def test_cap_bounds_from_the_config_are_checked():
 def test_the_daemon_planner_writes_the_chosen_limit_and_the_uncapped_estimate(store, tmp_path):
     from sqlalchemy import select, update
 
-    from scheduler.daemon.planner import Planner, SiteConfig
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
-    from scheduler.lifecycle import utcnow
+    from scheduler.clock import utcnow
+    from scheduler.daemon.access import Caller, ServiceConfig
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.service import JobService
+    from scheduler.site import SiteConfig
     from scheduler.store.models import gpus, jobs, nodes
 
     now = utcnow()
@@ -141,9 +143,9 @@ def test_the_daemon_planner_writes_the_chosen_limit_and_the_uncapped_estimate(st
 def test_a_run_under_a_power_limit_is_kept_out_of_the_default_limit_profile(store):
     from sqlalchemy import update
 
+    from scheduler.clock import utcnow
     from scheduler.profiles import completed_run
     from scheduler.store.models import gpus, jobs, nodes
-    from scheduler.lifecycle import utcnow
 
     now = utcnow()
     with store.engine.begin() as conn:

@@ -25,8 +25,9 @@ import pytest
 from policies import perf_model
 from policies.energy import ProfileBook, seed_profiles
 from scheduler.cli.common import EXIT_USAGE
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.api import ApiServer, profile_routes
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.profile_view import FLEET_GPUS, frontier_curve
 from scheduler.profiles import learn_from_job, learned_profiles
 from test_profiles_store import T0, add_finished_job, add_gpus

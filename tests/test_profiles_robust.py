@@ -27,8 +27,10 @@ from sqlalchemy import insert, select
 
 from policies.energy import ProfileBook, seed_profiles
 from policies.learning import MAX_SEED_FACTOR, WINDOW
-from scheduler.daemon.planner import Planner, make_policy
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.daemon.service import JobService
 from scheduler.profiles import learn_from_job, learned_profiles
 from scheduler.store.models import gpus, jobs, nodes, workload_profiles
 

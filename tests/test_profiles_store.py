@@ -164,8 +164,9 @@ def test_a_database_error_while_learning_is_logged_and_never_raised(store, caplo
 def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
     from policies import get_policy
     from policies.catalog import parse_fleet
+    from scheduler.daemon.access import Caller, ServiceConfig
     from scheduler.daemon.planner import Planner
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
+    from scheduler.daemon.service import JobService
     from scheduler.node.agent import Agent
     from scheduler.node.config import AgentConfig
     from telemetry.gpu import EmulatedBackend, EmulatedModel

@@ -104,9 +104,11 @@ def test_the_daemon_planner_stores_staggered_starts_and_counts_jobs_started_in_t
     from sqlalchemy import select, update
 
     from policies import get_policy
-    from scheduler.daemon.planner import Planner, SiteConfig
-    from scheduler.daemon.service import Caller, JobService, ServiceConfig
-    from scheduler.lifecycle import utcnow
+    from scheduler.clock import utcnow
+    from scheduler.daemon.access import Caller, ServiceConfig
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.service import JobService
+    from scheduler.site import SiteConfig
     from scheduler.store.models import gpus, jobs, nodes
 
     now = utcnow()

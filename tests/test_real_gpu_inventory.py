@@ -14,8 +14,9 @@ from fakes.fake_amdsmi import FakeAmdGpu, FakeAmdSmi
 from fakes.fake_pynvml import REPORTED, FakeNvml, FakeNvmlGpu
 from policies import get_policy
 from scheduler.cli.output import nodes_table
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.metrics import GpuCollector
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig

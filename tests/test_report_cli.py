@@ -31,8 +31,9 @@ from scheduler.carbon import CarbonSignals
 from scheduler.cli import main as cli
 from scheduler.cli.common import EXIT_USAGE
 from scheduler.cli.report import export_csv, receipt_text
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.api import ApiServer, accounting_routes
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.grid.readings import IntensityReading
 

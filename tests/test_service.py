@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.lifecycle import TERMINAL, State
 from scheduler.store.models import gpus, job_events, jobs, nodes
 

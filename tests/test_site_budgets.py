@@ -14,7 +14,6 @@ from sqlalchemy import select
 from policies.energy import generic_power_w
 from policies.model import QueuedJob, budget_text
 from policies.power_cap import CapBounds
-from scheduler.daemon.planner import SiteConfig
 from scheduler.daemon.power_governor import PowerGovernor
 from scheduler.power_budget import ZoneBudget
 from scheduler.simulate.cluster import ClusterSpecError, cluster_from_dict
@@ -22,6 +21,7 @@ from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity
 from scheduler.simulate.model import Simulation
 from scheduler.simulate.settings import SimSettings
+from scheduler.site import SiteConfig
 from scheduler.store.models import job_events
 from tests.test_power_governor import measured_w, node, start_jobs  # noqa: F401  (the agent fixture)
 

@@ -15,9 +15,10 @@ import pytest
 from sqlalchemy import insert, select
 
 from policies import get_policy
+from scheduler.clock import utcnow
+from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
-from scheduler.lifecycle import utcnow
+from scheduler.daemon.service import JobService
 from scheduler.node.executor import RunState
 from scheduler.node.main import AgentRunConfig, make_slurm_agent
 from scheduler.node.slurm_executor import _status_of

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from daemon_harness import REPO, DaemonProcess, database_for, world_dir
 from scheduler.accounting.accountant import Accountant
 from scheduler.carbon import CarbonSignals
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.slurm.commands import SlurmCommands
 from scheduler.slurm.jobs import list_jobs
 from scheduler.store import Store

@@ -2,7 +2,7 @@
 PostgreSQL: hold/release, --begin, --dependency=afterok|afterany|afternotok, job arrays with
 a %N throttle and one shared deadline, --output/--error, and queue's --user/--name/--since/
 --until. The planner treats a held, not-yet-begun, dependent or throttled job as not yet
-plannable (scheduler.daemon.planner._waits), and `queue` says why."""
+plannable (scheduler.daemon.plan_store._waits), and `queue` says why."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select, update
 
-from scheduler.daemon.planner import Planner, make_policy
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.daemon.service import JobService
 from scheduler.job_specs import expand_log_pattern, parse_array, parse_dependency
 from scheduler.node.launch import redirected_argv
 from scheduler.store.models import gpus, jobs, nodes

@@ -11,8 +11,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.store.models import job_log_chunks, jobs
 
 ALICE, BOB = Caller(uid=1000, gid=1000), Caller(uid=1001, gid=1001)

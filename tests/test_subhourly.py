@@ -19,8 +19,10 @@ from sqlalchemy import insert, select
 
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig
-from scheduler.daemon.planner import Planner, make_policy
-from scheduler.daemon.service import Caller, JobService, ServiceConfig
+from scheduler.daemon.access import Caller, ServiceConfig
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.daemon.service import JobService
 from scheduler.store.carbon_models import carbon_intensity
 from scheduler.store.models import gpus, jobs, nodes
 from telemetry.grid.csv_import import MixedStepsError, read_trace

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from scheduler.cli.output import job_detail
-from scheduler.daemon.service import Caller, JobService, RequestError, ServiceConfig
+from scheduler.daemon.access import Caller, RequestError, ServiceConfig
+from scheduler.daemon.service import JobService
 from scheduler.profile_view import UnknownWorkload, resolve
 
 ROOT = Caller(uid=0, gid=0)
@@ -48,7 +49,7 @@ def test_a_class_learned_on_this_cluster_is_known(service, store):
     store.transact(lambda conn: fold_run(conn, CompletedRun(
         job_id=0, workload="site-eval", model="H100", gpus=1, runtime_s=100.0, energy_j=5e4, prompts=10),
         datetime.now(timezone.utc)))
-    service._learned = None  # the cache of learned names is a few seconds old at most
+    service.submissions.known_workloads._learned = None  # the cache of learned names is a few seconds old at most
     assert service.get_job(ROOT, submit(service, "site-eval"))["workload"] == "site-eval"
 
 

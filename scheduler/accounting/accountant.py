@@ -14,7 +14,7 @@ from scheduler.accounting.ledger import Ledger
 from scheduler.accounting.receipts import Receipts
 from scheduler.accounting.reports import Reports
 from scheduler.accounting.run_carbon import RunCarbon
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.store import Store
 
 

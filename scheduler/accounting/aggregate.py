@@ -16,7 +16,8 @@ from scheduler.accounting.figures import J_PER_KWH, difference, intensity_g_per_
 from scheduler.accounting.ledger import FINISHED
 from scheduler.lifecycle import State
 from scheduler.store import Store
-from scheduler.store.models import UTCDateTime, jobs
+from scheduler.store.base import UTCDateTime
+from scheduler.store.models import jobs
 from scheduler.timeparse import utc_aware
 from telemetry.energy import MODELLED
 from telemetry.grid.readings import SIGNAL_AVERAGE

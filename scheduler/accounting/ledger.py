@@ -12,7 +12,8 @@ from sqlalchemy import Connection, or_, select, update
 
 from scheduler.accounting.config import AccountingConfig
 from scheduler.accounting.run_carbon import IntensitySpan, RunCarbon, combine_runs, run_carbon
-from scheduler.lifecycle import TERMINAL, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import TERMINAL
 from scheduler.samples import counter_note, power_series
 from scheduler.store import Store
 from scheduler.carbon_table import actual_periods
@@ -42,7 +43,7 @@ class NotFound(LookupError):
 class Ledger:
     """Prices finished jobs and records their carbon on the job, over one store.
 
-    `site` gives the PUE of a job's node (scheduler.daemon.planner.SiteConfig, anything with
+    `site` gives the PUE of a job's node (scheduler.site.SiteConfig, anything with
     `.pue(zone, node)`: the node's site, else its zone's default);
     `carbon` the signal per zone (scheduler.carbon.CarbonSignals, anything with
     `.signal_of(zone)` and `.config.static`), else one is built on first use from

@@ -265,7 +265,7 @@ def _register_config_tables() -> None:
     """Nested config tables are checked by the code that owns them."""
     from scheduler.accounting.config import AccountingConfig
     from scheduler.carbon_config import CarbonConfig
-    from scheduler.daemon.planner import SiteConfig
+    from scheduler.site import SiteConfig
     from scheduler.slurm.config import SlurmConfig
 
     def owner_check(build):
@@ -339,8 +339,9 @@ def cmd_daemon(args, config) -> int:
     from scheduler.cli.client import default_state_dir
     from scheduler.daemon.api import UidLimits
     from scheduler.daemon.main import Daemon, DaemonConfig
-    from scheduler.daemon.planner import SiteConfig, check_policy
+    from scheduler.daemon.policy_factory import check_policy
     from scheduler.process import DaemonError
+    from scheduler.site import SiteConfig
     from scheduler.slurm.config import SlurmConfig
     from scheduler.store.engine import default_db_url
 

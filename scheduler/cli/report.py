@@ -58,8 +58,8 @@ def add_parser(subparsers) -> None:
 # -- getting the data -------------------------------------------------------------------------
 
 class _Site:
-    """The config file's PUE per node's site (scheduler.daemon.planner.SiteConfig), parsed on first use:
-    a report over jobs already priced never needs it, and the planner is slow to import."""
+    """The config file's PUE per node's site (scheduler.site.SiteConfig), parsed on first use:
+    a report over jobs already priced never needs it."""
 
     def __init__(self, config: dict) -> None:
         self._config = config
@@ -67,7 +67,7 @@ class _Site:
 
     def pue(self, zone: str | None, node: str | None = None) -> float:
         if self._site is None:
-            from scheduler.daemon.planner import SiteConfig
+            from scheduler.site import SiteConfig
 
             self._site = SiteConfig.from_config(self._config)
         return self._site.pue(zone, node)

@@ -37,7 +37,7 @@ from sqlalchemy import select
 
 from policies.catalog import catalog
 from policies.model import QueuedJob
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, nodes
 from scheduler.timeparse import format_duration

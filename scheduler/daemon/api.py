@@ -30,7 +30,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from scheduler.accounting.accountant import Accountant
 from scheduler.accounting.ledger import NotFound
 from scheduler.accounting.reports import GROUPINGS, parse_period
-from scheduler.daemon.service import Caller, JobService, RequestError
+from scheduler.daemon.access import Caller, RequestError
+from scheduler.daemon.service import JobService
 from scheduler.profiles import learned_view
 from scheduler.store import Store
 from scheduler.text_table import printable

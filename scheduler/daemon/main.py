@@ -7,34 +7,39 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from policies import Policy
 from scheduler.accounting.accountant import Accountant
 from scheduler.accounting.config import AccountingConfig
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig
+from scheduler.daemon.access import Caller, ServiceConfig, admin_gids
 from scheduler.daemon.api import ApiServer, UidLimits, accounting_routes, profile_routes
-from scheduler.daemon.planner import Planner, SiteConfig, check_policy, make_policy, preview_rows
-from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
+from scheduler.daemon.planner import Planner, preview_rows
 from scheduler.daemon.planner_process import PlannerProcess, PlannerSpec, PreviewProcess
+from scheduler.daemon.policy_factory import check_policy, make_policy
+from scheduler.daemon.power_governor import PowerGovernor, governor_period_s
 from scheduler.daemon.retention import DEFAULT_RETENTION_S as DEFAULT_JOB_RETENTION_S
 from scheduler.daemon.retention import PURGE_INTERVAL_S, purge_finished_jobs
-from scheduler.daemon.service import Caller, JobService, ServiceConfig, admin_gids
+from scheduler.daemon.service import JobService
 from scheduler.daemon.watchdog import DEFAULT_NODE_LOST_AFTER_S, NodeReaper
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.node.agent import Agent, default_node_name
 from scheduler.node.config import DEFAULT_OUTPUT_LIMIT_BYTES, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
-from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
-from scheduler.slurm.config import SlurmConfig
+from scheduler.policy_tables import warm_policy_tables
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
                                scheduler_diagnostics, stalled)
-from scheduler.policy_tables import warm_policy_tables
+from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
+from scheduler.site import SiteConfig
+from scheduler.slurm.config import SlurmConfig
 from scheduler.sdnotify import Watchdog, notify as sd_notify
 from scheduler.state_dir import bind_log_dir, bind_state_dir
 from scheduler.store import SchemaError, Store
@@ -126,6 +131,27 @@ class InProcessPlanner:
         """Nothing to stop: the scheduler's shutdown ends the ticks."""
 
 
+@dataclass
+class _Running:
+    """What one run of the daemon has built, filled in step by step (`Daemon.run`). Callbacks
+    made before a part exists (the planner's tick waking dispatch, a finished job priced by
+    the accountant) read it from here when they are called."""
+
+    store: Store
+    metrics: Metrics
+    scheduler: BackgroundScheduler | None = None
+    carbon: CarbonSignals | None = None
+    plan_proc: PlannerProcess | InProcessPlanner | None = None
+    preview_proc: PreviewProcess | None = None
+    preview: Callable[[], list[dict]] | None = None
+    policy_name: str = ""
+    agent: Agent | None = None
+    dispatch_job: CoalescedJob | None = None
+    service: JobService | None = None
+    accountant: Accountant | None = None
+    api: ApiServer | None = None
+
+
 class Daemon(ServiceProcess):
     lock_name = "daemon.lock"
 
@@ -134,6 +160,38 @@ class Daemon(ServiceProcess):
         self.config = config
 
     def run(self) -> None:
+        """Open the store, start the planner, the local agent and the API, serve until told to
+        stop, then stop it all (running jobs keep running: a restart adopts them)."""
+        cfg = self.config
+        store = self._open_store()
+        metrics = Metrics()
+        metrics.add(StoreCollector(store))
+        run = _Running(store=store, metrics=metrics)
+        self._start_planner_process(run)
+        policy = self._policy(run)
+        run.scheduler = new_scheduler()
+        run.carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
+        _warn_if_zone_has_no_data(cfg.zone, {"carbon": cfg.carbon}, run.carbon)
+        self._planner_or_preview(run, policy)
+        run.agent = self._local_agent(run)
+        if run.agent is not None:
+            run.agent.register()
+            run.agent.startup_reconcile()
+            metrics.add(GpuCollector(run.agent))
+        run.dispatch_job = CoalescedJob(run.scheduler, "dispatch", run.agent.tick if run.agent else (lambda: None),
+                                        min_gap_s=0.05, max_gap_s=0.5, stopping=self.stop_event)
+        self._api(run)
+        self._schedule(run)
+        watchdog = self._start(run)
+        try:
+            while not self.stop_event.wait(watchdog.ping_every_s):
+                watchdog.ping_if_healthy()
+        finally:
+            self._shut_down(run)
+
+    def _open_store(self) -> Store:
+        """The store at its current schema, the policy tables warm, the state (and log)
+        directory bound to the store's id."""
         cfg = self.config
         store = self._open(cfg.db_url)
         self._prepare_schema(store)
@@ -142,144 +200,168 @@ class Daemon(ServiceProcess):
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
         if cfg.log_dir is not None and Path(cfg.log_dir) != Path(cfg.state_dir) / "logs":
             bind_log_dir(cfg.log_dir, store_id(store))
-        metrics = Metrics()
-        metrics.add(StoreCollector(store))
-        dispatch_job: CoalescedJob | None = None
+        return store
 
-        def after_tick(duration_s: float, changed: int) -> None:
-            metrics.planner_duration.labels(cfg.policy).observe(duration_s)
-            if changed and dispatch_job is not None:
-                dispatch_job.wake()
+    def _after_tick(self, run: _Running, duration_s: float, changed: int) -> None:
+        """Each planner tick: its duration into the metrics; dispatch woken when it changed plans."""
+        run.metrics.planner_duration.labels(self.config.policy).observe(duration_s)
+        if changed and run.dispatch_job is not None:
+            run.dispatch_job.wake()
 
-        preview_proc = None
+    def _start_planner_process(self, run: _Running) -> None:
+        """Start the planner in a process of its own (the default), and make the preview's."""
+        cfg = self.config
         if cfg.planner_process:
             spec = PlannerSpec(db_url=cfg.db_url, policy=cfg.policy, log_level=logging.getLogger().level,
                                plan_interval_s=cfg.plan_interval_s, carbon=dict(cfg.carbon), site=cfg.site,
                                full_replan_s=cfg.full_replan_s)
             # Started first: the child's imports (OR-Tools alone takes ~0.7 s) overlap the
             # rest of startup, so the first plan follows "ready" closely.
-            plan_proc = PlannerProcess(spec, on_tick=after_tick)
-            plan_proc.start()
+            run.plan_proc = PlannerProcess(spec, on_tick=lambda d, n: self._after_tick(run, d, n))
+            run.plan_proc.start()
             # `carbonsched plan` runs the policy too: in a process of its own, so a preview
             # over a long queue never holds the API's interpreter lock either.
-            preview_proc = PreviewProcess(spec)
+            run.preview_proc = PreviewProcess(spec)
+
+    def _policy(self, run: _Running) -> Policy | None:
+        """The policy this process plans with (None: the planner process plans), its name in
+        `run.policy_name`; DaemonError for a bad one."""
+        cfg = self.config
         try:
             # With a planner process this one never plans: the policy is only checked (building
             # cpsat here would import OR-Tools, about a second of CPU, for nothing).
             policy = None if cfg.planner_process else make_policy(cfg.policy, plan_interval_s=cfg.plan_interval_s)
-            policy_name = check_policy(cfg.policy) if policy is None else policy.name
+            run.policy_name = check_policy(cfg.policy) if policy is None else policy.name
         except ValueError as e:
             raise DaemonError(str(e)) from None
+        return policy
 
-        scheduler = new_scheduler()
-        carbon = CarbonSignals(store, CarbonConfig.from_config({"carbon": cfg.carbon}))
-        _warn_if_zone_has_no_data(cfg.zone, {"carbon": cfg.carbon}, carbon)
-        if preview_proc is not None:
-            preview = preview_proc.rows
-        else:
-            planner = Planner(store, policy, carbon=carbon, site=cfg.site, plan_interval_s=cfg.plan_interval_s,
-                              full_replan_s=cfg.full_replan_s)
-            plan_proc = InProcessPlanner(scheduler, planner, stopping=self.stop_event, on_tick=after_tick)
-            preview = lambda: preview_rows(planner)  # noqa: E731
+    def _planner_or_preview(self, run: _Running, policy: Policy | None) -> None:
+        """The plan preview from the preview process, or (`--no-planner-process`) the planner
+        in this process, ticking on the scheduler's threads, and its preview."""
+        cfg = self.config
+        if run.preview_proc is not None:
+            run.preview = run.preview_proc.rows
+            return
+        planner = Planner(run.store, policy, carbon=run.carbon, site=cfg.site,
+                          plan_interval_s=cfg.plan_interval_s, full_replan_s=cfg.full_replan_s)
+        run.plan_proc = InProcessPlanner(run.scheduler, planner, stopping=self.stop_event,
+                                         on_tick=lambda d, n: self._after_tick(run, d, n))
+        run.preview = lambda: preview_rows(planner)
 
-        agent = None
+    def _local_agent(self, run: _Running) -> Agent | None:
+        """This host's agent (local processes or Slurm), when the daemon runs jobs itself:
+        by default on SQLite or with --emulate."""
+        cfg = self.config
         local = cfg.local_agent
         if local is None:
-            local = store.dialect == "sqlite" or cfg.emulate is not None
+            local = run.store.dialect == "sqlite" or cfg.emulate is not None
         if cfg.truth and cfg.executor == "slurm":
             raise DaemonError("--truth emulates jobs run by the local executor; Slurm runs them itself")
+
+        def on_finished(job_id: int, note: str | None) -> None:
+            run.accountant.account(job_id, energy_note=note)
+
         if local and cfg.executor == "slurm":
-            agent = make_slurm_agent(store, AgentRunConfig(
+            return make_slurm_agent(run.store, AgentRunConfig(
                 db_url=cfg.db_url, state_dir=cfg.state_dir, node=cfg.node, zone=cfg.zone,
                 emulate=cfg.emulate, sample_hz=cfg.sample_hz, grace_s=cfg.grace_s,
                 node_static_w=cfg.node_static_w, min_free_disk_mib=cfg.min_free_disk_mib),
-                cfg.slurm or SlurmConfig(), on_change=plan_proc.wake,
-                on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note))
-        elif local:
-            backend = make_backend(cfg.emulate, cfg.node, cfg.state_dir)
-            try:
-                emulation = make_emulation(cfg.truth, backend)
-            except EmulationError as e:
-                raise DaemonError(str(e)) from None
-            agent = Agent(store, backend, AgentConfig(node=cfg.node, zone=cfg.zone,
-                                                      state_dir=cfg.state_dir, grace_s=cfg.grace_s,
-                                                      sample_hz=cfg.sample_hz,
-                                                      node_static_w=cfg.node_static_w,
-                                                      min_free_disk_mib=cfg.min_free_disk_mib,
-                                                      log_dir=cfg.log_dir,
-                                                      output_limit_bytes=cfg.output_limit_bytes,
-                                                      ship_logs=False),  # the daemon reads them itself
-                          on_change=plan_proc.wake,
-                          on_finished=lambda job_id, note: accountant.account(job_id, energy_note=note),
-                          emulation=emulation)
-        if agent is not None:
-            agent.register()
-            agent.startup_reconcile()
-            metrics.add(GpuCollector(agent))
-        dispatch_job = CoalescedJob(scheduler, "dispatch", agent.tick if agent else (lambda: None),
-                                    min_gap_s=0.05, max_gap_s=0.5, stopping=self.stop_event)
+                cfg.slurm or SlurmConfig(), on_change=run.plan_proc.wake, on_finished=on_finished)
+        if not local:
+            return None
+        backend = make_backend(cfg.emulate, cfg.node, cfg.state_dir)
+        try:
+            emulation = make_emulation(cfg.truth, backend)
+        except EmulationError as e:
+            raise DaemonError(str(e)) from None
+        return Agent(run.store, backend, AgentConfig(node=cfg.node, zone=cfg.zone,
+                                                     state_dir=cfg.state_dir, grace_s=cfg.grace_s,
+                                                     sample_hz=cfg.sample_hz,
+                                                     node_static_w=cfg.node_static_w,
+                                                     min_free_disk_mib=cfg.min_free_disk_mib,
+                                                     log_dir=cfg.log_dir,
+                                                     output_limit_bytes=cfg.output_limit_bytes,
+                                                     ship_logs=False),  # the daemon reads them itself
+                     on_change=run.plan_proc.wake, on_finished=on_finished, emulation=emulation)
 
-        service = JobService(
-            store,
+    def _api(self, run: _Running) -> None:
+        """The job service, the accountant and the API server over them (not serving yet)."""
+        cfg = self.config
+        run.service = service = JobService(
+            run.store,
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
                           time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user,
                           max_submit_stored_bytes=cfg.max_submit_stored_bytes,
                           max_stored_bytes_per_user=cfg.max_stored_bytes_per_user),
             log_dir=cfg.log_dir or cfg.state_dir / "logs",
-            on_submit=plan_proc.wake, on_cancel=dispatch_job.wake,
+            on_submit=run.plan_proc.wake, on_cancel=run.dispatch_job.wake,
         )
-        accountant = Accountant(store, site=cfg.site, carbon=carbon, config=cfg.accounting)
-        api = ApiServer(cfg.socket_path, service,
-                        extra_routes={("GET", "plan"): lambda caller, q: plan_preview(preview(), service, caller),
-                                      **accounting_routes(accountant, service), **profile_routes(store)},
-                        limits=cfg.api_limits)
+        run.accountant = Accountant(run.store, site=cfg.site, carbon=run.carbon, config=cfg.accounting)
+        run.api = ApiServer(cfg.socket_path, service,
+                            extra_routes={("GET", "plan"): lambda caller, q: plan_preview(run.preview(), service, caller),
+                                          **accounting_routes(run.accountant, service), **profile_routes(run.store)},
+                            limits=cfg.api_limits)
 
+    def _schedule(self, run: _Running) -> None:
+        """The daemon's periodic work on the scheduler: planning, dispatch, carbon refresh,
+        sample rollup, purge of finished jobs, accounting, the power governor, the watchdog."""
+        cfg, scheduler, store = self.config, run.scheduler, run.store
         now = datetime.now(timezone.utc)
-        scheduler.add_job(plan_proc.interval_target, "interval", seconds=cfg.plan_interval_s,
+        scheduler.add_job(run.plan_proc.interval_target, "interval", seconds=cfg.plan_interval_s,
                           id="planner", next_run_time=now)
-        if agent is not None:
-            scheduler.add_job(dispatch_job.run, "interval", seconds=cfg.dispatch_interval_s,
+        if run.agent is not None:
+            scheduler.add_job(run.dispatch_job.run, "interval", seconds=cfg.dispatch_interval_s,
                               id="dispatch", next_run_time=now)
         else:
             scheduler.add_job(lambda: None, "interval", hours=24, id="dispatch")
         samples = SampleStore(store)
-        if any(z.provider for z in carbon.config.zones.values()):
+        if any(z.provider for z in run.carbon.config.zones.values()):
             # Live providers are called within their budgets (the store is the shared gate).
-            scheduler.add_job(carbon.providers.refresh_all, "interval", seconds=cfg.carbon_refresh_s,
+            scheduler.add_job(run.carbon.providers.refresh_all, "interval", seconds=cfg.carbon_refresh_s,
                               id="carbon", max_instances=1, next_run_time=now)
         scheduler.add_job(lambda: samples.rollup(retention_s=cfg.sample_retention_s), "interval",
                           seconds=60, id="rollup", max_instances=1)
         # Finished jobs lose their command, environment and output after the retention.
         scheduler.add_job(lambda: purge_finished_jobs(store, retention_s=cfg.job_retention_s,
-                                                      log_dir=service.log_dir),
+                                                      log_dir=run.service.log_dir),
                           "interval", seconds=PURGE_INTERVAL_S, id="purge", max_instances=1, next_run_time=now)
         # Price finished jobs' carbon, and re-price them as late intensity data arrives.
-        scheduler.add_job(accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
+        scheduler.add_job(run.accountant.backfill, "interval", seconds=60, id="accounting", max_instances=1)
         if cfg.site.budgets:
-            governor = PowerGovernor(store, cfg.site.budgets, cfg.site.caps,
-                                     site_nodes=cfg.site.site_budget_nodes(),
-                                     on_action=lambda a: metrics.governor_actions.labels(
-                                         a.zone, "lower" if a.to_w is not None and (a.from_w is None or a.to_w < a.from_w)
-                                         else "raise").inc())
-
-            def govern() -> None:
-                actions = governor.tick()
-                for zone, r in governor.last.items():
-                    metrics.zone_power.labels(zone).set(r.measured_w)
-                    metrics.zone_power_cap.labels(zone).set(r.cap_w)
-                if actions and dispatch_job is not None:
-                    dispatch_job.wake()  # the local agent applies the new limits at once
-
-            scheduler.add_job(govern, "interval", seconds=governor_period_s(cfg.sample_hz), id="governor",
-                              max_instances=1, next_run_time=now)
-            log.info("power governor on for budget(s) %s", ", ".join(sorted(cfg.site.budgets)))
+            self._schedule_governor(run, now)
         reaper = NodeReaper(store, lost_after_s=cfg.node_lost_after_s)
-        scheduler.add_job(lambda: plan_proc.wake() if reaper.reap() else None, "interval",
+        scheduler.add_job(lambda: run.plan_proc.wake() if reaper.reap() else None, "interval",
                           seconds=min(15.0, cfg.node_lost_after_s / 4), id="watchdog", max_instances=1,
                           next_run_time=datetime.now(timezone.utc))
 
+    def _schedule_governor(self, run: _Running, now: datetime) -> None:
+        """The power governor: it keeps each zone's and site's GPU power under its budget."""
+        cfg, metrics = self.config, run.metrics
+        governor = PowerGovernor(run.store, cfg.site.budgets, cfg.site.caps,
+                                 site_nodes=cfg.site.site_budget_nodes(),
+                                 on_action=lambda a: metrics.governor_actions.labels(
+                                     a.zone, "lower" if a.to_w is not None and (a.from_w is None or a.to_w < a.from_w)
+                                     else "raise").inc())
+
+        def govern() -> None:
+            actions = governor.tick()
+            for zone, r in governor.last.items():
+                metrics.zone_power.labels(zone).set(r.measured_w)
+                metrics.zone_power_cap.labels(zone).set(r.cap_w)
+            if actions and run.dispatch_job is not None:
+                run.dispatch_job.wake()  # the local agent applies the new limits at once
+
+        run.scheduler.add_job(govern, "interval", seconds=governor_period_s(cfg.sample_hz), id="governor",
+                              max_instances=1, next_run_time=now)
+        log.info("power governor on for budget(s) %s", ", ".join(sorted(cfg.site.budgets)))
+
+    def _start(self, run: _Running) -> Watchdog:
+        """Start everything and say READY to systemd; the watchdog `run` pings while the API,
+        the scheduler and dispatch are healthy."""
+        cfg, agent, scheduler, plan_proc, api = self.config, run.agent, run.scheduler, run.plan_proc, run.api
         register_diagnostic("daemon", scheduler_diagnostics(
-            scheduler, [j for j in (dispatch_job, getattr(plan_proc, "_job", None)) if isinstance(j, CoalescedJob)]))
+            scheduler, [j for j in (run.dispatch_job, getattr(plan_proc, "_job", None)) if isinstance(j, CoalescedJob)]))
         if agent is not None:
             register_diagnostic("agent", agent.diagnose)
         self._install_signals()
@@ -298,35 +380,35 @@ class Daemon(ServiceProcess):
             log.warning("planner process still loading after %gs; serving anyway", PLANNER_LOAD_TIMEOUT_S)
         api.start()
         if cfg.metrics_port is not None:
-            metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+            run.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         watchdog = Watchdog()
         watchdog.add_check("api", api.loop_problem)
         watchdog.add_check("scheduler", lambda: None if scheduler.running else "APScheduler stopped")
         if agent is not None:
-            watchdog.add_check("dispatch", lambda: stalled(dispatch_job, cfg.dispatch_interval_s))
+            watchdog.add_check("dispatch", lambda: stalled(run.dispatch_job, cfg.dispatch_interval_s))
         sd_notify("READY=1\nSTATUS=serving")
-        log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s%s", store.url,
-                 cfg.socket_path, policy_name, cfg.node if agent else "(no local agent)",
+        log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s%s", run.store.url,
+                 cfg.socket_path, run.policy_name, cfg.node if agent else "(no local agent)",
                  f"; systemd watchdog every {watchdog.interval_s:g}s" if watchdog.enabled else "")
-        try:
-            while not self.stop_event.wait(watchdog.ping_every_s):
-                watchdog.ping_if_healthy()
-        finally:
-            sd_notify("STOPPING=1")
-            log.info("stopping: running jobs keep running and are adopted on restart")
-            self.stop_event.set()
-            api.stop()
-            metrics.stop()
-            scheduler.shutdown(wait=True)
-            plan_proc.stop()
-            if preview_proc is not None:
-                preview_proc.stop()
-            if agent is not None:
-                agent.stop()
-                agent.backend.close()
-            store.dispose()
-            self._release_instance_lock()
-            log.info("stopped")
+        return watchdog
+
+    def _shut_down(self, run: _Running) -> None:
+        """Stop serving and planning; running jobs keep running and are adopted on restart."""
+        sd_notify("STOPPING=1")
+        log.info("stopping: running jobs keep running and are adopted on restart")
+        self.stop_event.set()
+        run.api.stop()
+        run.metrics.stop()
+        run.scheduler.shutdown(wait=True)
+        run.plan_proc.stop()
+        if run.preview_proc is not None:
+            run.preview_proc.stop()
+        if run.agent is not None:
+            run.agent.stop()
+            run.agent.backend.close()
+        run.store.dispose()
+        self._release_instance_lock()
+        log.info("stopped")
 
     def _prepare_schema(self, store: Store) -> None:
         if store.is_empty():

@@ -38,7 +38,7 @@ class PlannerSpec:
     log_level: int = logging.INFO
     plan_interval_s: float = 15.0
     carbon: dict[str, Any] = field(default_factory=dict)  # the config file's [carbon] table
-    site: Any = None  # scheduler.daemon.planner.SiteConfig; None: PUE 1.0, no power caps
+    site: Any = None  # scheduler.site.SiteConfig; None: PUE 1.0, no power caps
     full_replan_s: float | None = None  # incremental planning between full re-plans; None: off
 
 
@@ -46,7 +46,8 @@ def build_planner(spec: PlannerSpec, store) -> Any:
     """The Planner a spec describes: its policy tuned to the interval, carbon from the store."""
     from scheduler.carbon import CarbonSignals
     from scheduler.carbon_config import CarbonConfig
-    from scheduler.daemon.planner import Planner, make_policy
+    from scheduler.daemon.planner import Planner
+    from scheduler.daemon.policy_factory import make_policy
 
     signals = CarbonSignals(store, CarbonConfig.from_config({"carbon": spec.carbon}))
     return Planner(store, make_policy(spec.policy, plan_interval_s=spec.plan_interval_s),

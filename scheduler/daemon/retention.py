@@ -17,7 +17,8 @@ from pathlib import Path
 
 from sqlalchemy import Connection, delete, select, update
 
-from scheduler.lifecycle import TERMINAL, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import TERMINAL
 from scheduler.store import Store
 from scheduler.store.models import job_log_chunks, jobs
 

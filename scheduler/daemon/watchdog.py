@@ -21,7 +21,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection, select
 
-from scheduler.lifecycle import State, retry_or_end, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import State, retry_or_end
 from scheduler.store import Store
 from scheduler.store.models import jobs, nodes
 

@@ -19,7 +19,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection, select, update
 
-from scheduler.lifecycle import State, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import State
 from scheduler.node import checkpoint, claims
 from scheduler.node.config import AgentConfig
 from scheduler.node.disk import DiskGuard, disk_places

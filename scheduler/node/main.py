@@ -11,7 +11,7 @@ from pathlib import Path
 
 from policies.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
-from scheduler.lifecycle import utcnow
+from scheduler.clock import utcnow
 from scheduler.node.agent import Agent
 from scheduler.node.config import DEFAULT_OUTPUT_LIMIT_BYTES, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation

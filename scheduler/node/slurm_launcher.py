@@ -23,7 +23,8 @@ from types import SimpleNamespace
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from scheduler.lifecycle import State, record_submit, transition, utcnow
+from scheduler.clock import utcnow
+from scheduler.lifecycle import State, record_submit, transition
 from scheduler.node.config import AgentConfig
 from scheduler.node.executor import LaunchSpec, RunStatus
 from scheduler.node.job_ends import parse_time

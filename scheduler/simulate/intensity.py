@@ -21,10 +21,14 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from telemetry.grid.forecast import hourly_means
+
+if TYPE_CHECKING:
+    from scheduler.simulate.issued import IssuedForecasts
 
 log = logging.getLogger(__name__)
 

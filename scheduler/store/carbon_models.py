@@ -20,7 +20,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, Float, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from scheduler.store.models import Base, UTCDateTime
+from scheduler.store.base import Base, UTCDateTime
 
 
 class CarbonIntensity(Base):

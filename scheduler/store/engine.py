@@ -230,7 +230,8 @@ class Store:
         from alembic.runtime.migration import MigrationContext
         from alembic.script import ScriptDirectory
 
-        from scheduler.store.models import Base
+        import scheduler.store.models  # noqa: F401  (every table on Base.metadata)
+        from scheduler.store.base import Base
 
         head = ScriptDirectory.from_config(alembic_config()).get_current_head()
         current = self.schema_revision()

@@ -14,7 +14,8 @@ from datetime import datetime
 from sqlalchemy import Integer, String, insert, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from scheduler.store.models import Base, UTCDateTime
+from scheduler.clock import utcnow
+from scheduler.store.base import Base, UTCDateTime
 
 
 class StoreIdentity(Base):
@@ -36,8 +37,6 @@ def new_store_id() -> str:
 
 def store_id(store) -> str:
     """This store's id; made now if its row is missing (a schema created by hand)."""
-    from scheduler.lifecycle import utcnow
-
     with store.read() as conn:
         found = conn.execute(select(store_identity.c.store_id).where(store_identity.c.id == 1)).scalar()
     if found:

@@ -6,60 +6,30 @@ Every datetime column is timezone-aware UTC on the Python side, whatever the dat
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
-    DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
-    MetaData,
     String,
     Text,
-    TypeDecorator,
     UniqueConstraint,
     false,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-class UTCDateTime(TypeDecorator):
-    """A datetime stored as UTC and always returned timezone-aware (SQLite keeps no zone)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value, dialect):
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError(f"naive datetime {value!r} given to the store; use UTC-aware times")
-        value = value.astimezone(timezone.utc)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value, dialect):
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+# The other tables of the store, registered on Base.metadata with these: whoever imports the
+# models (the schema check, Alembic) sees every table.
+import scheduler.store.carbon_models  # noqa: F401
+import scheduler.store.identity  # noqa: F401
+import scheduler.store.telemetry_models  # noqa: F401
+from scheduler.store.base import Base, UTCDateTime
 
 
 class Node(Base):
@@ -393,7 +363,3 @@ job_dependencies = JobDependency.__table__
 job_segments = JobSegment.__table__
 job_log_chunks = JobLogChunk.__table__
 workload_profiles = WorkloadProfile.__table__
-
-from scheduler.store import telemetry_models  # noqa: E402,F401  (register tables)
-from scheduler.store import carbon_models  # noqa: E402,F401  (register tables)
-from scheduler.store import identity  # noqa: E402,F401  (register tables)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Float, Integer
 from sqlalchemy.orm import Mapped, mapped_column
 
-from scheduler.store.models import Base
+from scheduler.store.base import Base
 
 
 class GpuSample(Base):

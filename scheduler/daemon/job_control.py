@@ -1,0 +1,172 @@
+"""Changing a job's course: cancel it, hold it back from the planner, release it again, as
+`scancel` and `scontrol hold/release` do. Each verb is all or nothing over the ids it is
+given (a mistyped id changes none of the others), and every refused id is named.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import Connection, Row, or_, select, update
+
+from scheduler.daemon.access import Access, Caller, RequestError
+from scheduler.job_specs import HELD_REASON, OPERATOR_HELD_REASON
+from scheduler.lifecycle import TERMINAL, State, transition
+from scheduler.store import Store
+from scheduler.store.models import jobs
+
+log = logging.getLogger(__name__)
+
+
+class JobControl:
+    """cancel, hold and release; the planner is woken after a hold or release (`on_submit`),
+    the agents after a cancel (`on_cancel`)."""
+
+    def __init__(self, store: Store, access: Access, *, on_submit: Callable[[], None],
+                 on_cancel: Callable[[], None], clock: Callable[[], datetime]) -> None:
+        self.store = store
+        self.access = access
+        self._on_submit = on_submit
+        self._on_cancel = on_cancel
+        self._clock = clock
+
+    def _rows(self, caller: Caller, job_ids: list[int],
+              refuse: Callable[[int, Row], RequestError | None]) -> tuple[list[Row], dict[int, RequestError]]:
+        """The rows of `job_ids` (each once) the caller may change, and the refusal of each
+        other id: one it may not see, or one `refuse` turns down."""
+        rows, refused = [], {}
+        with self.store.read() as conn:
+            for j in dict.fromkeys(job_ids):
+                try:
+                    row = self.access.visible_job(conn, caller, j)
+                except RequestError as e:
+                    refused[j] = e
+                    continue
+                why = refuse(j, row)
+                if why is not None:
+                    refused[j] = why
+                else:
+                    rows.append(row)
+        return rows, refused
+
+    def cancel(self, caller: Caller, job_ids: list[int]) -> list[dict]:
+        """Cancel jobs: one not started yet at once, a running one by asking its agent to stop it
+        (CANCELLING). Each job's state after, by id."""
+        if not job_ids:
+            raise RequestError(400, "give at least one job id to cancel")
+        # All or nothing (a mistyped id cancels none of the others), but every refused id is
+        # named, not only the first (`cancel 6 999`: 999 does not exist, 6 was left alone).
+        rows, refused = self._rows(caller, job_ids, lambda j, row: RequestError(
+            409, f"job {row.id} already ended ({row.state})") if row.state in TERMINAL else None)
+        if refused:
+            first = next(iter(refused.values()))
+            left = f"; nothing cancelled ({', '.join(f'job {r.id}' for r in rows)} left as is)" if rows else ""
+            raise RequestError(first.status, "; ".join(e.message for e in refused.values()) + left)
+        now = self._clock()
+        results = []
+        for r in rows:
+            results.append({"id": r.id, "state": self.store.transact(
+                lambda conn, r=r: _cancel_one(conn, r, caller, now))})
+        self._on_cancel()
+        return results
+
+    def hold(self, caller: Caller, job_ids: list[int], *, held: bool) -> list[dict]:
+        """Keep jobs from being planned (hold) or let them be planned again (release), like
+        `scontrol hold/release`. A PLANNED job that is held goes back to PENDING, its plan
+        withdrawn; a running or ended job cannot be held. All or nothing, every refusal named.
+
+        An operator (root, an admin group) holding another user's job places an operator
+        hold, as Slurm's admin hold: only an operator releases it, and the owner's release is
+        refused. The owner's hold of a job an operator holds leaves it so."""
+        verb = "hold" if held else "release"
+        admin = self.access.is_admin(caller)
+        if not job_ids:
+            raise RequestError(400, f"give at least one job id to {verb}")
+
+        def refuse(j: int, row: Row) -> RequestError | None:
+            if row.state not in (State.PENDING.value, State.PLANNED.value):
+                return RequestError(409, f"job {j} is {row.state}: only a job that has not started "
+                                         f"can be {'held' if held else 'released'}")
+            if not held and row.hold_kind == "operator" and not admin:
+                return RequestError(403, f"job {j} is held by an operator (uid {row.held_by}): "
+                                         "only root or an admin_groups member may release it")
+            return None
+
+        rows, refused = self._rows(caller, job_ids, refuse)
+        if refused:
+            first = next(iter(refused.values()))
+            raise RequestError(first.status, "; ".join(e.message for e in refused.values()))
+        now = self._clock()
+        results = []
+        for r in rows:
+            if held:
+                results.append(self.store.transact(lambda conn, r=r: _hold_one(conn, r, caller, admin, now)))
+            else:
+                results.append(self.store.transact(lambda conn, r=r: _release_one(conn, r, admin)))
+        log.info("%s of job(s) %s by uid %s", verb, ", ".join(str(r.id) for r in rows), caller.uid)
+        self._on_submit()  # released jobs are plannable now
+        return results
+
+
+def _cancel_one(conn: Connection, r: Row, caller: Caller, now: datetime) -> str:
+    """Cancel one job in the caller's transaction: its state after (CANCELLING: its agent
+    is asked to stop it)."""
+    if transition(conn, r.id, State.CANCELLED, actor_uid=caller.uid,
+                  expect=(State.PENDING, State.PLANNED),
+                  reason=f"cancelled by uid {caller.uid} before it started",
+                  values=dict(ended_at=now)):
+        return State.CANCELLED.value
+    n = conn.execute(update(jobs).where(jobs.c.id == r.id,
+                                        jobs.c.state == State.RUNNING.value)
+                     .values(cancel_requested_at=now, cancel_requested_by=caller.uid,
+                             reason=f"cancel requested by uid {caller.uid}")).rowcount
+    if n:
+        return "CANCELLING"
+    return conn.execute(select(jobs.c.state).where(jobs.c.id == r.id)).scalar_one()
+
+
+def _release_one(conn: Connection, r: Row, admin: bool) -> dict:
+    """Release one held job; an operator's hold placed since the read stays unless an
+    operator releases it."""
+    where = [jobs.c.id == r.id, jobs.c.held_at.is_not(None)]
+    if not admin:  # an operator's hold placed since the read stays
+        where.append(or_(jobs.c.hold_kind.is_(None), jobs.c.hold_kind != "operator"))
+    n = conn.execute(update(jobs).where(*where)
+                     .values(held_at=None, held_by=None, hold_kind=None, plan_rev=jobs.c.plan_rev + 1,
+                             reason="released; waiting for the planner")).rowcount
+    if not n and not admin and conn.execute(select(jobs.c.hold_kind).where(
+            jobs.c.id == r.id)).scalar_one() == "operator":
+        raise RequestError(403, f"job {r.id} is held by an operator: only root or an "
+                                "admin_groups member may release it")
+    return {"id": r.id, "held": False, "changed": bool(n)}
+
+
+def _hold_one(conn: Connection, r: Row, caller: Caller, admin: bool, now: datetime) -> dict:
+    """Hold one job: a PLANNED one goes back to PENDING, its plan withdrawn. An operator's
+    hold of another user's job is an operator hold; the owner's hold never replaces one."""
+    operator = admin and caller.uid != r.owner_uid
+    if r.hold_kind == "operator" and not operator:
+        # the owner (or an operator on their own job) holding again: the operator's hold stays
+        return {"id": r.id, "held": True, "changed": False}
+    kind = "operator" if operator else "user"
+    values = dict(held_at=now, held_by=caller.uid, hold_kind=kind, plan_rev=jobs.c.plan_rev + 1)
+    why = OPERATOR_HELD_REASON if operator else HELD_REASON
+    # bumping plan_rev makes a tick planned from before the hold write nothing
+    if transition(conn, r.id, State.PENDING, actor_uid=caller.uid, expect=(State.PLANNED,),
+                  reason=f"held by {'an operator, ' if operator else ''}uid {caller.uid}: plan withdrawn",
+                  values={**values, "planned_node": None, "planned_gpu_ids": None,
+                          "planned_start": None}):
+        conn.execute(update(jobs).where(jobs.c.id == r.id).values(reason=why))  # queue's REASON
+        return {"id": r.id, "held": True, "changed": True}
+    where = [jobs.c.id == r.id, jobs.c.state == State.PENDING.value]
+    if not operator:  # never turn an operator's hold placed since the read into a user's
+        where.append(or_(jobs.c.hold_kind.is_(None), jobs.c.hold_kind != "operator"))
+    n = conn.execute(update(jobs).where(*where).values(**values, reason=why)).rowcount
+    if not n:
+        now_row = conn.execute(select(jobs.c.state, jobs.c.hold_kind).where(jobs.c.id == r.id)).one()
+        if now_row.hold_kind == "operator" and now_row.state == State.PENDING.value:
+            return {"id": r.id, "held": True, "changed": False}
+        raise RequestError(409, f"job {r.id} is {now_row.state}: it started before it could be held")
+    return {"id": r.id, "held": True, "changed": r.held_at is None or r.hold_kind != kind}

@@ -1,0 +1,258 @@
+"""Submitting jobs: a request checked (`submit_checks`), admitted (a job no GPU of the cluster
+can ever run is refused, `admission`), held to the uid's limits on what it may store and have
+waiting (`QueueLimit`), and stored with its "submitted" event in one transaction (one
+statement on PostgreSQL); a job array's tasks and a job's dependencies together.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import Connection, bindparam, case, func, insert, literal, null, select, update
+
+from policies.model import QueuedJob
+from scheduler.daemon.access import Access, Caller, RequestError, ServiceConfig
+from scheduler.daemon.admission import Admission, Refused
+from scheduler.daemon.submit_checks import Habits, KnownWorkloads, job_row, slurm_habits
+from scheduler.lifecycle import State, record_submit
+from scheduler.store import Store
+from scheduler.store.models import job_dependencies, job_events, jobs
+
+log = logging.getLogger(__name__)
+
+_INSERT_JOB = insert(jobs).returning(jobs.c.id)
+
+
+@functools.cache
+def _submit_statement(columns: tuple[str, ...]):
+    """INSERT the job and its "submitted" event in one statement (PostgreSQL)."""
+    new_job = (insert(jobs).values({c: bindparam(c, type_=jobs.c[c].type) for c in columns})
+               .returning(jobs.c.id, jobs.c.submitted_at).cte("new_job"))
+    first_event = select(new_job.c.id, null(), literal(State.PENDING.value), bindparam("actor_uid"),
+                         literal("submitted"), new_job.c.submitted_at)
+    return (insert(job_events)
+            .from_select(["job_id", "from_state", "to_state", "actor_uid", "reason", "at"], first_event)
+            .returning(job_events.c.job_id))
+
+
+class Submissions:
+    """`submit`: a request checked, admitted, within the uid's limits, stored; the planner
+    woken (`on_submit`)."""
+
+    def __init__(self, store: Store, config: ServiceConfig, access: Access, admission: Admission, *,
+                 on_submit: Callable[[], None], clock: Callable[[], datetime]) -> None:
+        self.store = store
+        self.config = config
+        self.access = access
+        self.admission = admission
+        self.known_workloads = KnownWorkloads(store)
+        self.queue_limit = QueueLimit(store, config.max_queued_per_user,
+                                      max_stored_bytes=config.max_stored_bytes_per_user)
+        self._on_submit = on_submit
+        self._clock = clock
+
+    def job_row(self, body: object, caller: Caller, now: datetime) -> dict:
+        """The request's job row, every field checked (`submit_checks.job_row`)."""
+        return job_row(body, caller, now, time_limit_factor=self.config.time_limit_factor,
+                       check_workload=self.known_workloads.check)
+
+    def _see_jobs(self, caller: Caller, job_ids: list[int]) -> None:
+        """Refuse (404 / 403) when the caller may not see one of `job_ids`."""
+        with self.store.read() as conn:
+            for job_id in job_ids:
+                self.access.visible_job(conn, caller, job_id)
+
+    def submit(self, caller: Caller, body: object) -> dict:
+        """Store a new job (or a job array's tasks): {"id", "state"} and a warning when only
+        GPUs out of service can run it."""
+        if caller.uid != self.config.daemon_uid and self.config.daemon_uid != 0:
+            raise RequestError(403, f"this daemon runs as uid {self.config.daemon_uid} and can "
+                                    "only run jobs as that user; run it as root to serve others")
+        now = self._clock()
+        row = self.job_row(body, caller, now)
+        warning = self._admit(row)
+        extra = slurm_habits(body, caller, now, lambda ids: self._see_jobs(caller, ids))
+        n_tasks = len(extra.array.indices) if extra.array is not None else 1
+        row["stored_bytes"] = stored_bytes({**row, **extra.columns}) + (ARRAY_ENV_BYTES if extra.array else 0)
+        self._check_storage(caller.uid, n_tasks, row["stored_bytes"] * n_tasks)
+        if extra.deps or extra.array is not None:
+            return self._submit_with_habits(caller, row, extra)
+        row.update(extra.columns)
+
+        if self.store.dialect == "postgresql":
+            # One statement, one round trip: the job row and its first event are inserted
+            # together by a data-modifying CTE, atomic as any single statement.
+            row["submitted_at"] = self._clock()
+            job_id = self.store.execute_once(_submit_statement(tuple(row)),
+                                             {**row, "actor_uid": caller.uid}).scalar_one()
+        else:
+            def tx(conn: Connection) -> int:
+                # Stamped inside the write transaction, so queue order follows commit order
+                # even when many clients submit at once.
+                row["submitted_at"] = at = self._clock()
+                job_id = conn.execute(_INSERT_JOB, row).scalar_one()
+                record_submit(conn, job_id, caller.uid, at)
+                return job_id
+
+            job_id = self.store.transact(tx)
+        self.queue_limit.submitted(caller.uid, 1, row["stored_bytes"])
+        log.info("job %s submitted by uid %s: %s", job_id, caller.uid, row["name"])
+        self._on_submit()
+        out = {"id": job_id, "state": State.PENDING.value}
+        if warning is not None:
+            out["warning"] = warning
+        return out
+
+    def _check_storage(self, uid: int, n_jobs: int, n_bytes: int) -> None:
+        """Refuse a request that would store too much (413: this request alone; 429: on top of
+        what the uid has): an array multiplies its command and environment by its tasks."""
+        limit = self.config.max_submit_stored_bytes
+        if limit is not None and n_bytes > limit:
+            per = f" ({n_jobs} tasks)" if n_jobs > 1 else ""
+            raise RequestError(413, f"this request would store {_mib(n_bytes)} of commands and "
+                                    f"environments{per} (limit {_mib(limit)}, max_submit_stored_mib); "
+                                    "pass large inputs in files")
+        self.queue_limit.check(uid, n_jobs, n_bytes)
+
+    def _submit_with_habits(self, caller: Caller, row: dict, extra: Habits) -> dict:
+        """A job with dependencies, or the tasks of a job array, in one transaction: the
+        tasks share one deadline (the array's) and each gets its index in
+        CARBONSCHED_ARRAY_TASK_ID; the array's id is its first task's job id."""
+        indices = extra.array.indices if extra.array is not None else (None,)
+
+        def tx(conn: Connection) -> list[int]:
+            at = self._clock()
+            ids: list[int] = []
+            for index in indices:
+                task = {**row, **extra.columns, "submitted_at": at}
+                if index is not None:
+                    env = {**row["env"], "CARBONSCHED_ARRAY_TASK_ID": str(index),
+                           "CARBONSCHED_ARRAY_TASK_COUNT": str(len(indices))}
+                    if ids:
+                        env["CARBONSCHED_ARRAY_JOB_ID"] = str(ids[0])
+                    task.update(env=env, array_task_id=index, array_max_running=extra.array.max_running,
+                                array_job_id=ids[0] if ids else None)
+                job_id = conn.execute(_INSERT_JOB, task).scalar_one()
+                record_submit(conn, job_id, caller.uid, at)
+                if index is not None and not ids:  # the first task: its id is the array's
+                    conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+                        array_job_id=job_id, env={**task["env"], "CARBONSCHED_ARRAY_JOB_ID": str(job_id)}))
+                ids.append(job_id)
+            if extra.deps:
+                conn.execute(insert(job_dependencies), [{"job_id": j, "on_job_id": d.job_id, "kind": d.kind}
+                                                        for j in ids for d in extra.deps])
+            return ids
+
+        ids = self.store.transact(tx)
+        self.queue_limit.submitted(caller.uid, len(ids), row["stored_bytes"] * len(ids))
+        log.info("job %s submitted by uid %s: %s%s", ids[0], caller.uid, row["name"],
+                 f" (array of {len(ids)} tasks)" if len(ids) > 1 else "")
+        self._on_submit()
+        out = {"id": ids[0], "state": State.PENDING.value}
+        if extra.array is not None:
+            out.update(array_job_id=ids[0], ids=ids, array=extra.array.text())
+        return out
+
+    def _admit(self, row: dict) -> str | None:
+        """Refuse (422) a job no GPU of the cluster can ever run, with the reason per GPU
+        model; return a warning for one only GPUs out of service can run
+        (`scheduler.daemon.admission`). The job as the planner will see it decides."""
+        limit, factor = row["time_limit_s"], row["time_limit_factor"]
+        from policies.feasibility import planning_runtime_s
+
+        job = QueuedJob(0, row["gpus"], row["gpu_mem_gib"], row["submitted_at"],
+                        planning_runtime_s(row["est_runtime_s"], limit, self.config.default_runtime_s),
+                        row["deadline"], row["latency_slo_ms"], row["workload"], row["prompts"],
+                        max_delay_s=row["max_delay_s"],
+                        # an explicit --time-limit binds the plan; a derived one follows it
+                        time_limit_s=limit if factor is None else None, time_limit_factor=factor,
+                        ttft_slo_ms=row["ttft_slo_ms"], tpot_slo_ms=row["tpot_slo_ms"])
+        try:
+            return self.admission.check(job, estimated=row["est_runtime_s"] is not None or row["prompts"] is not None)
+        except Refused as e:
+            raise RequestError(e.status, e.message) from None
+
+
+class QueueLimit:
+    """What one uid may have in the store (issue 48), checked without a database round trip per
+    submit: `max_queued_per_user` jobs waiting (every task of an array counts) and
+    `max_stored_bytes_per_user` bytes of commands, environments and paths in jobs not yet
+    purged. Each uid's figures are read at most every `REFRESH_S` and counted up by its own
+    submits in between (so the limits err on the strict side: jobs that started or were
+    purged meanwhile still count until the next read)."""
+
+    REFRESH_S = 2.0
+
+    def __init__(self, store: Store, limit: int | None, clock=time.monotonic, *,
+                 max_stored_bytes: int | None = None) -> None:
+        self.store = store
+        self.limit = limit
+        self.max_stored_bytes = max_stored_bytes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[int, tuple[int, int, float]] = {}  # uid -> (waiting, stored bytes, read at)
+
+    def _read(self, uid: int) -> tuple[int, int]:
+        with self._lock:
+            n, stored, at = self._counts.get(uid, (0, 0, -1e18))
+        if self._clock() - at > self.REFRESH_S:
+            waiting = case((jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]), 1), else_=0)
+            with self.store.read() as conn:
+                n, stored = conn.execute(select(func.coalesce(func.sum(waiting), 0),
+                                                func.coalesce(func.sum(jobs.c.stored_bytes), 0))
+                                         .where(jobs.c.owner_uid == uid, jobs.c.purged_at.is_(None))).one()
+            n, stored = int(n), int(stored)
+            with self._lock:
+                self._counts[uid] = (n, stored, self._clock())
+                if len(self._counts) > 10_000:  # forget idle uids
+                    self._counts = {uid: self._counts[uid]}
+        return n, stored
+
+    def check(self, uid: int, jobs_added: int = 1, bytes_added: int = 0) -> None:
+        """Raise RequestError(429) naming the limit if `uid` may not add `jobs_added` waiting
+        jobs storing `bytes_added` bytes in all."""
+        if self.limit is None and self.max_stored_bytes is None:
+            return
+        n, stored = self._read(uid)
+        if self.limit is not None and n + jobs_added > self.limit:
+            adds = f"; this request adds {jobs_added}" if jobs_added > 1 else ""
+            raise RequestError(429, f"uid {uid} already has {n} jobs waiting{adds} (limit {self.limit}, "
+                                    "max_queued_per_user; every array task counts); "
+                                    "submit more once some have started")
+        if self.max_stored_bytes is not None and stored + bytes_added > self.max_stored_bytes:
+            raise RequestError(429, f"uid {uid} already stores {_mib(stored)} of job commands and "
+                                    f"environments; this request adds {_mib(bytes_added)} (limit "
+                                    f"{_mib(self.max_stored_bytes)}, max_stored_mib_per_user); "
+                                    "cancel jobs or wait for finished ones to be purged (job_retention)")
+
+    def submitted(self, uid: int, jobs_added: int = 1, bytes_added: int = 0) -> None:
+        if self.limit is None and self.max_stored_bytes is None:
+            return
+        with self._lock:
+            n, stored, at = self._counts.get(uid, (0, 0, -1e18))
+            self._counts[uid] = (n + jobs_added, stored + bytes_added, at)
+
+
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:.2f} MiB"
+
+
+# Environment variables each array task gets besides the submitted ones (and their JSON).
+ARRAY_ENV_BYTES = 128
+
+
+def stored_bytes(row: dict) -> int:
+    """The bytes one job's request puts in the store beyond its fixed columns: command,
+    environment, working directory, name, output paths and dependency text (as JSON,
+    roughly as the database keeps them). What `max_submit_stored_mib` and
+    `max_stored_mib_per_user` count."""
+    text = [row.get("cwd"), row.get("name"), row.get("stdout_path"), row.get("stderr_path"), row.get("dependency")]
+    return (len(json.dumps(row.get("argv") or [], ensure_ascii=False).encode("utf-8"))
+            + len(json.dumps(row.get("env") or {}, ensure_ascii=False).encode("utf-8"))
+            + sum(len(t.encode("utf-8")) for t in text if isinstance(t, str)))
