@@ -64,7 +64,7 @@ from policies.catalog import GpuModel, catalog
 from policies.carbon_tail import extended
 from policies.learning import Run
 from policies.length_spread import expected
-from policies.model import CarbonCurve, Profile, QueuedJob
+from policies.model import J_PER_KWH, CarbonCurve, Profile, QueuedJob
 from policies.operating_point import Choice, Refusal, job_choice, seed_choice, workload_model
 from policies.perf_model import OperatingPoint, stretch
 
@@ -73,7 +73,6 @@ log = logging.getLogger(__name__)
 REFERENCE_MODEL = "H100"
 GENERIC_UTILISATION = 0.8  # share of (TDP - idle) a generic batch job draws on average
 UNKNOWN_IDLE_SHARE = 0.15  # an unknown part's idle power, as a share of its power limit
-J_PER_KWH = 3.6e6
 
 
 @dataclass(frozen=True)
