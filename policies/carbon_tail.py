@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
 from policies.model import CarbonCurve
+
+T = TypeVar("T")
 
 #: How far past the forecast's end the tail is materialised (beyond it: the tail's mean).
 MAX_TAIL_S = 400 * 86400.0
@@ -143,15 +147,22 @@ def _cell_index(epoch_s: np.ndarray) -> np.ndarray:
 
 
 _EXTENDED: dict[int, Extended] = {}  # id(curve) -> its Extended (which keeps the curve alive)
-_EXTENDED_MAX = 256
+CURVE_MEMO_MAX = 256  # curves a per-curve memo holds before it starts again
+
+
+def per_curve(memo: dict, curve: CarbonCurve, make: Callable[[CarbonCurve], T]) -> T:
+    """`make(curve)` once per curve object, kept in `memo` (by id; the value holds its
+    `.curve`, which keeps it alive, so an id is never reused while cached). A bounded memo,
+    not state: it is cleared when full, and clearing it changes no result."""
+    hit = memo.get(id(curve))
+    if hit is None or hit.curve is not curve:
+        if len(memo) >= CURVE_MEMO_MAX:
+            memo.clear()
+        hit = memo[id(curve)] = make(curve)
+    return hit
 
 
 def extended(curve: CarbonCurve) -> Extended:
     """One `Extended` per curve object, shared by every integral of it (a planner asks for
     thousands per tick). A bounded memo, not state: clearing it changes no result."""
-    hit = _EXTENDED.get(id(curve))
-    if hit is None or hit.curve is not curve:
-        if len(_EXTENDED) >= _EXTENDED_MAX:
-            _EXTENDED.clear()
-        hit = _EXTENDED[id(curve)] = Extended(curve)
-    return hit
+    return per_curve(_EXTENDED, curve, Extended)

@@ -61,10 +61,10 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.catalog import GpuModel, catalog
-from policies.carbon_tail import extended
+from policies.carbon_tail import extended, per_curve
 from policies.learning import Run
 from policies.length_spread import expected
-from policies.model import CarbonCurve, Profile, QueuedJob
+from policies.model import J_PER_KWH, CarbonCurve, Profile, QueuedJob
 from policies.operating_point import Choice, Refusal, job_choice, seed_choice, workload_model
 from policies.perf_model import OperatingPoint, stretch
 
@@ -73,7 +73,6 @@ log = logging.getLogger(__name__)
 REFERENCE_MODEL = "H100"
 GENERIC_UTILISATION = 0.8  # share of (TDP - idle) a generic batch job draws on average
 UNKNOWN_IDLE_SHARE = 0.15  # an unknown part's idle power, as a share of its power limit
-J_PER_KWH = 3.6e6
 
 
 @dataclass(frozen=True)
@@ -487,7 +486,6 @@ def curve_integral_g_per_kwh_s(curve: CarbonCurve, start: datetime, end: datetim
 
 
 _INTEGRATORS: dict[int, CurveIntegrator] = {}  # id(curve) -> integrator holding that curve
-_INTEGRATORS_MAX = 256
 
 
 def _integrator(curve: CarbonCurve) -> CurveIntegrator:
@@ -495,12 +493,7 @@ def _integrator(curve: CarbonCurve) -> CurveIntegrator:
     integrals of the same few curves per tick, and building the prefix sums (or hashing 200
     values) was most of each call. The entry keeps its curve alive, so an id is never reused
     while cached; the cache is a bounded memo, not state (clearing it changes no result)."""
-    hit = _INTEGRATORS.get(id(curve))
-    if hit is None or hit.curve is not curve:
-        if len(_INTEGRATORS) >= _INTEGRATORS_MAX:
-            _INTEGRATORS.clear()
-        hit = _INTEGRATORS[id(curve)] = CurveIntegrator(curve)
-    return hit
+    return per_curve(_INTEGRATORS, curve, CurveIntegrator)
 
 
 def job_gco2(curve: CarbonCurve | None, start: datetime, runtime_s: float, power_w: float,

@@ -39,7 +39,7 @@ from policies.counterfactual import START_TOL_S, choose
 from policies.energy import (CurveIntegrator, JobShape, ProfileBook, fits, gang_power_limit_w, has_slo, job_shape,
                              seed_profiles, slo_text, within_time_limit)
 from policies.length_spread import expected, multipliers
-from policies.model import Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+from policies.model import J_PER_KWH, Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
 
 
 @dataclass
@@ -338,7 +338,7 @@ def _gco2(integrator: "CurveIntegrator | None", start: datetime, shape: JobShape
     if integrator is None:  # a zone of no GPU of the snapshot (every GPU zone has a priced curve)
         return None
     return expected(lambda run_s: shape.power_w * pue * integrator.integral(
-        start, start + timedelta(seconds=run_s)) / 3.6e6, shape.runtime_s, spread)
+        start, start + timedelta(seconds=run_s)) / J_PER_KWH, shape.runtime_s, spread)
 
 
 def _why_unplaceable(job: QueuedJob, by_node: dict[str, list[GpuSlot]], book: ProfileBook) -> str:

@@ -76,10 +76,11 @@ import numpy as np
 from policies.counterfactual import RUNTIME_TOL, Counterfactual
 from policies.deferral import Deferral, past_horizon_start
 from policies.feasibility import unfit_text
-from policies.held_starts import HELD, is_held, unheld_latest, unheld_window_latest
+from policies.held_starts import is_held, unheld_latest, unheld_window_latest
 from policies.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.model import Plan, Snapshot
-from policies.placement import Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations
+from policies.placement import (Notes, Pick, build_assignment, estimate_score, picks_to_plan, plan_violations,
+                                window_binding)
 from policies.problem import Problem, compile_problem
 from policies.segments import held_ranges, interruptible, segmented_pick
 from policies.short_jobs import plan_with_short_jobs
@@ -414,23 +415,13 @@ class ChunkNotes:
         if pick.deadline_miss:
             return "deadline"
         p = self.problem
-        job = p.jobs[j]
         lo = int(p.job_earliest[j])
         if lo >= p.n_slots:
             return None
-        best_window = float(self.best_window[i])
-        tol = 1e-6 * max(1.0, abs(chosen))
-        if chosen > best_window + tol:
-            budget = p.groups[int(self.best_window_group[i])].budget
-            return "power cap" if budget in p.capped_budgets else "capacity"
-        if best_window > float(self.best_after[i]) + tol:
-            if is_held(p, j):
-                return HELD
-            if job.deadline is not None:
-                return "deadline"
-            if job.max_delay_s is not None:
-                return "max delay"
-            return "horizon"
+        why = window_binding(p, j, chosen, float(self.best_window[i]), int(self.best_window_group[i]),
+                             float(self.best_after[i]))
+        if why is not None:
+            return why
         if (p.job_why[j] == 2).any() and "slo" in p.job_options(j).excluded.values():
             return "slo"
         return None

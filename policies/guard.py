@@ -22,7 +22,7 @@ simulator reports it; the daemon logs each with its traceback).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.energy import ProfileBook, seed_profiles
@@ -201,6 +201,15 @@ def guarded(policy: object, fallbacks: Sequence[object] = ()) -> GuardedPolicy:
     if isinstance(policy, GuardedPolicy):
         return policy
     return GuardedPolicy(policy, tuple(fallbacks))
+
+
+def guarded_policy(name: str, params: Mapping[str, object] | None = None) -> GuardedPolicy:
+    """The policy `name` built with `params`, guarded by its fallback chain: the one way the
+    daemon (`scheduler.daemon.policy_factory`) and the simulator build a policy by name, so
+    that a policy that raises never fails a tick in either."""
+    from policies.base import get_policy
+
+    return guarded(get_policy(name, **(params or {})), [get_policy(f) for f in fallback_chain(name)])
 
 
 def fallback_chain(name: str) -> tuple[str, ...]:

@@ -16,9 +16,9 @@ from typing import Sequence
 
 import numpy as np
 
-from policies.energy import J_PER_KWH, ProfileBook, shape_arrays
+from policies.energy import ProfileBook, shape_arrays
 from policies.margin import duration_slots, latest_start_slots, margin_arrays
-from policies.model import QueuedJob, Snapshot
+from policies.model import J_PER_KWH, QueuedJob, Snapshot
 from policies.slot_grid import SlotGrid
 from policies.topology import Group
 

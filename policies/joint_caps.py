@@ -38,10 +38,10 @@ from typing import Sequence
 import numpy as np
 
 from policies.catalog import lookup
-from policies.energy import J_PER_KWH, ProfileBook, model_choice
+from policies.energy import ProfileBook, model_choice
 from policies.job_arrays import JobArrays
 from policies.margin import duration_slots, latest_start_slots
-from policies.model import QueuedJob
+from policies.model import J_PER_KWH, QueuedJob
 from policies.occupancy import Occupancy
 from policies.operating_point import Choice
 from policies.power_cap import CapBounds, alpha_of, candidate_fractions, default_limit_w

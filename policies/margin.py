@@ -50,6 +50,9 @@ Z = 2.0
 # noisy truth draws its systematic errors with sigma 0.3).
 PRIOR_REL_UNCERTAINTY = 0.25
 PRIOR_RUNS = 2.0  # the prior's weight against the runs, in runs
+# A running job past its expected end is taken to free its GPUs this much later (at least):
+# the daemon's planner and the simulator's GPUs (`scheduler.simulate.gpus`) both.
+OVERRUN_BUSY_S = 60.0
 
 
 def run_rel_uncertainty(profile: Profile | None) -> float:
@@ -61,8 +64,14 @@ def run_rel_uncertainty(profile: Profile | None) -> float:
         return PRIOR_REL_UNCERTAINTY
     n = float(min(profile.samples, WINDOW))
     se = profile.rel_uncertainty if math.isfinite(profile.rel_uncertainty) else 0.0
-    pooled = (PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + n * spread ** 2) / (PRIOR_RUNS + n)
-    return math.sqrt(pooled + se ** 2)
+    return math.sqrt(pooled_variance(spread, n) + se ** 2)
+
+
+def pooled_variance(spread: float, runs: float) -> float:
+    """The variance of one run's relative error: the spread of `runs` runs pooled with the
+    prior (PRIOR_REL_UNCERTAINTY) as PRIOR_RUNS pseudo-runs. The rule of the profiles' runs
+    here and of the simulator's estimate classes (`scheduler.simulate.knowledge`)."""
+    return (PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + runs * spread ** 2) / (PRIOR_RUNS + runs)
 
 
 def runtime_margin(profile: Profile | None) -> float:

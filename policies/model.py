@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+J_PER_KWH = 3.6e6  # joules in a kilowatt-hour: every J -> kWh in the policies, the simulator and accounting
+
 
 @dataclass(frozen=True)
 class QueuedJob:

@@ -266,7 +266,6 @@ def _binding(problem: Problem, j: int, pick: Pick, chosen: float, table: np.ndar
     """The constraint that kept the job from a cheaper start (or None: it got the cheapest)."""
     if pick.deadline_miss:
         return "deadline"
-    job = problem.jobs[j]
     jo = problem.job_options(j)
     lo, S = jo.earliest, problem.n_slots
     if lo >= S:
@@ -278,20 +277,34 @@ def _binding(problem: Problem, j: int, pick: Pick, chosen: float, table: np.ndar
     best_row = int(np.argmin(per_row))
     best_window = float(per_row[best_row])
     best_horizon = float(table[:, lo:].min())
+    why = window_binding(problem, j, chosen, best_window, int(jo.groups[best_row]), best_horizon)
+    if why is not None:
+        return why
+    if "slo" in jo.excluded.values():
+        return "slo"
+    return None
+
+
+def window_binding(problem: Problem, j: int, chosen: float, best_window: float, best_group: int,
+                   best_horizon: float) -> str | None:
+    """What kept job `j` from a cheaper start, by the grams of its pick (`chosen`), of the
+    cheapest start in its window (`best_window`, on group `best_group`) and of the cheapest
+    anywhere in the horizon: a budget or capacity in its window, else what closes the window
+    (held, deadline, max delay, horizon). None: neither. The rule of greedy's vectorised
+    notes and of `_binding` here."""
     tol = 1e-6 * max(1.0, abs(chosen))
     if chosen > best_window + tol:
-        budget = problem.groups[int(jo.groups[best_row])].budget
+        budget = problem.groups[best_group].budget
         return "power cap" if budget in problem.capped_budgets else "capacity"
     if best_window > best_horizon + tol:
         if is_held(problem, j):
             return HELD
+        job = problem.jobs[j]
         if job.deadline is not None:
             return "deadline"
         if job.max_delay_s is not None:
             return "max delay"
         return "horizon"
-    if "slo" in jo.excluded.values():
-        return "slo"
     return None
 
 

@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from policies.model import J_PER_KWH
+
 #: a segmented plan is taken only when it is this much cheaper than the job's one-piece plan
 #: (relative): an interruption has costs the model does not see (a checkpoint's I/O, risk)
 MIN_GAIN = 0.005
@@ -398,7 +400,7 @@ def segmented_pick(problem, state, j: int, one_piece_g: float, one_piece_pool: i
         group = problem.groups[g]
         idle_g = None
         if pause:
-            idle_g = problem.slot_integrals(group.zone) * (idle_power_w(group.model, k) * group.pue / 3.6e6)
+            idle_g = problem.slot_integrals(group.zone) * (idle_power_w(group.model, k) * group.pue / J_PER_KWH)
         cap = state.power.get(group.budget)
         avail = state.gmax[g] >= k
         if cap is not None:

@@ -40,11 +40,12 @@ from policies.blind import blind_price, priced_curves
 from policies.carbon_tail import extended
 from policies.counterfactual import choose
 from policies.deferral import Deferral
-from policies.energy import (J_PER_KWH, ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
+from policies.energy import (ProfileBook, fits, gang_power_limit_w, generic_power_w, job_gco2, job_shape,
                              seed_profiles, within_time_limit)
 from policies.length_spread import expected, multipliers
 from policies.margin import job_margin, latest_start_s
-from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, budget_of, grams
+from policies.model import (J_PER_KWH, Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot,
+                            budget_of, grams)
 from policies.placement import Score, deferred_misses, late_gpu_h
 
 

@@ -16,9 +16,9 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from policies.carbon_tail import extended
-from policies.energy import J_PER_KWH, curve_integral_g_per_kwh_s
+from policies.energy import curve_integral_g_per_kwh_s
 from policies.length_spread import expected
-from policies.model import CarbonCurve
+from policies.model import J_PER_KWH, CarbonCurve
 from policies.slot_grid import SlotGrid
 
 _FAR_S = 1e9  # flat extension of a forecast beyond its ends, in seconds

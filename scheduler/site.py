@@ -114,7 +114,7 @@ class SiteConfig:
         own = self.node_site_pue(node)
         if own is not None:
             return own
-        return self.zone_pue.get(zone, self.site_pue) if zone is not None else self.site_pue
+        return default_pue(zone, self.zone_pue, self.site_pue)
 
     def node_site_pue(self, node: str | None) -> float | None:
         """The PUE set for `node` itself or for its site; None when only defaults apply."""
@@ -149,6 +149,13 @@ class SiteConfig:
 
 SITE_BUDGET_KEYS = ("power_cap_w", "power_windows", "power_events", "power_schedule", "static_power_w",
                     "ramp_w_per_min")
+
+
+def default_pue(zone: str | None, zone_pue: Mapping[str, float], site_pue: float) -> float:
+    """The PUE of a node that sets none of its own (nor has a site that does): its zone's
+    (`[zones.Z] pue`), else the site-wide default (`[site] pue`). The one rule of the
+    daemon's `SiteConfig` and of the simulator's cluster file (`scheduler.simulate.cluster`)."""
+    return zone_pue.get(zone, site_pue) if zone is not None else site_pue
 
 
 def _sites(table: object) -> tuple[dict[str, float], dict[str, str], dict[str, ZoneBudget]]:

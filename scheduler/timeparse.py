@@ -57,6 +57,15 @@ def parse_time(text: str, now: datetime) -> datetime:
         raise ValueError(f"time {text!r} is out of range (years 1-9999)") from None
 
 
+def parse_past(text: str, now: datetime) -> datetime:
+    """A moment in the past, as sacct's -S takes it: a duration back from `now` (`7d`) or an
+    ISO 8601 time (local if no zone). ValueError as `parse_time`."""
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        return parse_time(text, now)
+
+
 def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"

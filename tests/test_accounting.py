@@ -13,9 +13,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select, update
 
+from policies.model import J_PER_KWH
 from scheduler.accounting.accountant import Accountant, record_actual_carbon
 from scheduler.accounting.config import AccountingConfig
-from scheduler.accounting.figures import J_PER_KWH, difference
+from scheduler.accounting.figures import difference
 from scheduler.accounting.measurement import describe_measurement
 from scheduler.accounting.reports import parse_period
 from scheduler.accounting.run_carbon import IntensitySpan, run_carbon

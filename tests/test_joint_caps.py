@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
+from policies.finish import finish_plan
 from policies.guard import guarded
 from policies.model import CarbonCurve, PowerCap
 from policies.placement import plan_violations
 from policies.power_cap import CapBounds
 from policies.problem import compile_problem
 from policy_checker import violations
-from scheduler.daemon.planner import _with_points
 from tests.test_planning_under_load import hostile_instances
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
@@ -40,7 +40,7 @@ def gpu(id: int, zone: str, model: str, node: str | None = None) -> GpuSlot:
 
 
 def plan(snap: Snapshot, policy: str = "greedy"):
-    return _with_points(snap, get_policy(policy).plan(snap))
+    return finish_plan(snap, get_policy(policy).plan(snap))
 
 
 def only(snap: Snapshot, policy: str = "greedy"):

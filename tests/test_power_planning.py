@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
+from policies.finish import finish_plan
 from policies.model import CarbonCurve
 from policies.power_cap import ALPHA, CapBounds, capped
-from scheduler.daemon.planner import _with_points
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
 CURVE = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
@@ -25,7 +25,7 @@ def snapshot(job, caps=CapBounds(allow=True), model="H100") -> Snapshot:
 
 
 def planned(snap, policy="greedy"):
-    plan = _with_points(snap, get_policy(policy).plan(snap))
+    plan = finish_plan(snap, get_policy(policy).plan(snap))
     (a,) = plan.assignments
     return a
 
@@ -75,7 +75,7 @@ def test_an_explicit_time_limit_and_the_next_job_on_the_gpu_bound_the_slower_run
     assert limited.estimate.power_limit_w is None
     two = (generic(deadline_s=None), replace(generic(), id=2, submitted_at=NOW + timedelta(seconds=1)))
     snap = replace(snapshot(two[0]), jobs=two)
-    plan = _with_points(snap, get_policy("fifo").plan(snap))
+    plan = finish_plan(snap, get_policy("fifo").plan(snap))
     first, second = sorted(plan.assignments, key=lambda a: a.start_at)
     assert first.estimate.finish_at <= second.start_at  # never runs into the next job's start
 

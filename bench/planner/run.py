@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.planner.check import check_plan
 from bench.planner.instance import Instance, InstanceSpec, generate
 from policies.lp_relaxation import LpResult, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound
+from policies.model import J_PER_KWH
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def bench_size(spec: InstanceSpec, runs: tuple[RunSetting, ...], *, lp_time_s: f
             r.wall_s, r.cpu_s = fig["wall_s"], fig["cpu_s"]
             r.peak_rss_mb, r.peak_over_baseline_mb = fig["peak_rss_mb"], fig["peak_over_baseline_mb"]
             r.baseline_rss_mb = fig["baseline_rss_mb"]
-            r.gco2, r.energy_kwh = c.gco2, c.energy_j / 3.6e6
+            r.gco2, r.energy_kwh = c.gco2, c.energy_j / J_PER_KWH
             r.placed, r.unplaced, r.deadline_misses = c.placed, c.unplaced, c.deadline_misses
             r.unforced_misses = len(c.miss_jobs - forced_ids)
             r.violations, r.estimate_max_diff_pct = c.violations, c.estimate_max_diff_pct

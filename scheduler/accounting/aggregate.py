@@ -11,8 +11,9 @@ from typing import Any
 
 from sqlalchemy import String, and_, case, extract, func, literal, literal_column, or_, select, type_coerce
 
+from policies.model import J_PER_KWH
 from scheduler.accounting.config import AccountingConfig
-from scheduler.accounting.figures import J_PER_KWH, difference, intensity_g_per_kwh
+from scheduler.accounting.figures import difference, intensity_g_per_kwh
 from scheduler.accounting.ledger import FINISHED
 from scheduler.lifecycle import State
 from scheduler.store import Store

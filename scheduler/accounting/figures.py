@@ -1,11 +1,11 @@
-"""The small definitions every accounting figure shares: joules per kWh, the one definition
-of an intensity, ISO times as receipts and reports print them, a difference without noise."""
+"""The small definitions every accounting figure shares: the one definition of an intensity
+(joules per kWh: `policies.model.J_PER_KWH`), ISO times as receipts and reports print them, a difference without noise."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-J_PER_KWH = 3.6e6
+from policies.model import J_PER_KWH
 
 
 def intensity_g_per_kwh(gco2: float | None, facility_energy_j: float | None) -> float | None:

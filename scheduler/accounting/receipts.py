@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from policies.counterfactual import RULE_SHORT
-from policies.model import sig
-from scheduler.accounting.figures import J_PER_KWH, difference, iso
+from policies.model import J_PER_KWH, sig
+from scheduler.accounting.figures import difference, iso
 from scheduler.accounting.ledger import FINISHED, Ledger
 from scheduler.accounting.measurement import describe_measurement
 from scheduler.accounting.run_carbon import RunCarbon, run_carbon

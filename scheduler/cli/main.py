@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler import settings
@@ -589,7 +589,7 @@ def _milliseconds(text: str) -> float:
 
 
 def cmd_queue(args, config) -> int:
-    from scheduler.timeparse import iso, parse_time
+    from scheduler.timeparse import iso, parse_past
 
     states = [s.upper() for v in (args.state or []) for s in v.split(",")]
     filters: dict = {"users": [u for v in (args.user or []) for u in v.split(",") if u] or None,
@@ -599,7 +599,7 @@ def cmd_queue(args, config) -> int:
         text = getattr(args, key)
         if text:
             try:
-                filters[key] = iso(_past_or_iso(text, now))
+                filters[key] = iso(parse_past(text, now))
             except ValueError as e:
                 raise CliError(f"--{key}: {e}", EXIT_USAGE) from None
     client = api_client(args, config)
@@ -617,16 +617,6 @@ def cmd_queue(args, config) -> int:
     else:
         print(output.jobs_table(jobs))
     return EXIT_OK
-
-
-def _past_or_iso(text: str, now: datetime) -> datetime:
-    """`7d` (a duration back from now) or an ISO time (local if no zone), as sacct's -S."""
-    from scheduler.timeparse import parse_duration, parse_time
-
-    try:
-        return now - timedelta(seconds=parse_duration(text))
-    except ValueError:
-        return parse_time(text, now)
 
 
 def cmd_hold(args, config) -> int:

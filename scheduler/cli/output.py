@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 
+from policies.model import J_PER_KWH
 from scheduler.text_table import printable, significant, table
 from scheduler.timeparse import format_duration
 
@@ -28,8 +29,8 @@ def local_minute(text: str) -> str:
 def _energy(j: float | None) -> str:
     if j is None:
         return "-"
-    if j >= 3.6e6:
-        return f"{j / 3.6e6:.2f} kWh"
+    if j >= J_PER_KWH:
+        return f"{j / J_PER_KWH:.2f} kWh"
     if j >= 3600:
         return f"{j / 3600:.1f} Wh"
     return f"{j:.0f} J"
@@ -39,8 +40,8 @@ def energy_unit(values) -> tuple[float, str]:
     """One unit for a column of energies (J, Wh or kWh, by the largest), so a column never
     mixes units: (joules per unit, unit name)."""
     top = max((v for v in values if v is not None), default=0.0)
-    if top >= 3.6e6:
-        return 3.6e6, "kWh"
+    if top >= J_PER_KWH:
+        return J_PER_KWH, "kWh"
     if top >= 3600:
         return 3600.0, "Wh"
     return 1.0, "J"

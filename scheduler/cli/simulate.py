@@ -378,17 +378,11 @@ def _carbon_from_store(args, config: dict, zones: list[str]) -> dict:
 
 
 def _past(text: str, now: datetime, flag: str) -> datetime:
-    """A moment in the past: a duration ago (`7d`) or an ISO 8601 time (local if no zone)."""
-    from datetime import timedelta
-
-    from scheduler.timeparse import parse_duration, parse_time
+    """A moment in the past (`scheduler.timeparse.parse_past`); a usage error naming `flag`."""
+    from scheduler.timeparse import parse_past
 
     try:
-        return now - timedelta(seconds=parse_duration(text))
-    except ValueError:
-        pass
-    try:
-        return parse_time(text, now)
+        return parse_past(text, now)
     except ValueError as e:
         raise CliError(f"{flag}: {e}", EXIT_USAGE) from None
 

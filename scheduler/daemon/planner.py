@@ -45,9 +45,11 @@ from sqlalchemy import Connection
 
 from policies import Plan, Policy, QueuedJob, Snapshot
 from policies.guard import without
+from policies.margin import OVERRUN_BUSY_S
 from policies.model import Assignment, GpuSlot, Profile, budget_of
 from policies.ramp import WINDOW_S as RAMP_WINDOW_S
-from policies.ramp import RecentStart, stagger_starts
+from policies.finish import finish_plan
+from policies.ramp import RecentStart
 from policies.segments import horizon_for
 from scheduler import interruptible
 from scheduler.carbon_curves import DEFAULT_CARBON_TTL_S, CarbonCurves
@@ -268,10 +270,10 @@ class Planner:
         deadline margin of its estimate (policies.margin), so that jobs planned after it keep
         their deadlines when it runs somewhat long."""
         if job is None or job.started_at is None:
-            return now + timedelta(seconds=60)
+            return now + timedelta(seconds=OVERRUN_BUSY_S)
         planned_end = _segmented_end(job)
         if planned_end is not None:  # an interruptible job frees its GPUs when its plan says
-            return planned_end if planned_end > now else now + timedelta(seconds=60)
+            return planned_end if planned_end > now else now + timedelta(seconds=OVERRUN_BUSY_S)
         runtime = (job.est_runtime_planned_s or job.est_runtime_s or job.time_limit_s
                    or self.default_runtime_s)
         if book is not None and model is not None and job.est_runtime_planned_s:
@@ -280,30 +282,31 @@ class Planner:
             runtime *= job_margin(job, model, book)
         end = job.started_at + timedelta(seconds=runtime)
         # Running past its estimate: it is still busy; assume it ends soon.
-        return end if end > now else now + timedelta(seconds=60)
+        return end if end > now else now + timedelta(seconds=OVERRUN_BUSY_S)
 
     def preview(self) -> tuple[Snapshot, Plan]:
         """What the policy would do now (a full re-plan), without writing anything."""
         with self.store.read() as conn:
             snapshot, _ = self.snapshot(conn)
         snapshot, waiting = self.bounded(snapshot)
-        plan = self._ramped(snapshot, _with_points(snapshot, self.policy.plan(snapshot)))
+        plan = self._finished(snapshot, self.policy.plan(snapshot))
         return snapshot, replace(plan, unplaced={**plan.unplaced, **waiting})
 
-    def _ramped(self, snapshot: Snapshot, plan: Plan) -> Plan:
-        """The plan with starts held back by the budgets' ramp limits (`policies.ramp`; a
-        zone's or a site's), the jobs that started in the last minute counted (their planned
-        power)."""
-        ramps = ramps_of(self.site.budgets)
-        if not ramps:
-            return plan
-        since = snapshot.now - timedelta(seconds=RAMP_WINDOW_S)
+    def _finished(self, snapshot: Snapshot, plan: Plan) -> Plan:
+        """The policy's plan as it is committed (`policies.finish`): operating points, power
+        limits, the seed-profile note, and starts held back by the budgets' ramp limits (a
+        zone's or a site's), the jobs that started in the last minute counted."""
+        return finish_plan(snapshot, plan, ramps_w_per_min=ramps_of(self.site.budgets),
+                           recent=lambda: self._recent_starts(snapshot.now))
+
+    def _recent_starts(self, now: datetime) -> list[RecentStart]:
+        """The jobs that started in the last minute (`policies.ramp.WINDOW_S`) with their
+        budget and planned power."""
+        since = now - timedelta(seconds=RAMP_WINDOW_S)
         with self.store.read() as conn:
-            recent = [RecentStart(self.site.budget_of_node(r.name) or r.zone, r.started_at,
-                                  (r.est_energy_j or 0.0) / r.est_runtime_planned_s)
-                      for r in recent_starts(conn, since) if r.est_runtime_planned_s]
-        return stagger_starts(plan, snapshot.now, {g.id: budget_of(g) for g in snapshot.gpus}, ramps, recent,
-                              pinned=snapshot.pinned)
+            return [RecentStart(self.site.budget_of_node(r.name) or r.zone, r.started_at,
+                                (r.est_energy_j or 0.0) / r.est_runtime_planned_s)
+                    for r in recent_starts(conn, since) if r.est_runtime_planned_s]
 
     def bounded(self, snapshot: Snapshot) -> tuple[Snapshot, dict[int, str]]:
         """The snapshot with at most `max_jobs` queued jobs (pinned first, then by deadline,
@@ -339,7 +342,7 @@ class Planner:
                 and (self._last_planned_full or not full)):
             return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
                              duration_s=time.perf_counter() - started, skipped=True, full=full)
-        plan = self._ramped(snapshot, _with_points(snapshot, self.policy.plan(snapshot)))
+        plan = self._finished(snapshot, self.policy.plan(snapshot))
         if waiting:
             plan = replace(plan, unplaced={**plan.unplaced, **waiting})
         self._last_fingerprint, self._last_planned_at, self._last_planned_full = fingerprint, mono, full
@@ -384,22 +387,6 @@ class Planner:
             elif _estimate_changed(row, a):
                 writes.append(("refresh", row, a, a.explanation))
         return writes
-
-
-def _with_points(snapshot: Snapshot, plan: Plan) -> Plan:
-    """The plan with each job's operating point on its GPUs, in its estimate and explanation,
-    and the GPU power limit chosen with it where operators allow caps (policies.power_cap);
-    a job planned with its seed profiles says why (`_seeded`)."""
-    from policies.point_annotation import annotate
-    from policies.power_cap import choose_caps
-
-    plan = choose_caps(snapshot, annotate(snapshot, plan))
-    seeded = {j.id: j.seed_profile for j in snapshot.jobs if j.seed_profile is not None}
-    if not seeded:
-        return plan
-    return replace(plan, assignments=tuple(
-        replace(a, explanation=f"{a.explanation}; planned with the seed profile: {seeded[a.job_id]}".lstrip("; "))
-        if a.job_id in seeded else a for a in plan.assignments))
 
 
 def _seeded(queued: tuple[QueuedJob, ...], slots: list[GpuSlot], book, learned: tuple[Profile, ...],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from policies import Policy
 from policies.base import get_policy, parse_policy_spec
-from policies.guard import fallback_chain, guarded
+from policies.guard import guarded_policy
 
 MAX_CPSAT_TIME_LIMIT_S = 10.0
 SIMULATION_ONLY = {"oracle": "it needs perfect knowledge of future arrivals and of the actual "
@@ -23,13 +23,12 @@ def make_policy(name: str, *, plan_interval_s: float = 15.0) -> Policy:
     if name in SIMULATION_ONLY:
         raise ValueError(f"policy {name!r} cannot run in the daemon: {SIMULATION_ONLY[name]}")
     spec = parse_policy_spec(name)
-    policy = get_policy(spec.name, **spec.params)
-    if hasattr(policy, "max_time_s") and "max_time_s" not in spec.params:
-        policy = get_policy(spec.name, **{**spec.params,
-                                          "max_time_s": max(0.1, min(MAX_CPSAT_TIME_LIMIT_S, plan_interval_s / 2))})
+    params = dict(spec.params)
+    if "max_time_s" not in params and hasattr(get_policy(spec.name, **params), "max_time_s"):
+        params["max_time_s"] = max(0.1, min(MAX_CPSAT_TIME_LIMIT_S, plan_interval_s / 2))
     # a policy that raises never fails a tick: jobs without any option are set aside first,
     # then cpsat -> greedy -> fifo (policies.guard)
-    return guarded(policy, [get_policy(f) for f in fallback_chain(spec.name)])
+    return guarded_policy(spec.name, params)
 
 
 def check_policy(name: str) -> str:

@@ -50,6 +50,7 @@ from pathlib import Path
 from policies.catalog import lookup, parse_fleet
 from policies.model import GpuSlot, PowerCap, site_budget
 from scheduler.power_budget import ZoneBudget, parse_zone_budget
+from scheduler.site import default_pue
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def cluster_from_dict(data: dict, path: str = "<cluster>") -> ClusterSpec:
     years = _positive(site.get("amortization_years", DEFAULT_AMORTIZATION_YEARS), "amortization_years", fail)
     return ClusterSpec(nodes=tuple(nodes), amortization_years=years, energy_price_usd_per_kwh=prices,
                        power_caps=tuple(caps + site_caps), path=path, budgets={**budgets, **site_budgets},
-                       zone_pue={z: zone_pue.get(z, site_pue) for z in sorted(by_zone)})
+                       zone_pue={z: default_pue(z, zone_pue, site_pue) for z in sorted(by_zone)})
 
 
 def _zone_pues(zone_tables, fail) -> dict[str, float]:
@@ -211,7 +212,8 @@ def _node_specs(nodes_raw: list, zone_pue: dict[str, float], site_pue: float, si
             models = tuple(m.name for m in parse_fleet(raw["gpus"]))
         except ValueError as e:
             raise fail(f"{where} ({raw['name']}): {e}") from None
-        pue = _positive(raw.get("pue", zone_pue.get(str(raw["zone"]).strip(), site_pue)), f"{where} pue", fail)
+        pue = _positive(raw["pue"] if "pue" in raw else default_pue(raw["zone"].strip(), zone_pue, site_pue),
+                        f"{where} pue", fail)
         if pue < 1.0:
             raise fail(f"{where}: pue {pue} is below 1.0")
         budget = None

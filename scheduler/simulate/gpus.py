@@ -7,11 +7,11 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from policies.margin import OVERRUN_BUSY_S
 from policies.model import GpuSlot, QueuedJob
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.records import EPS_S, JobRecord, at
 
-OVERRUN_BUSY_S = 60.0  # a job running past its estimate looks busy this much longer (the daemon's rule)
 
 
 class GpuLedger:

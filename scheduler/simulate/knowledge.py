@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from policies.energy import ProfileBook, job_shape, seed_profiles
-from policies.margin import PRIOR_REL_UNCERTAINTY, PRIOR_RUNS, job_margin
+from policies.margin import PRIOR_REL_UNCERTAINTY, job_margin, pooled_variance
 from policies.model import QueuedJob
 from policies.runtime_correction import correction_for, estimate_class
 from scheduler.simulate.estimates import estimated
@@ -60,9 +60,9 @@ class Knowledge:
             return r.job
         c = correction_for(estimate_class(base.workload, base.est_runtime_s), self._est_runs)
         spread = c.rel_spread if c.samples >= 2 and math.isfinite(c.rel_spread) else PRIOR_REL_UNCERTAINTY
-        # one run's error, pooled with the prior as PRIOR_RUNS pseudo-runs (policies.margin's rule)
-        n = float(c.samples)
-        u = math.sqrt((PRIOR_RUNS * PRIOR_REL_UNCERTAINTY ** 2 + n * spread ** 2) / (PRIOR_RUNS + n))
+        # one run's error, pooled with the prior as PRIOR_RUNS pseudo-runs (policies.margin's
+        # rule; every run of the class counts, no window, and no standard error is added)
+        u = math.sqrt(pooled_variance(spread, float(c.samples)))
         r.correction = c.factor
         r.job = replace(base, est_runtime_s=max(1.0, base.est_runtime_s * c.factor), runtime_rel_uncertainty=u,
                         length_spread=c.length_spread if self.price_length_spread else ())

@@ -30,7 +30,7 @@ import statistics
 from collections import defaultdict
 
 from policies.catalog import lookup
-from policies.energy import J_PER_KWH
+from policies.model import J_PER_KWH
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.records import PolicyRun
 

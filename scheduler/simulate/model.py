@@ -104,16 +104,13 @@ class Simulation:
                  policy_params: dict | None = None, profiles: tuple = (),
                  progress: Callable[[float], None] | None = None,
                  estimate_model: EstimateModel | None = None) -> None:
-        from policies.base import get_policy
-
         self.cluster = cluster
         self.settings = settings
         if isinstance(policy, str):
             # as in the daemon: a policy that raises never fails a tick (policies.guard)
-            from policies.guard import fallback_chain, guarded
+            from policies.guard import guarded_policy
 
-            policy = guarded(get_policy(policy, **(policy_params or {})),
-                             [get_policy(f) for f in fallback_chain(policy)])
+            policy = guarded_policy(policy, policy_params)
         # else any object with .name and .plan(snapshot) (tests, experiments)
         self.policy_name = policy.name
         self.clairvoyant = self.policy_name == "oracle"  # sees the whole future in one snapshot

@@ -8,6 +8,7 @@ import logging
 import math
 import time
 
+from policies.finish import finish_plan
 from policies.model import Assignment, QueuedJob, Snapshot
 from policies.segments import horizon_for
 from scheduler.simulate.dispatch import Dispatcher
@@ -76,13 +77,10 @@ class TickPlanner:
         keep = last if incremental else {}
         snap = self.snapshot(now_s, jobs, horizon, carbon, keep, {} if incremental else last)
         t = time.perf_counter()
-        plan = self.policy.plan(snap)
-        if self.settings.caps is not None:  # the daemon's step after the policy (planner._with_points)
-            from policies.power_cap import choose_caps
-
-            plan = choose_caps(snap, plan)
-        if state.power.ramps:  # the daemon's step after that (policies.ramp)
-            plan = state.power.ramped(snap, plan, now_s, state.records)
+        # the daemon's step after the policy (power limits, ramps), without the operating
+        # points in the explanations that only the daemon's readers see
+        plan = finish_plan(snap, self.policy.plan(snap), points=False, ramps_w_per_min=state.power.ramps,
+                           recent=lambda: state.power.recent_starts(now_s, state.records))
         plan_s = time.perf_counter() - t
         self._previous = {a.job_id: a for a in plan.assignments}
         for why in plan.unplaced.values():

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from policies.energy import J_PER_KWH
-from policies.model import Plan, Snapshot, budget_of
+from policies.model import J_PER_KWH
 from policies.ramp import WINDOW_S as RAMP_WINDOW_S
-from policies.ramp import RecentStart, stagger_starts
+from policies.ramp import RecentStart
 from scheduler.power_budget import caps_between, ramps_of
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.intensity import ZoneIntensity
@@ -54,14 +53,12 @@ class SitePower:
                         if c.start is not None)
         return self.power_caps + windows
 
-    def ramped(self, snap: Snapshot, plan: Plan, now_s: float, records: list[JobRecord]) -> Plan:
-        """The plan with starts held back by the ramp limits (`policies.ramp`), counting the
-        jobs that started in the last minute, as the daemon's planner does."""
-        recent = [RecentStart(self.budget_of[r.gpu_ids[0]] or r.zone if r.gpu_ids else r.zone,
-                              at(r.run_start_s), r.planned_power_w) for r in records
-                  if r.state == "running" and r.run_start_s is not None and now_s - r.run_start_s < RAMP_WINDOW_S]
-        return stagger_starts(plan, snap.now, {g.id: budget_of(g) for g in snap.gpus}, self.ramps, recent,
-                              pinned=snap.pinned)
+    def recent_starts(self, now_s: float, records: list[JobRecord]) -> list[RecentStart]:
+        """The jobs that started in the last minute (`policies.ramp.WINDOW_S`) with their
+        budget and planned power, as the daemon's planner counts them against the ramp limits."""
+        return [RecentStart(self.budget_of[r.gpu_ids[0]] or r.zone if r.gpu_ids else r.zone,
+                            at(r.run_start_s), r.planned_power_w) for r in records
+                if r.state == "running" and r.run_start_s is not None and now_s - r.run_start_s < RAMP_WINDOW_S]
 
     def meter(self, r: JobRecord, now_s: float, delta_w: float, pue: float) -> None:
         """A change of `r`'s power: on its zone's meter, and on its site's where its site has a

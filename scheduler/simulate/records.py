@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from policies.energy import J_PER_KWH
-from policies.model import QueuedJob
+from policies.model import J_PER_KWH, QueuedJob
 from scheduler.power_budget import ZoneBudget
 from scheduler.simulate.intensity import ZoneIntensity
 
