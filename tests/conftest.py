@@ -3,7 +3,7 @@ a migrated Store; the suite's schedule under pytest-xdist; nothing left behind.
 
 The test files live in one folder per area (policies/, telemetry/, store/, node/, daemon/,
 cli/, core/, simulate/, benchmarks/, slurm/, e2e/, project/). The helper modules here
-(databases, daemon_harness, suite_hygiene, once_per_run, policy_checker, slurm_cluster,
+(databases, fleet, daemon_harness, suite_hygiene, once_per_run, policy_checker, slurm_cluster,
 fakes) are imported by their plain names from every folder: this folder is on sys.path
 because this conftest.py is (pytest's default "prepend" import mode). Test files import
 each other by their folder (`from tests.simulate.test_simulate import ...`).

@@ -23,10 +23,12 @@ from scheduler.carbon import CarbonSignals
 from scheduler.carbon_config import CarbonConfig, ZoneConfig
 from scheduler.samples import SampleStore, energy_note_of
 from scheduler.site import SiteConfig
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import jobs
 from telemetry.energy import Sample, integrate_power
 from telemetry.grid.readings import IntensityReading
 from telemetry.grid.static import STATIC_YEARLY_GCO2_PER_KWH
+
+import fleet
 
 T10 = datetime(2026, 3, 2, 10, 0, tzinfo=timezone.utc)
 H = timedelta(hours=1)
@@ -39,12 +41,8 @@ def at(hh: int, mm: int = 0, ss: int = 0) -> datetime:
 # -- helpers --------------------------------------------------------------------------------
 
 def add_node(store, name: str, zone: str, model: str, n: int = 2) -> list[int]:
-    with store.write() as conn:
-        conn.execute(insert(nodes).values(name=name, zone=zone, backend="emulated", emulated=True,
-                                          registered_at=T10 - 24 * H, last_heartbeat=T10))
-        return [conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model=model,
-                                                 vendor="nvidia", memory_gib=80, healthy=True)
-                             .returning(gpus.c.id)).scalar_one() for i in range(n)]
+    return fleet.add_node(store, name, at=T10 - 24 * H, heartbeat=T10, zone=zone, model=model, n=n,
+                          vendor="nvidia")
 
 
 def add_job(store, *, node: str, gpu_ids: list[int], start: datetime, end: datetime, energy_j: float | None,

@@ -9,13 +9,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 
 from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.policy_factory import make_policy
 from scheduler.daemon.service import JobService
-from scheduler.store.models import gpus, job_events, jobs, nodes
+from scheduler.store.models import gpus, job_events, jobs
+
+import fleet
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 ALICE = Caller(uid=40001, gid=40001)
@@ -24,13 +26,8 @@ ROOT = Caller(uid=0, gid=0)
 
 def add_node(store, name: str, model: str, n: int, memory_gib: float, *, healthy: bool = True,
              heartbeat: datetime = NOW) -> None:
-    with store.write() as conn:
-        conn.execute(insert(nodes).values(name=name, zone="DE", backend="emulated", emulated=True,
-                                          registered_at=NOW, last_heartbeat=heartbeat))
-        for i in range(n):
-            conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model=model,
-                                             vendor="amd" if model.startswith("MI") else "nvidia",
-                                             memory_gib=memory_gib, healthy=healthy))
+    fleet.add_node(store, name, at=NOW, heartbeat=heartbeat, model=model, n=n, memory_gib=memory_gib,
+                   healthy=healthy)
 
 
 def make_service(store, tmp_path) -> JobService:

@@ -11,13 +11,15 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.policy_factory import make_policy
 from scheduler.daemon.service import JobService
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import jobs
+
+import fleet
 
 ROOT = Caller(uid=0, gid=0)
 ALICE = Caller(uid=4242, gid=4242)
@@ -26,12 +28,7 @@ T = datetime(2022, 1, 10, 12, 0, tzinfo=timezone.utc)
 
 @pytest.fixture
 def world(store, tmp_path):
-    with store.write() as conn:
-        conn.execute(insert(nodes).values(name="n1", zone="DE", backend="emulated", emulated=True,
-                                          registered_at=T, last_heartbeat=T))
-        for i in range(2):
-            conn.execute(insert(gpus).values(node_name="n1", index=i, uuid=f"n1-{i}", model="H100",
-                                             vendor="nvidia", memory_gib=80, healthy=True))
+    fleet.add_node(store, "n1", at=T, n=2)
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs", clock=lambda: T)
     planner = Planner(store, make_policy("greedy", plan_interval_s=15), clock=lambda: T, plan_interval_s=15)
     return store, service, planner

@@ -9,7 +9,7 @@ import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 
 from policies.model import PowerCap
 from scheduler.carbon import CarbonSignals
@@ -25,6 +25,7 @@ from scheduler.site import SiteConfig
 from scheduler.store.models import gpus, jobs, nodes
 
 from tests.conftest import DATA_DIR
+import fleet
 
 ROOT = Caller(uid=0, gid=0)
 T = datetime(2022, 1, 10, 12, 0, tzinfo=timezone.utc)
@@ -36,12 +37,7 @@ DESIGN_PLAN_KEYS = {"job", "node", "gpus", "start", "gco2", "gco2_if_now", "reas
 
 
 def add_node(store, name: str, zone: str, model: str = "H100", n: int = 1, memory_gib: float = 80.0) -> list[int]:
-    with store.write() as conn:
-        conn.execute(insert(nodes).values(name=name, zone=zone, backend="emulated", emulated=True,
-                                          registered_at=T, last_heartbeat=T))
-        return [conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model=model,
-                                                 vendor="nvidia", memory_gib=memory_gib, healthy=True)
-                             .returning(gpus.c.id)).scalar_one() for i in range(n)]
+    return fleet.add_node(store, name, at=T, zone=zone, model=model, n=n, memory_gib=memory_gib, vendor="nvidia")
 
 
 def import_carbon(store, *files) -> None:

@@ -14,7 +14,7 @@ import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 
 from scheduler.carbon import CarbonSignals
 from scheduler.daemon.access import Caller, ServiceConfig
@@ -22,8 +22,10 @@ from scheduler.daemon.planner import Planner
 from scheduler.daemon.planner_process import PlannerSpec, build_planner
 from scheduler.daemon.policy_factory import make_policy
 from scheduler.daemon.service import JobService
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import gpus, jobs
 from telemetry.grid.readings import IntensityReading
+
+import fleet
 
 ROOT = Caller(uid=0, gid=0)
 T = datetime(2022, 1, 10, 12, 0, tzinfo=timezone.utc)
@@ -54,12 +56,7 @@ def service(store, tmp_path, clocks):
 
 
 def add_node(store, name: str, zone: str = "DE", n: int = 1) -> list[int]:
-    with store.write() as conn:
-        conn.execute(insert(nodes).values(name=name, zone=zone, backend="emulated", emulated=True,
-                                          registered_at=T, last_heartbeat=T))
-        return [conn.execute(insert(gpus).values(node_name=name, index=i, uuid=f"{name}-{i}", model="H100",
-                                                 vendor="nvidia", memory_gib=80.0, healthy=True)
-                             .returning(gpus.c.id)).scalar_one() for i in range(n)]
+    return fleet.add_node(store, name, at=T, zone=zone, n=n)
 
 
 def forecast(store, issued: datetime, valley_from_h: int, zone: str = "DE") -> None:

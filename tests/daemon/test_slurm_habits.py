@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 
 from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.planner import Planner
@@ -17,7 +17,9 @@ from scheduler.daemon.policy_factory import make_policy
 from scheduler.daemon.service import JobService
 from scheduler.job_specs import expand_log_pattern, parse_array, parse_dependency
 from scheduler.node.launch import redirected_argv
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import jobs, nodes
+
+import fleet
 
 ROOT = Caller(uid=0, gid=0)
 T = datetime(2022, 1, 10, 12, 0, tzinfo=timezone.utc)
@@ -26,12 +28,7 @@ T = datetime(2022, 1, 10, 12, 0, tzinfo=timezone.utc)
 @pytest.fixture
 def world(store, tmp_path):
     """A node with 4 healthy H100s, a service and a greedy planner on one clock (T)."""
-    with store.write() as conn:
-        conn.execute(insert(nodes).values(name="n1", zone="DE", backend="emulated", emulated=True,
-                                          registered_at=T, last_heartbeat=T))
-        for i in range(4):
-            conn.execute(insert(gpus).values(node_name="n1", index=i, uuid=f"n1-{i}", model="H100",
-                                             vendor="nvidia", memory_gib=80, healthy=True))
+    fleet.add_node(store, "n1", at=T, n=4)
     clock = {"now": T}
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "logs", clock=lambda: clock["now"])
     planner = Planner(store, make_policy("greedy", plan_interval_s=15), clock=lambda: clock["now"],

@@ -24,6 +24,8 @@ from scheduler.store.models import gpus, job_events, jobs, nodes
 from telemetry.energy import Sample, clip_window
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 
+import fleet
+
 ROOT = Caller(uid=0, gid=0)
 
 
@@ -34,11 +36,8 @@ def emulated(spec: str) -> EmulatedBackend:
 
 @pytest.fixture
 def cluster(store, tmp_path):
-    backend = emulated("2xH100")
-    agent = Agent(store, backend, AgentConfig(node="n1", zone="DE", state_dir=tmp_path / "state",
-                                              grace_s=1.0, sample_hz=2.0, heartbeat_s=0.2))
-    agent.register()
-    agent.startup_reconcile()
+    agent = fleet.emulated_agent(store, "2xH100", state_dir=tmp_path / "state", grace_s=1.0, sample_hz=2.0,
+                                 heartbeat_s=0.2)
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
     planner = Planner(store, get_policy("fifo"))
     yield agent, service, planner
@@ -46,16 +45,7 @@ def cluster(store, tmp_path):
 
 
 def run_until(agent, planner, store, job_id, states, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        planner.tick()
-        agent.tick()
-        with store.read() as conn:
-            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
-        if state in states:
-            return state
-        time.sleep(0.05)
-    raise TimeoutError(f"job {job_id} still {state}")
+    return fleet.tick_until(store, [job_id], states, planner, agent, timeout_s=timeout_s)[job_id]
 
 
 def job_row(store, job_id):

@@ -20,7 +20,6 @@ import pytest
 from sqlalchemy import select
 
 from policies import get_policy
-from policies.catalog import parse_fleet
 from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import JobService
@@ -28,7 +27,8 @@ from scheduler.node import job_metrics
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.store.models import job_events, jobs
-from telemetry.gpu import EmulatedBackend, EmulatedModel
+
+import fleet
 
 ROOT = Caller(uid=0, gid=0)
 AS_ROOT = os.geteuid() == 0
@@ -129,12 +129,7 @@ def state_dir():
 
 @pytest.fixture
 def node(store, state_dir):
-    backend = EmulatedBackend([EmulatedModel(m.name, m.vendor, m.memory_gib, m.idle_w, m.tdp_w)
-                               for m in parse_fleet("1xH100")], node="n1", seed=3)
-    agent = Agent(store, backend, AgentConfig(node="n1", zone="DE", state_dir=state_dir, grace_s=1.0,
-                                              heartbeat_s=0.2))
-    agent.register()
-    agent.startup_reconcile()
+    agent = fleet.emulated_agent(store, "1xH100", state_dir=state_dir, seed=3, grace_s=1.0, heartbeat_s=0.2)
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=state_dir / "logs")
     yield agent, service, Planner(store, get_policy("fifo"))
     agent.stop()

@@ -13,18 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
 from policies import get_policy
-from policies.catalog import parse_fleet
 from scheduler.accounting.accountant import Accountant
 from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import JobService
-from scheduler.node.agent import Agent
-from scheduler.node.config import AgentConfig
-from scheduler.store.models import jobs
-from telemetry.gpu import EmulatedBackend, EmulatedModel
+
+import fleet
 
 ROOT = Caller(uid=0, gid=0)
 LIMIT_BYTES = 64 * 1024
@@ -34,37 +30,18 @@ MARKER = b"carbonsched: output truncated"
 @pytest.fixture
 def cluster(store, tmp_path):
     """An agent whose job logs live in `tmp_path/joblogs`, apart from its state directory."""
-    backend = EmulatedBackend([EmulatedModel(m.name, m.vendor, m.memory_gib, m.idle_w, m.tdp_w)
-                               for m in parse_fleet("2xH100")], node="n1", seed=7)
     log_dir = tmp_path / "joblogs"
-    agent = Agent(store, backend, AgentConfig(node="n1", zone="DE", state_dir=tmp_path / "state", log_dir=log_dir,
-                                              grace_s=1.0, heartbeat_s=0.2, ship_logs=False,
-                                              output_limit_bytes=LIMIT_BYTES))
-    agent.register()
-    agent.startup_reconcile()
+    agent = fleet.emulated_agent(store, "2xH100", state_dir=tmp_path / "state", log_dir=log_dir, grace_s=1.0,
+                                 heartbeat_s=0.2, ship_logs=False, output_limit_bytes=LIMIT_BYTES)
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=log_dir)
     planner = Planner(store, get_policy("fifo"))
     yield agent, service, planner, log_dir
     agent.stop()
 
 
-def _state(store, job_id: int) -> str:
-    with store.read() as conn:
-        return conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
-
-
 def run_until_ended(agent, planner, store, job_ids, timeout_s: float = 60.0) -> dict[int, str]:
     """Tick the planner and the agent until every job has ended (bounded, generous)."""
-    deadline = time.monotonic() + timeout_s
-    states: dict[int, str] = {}
-    while time.monotonic() < deadline:
-        planner.tick()
-        agent.tick()
-        states = {j: _state(store, j) for j in job_ids}
-        if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST") for s in states.values()):
-            return states
-        time.sleep(0.05)
-    raise TimeoutError(f"jobs still not ended: {states}")
+    return fleet.tick_until(store, job_ids, fleet.TERMINAL, planner, agent, timeout_s=timeout_s)
 
 
 def test_a_jobs_output_is_cut_at_its_limit_with_a_marker_and_show_says_so(cluster, store, tmp_path):
@@ -114,7 +91,7 @@ def test_a_full_log_disk_keeps_jobs_waiting_with_a_reason(cluster, store, tmp_pa
         if "disk full" in reason:
             break
         time.sleep(0.05)
-    assert _state(store, job) in ("PENDING", "PLANNED")
+    assert fleet.job_states(store, [job])[job] in ("PENDING", "PLANNED")
     assert "disk full" in reason and str(log_dir) in reason, reason
     assert {log_dir, tmp_path / "state"} <= checked  # both the log and the state disk are watched
 

@@ -165,7 +165,6 @@ def test_an_emulated_limit_outlives_the_backend_like_a_real_boards(tmp_path):
 # -- the agent applies the plan's limit (in-process agent, SQLite and PostgreSQL) ------------
 
 import logging  # noqa: E402
-import time  # noqa: E402
 
 from sqlalchemy import select, update  # noqa: E402
 
@@ -176,6 +175,8 @@ from scheduler.node.agent import Agent  # noqa: E402
 from scheduler.node.config import AgentConfig  # noqa: E402
 from scheduler.node.power_limits import ENV_POWER_LIMIT  # noqa: E402
 from scheduler.store.models import gpus, job_events, jobs  # noqa: E402
+
+import fleet  # noqa: E402
 
 ROOT = Caller(uid=0, gid=0)
 
@@ -202,17 +203,10 @@ def gpu_ids_of(store) -> list[int]:
 
 
 def tick_until(agent, store, job_id, states, timeout_s=30.0, during=None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        agent.tick()
-        with store.read() as conn:
-            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
-        if during is not None and state == "RUNNING":
+    def while_running(seen):
+        if during is not None and seen[job_id] == "RUNNING":
             during()
-        if state in states:
-            return state
-        time.sleep(0.05)
-    raise TimeoutError(f"job {job_id} still {state}")
+    return fleet.tick_until(store, [job_id], states, agent, timeout_s=timeout_s, during=while_running)[job_id]
 
 
 def row(store, job_id):
