@@ -3,10 +3,12 @@ a migrated Store; the suite's schedule under pytest-xdist; nothing left behind.
 
 The test files live in one folder per area (policies/, telemetry/, store/, node/, daemon/,
 cli/, core/, simulate/, benchmarks/, slurm/, e2e/, project/). The helper modules here
-(databases, fleet, daemon_harness, suite_hygiene, once_per_run, policy_checker, slurm_cluster,
-fakes) are imported by their plain names from every folder: this folder is on sys.path
-because this conftest.py is (pytest's default "prepend" import mode). Test files import
-each other by their folder (`from tests.simulate.test_simulate import ...`).
+(databases, fleet, cli_process, daemon_harness, suite_hygiene, once_per_run, policy_checker,
+slurm_cluster, fakes) are imported by their plain names from every folder: this folder is on
+sys.path because this conftest.py is (pytest's default "prepend" import mode). Test files
+import each other by their folder (`from tests.simulate.test_simulate import ...`). A
+fixture only one area uses lives in that area's conftest.py (slurm/, cli/); nothing imports
+`conftest` by its bare name (with several conftest.py files it is ambiguous).
 """
 
 from __future__ import annotations

@@ -5,34 +5,11 @@ verb, read-only verbs never create a database, durations are taken everywhere.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def cli_env(tmp_path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CARBONSCHED_")}
-    env.update(XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="80", PYTHONPATH=str(ROOT))
-    return env
-
-
-def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scheduler", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-
-
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("carbonsched: "), lines[0]
-    return lines[0]
+from cli_process import one_line_error, run
 
 
 # -- 6: every usage mistake is one line, argparse's own included ------------------------------
