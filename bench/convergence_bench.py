@@ -17,7 +17,7 @@ wall time). The table gives the error run by run; the target: within 10 % after
 at most 5 runs on each model.
 
 It reuses the test suite's daemon harness (`tests/daemon_harness.py`);
-`tests/test_convergence.py` runs it short and asserts the target.
+`tests/e2e/test_convergence.py` runs it short and asserts the target.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def evaluate(values: dict[int, float], horizon_h: int) -> dict:
         if actual is None:
             continue
         issue = target - horizon_h
-        # both forecasters read only hours <= issue (tested in tests/test_carbon_forecast.py)
+        # both forecasters read only hours <= issue (tested in tests/telemetry/test_carbon_forecast.py)
         b = baseline_forecast(values, issue, [target])[0]
         p = persistence_forecast(values, issue, [target])[0]
         if b is None or p is None:

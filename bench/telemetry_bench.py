@@ -36,7 +36,7 @@ def fresh_db(kind: str):
         d = tempfile.mkdtemp(prefix="cs-telebench-")
         return f"sqlite:///{d}/bench.db", lambda: None
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from conftest import make_pg_database
+    from databases import make_pg_database
 
     return make_pg_database()
 

@@ -1,94 +1,27 @@
-"""Shared fixtures: database URLs for SQLite and PostgreSQL, and a migrated Store.
+"""Shared fixtures: a database of each kind (SQLite and PostgreSQL, tests/databases.py) and
+a migrated Store; the suite's schedule under pytest-xdist; nothing left behind.
 
-PostgreSQL tests use the server named by CARBONSCHED_TEST_PG_URL (default: the local
-server at 127.0.0.1:5432, user postgres, database test). Each test gets a fresh database
-of its own, dropped afterwards. Without a server they skip with the reason, unless
-CARBONSCHED_REQUIRE_PG=1 (as in CI), where a missing server is a failure.
+The test files live in one folder per area (policies/, telemetry/, store/, node/, daemon/,
+cli/, core/, simulate/, benchmarks/, slurm/, e2e/, project/). The helper modules here
+(databases, fleet, cli_process, daemon_harness, suite_hygiene, once_per_run, policy_checker,
+slurm_cluster, fakes) are imported by their plain names from every folder: this folder is on
+sys.path because this conftest.py is (pytest's default "prepend" import mode). Test files
+import each other by their folder (`from tests.simulate.test_simulate import ...`). A
+fixture only one area uses lives in that area's conftest.py (slurm/, cli/); nothing imports
+`conftest` by its bare name (with several conftest.py files it is ambiguous).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 import suite_hygiene
+from databases import DB_KINDS, PG_ADMIN_URL, pg_problem, database_for
 
-PG_ADMIN_URL = os.environ.get("CARBONSCHED_TEST_PG_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-REQUIRE_PG = os.environ.get("CARBONSCHED_REQUIRE_PG") == "1"
 DATA_DIR = Path(__file__).parent / "data"
-
-_pg_problem: str | None = None
-_pg_checked = False
-
-
-def _pg_available() -> str | None:
-    """None when PostgreSQL answers, else why not."""
-    global _pg_checked, _pg_problem
-    if not _pg_checked:
-        _pg_checked = True
-        from sqlalchemy import create_engine, text
-
-        try:
-            engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
-            with engine.connect() as conn:
-                conn.execute(text("select 1"))
-            engine.dispose()
-        except Exception as e:  # any failure to connect means "no server here"
-            _pg_problem = f"PostgreSQL not reachable at {PG_ADMIN_URL}: {type(e).__name__}: {e}"
-    return _pg_problem
-
-
-def make_pg_database() -> tuple[str, callable]:
-    """Create a fresh, empty PostgreSQL database; return its URL and a function that drops it."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"cs_test_{uuid.uuid4().hex[:12]}"
-    suite_hygiene.record_database(name)
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return url, drop
-
-
-def require_pg() -> None:
-    problem = _pg_available()
-    if problem:
-        if REQUIRE_PG:
-            pytest.fail(f"CARBONSCHED_REQUIRE_PG=1 but {problem}")
-        pytest.skip(problem)
-
-
-DB_KINDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-
-
-@contextmanager
-def database_for(kind: str, directory: Path):
-    """An empty database of `kind`: a SQLite file under `directory/state`, or a fresh
-    PostgreSQL database dropped afterwards (skipped without a server, unless required)."""
-    if kind == "sqlite":
-        yield f"sqlite:///{directory / 'state' / 'carbonsched.db'}"
-        return
-    require_pg()
-    url, drop = make_pg_database()
-    try:
-        yield url
-    finally:
-        drop()
 
 
 @pytest.fixture(params=DB_KINDS)
@@ -109,44 +42,6 @@ def store(db_url):
         yield s
     finally:
         s.dispose()
-
-
-REQUIRE_SLURM = os.environ.get("CARBONSCHED_REQUIRE_SLURM") == "1"
-
-
-def slurm_test_port() -> int:
-    """slurmctld's port for this pytest process (the slurmds take the next ones): each
-    pytest-xdist worker (gw0, gw1, ...) runs a cluster of its own, 10 ports apart."""
-    base = int(os.environ.get("CARBONSCHED_TEST_SLURM_PORT", "16817"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return base + 10 * int(worker[2:] or 0)
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """A real Slurm cluster on loopback for the whole session (tests/slurm_cluster.py): two
-    nodes in two zones, sn-de (zone DE: 2 H100 + 2 MI300X) and sn-fr (zone FR: 2 H100), one
-    partition `carbon`. Skipped with the reason where Slurm cannot run, unless
-    CARBONSCHED_REQUIRE_SLURM=1 (as in CI), where that is a failure."""
-    from tests.slurm_cluster import SlurmCluster, SlurmNode, missing_reason
-
-    problem = missing_reason()
-    if problem:
-        if REQUIRE_SLURM:
-            pytest.fail(f"CARBONSCHED_REQUIRE_SLURM=1 but {problem}")
-        pytest.skip(problem)
-    # Readable by all: users' sbatch reads slurm.conf, slurmd writes their output as them.
-    root = Path(tempfile.mkdtemp(prefix="cs-slurm-"))
-    root.chmod(0o755)
-    cluster = SlurmCluster(root, [SlurmNode("sn-de", "DE", [("h100", 2), ("mi300x", 2)]),
-                                  SlurmNode("sn-fr", "FR", [("h100", 2)])],
-                           ctld_port=slurm_test_port())
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # -- the longest first, one block each -------------------------------------------------------
@@ -216,7 +111,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _drop_left_databases(names: list[str]) -> list[str]:
     """Drop those of `names` that still exist on the test server; returns the ones dropped."""
-    if not names or _pg_available():
+    if not names or pg_problem():
         return []
     from sqlalchemy import create_engine, text
 

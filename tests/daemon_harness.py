@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-from conftest import DB_KINDS, database_for  # noqa: F401  (re-exported for the e2e tests)
+from databases import DB_KINDS, database_for  # noqa: F401  (re-exported for the e2e tests)
 from scheduler.cli.client import ApiError, Client, DaemonUnreachable
 
 REPO = Path(__file__).resolve().parent.parent

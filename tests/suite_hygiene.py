@@ -14,7 +14,7 @@ inherit what it sets up):
 - **Throwaway users** are made by `make_user` and recorded in the run directory; at the end
   none may be left in `/etc/passwd` or `/etc/group`.
 - A **munged** the suite had to start (`tests/slurm_cluster.ensure_munged`) is stopped.
-- The **PostgreSQL databases** it made (`conftest.make_pg_database`) are recorded; none may
+- The **PostgreSQL databases** it made (`databases.make_pg_database`) are recorded; none may
   be left on the server.
 - Finally no `/tmp` entry with one of the suite's names may be new since the start (code
   that ignores TMPDIR); those are reported only, as another run may own them.

@@ -5,7 +5,7 @@ a truth (`scheduler.simulate.truth`: `perfect`, `noisy:SIGMA`, `profiles:FILE`) 
 the planner's estimates, so that the daemon's learning and planning can be judged against
 figures they cannot see. The truth lives here, in the agent, and nowhere else: the planner
 (its own process, or its thread in the daemon) builds its snapshots from the store, where
-only measured runs arrive (tests/test_emulation_truth.py checks both the imports and the
+only measured runs arrive (tests/node/test_emulation_truth.py checks both the imports and the
 plans).
 
 When the agent starts a job on emulated GPUs, `JobEmulation.begin`:

@@ -28,7 +28,7 @@ forecast (`--forecast`).
 
 Draws are seeded by (seed, job id), so a job's estimate is the same whatever else is in the
 trace and for every policy of a run. The simulator keeps the real job for execution and hands
-the policies only the estimated one (`Simulation`; `tests/test_simulate_estimates.py`).
+the policies only the estimated one (`Simulation`; `tests/simulate/test_simulate_estimates.py`).
 """
 
 from __future__ import annotations

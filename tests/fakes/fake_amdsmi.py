@@ -2,7 +2,7 @@
 
 Only the vendor module is faked: carbonsched's own amdsmi backend runs unchanged on top of
 it. Its shapes follow the amdsmi 7.0.2 package from PyPI (amdsmi/amdsmi_interface.py,
-amdsmi_exception.py, amdsmi_wrapper.py), and tests/test_gpu_backends.py checks every
+amdsmi_exception.py, amdsmi_wrapper.py), and tests/telemetry/test_gpu_backends.py checks every
 function, parameter list, result key, exception class and status code used here against the
 installed package's source:
 
@@ -22,7 +22,7 @@ installed package's source:
   interface does (AmdSmiParameterException).
 
 Memory sizes default to what real drivers report (see the GPU byte counts in
-tests/test_gpu_backends.py, each with its public source).
+tests/telemetry/test_gpu_backends.py, each with its public source).
 
     fake = FakeAmdSmi([FakeAmdGpu(...), ...])
     monkeypatch.setitem(sys.modules, "amdsmi", fake.module)

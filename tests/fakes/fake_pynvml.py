@@ -2,7 +2,7 @@
 
 Only the vendor module is faked: carbonsched's own NVML backend runs unchanged on top of it.
 The names, constants and signatures mirror nvidia-ml-py (checked against the installed one
-by tests/test_gpu_backends.py), and the fake behaves like the driver where it matters:
+by tests/telemetry/test_gpu_backends.py), and the fake behaves like the driver where it matters:
 milliwatts and millijoules, an energy counter that advances with `advance()`, per-field
 return codes from nvmlDeviceGetFieldValues, NVMLError carrying `.value`.
 
