@@ -467,3 +467,47 @@ def hold_pending(conn: Connection, job_id: int, values: dict, why: str, *, opera
 def state_and_hold(conn: Connection, job_id: int) -> Row:
     """One job's state and hold kind as stored now."""
     return conn.execute(select(jobs.c.state, jobs.c.hold_kind).where(jobs.c.id == job_id)).one()
+
+
+# -- The daemon's keepers: power governor, watchdog, retention ---------------------------------
+
+def running_power_limits(conn: Connection, job_ids: Sequence[int]) -> dict[int, Row]:
+    """The RUNNING jobs among `job_ids` with their deadline and power limits (planned, in
+    force, and the note on it), by id."""
+    if not job_ids:
+        return {}
+    return {j.id: j for j in conn.execute(
+        select(jobs.c.id, jobs.c.deadline, jobs.c.planned_power_limit_w, jobs.c.power_limit_w,
+               jobs.c.power_limit_note)
+        .where(jobs.c.id.in_(job_ids), jobs.c.state == State.RUNNING.value))}
+
+
+def set_planned_power_limit(conn: Connection, job_id: int, limit_w: float | None) -> None:
+    """Set a RUNNING job's planned power limit per GPU (None: the GPUs' default); its agent applies it."""
+    conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == State.RUNNING.value)
+                 .values(planned_power_limit_w=limit_w))
+
+
+def running_on(conn: Connection, node_names: Sequence[str]) -> list[Row]:
+    """The RUNNING jobs on `node_names`, with their node and their attempts and retries."""
+    return list(conn.execute(select(jobs.c.id, jobs.c.node, jobs.c.attempts, jobs.c.max_retries)
+                             .where(jobs.c.state == State.RUNNING.value, jobs.c.node.in_(node_names))))
+
+
+def purgeable(conn: Connection, ended_before: datetime, limit: int) -> list[int]:
+    """Up to `limit` ids, lowest first, of the jobs that ended before `ended_before` and are not purged yet."""
+    return list(conn.execute(
+        select(jobs.c.id).where(jobs.c.state.in_([s.value for s in TERMINAL]),
+                                jobs.c.purged_at.is_(None), jobs.c.ended_at.is_not(None),
+                                jobs.c.ended_at < ended_before)
+        .order_by(jobs.c.id).limit(limit)).scalars())
+
+
+def purge(conn: Connection, job_ids: Sequence[int], at: Callable[[], datetime]) -> None:
+    """Forget what `job_ids` stored beyond their record: their environment, and their command
+    but its program's name (cut to 255 characters); each marked purged at `at()`."""
+    argv0 = dict(conn.execute(select(jobs.c.id, jobs.c.argv).where(jobs.c.id.in_(job_ids))).all())
+    for job_id in job_ids:
+        first = argv0[job_id][:1] if isinstance(argv0[job_id], list) else []
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+            argv=[str(a)[:255] for a in first], env={}, stored_bytes=0, purged_at=at()))
