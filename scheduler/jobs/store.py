@@ -1,7 +1,9 @@
-"""The SQL on the `jobs` table that the daemon runs: the planner's queue and plan reads and
-writes, and the API service's submissions, holds, cancellations and reads. One module, so a
-reader finds every question asked of the jobs table and every write to it (outside the state
-changes of `scheduler.lifecycle` and the node agent's own claim, launch and end) here.
+"""The SQL on the `jobs` table: the daemon's planner (queue and plan reads and writes), its API
+service (submissions, holds, cancellations, the reads behind `queue`, `show` and `health`)
+and its keepers (power governor, watchdog, retention), and the node agent's reads of its due
+and running jobs and its claim's conditions. One module, so a reader finds here the questions
+asked of the jobs table and the writes to it, beside the state changes of
+`scheduler.lifecycle` (still the one place that moves a job from one state to another).
 
 A tick reads the plannable queue (`read_queue`: PENDING and PLANNED jobs as `Job`s, with the
 reason each job left alone for now waits), the running jobs and recent starts, and the stored
@@ -17,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import (Connection, Row, String, and_, bindparam, case, func, insert, literal, null, or_,
+from sqlalchemy import (Connection, Row, Select, String, and_, bindparam, case, func, insert, literal, null, or_,
                         select, type_coerce, update)
 
 from policies.model import Assignment, Estimate
@@ -511,3 +513,73 @@ def purge(conn: Connection, job_ids: Sequence[int], at: Callable[[], datetime]) 
         first = argv0[job_id][:1] if isinstance(argv0[job_id], list) else []
         conn.execute(update(jobs).where(jobs.c.id == job_id).values(
             argv=[str(a)[:255] for a in first], env={}, stored_bytes=0, purged_at=at()))
+
+
+# -- The node agent: due jobs and its claim, its running jobs ----------------------------------
+
+def due_on(conn: Connection, node: str, now: datetime, limit: int) -> list[Row]:
+    """Up to `limit` PLANNED jobs on `node` whose start has come, earliest first (whole rows)."""
+    return list(conn.execute(
+        select(jobs).where(jobs.c.state == State.PLANNED.value,
+                           jobs.c.planned_node == node,
+                           jobs.c.planned_start <= now)
+        .order_by(jobs.c.planned_start, jobs.c.id).limit(limit)))
+
+
+def at_plan_rev(plan_rev: int) -> tuple:
+    """The condition of a claim: the job is still at the plan revision it was read at."""
+    return (jobs.c.plan_rev == plan_rev,)
+
+
+def claim_values(node: str, gpu_ids: list[int], indices: list[int], now: datetime) -> dict[str, Any]:
+    """The columns a claim writes with PLANNED -> RUNNING: the node and GPUs, the start (the
+    first start kept), one more attempt."""
+    return dict(node=node, gpu_ids=gpu_ids, gpu_indices=indices, started_at=now,
+                first_started_at=func.coalesce(jobs.c.first_started_at, now), attempts=jobs.c.attempts + 1)
+
+
+def planned_on(conn: Connection, node: str, limit: int) -> list[Row]:
+    """The first `limit` PLANNED jobs on `node` by start: id, start, GPUs, plan revision."""
+    return list(conn.execute(select(jobs.c.id, jobs.c.planned_start, jobs.c.planned_gpu_ids, jobs.c.plan_rev)
+                             .where(jobs.c.state == State.PLANNED.value, jobs.c.planned_node == node)
+                             .order_by(jobs.c.planned_start).limit(limit)))
+
+
+def still_active(conn: Connection, job_ids: Sequence[int]) -> set[int]:
+    """Which of `job_ids` are still PENDING, PLANNED or RUNNING."""
+    return set(conn.execute(select(jobs.c.id).where(
+        jobs.c.id.in_(job_ids), jobs.c.state.in_([s.value for s in (State.PENDING, State.PLANNED,
+                                                                   State.RUNNING)]))).scalars())
+
+
+# What the agent reads of its running jobs each tick (a launcher adds its own).
+RUNNING_COLUMNS = (jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
+                   jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
+                   jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.power_limit_note,
+                   # interruptible jobs
+                   jobs.c.interruptible, jobs.c.resume_count, jobs.c.done_fraction, jobs.c.resume_cost_s,
+                   jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.planned_segments,
+                   jobs.c.prompts, jobs.c.checkpoints_ignored)
+
+
+def running_jobs(store: Store, node: str, extra_columns: tuple = ()) -> list:
+    """The jobs RUNNING on `node`, with RUNNING_COLUMNS and `extra_columns`."""
+    with store.read() as conn:
+        return list(conn.execute(
+            select(*RUNNING_COLUMNS, *extra_columns)
+            .where(jobs.c.state == State.RUNNING.value, jobs.c.node == node)))
+
+
+def running_ids() -> Select:
+    """SELECT of the ids of every RUNNING job (a subquery)."""
+    return select(jobs.c.id).where(jobs.c.state == State.RUNNING.value)
+
+
+def rows_of(conn: Connection, job_ids: Sequence[int]) -> list[Row]:
+    """The whole rows of `job_ids`."""
+    return conn.execute(select(jobs).where(jobs.c.id.in_(job_ids))).all()
+
+
+def set_power_limit(conn: Connection, job_id: int, limit_w: float | None, note: str | None) -> None:
+    """Record the power limit per GPU in force for a job (None: the default) and the note on it."""
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(power_limit_w=limit_w, power_limit_note=note))
