@@ -13,9 +13,9 @@ import pwd
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Row, select
+from sqlalchemy import Connection, Row
 
-from scheduler.store.models import jobs
+from scheduler.jobs.store import read_job
 
 
 class RequestError(Exception):
@@ -68,7 +68,7 @@ class Access:
 
     def visible_job(self, conn: Connection, caller: Caller, job_id: int) -> Row:
         """The job's row when the caller may see it; RequestError 404 (no such job) or 403."""
-        row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        row = read_job(conn, job_id)
         if row is None:
             raise RequestError(404, f"no job {job_id}")
         if row.owner_uid != caller.uid and not self.is_admin(caller):

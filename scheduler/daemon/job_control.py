@@ -9,13 +9,14 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import Connection, Row, or_, select, update
+from sqlalchemy import Connection, Row
 
 from scheduler.daemon.access import Access, Caller, RequestError
 from scheduler.job_specs import HELD_REASON, OPERATOR_HELD_REASON
+from scheduler.jobs.store import (WITHDRAWN_PLAN, hold_kind, hold_pending, hold_values, job_state, release_hold,
+                                  request_cancel, set_reason, state_and_hold)
 from scheduler.lifecycle import TERMINAL, State, transition
 from scheduler.store import Store
-from scheduler.store.models import jobs
 
 log = logging.getLogger(__name__)
 
@@ -118,26 +119,17 @@ def _cancel_one(conn: Connection, r: Row, caller: Caller, now: datetime) -> str:
                   reason=f"cancelled by uid {caller.uid} before it started",
                   values=dict(ended_at=now)):
         return State.CANCELLED.value
-    n = conn.execute(update(jobs).where(jobs.c.id == r.id,
-                                        jobs.c.state == State.RUNNING.value)
-                     .values(cancel_requested_at=now, cancel_requested_by=caller.uid,
-                             reason=f"cancel requested by uid {caller.uid}")).rowcount
-    if n:
+    if request_cancel(conn, r.id, caller.uid, now):
         return "CANCELLING"
-    return conn.execute(select(jobs.c.state).where(jobs.c.id == r.id)).scalar_one()
+    return job_state(conn, r.id)
 
 
 def _release_one(conn: Connection, r: Row, admin: bool) -> dict:
     """Release one held job; an operator's hold placed since the read stays unless an
     operator releases it."""
-    where = [jobs.c.id == r.id, jobs.c.held_at.is_not(None)]
-    if not admin:  # an operator's hold placed since the read stays
-        where.append(or_(jobs.c.hold_kind.is_(None), jobs.c.hold_kind != "operator"))
-    n = conn.execute(update(jobs).where(*where)
-                     .values(held_at=None, held_by=None, hold_kind=None, plan_rev=jobs.c.plan_rev + 1,
-                             reason="released; waiting for the planner")).rowcount
-    if not n and not admin and conn.execute(select(jobs.c.hold_kind).where(
-            jobs.c.id == r.id)).scalar_one() == "operator":
+    # unless an operator releases it, an operator's hold placed since the read stays
+    n = release_hold(conn, r.id, operator_hold_stays=not admin)
+    if not n and not admin and hold_kind(conn, r.id) == "operator":
         raise RequestError(403, f"job {r.id} is held by an operator: only root or an "
                                 "admin_groups member may release it")
     return {"id": r.id, "held": False, "changed": bool(n)}
@@ -151,21 +143,17 @@ def _hold_one(conn: Connection, r: Row, caller: Caller, admin: bool, now: dateti
         # the owner (or an operator on their own job) holding again: the operator's hold stays
         return {"id": r.id, "held": True, "changed": False}
     kind = "operator" if operator else "user"
-    values = dict(held_at=now, held_by=caller.uid, hold_kind=kind, plan_rev=jobs.c.plan_rev + 1)
+    values = hold_values(caller.uid, kind, now)
     why = OPERATOR_HELD_REASON if operator else HELD_REASON
     # bumping plan_rev makes a tick planned from before the hold write nothing
     if transition(conn, r.id, State.PENDING, actor_uid=caller.uid, expect=(State.PLANNED,),
                   reason=f"held by {'an operator, ' if operator else ''}uid {caller.uid}: plan withdrawn",
-                  values={**values, "planned_node": None, "planned_gpu_ids": None,
-                          "planned_start": None}):
-        conn.execute(update(jobs).where(jobs.c.id == r.id).values(reason=why))  # queue's REASON
+                  values={**values, **WITHDRAWN_PLAN}):
+        set_reason(conn, r.id, why)  # queue's REASON
         return {"id": r.id, "held": True, "changed": True}
-    where = [jobs.c.id == r.id, jobs.c.state == State.PENDING.value]
-    if not operator:  # never turn an operator's hold placed since the read into a user's
-        where.append(or_(jobs.c.hold_kind.is_(None), jobs.c.hold_kind != "operator"))
-    n = conn.execute(update(jobs).where(*where).values(**values, reason=why)).rowcount
-    if not n:
-        now_row = conn.execute(select(jobs.c.state, jobs.c.hold_kind).where(jobs.c.id == r.id)).one()
+    # never turn an operator's hold placed since the read into a user's
+    if not hold_pending(conn, r.id, values, why, operator_hold_stays=not operator):
+        now_row = state_and_hold(conn, r.id)
         if now_row.hold_kind == "operator" and now_row.state == State.PENDING.value:
             return {"id": r.id, "held": True, "changed": False}
         raise RequestError(409, f"job {r.id} is {now_row.state}: it started before it could be held")

@@ -11,14 +11,15 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 
 from scheduler.daemon.access import Access, Caller, RequestError, ServiceConfig
 from scheduler.job_specs import expand_log_pattern
-from scheduler.job_view import gpu_map, job_select, jobs_json, segment_rows
+from scheduler.job_view import gpu_map, jobs_json, segment_rows
+from scheduler.jobs.store import count_by_state, list_views, running_owners, view_of
 from scheduler.lifecycle import ACTIVE, State
 from scheduler.store import Store
-from scheduler.store.models import gpus, job_events, job_log_chunks, jobs, nodes
+from scheduler.store.models import gpus, job_events, job_log_chunks, nodes
 from scheduler.timeparse import iso
 
 MAX_LOG_BYTES = 4 * 1024 * 1024  # the longest tail `logs` shows
@@ -47,25 +48,6 @@ class JobReading:
         """The caller's jobs (everyone's for an admin), active ones unless asked otherwise;
         `users` (names or uids), `names` (exact, or globs with * and ?) and a submission
         window [since, until) narrow it, like squeue's --user/--name and sacct's -S/-E."""
-        q = job_select(self.store.dialect).order_by(jobs.c.id)
-        if users:
-            uids = [int(u) for u in users if u.isdigit()]
-            q = q.where(jobs.c.owner_name.in_([u for u in users if not u.isdigit()]) | jobs.c.owner_uid.in_(uids))
-        if names:
-            conds = []
-            for n in names:
-                if "*" in n or "?" in n:
-                    like = n.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-                    conds.append(jobs.c.name.like(like.replace("*", "%").replace("?", "_"), escape="\\"))
-                else:
-                    conds.append(jobs.c.name == n)
-            q = q.where(or_(*conds))
-        if since is not None:
-            q = q.where(jobs.c.submitted_at >= since)
-        if until is not None:
-            q = q.where(jobs.c.submitted_at < until)
-        if array_job_id is not None:
-            q = q.where(jobs.c.array_job_id == array_job_id)
         if (since is not None or until is not None) and not states:
             include_done = True  # a period asks for history, as sacct does
         if states:
@@ -73,23 +55,23 @@ class JobReading:
             if bad:
                 raise RequestError(400, f"unknown state(s) {', '.join(bad)}; known: "
                                         f"{', '.join(State.__members__)}")
-            q = q.where(jobs.c.state.in_(states))
         elif not include_done:
-            q = q.where(jobs.c.state.in_([s.value for s in ACTIVE]))
-        if not self.access.is_admin(caller):
-            q = q.where(jobs.c.owner_uid == caller.uid)
-        if limit is not None:
-            q = q.limit(limit)
+            states = [s.value for s in ACTIVE]
+        uids = [int(u) for u in users if u.isdigit()] if users else []
         with self.store.read() as conn:
-            return jobs_json(conn.execute(q), gpu_map(conn))
+            rows = list_views(conn, self.store.dialect, uids=uids,
+                              user_names=[u for u in users if not u.isdigit()] if users else [],
+                              names=names or (), since=since, until=until, array_job_id=array_job_id,
+                              states=states or None,
+                              owner_uid=None if self.access.is_admin(caller) else caller.uid, limit=limit)
+            return jobs_json(rows, gpu_map(conn))
 
     def get_job(self, caller: Caller, job_id: int) -> dict:
         """One job as `show` prints it: its row, whether its workload has a latency model, its
         events and its segments."""
         with self.store.read() as conn:
             self.access.visible_job(conn, caller, job_id)
-            q = job_select(self.store.dialect).where(jobs.c.id == job_id)
-            out = jobs_json(conn.execute(q), gpu_map(conn))[0]
+            out = jobs_json(view_of(conn, self.store.dialect, job_id), gpu_map(conn))[0]
             from policies.operating_point import has_latency_model
 
             # whether the workload's latency is modelled (its preset's SLOs apply); for `show`
@@ -178,8 +160,7 @@ class JobReading:
             node_rows = list(conn.execute(select(nodes).order_by(nodes.c.name)))
             gpu_rows = list(conn.execute(select(gpus).where(gpus.c.index >= 0)
                                          .order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)))
-            holders = {r.id: r.owner_uid for r in conn.execute(
-                select(jobs.c.id, jobs.c.owner_uid).where(jobs.c.state == State.RUNNING.value))}
+            holders = running_owners(conn)
         out = []
         for n in node_rows:
             node_gpus = [g for g in gpu_rows if g.node_name == n.name]
@@ -214,7 +195,7 @@ class JobReading:
     def health(self) -> dict:
         """The daemon answers: its jobs by state, and its time."""
         with self.store.read() as conn:
-            counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
+            counts = count_by_state(conn)
         return {"ok": True, "jobs": counts, "time": iso(self._clock())}
 
 

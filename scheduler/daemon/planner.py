@@ -29,7 +29,8 @@ tick's answer. `preview()` (`carbonsched plan`) is always a full re-plan.
 
 The site's PUE and budgets come in as `scheduler.site.SiteConfig`, the policy from
 `scheduler.daemon.policy_factory`; every read and write of the store is in
-`scheduler.daemon.plan_store`.
+`scheduler.daemon.plan_store` (nodes, GPUs) and
+`scheduler.jobs.store` (the jobs: queue, running jobs, plans).
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ from scheduler import interruptible
 from scheduler.carbon_curves import DEFAULT_CARBON_TTL_S, CarbonCurves
 from scheduler.carbon_signal import CarbonSignal
 from scheduler.clock import utcnow
-from scheduler.daemon.plan_store import (QueuedRow, QueueRead, current_plans, disk_full_notes, note_waiting,
-                                         read_gpus, read_nodes, read_queue, read_running, recent_starts,
-                                         write_plan)
+from scheduler.daemon.plan_store import disk_full_notes, read_gpus, read_nodes
+from scheduler.jobs.job import queued_job
+from scheduler.jobs.store import (QueueRead, current_plans, note_waiting, read_queue, read_running, recent_starts,
+                                  write_plan)
 from scheduler.lifecycle import State
 from scheduler.power_budget import ramps_of
 from scheduler.profiles import learned_profiles
@@ -241,29 +243,12 @@ class Planner:
         return pinned, keep, previous
 
     def _queued_jobs(self, queued: QueueRead, pinned: dict[int, Assignment], now: datetime) -> tuple[QueuedJob, ...]:
-        """The queued rows as the policy's jobs."""
-        # A job submitted while this snapshot was read (after `now` was taken: a loaded host,
-        # or a row committed between the clock and the query) is released now, not at the
-        # next 15-minute slot its later submission time would round up to.
-        return tuple(QueuedJob(r.id, r.gpus, r.gpu_mem_gib, min(r.submitted_at, now), self._runtime_estimate(r),
-                               r.deadline, r.latency_slo_ms, r.workload, r.prompts,
-                               max_delay_s=r.max_delay_s, pinned=r.id in pinned,
-                               # an explicit --time-limit binds; a derived one follows the plan
-                               time_limit_s=r.time_limit_s if r.time_limit_factor is None else None,
-                               time_limit_factor=r.time_limit_factor, gco2_if_now=r.est_gco2_if_now,
-                               ttft_slo_ms=r.ttft_slo_ms, tpot_slo_ms=r.tpot_slo_ms,
-                               **_interruptible_fields(r))
-                     for r in queued.values())
+        """The queued jobs as the policy's (`scheduler.jobs.job.queued_job`)."""
+        return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned) for j in queued.values())
 
     def blind_zones(self, snapshot: Snapshot) -> list[str]:
         """Zones of the snapshot's GPUs planned without a carbon curve."""
         return sorted({g.zone for g in snapshot.gpus} - set(snapshot.carbon))
-
-    def _runtime_estimate(self, r: "QueuedRow") -> float | None:
-        """The runtime the job is planned with (`policies.feasibility.planning_runtime_s`)."""
-        from policies.feasibility import planning_runtime_s
-
-        return planning_runtime_s(r.est_runtime_s, r.time_limit_s, self.default_runtime_s)
 
     def _expected_end(self, job, now: datetime, book=None, model: str | None = None) -> datetime:
         """When a running job's GPUs are expected free: its planned runtime stretched by the
@@ -365,7 +350,7 @@ class Planner:
 
     def _changes(self, queued: QueueRead, plan: Plan, now: datetime) -> list[tuple]:
         """What a plan changes in the store, `(kind, row, assignment, why)` per queued job
-        (`plan_store.write_plan`): a pending job planned, a plan moved or withdrawn, a
+        (`scheduler.jobs.store.write_plan`): a pending job planned, a plan moved or withdrawn, a
         kept plan's estimate refreshed, an unplaced job's reason updated."""
         placed = plan.by_job()
         writes = []
@@ -506,19 +491,6 @@ def segments_moved(stored: list | None, segments: tuple) -> bool:
         return True
     return any(abs((x - y).total_seconds()) > SEGMENT_TOLERANCE_S
                for (a0, a1), (b0, b1) in zip(old, new) for x, y in ((a0, b0), (a1, b1)))
-
-
-def _interruptible_fields(r: "QueuedRow") -> dict:
-    """The issue-30 fields of a queued job as the policy sees them (policies.model.QueuedJob).
-    A job that ignored a checkpoint request runs its rest in one piece: asking it again would
-    lose its work again."""
-    kind = r.interruptible if not r.checkpoints_ignored else None
-    if kind is None:
-        return {"done_fraction": float(r.done_fraction or 0.0), "resume_count": int(r.resume_count or 0),
-                "resume_cost_s": float(r.resume_cost_s or 0.0) if r.resume_count else 0.0}
-    return {"interruptible": kind, "min_run_s": r.min_run_s, "resume_cost_s": float(r.resume_cost_s or 0.0),
-            "max_segments": int(r.max_segments or interruptible.DEFAULT_MAX_SEGMENTS),
-            "done_fraction": float(r.done_fraction or 0.0), "resume_count": int(r.resume_count or 0)}
 
 
 def _segmented_end(job) -> datetime | None:

@@ -29,14 +29,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, select
 
 from policies.model import budget_text
 from policies.power_cap import CapBounds
+from scheduler.jobs.store import running_power_limits, set_planned_power_limit
 from scheduler.lifecycle import State, record_events
 from scheduler.power_budget import ZoneBudget
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs, nodes
+from scheduler.store.models import gpus, nodes
 from scheduler.store.telemetry_models import gpu_samples
 
 log = logging.getLogger(__name__)
@@ -179,10 +180,7 @@ class PowerGovernor:
                     if s.gpu_id not in fresh or s.t_s > fresh[s.gpu_id][0]:
                         fresh[s.gpu_id] = (s.t_s, float(s.power_w))
             job_ids = sorted({r.job_id for r in rows if r.job_id is not None})
-            job_rows = {j.id: j for j in conn.execute(
-                select(jobs.c.id, jobs.c.deadline, jobs.c.planned_power_limit_w, jobs.c.power_limit_w,
-                       jobs.c.power_limit_note)
-                .where(jobs.c.id.in_(job_ids), jobs.c.state == State.RUNNING.value))} if job_ids else {}
+            job_rows = running_power_limits(conn, job_ids)
         draw = {r.id: fresh[r.id][1] if r.id in fresh else float(r.power_w or 0.0) for r in rows}
         reading = ZoneReading(measured_w=sum(draw.values()), cap_w=0.0, gpus=len(rows),
                               stale=sum(1 for r in rows if r.id not in fresh),
@@ -269,8 +267,7 @@ class PowerGovernor:
         reason = f"power governor: {budget_text(zone)} {against}; limit {verb} to {limit_text} on {len(j.gpu_ids)} GPU(s)"
 
         def tx(conn: Connection) -> None:
-            conn.execute(update(jobs).where(jobs.c.id == j.id, jobs.c.state == State.RUNNING.value)
-                         .values(planned_power_limit_w=to_w))
+            set_planned_power_limit(conn, j.id, to_w)
             record_events(conn, [{"job_id": j.id, "from_state": State.RUNNING.value,
                                   "to_state": State.RUNNING.value, "actor_uid": None, "at": now,
                                   "reason": reason}])

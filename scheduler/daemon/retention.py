@@ -15,12 +15,12 @@ import logging
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, delete
 
 from scheduler.clock import utcnow
-from scheduler.lifecycle import TERMINAL
+from scheduler.jobs.store import purge, purgeable
 from scheduler.store import Store
-from scheduler.store.models import job_log_chunks, jobs
+from scheduler.store.models import job_log_chunks
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +37,10 @@ def purge_finished_jobs(store: Store, *, retention_s: float, log_dir: Path | Non
     done = 0
     while True:
         def tx(conn: Connection) -> list[int]:
-            ids = list(conn.execute(
-                select(jobs.c.id).where(jobs.c.state.in_([s.value for s in TERMINAL]),
-                                        jobs.c.purged_at.is_(None), jobs.c.ended_at.is_not(None),
-                                        jobs.c.ended_at < cutoff)
-                .order_by(jobs.c.id).limit(BATCH)).scalars())
+            ids = purgeable(conn, cutoff, BATCH)
             if not ids:
                 return ids
-            argv0 = dict(conn.execute(select(jobs.c.id, jobs.c.argv).where(jobs.c.id.in_(ids))).all())
-            for job_id in ids:
-                first = argv0[job_id][:1] if isinstance(argv0[job_id], list) else []
-                conn.execute(update(jobs).where(jobs.c.id == job_id).values(
-                    argv=[str(a)[:255] for a in first], env={}, stored_bytes=0, purged_at=now or utcnow()))
+            purge(conn, ids, lambda: now or utcnow())
             conn.execute(delete(job_log_chunks).where(job_log_chunks.c.job_id.in_(ids)))
             return ids
 

@@ -6,7 +6,6 @@ statement on PostgreSQL); a job array's tasks and a job's dependencies together.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -14,32 +13,17 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import Connection, bindparam, case, func, insert, literal, null, select, update
+from sqlalchemy import Connection
 
-from policies.model import QueuedJob
 from scheduler.daemon.access import Access, Caller, RequestError, ServiceConfig
 from scheduler.daemon.admission import Admission, Refused
 from scheduler.daemon.submit_checks import Habits, KnownWorkloads, job_row, slurm_habits
-from scheduler.lifecycle import State, record_submit
+from scheduler.jobs.job import job_from_request, queued_job
+from scheduler.jobs.store import add_dependencies, insert_job, name_array, store_job, waiting_and_stored
+from scheduler.lifecycle import State
 from scheduler.store import Store
-from scheduler.store.models import job_dependencies, job_events, jobs
 
 log = logging.getLogger(__name__)
-
-_INSERT_JOB = insert(jobs).returning(jobs.c.id)
-
-
-@functools.cache
-def _submit_statement(columns: tuple[str, ...]):
-    """INSERT the job and its "submitted" event in one statement (PostgreSQL)."""
-    new_job = (insert(jobs).values({c: bindparam(c, type_=jobs.c[c].type) for c in columns})
-               .returning(jobs.c.id, jobs.c.submitted_at).cte("new_job"))
-    first_event = select(new_job.c.id, null(), literal(State.PENDING.value), bindparam("actor_uid"),
-                         literal("submitted"), new_job.c.submitted_at)
-    return (insert(job_events)
-            .from_select(["job_id", "from_state", "to_state", "actor_uid", "reason", "at"], first_event)
-            .returning(job_events.c.job_id))
-
 
 class Submissions:
     """`submit`: a request checked, admitted, within the uid's limits, stored; the planner
@@ -85,22 +69,7 @@ class Submissions:
             return self._submit_with_habits(caller, row, extra)
         row.update(extra.columns)
 
-        if self.store.dialect == "postgresql":
-            # One statement, one round trip: the job row and its first event are inserted
-            # together by a data-modifying CTE, atomic as any single statement.
-            row["submitted_at"] = self._clock()
-            job_id = self.store.execute_once(_submit_statement(tuple(row)),
-                                             {**row, "actor_uid": caller.uid}).scalar_one()
-        else:
-            def tx(conn: Connection) -> int:
-                # Stamped inside the write transaction, so queue order follows commit order
-                # even when many clients submit at once.
-                row["submitted_at"] = at = self._clock()
-                job_id = conn.execute(_INSERT_JOB, row).scalar_one()
-                record_submit(conn, job_id, caller.uid, at)
-                return job_id
-
-            job_id = self.store.transact(tx)
+        job_id = store_job(self.store, row, caller.uid, self._clock)
         self.queue_limit.submitted(caller.uid, 1, row["stored_bytes"])
         log.info("job %s submitted by uid %s: %s", job_id, caller.uid, row["name"])
         self._on_submit()
@@ -138,15 +107,12 @@ class Submissions:
                         env["CARBONSCHED_ARRAY_JOB_ID"] = str(ids[0])
                     task.update(env=env, array_task_id=index, array_max_running=extra.array.max_running,
                                 array_job_id=ids[0] if ids else None)
-                job_id = conn.execute(_INSERT_JOB, task).scalar_one()
-                record_submit(conn, job_id, caller.uid, at)
+                job_id = insert_job(conn, task, caller.uid, at)
                 if index is not None and not ids:  # the first task: its id is the array's
-                    conn.execute(update(jobs).where(jobs.c.id == job_id).values(
-                        array_job_id=job_id, env={**task["env"], "CARBONSCHED_ARRAY_JOB_ID": str(job_id)}))
+                    name_array(conn, job_id, {**task["env"], "CARBONSCHED_ARRAY_JOB_ID": str(job_id)})
                 ids.append(job_id)
             if extra.deps:
-                conn.execute(insert(job_dependencies), [{"job_id": j, "on_job_id": d.job_id, "kind": d.kind}
-                                                        for j in ids for d in extra.deps])
+                add_dependencies(conn, ids, [(d.job_id, d.kind) for d in extra.deps])
             return ids
 
         ids = self.store.transact(tx)
@@ -163,16 +129,8 @@ class Submissions:
         """Refuse (422) a job no GPU of the cluster can ever run, with the reason per GPU
         model; return a warning for one only GPUs out of service can run
         (`scheduler.daemon.admission`). The job as the planner will see it decides."""
-        limit, factor = row["time_limit_s"], row["time_limit_factor"]
-        from policies.feasibility import planning_runtime_s
-
-        job = QueuedJob(0, row["gpus"], row["gpu_mem_gib"], row["submitted_at"],
-                        planning_runtime_s(row["est_runtime_s"], limit, self.config.default_runtime_s),
-                        row["deadline"], row["latency_slo_ms"], row["workload"], row["prompts"],
-                        max_delay_s=row["max_delay_s"],
-                        # an explicit --time-limit binds the plan; a derived one follows it
-                        time_limit_s=limit if factor is None else None, time_limit_factor=factor,
-                        ttft_slo_ms=row["ttft_slo_ms"], tpot_slo_ms=row["tpot_slo_ms"])
+        # as one piece: admission asks whether any GPU can run the job at all
+        job = queued_job(job_from_request(row), self.config.default_runtime_s, as_one_piece=True)
         try:
             return self.admission.check(job, estimated=row["est_runtime_s"] is not None or row["prompts"] is not None)
         except Refused as e:
@@ -202,12 +160,8 @@ class QueueLimit:
         with self._lock:
             n, stored, at = self._counts.get(uid, (0, 0, -1e18))
         if self._clock() - at > self.REFRESH_S:
-            waiting = case((jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]), 1), else_=0)
             with self.store.read() as conn:
-                n, stored = conn.execute(select(func.coalesce(func.sum(waiting), 0),
-                                                func.coalesce(func.sum(jobs.c.stored_bytes), 0))
-                                         .where(jobs.c.owner_uid == uid, jobs.c.purged_at.is_(None))).one()
-            n, stored = int(n), int(stored)
+                n, stored = waiting_and_stored(conn, uid)
             with self._lock:
                 self._counts[uid] = (n, stored, self._clock())
                 if len(self._counts) > 10_000:  # forget idle uids

@@ -22,9 +22,10 @@ from datetime import datetime
 from sqlalchemy import Connection, select
 
 from scheduler.clock import utcnow
+from scheduler.jobs.store import running_on
 from scheduler.lifecycle import State, retry_or_end
 from scheduler.store import Store
-from scheduler.store.models import jobs, nodes
+from scheduler.store.models import nodes
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,7 @@ class NodeReaper:
             dead = self.silent_nodes(conn)
             if not dead:
                 return []
-            victims = list(conn.execute(
-                select(jobs.c.id, jobs.c.node, jobs.c.attempts, jobs.c.max_retries)
-                .where(jobs.c.state == State.RUNNING.value, jobs.c.node.in_(dead))))
+            victims = running_on(conn, dead)
         out = []
         ended_at = self._clock()
         for job in victims:

@@ -20,7 +20,7 @@ from datetime import datetime
 from sqlalchemy import Connection, select, update
 
 from scheduler.clock import utcnow
-from scheduler.lifecycle import State
+from scheduler.jobs.store import planned_on, still_active
 from scheduler.node import checkpoint, claims
 from scheduler.node.config import AgentConfig
 from scheduler.node.disk import DiskGuard, disk_places
@@ -35,7 +35,7 @@ from scheduler.node.registration import register_node
 from scheduler.node.run_energy import RunEnergy
 from scheduler.samples import SampleStore, StoredSample
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs
+from scheduler.store.models import gpus
 from telemetry.energy import integrate_power
 from telemetry.gpu import GpuBackend
 from telemetry.sampler import Reading, Sampler
@@ -162,10 +162,7 @@ class Agent:
             for g in conn.execute(select(gpus.c.id, gpus.c.job_id, gpus.c.healthy, gpus.c.drained)
                                   .where(gpus.c.node_name == self.config.node).order_by(gpus.c.id)):
                 out.append(f"GPU {g.id}: job={g.job_id} healthy={g.healthy} drained={g.drained}")
-            for j in conn.execute(select(jobs.c.id, jobs.c.planned_start, jobs.c.planned_gpu_ids, jobs.c.plan_rev)
-                                  .where(jobs.c.state == State.PLANNED.value,
-                                         jobs.c.planned_node == self.config.node)
-                                  .order_by(jobs.c.planned_start).limit(10)):
+            for j in planned_on(conn, self.config.node, 10):
                 due = (now - j.planned_start).total_seconds() if j.planned_start else None
                 out.append(f"PLANNED job {j.id}: GPUs {j.planned_gpu_ids}, rev {j.plan_rev}, "
                            + (f"due {due:.1f}s ago" if due is not None and due >= 0 else f"starts in {-due:.1f}s"
@@ -252,9 +249,7 @@ class Agent:
         if not ids:
             return
         with self.store.read() as conn:
-            active = set(conn.execute(select(jobs.c.id).where(
-                jobs.c.id.in_(ids), jobs.c.state.in_([s.value for s in (State.PENDING, State.PLANNED,
-                                                                       State.RUNNING)]))).scalars())
+            active = still_active(conn, ids)
         for job_id in ids:
             if job_id not in active:
                 checkpoint.remove_job_dir(root, job_id)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, select, update
 
+from scheduler.jobs.store import at_plan_rev, claim_values, due_on
 from scheduler.lifecycle import State, transition
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs
+from scheduler.store.models import gpus
 
 # How many due jobs are read per free GPU (earliest first).
 DUE_PER_FREE_GPU = 8
@@ -30,11 +31,7 @@ def due_jobs(store: Store, node: str, now: datetime) -> tuple[dict, set[int], li
         free = len(gpu_rows) - len(busy)
         if free == 0:
             return gpu_rows, busy, []
-        due = list(conn.execute(
-            select(jobs).where(jobs.c.state == State.PLANNED.value,
-                               jobs.c.planned_node == node,
-                               jobs.c.planned_start <= now)
-            .order_by(jobs.c.planned_start, jobs.c.id).limit(DUE_PER_FREE_GPU * free)))
+        due = due_on(conn, node, now, DUE_PER_FREE_GPU * free)
     return gpu_rows, busy, due
 
 
@@ -50,12 +47,9 @@ def claim(store: Store, job, gpu_ids: list[int], indices: list[int], node: str, 
             conn.rollback()
             return False
         ok = transition(conn, job.id, State.RUNNING, actor_uid=None, expect=State.PLANNED,
-                        where=(jobs.c.plan_rev == job.plan_rev,),
+                        where=at_plan_rev(job.plan_rev),
                         reason=f"claimed by {node}",
-                        values=dict(node=node, gpu_ids=gpu_ids,
-                                    gpu_indices=indices, started_at=now,
-                                    first_started_at=func.coalesce(jobs.c.first_started_at, now),
-                                    attempts=jobs.c.attempts + 1))
+                        values=claim_values(node, gpu_ids, indices, now))
         if not ok:
             conn.rollback()
         return ok

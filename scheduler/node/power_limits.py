@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection
 
+from scheduler.jobs.store import set_power_limit
 from scheduler.lifecycle import State, record_events
 from scheduler.store import Store
-from scheduler.store.models import jobs
 from telemetry.gpu import GpuBackend, GpuError, GpuLost, GpuNotSupported, GpuPermissionDenied
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class PowerLimits:
         now = self._clock()
 
         def tx(conn: Connection) -> None:
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(power_limit_w=applied_w, power_limit_note=note))
+            set_power_limit(conn, job_id, applied_w, note)
             record_events(conn, [{"job_id": job_id, "from_state": State.RUNNING.value,
                                   "to_state": State.RUNNING.value, "actor_uid": None, "at": now, "reason": reason}])
 

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from scheduler import interruptible
+from scheduler.jobs.store import rows_of, running_ids, running_jobs
 from scheduler.lifecycle import State, record_events
 from scheduler.node.executor import RunState
 from scheduler.node.job_ends import JobEnds, RunMarks
@@ -26,27 +27,9 @@ from scheduler.node.power_limits import PowerLimits
 from scheduler.node.segment_clock import read_phase
 from scheduler.slurm.commands import SlurmError
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs
+from scheduler.store.models import gpus
 
 log = logging.getLogger(__name__)
-
-# What the agent reads of its running jobs each tick (a launcher adds its own).
-RUNNING_COLUMNS = (jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
-                   jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
-                   jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.power_limit_note,
-                   # interruptible jobs
-                   jobs.c.interruptible, jobs.c.resume_count, jobs.c.done_fraction, jobs.c.resume_cost_s,
-                   jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.planned_segments,
-                   jobs.c.prompts, jobs.c.checkpoints_ignored)
-
-
-def running_jobs(store: Store, node: str, extra_columns: tuple = ()) -> list:
-    """The jobs RUNNING on `node`, with RUNNING_COLUMNS and `extra_columns`."""
-    with store.read() as conn:
-        return list(conn.execute(
-            select(*RUNNING_COLUMNS, *extra_columns)
-            .where(jobs.c.state == State.RUNNING.value, jobs.c.node == node)))
-
 
 class Reconciler:
     """Keeps one node's RUNNING jobs and their runs in step. `set_busy(gpu id, busy)` loads a
@@ -180,7 +163,7 @@ class Reconciler:
         node = self.node
 
         def tx(conn: Connection) -> None:
-            running = select(jobs.c.id).where(jobs.c.state == State.RUNNING.value)
+            running = running_ids()
             conn.execute(update(gpus).where(gpus.c.node_name == node,
                                             gpus.c.job_id.is_not(None),
                                             gpus.c.job_id.not_in(running)).values(job_id=None))
@@ -210,7 +193,7 @@ class Reconciler:
         with self.store.read() as conn:
             models = dict(conn.execute(select(gpus.c.id, gpus.c.model).where(
                 gpus.c.node_name == self.node)).all())
-            rows = conn.execute(select(jobs).where(jobs.c.id.in_(job_ids))).all()
+            rows = rows_of(conn, job_ids)
         for job in rows:
             gpu_ids = [int(g) for g in job.gpu_ids or []]
             if gpu_ids and gpu_ids[0] in models:

@@ -24,11 +24,11 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from scheduler.clock import utcnow
+from scheduler.jobs.store import running_jobs
 from scheduler.lifecycle import State, record_submit, transition
 from scheduler.node.config import AgentConfig
 from scheduler.node.executor import LaunchSpec, RunStatus
 from scheduler.node.job_ends import parse_time
-from scheduler.node.reconcile import running_jobs
 from scheduler.node.slurm_executor import SlurmExecutor, slurm_time
 from scheduler.node.supervise import write_json_atomic
 from scheduler.slurm.adopt import adopt_held, follow_adopted, observed_row

@@ -2,7 +2,7 @@
 PostgreSQL: hold/release, --begin, --dependency=afterok|afterany|afternotok, job arrays with
 a %N throttle and one shared deadline, --output/--error, and queue's --user/--name/--since/
 --until. The planner treats a held, not-yet-begun, dependent or throttled job as not yet
-plannable (scheduler.daemon.plan_store._waits), and `queue` says why."""
+plannable (scheduler.jobs.store._waits), and `queue` says why."""
 
 from __future__ import annotations
 
