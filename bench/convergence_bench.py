@@ -6,7 +6,7 @@ A real `carbonsched daemon` (SQLite by default, its in-process agent) runs an em
 of one H100 and one MI300X with a hidden truth (`--truth profiles:FILE`, see
 `scheduler.node.emulation`) that differs from the seed profile the planner starts from:
 `llm-chat-8b` runs 40 % longer on the H100 (throughput / 1.4) and draws 30 % less power on the
-MI300X. The seed figures are read from `policies.energy.seed_profiles()`, the planner's own
+MI300X. The seed figures are read from `policies.model.energy.seed_profiles()`, the planner's own
 (whatever they are when this runs). Then, alternately on each GPU model (the other one
 drained), `--runs` batches of `examples/jobs/tiny_batch.py` are submitted one after the
 other, each sized to take about `--seconds` by the seed; the job paces itself by what the
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from policies.energy import seed_profiles  # noqa: E402
+from policies.model.energy import seed_profiles  # noqa: E402
 
 WORKLOAD = "llm-chat-8b"
 SLOW = "H100"  # +40 % runtime

@@ -11,7 +11,7 @@ told of that length decides the start:
 - `class mean`: the mean length of its GAIA queue (under / over 2 h), GAIA's knowledge;
 - `class median`: the queue's median (what a median-ratio correction plans with);
 - `expected`: the mean grams over the queue's lengths (`--points` quantiles), the rule of
-  `policies.length_spread`.
+  `policies.model.length_spread`.
 
 Printed: the reduction of each rule's grams against running every job at its arrival (every
 job drawing the same power per GPU). Not a simulation: no re-planning, no learning from

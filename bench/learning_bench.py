@@ -1,4 +1,4 @@
-"""Does learning on one GPU model help predict the others? (policies.learning)
+"""Does learning on one GPU model help predict the others? (policies.model.learning)
 
 A synthetic cluster: for every (workload, GPU model) with a seed profile, a hidden truth =
 seed x exp(w + e) in throughput and in power, w a per-workload error shared by all models
@@ -21,8 +21,8 @@ import random
 import statistics
 from collections import defaultdict
 
-from policies.energy import ProfileBook, seed_profiles
-from policies.learning import Run, estimate, shared_ratios
+from policies.model.energy import ProfileBook, seed_profiles
+from policies.model.learning import Run, estimate, shared_ratios
 
 
 def trial(rng: random.Random, book: dict, args) -> dict[tuple[str, int], list[float]]:

@@ -1,4 +1,4 @@
-"""`python -m bench.model`: how well policies/perf_model.py reproduces the public figures.
+"""`python -m bench.model`: how well policies/model/perf_model.py reproduces the public figures.
 
 Prints (a) every ML.ENERGY row of the fit reproduced at its own configuration, with the
 error per row (the model alone, and the planner's path with the row's correction drawn
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from policies import perf_model as pm  # noqa: E402
+from policies.model import perf_model as pm  # noqa: E402
 
 ROW_TARGET = 0.10
 ROWS_WITHIN_TARGET = 85

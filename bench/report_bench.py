@@ -52,7 +52,7 @@ def say(msg: str) -> None:
 
 
 def rows(n: int, seed: int = 1):
-    from policies.catalog import catalog
+    from policies.model.catalog import catalog
 
     rng = random.Random(seed)
     models = sorted(catalog())

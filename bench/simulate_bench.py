@@ -98,7 +98,7 @@ def bench_gap(args) -> dict:
         # issue 29: the same scenario with the planner choosing GPU power limits, beside it without
         from dataclasses import replace
 
-        from policies.power_cap import CapBounds
+        from policies.pricing.power_cap import CapBounds
 
         bounds = CapBounds(allow=True, min_fraction=args.min_cap_fraction)
         print("-- without power caps --")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from sqlalchemy import select  # noqa: E402
 
-from policies.catalog import parse_fleet  # noqa: E402
+from policies.model.catalog import parse_fleet  # noqa: E402
 from scheduler.daemon.planner import Planner  # noqa: E402
 from scheduler.daemon.policy_factory import make_policy  # noqa: E402
 from scheduler.daemon.access import Caller, ServiceConfig  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies.catalog import parse_fleet  # noqa: E402
+from policies.model.catalog import parse_fleet  # noqa: E402
 from scheduler.samples import SampleStore  # noqa: E402
 from scheduler.store import Store  # noqa: E402
 from telemetry.gpu import EmulatedBackend, EmulatedModel  # noqa: E402

@@ -1,7 +1,7 @@
 """The versions of the libraries a plan depends on, for every benchmark's JSON.
 
 A simulated replay repeats exactly for one build of OR-Tools and NumPy (cpsat's budget is
-counted in work, `policies.work_clock`), not across builds: CP-SAT's search changes between
+counted in work, `policies.solvers.work_clock`), not across builds: CP-SAT's search changes between
 releases, and with it cpsat's rows. A figure is comparable with another only where these match.
 """
 

@@ -5,7 +5,7 @@ the simulator run exactly the same policy code.
 """
 
 from policies.base import Policy, get_policy, policy_names
-from policies.model import (Assignment, CarbonCurve, Estimate, GpuSlot, Plan, PowerCap, Profile, QueuedJob,
+from policies.types import (Assignment, CarbonCurve, Estimate, GpuSlot, Plan, PowerCap, Profile, QueuedJob,
                             Snapshot)
 
 __all__ = [

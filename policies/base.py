@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple, Protocol
 
-from policies.model import Plan, Snapshot
+from policies.types import Plan, Snapshot
 
 
 class Policy(Protocol):
@@ -21,11 +21,11 @@ class Policy(Protocol):
 # name -> (module, class): a policy's module is imported only when it is asked for, so
 # `fifo` does not pay for OR-Tools and numpy (the planner child starts faster too).
 _POLICIES = {
-    "fifo": ("policies.fifo", "FifoPolicy"),
-    "greedy": ("policies.greedy", "GreedyPolicy"),
-    "cpsat": ("policies.cpsat", "CpsatPolicy"),
-    "oracle": ("policies.oracle", "OraclePolicy"),
-    "edf": ("policies.edf", "EdfPolicy"),
+    "fifo": ("policies.solvers.fifo", "FifoPolicy"),
+    "greedy": ("policies.solvers.greedy", "GreedyPolicy"),
+    "cpsat": ("policies.solvers.cpsat", "CpsatPolicy"),
+    "oracle": ("policies.solvers.oracle", "OraclePolicy"),
+    "edf": ("policies.solvers.edf", "EdfPolicy"),
 }
 
 

@@ -47,7 +47,7 @@ from typing import Any
 from sqlalchemy import Connection, Row
 from sqlalchemy.exc import SQLAlchemyError
 
-from policies.model import Climatology
+from policies.types import Climatology
 from scheduler import carbon_table
 from scheduler.carbon_climatology import Climatologies, store_history
 from scheduler.carbon_config import CarbonConfig

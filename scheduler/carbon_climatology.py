@@ -1,7 +1,7 @@
 """A zone's typical carbon intensity by month and hour of the day, as of a time.
 
 A forecast covers two or three days; a job that runs for ten must be priced over ten. Past
-the forecast's end the planner prices a zone at its **climatology** (`policies.model.
+the forecast's end the planner prices a zone at its **climatology** (`policies.types.
 Climatology`, the curve's `tail`): 12 x 24 values, the typical intensity at each UTC hour of
 a day in each month. It is a plain, documented average, not a forecaster
 (`telemetry.grid.forecast` is the forecaster); this module computes it:
@@ -30,7 +30,7 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from policies.model import CLIMATOLOGY_CELLS, Climatology
+from policies.types import CLIMATOLOGY_CELLS, Climatology
 from scheduler import carbon_table
 from scheduler.store import Store
 from telemetry.grid.readings import SIGNAL_AVERAGE

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from policies.model import CarbonCurve
+from policies.types import CarbonCurve
 from scheduler.carbon_signal import CarbonForecast, CarbonSignal
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from policies.model import Climatology
+from policies.types import Climatology
 
 KIND_STATIC = "static"
 SOURCE_OWN = "own-forecast"

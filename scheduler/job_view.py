@@ -129,7 +129,7 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "attempts": attempts, "argv": _json_raw(argv), "cwd": cwd,
             "cancel_requested": cancel_at is not None,
             # The plan's estimate: on its chosen GPUs and start, and the "if run now"
-            # counterfactual (policies.counterfactual); per prompt where the job gave a prompt
+            # counterfactual (policies.pricing.counterfactual); per prompt where the job gave a prompt
             # count. time_limit_factor: the time limit is derived (runtime on the planned GPUs x
             # this); null: an explicit --time-limit (or none).
             "max_delay_s": max_delay, "est_runtime_planned_s": est_runtime_planned,

@@ -1,7 +1,7 @@
 """The policies' derived tables, computed once and kept on disk for every later process.
 
-The seed profiles (`policies.energy.seed_profiles`), the performance model's named workloads
-(`policies.perf_model.presets`) and its fit (`policies.perf_model.fit`) are derived from the
+The seed profiles (`policies.model.energy.seed_profiles`), the performance model's named workloads
+(`policies.model.perf_model.presets`) and its fit (`policies.model.perf_model.fit`) are derived from the
 packaged catalog and measurements by a least-squares fit: several seconds of CPU in every
 process that plans, admits or emulates (the daemon, its planner and preview workers, each
 agent, each simulation). They change only when the policies' code or data do, so the first
@@ -67,7 +67,7 @@ def warm_policy_tables(directory: Path | None = None) -> str:
     """Make the policies' derived tables available to this process: loaded from the cache,
     or computed and stored there. Returns how ("loaded", "computed", "computed (not stored:
     why)")."""
-    from policies import energy, perf_model
+    from policies.model import energy, perf_model
 
     directory = directory or cache_dir()
     try:

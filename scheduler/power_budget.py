@@ -7,7 +7,7 @@ may draw. The budget of a zone is configured with the zone:
 [zones.DE]
 power_cap_w = 20000          # always in force (optional)
 static_power_w = 3000        # what the site draws besides its GPUs (hosts, network, fans)
-ramp_w_per_min = 5000        # at most this much new GPU load a minute (policies.ramp)
+ramp_w_per_min = 5000        # at most this much new GPU load a minute (policies.pricing.ramp)
 power_schedule = "/etc/carbonsched/de-events.csv"   # dated events: start,end,cap_w
 [[zones.DE.power_windows]]   # a daily window (UTC) with its own cap: demand response, a tariff
 start = "17:00"
@@ -21,7 +21,7 @@ cap_w = 8000
 
 Caps are of the site's whole draw: its GPUs plus `static_power_w`. In force at a time is the
 lowest of the caps that cover it. The planner sees each cap of its horizon less the static
-power as a `policies.model.PowerCap` of GPU power (the policies keep planned GPU power within
+power as a `policies.types.PowerCap` of GPU power (the policies keep planned GPU power within
 the lowest of every slot); the head node's governor (`scheduler.daemon.power_governor`) holds
 the measured GPU power plus the static power to the cap in force now. A schedule file (a
 utility's demand-response calendar, a tariff's dated periods) is read when the configuration
@@ -29,7 +29,7 @@ is: at the daemon's start.
 
 A zone's budget covers its nodes as one site's feed. Where one zone holds several sites,
 each behind its own feed, a `[sites.S]` (with `nodes = [...]`) takes the same keys: its nodes
-then draw against the site's budget (key `site:S`, `policies.model.site_budget`) and not
+then draw against the site's budget (key `site:S`, `policies.types.site_budget`) and not
 against their zone's; the zone's covers its other nodes.
 """
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime, time, timedelta, timezone
 from pathlib import Path
 
-from policies.model import PowerCap
+from policies.types import PowerCap
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class ZoneBudget:
     windows: tuple[PowerWindow, ...] = ()
     events: tuple[PowerEvent, ...] = ()
     static_w: float = 0.0
-    ramp_w_per_min: float | None = None  # new GPU load a minute (policies.ramp); None: any
+    ramp_w_per_min: float | None = None  # new GPU load a minute (policies.pricing.ramp); None: any
 
     def _occurrences(self, start: datetime, end: datetime):
         """(start, end, window or event) of each daily window occurrence that begins on a day

@@ -1,5 +1,5 @@
 """What `carbonsched profiles` shows, as plain JSON-ready data: per GPU model the performance
-model's best operating point for a workload (`policies.perf_model`), beside the seed and
+model's best operating point for a workload (`policies.model.perf_model`), beside the seed and
 learned profiles of this cluster's store (`scheduler.profiles.learned_view`).
 
 Kept apart from the CLI's printing so that the figures it shows are the model's own (a test
@@ -16,8 +16,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass, replace
 
-from policies import perf_model
-from policies.perf_model import Prediction, Workload
+from policies.model import perf_model
+from policies.model.perf_model import Prediction, Workload
 
 FLEET_GPUS = ("MI300X", "MI325X", "MI355X", "A100", "H100", "H200", "B200")
 """The GPU models shown by default: the fleet carbonsched is built for (see DESIGN.md)."""
@@ -150,7 +150,7 @@ def resolve(name: str, learned: list[dict] | None) -> Workload | None:
     if name in presets:
         return presets[name]
     if name.startswith("llm:"):  # a model by size, as `submit --workload` takes it
-        from policies.operating_point import WorkloadSpecError, parse_spec
+        from policies.model.operating_point import WorkloadSpecError, parse_spec
 
         try:
             return parse_spec(name)

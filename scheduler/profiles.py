@@ -1,14 +1,14 @@
 """Workload profiles learned from this cluster's completed jobs, kept in the store.
 
 The planner estimates a job's runtime and power from a profile per (workload class, GPU
-model). The packaged seed profiles (`policies.energy.seed_profiles()`) come from public
+model). The packaged seed profiles (`policies.model.energy.seed_profiles()`) come from public
 measurements or a roofline scaling; every COMPLETED job with a workload class, a prompt
 count (the one the job reported, else the declared one) and measured energy on one GPU model
-adds a run to its (workload, model) row, and `policies.learning.estimate` turns the recent
+adds a run to its (workload, model) row, and `policies.model.learning.estimate` turns the recent
 runs into the profile (a median, so one stalled run does not drag it). One user cannot
 poison a profile for everyone (issue 48): a run far off the seed model is not learned from,
 each run keeps its owner's uid so that no user's runs outweigh or crowd out the others'
-(`policies.learning`), and operators forget a profile with `reset_profiles`
+(`policies.model.learning`), and operators forget a profile with `reset_profiles`
 (`carbonsched profiles reset`). What a workload
 taught on some GPU models corrects its seeds on the others until they have runs of their
 own. The planner lays these profiles over the seeds.
@@ -30,8 +30,8 @@ from types import SimpleNamespace
 from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from policies.learning import Run, is_outlier, keep, learned_by_model
-from policies.model import Profile, QueuedJob
+from policies.model.learning import Run, is_outlier, keep, learned_by_model
+from policies.types import Profile, QueuedJob
 from scheduler.clock import utcnow
 from scheduler.lifecycle import State
 from scheduler.store import Store
@@ -69,7 +69,7 @@ def learned_profiles(conn: Connection) -> tuple[Profile, ...]:
     """Every learned profile, ordered by (workload, model): one per stored row, and one per
     seeded GPU model of a workload that has runs on other models only (its seed corrected
     by those runs)."""
-    from policies.energy import seed_profiles
+    from policies.model.energy import seed_profiles
 
     rows = conn.execute(select(workload_profiles).order_by(workload_profiles.c.workload,
                                                            workload_profiles.c.model))
@@ -96,7 +96,7 @@ def _stored(r: Run) -> list:
 
 
 def _profiles_of(workload: str, rows: dict, seeds: dict) -> dict[str, Profile]:
-    """`policies.learning.learned_by_model` over the workload's stored rows, each profile
+    """`policies.model.learning.learned_by_model` over the workload's stored rows, each profile
     counting the row's runs ever (0: a seed corrected by the other models' runs)."""
     learned = learned_by_model(workload, {m: _runs(r) for m, r in rows.items()}, seeds)
     return {m: replace(p, samples=rows[m].samples if m in rows else 0) for m, p in learned.items()}
@@ -148,10 +148,10 @@ def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None =
 
 def fold_run(conn: Connection, run: CompletedRun, now: datetime) -> Profile | None:
     """Add one measured run to its (workload, model) row in the store and return the
-    profile it now gives (`policies.learning.estimate` over the row's recent runs); None,
-    storing nothing, for a run more than `policies.learning.MAX_SEED_FACTOR` off its seed."""
-    from policies.energy import seed_equivalent_run, seed_profiles
-    from policies.perf_model import OperatingPoint
+    profile it now gives (`policies.model.learning.estimate` over the row's recent runs); None,
+    storing nothing, for a run more than `policies.model.learning.MAX_SEED_FACTOR` off its seed."""
+    from policies.model.energy import seed_equivalent_run, seed_profiles
+    from policies.model.perf_model import OperatingPoint
 
     q = select(workload_profiles).where(workload_profiles.c.workload == run.workload)
     if conn.dialect.name == "postgresql":
@@ -234,12 +234,12 @@ def learned_view(conn: Connection, workload: str | None = None) -> list[dict]:
 
     Each entry: `workload`, `model`, `runs` (completed runs ever folded into this row; 0 for
     a seed corrected only by the workload's runs on other GPU models), `runs_kept` (the
-    recent runs the estimate is the median of, at most `policies.learning.WINDOW`),
+    recent runs the estimate is the median of, at most `policies.model.learning.WINDOW`),
     `rel_uncertainty` (of throughput; None below two runs), `updated_at` (ISO 8601 UTC or
     None), `seed` and `learned`: per GPU `prompts_per_s`, `power_w`, `j_per_prompt`,
     `latency_p95_ms`, `source` (`seed` is None for a workload without a seed profile).
     """
-    from policies.energy import seed_profiles
+    from policies.model.energy import seed_profiles
 
     q = select(workload_profiles.c.workload, workload_profiles.c.model, workload_profiles.c.runs,
                workload_profiles.c.samples, workload_profiles.c.updated_at)

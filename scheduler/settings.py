@@ -153,7 +153,7 @@ def _db_url_of(secret: str, where: str) -> str:
 
 
 def _fleet(v: Any) -> str:
-    from policies.catalog import parse_fleet
+    from policies.model.catalog import parse_fleet
 
     parse_fleet(_text(v))
     return _text(v)

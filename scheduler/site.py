@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from policies.model import SITE_BUDGET_PREFIX, PowerCap, site_budget
+from policies.types import SITE_BUDGET_PREFIX, PowerCap, site_budget
 from scheduler.power_budget import ZoneBudget, caps_between, parse_zone_budget
 
 
@@ -45,13 +45,13 @@ class SiteConfig:
 
     site_pue: float = 1.0
     zone_pue: Mapping[str, float] = field(default_factory=dict)
-    # power budgets by key (`policies.model.budget_of`): a zone's (`DE`: its nodes outside any
+    # power budgets by key (`policies.types.budget_of`): a zone's (`DE`: its nodes outside any
     # budgeted site) or a site's (`site:fra-dc2`: the nodes it lists), with their windows
     budgets: Mapping[str, ZoneBudget] = field(default_factory=dict)
     node_pue: Mapping[str, float] = field(default_factory=dict)  # [nodes.NAME] pue
     sites_pue: Mapping[str, float] = field(default_factory=dict)  # [sites.S] pue
     site_of: Mapping[str, str] = field(default_factory=dict)  # node -> its [sites.S]
-    # What operators allow of GPU power limits: `[power]` (policies.power_cap.CapBounds).
+    # What operators allow of GPU power limits: `[power]` (policies.pricing.power_cap.CapBounds).
     caps: Any = None
 
     @classmethod
@@ -85,7 +85,7 @@ class SiteConfig:
                 budgets[str(zone)] = budget
         sites_pue, site_of, site_budgets = _sites(config.get("sites") or {})
         node_pue = _nodes(config.get("nodes") or {})
-        from policies.power_cap import CapBounds
+        from policies.pricing.power_cap import CapBounds
 
         return cls(site_pue=site_pue, zone_pue=pue, budgets={**budgets, **site_budgets}, node_pue=node_pue,
                    sites_pue=sites_pue, site_of=site_of, caps=CapBounds.from_config(config))

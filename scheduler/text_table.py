@@ -32,7 +32,7 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 def significant(v: float, digits: int = 3) -> str:
     """`v` to `digits` significant digits, never in exponent notation (0.0000482, not
-    4.82e-05; 1510, not 1.51e+03). The CLI's twin of `policies.model.sig`: a command starts
+    4.82e-05; 1510, not 1.51e+03). The CLI's twin of `policies.types.sig`: a command starts
     on the standard library alone, so it cannot import `policies` (tests/project/test_layout.py),
     and `policies` may not import `scheduler`; tests/cli/test_report_cli.py holds them equal."""
     text = format(v, f".{digits}g")

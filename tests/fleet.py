@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import insert, select
 
-from policies.catalog import parse_fleet
+from policies.model.catalog import parse_fleet
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.store.models import gpus, jobs, nodes

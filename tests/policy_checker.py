@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import timedelta
 
-from policies.catalog import catalog
-from policies.model import Plan, Snapshot
+from policies.model.catalog import catalog
+from policies.types import Plan, Snapshot
 
 # A GPU busy with a running job draws idle + 80% of (TDP - idle) until it frees (the
 # documented rule for running jobs under a site power cap).
@@ -115,7 +115,7 @@ def score(plan: Plan) -> tuple[int, int, float]:
 def _fastest_latency_ms(workload: str | None, model: str, k: int) -> float | None:
     """For a performance-model workload: the lowest per-prompt p95 latency of any point of it
     that fits on k GPUs of `model` (a TP degree dividing k); None for other workloads."""
-    from policies.perf_model import frontier, parts, presets
+    from policies.model.perf_model import frontier, parts, presets
 
     w = presets().get(workload or "")
     if w is None or w.kind != "inference" or model not in parts() or not parts()[model].supports(w.precision):

@@ -32,9 +32,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from policies.energy import ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
-from policies.model import Assignment, Plan, QueuedJob, Snapshot
-from policies.segments import idle_power_w
+from policies.model.energy import ProfileBook, fits, generic_power_w, job_gco2, job_shape, seed_profiles
+from policies.types import Assignment, Plan, QueuedJob, Snapshot
+from policies.problem.segments import idle_power_w
 
 log = logging.getLogger(__name__)
 

@@ -42,12 +42,12 @@ def main(argv: list[str]) -> int:
     in_path, out_path, name = argv[:3]
     params = json.loads(argv[3]) if len(argv) > 3 else {}
     import numpy  # noqa: F401  (imports before the baseline, as a long-lived planner has them)
-    import policies.cpsat  # noqa: F401
-    import policies.fifo  # noqa: F401
-    import policies.greedy  # noqa: F401
-    import policies.problem  # noqa: F401
+    import policies.solvers.cpsat  # noqa: F401
+    import policies.solvers.fifo  # noqa: F401
+    import policies.solvers.greedy  # noqa: F401
+    import policies.problem.instance  # noqa: F401
     from policies.base import get_policy
-    from policies.energy import seed_profiles
+    from policies.model.energy import seed_profiles
 
     seed_profiles()  # the performance model's fit and seed points: the daemon's planner process makes them at start
     baseline_mb = _rss_mb()

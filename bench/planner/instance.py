@@ -36,8 +36,8 @@ from datetime import datetime, timedelta, timezone
 import os
 from pathlib import Path
 
-from policies.catalog import catalog
-from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
+from policies.model.catalog import catalog
+from policies.types import CarbonCurve, GpuSlot, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ SLACK_MAX_S = 24 * 3600.0
 MEMORY_BANDS = ((0.55, 8.0, 80.0), (0.25, 80.0, 141.0), (0.12, 141.0, 180.0), (0.08, 180.0, 256.0))
 WORKLOAD_FRACTION = 0.4
 # The workload classes jobs draw from: the seed classes of the planner bench since session 1
-# (presets of policies.perf_model), kept fixed so the random draws stay those of earlier runs.
+# (presets of policies.model.perf_model), kept fixed so the random draws stay those of earlier runs.
 # The fleet's GPU models: the catalog's seven when the benchmark was built, kept fixed. The
 # catalog since lists 14 parts (PCIe, NVL, 40GB, GH200, MI300A rows); taking all of them
 # broke the coverage above (14 and 4 are not coprime: each model sat in only 2 of the 4
@@ -142,7 +142,7 @@ def load_hourly(carbon_dir: Path, zone_dir: str, year: int) -> tuple[str, dict[d
 
 def generate(spec: InstanceSpec) -> Instance:
     """Build the instance for `spec`; the same spec always gives an equal snapshot."""
-    from policies.energy import ProfileBook, fits, job_shape, seed_profiles
+    from policies.model.energy import ProfileBook, fits, job_shape, seed_profiles
 
     rng = random.Random(f"carbonsched-bench-planner:{spec.seed}:{spec.jobs}x{spec.gpus}")
     models = spec.models or MODELS
@@ -322,7 +322,7 @@ def _slo_ms(book, workload: str, models: tuple[str, ...], pick: float) -> float 
 
 def _job_prompts_per_s(job: QueuedJob, book) -> float:
     """The job's prompts per second on its k reference GPUs (`energy.job_shape`'s figure)."""
-    from policies.energy import job_shape
+    from policies.model.energy import job_shape
 
     probe = replace(job, prompts=10**9)  # large: job_shape clamps runtimes below 1 s
     return 10**9 / job_shape(probe, REFERENCE_MODEL, book, 3600.0).runtime_s

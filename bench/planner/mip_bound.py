@@ -1,6 +1,6 @@
 """The integer time-indexed model, solved by a MIP solver that proves a dual bound.
 
-`policies.lp_relaxation` bounds every plan by the LP relaxation of the time-indexed model; this module
+`policies.solvers.lp_relaxation` bounds every plan by the LP relaxation of the time-indexed model; this module
 solves the same model with integer x (SCIP through MathOpt, single-threaded) for a time
 limit and reports the best integer solution found and the best proven bound. The proven
 MIP bound is also a lower bound on every plan the LP bound covers (the same relaxations:
@@ -27,7 +27,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from policies.lp_relaxation import LpInstance, _Pricer
+from policies.solvers.lp_relaxation import LpInstance, _Pricer
 
 log = logging.getLogger(__name__)
 

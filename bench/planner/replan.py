@@ -22,8 +22,8 @@ from datetime import timedelta
 
 from bench.planner.check import book_of, check_plan
 from bench.planner.instance import InstanceSpec, generate
-from policies.energy import job_shape
-from policies.model import Assignment, Plan
+from policies.model.energy import job_shape
+from policies.types import Assignment, Plan
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 For each size the instance is generated (deterministic for the seed), pickled, and every
 policy setting runs once in a fresh subprocess (`bench.planner.child`). The plans come back
 and are judged here by `check.check_plan` (independent feasibility and gCO2). Then the LP
-bound is solved for the same snapshot (`policies.lp_relaxation`), and the targets are judged.
+bound is solved for the same snapshot (`policies.solvers.lp_relaxation`), and the targets are judged.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from bench.planner.check import check_plan
 from bench.planner.instance import Instance, InstanceSpec, generate
-from policies.lp_relaxation import LpResult, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound
-from policies.model import J_PER_KWH
+from policies.solvers.lp_relaxation import LpResult, cannot_meet_deadline, lp_instance, round_solution, solve_lp_bound
+from policies.types import J_PER_KWH
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def bench_size(spec: InstanceSpec, runs: tuple[RunSetting, ...], *, lp_time_s: f
                lp_block: int | None = None, mip_time_s: float = 0.0, child_timeout_s: float = 600.0,
                progress: Callable[[str], None] = lambda line: None) -> SizeResult:
     """Everything for one size (see the module docstring)."""
-    from policies.problem import compile_problem
+    from policies.problem.instance import compile_problem
 
     t0 = time.perf_counter()
     inst: Instance = generate(spec)

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import String, and_, case, extract, func, literal, literal_column, or_, select, type_coerce
 
-from policies.model import J_PER_KWH
+from policies.types import J_PER_KWH
 from scheduler.accounting.config import AccountingConfig
 from scheduler.accounting.figures import difference, intensity_g_per_kwh
 from scheduler.accounting.ledger import FINISHED
@@ -54,7 +54,7 @@ class JobSums:
                 "node": j.node, "day": self._day()}[by]
 
     def _cost_expr(self, runtime_s):
-        from policies.catalog import catalog
+        from policies.model.catalog import catalog
 
         j = jobs.c
         rates = [(j.gpu_model == name, self.config.gpu_usd_per_hour(spec.list_price_usd))

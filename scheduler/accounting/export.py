@@ -8,7 +8,7 @@ from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 
 
-from policies.counterfactual import RULE_SHORT
+from policies.pricing.counterfactual import RULE_SHORT
 from scheduler.accounting.aggregate import JobSums, kg_by_signal, shares, signal_figures, signal_key, work_figures
 from scheduler.accounting.figures import iso
 from scheduler.accounting.ledger import Ledger

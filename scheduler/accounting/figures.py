@@ -1,11 +1,11 @@
 """The small definitions every accounting figure shares: the one definition of an intensity
-(joules per kWh: `policies.model.J_PER_KWH`), ISO times as receipts and reports print them, a difference without noise."""
+(joules per kWh: `policies.types.J_PER_KWH`), ISO times as receipts and reports print them, a difference without noise."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from policies.model import J_PER_KWH
+from policies.types import J_PER_KWH
 
 
 def intensity_g_per_kwh(gco2: float | None, facility_energy_j: float | None) -> float | None:

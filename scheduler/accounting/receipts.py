@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from policies.counterfactual import RULE_SHORT
-from policies.model import J_PER_KWH, sig
+from policies.pricing.counterfactual import RULE_SHORT
+from policies.types import J_PER_KWH, sig
 from scheduler.accounting.figures import difference, iso
 from scheduler.accounting.ledger import FINISHED, Ledger
 from scheduler.accounting.measurement import describe_measurement
@@ -50,7 +50,7 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     tokens, tokens_source = _work(job.get("reported_output_tokens"), job.get("tokens"))
     est, cf_est = job.get("est_gco2"), job.get("est_gco2_if_now")
     # "Had it run at once": the plan compared its choice (est_gco2) with the counterfactual of
-    # policies.counterfactual (est_gco2_if_now: the job alone at submission on the earliest free,
+    # policies.pricing.counterfactual (est_gco2_if_now: the job alone at submission on the earliest free,
     # fastest fitting GPUs, tied zones/models averaged), both by its own model. Measured emissions are scaled
     # by that ratio, so a receipt never compares a measurement with an estimate (energy
     # estimates are off by tens of % for short jobs); without the plan's own estimate the raw
@@ -112,7 +112,7 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
         "saving_pct": _per(saving, counterfactual, 100.0) if counterfactual else None,
         "plan_saving_gco2": difference(cf_est, est),
         "gco2_if_started_at_submit": shift.gco2 if shift is not None else None,
-        # The operating point the plan chose (policies.operating_point), and why; null: none.
+        # The operating point the plan chose (policies.model.operating_point), and why; null: none.
         "operating_point": operating_point(job),
         # The GPU power limit (issue 29): planned, applied (null: ran at the default) and why
         # not, with the plan's estimate at the default limit beside the capped one.
@@ -204,7 +204,7 @@ class Receipts:
         return build_receipt(job, run, signal=values["gco2_signal"], shift=shift, cost_usd=cost)
 
     def cost_usd(self, job: dict) -> float | None:
-        from policies.catalog import catalog
+        from policies.model.catalog import catalog
 
         spec = catalog().get(job.get("gpu_model") or "")
         hours = (job["ended_at"] - job["started_at"]).total_seconds() / 3600 * (job.get("gpus") or 0)

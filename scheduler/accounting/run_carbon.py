@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from policies.model import J_PER_KWH
+from policies.types import J_PER_KWH
 from scheduler.accounting.figures import intensity_g_per_kwh
 from scheduler.timeparse import utc_aware
 from telemetry.energy import Sample, integrate_power

@@ -256,7 +256,7 @@ def _setup_logging(level: str) -> None:
 
 
 def _cap_bounds(whole):
-    from policies.power_cap import CapBounds
+    from policies.pricing.power_cap import CapBounds
 
     return CapBounds.from_config(whole)
 

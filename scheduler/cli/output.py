@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 
-from policies.model import J_PER_KWH
+from policies.types import J_PER_KWH
 from scheduler.text_table import printable, significant, table
 from scheduler.timeparse import format_duration
 

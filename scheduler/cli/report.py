@@ -154,7 +154,7 @@ def _num(v, fmt: str) -> str:
 
 
 def report_table(data: dict) -> str:
-    from policies.counterfactual import RULE_SHORT
+    from policies.pricing.counterfactual import RULE_SHORT
     from scheduler.cli.output import local_time
     from scheduler.text_table import table
 

@@ -326,7 +326,7 @@ def _file_inputs(args, config: dict):
 
 
 def _check_workload(workload: str) -> None:
-    from policies.energy import ProfileBook, seed_profiles
+    from policies.model.energy import ProfileBook, seed_profiles
 
     known = ProfileBook(seed_profiles()).workloads()
     if workload not in known:

@@ -5,7 +5,7 @@ A job that no GPU of the cluster can ever take (too many GPUs or too much memory
 node, an SLO no operating point meets, an explicit `--time-limit` below its estimated
 runtime on every model) would wait PENDING for ever; it is refused at once with the reason
 per GPU model, exit 2 at the CLI, and nothing is stored. The rules are the planner's own
-(`policies.feasibility`, over `policies.energy`'s `fits` / `within_time_limit`), applied to
+(`policies.pricing.feasibility`, over `policies.model.energy`'s `fits` / `within_time_limit`), applied to
 the registered GPUs, with the same profile book (seeds plus what this cluster learned).
 
 GPUs count in two ways:
@@ -19,7 +19,7 @@ GPUs count in two ways:
 A job that only this cluster's learned profiles would refuse, where the seed model says it
 fits (issue 48: one user's runs taught a profile that shuts everyone else's jobs out), is
 accepted with a warning that says so: the planner plans it with the seeds
-(`policies.feasibility.learned_refusal`).
+(`policies.pricing.feasibility.learned_refusal`).
 
 With no GPU registered yet, the catalog stands in for the fleet (any known model, up to 1024
 per node): a job no known GPU model could take is still refused.
@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from policies.catalog import catalog
-from policies.model import QueuedJob
+from policies.model.catalog import catalog
+from policies.types import QueuedJob
 from scheduler.clock import utcnow
 from scheduler.store import Store
 from scheduler.store.models import gpus, nodes
 from scheduler.timeparse import format_duration
 
 if TYPE_CHECKING:  # numpy-backed: imported on first use, not with the API
-    from policies.energy import ProfileBook
-    from policies.feasibility import GpuKind
+    from policies.model.energy import ProfileBook
+    from policies.pricing.feasibility import GpuKind
 
 MAX_GPUS = 1024
 INVENTORY_TTL_S = 5.0  # the inventory and profiles change rarely, submits come often
@@ -132,7 +132,7 @@ class Admission:
         now = self._monotonic()
         if self._cached is not None and now - self._cached[0] < self._ttl_s:
             return self._cached[1]
-        from policies.energy import ProfileBook, seed_profiles
+        from policies.model.energy import ProfileBook, seed_profiles
         from scheduler.profiles import learned_profiles
 
         fresh_after = self._clock() - timedelta(seconds=self.node_timeout_s)
@@ -155,7 +155,7 @@ class Admission:
         """Raise Refused if no GPU of the cluster can ever take `job`; else a warning (None:
         GPUs in service can take it). `estimated`: the user gave a runtime or a prompt count
         (else the refusal says the planner's stand-in runtime decided it)."""
-        from policies.feasibility import kind_verdict, learned_refusal
+        from policies.pricing.feasibility import kind_verdict, learned_refusal
 
         if not 1 <= job.gpus <= MAX_GPUS:
             raise Refused(400, f"--gpus must be between 1 and {MAX_GPUS} (got {job.gpus})")
@@ -182,7 +182,7 @@ class Admission:
 
     def _check_models(self, job: QueuedJob, kinds: list[GpuKind], book: ProfileBook, estimated: bool) -> None:
         """Raise Refused(422) with the reason per GPU model if no kind can take `job`."""
-        from policies.feasibility import estimated_runtime_s, exclusions, unfit_text
+        from policies.pricing.feasibility import estimated_runtime_s, exclusions, unfit_text
 
         excluded = exclusions(job, kinds, book, self.default_runtime_s)
         if len(excluded) < len({k.model for k in kinds}):
@@ -198,13 +198,13 @@ class Admission:
         notes = []
         reasons = set(excluded.values())
         if "slo" in reasons:
-            from policies.energy import slo_text
+            from policies.model.energy import slo_text
 
             notes.append(f"no operating point meets {slo_text(job)}")
         if "time limit" in reasons:
             notes.append(f"the estimated runtime exceeds --time-limit {format_duration(job.time_limit_s)}")
             if not estimated:  # the planner's stand-in runtime on the reference GPU
-                from policies.energy import REFERENCE_MODEL
+                from policies.model.energy import REFERENCE_MODEL
 
                 ran = format_duration(job.est_runtime_s or self.default_runtime_s)
                 notes.append(f"without --est-runtime the job is planned as running {ran} on an {REFERENCE_MODEL}: "
@@ -217,10 +217,10 @@ class Admission:
 def _seeded(job: QueuedJob, kinds: Sequence[GpuKind], book: ProfileBook,
             default_runtime_s: float) -> tuple[QueuedJob, str | None]:
     """`job` as the planner will plan it, and the warning to give: with its seed profiles
-    when the learned ones alone would refuse it (`policies.feasibility.learned_refusal`)."""
+    when the learned ones alone would refuse it (`policies.pricing.feasibility.learned_refusal`)."""
     from dataclasses import replace
 
-    from policies.feasibility import learned_refusal
+    from policies.pricing.feasibility import learned_refusal
 
     why = learned_refusal(job, kinds, book, default_runtime_s)
     if why is None:
@@ -233,7 +233,7 @@ def _joined(*warnings: str | None) -> str | None:
 
 
 def _kind(model: str, memory_gib: float, count: int) -> GpuKind:
-    from policies.feasibility import GpuKind
+    from policies.pricing.feasibility import GpuKind
 
     return GpuKind(model, memory_gib, count)
 

@@ -72,7 +72,7 @@ class JobReading:
         with self.store.read() as conn:
             self.access.visible_job(conn, caller, job_id)
             out = jobs_json(view_of(conn, self.store.dialect, job_id), gpu_map(conn))[0]
-            from policies.operating_point import has_latency_model
+            from policies.model.operating_point import has_latency_model
 
             # whether the workload's latency is modelled (its preset's SLOs apply); for `show`
             out["latency_model"] = has_latency_model(out["workload"])

@@ -45,13 +45,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from policies import Plan, Policy, QueuedJob, Snapshot
-from policies.guard import without
-from policies.margin import OVERRUN_BUSY_S
-from policies.model import Assignment, GpuSlot, Profile, budget_of
-from policies.ramp import WINDOW_S as RAMP_WINDOW_S
-from policies.finish import finish_plan
-from policies.ramp import RecentStart
-from policies.segments import horizon_for
+from policies.solvers.guard import without
+from policies.model.margin import OVERRUN_BUSY_S
+from policies.types import Assignment, GpuSlot, Profile, budget_of
+from policies.pricing.ramp import WINDOW_S as RAMP_WINDOW_S
+from policies.solvers.finish import finish_plan
+from policies.pricing.ramp import RecentStart
+from policies.problem.segments import horizon_for
 from scheduler import interruptible
 from scheduler.carbon_curves import DEFAULT_CARBON_TTL_S, CarbonCurves
 from scheduler.carbon_signal import CarbonSignal
@@ -154,7 +154,7 @@ class Planner:
 
     def seed_profiles(self) -> tuple[Profile, ...]:
         if self._seed is None:
-            from policies.energy import seed_profiles
+            from policies.model.energy import seed_profiles
 
             self._seed = tuple(seed_profiles())
         return self._seed
@@ -177,7 +177,7 @@ class Planner:
         zones = sorted({s.zone for s in slots})
         carbon = self.curves.for_zones(zones, now)
         jobs_ = _seeded(self._queued_jobs(queued, pinned, now), slots, book, learned, self.default_runtime_s)
-        # interruptible jobs' windows may stretch it (policies.segments.horizon_for)
+        # interruptible jobs' windows may stretch it (policies.problem.segments.horizon_for)
         horizon_s = horizon_for(jobs_, now, self.horizon_s, self.slot_s)
         snapshot = Snapshot(
             now=now,
@@ -252,7 +252,7 @@ class Planner:
 
     def _expected_end(self, job, now: datetime, book=None, model: str | None = None) -> datetime:
         """When a running job's GPUs are expected free: its planned runtime stretched by the
-        deadline margin of its estimate (policies.margin), so that jobs planned after it keep
+        deadline margin of its estimate (policies.model.margin), so that jobs planned after it keep
         their deadlines when it runs somewhat long."""
         if job is None or job.started_at is None:
             return now + timedelta(seconds=OVERRUN_BUSY_S)
@@ -262,7 +262,7 @@ class Planner:
         runtime = (job.est_runtime_planned_s or job.est_runtime_s or job.time_limit_s
                    or self.default_runtime_s)
         if book is not None and model is not None and job.est_runtime_planned_s:
-            from policies.margin import job_margin
+            from policies.model.margin import job_margin
 
             runtime *= job_margin(job, model, book)
         end = job.started_at + timedelta(seconds=runtime)
@@ -278,14 +278,14 @@ class Planner:
         return snapshot, replace(plan, unplaced={**plan.unplaced, **waiting})
 
     def _finished(self, snapshot: Snapshot, plan: Plan) -> Plan:
-        """The policy's plan as it is committed (`policies.finish`): operating points, power
+        """The policy's plan as it is committed (`policies.solvers.finish`): operating points, power
         limits, the seed-profile note, and starts held back by the budgets' ramp limits (a
         zone's or a site's), the jobs that started in the last minute counted."""
         return finish_plan(snapshot, plan, ramps_w_per_min=ramps_of(self.site.budgets),
                            recent=lambda: self._recent_starts(snapshot.now))
 
     def _recent_starts(self, now: datetime) -> list[RecentStart]:
-        """The jobs that started in the last minute (`policies.ramp.WINDOW_S`) with their
+        """The jobs that started in the last minute (`policies.pricing.ramp.WINDOW_S`) with their
         budget and planned power."""
         since = now - timedelta(seconds=RAMP_WINDOW_S)
         with self.store.read() as conn:
@@ -378,9 +378,9 @@ def _seeded(queued: tuple[QueuedJob, ...], slots: list[GpuSlot], book, learned: 
             default_runtime_s: float) -> tuple[QueuedJob, ...]:
     """The queue with each job that this cluster's learned profiles alone would leave
     unplaceable on every GPU model of the fleet, where the seed profiles fit it, marked to be
-    planned with the seeds (issue 48; `policies.feasibility.learned_refusal`, as admission
+    planned with the seeds (issue 48; `policies.pricing.feasibility.learned_refusal`, as admission
     asks it at submit). Only jobs of a workload with learned profiles are asked."""
-    from policies.feasibility import gpu_kinds, learned_refusal
+    from policies.pricing.feasibility import gpu_kinds, learned_refusal
 
     workloads = {p.workload for p in learned}
     if not workloads or not any(j.workload in workloads for j in queued):
@@ -421,7 +421,7 @@ def plan_rows(snapshot: Snapshot, plan: Plan, blind_zones: Iterable[str] = ()) -
     DESIGN.md's `job, node, gpus, start, gco2, gco2_if_now, reason`, plus the GPU model and
     zone, estimated energy, runtime, finish and gCO2 per prompt, the binding constraint,
     whether the deadline is missed, whether the zone is planned carbon-blind and the
-    intensity it is priced blind at (`policies.blind`), the time limit (an explicit one, or
+    intensity it is priced blind at (`policies.pricing.blind`), the time limit (an explicit one, or
     one derived from the runtime on the chosen GPUs), and whether the job is pinned (it
     starts before the next tick, so its plan no longer moves).
     Unplaced jobs have nulls and the reason. GPUs are node-local indices.
@@ -541,6 +541,6 @@ def _estimate_changed(row, a) -> bool:
 
 def _book(profiles):
     """The planner's ProfileBook over `profiles` (imported here: the module loads without numpy)."""
-    from policies.energy import ProfileBook
+    from policies.model.energy import ProfileBook
 
     return ProfileBook(profiles)

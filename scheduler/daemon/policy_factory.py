@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from policies import Policy
 from policies.base import get_policy, parse_policy_spec
-from policies.guard import guarded_policy
+from policies.solvers.guard import guarded_policy
 
 MAX_CPSAT_TIME_LIMIT_S = 10.0
 SIMULATION_ONLY = {"oracle": "it needs perfect knowledge of future arrivals and of the actual "
@@ -27,7 +27,7 @@ def make_policy(name: str, *, plan_interval_s: float = 15.0) -> Policy:
     if "max_time_s" not in params and hasattr(get_policy(spec.name, **params), "max_time_s"):
         params["max_time_s"] = max(0.1, min(MAX_CPSAT_TIME_LIMIT_S, plan_interval_s / 2))
     # a policy that raises never fails a tick: jobs without any option are set aside first,
-    # then cpsat -> greedy -> fifo (policies.guard)
+    # then cpsat -> greedy -> fifo (policies.solvers.guard)
     return guarded_policy(spec.name, params)
 
 

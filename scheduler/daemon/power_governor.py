@@ -1,7 +1,7 @@
 """The head node's power governor: measured GPU power of each budgeted zone or site within its cap.
 
 A budget is a zone's (its nodes in no budgeted site) or a `[sites.S]`'s (the nodes it lists),
-keyed as in `policies.model.budget_of`; "zone" below means either.
+keyed as in `policies.types.budget_of`; "zone" below means either.
 
 The planner keeps *planned* power within each zone's budget (`scheduler.power_budget`), but a
 plan is an estimate: a job can draw more than its profile said, a window can begin while
@@ -31,8 +31,8 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Connection, select
 
-from policies.model import budget_text
-from policies.power_cap import CapBounds
+from policies.types import budget_text
+from policies.pricing.power_cap import CapBounds
 from scheduler.jobs.store import running_power_limits, set_planned_power_limit
 from scheduler.lifecycle import State, record_events
 from scheduler.power_budget import ZoneBudget

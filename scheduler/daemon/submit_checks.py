@@ -39,7 +39,7 @@ LEARNED_TTL_S = 5.0  # how long the learned workload names are cached for submit
 
 WORKLOAD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}\Z")
 CUSTOM_WORKLOAD_RE = re.compile(r"^custom:[a-z0-9][a-z0-9_.-]{0,55}\Z")  # a class of one's own, no model
-PARAMETRIC_WORKLOAD_RE = re.compile(r"^llm:[a-z0-9_.,=]{1,60}\Z")  # policies.operating_point.parse_spec
+PARAMETRIC_WORKLOAD_RE = re.compile(r"^llm:[a-z0-9_.,=]{1,60}\Z")  # policies.model.operating_point.parse_spec
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 NAME_RE = re.compile(r"^[\w .,:@+=/-]{1,255}\Z")
 # Set by carbonsched itself; a user may not override them.
@@ -288,7 +288,7 @@ class KnownWorkloads:
         """A plain workload name must be one the model or this cluster knows: a typo
         (`llm-chat-7b`) would otherwise be planned as nothing in particular while `show`
         promised the workload's defaults (issue 28). Own classes are `custom:NAME`."""
-        from policies.perf_model import preset_names
+        from policies.model.perf_model import preset_names
 
         known = set(preset_names()) | self._learned_workloads()
         if workload in known:
@@ -381,7 +381,7 @@ def _optional_number(v: object, field: str) -> float | None:
 def _check_latency_model(workload: str | None, slos: dict[str, float | None]) -> None:
     """A parametric workload must parse, and an SLO needs a workload with a latency model:
     planned without one, the SLO would bind nothing (issue 18), so such a job is refused."""
-    from policies.operating_point import WorkloadSpecError, has_latency_model, latency_model_names, parse_spec
+    from policies.model.operating_point import WorkloadSpecError, has_latency_model, latency_model_names, parse_spec
 
     if workload is not None and workload.startswith("llm:"):
         try:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import NamedTuple
 
-from policies.model import QueuedJob
+from policies.types import QueuedJob
 from scheduler import interruptible
 from scheduler.lifecycle import State
 
@@ -92,12 +92,12 @@ def _utc(text: str | None) -> datetime | None:
 def queued_job(job: Job, default_runtime_s: float, *, now: datetime | None = None, pinned: bool = False,
                as_one_piece: bool = False) -> QueuedJob:
     """The job as the policies see it. Its runtime is the one it is planned with
-    (`policies.feasibility.planning_runtime_s`); an explicit --time-limit binds the plan, a
+    (`policies.pricing.feasibility.planning_runtime_s`); an explicit --time-limit binds the plan, a
     derived one follows it. `now`: a job submitted after the tick's clock was read (a loaded
     host, a row committed between the clock and the query) is released now, not at the next
     slot its later submission time would round up to. `as_one_piece`: leave its
     interruptible fields out (admission asks whether any GPU can run the job at all)."""
-    from policies.feasibility import planning_runtime_s
+    from policies.pricing.feasibility import planning_runtime_s
 
     return QueuedJob(job.id, job.gpus, job.gpu_mem_gib,
                      job.submitted_at if now is None else min(job.submitted_at, now),

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import (Connection, Row, Select, String, and_, bindparam, case, func, insert, literal, null, or_,
                         select, type_coerce, update)
 
-from policies.model import Assignment, Estimate
+from policies.types import Assignment, Estimate
 from scheduler import interruptible
 from scheduler.job_specs import BEGIN_REASON, HELD_REASON, OPERATOR_HELD_REASON
 from scheduler.jobs.job import RAW_JSON, RAW_TIMES, Job, job_from_row

@@ -11,9 +11,9 @@ plans).
 When the agent starts a job on emulated GPUs, `JobEmulation.begin`:
 
 * asks the truth for the job's runtime and power on that GPU model, given the shape the seed
-  profiles give it (`policies.energy.job_shape` over `seed_profiles()`: the planner's figures
+  profiles give it (`policies.model.energy.job_shape` over `seed_profiles()`: the planner's figures
   before it learned anything, so the truth never drifts with what is learned), moved to the
-  operating point the plan chose (`policies.energy.point_change`: a job planned at batch 256
+  operating point the plan chose (`policies.model.energy.point_change`: a job planned at batch 256
   runs as the performance model says batch 256 runs, where the seed shape is at batch 512);
 * sets each of the job's GPUs to draw the truth's power (`EmulatedBackend.set_busy_power_w`);
 * tells the job how long its work takes, since a job is a real process that the emulator
@@ -37,10 +37,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from policies.energy import ProfileBook, job_shape, point_change, seed_profiles
-from policies.model import QueuedJob
-from policies.perf_model import OperatingPoint
-from policies.power_cap import capped
+from policies.model.energy import ProfileBook, job_shape, point_change, seed_profiles
+from policies.types import QueuedJob
+from policies.model.perf_model import OperatingPoint
+from policies.pricing.power_cap import capped
 from scheduler.simulate.truth import Truth, parse_truth
 from telemetry.gpu import EmulatedBackend, GpuBackend
 
@@ -97,7 +97,7 @@ class JobEmulation:
         """Set the job's GPUs to draw the truth's power in their busy period (the agent marks
         them busy once the job is launched) and return the environment the job is told its
         pace by. Under a power limit below the truth's draw the GPUs draw the limit and the
-        job is told the slower pace of the cap response (`policies.power_cap`)."""
+        job is told the slower pace of the cap response (`policies.pricing.power_cap`)."""
         try:
             run = self.run_of(job, model, len(uuids))
         except (ValueError, ArithmeticError) as e:  # never fail a launch over the emulation

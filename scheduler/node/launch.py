@@ -108,7 +108,7 @@ def _identity_env(uid: int, name: str) -> dict[str, str]:
 
 
 def operating_point_env(max_batch: int | None, precision: str | None, tp: int | None) -> dict[str, str]:
-    """The planned operating point for the job's serving engine (policies.operating_point):
+    """The planned operating point for the job's serving engine (policies.model.operating_point):
     CARBONSCHED_MAX_BATCH (vLLM max_num_seqs), CARBONSCHED_PRECISION (bf16, fp8, fp4) and
     CARBONSCHED_TP (tensor-parallel degree; the job's GPUs / TP are data-parallel replicas).
     Empty when the plan has none (no performance-model workload)."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from policies.catalog import parse_fleet
+from policies.model.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
 from scheduler.clock import utcnow
 from scheduler.node.agent import Agent

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, insert, select, update
 
-from policies.catalog import match_device_name, nominal_memory_gib
+from policies.model.catalog import match_device_name, nominal_memory_gib
 from scheduler.node.power_limits import PowerLimits
 from scheduler.store import Store
 from scheduler.store.models import gpus, nodes

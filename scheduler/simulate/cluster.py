@@ -13,7 +13,7 @@ Format (DESIGN.md, plus optional site-wide settings):
     power_cap_w = 20000
     pue = 1.15                          # default PUE of the zone's nodes without their own
     static_power_w = 3000               # the site's draw besides its GPUs, against every cap
-    ramp_w_per_min = 5000               # at most this much new GPU load a minute (policies.ramp)
+    ramp_w_per_min = 5000               # at most this much new GPU load a minute (policies.pricing.ramp)
     power_schedule = "de-events.csv"    # dated events (start,end,cap_w), relative to this file
     [[zone.DE.power_windows]]           # a daily window (UTC) with its own cap, as in the
     start = "17:00"                     # daemon's [[zones.Z.power_windows]]
@@ -47,8 +47,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from policies.catalog import lookup, parse_fleet
-from policies.model import GpuSlot, PowerCap, site_budget
+from policies.model.catalog import lookup, parse_fleet
+from policies.types import GpuSlot, PowerCap, site_budget
 from scheduler.power_budget import ZoneBudget, parse_zone_budget
 from scheduler.site import default_pue
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from policies.energy import job_shape
-from policies.model import Assignment, GpuSlot
+from policies.model.energy import job_shape
+from policies.types import Assignment, GpuSlot
 from scheduler.simulate.execution import Execution
 from scheduler.simulate.records import EPS_S, JobRecord
 from scheduler.simulate.state import SimState
@@ -96,8 +96,8 @@ class Dispatcher:
 
 def _run_capped(r: JobRecord, first: GpuSlot, n_gpus: int, shape) -> None:
     """The agent sets the job's GPU power limit; the job runs (and was planned) by the cap response."""
-    from policies.catalog import lookup
-    from policies.power_cap import capped
+    from policies.model.catalog import lookup
+    from policies.pricing.power_cap import capped
 
     vendor = lookup(first.model).vendor
     n = max(1, n_gpus)
@@ -121,6 +121,6 @@ def _plan_segments(r: JobRecord, a: Assignment, first: GpuSlot, n_gpus: int, sta
         # last one's (pause)
         r.planned_runtime_s = r.segments[-1][1] - start_s
         if job.interruptible == "pause":
-            from policies.segments import idle_power_w
+            from policies.problem.segments import idle_power_w
 
             r.idle_w = idle_power_w(first.model, n_gpus)

@@ -38,7 +38,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from policies.model import QueuedJob
+from policies.types import QueuedJob
 
 GAIA_SHORT_QUEUE_S = 7200.0  # GAIA's short queue: jobs up to 2 h (umassos/GAIA src/task.py)
 ROUND_VALUES_S = (1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)  # 30 min ... 1 d

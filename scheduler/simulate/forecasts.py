@@ -60,7 +60,7 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from policies.model import CarbonCurve, Climatology
+from policies.types import CarbonCurve, Climatology
 from scheduler.carbon_climatology import LOOKBACK_DAYS, Climatologies
 from scheduler.carbon_curves import zone_curve
 from scheduler.carbon_signal import LEVEL_REPLAYED, CarbonForecast, ForecastGrid, IntensityValue

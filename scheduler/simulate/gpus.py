@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from policies.margin import OVERRUN_BUSY_S
-from policies.model import GpuSlot, QueuedJob
+from policies.model.margin import OVERRUN_BUSY_S
+from policies.types import GpuSlot, QueuedJob
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.records import EPS_S, JobRecord, at
 
@@ -19,7 +19,7 @@ class GpuLedger:
     to end (`free_at`), the jobs reserved on it in commit order and the job really running.
 
     `margin(record)` is the deadline margin a running job's planned runtime is stretched by
-    (`policies.margin.job_margin`, with what the planner knows now).
+    (`policies.model.margin.job_margin`, with what the planner knows now).
     """
 
     def __init__(self, cluster: ClusterSpec, records: list[JobRecord], margin: Callable[[JobRecord], float]) -> None:

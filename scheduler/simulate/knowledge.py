@@ -1,12 +1,12 @@
 """What the simulated planner knows of jobs and GPUs, and learns as jobs finish.
 
-- **Profiles**: the workload profiles the energy model plans with (`policies.energy`); with
+- **Profiles**: the workload profiles the energy model plans with (`policies.model.energy`); with
   `SimSettings.learn` each finished job's measured runtime and energy are folded into them
-  (`policies.learning`), as the daemon's agents do. The truth stays anchored on the
+  (`policies.model.learning`), as the daemon's agents do. The truth stays anchored on the
   scenario's own profiles (`base_book`).
 - **Estimate correction** (`SimSettings.correct_estimates`): each finished runtime-given
   job's real / estimated runtime is learned per estimate class
-  (`policies.runtime_correction`); later estimates of the class are scaled by the median
+  (`policies.model.runtime_correction`); later estimates of the class are scaled by the median
   ratio and carry its spread (`QueuedJob.runtime_rel_uncertainty`) and the quantiles of its
   ratios (`QueuedJob.length_spread`).
 """
@@ -17,10 +17,10 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from policies.energy import ProfileBook, job_shape, seed_profiles
-from policies.margin import PRIOR_REL_UNCERTAINTY, job_margin, pooled_variance
-from policies.model import QueuedJob
-from policies.runtime_correction import correction_for, estimate_class
+from policies.model.energy import ProfileBook, job_shape, seed_profiles
+from policies.model.margin import PRIOR_REL_UNCERTAINTY, job_margin, pooled_variance
+from policies.types import QueuedJob
+from policies.model.runtime_correction import correction_for, estimate_class
 from scheduler.simulate.estimates import estimated
 from scheduler.simulate.records import JobRecord
 
@@ -46,12 +46,12 @@ class Knowledge:
         self._shapes: dict[tuple[int, str, float | None], object] = {}
 
     def margin(self, r: JobRecord) -> float:
-        """The deadline margin of a committed job's planned runtime on its GPUs (`policies.margin`)."""
+        """The deadline margin of a committed job's planned runtime on its GPUs (`policies.model.margin`)."""
         return job_margin(r.job, r.model, self.book, self.estimate_margin)
 
     def seen(self, idx: int, r: JobRecord) -> QueuedJob:
         """The job of record `r` (index `idx`) as the planner sees it now: its estimate,
-        corrected by what the runs of its estimate class taught (`policies.runtime_correction`)."""
+        corrected by what the runs of its estimate class taught (`policies.model.runtime_correction`)."""
         if not self.correct or self._seen_version.get(idx) == self._est_version:
             return r.job
         self._seen_version[idx] = self._est_version
@@ -60,7 +60,7 @@ class Knowledge:
             return r.job
         c = correction_for(estimate_class(base.workload, base.est_runtime_s), self._est_runs)
         spread = c.rel_spread if c.samples >= 2 and math.isfinite(c.rel_spread) else PRIOR_REL_UNCERTAINTY
-        # one run's error, pooled with the prior as PRIOR_RUNS pseudo-runs (policies.margin's
+        # one run's error, pooled with the prior as PRIOR_RUNS pseudo-runs (policies.model.margin's
         # rule; every run of the class counts, no window, and no standard error is added)
         u = math.sqrt(pooled_variance(spread, float(c.samples)))
         r.correction = c.factor
@@ -69,7 +69,7 @@ class Knowledge:
         return r.job
 
     def shape(self, job: QueuedJob, model: str):
-        """The job's planned runtime and power on `model` (`policies.energy.job_shape`), cached."""
+        """The job's planned runtime and power on `model` (`policies.model.energy.job_shape`), cached."""
         key = (job.id, model, job.est_runtime_s)  # a corrected estimate is another shape
         shape = self._shapes.get(key)
         if shape is None:
@@ -84,8 +84,8 @@ class Knowledge:
         """Fold a finished job's measured runtime and energy into the profiles the planner
         uses, as the daemon's agents do (only jobs with a workload class and prompts teach).
         `workload_of(job_id)`: the workload of a job, whose cached shapes a lesson drops."""
-        from policies.energy import seed_equivalent_run
-        from policies.learning import Run, learned_by_model
+        from policies.model.energy import seed_equivalent_run
+        from policies.model.learning import Run, learned_by_model
 
         job = r.job
         run_s = (r.end_s or 0.0) - (r.start_s or 0.0)

@@ -29,8 +29,8 @@ import math
 import statistics
 from collections import defaultdict
 
-from policies.catalog import lookup
-from policies.model import J_PER_KWH
+from policies.model.catalog import lookup
+from policies.types import J_PER_KWH
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.records import PolicyRun
 
@@ -88,7 +88,7 @@ def summarize(run: PolicyRun, cluster: ClusterSpec) -> dict:
         "max_wait_s": max(waits) if waits else None,
         "deadline_misses": misses,
         "lateness_s": sum(late),
-        # GPU-hours late: what the price of lateness (policies.lateness) charges
+        # GPU-hours late: what the price of lateness (policies.pricing.lateness) charges
         "late_gpu_h": sum(len(r.gpu_ids) * (r.end_s - r.deadline_s) for r in done
                           if r.deadline_s is not None and r.end_s > r.deadline_s + 1e-6) / 3600.0,
         "gpu_hours": {m: v / 3600.0 for m, v in sorted(busy_by_model.items())},

@@ -5,7 +5,7 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
 - **Arrivals**: each job joins the queue at its submit time. Like the daemon, a submit wakes
   the planner (`wake_on_submit`; arrivals at the same instant share one wake-up).
 - **Planner ticks** every `plan_interval_s` (the daemon's `--plan-interval`; 15 min by
-  default here). A tick builds a `policies.model.Snapshot` exactly as the daemon's planner
+  default here). A tick builds a `policies.types.Snapshot` exactly as the daemon's planner
   does: the queued jobs, every GPU with `busy_until` (the end of the work already given to
   it), one forecast `CarbonCurve` per zone issued by the forecast model at the tick time,
   the PUE per zone, the workload profiles and the site power caps. It calls
@@ -27,24 +27,24 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
   free; if a job that overran still holds them (as on a real node) it goes back to the queue
   and the planner places it again at once. It runs for the runtime, at
   the mean power, that the *truth* gives (`scheduler.simulate.truth`: by default the energy
-  model the policies plan with, `policies.energy.job_shape`; `noisy:SIGMA` or a profiles file
+  model the policies plan with, `policies.model.energy.job_shape`; `noisy:SIGMA` or a profiles file
   make the planner's estimates wrong). The planner sees a GPU busy until the job's *planned*
   end (then, while it overruns, for another minute at a time, as the daemon does); a tick
   that finds a job running past its planned end (with its deadline margin) takes the jobs
   committed behind it on its GPUs back into the queue and plans them again, so they can
   move to free GPUs instead of waiting for it. With
   `learn` each finished job's measured runtime and energy are folded into the profiles it
-  plans with (`policies.learning`), as the daemon's agents do.
+  plans with (`policies.model.learning`), as the daemon's agents do.
 - **Runtime estimates** (`estimate`, `scheduler.simulate.estimates`): a job whose length is a
   runtime is planned with an *estimate* of it (exact, GAIA's class mean, a per-job lognormal
   error, or a user's rounded-up request) and runs its real length; the policies only ever
   see the estimate. With `correct_estimates` (on whenever the estimate is not exact) each
   finished job's real / estimated runtime is learned per estimate class
-  (`policies.runtime_correction`): later estimates of the class are scaled by the median
+  (`policies.model.runtime_correction`): later estimates of the class are scaled by the median
   ratio and carry its spread as `QueuedJob.runtime_rel_uncertainty`, which widens their
-  deadline margin (`policies.margin`), and the quantiles of the class's ratios as
+  deadline margin (`policies.model.margin`), and the quantiles of the class's ratios as
   `QueuedJob.length_spread`, by which the job is priced at its expected grams
-  (`policies.length_spread`; `price_length_spread`). The oracle, a bound with perfect knowledge, is
+  (`policies.model.length_spread`; `price_length_spread`). The oracle, a bound with perfect knowledge, is
   planned with the real lengths.
 - **Metering**: a site meter per zone integrates the simulated power over time;
   emissions are that power x PUE x the zone's *actual* intensity. Decisions only ever see
@@ -71,7 +71,7 @@ from collections.abc import Callable
 import simpy
 
 from policies.base import Policy
-from policies.model import QueuedJob
+from policies.types import QueuedJob
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.dispatch import Dispatcher
 from scheduler.simulate.estimates import EstimateModel, parse_estimate
@@ -107,8 +107,8 @@ class Simulation:
         self.cluster = cluster
         self.settings = settings
         if isinstance(policy, str):
-            # as in the daemon: a policy that raises never fails a tick (policies.guard)
-            from policies.guard import guarded_policy
+            # as in the daemon: a policy that raises never fails a tick (policies.solvers.guard)
+            from policies.solvers.guard import guarded_policy
 
             policy = guarded_policy(policy, policy_params)
         # else any object with .name and .plan(snapshot) (tests, experiments)

@@ -8,9 +8,9 @@ import logging
 import math
 import time
 
-from policies.finish import finish_plan
-from policies.model import Assignment, QueuedJob, Snapshot
-from policies.segments import horizon_for
+from policies.solvers.finish import finish_plan
+from policies.types import Assignment, QueuedJob, Snapshot
+from policies.problem.segments import horizon_for
 from scheduler.simulate.dispatch import Dispatcher
 from scheduler.simulate.execution import Execution
 from scheduler.simulate.forecasts import ForecastModel
@@ -63,7 +63,7 @@ class TickPlanner:
         self._last_plan = moment
         self.replan_behind_overruns(now_s)
         jobs = tuple(state.knowledge.seen(i, state.records[i]) for i in state.queue.values())
-        # interruptible jobs' windows may stretch it (policies.segments.horizon_for)
+        # interruptible jobs' windows may stretch it (policies.problem.segments.horizon_for)
         horizon = horizon_for(jobs, at(now_s), self.settings.horizon_s, self.settings.slot_s)
         # the forecast also covers the runs of jobs that start near the horizon's end
         carbon = {z: self.forecast.curve(z, now_s, horizon + self._tail_s) for z in state.power.meters}

@@ -3,16 +3,16 @@
 `SitePower` holds a meter (`records.ZoneMeter`) per zone and per [sites.S] budget, routes each
 change of a job's power to them, and answers what the budgets ask of a tick: the caps in force over its
 horizon (constant caps, daily windows, dated events: `scheduler.power_budget`) and the ramp
-limits on new load (`policies.ramp`), as the daemon's planner applies them.
+limits on new load (`policies.pricing.ramp`), as the daemon's planner applies them.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from policies.model import J_PER_KWH
-from policies.ramp import WINDOW_S as RAMP_WINDOW_S
-from policies.ramp import RecentStart
+from policies.types import J_PER_KWH
+from policies.pricing.ramp import WINDOW_S as RAMP_WINDOW_S
+from policies.pricing.ramp import RecentStart
 from scheduler.power_budget import caps_between, ramps_of
 from scheduler.simulate.cluster import ClusterSpec
 from scheduler.simulate.intensity import ZoneIntensity
@@ -54,7 +54,7 @@ class SitePower:
         return self.power_caps + windows
 
     def recent_starts(self, now_s: float, records: list[JobRecord]) -> list[RecentStart]:
-        """The jobs that started in the last minute (`policies.ramp.WINDOW_S`) with their
+        """The jobs that started in the last minute (`policies.pricing.ramp.WINDOW_S`) with their
         budget and planned power, as the daemon's planner counts them against the ramp limits."""
         return [RecentStart(self.budget_of[r.gpu_ids[0]] or r.zone if r.gpu_ids else r.zone,
                             at(r.run_start_s), r.planned_power_w) for r in records

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from policies.model import J_PER_KWH, QueuedJob
+from policies.types import J_PER_KWH, QueuedJob
 from scheduler.power_budget import ZoneBudget
 from scheduler.simulate.intensity import ZoneIntensity
 
@@ -165,7 +165,7 @@ class PolicyRun:
     rejected_assignments: int = 0
     gpu_failures: int = 0
     unplaced_reasons: dict[str, int] = field(default_factory=dict)
-    planner_failures: int = 0  # planner calls in which the policy raised (policies.guard)
+    planner_failures: int = 0  # planner calls in which the policy raised (policies.solvers.guard)
     truth: str = "perfect"
     estimate: str = "exact"
     replanned_behind_overruns: int = 0  # committed jobs taken back because the job before them overran

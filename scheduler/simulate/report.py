@@ -17,7 +17,7 @@ import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
-from policies.model import J_PER_KWH
+from policies.types import J_PER_KWH
 from scheduler.simulate.intensity import HOUR_S
 from scheduler.simulate.records import PolicyRun
 

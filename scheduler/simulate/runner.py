@@ -5,7 +5,7 @@ model (a fresh ForecastModel per policy with the same seed, so `noisy` forecasts
 same numbers for every policy and every run with that seed).
 
 fifo breaks ties between equally early, equally fast GPUs by a seeded random choice
-(`policies.fifo`), so its figures depend on that seed as on a renaming of the nodes: with
+(`policies.solvers.fifo`), so its figures depend on that seed as on a renaming of the nodes: with
 `fifo_seeds` N > 1 a plain `fifo` runs with seeds 0..N-1 and is reported as their mean
 (`SEED_MEAN_KEYS`), with each seed's figure and the spread in its summary's `seeds`; the rest
 of its summary, and its run (records, meters), are seed 0's.
@@ -43,7 +43,7 @@ class SimulationResult:
 #: says otherwise (`cpsat:max_time_s=10` for the daemon's own 10 s). A replay makes
 #: thousands of planner calls; 1 s each keeps a week of trace to minutes, and cpsat returns
 #: at least greedy's plan whatever its budget. The budget is counted in nominal work, not
-#: wall time (`policies.work_clock`): a replay then gives the same figures on any host at
+#: wall time (`policies.solvers.work_clock`): a replay then gives the same figures on any host at
 #: any load, which a comparison of policies needs (`cpsat:deterministic=false` for the
 #: daemon's wall-clock budget).
 SIM_POLICY_DEFAULTS: dict[str, dict[str, object]] = {"cpsat": {"max_time_s": 1.0, "deterministic": True}}

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta, timezone
 from importlib import resources
 from pathlib import Path
 
-from policies.model import QueuedJob
+from policies.types import QueuedJob
 from scheduler.simulate.cluster import ClusterSpec, load_cluster
 from scheduler.simulate.intensity import CarbonInputError, ZoneIntensity, check_zones, common_start
 from scheduler.simulate.traces import JobTrace, clamp_widths, read_jobs, shift_origin
@@ -136,7 +136,7 @@ def build_scenario(
     interruptible: Interruptible | None = None,
 ) -> Scenario:
     """Place a trace on the calendar of the carbon data and make the jobs (module docstring)."""
-    from policies.energy import ProfileBook, seed_profiles
+    from policies.model.energy import ProfileBook, seed_profiles
 
     check_zones(cluster.zones, carbon)
     book = ProfileBook(profiles or seed_profiles())
@@ -225,7 +225,7 @@ def _give_deadlines(jobs: list[QueuedJob], trace: JobTrace, cluster: ClusterSpec
                     slack_s: float | None) -> int:
     """Give each job (in place) the trace's deadline or arrival + its shortest runtime on a
     model that can take it + slack; return how many jobs fit no model at all."""
-    from policies.energy import fits, shape_arrays
+    from policies.model.energy import fits, shape_arrays
 
     models = sorted(cluster.gpus_by_model())
     memory = {m: _memory(cluster, m) for m in models}
@@ -259,7 +259,7 @@ def _choose(rng: random.Random, mix: dict[str, float]) -> str:
 
 
 def _memory(cluster: ClusterSpec, model: str) -> float:
-    from policies.catalog import lookup
+    from policies.model.catalog import lookup
 
     return lookup(model).memory_gib
 

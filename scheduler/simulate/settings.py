@@ -27,7 +27,7 @@ class SimSettings:
     # How jobs really run (scheduler.simulate.truth): perfect, noisy:SIGMA or profiles:FILE.
     truth: str = "perfect"
     # Fold each finished job's measured runtime and energy into the profiles the planner uses
-    # (policies.learning), as the daemon's agents do.
+    # (policies.model.learning), as the daemon's agents do.
     learn: bool = True
     # Past the end of each forecast curve, price a zone at its climatology from the trace's
     # past hours (CarbonCurve.tail, as the daemon does); False: the curve's last value holds
@@ -37,14 +37,14 @@ class SimSettings:
     # exact, class-mean, lognormal:SIGMA or user:K.
     estimate: str = "exact"
     # Learn real / estimated runtime per estimate class and correct later estimates by it
-    # (policies.runtime_correction); None: on unless the estimate is exact.
+    # (policies.model.runtime_correction); None: on unless the estimate is exact.
     correct_estimates: bool | None = None
     # With the correction, widen a corrected estimate's deadline margin by its learned spread
-    # (QueuedJob.runtime_rel_uncertainty, policies.margin); False: correct the estimate only.
+    # (QueuedJob.runtime_rel_uncertainty, policies.model.margin); False: correct the estimate only.
     estimate_margin: bool = True
     # With the correction, price each corrected job by its expected grams over its class's
-    # learned length spread (QueuedJob.length_spread, policies.length_spread); False: at the
+    # learned length spread (QueuedJob.length_spread, policies.model.length_spread); False: at the
     # corrected estimate alone (the planner before this option), for comparisons.
     price_length_spread: bool = True
-    # GPU power limits the planner may choose (policies.power_cap.CapBounds); None: none.
+    # GPU power limits the planner may choose (policies.pricing.power_cap.CapBounds); None: none.
     caps: Any = None

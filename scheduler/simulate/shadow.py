@@ -38,8 +38,8 @@ DEFAULT_LOOKBACK_S = 7 * 86400.0
 def store_scenario(store: Store, *, since: datetime | None = None, until: datetime | None = None,
                    cluster: ClusterSpec | None = None, slack_s: float | None = 24 * 3600.0) -> Scenario:
     """Read the store's history (read-only) into a Scenario; ValueError if there is nothing to replay."""
-    from policies.energy import ProfileBook, job_shape, seed_profiles
-    from policies.model import QueuedJob
+    from policies.model.energy import ProfileBook, job_shape, seed_profiles
+    from policies.types import QueuedJob
     from scheduler.lifecycle import State
     from scheduler.store.models import gpus, jobs, nodes
 

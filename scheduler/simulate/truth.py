@@ -1,6 +1,6 @@
 """How simulated jobs really run, as opposed to how the planner estimates they run.
 
-The planner plans with its energy model (`policies.energy.job_shape` over the seed and
+The planner plans with its energy model (`policies.model.energy.job_shape` over the seed and
 learned profiles); a `Truth` decides the runtime and the power a simulated job actually has
 on the GPUs it got. Only the simulator's execution reads it: the policies, their snapshots
 and the learning see what a real cluster would let them see (the plan, then the measured
@@ -24,9 +24,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from policies.catalog import catalog
-from policies.energy import JobShape, ProfileBook, job_shape, seed_profiles
-from policies.model import Profile, QueuedJob
+from policies.model.catalog import catalog
+from policies.model.energy import JobShape, ProfileBook, job_shape, seed_profiles
+from policies.types import Profile, QueuedJob
 
 
 class TruthError(ValueError):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from policies.catalog import lookup
+from policies.model.catalog import lookup
 from scheduler.timeparse import parse_duration
 
 EXECUTORS = ("local", "slurm")

@@ -54,7 +54,7 @@ class Gpu(Base):
     model: Mapped[str] = mapped_column(String(64))
     vendor: Mapped[str] = mapped_column(String(16))
     # The nominal capacity `submit --gpu-mem` is matched against (the data sheet's, see
-    # policies.catalog.nominal_memory_gib), and what the driver reported, in GiB.
+    # policies.model.catalog.nominal_memory_gib), and what the driver reported, in GiB.
     memory_gib: Mapped[float] = mapped_column(Float)
     memory_reported_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The board power limit the driver enforces now, and the range it may be set to, in W
@@ -137,7 +137,7 @@ class Job(Base):
     plan_rev: Mapped[int] = mapped_column(Integer, default=0)
     est_energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
     est_gco2: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # The "if run now" counterfactual (policies.counterfactual), fixed when first planned:
+    # The "if run now" counterfactual (policies.pricing.counterfactual), fixed when first planned:
     # what waiting or moving saves.
     est_gco2_if_now: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The runtime the plan expects on its chosen GPUs (profile or catalog estimate).
@@ -147,12 +147,12 @@ class Job(Base):
     # No feasible placement meets the deadline: planned as soon as possible and flagged.
     deadline_miss: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     explanation: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # The operating point chosen on the planned GPUs (policies.operating_point): the agent
+    # The operating point chosen on the planned GPUs (policies.model.operating_point): the agent
     # hands it to the job as CARBONSCHED_MAX_BATCH / _PRECISION / _TP. NULL: no workload model.
     planned_max_batch: Mapped[int | None] = mapped_column(Integer, nullable=True)
     planned_precision: Mapped[str | None] = mapped_column(String(8), nullable=True)
     planned_tp: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # The GPU power limit the plan chose (W per GPU, policies.power_cap; NULL: the default),
+    # The GPU power limit the plan chose (W per GPU, policies.pricing.power_cap; NULL: the default),
     # and the estimate the same placement had without it, for `show` and the receipt.
     planned_power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     est_uncapped_energy_j: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -332,7 +332,7 @@ class JobLogChunk(Base):
 class WorkloadProfile(Base):
     """How one workload class runs on one GPU model here, learned from completed jobs.
 
-    Per GPU, data-parallel over a job's GPUs, like `policies.model.Profile`; the planner
+    Per GPU, data-parallel over a job's GPUs, like `policies.types.Profile`; the planner
     lays these over the packaged seed profiles.
     """
 
@@ -350,7 +350,7 @@ class WorkloadProfile(Base):
     samples: Mapped[int] = mapped_column(Integer, default=0)
     source: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # The last `policies.learning.WINDOW` runs, oldest first: [[prompts_per_s, power_w], ...] per
+    # The last `policies.model.learning.WINDOW` runs, oldest first: [[prompts_per_s, power_w], ...] per
     # GPU. The figures above are the estimate from them; NULL: learned before runs were kept.
     runs: Mapped[list | None] = mapped_column(JSON, nullable=True)
 

@@ -22,14 +22,14 @@ if str(ROOT) not in sys.path:
 from bench.planner.check import book_of, check_plan  # noqa: E402
 from bench.planner.instance import (  # noqa: E402
     GANG_SIZES, HORIZON_S, RUNTIME_MAX_S, RUNTIME_MIN_S, SLACK_MAX_S, InstanceSpec, generate, load_hourly)
-from policies.lp_relaxation import (  # noqa: E402
+from policies.solvers.lp_relaxation import (  # noqa: E402
     LpInstance, LpOption, cannot_meet_deadline, lagrangian_prices, lp_instance, round_solution, solve_lp_bound)
 from bench.planner.run import RunSetting, bench_size, judge, run_child  # noqa: E402
 from policies.base import get_policy  # noqa: E402
-from policies.catalog import catalog  # noqa: E402
-from policies.energy import fits, job_shape  # noqa: E402
-from policies.model import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot  # noqa: E402
-from policies.problem import compile_problem  # noqa: E402
+from policies.model.catalog import catalog  # noqa: E402
+from policies.model.energy import fits, job_shape  # noqa: E402
+from policies.types import Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot  # noqa: E402
+from policies.problem.instance import compile_problem  # noqa: E402
 
 CARBON = ROOT / "tests" / "data" / "carbon"
 ZONES = ("DE-LU", "GB", "US-CAL-CISO")

@@ -188,7 +188,7 @@ def test_the_energy_column_of_queue_has_one_unit():
 @pytest.mark.parametrize(("g", "text"), [(140.0, "140 g"), (1400.0, "1,400 g"), (3.25, "3.25 g"),
                                          (0.0128, "0.01 g"), (0.00042, "0.00042 g")])
 def test_grams_in_explanations_never_use_exponents(g, text):
-    from policies.model import grams
+    from policies.types import grams
 
     assert grams(g) == text and "e+" not in grams(g) and "e-" not in grams(g)
 

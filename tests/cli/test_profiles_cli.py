@@ -2,7 +2,7 @@
 learned profile with the runs behind it, and training labelled nominal.
 
 Specification, in short:
-- every figure shown is `policies.perf_model`'s own for that GPU model (best_point: the
+- every figure shown is `policies.model.perf_model`'s own for that GPU model (best_point: the
   lowest J/prompt that fits), with its operating point, source kind and power uncertainty;
 - an unknown workload exits 2 with one line that suggests the near names;
 - learned figures come from the store (through the daemon's GET /v1/profiles or --db) with
@@ -22,8 +22,8 @@ from datetime import timedelta
 
 import pytest
 
-from policies import perf_model
-from policies.energy import ProfileBook, seed_profiles
+from policies.model import perf_model
+from policies.model.energy import ProfileBook, seed_profiles
 from scheduler.cli.common import EXIT_USAGE
 from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.api import ApiServer, profile_routes

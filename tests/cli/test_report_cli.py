@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select, update
 
-from policies.catalog import catalog
+from policies.model.catalog import catalog
 from scheduler.accounting.accountant import Accountant
 from scheduler.carbon import CarbonSignals
 from scheduler.cli import main as cli
@@ -496,8 +496,8 @@ def test_the_report_table_never_prints_an_exponent():
 
 def test_figures_in_plans_and_receipts_never_print_an_exponent():
     """The demo's plan said "1.51e+03 J/prompt" (an MI300X running llm-reason)."""
-    from policies.model import sig
-    from policies.operating_point import job_choice
+    from policies.types import sig
+    from policies.model.operating_point import job_choice
 
     assert [sig(1514.2), sig(4.82e-05), sig(0.25), sig(12.345, 4), sig(0.0), sig(-0.00032)] == [
         "1510", "0.0000482", "0.25", "12.35", "0", "-0.00032"]
@@ -508,7 +508,7 @@ def test_figures_in_plans_and_receipts_never_print_an_exponent():
 
 def test_the_clis_significant_figures_are_the_policies_own():
     """Two copies of one rule (the CLI cannot import `policies` at start-up): held equal."""
-    from policies.model import sig
+    from policies.types import sig
     from scheduler.text_table import significant
 
     for v in (0.0, 4.82e-05, -3.2e-9, 0.25, 1.0, 12.345, 999.5, 1514.2, 123456.0, 1.5e7, float("inf")):

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select, update
 
-from policies.model import J_PER_KWH
+from policies.types import J_PER_KWH
 from scheduler.accounting.accountant import Accountant, record_actual_carbon
 from scheduler.accounting.config import AccountingConfig
 from scheduler.accounting.figures import difference
@@ -265,7 +265,7 @@ def test_receipt_of_a_run_across_an_intensity_change_from_stored_samples(store):
     # started at submission (10:00), the same energy would have met only the 100 g/kWh hour
     assert r["gco2_if_started_at_submit"] == pytest.approx(0.4 * 100 * 1.2)
     # cost: 1 GPU-hour of an H100 (list price / 4 years) + 0.4 kWh x 1.2 x $0.10
-    from policies.catalog import catalog
+    from policies.model.catalog import catalog
 
     assert r["cost_usd"] == pytest.approx(catalog()["H100"].list_price_usd / (4 * 8766) + 0.4 * 1.2 * 0.10)
 

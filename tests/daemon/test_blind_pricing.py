@@ -1,7 +1,7 @@
 """A zone without carbon data (issue 16, defect 2): one price for every policy and path,
 never 0, and said so in `plan` and `show`.
 
-The rule (`policies.blind`): the highest intensity any zone of the snapshot has over the
+The rule (`policies.pricing.blind`): the highest intensity any zone of the snapshot has over the
 planning horizon; with no carbon data at all, the highest static yearly mean of the built-in
 table. The scheduler has already fallen back to a zone's static yearly mean where it has one
 (so DE is never blind; a zone such as the default `local` is).
@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import update
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.blind import NO_DATA_G_PER_KWH, blind_price
-from policies.model import CarbonCurve
+from policies.pricing.blind import NO_DATA_G_PER_KWH, blind_price
+from policies.types import CarbonCurve
 from policy_checker import violations
 from scheduler.daemon.planner import preview_rows
 from scheduler.store.models import gpus, jobs

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select, update
 
-from policies.model import PowerCap
+from policies.types import PowerCap
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_curves import CarbonCurves, curve_from_forecast
 from scheduler.carbon_signal import ForecastPoint
@@ -369,7 +369,7 @@ def test_planned_jobs_store_the_estimate_and_explanation_the_policy_gave(store, 
 
 
 def test_a_withdrawn_plan_clears_its_estimate_but_keeps_its_counterfactual(store, service):
-    """The "if run now" figure is fixed when the job is first planned (policies.counterfactual):
+    """The "if run now" figure is fixed when the job is first planned (policies.pricing.counterfactual):
     it stays for the job's next plan; the plan's own estimate goes with the plan."""
     import_carbon(store, GB)
     (gb,) = add_node(store, "gb1", "GB")
@@ -592,9 +592,9 @@ def test_the_planner_prices_each_gpu_at_its_own_sites_pue_and_prefers_the_effici
     row = job_row(store, job)
     assert row.planned_node == "z-new-hall"
     # the same run on the old hall costs 1.6 / 1.05 times as much: the estimate scales with PUE
-    from policies.placement import plan_score
-    from policies.problem import compile_problem
-    from policies.model import Assignment, Plan
+    from policies.solvers.placement import plan_score
+    from policies.problem.instance import compile_problem
+    from policies.types import Assignment, Plan
 
     old_gpu = next(g.id for g in snap.gpus if g.node == "a-old-hall")
     problem = compile_problem(snap)

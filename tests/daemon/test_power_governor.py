@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select, update
 
-from policies.power_cap import CapBounds
+from policies.pricing.power_cap import CapBounds
 from scheduler.clock import utcnow
 from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.power_governor import PowerGovernor

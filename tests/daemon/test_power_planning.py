@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.finish import finish_plan
-from policies.model import CarbonCurve
-from policies.power_cap import ALPHA, CapBounds, capped
+from policies.solvers.finish import finish_plan
+from policies.types import CarbonCurve
+from policies.pricing.power_cap import ALPHA, CapBounds, capped
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
 CURVE = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
@@ -84,7 +84,7 @@ def test_caps_respect_the_latency_slos_of_an_llm_job():
     job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", prompts=200_000,
                     deadline=NOW + timedelta(days=1))
     a = planned(snapshot(job, model="H100"))
-    from policies.energy import ProfileBook, model_choice, seed_profiles
+    from policies.model.energy import ProfileBook, model_choice, seed_profiles
     c = model_choice(job, "H100", ProfileBook(seed_profiles()))
     if a.estimate.power_limit_w is not None:
         factor = a.estimate.runtime_s / a.estimate.uncapped_runtime_s

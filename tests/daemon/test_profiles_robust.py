@@ -6,10 +6,10 @@ cluster 0.0331 prompts/s on H100 (the seed model says 3.4), and from then on ano
 20,000-prompt job with a 12-hour deadline was refused at submit ("fits no GPU model: H100
 (slo), MI300X (slo)") and a released one stayed PENDING; no command undid it. Now:
 
-- a run far off the seed model (more than `policies.learning.MAX_SEED_FACTOR` either way) is
+- a run far off the seed model (more than `policies.model.learning.MAX_SEED_FACTOR` either way) is
   not learned from;
 - with runs of two users or more, each user's runs weigh at most
-  `policies.learning.MAX_USER_WEIGHT` runs' worth, and a full window drops the oldest run of
+  `policies.model.learning.MAX_USER_WEIGHT` runs' worth, and a full window drops the oldest run of
   the user with the most runs in it, so one user's many runs cannot outvote or crowd out
   the others';
 - a profile learned before these rules (or any learned figure) never makes the planner or
@@ -25,8 +25,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select
 
-from policies.energy import ProfileBook, seed_profiles
-from policies.learning import MAX_SEED_FACTOR, WINDOW
+from policies.model.energy import ProfileBook, seed_profiles
+from policies.model.learning import MAX_SEED_FACTOR, WINDOW
 from scheduler.daemon.access import Caller, RequestError, ServiceConfig
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.policy_factory import make_policy

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from policies.energy import generic_power_w
-from policies.model import QueuedJob, budget_text
-from policies.power_cap import CapBounds
+from policies.model.energy import generic_power_w
+from policies.types import QueuedJob, budget_text
+from policies.pricing.power_cap import CapBounds
 from scheduler.daemon.power_governor import PowerGovernor
 from scheduler.power_budget import ZoneBudget
 from scheduler.simulate.cluster import ClusterSpecError, cluster_from_dict

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.energy import generic_runtime_scale
-from policies.model import CarbonCurve
+from policies.model.energy import generic_runtime_scale
+from policies.types import CarbonCurve
 from policy_checker import violations
 from scheduler.cli.output import job_detail
 from scheduler.daemon.planner import preview_rows

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, update
 
 from policies import get_policy
-from policies.catalog import parse_fleet
+from policies.model.catalog import parse_fleet
 from scheduler.clock import utcnow
 from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
@@ -345,7 +345,7 @@ def test_a_job_adopted_after_a_restart_draws_the_truths_power_again(store, tmp_p
     job's GPUs must be given the truth's power again, not the load model's 70-95 % of TDP."""
     import statistics
 
-    from policies.energy import ProfileBook, seed_profiles
+    from policies.model.energy import ProfileBook, seed_profiles
     from scheduler.node.emulation import make_emulation
 
     seed = ProfileBook(seed_profiles()).get("llm-chat-8b", "H100")

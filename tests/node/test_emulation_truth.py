@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from policies.catalog import catalog
-from policies.energy import ProfileBook, seed_profiles
+from policies.model.catalog import catalog
+from policies.model.energy import ProfileBook, seed_profiles
 from scheduler.node.emulation import (ENV_RUNTIME_S, ENV_S_PER_PROMPT, EmulationError, JobEmulation,
                                       make_emulation)
 from scheduler.simulate.truth import parse_truth
@@ -92,10 +92,10 @@ def test_a_job_runs_by_the_truth_not_by_the_seed(tmp_path):
 def test_a_job_runs_at_the_operating_point_its_plan_chose_not_at_the_seed_shapes():
     # The seed shape of llm-chat-8b on one H100 is its unconstrained pick; a plan at a smaller
     # batch limit runs slower and draws less, by the performance model, on top of the truth.
-    from policies.energy import point_change
-    from policies.model import QueuedJob
-    from policies.operating_point import job_choice, workload_model
-    from policies.perf_model import OperatingPoint, predict
+    from policies.model.energy import point_change
+    from policies.types import QueuedJob
+    from policies.model.operating_point import job_choice, workload_model
+    from policies.model.perf_model import OperatingPoint, predict
 
     backend = h100_backend(Clock())
     truth = JobEmulation(parse_truth("perfect"), backend)
@@ -178,7 +178,7 @@ def test_the_planners_code_never_imports_the_truth():
     any depth and wherever the import statement is, leaves the truth out."""
     planner = _closure(["scheduler.daemon.planner", "scheduler.daemon.planner_process", "scheduler.profiles",
                         *[m for m in MODULES if within(m, "policies")]])
-    assert "scheduler.daemon.planner" in planner and "policies.cpsat" in planner
+    assert "scheduler.daemon.planner" in planner and "policies.solvers.cpsat" in planner
     assert not [m for m in planner if any(within(m, h) for h in HIDDEN)]
     # and the agent does hold it: the check is not vacuous
     assert "scheduler.simulate.truth" in _closure(["scheduler.node.agent", "scheduler.node.main"])

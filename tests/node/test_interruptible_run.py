@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import select
 
 from policies import get_policy
-from policies.model import Plan, Snapshot
+from policies.types import Plan, Snapshot
 from scheduler.daemon.access import Caller, ServiceConfig
 from scheduler.daemon.planner import Planner
 from scheduler.daemon.service import JobService
@@ -33,7 +33,7 @@ from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.store.models import job_segments, jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel
-from policies.catalog import parse_fleet
+from policies.model.catalog import parse_fleet
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "checkpoint_job.py"
 ME = Caller(uid=os.getuid(), gid=os.getgid())

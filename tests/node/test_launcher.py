@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import select
 
-from policies.catalog import parse_fleet
+from policies.model.catalog import parse_fleet
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
 from scheduler.node.executor import LaunchSpec, RunStatus, RunState

@@ -1,10 +1,10 @@
-"""policies.catalog: the hardware catalog, fleet specs (`4xMI300X,2xH100`) and vendor names."""
+"""policies.model.catalog: the hardware catalog, fleet specs (`4xMI300X,2xH100`) and vendor names."""
 
 from __future__ import annotations
 
 import pytest
 
-from policies.catalog import GpuModel, catalog, lookup, match_device_name, nominal_memory_gib, parse_fleet
+from policies.model.catalog import GpuModel, catalog, lookup, match_device_name, nominal_memory_gib, parse_fleet
 
 MODELS = ["MI300X", "MI325X", "MI355X", "MI300A", "A100", "A100-40GB", "A100-PCIe", "H100", "H100-PCIe",
           "H100-NVL", "GH200", "H200", "H200-NVL", "B200"]

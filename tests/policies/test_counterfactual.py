@@ -1,5 +1,5 @@
 """The "if run now" counterfactual (issue 16, defect 1): one rule, stated in
-`policies.counterfactual` and the README, that names never decide.
+`policies.pricing.counterfactual` and the README, that names never decide.
 
 What a carbon-blind scheduler would have done with the job at submission: alone, on the
 earliest free fitting GPUs, the fastest of them, and the mean over (zone, model) pairs still
@@ -15,8 +15,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.counterfactual import choose
-from policies.model import CarbonCurve, Profile
+from policies.pricing.counterfactual import choose
+from policies.types import CarbonCurve, Profile
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
@@ -207,7 +207,7 @@ def test_the_stored_counterfactual_is_the_one_of_the_first_plan_in_every_later_p
 def test_two_sites_of_one_zone_and_model_count_at_their_mean_in_every_policy(policy):
     """Issue 25, 9c: two H100 sites in one zone, PUE 1.0 and 2.0, are one (zone, model) kind
     equally early and fast: the counterfactual is the mean of their grams (x1.5), the rule
-    `policies.counterfactual.choose` states, never the dearer site's (x2.0)."""
+    `policies.pricing.counterfactual.choose` states, never the dearer site's (x2.0)."""
     gpus = (GpuSlot(1, "n-lean", "DE", 0, "H100", 80.0, pue=1.0), GpuSlot(2, "n-old", "DE", 0, "H100", 80.0, pue=2.0),
             GpuSlot(3, "n-clean", "FR", 0, "H100", 80.0, pue=1.0))
     s = Snapshot(now=NOW, jobs=(QueuedJob(1, 1, 0.0, NOW, est_runtime_s=3600.0),), gpus=gpus,

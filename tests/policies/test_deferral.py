@@ -1,5 +1,5 @@
 """A job that is late either way waits for faster GPUs past the planning horizon when they
-finish it sooner than the slow GPUs free now (policies.deferral), and a plan that lets it
+finish it sooner than the slow GPUs free now (policies.pricing.deferral), and a plan that lets it
 wait is scored as the deadline miss it is, not as a job left unplaced."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
 from policies.base import parse_policy_spec
-from policies.catalog import catalog
-from policies.deferral import Deferral, past_horizon_start
-from policies.model import CarbonCurve, Plan
-from policies.placement import estimate_score, plan_score
-from policies.problem import compile_problem
+from policies.model.catalog import catalog
+from policies.pricing.deferral import Deferral, past_horizon_start
+from policies.types import CarbonCurve, Plan
+from policies.solvers.placement import estimate_score, plan_score
+from policies.problem.instance import compile_problem
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)

@@ -1,4 +1,4 @@
-"""policies.energy: seed profiles from the performance model, job shapes, fits, carbon integrals."""
+"""policies.model.energy: seed profiles from the performance model, job shapes, fits, carbon integrals."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from policies.catalog import catalog
-from policies.energy import (ProfileBook, curve_integral_g_per_kwh_s, fits, generic_runtime_scale, job_gco2,
+from policies.model.catalog import catalog
+from policies.model.energy import (ProfileBook, curve_integral_g_per_kwh_s, fits, generic_runtime_scale, job_gco2,
                              job_shape, seed_profiles, shape_arrays)
-from policies.model import CarbonCurve, Profile, QueuedJob
-from policies.perf_model import OperatingPoint, parts, predict, presets
+from policies.types import CarbonCurve, Profile, QueuedJob
+from policies.model.perf_model import OperatingPoint, parts, predict, presets
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 

@@ -1,4 +1,4 @@
-"""policies.feasibility: which GPU models of a fleet can ever take a job, and why not (issue 24).
+"""policies.pricing.feasibility: which GPU models of a fleet can ever take a job, and why not (issue 24).
 
 The API refuses at submit what no GPU of the cluster can ever run, so its answer must be
 the planner's: for any job and fleet, the models `exclusions` names, and why, are exactly
@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import GpuSlot, QueuedJob, Snapshot
-from policies.catalog import catalog
-from policies.energy import ProfileBook, seed_profiles
-from policies.feasibility import GpuKind, exclusions, planning_runtime_s, unfit_text
-from policies.problem import compile_problem
+from policies.model.catalog import catalog
+from policies.model.energy import ProfileBook, seed_profiles
+from policies.pricing.feasibility import GpuKind, exclusions, planning_runtime_s, unfit_text
+from policies.problem.instance import compile_problem
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 BOOK = ProfileBook(seed_profiles())

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, Plan, QueuedJob, Snapshot, get_policy, policy_names
-from policies.catalog import catalog
+from policies.model.catalog import catalog
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
@@ -336,7 +336,7 @@ def test_fifo_gives_up_once_it_cannot_beat_the_plan_it_is_compared_with():
     """Three 2 h jobs due in 3 h on one GPU: fifo misses the last two deadlines. Compared with
     a plan that misses none it gives up (None); with one that misses more, or places fewer,
     it returns its whole plan, the same as without the comparison."""
-    from policies.fifo import FifoPolicy
+    from policies.solvers.fifo import FifoPolicy
 
     jobs = tuple(QueuedJob(id=i, gpus=1, gpu_mem_gib=0.0, submitted_at=NOW - timedelta(minutes=10 - i),
                            est_runtime_s=2 * 3600.0, deadline=NOW + 3 * HOUR) for i in (1, 2, 3))

@@ -1,4 +1,4 @@
-"""Held starts (`policies.held_starts`, cpsat's `hold` option): once a job's plan leaves it
+"""Held starts (`policies.problem.held_starts`, cpsat's `hold` option): once a job's plan leaves it
 little slack, a later plan may start it earlier, never later; a job with slack to spare
 still follows the cleaner hours; and a held job that cannot keep its start is placed inside
 its real window without being counted late.
@@ -13,12 +13,12 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from policies import Assignment, GpuSlot, QueuedJob, Snapshot
-from policies.catalog import catalog
-from policies.cpsat import CpsatPolicy
-from policies.greedy import GreedyState, greedy_picks
-from policies.held_starts import hold_starts
-from policies.model import CarbonCurve
-from policies.problem import compile_problem
+from policies.model.catalog import catalog
+from policies.solvers.cpsat import CpsatPolicy
+from policies.solvers.greedy import GreedyState, greedy_picks
+from policies.problem.held_starts import hold_starts
+from policies.types import CarbonCurve
+from policies.problem.instance import compile_problem
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)

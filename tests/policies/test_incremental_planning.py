@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.catalog import catalog
-from policies.model import Assignment, CarbonCurve, Estimate
+from policies.model.catalog import catalog
+from policies.types import Assignment, CarbonCurve, Estimate
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)

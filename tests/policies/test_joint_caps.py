@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.finish import finish_plan
-from policies.guard import guarded
-from policies.model import CarbonCurve, PowerCap
-from policies.placement import plan_violations
-from policies.power_cap import CapBounds
-from policies.problem import compile_problem
+from policies.solvers.finish import finish_plan
+from policies.solvers.guard import guarded
+from policies.types import CarbonCurve, PowerCap
+from policies.solvers.placement import plan_violations
+from policies.pricing.power_cap import CapBounds
+from policies.problem.instance import compile_problem
 from policy_checker import violations
 from tests.policies.test_planning_under_load import hostile_instances
 

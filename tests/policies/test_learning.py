@@ -1,5 +1,5 @@
 """Learning a workload's throughput and power per GPU model from completed runs
-(policies.learning): a median over recent runs against the seed, shared across GPU models
+(policies.model.learning): a median over recent runs against the seed, shared across GPU models
 until a model has runs of its own."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from policies.learning import WINDOW, Ratios, Run, estimate, shared_ratios
-from policies.model import Profile
+from policies.model.learning import WINDOW, Ratios, Run, estimate, shared_ratios
+from policies.types import Profile
 
 SEED = Profile("chat", "H100", prompts_per_s=10.0, power_w=600.0, latency_p50_ms=100.0, latency_p95_ms=200.0,
                source="ML.ENERGY")

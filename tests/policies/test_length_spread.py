@@ -1,6 +1,6 @@
-"""A job of uncertain length is priced by its expected grams (issue 31, `policies.length_spread`).
+"""A job of uncertain length is priced by its expected grams (issue 31, `policies.model.length_spread`).
 
-The spread is what the runs of the job's estimate class taught (`policies.runtime_correction`);
+The spread is what the runs of the job's estimate class taught (`policies.model.runtime_correction`);
 every policy prices the job the same way (greedy, cpsat and fifo), so plans still compare.
 """
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from policies import get_policy
-from policies.length_spread import MIN_RUNS, POINTS, multipliers, spread_of
-from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
-from policies.problem import compile_problem
-from policies.runtime_correction import correction
+from policies.model.length_spread import MIN_RUNS, POINTS, multipliers, spread_of
+from policies.types import CarbonCurve, GpuSlot, QueuedJob, Snapshot
+from policies.problem.instance import compile_problem
+from policies.model.runtime_correction import correction
 
 NOW = datetime(2022, 6, 1, tzinfo=timezone.utc)
 # hours 2-3 very clean, then dirty; hours 10-17 fairly clean all along

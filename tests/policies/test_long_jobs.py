@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from policies import get_policy
-from policies.carbon_tail import MAX_TAIL_S, extended
-from policies.energy import CurveIntegrator, curve_integral_g_per_kwh_s, job_gco2
-from policies.model import CLIMATOLOGY_CELLS, CarbonCurve, Climatology, GpuSlot, QueuedJob, Snapshot
-from policies.problem import compile_problem
-from policies.short_jobs import _slot_costs
+from policies.pricing.carbon_tail import MAX_TAIL_S, extended
+from policies.model.energy import CurveIntegrator, curve_integral_g_per_kwh_s, job_gco2
+from policies.types import CLIMATOLOGY_CELLS, CarbonCurve, Climatology, GpuSlot, QueuedJob, Snapshot
+from policies.problem.instance import compile_problem
+from policies.solvers.short_jobs import _slot_costs
 from scheduler.carbon import CarbonSignals
 from scheduler.carbon_climatology import LOOKBACK_DAYS, MIN_CELL_DAYS, climatology_from_hourly
 from scheduler.simulate.forecasts import ForecastModel

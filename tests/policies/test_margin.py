@@ -1,4 +1,4 @@
-"""The deadline margin (policies.margin): a job whose runtime is uncertain is planned to end
+"""The deadline margin (policies.model.margin): a job whose runtime is uncertain is planned to end
 early enough that a run somewhat longer than estimated still meets its deadline; what the
 cluster has learned narrows the margin; the margin never turns a job that fits into a miss."""
 
@@ -11,10 +11,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import CarbonCurve, GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.catalog import catalog
-from policies.energy import ProfileBook, seed_profiles
-from policies.learning import Run, estimate
-from policies.margin import PRIOR_REL_UNCERTAINTY, Z, run_rel_uncertainty, runtime_margin
+from policies.model.catalog import catalog
+from policies.model.energy import ProfileBook, seed_profiles
+from policies.model.learning import Run, estimate
+from policies.model.margin import PRIOR_REL_UNCERTAINTY, Z, run_rel_uncertainty, runtime_margin
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
@@ -91,7 +91,7 @@ def test_a_job_that_fits_only_without_the_margin_starts_at_once_and_is_not_flagg
 
 
 def test_a_short_job_keeps_the_margin_too():
-    """A 10-minute job (packed by policies.short_jobs) due at +10 h 11 min: the point estimate
+    """A 10-minute job (packed by policies.solvers.short_jobs) due at +10 h 11 min: the point estimate
     would start it at +10 h, in the valley; with the margin it cannot end by then and runs
     before the valley."""
     job = chat_job(600.0, NOW + 10 * HOUR + timedelta(minutes=11))

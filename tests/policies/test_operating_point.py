@@ -1,4 +1,4 @@
-"""The planner's operating point (policies.operating_point, issue 18 items 5-6): on each GPU
+"""The planner's operating point (policies.model.operating_point, issue 18 items 5-6): on each GPU
 model the most energy-efficient point of the performance model that fits in memory and meets
 every latency SLO; none: the model is excluded ("memory" or "slo"). Presets, learned and
 parametric workloads alike; an SLO without a latency model never plans unconstrained."""
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from policies import get_policy
-from policies.energy import ProfileBook, fits, job_shape, seed_profiles, shape_arrays
-from policies.model import CarbonCurve, GpuSlot, Profile, QueuedJob, Snapshot
-from policies.operating_point import (Choice, Refusal, Slos, WorkloadSpecError, choose, has_latency_model,
+from policies.model.energy import ProfileBook, fits, job_shape, seed_profiles, shape_arrays
+from policies.types import CarbonCurve, GpuSlot, Profile, QueuedJob, Snapshot
+from policies.model.operating_point import (Choice, Refusal, Slos, WorkloadSpecError, choose, has_latency_model,
                                       job_choice, latency_model_names, parse_spec, slos_for, tp_degrees)
-from policies.perf_model import memory_needed_gib, parts, predict, presets
-from policies.point_annotation import annotate
+from policies.model.perf_model import memory_needed_gib, parts, predict, presets
+from policies.model.point_annotation import annotate
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 BOOK = ProfileBook(seed_profiles())
@@ -95,7 +95,7 @@ def test_a_tight_tpot_slo_moves_a_preset_to_a_smaller_batch_and_says_it_bound():
 
 
 def tight_frontier(workload, model, k):
-    from policies.operating_point import _frontier
+    from policies.model.operating_point import _frontier
     return _frontier(workload, model, k)
 
 
@@ -259,8 +259,8 @@ def test_a_run_exactly_as_predicted_at_its_own_point_teaches_nothing():
     """Learning compares runs with the seed (70B on H100: 2 GPUs), but a job on 4
     GPUs ran at TP4 and batch 512, faster per GPU. Restated at the seed's point, a run that
     went exactly as predicted leaves the profile at its seed; one 20 % slower, 20 % slower."""
-    from policies.energy import seed_equivalent_run
-    from policies.learning import Run, estimate
+    from policies.model.energy import seed_equivalent_run
+    from policies.model.learning import Run, estimate
 
     j = job("llm-chat-70b", gpus=4)
     c = job_choice("llm-chat-70b", "H100", 4, None, None, None)

@@ -1,4 +1,4 @@
-"""The cross-vendor performance and energy model (policies/perf_model.py), as a specification.
+"""The cross-vendor performance and energy model (policies/model/perf_model.py), as a specification.
 
 - A part no worse in bandwidth, compute (every precision), memory and power limit, under the
   same vendor's software, is never predicted slower or later to first token, on the
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import perf_model as pm
+from policies.model import perf_model as pm
 
 BATCHES = (1, 8, 64, 256)
 
@@ -594,7 +594,7 @@ def test_ttft_queues_prefills_at_the_points_batch_and_grows_with_it():
     need B x input / output prefill tokens of a budget of 8,192 - B; a prompt waits for the
     prefills ahead of it. So TTFT is more than one step plus one prompt's prefill, and at a
     large batch more than the prompt's own chunks and its first step: the wait."""
-    from policies.operating_point import parse_spec
+    from policies.model.operating_point import parse_spec
 
     w = parse_spec("llm:70b")  # the Azure conv trace's lengths: 1,155 in, 211 out
     small, big = (pm.predict(w, "H100", pm.OperatingPoint(b, "bf16", 8)) for b in (16, 1024))
@@ -612,7 +612,7 @@ def test_ttft_queues_prefills_at_the_points_batch_and_grows_with_it():
 def test_a_realistic_ttft_slo_binds():
     """A 300 ms TTFT (MLPerf's interactive scenario asks 450 ms) moves llm:70b on 8 H100s to
     another point than TPOT alone picks, and the choice says TTFT bound it."""
-    from policies.operating_point import Slos, choose
+    from policies.model.operating_point import Slos, choose
 
     free = choose("llm:70b", "H100", 8, Slos(tpot_ms=200.0))
     tight = choose("llm:70b", "H100", 8, Slos(ttft_ms=300.0, tpot_ms=200.0))

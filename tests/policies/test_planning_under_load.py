@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.catalog import catalog
-from policies.guard import GuardedPolicy, guarded, screen
-from policies.lateness import parse_lateness_price
-from policies.model import CarbonCurve, Plan
+from policies.model.catalog import catalog
+from policies.solvers.guard import GuardedPolicy, guarded, screen
+from policies.pricing.lateness import parse_lateness_price
+from policies.types import CarbonCurve, Plan
 from policy_checker import violations
 from scheduler.daemon.policy_factory import make_policy
 

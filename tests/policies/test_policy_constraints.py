@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy, policy_names
-from policies.catalog import catalog
-from policies.model import Assignment, CarbonCurve, Estimate, Plan, PowerCap, Profile
+from policies.model.catalog import catalog
+from policies.types import Assignment, CarbonCurve, Estimate, Plan, PowerCap, Profile
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
@@ -181,8 +181,8 @@ def test_explanation_names_model_zone_start_and_the_run_now_alternative(policy):
 def test_a_power_cap_is_judged_from_now_and_where_the_plan_draws_power():
     """Running jobs alone above a zone's cap (until 02:00) are not the plan's violation; a
     planned job is, while they still draw, and is not once they have ended."""
-    from policies.placement import plan_violations
-    from policies.problem import compile_problem
+    from policies.solvers.placement import plan_violations
+    from policies.problem.instance import compile_problem
 
     busy = gpu(1, "a", "Z", model="B200", busy_until=NOW + 2 * HOUR)  # ~824 W
     s = snap([job(2)], [busy, gpu(2, "b", "Z")], {"Z": curve("Z", FLAT_CLEAN)},  # job 2: ~574 W on H100

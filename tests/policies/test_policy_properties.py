@@ -5,7 +5,7 @@
   fifo whenever fifo's plan is itself feasible (fifo ignores SLOs of nothing, but it does
   ignore power caps and deadlines, so its plan is not always a valid competitor).
 
-Plans are compared in the policies' strict order (issue 24, `policies.placement.Score`):
+Plans are compared in the policies' strict order (issue 24, `policies.solvers.placement.Score`):
 fewer unplaced jobs, then fewer deadline misses, then fewer grams plus the strict tie-break
 price of lateness (`STRICT_LATENESS_G_PER_GPU_H`, 10 kg per GPU-hour late). (Before lateness
 was priced, a job that must miss could be placed wherever its grams were lowest, hours later
@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.catalog import catalog
-from policies.lateness import STRICT_LATENESS_G_PER_GPU_H
-from policies.model import CarbonCurve, PowerCap
+from policies.model.catalog import catalog
+from policies.pricing.lateness import STRICT_LATENESS_G_PER_GPU_H
+from policies.types import CarbonCurve, PowerCap
 from policy_checker import strict_score, violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.catalog import catalog
-from policies.greedy import GreedyState, greedy_picks, priced_tables
-from policies.model import CarbonCurve
-from policies.placement import estimate_score, plan_score
-from policies.problem import compile_problem
+from policies.model.catalog import catalog
+from policies.solvers.greedy import GreedyState, greedy_picks, priced_tables
+from policies.types import CarbonCurve
+from policies.solvers.placement import estimate_score, plan_score
+from policies.problem.instance import compile_problem
 from policy_checker import score, violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
@@ -149,8 +149,8 @@ def test_cpsat_lp_guidance_offers_only_in_window_starts_and_keeps_the_plan_feasi
     """With a budget of 10 s or more and a small queue, cpsat solves the LP relaxation and
     steers its search by it: every (group, start) the LP uses lies in the job's window on a
     group it fits, and the plan stays feasible and no worse than greedy's."""
-    from policies.cpsat import CpsatPolicy
-    from policies.lp_relaxation import cannot_meet_deadline
+    from policies.solvers.cpsat import CpsatPolicy
+    from policies.solvers.lp_relaxation import cannot_meet_deadline
 
     snapshot = random_snapshot(4, 40, 6)
     problem = compile_problem(snapshot)
@@ -165,7 +165,7 @@ def test_cpsat_lp_guidance_offers_only_in_window_starts_and_keeps_the_plan_feasi
             assert problem.job_earliest[j] <= s
             assert s <= problem.job_latest[j, g] or cannot_meet_deadline(problem, j)  # a forced miss: any start
     assert CpsatPolicy(max_time_s=2.0)._lp_support(problem, t0, t0 + 2.0) == ({}, None)  # a first plan: no LP
-    with caplog.at_level("INFO", logger="policies.cpsat"):
+    with caplog.at_level("INFO", logger="policies.solvers.cpsat"):
         plan = policy.plan(snapshot)
     assert "LP guidance" in caplog.text
     assert not violations(snapshot, plan)
@@ -211,7 +211,7 @@ def test_cpsat_charges_lagrangian_gpu_slot_prices_when_the_lp_is_skipped(caplog)
     by a Lagrangian ascent and restarts greedy charged those prices; the plan stays
     feasible and no worse than greedy's."""
     snapshot = random_snapshot(3, 80, 10)
-    with caplog.at_level("INFO", logger="policies.cpsat"):
+    with caplog.at_level("INFO", logger="policies.solvers.cpsat"):
         plan = get_policy("cpsat", max_time_s=6.0, lp_max_jobs=0).plan(snapshot)
     assert "GPU-slot prices from a Lagrangian bound" in caplog.text and "LP guidance" not in caplog.text
     assert violations(snapshot, plan) == []
@@ -266,7 +266,7 @@ def test_cpsat_searches_from_the_earliest_finish_plan_where_it_misses_fewer_dead
     cpsat's own search (fifo's and edf's plans aside) starts from the better one, even with
     no budget left for anything else, so it never hands a tick a plan with more misses
     than the carbon-blind rule's."""
-    from policies.cpsat import CpsatPolicy
+    from policies.solvers.cpsat import CpsatPolicy
 
     problem = compile_problem(random_snapshot(10, 60, 3))
     finish_first, _ = greedy_picks(problem, finish_first=True)

@@ -13,8 +13,8 @@ from daemon_harness import REPO
 WARM = ("import logging, sys; logging.basicConfig(level=logging.WARNING, stream=sys.stderr)\n"
         "from scheduler.policy_tables import warm_policy_tables\n"
         "print(warm_policy_tables())\n"
-        "from policies.energy import seed_profiles\n"
-        "from policies.perf_model import fit, presets\n"
+        "from policies.model.energy import seed_profiles\n"
+        "from policies.model.perf_model import fit, presets\n"
         "import pickle; sys.stdout.flush()\n"
         "sys.stdout.buffer.write(pickle.dumps((seed_profiles(), presets(), fit().input_tokens)))\n")
 

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.energy import ProfileBook, generic_power_w, job_shape, seed_profiles, shape_arrays
-from policies.model import CarbonCurve
+from policies.model.energy import ProfileBook, generic_power_w, job_shape, seed_profiles, shape_arrays
+from policies.types import CarbonCurve
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
 
@@ -52,7 +52,7 @@ def test_a_power_cap_does_not_make_the_same_work_cheaper():
 
 
 def test_time_limit_checks_use_the_stretched_runtime_on_a_capped_gpu():
-    from policies.energy import within_time_limit
+    from policies.model.energy import within_time_limit
 
     book = ProfileBook(seed_profiles())
     probe = QueuedJob(id=7, gpus=1, gpu_mem_gib=0, submitted_at=NOW, workload="llm-chat-8b", prompts=20_000)
@@ -124,8 +124,8 @@ def test_gpus_with_different_caps_are_estimated_each_at_its_own():
 def test_a_plan_is_scored_and_checked_at_its_gpus_cap_as_it_was_estimated():
     """Plans are compared (greedy vs cpsat vs fifo) by `plan_score`: it must price capped GPUs
     as the estimates do, or a policy is judged by grams its plan will not emit."""
-    from policies.placement import plan_score, plan_violations
-    from policies.problem import compile_problem
+    from policies.solvers.placement import plan_score, plan_violations
+    from policies.problem.instance import compile_problem
 
     curve = CarbonCurve(zone="Z", start=NOW, step_s=3600, values_g_per_kwh=(300.0,) * 48)
     snap = Snapshot(now=NOW, jobs=tuple(jobs()), gpus=tuple(h100s(4, 500.0)), carbon={"Z": curve})

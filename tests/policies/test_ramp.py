@@ -1,4 +1,4 @@
-"""Ramp limits (issue 29): no more new GPU load a minute than a site allows (`policies.ramp`).
+"""Ramp limits (issue 29): no more new GPU load a minute than a site allows (`policies.pricing.ramp`).
 
 Every policy's plan is staggered afterwards, in the daemon's planner and the simulator alike:
 the starts of a zone with `ramp_w_per_min`, in order, are held back so that the power of the
@@ -12,8 +12,8 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from policies.model import Assignment, Estimate, Plan, QueuedJob
-from policies.ramp import RecentStart, stagger_starts
+from policies.types import Assignment, Estimate, Plan, QueuedJob
+from policies.pricing.ramp import RecentStart, stagger_starts
 from scheduler.power_budget import parse_zone_budget
 from scheduler.simulate.cluster import cluster_from_dict
 from scheduler.simulate.forecasts import ForecastModel

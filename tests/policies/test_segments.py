@@ -1,4 +1,4 @@
-"""Planning interruptible jobs in segments (issue 30): policies.segments and greedy's use of it.
+"""Planning interruptible jobs in segments (issue 30): policies.problem.segments and greedy's use of it.
 
 The dynamic programme is checked against brute force over every subset of slots of small
 instances; greedy's plans against the rules (minimum run, resume cost, most segments,
@@ -17,14 +17,14 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from policies.cpsat import CpsatPolicy
-from policies.greedy import GreedyPolicy, edf_order, edf_pass
-from policies.lp_relaxation import lp_instance, solve_lp_bound
-from policies.model import CarbonCurve, GpuSlot, QueuedJob, Snapshot
-from policies.placement import plan_violations
-from policies.problem import compile_problem
-from policies import segments
-from policies.segments import (SegmentQuery, cheapest_segments, cheapest_segments_batch, lower_bound_g,
+from policies.solvers.cpsat import CpsatPolicy
+from policies.solvers.greedy import GreedyPolicy, edf_order, edf_pass
+from policies.solvers.lp_relaxation import lp_instance, solve_lp_bound
+from policies.types import CarbonCurve, GpuSlot, QueuedJob, Snapshot
+from policies.solvers.placement import plan_violations
+from policies.problem.instance import compile_problem
+from policies.problem import segments
+from policies.problem.segments import (SegmentQuery, cheapest_segments, cheapest_segments_batch, lower_bound_g,
                                slots_needed, wall_s)
 
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -268,7 +268,7 @@ def test_later_segments_need_room_on_their_node_whatever_gpus_their_first_segmen
     """Two checkpoint jobs on GPU 0 of a 2-GPU node, each resuming at 12:00 for an hour: two
     rests, two GPUs, room. A third job on GPU 1 then leaves one GPU for two rests: the plan
     is flagged, though no GPU id is listed twice (the rests may move within the node)."""
-    from policies.model import Assignment, Plan
+    from policies.types import Assignment, Plan
 
     at = lambda hours: NOW + timedelta(hours=hours)  # noqa: E731
     cut = lambda i, first: Assignment(job_id=i, node="n1", gpu_ids=(0,), start_at=at(first),  # noqa: E731
@@ -347,7 +347,7 @@ def test_a_long_interruptible_job_is_cut_over_its_whole_window_not_the_first_48_
     16-40 h and the clean ones at 48-64 h, past the planner's 48-hour horizon. The planning
     horizon stretches to the job's deadline (`horizon_for`), so it runs 0-16 h and pauses
     until the clean hours, where a 48-hour horizon could only move 8 h of work."""
-    from policies.segments import MAX_WINDOW_HORIZON_S, horizon_for
+    from policies.problem.segments import MAX_WINDOW_HORIZON_S, horizon_for
 
     values = [100.0] * 16 + [600.0] * 24 + [300.0] * 8 + [50.0] * 20 + [400.0] * 100
     job = _job(est_runtime_s=40 * 3600.0, deadline=NOW + timedelta(hours=64), min_run_s=3600.0, resume_cost_s=60.0)

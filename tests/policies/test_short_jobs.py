@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from policies import CarbonCurve, GpuSlot, QueuedJob, Snapshot, get_policy
-from policies.model import PowerCap
+from policies.types import PowerCap
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
@@ -85,8 +85,8 @@ def test_short_jobs_leave_room_for_the_rests_of_checkpoint_jobs():
     """Two checkpoint jobs planned on GPU 1 of a 2-GPU node both resume at 2:00: the slot plan
     counts both GPUs of the node taken until 3:00 (a rest may move to any GPU of the node), so
     a short job is not packed onto GPU 2 then, though 2:00-3:00 is the clean hour."""
-    from policies.model import Assignment, Plan
-    from policies.short_jobs import book_of, pack
+    from policies.types import Assignment, Plan
+    from policies.solvers.short_jobs import book_of, pack
 
     at = lambda minutes: NOW + timedelta(minutes=minutes)  # noqa: E731
     clean_at_2 = CarbonCurve("DE", NOW, 3600.0, (400.0,) * 2 + (100.0,) + (400.0,) * 69)
@@ -117,7 +117,7 @@ def test_cpsat_offers_its_runner_up_when_its_best_long_plan_leaves_a_short_job_l
     seam (`_restarts`) so the three long plans are fixed: the 2-hour job at 00:00 (the cheapest,
     past the short job's deadline at 01:30), at 01:00 (greedy's, dear) or at 04:00 (the
     runner-up)."""
-    import policies.cpsat as cpsat
+    import policies.solvers.cpsat as cpsat
 
     curve = CarbonCurve("DE", NOW, 3600.0, (40.0, 40.0, 2000.0, 2000.0, 60.0, 60.0) + (3000.0,) * 66)
     jobs = (job(1, runtime_s=2 * 3600.0, deadline=NOW + timedelta(hours=8)),

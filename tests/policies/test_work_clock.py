@@ -1,4 +1,4 @@
-"""cpsat's deterministic budget (`deterministic=True`, `policies.work_clock`): the same
+"""cpsat's deterministic budget (`deterministic=True`, `policies.solvers.work_clock`): the same
 snapshot and budget give the same plan on any host at any load, so simulations that compare
 policies can be rerun and give the same figures."""
 
@@ -8,8 +8,8 @@ import logging
 import re
 import types
 
-from policies.cpsat import CpsatPolicy
-from policies.work_clock import WallClock, WorkClock
+from policies.solvers.cpsat import CpsatPolicy
+from policies.solvers.work_clock import WallClock, WorkClock
 from policy_checker import score, violations
 from test_policy_search import random_snapshot
 
@@ -45,10 +45,10 @@ def test_a_work_clock_advances_only_by_the_work_charged_to_it():
 def test_a_deterministic_search_gives_the_same_plan_however_loaded_the_host(monkeypatch, caplog):
     snapshot = random_snapshot(4, 70, 8)
     policy = CpsatPolicy(max_time_s=0.5, deterministic=True)
-    with caplog.at_level(logging.INFO, logger="policies.cpsat"):
+    with caplog.at_level(logging.INFO, logger="policies.solvers.cpsat"):
         first = policy.plan(snapshot)
         again = policy.plan(snapshot)
-        monkeypatch.setattr("policies.work_clock.time", types.SimpleNamespace(monotonic=_CrawlingHost().monotonic))
+        monkeypatch.setattr("policies.solvers.work_clock.time", types.SimpleNamespace(monotonic=_CrawlingHost().monotonic))
         crawling = policy.plan(snapshot)
         wall = CpsatPolicy(max_time_s=0.5).plan(snapshot)
     rounds = _lns_rounds(caplog.text)
@@ -70,8 +70,8 @@ def test_a_greedy_pass_is_charged_the_segment_search_of_its_interruptible_jobs()
     """A checkpoint job's segments are searched over its whole window (8 h of work due in
     15 h: 60 slots of 15 min; with no deadline, the 48 h horizon's 192), and that search is
     most of a pass over such jobs, so the budget's clock must count it."""
-    from policies.problem import compile_problem
-    from policies.work_clock import (GREEDY_PASS_MIN_S, GREEDY_PASS_S_PER_CELL, SEGMENT_PASS_S_PER_SLOT,
+    from policies.problem.instance import compile_problem
+    from policies.solvers.work_clock import (GREEDY_PASS_MIN_S, GREEDY_PASS_S_PER_CELL, SEGMENT_PASS_S_PER_SLOT,
                                      SEGMENT_PASS_S_PER_SLOT_GROUP, greedy_pass_work_s, segment_window_slots)
     from test_segments import _job, _snap
 

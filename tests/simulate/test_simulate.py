@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from policies.model import Assignment, Plan, Snapshot
+from policies.types import Assignment, Plan, Snapshot
 from scheduler.cli.main import main
 from scheduler.simulate.cluster import cluster_from_dict, load_cluster
 from scheduler.simulate.forecasts import parse_forecast

@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from policies.energy import generic_runtime_scale
-from policies.model import Assignment, Plan, QueuedJob
-from policies.runtime_correction import MIN_RUNS, correction, correction_for, estimate_class
+from policies.model.energy import generic_runtime_scale
+from policies.types import Assignment, Plan, QueuedJob
+from policies.model.runtime_correction import MIN_RUNS, correction, correction_for, estimate_class
 from scheduler.simulate.cluster import cluster_from_dict
 from scheduler.simulate.estimates import (
     GAIA_SHORT_QUEUE_S, ROUND_VALUES_S, USER_SIGMA, EstimateError, EstimateModel, class_means, parse_estimate,
@@ -264,7 +264,7 @@ def test_a_job_that_overruns_its_plan_makes_the_jobs_behind_it_be_planned_again(
 # -- policies: a job of uncertain length ----------------------------------------------------------
 
 def _uncertain_snapshot(u: float | None):
-    from policies.model import CarbonCurve, GpuSlot, Snapshot
+    from policies.types import CarbonCurve, GpuSlot, Snapshot
 
     now = datetime(2022, 6, 1, tzinfo=timezone.utc)
     job = QueuedJob(id=1, gpus=1, gpu_mem_gib=0, submitted_at=now, est_runtime_s=3 * 3600.0,
@@ -275,8 +275,8 @@ def _uncertain_snapshot(u: float | None):
 
 
 def test_the_estimate_margin_can_be_left_out_of_the_deadline():
-    from policies.margin import job_margin
-    from policies.energy import ProfileBook, seed_profiles
+    from policies.model.margin import job_margin
+    from policies.model.energy import ProfileBook, seed_profiles
 
     job = _uncertain_snapshot(0.5).jobs[0]
     book = ProfileBook(seed_profiles())

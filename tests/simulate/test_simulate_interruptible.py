@@ -15,8 +15,8 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from policies.model import QueuedJob
-from policies.segments import idle_power_w
+from policies.types import QueuedJob
+from policies.problem.segments import idle_power_w
 from scheduler.simulate.cluster import cluster_from_dict
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity

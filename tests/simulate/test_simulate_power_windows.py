@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from policies.energy import generic_power_w
-from policies.model import QueuedJob
+from policies.model.energy import generic_power_w
+from policies.types import QueuedJob
 from scheduler.simulate.cluster import ClusterSpecError, cluster_from_dict
 from scheduler.simulate.forecasts import ForecastModel
 from scheduler.simulate.intensity import ZoneIntensity

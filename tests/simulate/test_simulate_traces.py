@@ -275,7 +275,7 @@ def test_scenario_aligns_the_trace_and_sets_deadlines_and_max_wait():
     assert j.submitted_at == start + timedelta(seconds=trace.jobs[10].arrival_s - trace.jobs[0].arrival_s)
     assert j.max_delay_s == 3600
     # the slack is on top of the job's runtime on the fastest model that can take it (B200 here)
-    from policies.energy import ProfileBook, job_shape, seed_profiles
+    from policies.model.energy import ProfileBook, job_shape, seed_profiles
 
     best = min(job_shape(j, m, ProfileBook(seed_profiles()), 3600).runtime_s for m in cluster.gpus_by_model())
     assert j.deadline == j.submitted_at + timedelta(seconds=best + 6 * 3600)

@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 
 from policies import get_policy
-from policies.energy import seed_profiles
+from policies.model.energy import seed_profiles
 from scheduler.simulate.forecasts import parse_forecast
 from scheduler.simulate.gpus import GpuLedger
 from scheduler.simulate.model import Simulation

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, select, text, update
 
-from policies.energy import ProfileBook, seed_profiles
-from policies.learning import Run, estimate
+from policies.model.energy import ProfileBook, seed_profiles
+from policies.model.learning import Run, estimate
 from scheduler.lifecycle import State
 from scheduler.profiles import completed_run, learn_from_job, learned_profiles
 from scheduler.store.models import gpus, jobs, nodes, workload_profiles
@@ -163,7 +163,7 @@ def test_a_database_error_while_learning_is_logged_and_never_raised(store, caplo
 
 def test_the_agent_learns_from_a_job_it_ran_to_completion(store, tmp_path):
     from policies import get_policy
-    from policies.catalog import parse_fleet
+    from policies.model.catalog import parse_fleet
     from scheduler.daemon.access import Caller, ServiceConfig
     from scheduler.daemon.planner import Planner
     from scheduler.daemon.service import JobService

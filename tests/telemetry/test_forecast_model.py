@@ -229,7 +229,7 @@ def _issued_file(tmp_path: Path) -> tuple[Path, dict[datetime, list[tuple[dateti
 def test_stored_forecasts_replay_exactly_the_run_issued_before_each_tick(tmp_path):
     from dataclasses import dataclass, field
 
-    from policies.greedy import GreedyPolicy
+    from policies.solvers.greedy import GreedyPolicy
     from scheduler.simulate.cluster import cluster_from_dict
     from scheduler.simulate.forecasts import parse_forecast
     from scheduler.simulate.intensity import load_zone_files

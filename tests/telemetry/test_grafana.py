@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from policies.catalog import parse_fleet
+from policies.model.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics, StoreCollector
 from scheduler.node.agent import Agent
 from scheduler.node.config import AgentConfig
