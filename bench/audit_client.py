@@ -53,17 +53,6 @@ def submit_latency(socket_path: str, n: int, pause_s: float, argv: list[str], es
     return {"latencies_ms": latencies_ms, "statuses": dict(statuses), "ids": ids}
 
 
-def health_latency(socket_path: str, n: int, pause_s: float) -> dict:
-    client = Client(socket_path)
-    latencies_ms, statuses = [], Counter()
-    for _ in range(n):
-        t0 = time.perf_counter()
-        statuses[_status_of(lambda: client.request("GET", "/health"))] += 1
-        latencies_ms.append((time.perf_counter() - t0) * 1000.0)
-        time.sleep(pause_s)
-    return {"latencies_ms": latencies_ms, "statuses": dict(statuses)}
-
-
 def _flood(socket_path: str, threads: int, stop_file: str, max_s: float, one) -> dict:
     """Run `one(client)` in a loop on `threads` threads, each with its own connection, until
     `stop_file` exists (or `max_s` passed); the statuses every call ended with."""
@@ -161,7 +150,7 @@ def read_file(path: str) -> dict:
         return {"readable": False, "error": e.strerror}
 
 
-VERBS = {"submit_latency": submit_latency, "health_latency": health_latency, "hold_flood": hold_flood,
+VERBS = {"submit_latency": submit_latency, "hold_flood": hold_flood,
          "log_flood": log_flood, "half_sent": half_sent, "call": call, "read_file": read_file}
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import pwd
 import shutil
@@ -64,6 +63,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scheduler.cli.client import ApiError, Client, DaemonUnreachable  # noqa: E402
+from scheduler.simulate.metrics import percentile  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests"))  # throwaway users, made and removed as the test suite does
+from suite_hygiene import make_user, pids_of_uid, remove_user  # noqa: E402
 
 FLEET = "2xH100,2xMI300X"
 OUTPUT_LIMIT_MIB = 64  # the config's job_output_limit_mib: attack 1 writes 700 MiB past it
@@ -79,12 +82,6 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"}
 
 def say(text: str) -> None:
     print(text, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
 
 
 @dataclass
@@ -133,9 +130,7 @@ class World:
         self.state.chmod(0o711)
         self._copy_code()
         for role in ("mallory", "bob"):
-            name = f"cs{uuid.uuid4().hex[:8]}"
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True,
-                           capture_output=True, timeout=60)
+            name = make_user()
             self.users[role] = name
             home = self.root / "home" / name
             home.mkdir(mode=0o700)
@@ -325,34 +320,6 @@ def finish(proc: subprocess.Popen, timeout_s: float = 600) -> dict:
     return json.loads(out)
 
 
-def remove_user(name: str, timeout_s: float = 30.0) -> None:
-    """Kill what runs as `name`, then delete the user; raises if it is still there."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            uid = pwd.getpwnam(name).pw_uid
-        except KeyError:
-            return
-        for pid in _pids_of_uid(uid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        done = subprocess.run(["userdel", name], capture_output=True, text=True, timeout=60)
-        if done.returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"userdel {name} failed: {done.stderr.strip()}")
-        time.sleep(0.2)
-
-
-def _pids_of_uid(uid: int) -> list[int]:
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            if proc.stat().st_uid == uid:
-                found.append(int(proc.name))
-    return found
-
-
 def one_line(done: subprocess.CompletedProcess) -> str:
     return (done.stderr.strip() or done.stdout.strip()).splitlines()[-1] if (done.stderr or done.stdout) else ""
 
@@ -483,7 +450,7 @@ def attack_10_remove_running_user(w: World) -> Outcome:
     name = w.users["mallory"]
     uid = pwd.getpwnam(name).pw_uid
     deadline = time.monotonic() + 60  # RUNNING is set just before the command starts as her
-    while not _pids_of_uid(uid) and time.monotonic() < deadline:
+    while not pids_of_uid(uid) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
         remove_user(name)

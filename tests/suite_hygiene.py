@@ -78,7 +78,7 @@ def remove_user(name: str, timeout_s: float = 30.0) -> None:
             uid = pwd.getpwnam(name).pw_uid
         except KeyError:
             return
-        for pid in _pids_of_uid(uid):
+        for pid in pids_of_uid(uid):
             _kill(pid)
         done = subprocess.run(["userdel", name], capture_output=True, text=True, timeout=60)
         if done.returncode == 0:
@@ -88,7 +88,8 @@ def remove_user(name: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.2)  # a killed process of the user is still exiting: try again
 
 
-def _pids_of_uid(uid: int) -> list[int]:
+def pids_of_uid(uid: int) -> list[int]:
+    """The processes running as `uid`."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:

@@ -18,7 +18,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -32,6 +32,7 @@ from scheduler.accounting.ledger import NotFound
 from scheduler.accounting.reports import GROUPINGS, parse_period
 from scheduler.daemon.access import Caller, RequestError
 from scheduler.daemon.service import JobService
+from scheduler.daemon.submit_checks import parse_iso_time
 from scheduler.profiles import learned_view
 from scheduler.store import Store
 from scheduler.text_table import printable
@@ -653,19 +654,7 @@ def _query_int(query: dict, name: str) -> int | None:
 
 def _query_time(query: dict, name: str) -> datetime | None:
     """An ISO 8601 time with its zone from the query string (the CLI sends UTC)."""
-    if name not in query:
-        return None
-    text = query[name][0]
-    try:
-        t = datetime.fromisoformat(text)
-    except ValueError:
-        raise RequestError(400, f"{name} {text!r} is not an ISO 8601 time") from None
-    if t.tzinfo is None:
-        raise RequestError(400, f"{name} {text!r} has no time zone")
-    try:
-        return t.astimezone(timezone.utc)
-    except OverflowError:  # 9999-12-31T23:59:59-23:59 is after the year 9999 in UTC
-        raise RequestError(400, f"{name} {text!r} is out of range") from None
+    return parse_iso_time(query[name][0], name) if name in query else None
 
 
 def _remove_stale_socket(path: Path) -> None:

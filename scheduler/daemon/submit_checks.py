@@ -145,7 +145,7 @@ def _deadline(body: dict, now: datetime, est: float | None) -> datetime | None:
     """The deadline: ahead, within a year, and not sooner than the estimate from now."""
     if body.get("deadline") is None:
         return None
-    deadline = _parse_iso(body["deadline"], "deadline")
+    deadline = parse_iso_time(body["deadline"], "deadline")
     if deadline <= now:
         raise RequestError(400, f"deadline {iso(deadline)} is in the past")
     if deadline > now + timedelta(seconds=MAX_DEADLINE_AHEAD_S):
@@ -233,11 +233,11 @@ def slurm_habits(body: dict, caller: Caller, now: datetime,
     if hold:
         cols.update(held_at=now, held_by=caller.uid, hold_kind="user", reason=HELD_REASON)
     if body.get("begin") is not None:
-        begin = _parse_iso(body["begin"], "begin")
+        begin = parse_iso_time(body["begin"], "begin")
         if begin > now + timedelta(seconds=MAX_RUNTIME_S * 12):
             raise RequestError(400, f"--begin {iso(begin)} is more than a year away")
         deadline = body.get("deadline")
-        if deadline is not None and _parse_iso(deadline, "deadline") <= begin:
+        if deadline is not None and parse_iso_time(deadline, "deadline") <= begin:
             raise RequestError(400, f"--begin {iso(begin)} is not before the deadline: it cannot be met")
         cols["begin_at"] = begin
         if begin > now and not hold:
@@ -398,7 +398,8 @@ def _check_latency_model(workload: str | None, slos: dict[str, float | None]) ->
                                 f"workloads with one: {', '.join(latency_model_names())}")
 
 
-def _parse_iso(v: object, field: str) -> datetime:
+def parse_iso_time(v: object, field: str) -> datetime:
+    """A request's ISO 8601 time with its zone, in UTC; a 400 naming `field` otherwise."""
     if not isinstance(v, str):
         raise RequestError(400, f"{field} must be an ISO 8601 time")
     try:
