@@ -36,6 +36,7 @@ from pathlib import Path
 from policies.types import QueuedJob
 from scheduler.simulate.cluster import ClusterSpec, load_cluster
 from scheduler.simulate.intensity import CarbonInputError, ZoneIntensity, check_zones, common_start
+from scheduler.simulate.tenancy import DEFAULT_QOS, Tenant, account_shares, tenants_of
 from scheduler.simulate.traces import JobTrace, clamp_widths, read_jobs, shift_origin
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class Scenario:
     names: dict[int, str] = field(default_factory=dict)
     notes: dict[str, object] = field(default_factory=dict)
     profiles: tuple = ()  # workload profiles for the energy model; () = the packaged seeds
+    tenants: dict[int, Tenant] = field(default_factory=dict)  # job id -> its user, account, QOS
+    shares: dict[str, int] = field(default_factory=dict)  # account -> raw fair-share shares
 
     def describe(self) -> dict[str, object]:
         first = min(j.submitted_at for j in self.jobs)
@@ -134,6 +137,7 @@ def build_scenario(
     seed: int = 0,
     profiles: tuple = (),
     interruptible: Interruptible | None = None,
+    shares: dict[str, int] | None = None,
 ) -> Scenario:
     """Place a trace on the calendar of the carbon data and make the jobs (module docstring)."""
     from policies.model.energy import ProfileBook, seed_profiles
@@ -162,8 +166,12 @@ def build_scenario(
     if interruptible is not None:
         notes["interruptible"] = {"share": cut.share, "kind": cut.kind, "min_run_s": cut.min_run_s,
                                   "resume_cost_s": cut.resume_cost_s, "max_segments": cut.max_segments}
+    tenants = tenants_of(trace)
+    account_table = account_shares(tenants, shares)
+    if len(account_table) > 1 or any(t.qos != DEFAULT_QOS for t in tenants.values()):
+        notes["accounts"] = account_table
     return Scenario(cluster=cluster, jobs=jobs, carbon=carbon, origin=origin, trace=trace, names=names,
-                    notes=notes, profiles=tuple(profiles))
+                    notes=notes, profiles=tuple(profiles), tenants=tenants, shares=account_table)
 
 
 def _origin(trace: JobTrace, carbon: dict[str, ZoneIntensity], start: datetime | None) -> datetime:

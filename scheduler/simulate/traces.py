@@ -31,7 +31,10 @@ Formats, told apart by the header row (or named with `fmt`):
   `workload` [class, workload_class], `prompts`, `deadline` (ISO or offset) or `slack`
   [slack_s] (a duration), `gpu_mem_gib` [memory_gib, mem_gib], `latency_slo_ms`,
   `name` [id], `interruptible` (checkpoint, pause, or empty / none / no: one piece; issue
-  30: the job may be planned in segments, with the simulation's --min-run / --resume-cost).
+  30: the job may be planned in segments, with the simulation's --min-run / --resume-cost),
+  and who submitted it: `user`, `account` and `qos` (each optional: a job without an
+  account is the `default` account's, one without a QOS is `normal`; accounts are
+  compared by fair share, QOS levels give priority and how far carbon may defer a job).
   A row needs a submit time and one of runtime, work or prompts+workload.
 
 A bad row raises TraceFormatError with the file and line number.
@@ -90,6 +93,9 @@ class TraceJob:
     name: str = ""
     tokens: int | None = None
     interruptible: str | None = None  # "checkpoint" | "pause" | None: one piece (issue 30)
+    user: str | None = None  # who submitted it (None: the trace does not say)
+    account: str | None = None  # the account it is charged to (None: `default`)
+    qos: str | None = None  # its quality of service (None: `normal`)
 
 
 @dataclass
@@ -335,6 +341,9 @@ _GENERIC = {
     "slo": ("latency_slo_ms",),
     "name": ("name", "id"),
     "interruptible": ("interruptible", "interrupt"),
+    "user": ("user", "user_name", "username"),
+    "account": ("account",),
+    "qos": ("qos",),
 }
 
 
@@ -388,7 +397,9 @@ def _read_generic(name: str, cols: list[str], rows, time_unit: str | None) -> Jo
             arrival_s=0.0, gpus=gpus, est_runtime_s=runtime, workload=workload, prompts=prompts,
             gpu_mem_gib=_number(get("memory"), "gpu_mem_gib", name, line) if get("memory") else 0.0,
             latency_slo_ms=_number(get("slo"), "latency_slo_ms", name, line) if get("slo") else None,
-            slack_s=slack, name=get("name") or f"job-{line - 1}", interruptible=cut)
+            slack_s=slack, name=get("name") or f"job-{line - 1}", interruptible=cut,
+            user=get("user") or None, account=_tenant_name(get("account"), "account", name, line),
+            qos=_tenant_name(get("qos").lower(), "qos", name, line))
         parsed.append((submit, job, deadline))
     if not parsed:
         return JobTrace(path=name, fmt="generic", jobs=[])
@@ -409,6 +420,18 @@ def _read_generic(name: str, cols: list[str], rows, time_unit: str | None) -> Jo
             raise TraceFormatError(name, None, f"job {job.name}: deadline is not after its submit time")
         jobs.append(replace(job, arrival_s=arrival, deadline_s=d))
     return JobTrace(path=name, fmt="generic", jobs=jobs, origin=origin, time_unit=time_unit or "s")
+
+
+def _tenant_name(text: str, what: str, name: str, line: int) -> str | None:
+    """An account or QOS name of a trace row (None where empty): letters, digits and `._-`,
+    accounts nested by `/` (e.g. research/nlp)."""
+    if not text:
+        return None
+    allowed = "/._-" if what == "account" else "._-"
+    if not all(c.isalnum() or c in allowed for c in text) or text.startswith("/") or text.endswith("/") \
+            or "//" in text:
+        raise TraceFormatError(name, line, f"{what}: {text!r} is not a name (letters, digits, {allowed})")
+    return text
 
 
 def _time_or_offset(text: str, unit_s: float, what: str, name: str, line: int) -> datetime | float:
