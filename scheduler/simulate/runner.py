@@ -23,6 +23,7 @@ from scheduler.simulate.metrics import compare, summarize
 from scheduler.simulate.model import Simulation
 from scheduler.simulate.records import PolicyRun
 from scheduler.simulate.scenario import Scenario
+from scheduler.simulate.tenancy import tenant_figures
 from scheduler.simulate.settings import SimSettings
 
 log = logging.getLogger(__name__)
@@ -122,11 +123,16 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
             if bar is not None:
                 bar.close()
         runs[name] = run
-        summaries[name] = summarize(run, scenario.cluster)
+        summaries[name] = _summary(run, scenario)
         log.info("%s: %.3f kgCO2, %d events in %.1f s", name, summaries[name]["kgco2"], run.events, run.wall_s)
         if on_policy is not None:
             on_policy(name, summaries[name])
     return SimulationResult(runs=runs, summaries=summaries, comparison=compare(summaries))
+
+
+def _summary(run: PolicyRun, scenario: Scenario) -> dict:
+    """The run's metrics (`metrics.summarize`) with its figures per account and QOS."""
+    return summarize(run, scenario.cluster) | tenant_figures(run.records, scenario.tenants, scenario.shares)
 
 
 def _simulate(scenario: Scenario, spec: PolicySpec, params: dict, forecast: str, settings: SimSettings, fits: dict,
@@ -147,7 +153,7 @@ def _many_seeds(scenario: Scenario, spec: PolicySpec, seeds: int, forecast: str,
 
     runs = [_simulate(scenario, spec, {**dict(spec.params), "seed": seed}, forecast, settings, fits)
             for seed in range(seeds)]
-    summaries = [summarize(run, scenario.cluster) for run in runs]
+    summaries = [_summary(run, scenario) for run in runs]
     out = dict(summaries[0])
     for key in SEED_MEAN_KEYS:
         values = [s[key] for s in summaries]

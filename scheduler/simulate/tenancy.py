@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler.simulate.metrics import percentile
 from scheduler.simulate.traces import JobTrace
 
 DEFAULT_ACCOUNT = "default"
@@ -39,3 +40,90 @@ def account_shares(tenants: dict[int, Tenant], shares: dict[str, int] | None = N
     if bad:
         raise ValueError(f"account shares must be whole numbers >= 0: {bad}")
     return {a: given.get(a, 1) for a in sorted({t.account for t in tenants.values()} | set(given))}
+
+
+def _runs(r) -> list[tuple[float, float]]:
+    """The spans (epoch s) a finished or running record held its GPUs doing work."""
+    if r.segment_log:
+        return [(s, e) for s, e, _, _ in r.segment_log]
+    if r.start_s is not None and r.end_s is not None:
+        return [(r.start_s, r.end_s)]
+    return []
+
+
+def water_fill(capacity: float, shares: dict[str, float], demand: dict[str, float]) -> dict[str, float]:
+    """Each account's fair part of `capacity`: split by shares, but no account gets more than
+    it asked for (`demand`); what one leaves is split again among the rest by their shares
+    (max-min fairness). An account with no share gets only what the others leave."""
+    target = {a: 0.0 for a in demand}
+    left = capacity
+    open_ = {a for a, d in demand.items() if d > 0}
+    while left > 1e-9 and open_:
+        weights = {a: shares.get(a, 0.0) for a in open_}
+        total = sum(weights.values())
+        if total <= 0:
+            weights, total = {a: 1.0 for a in open_}, float(len(open_))
+        filled = {a for a in open_ if target[a] + left * weights[a] / total >= demand[a] - 1e-9}
+        if not filled:
+            for a in open_:
+                target[a] += left * weights[a] / total
+            break
+        for a in filled:
+            left -= demand[a] - target[a]
+            target[a] = demand[a]
+        open_ -= filled
+    return target
+
+
+def jain_index(values: list[float]) -> float | None:
+    """Jain's fairness index of `values`: 1 when all are equal, 1/n when one has everything
+    (None for no values or all zero)."""
+    if not values or not any(values):
+        return None
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def tenant_figures(records: list, tenants: dict[int, Tenant], shares: dict[str, int]) -> dict:
+    """The run's figures per account and per QOS, and Jain's fairness index over accounts.
+
+    The busy period is from the first arrival to the last: while jobs keep arriving, the
+    cluster's GPU-hours are what accounts compete for. Per account, `gpu_hours` is the work
+    its jobs ran within that period, `share_delivered` its part of all that work, and
+    `share_target` its fair part (`water_fill`: split by shares, none above what the account
+    asked for: the GPU-hours of its jobs that arrived in the period); waits (start - submit)
+    and `kgco2` are over all its finished jobs. `fairness.jain` is over accounts'
+    delivered / target ratios (1: every account got its fair part)."""
+    if not records:
+        return {"accounts": {}, "qos": {}, "fairness": {"jain": None}}
+    t0 = min(r.arrival_s for r in records)
+    t1 = max(r.arrival_s for r in records)
+    delivered: dict[str, float] = {a: 0.0 for a in shares}
+    asked: dict[str, float] = {a: 0.0 for a in shares}
+    waits: dict[str, list[float]] = {a: [] for a in shares}
+    qos_waits: dict[str, list[float]] = {}
+    grams: dict[str, float] = {a: 0.0 for a in shares}
+    for r in records:
+        owner = tenants.get(r.job.id, Tenant())
+        gpus = len(r.gpu_ids) or r.job.gpus
+        asked[owner.account] = asked.get(owner.account, 0.0) + gpus * (r.runtime_s or r.planned_runtime_s)
+        delivered[owner.account] = delivered.get(owner.account, 0.0) + gpus * sum(
+            max(0.0, min(e, t1) - max(s, t0)) for s, e in _runs(r))
+        grams[owner.account] = grams.get(owner.account, 0.0) + r.gco2 + r.lost_gco2
+        if r.state == "done" and r.start_s is not None:
+            waits.setdefault(owner.account, []).append(r.start_s - r.arrival_s)
+            qos_waits.setdefault(owner.qos, []).append(r.start_s - r.arrival_s)
+    total = sum(delivered.values())
+    targets = water_fill(total, {a: float(s) for a, s in shares.items()}, asked)
+    accounts = {}
+    for a in sorted(delivered):
+        target = targets.get(a, 0.0) / total if total else None
+        accounts[a] = {"shares": shares.get(a, 0), "gpu_hours": delivered[a] / 3600.0,
+                       "share_target": target, "share_delivered": delivered[a] / total if total else None,
+                       "wait_p50_s": percentile(waits.get(a, []), 50), "wait_p95_s": percentile(waits.get(a, []), 95),
+                       "kgco2": grams[a] / 1000.0}
+    ratios = [v["share_delivered"] / v["share_target"] for v in accounts.values()
+              if v["share_target"] and v["share_delivered"] is not None]
+    return {"accounts": accounts,
+            "qos": {q: {"jobs": len(w), "wait_p50_s": percentile(w, 50), "wait_p95_s": percentile(w, 95)}
+                    for q, w in sorted(qos_waits.items())},
+            "fairness": {"jain": jain_index(ratios)}}

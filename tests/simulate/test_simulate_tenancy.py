@@ -42,3 +42,43 @@ def test_accounts_get_equal_shares_unless_the_scenario_gives_them():
     assert account_shares(tenants, {"b": 3}) == {"a": 1, "b": 3}
     with pytest.raises(ValueError, match="whole numbers"):
         account_shares(tenants, {"a": -1})
+
+
+def test_water_fill_gives_no_account_more_than_it_asked_and_splits_the_rest_by_shares():
+    from scheduler.simulate.tenancy import water_fill
+
+    # four equal accounts, one asks for most: the small ones get all they asked, the big one the rest
+    got = water_fill(100.0, {"big": 1, "a": 1, "b": 1, "c": 1}, {"big": 90.0, "a": 10.0, "b": 10.0, "c": 10.0})
+    assert got == pytest.approx({"big": 70.0, "a": 10.0, "b": 10.0, "c": 10.0})
+    # two accounts 1:3 that both ask for more than there is: split by shares
+    assert water_fill(40.0, {"x": 1, "y": 3}, {"x": 100.0, "y": 100.0}) == pytest.approx({"x": 10.0, "y": 30.0})
+
+
+def test_jain_index_is_one_when_fair_and_one_over_n_when_one_takes_all():
+    from scheduler.simulate.tenancy import jain_index
+
+    assert jain_index([1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert jain_index([3.0, 0.0, 0.0]) == pytest.approx(1 / 3)
+    assert jain_index([]) is None
+
+
+def test_simulate_reports_each_account_and_qos(tmp_path):
+    """Two accounts on one H100 node, one flooding it: the report gives each account's
+    GPU-hours, shares and waits, each QOS's waits and Jain's index, in the run's JSON."""
+    from scheduler.simulate.runner import run_policies
+    from scheduler.simulate.scenario import build_scenario, demo_inputs
+
+    cluster, _, carbon, start = demo_inputs()
+    rows = ["submit_time,runtime_s,gpus,account,qos"]
+    rows += [f"{i * 60},1800,1,flood,normal" for i in range(12)]
+    rows += ["30,1800,1,quiet,urgent", "90,1800,1,quiet,normal"]
+    trace = read_jobs(write(tmp_path, "\n".join(rows) + "\n"))
+    scenario = build_scenario(cluster, trace, carbon, start=start)
+    summary = run_policies(scenario, ["fifo"]).summaries["fifo"]
+    accounts = summary["accounts"]
+    assert set(accounts) == {"flood", "quiet"}
+    assert accounts["flood"]["shares"] == accounts["quiet"]["shares"] == 1
+    assert accounts["flood"]["gpu_hours"] > accounts["quiet"]["gpu_hours"] > 0
+    assert sum(a["share_delivered"] for a in accounts.values()) == pytest.approx(1.0)
+    assert summary["qos"]["urgent"]["jobs"] == 1 and summary["qos"]["normal"]["jobs"] == 13
+    assert 0 < summary["fairness"]["jain"] <= 1.0
