@@ -10,8 +10,8 @@
     carbonsched simulate --from-store [--since T] [--until T] [--db URL] --policy a,b,...
     carbonsched simulate                      # the bundled demo scenario (real data)
 
-Prints a side-by-side table (or the JSON document with --json) and writes report.json, a
-CSV per job and per policy, and PNG plots into --out (default ./simulate-<time>).
+Prints a side-by-side table (or the JSON document with --json); with --out DIR it also writes
+report.json, a CSV per job and per policy, and PNG plots there (nothing is written without it).
 Only the standard library is imported at module level (the CLI starts fast); everything
 else is imported in `run`.
 """
@@ -144,8 +144,9 @@ def _model_options(m) -> None:
 
 def _output_options(o) -> None:
     """Where and how the report goes."""
-    o.add_argument("--out", metavar="DIR", help="report folder (default ./simulate-<time>)")
-    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument("--out", metavar="DIR", help="write report.json, a CSV of jobs per policy and the plots "
+                   "into DIR (created); without it nothing is written")
+    o.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: on a terminal, off with --json)")
@@ -221,7 +222,7 @@ def _run(args, config: dict) -> int:
         raise CliError(f"--fifo-seeds must be at least 1 (got {args.fifo_seeds})", EXIT_USAGE)
     result = run_policies(scenario, policies, forecast=args.forecast, settings=settings, progress=progress,
                           fifo_seeds=args.fifo_seeds)
-    out = _out_dir(args.out)
+    out = _out_dir(args.out) if args.out else None
     info = scenario.describe()
     info.update({"policies": [p.label for p in policies],
                  "policy_params": {p.label: dict(p.params) for p in policies}, "forecast": args.forecast,
@@ -232,13 +233,14 @@ def _run(args, config: dict) -> int:
                  "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit,
                  "demo": demo, "from_store": bool(args.from_store)})
     doc = write_report(result.runs, result.summaries, result.comparison, info, out, scenario.names,
-                       plots=not args.no_plots)
+                       plots=not args.no_plots, models=tuple(scenario.cluster.gpus_by_model()))
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     else:
         print(table(result.summaries, result.comparison))
-        print(f"\nreport written to {out}/ (report.json, jobs-<policy>.csv"
-              + ("" if args.no_plots else ", emissions.png, gpu_usage.png, waits.png") + ")")
+        if out is not None:
+            print(f"\nreport written to {out}/ (report.json, jobs-<policy>.csv"
+                  + ("" if args.no_plots else ", emissions.png, gpu_usage.png, waits.png") + ")")
     return EXIT_OK
 
 
@@ -341,12 +343,9 @@ def _default_policies(preferred: str) -> str:
     return ",".join(chosen or ["fifo"])
 
 
-def _out_dir(text: str | None) -> Path:
-
-    if text:
-        path = Path(text)
-    else:
-        path = Path.cwd() / f"simulate-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+def _out_dir(text: str) -> Path:
+    """The report folder of --out, created."""
+    path = Path(text)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

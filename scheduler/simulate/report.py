@@ -3,9 +3,10 @@
 Files written to the output folder:
 
 - `report.json`: {"policies": {NAME: metrics}, "comparison": {NAME: savings}, "scenario": ...}
-- `jobs-<policy>.csv`: one row per job (times ISO 8601 UTC).
+- `jobs-<policy>.csv`: one row per job (times ISO 8601 UTC; the policy's label made portable,
+  `file_stem`).
 - `emissions.png`: cumulative kgCO2 over time per policy, over each zone's actual intensity.
-- `gpu_usage.png`: GPU-hours by GPU model per policy.
+- `gpu_usage.png`: GPU-hours by GPU model per policy (every model of the cluster, used or not).
 - `waits.png`: the distribution (CDF) of waits per policy.
 """
 
@@ -73,7 +74,15 @@ def cumulative_emissions(run: PolicyRun, grid_s: list[float]) -> list[float]:
     return total
 
 
-def write_plots(runs: dict[str, PolicyRun], out: Path) -> list[Path]:
+def gpu_hours_by_model(runs: dict[str, PolicyRun], models: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+    """GPU-hours of finished work per policy and GPU model: every model of the cluster
+    (`models`), a model a policy never used at zero rather than left out."""
+    every = sorted(set(models) | {r.model for run in runs.values() for r in run.records if r.model})
+    return {name: {m: sum(len(r.gpu_ids) * r.runtime_s for r in run.records if r.model == m and r.state == "done")
+                   / 3600.0 for m in every} for name, run in runs.items()}
+
+
+def write_plots(runs: dict[str, PolicyRun], out: Path, models: tuple[str, ...] = ()) -> list[Path]:
     """emissions.png, gpu_usage.png, waits.png (matplotlib, Agg backend)."""
     import matplotlib
 
@@ -110,13 +119,12 @@ def write_plots(runs: dict[str, PolicyRun], out: Path) -> list[Path]:
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
 
-    models = sorted({r.model for run in runs.values() for r in run.records if r.model})
+    usage = gpu_hours_by_model(runs, models)
+    models = sorted(next(iter(usage.values()), {}))
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(models) * len(runs)), 4.5))
     width = 0.8 / max(1, len(runs))
-    for i, (name, run) in enumerate(runs.items()):
-        hours = [sum(len(r.gpu_ids) * r.runtime_s for r in run.records if r.model == m and r.state == "done")
-                 / 3600.0 for m in models]
-        ax.bar([x + i * width for x in range(len(models))], hours, width=width, label=name)
+    for i, (name, hours) in enumerate(usage.items()):
+        ax.bar([x + i * width for x in range(len(models))], [hours[m] for m in models], width=width, label=name)
     ax.set_xticks([x + width * (len(runs) - 1) / 2 for x in range(len(models))], models)
     ax.set_ylabel("GPU-hours")
     ax.set_title("GPU-model usage per policy")
@@ -143,17 +151,26 @@ def write_plots(runs: dict[str, PolicyRun], out: Path) -> list[Path]:
     return files
 
 
+def file_stem(label: str) -> str:
+    """A policy label as a portable file-name part: `cpsat:max_time_s=0.25` ->
+    `cpsat-max_time_s-0.25` (no `:` or `=`, which some file systems and shells refuse)."""
+    return "".join(c if c.isalnum() or c in "._" else "-" for c in label).strip("-.") or "policy"
+
+
 def write_report(runs: dict[str, PolicyRun], summaries: dict[str, dict], comparison: dict[str, dict],
-                 scenario: dict, out: Path, names: dict[int, str], *, plots: bool = True) -> dict:
-    """Write every report file into `out` (created); return the JSON document written."""
+                 scenario: dict, out: Path | None, names: dict[int, str], *, plots: bool = True,
+                 models: tuple[str, ...] = ()) -> dict:
+    """The JSON document of a run; with `out`, every report file written there (created)."""
+    if out is None:
+        return {"policies": summaries, "comparison": comparison, "scenario": scenario, "files": {}}
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
     for name, run in runs.items():
-        path = out / f"jobs-{name}.csv"
+        path = out / f"jobs-{file_stem(name)}.csv"
         write_jobs_csv(run, path, names)
         files[f"jobs-{name}"] = str(path)
     if plots:
-        for p in write_plots(runs, out):
+        for p in write_plots(runs, out, models):
             files[p.stem] = str(p)
     doc = {"policies": summaries, "comparison": comparison, "scenario": scenario,
            "files": {**files, "report": str(out / "report.json")}}

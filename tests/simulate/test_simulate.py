@@ -334,18 +334,47 @@ def test_cli_unknown_policy_lists_the_known_ones(tmp_path, capsys):
     assert "unknown policy 'magic'; known: " in capsys.readouterr().err
 
 
-def test_cli_without_trace_arguments_runs_the_bundled_demo(tmp_path, capsys, monkeypatch):
+def test_cli_without_trace_arguments_runs_the_bundled_demo_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Without --out the report is printed, never written: no folder appears where it ran."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        main(["simulate", "--policy", "fifo", "--no-plots"])
+        main(["simulate", "--policy", "fifo"])
     assert e.value.code == 0
     captured = capsys.readouterr()
     assert "the bundled demo: 300 PAI jobs" in captured.err
-    assert "kgCO2" in captured.out
-    written = [line for line in captured.out.splitlines() if line.startswith("report written to ")]
-    assert written
-    folder = Path(written[0].removeprefix("report written to ").split("/ (")[0])
-    assert folder.parent == tmp_path and (folder / "report.json").exists() and (folder / "jobs-fifo.csv").exists()
+    assert "kgCO2" in captured.out and "report written" not in captured.out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_files_have_portable_names_and_every_gpu_model_in_the_usage_plot(tmp_path, capsys):
+    """A policy label with options becomes a file name without `:` or `=`; with --out the
+    report names its files in report.json."""
+    from scheduler.simulate.report import file_stem
+
+    assert file_stem("cpsat:max_time_s=0.25") == "cpsat-max_time_s-0.25"
+    assert file_stem("greedy") == "greedy"
+    out = tmp_path / "r"
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "--policy", "fifo,greedy:lateness_g_per_gpu_h=50", "--json", "--out", str(out)])
+    assert e.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    names = sorted(p.name for p in out.iterdir())
+    assert "jobs-greedy-lateness_g_per_gpu_h-50.csv" in names and "gpu_usage.png" in names
+    assert all(":" not in n and "=" not in n for n in names)
+    assert doc["files"]["report"] == str(out.resolve() / "report.json")
+
+
+def test_gpu_usage_shows_a_gpu_model_no_policy_used_at_zero(tmp_path):
+    from scheduler.simulate.report import gpu_hours_by_model
+
+    sc = scenario(5, tmp_path)
+    runs = run_policies(sc, parse_policies("fifo"), forecast="perfect").runs
+    models = tuple(sc.cluster.gpus_by_model())
+    used = {r.model for r in runs["fifo"].records if r.state == "done"}
+    usage = gpu_hours_by_model(runs, models)["fifo"]
+    assert set(usage) == set(models) | used
+    assert all(usage[m] == 0.0 for m in set(models) - used) and all(usage[m] > 0 for m in used)
+    assert len(used) < len(models)  # the scenario leaves a model idle: the case this test is about
 
 
 @pytest.mark.parametrize("policy", ["greedy", "cpsat:max_time_s=0.5"])
