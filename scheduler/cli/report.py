@@ -219,18 +219,34 @@ def report_csv(data: dict) -> str:
 
 
 def plot_daily(data: dict, path: str) -> None:
-    """Bars of the fleet's kgCO2 per day and a line of its mean intensity (g/kWh)."""
+    """Draw `daily_figure` into `path` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = daily_figure(data)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def daily_figure(data: dict):
+    """Bars of the fleet's kgCO2 per day and a line of its mean intensity (g/kWh), over the
+    report's period (in the title). A day whose energy is partly modelled (not measured) has
+    a hatched bar; an unpriced day is a gap, never a zero bar. The legend sits below the
+    axes, where it hides no bar or point."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     days = [g for g in data["groups"] if g["group"] is not None]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(9, 4.6))
     x = list(range(len(days)))
-    # an unpriced day is a gap, never a zero bar (issue 28)
-    ax.bar(x, [g["kgco2"] if g["kgco2"] is not None else float("nan") for g in days], color="#5b8c5a",
-           label="kgCO2")
+    bars = ax.bar(x, [g["kgco2"] if g["kgco2"] is not None else float("nan") for g in days], color="#5b8c5a")
+    modelled = [bool(g.get("jobs_modelled")) for g in days]
+    for bar, is_modelled in zip(bars, modelled):
+        if is_modelled:
+            bar.set_hatch("///")
+            bar.set_edgecolor("#2f4f2f")
     ax.set_ylim(bottom=0)
     if not any(g["kgco2"] is not None for g in days):
         ax.text(0.5, 0.5, "no priced emissions in this period" + (
@@ -239,14 +255,21 @@ def plot_daily(data: dict, path: str) -> None:
     ax.set_ylabel("kgCO2 per day")
     ax.set_xticks(x, [g["group"] for g in days], rotation=45, ha="right", fontsize=8)
     ax2 = ax.twinx()
-    ax2.plot(x, [g["intensity_g_per_kwh"] if g["intensity_g_per_kwh"] is not None else float("nan") for g in days],
-             color="#c0504d", marker="o", label="gCO2/kWh")
+    intensity = [g["intensity_g_per_kwh"] if g["intensity_g_per_kwh"] is not None else float("nan") for g in days]
+    line, = ax2.plot(x, intensity, color="#c0504d", marker="o")
     ax2.set_ylabel("mean intensity, gCO2/kWh")
-    ax.set_title(f"carbonsched: daily emissions and intensity ({data['scope']})")
-    fig.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    known = [v for v in intensity if v == v]
+    ax2.set_ylim(0, max(known) * 1.15 if known and max(known) > 0 else 1.0)
+    period = f"{data['since'][:16]} to {data['until'][:16]} UTC" if data.get("since") else ""
+    ax.set_title(f"carbonsched: daily emissions and intensity ({data['scope']})\n{period}", fontsize=10)
+    handles = [Patch(color="#5b8c5a", label="kgCO2 (measured energy)"), line]
+    labels = ["kgCO2 (measured energy)", "mean intensity, gCO2/kWh"]
+    if any(modelled):
+        handles.append(Patch(facecolor="#5b8c5a", edgecolor="#2f4f2f", hatch="///"))
+        labels.append("kgCO2, energy partly modelled")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    return fig
 
 
 # -- export -----------------------------------------------------------------------------------

@@ -514,3 +514,22 @@ def test_the_clis_significant_figures_are_the_policies_own():
     for v in (0.0, 4.82e-05, -3.2e-9, 0.25, 1.0, 12.345, 999.5, 1514.2, 123456.0, 1.5e7, float("inf")):
         for digits in (2, 3, 4):
             assert significant(v, digits) == sig(v, digits)
+
+
+def test_the_daily_plot_names_its_period_marks_modelled_days_and_keeps_its_legend_off_the_data():
+    from scheduler.cli.report import daily_figure
+
+    def day(name, kg, modelled):
+        return {"group": name, "kgco2": kg, "intensity_g_per_kwh": 300.0, "jobs_modelled": modelled}
+
+    data = {"since": "2026-12-01T00:00:00+00:00", "until": "2026-12-03T00:00:00+00:00", "scope": "all users",
+            "groups": [day("2026-12-01", 1.5, 0), day("2026-12-02", 2.0, 3)], "jobs_without_gco2": 0}
+    fig = daily_figure(data)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert "2026-12-01T00:00 to 2026-12-03T00:00 UTC" in ax.get_title()
+    assert [bar.get_hatch() for bar in ax.patches] == [None, "///"]
+    legend = fig.legends[0]
+    assert "kgCO2, energy partly modelled" in [t.get_text() for t in legend.get_texts()]
+    renderer = fig.canvas.get_renderer()
+    assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
