@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import NamedTuple, Protocol
 
 from policies.types import Plan, Snapshot
@@ -41,6 +42,11 @@ def get_policy(name: str, **params: object) -> Policy:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
     module, cls = _POLICIES[name]
     factory = getattr(importlib.import_module(module), cls)
+    options = [p for p in inspect.signature(factory).parameters if p not in ("self", "name", "args", "kwargs")]
+    unknown = [k for k in params if k not in options]
+    if unknown:
+        raise ValueError(f"policy {name!r} has no option {', '.join(map(repr, unknown))}; "
+                         f"its options: {', '.join(options) or 'none'}")
     try:
         return factory(**params)
     except TypeError as e:

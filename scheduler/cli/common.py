@@ -188,3 +188,18 @@ def open_existing_store(url: str, *, require_current: bool = True,
             store.dispose()
             raise CliError(f"cannot read the database {store.url}: {str(e).splitlines()[0]}") from None
     return store
+
+
+def database_error_line(e: BaseException) -> str | None:
+    """One line for an error the database driver raised (a server that is down, a database
+    that does not exist, a refused login): what the driver said, first line only, without
+    SQLAlchemy's prefix and its link; None for any other error."""
+    module = type(e).__module__ or ""
+    if not module.startswith("sqlalchemy"):
+        return None
+    orig = getattr(e, "orig", None)
+    text = str(orig if orig is not None else e).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+    # psycopg: 'connection failed: connection to server at "h", port p failed: FATAL:  database "x" does not exist'
+    first = first.split("FATAL:", 1)[-1].strip() if "FATAL:" in first else first
+    return f"database error: {first}"

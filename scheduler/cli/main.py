@@ -800,7 +800,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # the last line of defence: one clear line, never a traceback
         if os.environ.get("CARBONSCHED_DEBUG"):
             raise
-        print(f"carbonsched: unexpected error: {type(e).__name__}: {e} "
+        from scheduler.cli.common import database_error_line
+
+        line = database_error_line(e)
+        print(f"carbonsched: {line} (check --db or the config's database URL)" if line else
+              f"carbonsched: unexpected error: {type(e).__name__}: {' '.join(str(e).split())} "
               "(set CARBONSCHED_DEBUG=1 for a traceback)", file=sys.stderr)
         code = EXIT_ERROR
     sys.exit(code)

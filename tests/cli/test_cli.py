@@ -168,6 +168,20 @@ def test_db_check_on_an_empty_database_fails_and_says_to_run_db_upgrade(cli_env,
     assert "matches the models" in proc.stdout
 
 
+def test_db_check_on_a_postgresql_database_that_does_not_exist_is_one_line(cli_env):
+    """Not SQLAlchemy's message with its link: what the server said, in one line."""
+    from sqlalchemy import make_url
+
+    from databases import PG_ADMIN_URL, require_pg
+
+    require_pg()
+    url = make_url(PG_ADMIN_URL).set(database="carbonsched_no_such_db").render_as_string(hide_password=False)
+    proc = run(cli_env, "db", "check", "--db", url)
+    assert proc.returncode == 1
+    line = one_line_error(proc)
+    assert 'database "carbonsched_no_such_db" does not exist' in line and "sqlalche.me" not in line
+
+
 def test_db_url_comes_from_the_environment(cli_env, tmp_path):
     cli_env["CARBONSCHED_DB"] = f"sqlite:///{tmp_path / 'env.db'}"
     proc = run(cli_env, "db", "upgrade")

@@ -152,6 +152,16 @@ def test_config_check_lists_every_problem_with_its_key(tmp_path):
     assert any("[site]" in x and "PUE" in x for x in lines)
 
 
+def test_config_check_names_an_unknown_policy_option_and_the_known_ones(tmp_path):
+    bad = tmp_path / "config.toml"
+    bad.write_text('policy = "cpsat:foo=1"\n')
+    proc = config_cli("--config", str(bad), "config", "check")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+    assert "policy 'cpsat' has no option 'foo'; its options: max_time_s," in proc.stderr
+    assert "__init__" not in proc.stderr
+
+
 def test_the_daemon_refuses_to_start_on_a_bad_config_saying_why(tmp_path):
     bad = tmp_path / "config.toml"
     bad.write_text('plan_interval = "often"\nmetrics_port = 70000\n')
