@@ -306,8 +306,10 @@ def _show(args, config, carbon_config) -> int:
         known = signals.zones()
         if signal is None and static_intensity(args.zone, carbon_config.static) is None \
                 and not any(z["zone"] == args.zone for z in known):
-            names = ", ".join(z["zone"] for z in known) or "none yet"
-            raise CliError(f"no carbon data for zone {args.zone!r} (zones with data: {names})", EXIT_USAGE)
+            names = [z["zone"] for z in known]
+            hint = _zone_hint(args.zone, names)
+            raise CliError(f"no carbon data for zone {args.zone!r} ({hint}zones with data: "
+                           f"{', '.join(names) or 'none yet'})", EXIT_USAGE)
         fc = signals.forecast(args.zone, at, at + timedelta(hours=args.hours), as_of=as_of, signal=signal)
         current = signals.intensity(args.zone, at, signal=fc.signal, as_of=as_of)
         fresh = signals.freshness(args.zone, fc.signal, now=as_of)
@@ -354,6 +356,15 @@ def _show(args, config, carbon_config) -> int:
         return EXIT_OK
     print(_show_text(args, at, as_of, now, value, fc, fresh, status, static))
     return EXIT_OK
+
+
+def _zone_hint(zone: str, names: list[str]) -> str:
+    """'did you mean 'DE'? ' where a known zone differs only in case or is a close spelling."""
+    import difflib
+
+    same = [n for n in names if n.casefold() == zone.casefold()]
+    close = same or difflib.get_close_matches(zone.upper(), names, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _show_text(args, at, as_of, now, value, fc, fresh, status, static) -> str:
@@ -455,8 +466,8 @@ def _zones(args, config, carbon_config) -> int:
                      f"{z['actual_rows']:,}", _local(z["first_actual_at"]), _local(z["last_actual_at"]),
                      f"{z['forecast_rows']:,}", z["provider"] or "-",
                      "-" if z["static_gco2_per_kwh"] is None else f"{z['static_gco2_per_kwh']:g}", st])
-    print(table(["ZONE", "SIGNAL", "SOURCES", "ACTUALS", "FROM", "TO", "FORECASTS", "PROVIDER", "STATIC",
-                 "STATUS"], rows))
+    print(table(["ZONE", "SIGNAL", "SOURCES", "ACTUALS", "FROM", "TO", "FORECASTS", "PROVIDER",
+                 "STATIC G/KWH", "STATUS"], rows))
     return EXIT_OK
 
 

@@ -209,6 +209,10 @@ def test_show_errors_are_one_clear_line(env):
     proc = carbonsched(env, "carbon", "show", "--zone", "XX")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "carbonsched: no carbon data for zone 'XX' (zones with data: DE)"
+    proc = carbonsched(env, "carbon", "show", "--zone", "de")  # a zone name in the wrong case
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("carbonsched: no carbon data for zone 'de' (did you mean 'DE'? "
+                                   "zones with data: DE)")
     proc = carbonsched(env, "carbon", "show", "--zone", "DE", "--at", "yesterday-ish")
     assert proc.returncode == 2 and "malformed time" in proc.stderr and "Traceback" not in proc.stderr
 
