@@ -210,6 +210,10 @@ class AccountTree:
         walk(None, 1.0)
         return out
 
+    def children_shares(self, account: str | None) -> float:
+        """The sum of the raw shares of an account's children (None: the top level)."""
+        return self._kid_total.get(account, 0.0)
+
     def sibling_fraction(self, node: Association) -> float:
         """raw shares / the sum over its siblings (itself included); 0 where that sum is 0."""
         parent = self.parent_of(node)
@@ -337,9 +341,14 @@ class DecayingUsage:
         else:
             self._totals[key] = (value + amount * decay(as_of - charge.at_s, self.half_life_s), as_of)
 
-    def totals(self, now_s: float) -> dict[Association, float]:
-        """Decayed usage per (account, user) at `now_s` (not before the latest charge)."""
-        return {k: v * decay(now_s - t, self.half_life_s) for k, (v, t) in self._totals.items()}
+    def totals(self, now_s: float, running: Iterable[Charge] = ()) -> dict[Association, float]:
+        """Decayed usage per (account, user) at `now_s` (not before the latest charge), plus
+        the usage so far of the `running` jobs (each one charge ending now, not kept: the
+        finished job is charged in full when it ends)."""
+        out = {k: v * decay(now_s - t, self.half_life_s) for k, (v, t) in self._totals.items()}
+        for key, value in decayed_usage(running, now_s, self.half_life_s, self.currency).items():
+            out[key] = out.get(key, 0.0) + value
+        return out
 
 
 # -- the fair-share factor ---------------------------------------------------------------
@@ -414,7 +423,7 @@ class FairShare:
         acc = self._rows.get((account, None))
         if acc is None:
             raise ValueError(f"unknown account {account!r}")
-        siblings = sum(self.tree.raw_shares(k) for k in self.tree.children(account)) + 1.0
+        siblings = self.tree.children_shares(account) + 1.0
         return fair_share_factor(acc.effective_usage / siblings, acc.norm_shares / siblings)
 
     def rows(self) -> list[ShareRow]:

@@ -51,8 +51,9 @@ def test_two_accounts_one_to_three():
 
 def test_normalised_shares_multiply_down_the_tree():
     """research 3 : ops 1 at the top; inside research, nlp 1 : vision 2."""
-    tree = AccountTree([AccountSpec("research", None, 3), AccountSpec("ops", None, 1), AccountSpec(DEFAULT_ACCOUNT, None, 0),
-                        AccountSpec("research/nlp", "research", 1), AccountSpec("research/vision", "research", 2)])
+    tree = AccountTree([AccountSpec("research", None, 3), AccountSpec("ops", None, 1),
+                        AccountSpec(DEFAULT_ACCOUNT, None, 0), AccountSpec("research/nlp", "research", 1),
+                        AccountSpec("research/vision", "research", 2)])
     s = tree.norm_shares()
     assert s[("research", None)] == pytest.approx(0.75)
     assert s[("research/nlp", None)] == pytest.approx(0.75 * 1 / 3)
@@ -125,6 +126,16 @@ def test_the_incremental_accumulator_equals_the_batch_sum():
     assert totals.keys() == batch.keys()
     for key in batch:
         assert totals[key] == pytest.approx(batch[key], rel=1e-9)
+
+
+def test_the_accumulator_adds_running_jobs_so_far_without_keeping_them():
+    acc = DecayingUsage()
+    acc.add(Charge("a", "ann", at_s=NOW_S - DAY_S, gpu_hours=10.0))
+    running = Charge("a", "ann", at_s=NOW_S, gpu_hours=3.0, duration_s=3 * 3600)
+    with_running = acc.totals(NOW_S, running=[running])[("a", "ann")]
+    so_far = decayed_usage([running], NOW_S)[("a", "ann")]
+    assert with_running == pytest.approx(acc.totals(NOW_S)[("a", "ann")] + so_far)
+    assert acc.totals(NOW_S)[("a", "ann")] == pytest.approx(10.0 * decay(DAY_S, DEFAULT_HALF_LIFE_S))
 
 
 def test_the_accumulator_charged_in_time_order_decays_between_events():
@@ -221,8 +232,9 @@ def test_share_targets_renormalise_over_the_accounts_that_had_work():
 def test_tree_targets_give_an_idle_sub_accounts_share_to_its_busy_sibling_first():
     """research (3) has nlp and vision; ops (1). With vision idle, nlp gets all of research's
     3/4, not a flat renormalisation over nlp and ops."""
-    tree = AccountTree([AccountSpec("research", None, 3), AccountSpec("ops", None, 1), AccountSpec(DEFAULT_ACCOUNT, None, 0),
-                        AccountSpec("nlp", "research", 1), AccountSpec("vision", "research", 1)])
+    tree = AccountTree([AccountSpec("research", None, 3), AccountSpec("ops", None, 1),
+                        AccountSpec(DEFAULT_ACCOUNT, None, 0), AccountSpec("nlp", "research", 1),
+                        AccountSpec("vision", "research", 1)])
     assert tree.share_targets(["nlp", "ops"]) == pytest.approx({"nlp": 0.75, "ops": 0.25})
     flat_tree = flat(a=1, b=1, c=2)
     norm = {a: s for (a, u), s in flat_tree.norm_shares().items()}
