@@ -241,6 +241,16 @@ def test_tree_targets_give_an_idle_sub_accounts_share_to_its_busy_sibling_first(
     assert flat_tree.share_targets(["a", "c"]) == pytest.approx(share_targets(norm, ["a", "c"]))
 
 
+def test_tree_targets_weigh_an_accounts_own_jobs_by_its_users_shares_beside_its_sub_accounts():
+    """research (3) holds user ann (1 share) beside nlp (1) and vision (2); vision is idle,
+    so research's 3/4 goes half to its own jobs and half to nlp."""
+    tree = AccountTree([AccountSpec("research", None, 3), AccountSpec("ops", None, 1),
+                        AccountSpec(DEFAULT_ACCOUNT, None, 0), AccountSpec("nlp", "research", 1),
+                        AccountSpec("vision", "research", 2)], [UserSpec("research", "ann")])
+    assert tree.share_targets(["research", "nlp", "ops"]) == pytest.approx({"research": 0.375, "nlp": 0.375,
+                                                                            "ops": 0.25})
+
+
 def test_jains_index_is_one_for_equal_ratios_and_one_over_n_for_one_takes_all():
     assert jain_index([1.2, 1.2, 1.2, 1.2]) == pytest.approx(1.0)
     assert jain_index([4.0, 0.0, 0.0, 0.0]) == pytest.approx(1 / 4)
