@@ -452,19 +452,17 @@ def share_targets(norm_shares: Mapping[str, float], active: Iterable[str]) -> di
     return {a: (norm_shares[a] / total if total > 0 else 0.0) for a in busy}
 
 
-def jain_index(values: Iterable[float]) -> float:
+def jain_index(values: Iterable[float]) -> float | None:
     """Jain's fairness index (sum x)^2 / (n * sum x^2): 1 when all are equal, 1/n when one
-    takes everything; 1 when all are 0 (nobody got more than anybody)."""
+    takes everything; None for no values or all zero (the same as the simulator's report)."""
     xs = [float(v) for v in values]
-    if not xs:
-        raise ValueError("Jain's index needs at least one value")
     if any(not math.isfinite(x) or x < 0 for x in xs):
         raise ValueError(f"Jain's index takes finite values >= 0, got {xs}")
     squares = sum(x * x for x in xs)
-    return 1.0 if squares == 0 else sum(xs) ** 2 / (len(xs) * squares)
+    return None if squares == 0 else sum(xs) ** 2 / (len(xs) * squares)
 
 
-def fairness_over_accounts(delivered: Mapping[str, float], targets: Mapping[str, float]) -> float:
+def fairness_over_accounts(delivered: Mapping[str, float], targets: Mapping[str, float]) -> float | None:
     """Jain's index over accounts of delivered / target (both fractions of the GPU-hours
     delivered, or both GPU-hours): 1 when every account got the same multiple of its
     target. Accounts with no target (no share, or no work) are left out."""
