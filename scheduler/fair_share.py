@@ -452,6 +452,30 @@ def share_targets(norm_shares: Mapping[str, float], active: Iterable[str]) -> di
     return {a: (norm_shares[a] / total if total > 0 else 0.0) for a in busy}
 
 
+def water_fill(capacity: float, shares: dict[str, float], demand: dict[str, float]) -> dict[str, float]:
+    """Each account's fair part of `capacity`: split by shares, but no account gets more than
+    it asked for (`demand`); what one leaves is split again among the rest by their shares
+    (max-min fairness). An account with no share gets only what the others leave."""
+    target = {a: 0.0 for a in demand}
+    left = capacity
+    open_ = {a for a, d in demand.items() if d > 0}
+    while left > 1e-9 and open_:
+        weights = {a: shares.get(a, 0.0) for a in open_}
+        total = sum(weights.values())
+        if total <= 0:
+            weights, total = {a: 1.0 for a in open_}, float(len(open_))
+        filled = {a for a in open_ if target[a] + left * weights[a] / total >= demand[a] - 1e-9}
+        if not filled:
+            for a in open_:
+                target[a] += left * weights[a] / total
+            break
+        for a in filled:
+            left -= demand[a] - target[a]
+            target[a] = demand[a]
+        open_ -= filled
+    return target
+
+
 def jain_index(values: Iterable[float]) -> float | None:
     """Jain's fairness index (sum x)^2 / (n * sum x^2): 1 when all are equal, 1/n when one
     takes everything; None for no values or all zero (the same as the simulator's report)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler.fair_share import jain_index, water_fill
 from scheduler.simulate.metrics import percentile
 from scheduler.simulate.traces import JobTrace
 
@@ -49,38 +50,6 @@ def _runs(r) -> list[tuple[float, float]]:
     if r.start_s is not None and r.end_s is not None:
         return [(r.start_s, r.end_s)]
     return []
-
-
-def water_fill(capacity: float, shares: dict[str, float], demand: dict[str, float]) -> dict[str, float]:
-    """Each account's fair part of `capacity`: split by shares, but no account gets more than
-    it asked for (`demand`); what one leaves is split again among the rest by their shares
-    (max-min fairness). An account with no share gets only what the others leave."""
-    target = {a: 0.0 for a in demand}
-    left = capacity
-    open_ = {a for a, d in demand.items() if d > 0}
-    while left > 1e-9 and open_:
-        weights = {a: shares.get(a, 0.0) for a in open_}
-        total = sum(weights.values())
-        if total <= 0:
-            weights, total = {a: 1.0 for a in open_}, float(len(open_))
-        filled = {a for a in open_ if target[a] + left * weights[a] / total >= demand[a] - 1e-9}
-        if not filled:
-            for a in open_:
-                target[a] += left * weights[a] / total
-            break
-        for a in filled:
-            left -= demand[a] - target[a]
-            target[a] = demand[a]
-        open_ -= filled
-    return target
-
-
-def jain_index(values: list[float]) -> float | None:
-    """Jain's fairness index of `values`: 1 when all are equal, 1/n when one has everything
-    (None for no values or all zero)."""
-    if not values or not any(values):
-        return None
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
 def tenant_figures(records: list, tenants: dict[int, Tenant], shares: dict[str, int]) -> dict:

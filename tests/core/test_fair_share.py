@@ -15,7 +15,7 @@ import pytest
 
 from scheduler.fair_share import (DEFAULT_ACCOUNT, DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, Charge,
                                   DecayingUsage, FairShare, UserSpec, decay, decayed_usage, fair_share_factor,
-                                  fairness_over_accounts, jain_index, share_targets)
+                                  fairness_over_accounts, jain_index, share_targets, water_fill)
 
 DAY_S = 86400.0
 NOW_S = 1_800_000_000.0
@@ -293,3 +293,11 @@ def test_bad_input_is_a_one_line_value_error(build, words):
     with pytest.raises(ValueError, match=words) as caught:
         build()
     assert "\n" not in str(caught.value)
+
+
+def test_water_fill_gives_no_account_more_than_it_asked_and_splits_the_rest_by_shares():
+    # four equal accounts, one asks for most: the small ones get all they asked, the big one the rest
+    got = water_fill(100.0, {"big": 1, "a": 1, "b": 1, "c": 1}, {"big": 90.0, "a": 10.0, "b": 10.0, "c": 10.0})
+    assert got == pytest.approx({"big": 70.0, "a": 10.0, "b": 10.0, "c": 10.0})
+    # two accounts 1:3 that both ask for more than there is: split by shares
+    assert water_fill(40.0, {"x": 1, "y": 3}, {"x": 100.0, "y": 100.0}) == pytest.approx({"x": 10.0, "y": 30.0})

@@ -44,24 +44,6 @@ def test_accounts_get_equal_shares_unless_the_scenario_gives_them():
         account_shares(tenants, {"a": -1})
 
 
-def test_water_fill_gives_no_account_more_than_it_asked_and_splits_the_rest_by_shares():
-    from scheduler.simulate.tenancy import water_fill
-
-    # four equal accounts, one asks for most: the small ones get all they asked, the big one the rest
-    got = water_fill(100.0, {"big": 1, "a": 1, "b": 1, "c": 1}, {"big": 90.0, "a": 10.0, "b": 10.0, "c": 10.0})
-    assert got == pytest.approx({"big": 70.0, "a": 10.0, "b": 10.0, "c": 10.0})
-    # two accounts 1:3 that both ask for more than there is: split by shares
-    assert water_fill(40.0, {"x": 1, "y": 3}, {"x": 100.0, "y": 100.0}) == pytest.approx({"x": 10.0, "y": 30.0})
-
-
-def test_jain_index_is_one_when_fair_and_one_over_n_when_one_takes_all():
-    from scheduler.simulate.tenancy import jain_index
-
-    assert jain_index([1.0, 1.0, 1.0]) == pytest.approx(1.0)
-    assert jain_index([3.0, 0.0, 0.0]) == pytest.approx(1 / 3)
-    assert jain_index([]) is None
-
-
 def test_simulate_reports_each_account_and_qos(tmp_path):
     """Two accounts on one H100 node, one flooding it: the report gives each account's
     GPU-hours, shares and waits, each QOS's waits and Jain's index, in the run's JSON."""
