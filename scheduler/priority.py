@@ -13,20 +13,24 @@ of factors between 0 and 1,
   default (PriorityFavorSmall=NO), because a job that needs many GPUs free at once is the one
   that small jobs would otherwise pass for ever. `favor_small=True` gives 1 - (gpus-1)/fleet.
 
-The default weights (`PriorityWeights`) put fair share first, QOS next, age and size last:
+The default weights (`PriorityWeights`) put fair share first, QOS next; age and size weigh
+nothing unless the operator says so:
 
 - **Fair share 10000** dominates because the goal is that a flooding account never delays
-  another account's job beyond what its share allows: everything else together
-  (5000 + 1000 + 200) is worth a fair-share gap of 0.62. An account that has used twice its
-  share or more (F <= 0.25) never outranks an account with no usage (F = 1), whatever the
-  QOS, age or size of either job (2500 + 6200 < 10000).
+  another account's job beyond what its share allows: everything else together is worth at
+  most a fair-share gap of 0.5 (QOS 5000). An account that has used twice its share or more
+  (F <= 0.25) never outranks an account with no usage (F = 1), whatever the QOS of either
+  job, and stays so when an operator gives age and size weights up to 2500 together.
 - **QOS 5000** orders jobs inside an account (equal F): `urgent` before `normal` before
   `flexible`; between accounts a QOS step weighs as much as a fair-share gap of half the
   step in QOS factor, so QOS buys a place in the queue but not another account's share.
-- **Age 1000**: a tie-breaker that keeps equal jobs first come, first served, and slowly
-  lifts a job that has waited long (a full week is worth a fair-share gap of 0.1); small, so
-  that jobs held back for carbon do not overtake the queue merely by waiting.
-- **Job size 200**: only breaks near-ties in favour of jobs that are hard to fit.
+- **Age 0 and job size 0** (as in Slurm, whose weights all default to 0): the planner treats
+  each distinct priority as a tier that no lower tier may delay, and carbon chooses only
+  within a tier. Age and size would make every job a tier of its own: a job could then
+  never be moved behind a later one for carbon, and the planner would plan thousands of
+  tiers one by one. A job's wait is bounded by its deadline and its QOS's deferral limit
+  instead. A site that wants first come, first served among equals sets `age` (a full week
+  of waiting is worth `age` points).
 
 Carbon then chooses GPU model, zone, start and power limit within what this order allows.
 Times are seconds since the epoch; nothing here reads a clock, the store or a file.
@@ -50,8 +54,8 @@ class PriorityWeights:
 
     fair_share: float = 10000.0
     qos: float = 5000.0
-    age: float = 1000.0
-    job_size: float = 200.0
+    age: float = 0.0
+    job_size: float = 0.0
     max_age_s: float = DEFAULT_MAX_AGE_S
     favor_small: bool = False
 

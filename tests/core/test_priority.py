@@ -1,6 +1,7 @@
 """scheduler.priority: the multifactor priority that decides who gets contested GPUs first.
 
-priority = 10000 * fair share + 5000 * QOS + 1000 * age + 200 * size by default, each factor
+priority = 10000 * fair share + 5000 * QOS + 0 * age + 0 * size by default (an operator may
+weigh age and size), each factor
 in [0, 1]; the queue is sorted highest first, then earliest eligible, then lowest job id.
 """
 
@@ -53,10 +54,10 @@ def test_job_size_favours_large_jobs_by_default_as_slurm_does():
 # -- one job's priority, by hand -----------------------------------------------------------
 
 def test_priority_is_the_weighted_sum_of_its_components_by_hand():
-    """F 0.5, QOS normal (0.5), waited 1.75 days (0.25), 2 of 8 GPUs (0.25):
-    5000 + 2500 + 250 + 50 = 7800."""
+    """F 0.5, QOS normal (0.5), waited 1.75 days (0.25), 2 of 8 GPUs (0.25), with a site's
+    weights for age (1000) and size (200): 5000 + 2500 + 250 + 50 = 7800."""
     b = priority_of(job(1, gpus=2, waited_s=1.75 * DAY_S), now_s=NOW_S, fair_share_factor=0.5,
-                    qos_priority=QOS, fleet_gpus=8)
+                    qos_priority=QOS, fleet_gpus=8, weights=PriorityWeights(age=1000, job_size=200))
     assert (b.fair_share, b.qos_component, b.age, b.job_size) == pytest.approx((5000, 2500, 250, 50))
     assert b.priority == pytest.approx(7800)
     assert (b.fair_share_factor, b.qos_factor, b.age_factor, b.job_size_factor) == pytest.approx((0.5, 0.5, 0.25, 0.25))
@@ -102,6 +103,18 @@ def test_an_account_at_twice_its_share_never_outranks_an_unused_account():
             job("quiet-1", "quiet", "q", "flexible", gpus=1)]
     ranked = queue_priorities(jobs, now_s=NOW_S, fair_share=fs.factor, qos_priority=QOS, fleet_gpus=8)
     assert order(ranked) == ["quiet-1", "flood-1"]
+    heavy = PriorityWeights(age=2000, job_size=500)  # a site that weighs age and size: still so
+    ranked = queue_priorities(jobs, now_s=NOW_S, fair_share=fs.factor, qos_priority=QOS, fleet_gpus=8,
+                              weights=heavy)
+    assert order(ranked) == ["quiet-1", "flood-1"]
+
+
+def test_by_default_equal_jobs_of_one_owner_have_one_priority_whatever_their_age_and_size():
+    """The planner plans each distinct priority as a tier; age and size weigh nothing unless
+    the operator says so, so one account's jobs of one QOS form one tier."""
+    jobs = [job(1, gpus=1, waited_s=0), job(2, gpus=8, waited_s=5 * DAY_S)]
+    ranked = queue_priorities(jobs, now_s=NOW_S, fair_share=lambda a, u: 0.5, qos_priority=QOS, fleet_gpus=8)
+    assert len({b.priority for b in ranked}) == 1
 
 
 def test_a_flooding_accounts_jobs_queue_behind_the_other_accounts():
