@@ -7,6 +7,7 @@ comparison, and replay speed. Reads ../shared/data (not shipped); see bench/READ
     .venv/bin/python bench/simulate_bench.py speed [--policy greedy] [--days N]  # pai-100k, 256 GPUs
     .venv/bin/python bench/simulate_bench.py overload [--loads 0.6,0.9,1.2] [--variants gaia,long]
     .venv/bin/python bench/simulate_bench.py halfhour [--forecast perfect,baseline]  # 30-min GB vs its hourly mean
+    .venv/bin/python bench/simulate_bench.py tenants [--loads 0.9,1.2]  # four accounts, fair share on and off
 
 Each scenario runs the simulator's own API (the same code as the CLI) and prints a table;
 `--json` writes the figures. Speed runs each policy in a child process and reports its wall
@@ -490,7 +491,7 @@ def _halfhour_mae(zone, forecasts: list[str]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["gap", "gaia", "speed", "overload", "halfhour", "_speed_child"])
+    p.add_argument("scenario", choices=["gap", "gaia", "speed", "overload", "halfhour", "tenants", "_speed_child"])
     p.add_argument("--policies", help="policy specs (default per scenario)")
     p.add_argument("--cpsat-s", type=float, default=1.0, help="cpsat time budget per planner call (default 1)")
     p.add_argument("--forecast", default="perfect",
@@ -524,7 +525,7 @@ def main() -> None:
     p.add_argument("--days", type=float, default=0, help="speed: only the first N days of pai-100k (0 = all); "
                    "overload: the span the arrivals are compressed into (default 3)")
     p.add_argument("--timeout", type=float, default=3600, help="speed: per-policy limit, seconds")
-    p.add_argument("--loads", default="0.6,0.9,1.2", help="overload: offered loads, share of the GPU-hours")
+    p.add_argument("--loads", default="0.6,0.9,1.2", help="overload, tenants: offered loads, share of the GPU-hours (tenants: default 0.9,1.2)")
     p.add_argument("--variants", default="gaia,long", help="overload: job lengths, gaia (pai's own) and/or long "
                    f"({LONG_SHARE * 100:.0f}%% of the jobs run 1-7 days)")
     p.add_argument("--prices", default="strict,2000,500,100,20",
@@ -551,17 +552,26 @@ def main() -> None:
     if args.wake is None:
         # Under load a job that waits up to a tick before it is first planned has lost that
         # much of its slack to the simulator, not to the policy; the daemon plans at submit.
-        args.wake = args.scenario == "overload"
+        args.wake = args.scenario in ("overload", "tenants")
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"))
     if not DATA.exists():
         sys.exit(f"no shared data at {DATA} (set CARBONSCHED_SHARED_DATA)")
     if args.scenario == "_speed_child":
         speed_child(args)
         return
-    if args.scenario == "overload" and not args.days:
+    if args.scenario in ("overload", "tenants") and not args.days:
         args.days = 3.0
-    figures = {"gap": bench_gap, "gaia": bench_gaia, "speed": bench_speed,
-               "overload": bench_overload, "halfhour": bench_halfhour}[args.scenario](args)
+    if args.scenario == "tenants":
+        from bench.tenants_bench import bench_tenants
+
+        if args.loads == "0.6,0.9,1.2":
+            args.loads = "0.9,1.2"
+        args.start = GAIA_START
+        figures = bench_tenants(args, _overload_trace, _carbon, lambda sc, pol, st: _run(sc, pol, st, args.forecast),
+                                ROOT)
+    else:
+        figures = {"gap": bench_gap, "gaia": bench_gaia, "speed": bench_speed,
+                   "overload": bench_overload, "halfhour": bench_halfhour}[args.scenario](args)
     figures["machine"] = {"cpus": os.cpu_count(), **library_versions()}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
