@@ -220,7 +220,8 @@ class JobEnds:
         self.executor.forget(job.id)
         log.error("job %s lost: %s", job.id, why)
 
-    def _energy(self, job: RunningJob, status: RunStatus, ended: datetime) -> tuple[float | None, str | None, str | None]:
+    def _energy(self, job: RunningJob, status: RunStatus,
+                ended: datetime) -> tuple[float | None, str | None, str | None]:
         """The run's energy, over the run as its launcher saw it (Slurm's start and GPUs)."""
         run = self.launcher.measured_run(job, status)
         if run is None:  # it never ran (cancelled before Slurm started it): no GPU used

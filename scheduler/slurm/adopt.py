@@ -124,7 +124,7 @@ def follow_adopted(store: Store, slurm: SlurmCommands, slurm_jobs: list[SlurmJob
     held_ids = [j.job_id for j in slurm_jobs if j.held]
     with store.read() as conn:
         waiting = adopted_waiting(conn)
-        cancelled_here = ended_here(conn, held_ids)
+        to_scancel = ended_here(conn, held_ids)
     changed = 0
     for job_id, slurm_id in waiting:
         sj = by_id.get(slurm_id)
@@ -137,7 +137,7 @@ def follow_adopted(store: Store, slurm: SlurmCommands, slurm_jobs: list[SlurmJob
                 expect=(State.PENDING, State.PLANNED))):
             log.info("job %s: %s", job_id, why)
             changed += 1
-    for job_id, slurm_id in cancelled_here:
+    for job_id, slurm_id in to_scancel:
         try:
             slurm.run(["scancel", str(slurm_id)])
             log.info("job %s ended here before it was placed: cancelled its held Slurm job %s",
