@@ -1,5 +1,5 @@
 """The `Job` type: a stored job as the planner reads it, and its one mapping to the policies'
-`QueuedJob`.
+`QueuedJob`; the `RunningJob` type: a running job as its node agent reads it.
 
 A `Job` holds the columns of the `jobs` table a planning tick reads (named as the columns
 are, units in the names), built from a row by `job_from_row` alone. It is a NamedTuple, not a
@@ -60,6 +60,34 @@ class Job(NamedTuple):
     resume_count: int | None
     checkpoints_ignored: int | None
     planned_segments: list | None
+
+
+class RunningJob(NamedTuple):
+    """A job RUNNING on a node as its agent reads it each tick (`scheduler.jobs.store.running_jobs`):
+    what a stop, a power limit, a run's end and an interruptible job's segments need."""
+
+    id: int
+    cancel_requested_at: datetime | None
+    cancel_requested_by: int | None
+    max_retries: int
+    attempts: int
+    gpu_ids: list | None
+    started_at: datetime | None
+    gpus: int
+    power_limit_w: float | None
+    planned_power_limit_w: float | None
+    power_limit_note: str | None
+    # Interruptible jobs.
+    interruptible: str | None
+    resume_count: int | None
+    done_fraction: float | None
+    resume_cost_s: float | None
+    est_runtime_planned_s: float | None
+    est_runtime_s: float | None
+    planned_segments: list | None
+    prompts: int | None
+    checkpoints_ignored: int | None
+    slurm_job_id: int | None  # a Slurm job of its own (adopted from a user's sbatch, or observed)
 
 
 # The columns SQLite hands back as raw text when the queue is read fast (`job_from_row(raw=True)`).

@@ -1,7 +1,8 @@
 """The SQL on the `jobs` table: the daemon's planner (queue and plan reads and writes), its API
 service (submissions, holds, cancellations, the reads behind `queue`, `show` and `health`)
 and its keepers (power governor, watchdog, retention), and the node agent's reads of its due
-and running jobs and its claim's conditions. One module, so a reader finds here the questions
+and running jobs (`RunningJob`s), its claim's conditions, what a run that ended writes back
+to the queue, and a Slurm node's adopted and observed jobs. One module, so a reader finds here the questions
 asked of the jobs table and the writes to it, beside the state changes of
 `scheduler.lifecycle` (still the one place that moves a job from one state to another).
 
@@ -25,8 +26,8 @@ from sqlalchemy import (Connection, Row, Select, String, and_, bindparam, case, 
 from policies.types import Assignment, Estimate
 from scheduler import interruptible
 from scheduler.job_specs import BEGIN_REASON, HELD_REASON, OPERATOR_HELD_REASON
-from scheduler.jobs.job import RAW_JSON, RAW_TIMES, Job, job_from_row
-from scheduler.lifecycle import ACTIVE, TERMINAL, State, check_allowed, record_events, record_submit
+from scheduler.jobs.job import RAW_JSON, RAW_TIMES, Job, RunningJob, job_from_row
+from scheduler.lifecycle import ACTIVE, TERMINAL, UNPLACED, State, check_allowed, record_events, record_submit
 from scheduler.store import Store
 from scheduler.store.models import job_dependencies, job_events, jobs, nodes
 
@@ -552,22 +553,15 @@ def still_active(conn: Connection, job_ids: Sequence[int]) -> set[int]:
                                                                    State.RUNNING)]))).scalars())
 
 
-# What the agent reads of its running jobs each tick (a launcher adds its own).
-RUNNING_COLUMNS = (jobs.c.id, jobs.c.cancel_requested_at, jobs.c.cancel_requested_by,
-                   jobs.c.max_retries, jobs.c.attempts, jobs.c.gpu_ids, jobs.c.started_at, jobs.c.gpus,
-                   jobs.c.power_limit_w, jobs.c.planned_power_limit_w, jobs.c.power_limit_note,
-                   # interruptible jobs
-                   jobs.c.interruptible, jobs.c.resume_count, jobs.c.done_fraction, jobs.c.resume_cost_s,
-                   jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.planned_segments,
-                   jobs.c.prompts, jobs.c.checkpoints_ignored)
+# What the agent reads of its running jobs each tick, in `RunningJob`'s order.
+RUNNING_COLUMNS = tuple(jobs.c[name] for name in RunningJob._fields)
 
 
-def running_jobs(store: Store, node: str, extra_columns: tuple = ()) -> list:
-    """The jobs RUNNING on `node`, with RUNNING_COLUMNS and `extra_columns`."""
+def running_jobs(store: Store, node: str) -> list[RunningJob]:
+    """The jobs RUNNING on `node`, as the agent reconciles them each tick."""
     with store.read() as conn:
-        return list(conn.execute(
-            select(*RUNNING_COLUMNS, *extra_columns)
-            .where(jobs.c.state == State.RUNNING.value, jobs.c.node == node)))
+        return [RunningJob(*r) for r in conn.execute(
+            select(*RUNNING_COLUMNS).where(jobs.c.state == State.RUNNING.value, jobs.c.node == node))]
 
 
 def running_ids() -> Select:
@@ -583,3 +577,60 @@ def rows_of(conn: Connection, job_ids: Sequence[int]) -> list[Row]:
 def set_power_limit(conn: Connection, job_id: int, limit_w: float | None, note: str | None) -> None:
     """Record the power limit per GPU in force for a job (None: the default) and the note on it."""
     conn.execute(update(jobs).where(jobs.c.id == job_id).values(power_limit_w=limit_w, power_limit_note=note))
+
+
+# -- The node agent: a run that ended goes back to the queue -----------------------------------
+
+def resumed_values(*, done_fraction: float | None = None, ignored_checkpoint: bool = False) -> dict[str, Any]:
+    """The columns an interruptible job back in the queue to resume writes (with RUNNING ->
+    PENDING, `scheduler.lifecycle.end_run`): unplaced, its segment plan and power limit
+    dropped, one more resume and the attempt not counted (a resume is not a retry).
+    `done_fraction`: its new done share (None: kept); `ignored_checkpoint`: it was killed
+    after ignoring a checkpoint request (counted, so its rest is planned in one piece)."""
+    values = dict(UNPLACED, planned_segments=None, planned_interrupt_at=None, planned_resume_at=None,
+                  attempts=jobs.c.attempts - 1, resume_count=jobs.c.resume_count + 1,
+                  power_limit_w=None, power_limit_note=None)
+    if done_fraction is not None:
+        values["done_fraction"] = done_fraction
+    if ignored_checkpoint:
+        values["checkpoints_ignored"] = jobs.c.checkpoints_ignored + 1
+    return values
+
+
+def unlaunched_values() -> dict[str, Any]:
+    """The columns a claimed job whose command never started writes back in the queue: unplaced,
+    never started, the attempt not counted, no power limit."""
+    return dict(UNPLACED, started_at=None, attempts=jobs.c.attempts - 1, power_limit_w=None, power_limit_note=None)
+
+
+# -- Slurm nodes: adopted and observed jobs ----------------------------------------------------
+
+def known_slurm_ids(conn: Connection, slurm_job_ids: Sequence[int]) -> set[int]:
+    """Which of `slurm_job_ids` some job already stands for (adopted or observed)."""
+    return set(conn.execute(select(jobs.c.slurm_job_id).where(jobs.c.slurm_job_id.in_(list(slurm_job_ids))))
+               .scalars())
+
+
+def record_slurm_start(conn: Connection, job_id: int, started_at: datetime, gpu_ids: list[int],
+                       gpu_indices: list[int | None], reason: str) -> None:
+    """Record where and when Slurm really started a RUNNING job: its start, its GPUs (store ids
+    and the driver's indices) and the REASON `queue` shows."""
+    conn.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.state == State.RUNNING.value)
+                 .values(started_at=started_at, gpu_ids=gpu_ids, gpu_indices=gpu_indices, reason=reason))
+
+
+def adopted_waiting(conn: Connection) -> list[tuple[int, int]]:
+    """(job id, Slurm job id) of the jobs with a Slurm job of their own that are not placed
+    yet (PENDING or PLANNED)."""
+    return [tuple(r) for r in conn.execute(select(jobs.c.id, jobs.c.slurm_job_id).where(
+        jobs.c.slurm_job_id.is_not(None), jobs.c.state.in_([State.PENDING.value, State.PLANNED.value])))]
+
+
+def ended_here(conn: Connection, slurm_job_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """(job id, Slurm job id) of the jobs standing for one of `slurm_job_ids` that were
+    CANCELLED or FAILED here."""
+    if not slurm_job_ids:
+        return []
+    return [tuple(r) for r in conn.execute(select(jobs.c.id, jobs.c.slurm_job_id).where(
+        jobs.c.slurm_job_id.in_(list(slurm_job_ids)),
+        jobs.c.state.in_([State.CANCELLED.value, State.FAILED.value])))]

@@ -76,7 +76,11 @@ class JobEmulation:
 
     def run_of(self, job, model: str, gpus: int) -> EmulatedRun:
         """The truth for `job` (a jobs row: workload, prompts, est_runtime_s, ...) on `gpus`
-        GPUs of `model`."""
+        GPUs of `model`. The job's work, not its plan: it is not the planner's
+        `scheduler.jobs.job.queued_job`, which plans an est-less job at a --time-limit below
+        the default runtime and picks an inference job's operating point under its latency
+        SLOs; the truth gives such jobs the default runtime and the unconstrained point (the
+        plan's point, where it chose one, is applied below)."""
         queued = QueuedJob(id=job.id, gpus=gpus, gpu_mem_gib=job.gpu_mem_gib or 0.0,
                            submitted_at=job.submitted_at, est_runtime_s=job.est_runtime_s,
                            workload=job.workload, prompts=job.prompts)

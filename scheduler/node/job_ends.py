@@ -17,7 +17,9 @@ from pathlib import Path
 from sqlalchemy import Connection
 
 from scheduler import interruptible
-from scheduler.lifecycle import UNPLACED, State, end_run, retry_or_end
+from scheduler.jobs.job import RunningJob
+from scheduler.jobs.store import resumed_values, unlaunched_values
+from scheduler.lifecycle import State, end_run, retry_or_end
 from scheduler.node import checkpoint, job_metrics, segments
 from scheduler.node.config import AgentConfig
 from scheduler.node.executor import JobExecutor, RunStatus
@@ -26,7 +28,6 @@ from scheduler.node.power_limits import PowerLimits
 from scheduler.node.run_energy import RunEnergy
 from scheduler.profiles import learn_from_job
 from scheduler.store import Store
-from scheduler.store.models import jobs
 from scheduler.timeparse import format_duration
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class JobEnds:
         self._on_finished = on_finished
         self._clock = clock
 
-    def finish(self, job, status: RunStatus) -> None:
+    def finish(self, job: RunningJob, status: RunStatus) -> None:
         """A run that ended with a result: the job's end state (or its next segment)."""
         result = status.result or {}
         code = result.get("exit_code")
@@ -119,7 +120,7 @@ class JobEnds:
         except Exception:
             log.exception("job %s: pricing its carbon failed; the accounting backfill will retry", job.id)
 
-    def requeue_segment(self, job, status: RunStatus, outcome: str) -> None:
+    def requeue_segment(self, job: RunningJob, status: RunStatus, outcome: str) -> None:
         """A checkpoint job's run ended at a segment's end: back to the queue to be resumed,
         its segment recorded. Checkpointed (exit 75): its done share moves on
         (scheduler.interruptible.next_done_fraction). Killed after ignoring the request: it
@@ -154,11 +155,8 @@ class JobEnds:
                                     gpu_ids=job.gpu_ids or [], outcome=outcome, method=method, lost_s=lost_s,
                                     done_fraction=done)
             return end_run(conn, job.id, State.PENDING, actor_uid=None, reason=why, values=dict(
-                UNPLACED, planned_segments=None, planned_interrupt_at=None, planned_resume_at=None,
-                attempts=jobs.c.attempts - 1, resume_count=jobs.c.resume_count + 1, done_fraction=done,
-                checkpoints_ignored=jobs.c.checkpoints_ignored + (1 if outcome == segments.KILLED else 0),
-                energy_j=total, energy_method=method, exit_code=result.get("exit_code"),
-                power_limit_w=None, power_limit_note=None, **work.values()))
+                resumed_values(done_fraction=done, ignored_checkpoint=outcome == segments.KILLED),
+                energy_j=total, energy_method=method, exit_code=result.get("exit_code"), **work.values()))
 
         self.store.transact(tx)
         self._release(job.gpu_ids or [], job)
@@ -166,7 +164,7 @@ class JobEnds:
         self.marks.signalled.discard(job.id)
         log.info("job %s segment %s: %s", job.id, outcome, why)
 
-    def resume_vanished(self, job, status: RunStatus) -> None:
+    def resume_vanished(self, job: RunningJob, status: RunStatus) -> None:
         """An interruptible job whose supervisor vanished (killed with it): whatever is left
         of it is killed (a paused one is never left stopped), and it goes back to the queue to
         resume from its last checkpoint, the run counted as lost work, instead of being LOST."""
@@ -183,10 +181,8 @@ class JobEnds:
             total = segments.record(conn, job.id, parts, [energy_j], node=self.config.node,
                                     gpu_ids=job.gpu_ids or [], outcome=segments.VANISHED, method=method,
                                     lost_s=run_s, done_fraction=job.done_fraction)
-            return end_run(conn, job.id, State.PENDING, actor_uid=None, reason=why, values=dict(
-                UNPLACED, planned_segments=None, planned_interrupt_at=None, planned_resume_at=None,
-                attempts=jobs.c.attempts - 1, resume_count=jobs.c.resume_count + 1, energy_j=total,
-                energy_method=method, power_limit_w=None, power_limit_note=None))
+            return end_run(conn, job.id, State.PENDING, actor_uid=None, reason=why,
+                           values=dict(resumed_values(), energy_j=total, energy_method=method))
 
         self.store.transact(tx)
         self._release(job.gpu_ids or [], job)
@@ -195,7 +191,7 @@ class JobEnds:
         self.marks.signalled.discard(job.id)
         log.error("job %s: %s", job.id, why)
 
-    def requeue_unlaunched(self, job) -> None:
+    def requeue_unlaunched(self, job: RunningJob) -> None:
         """A job claimed whose command never started (the agent stopped between claim and
         launch): back in the queue, the attempt not counted; unless the launcher finds it
         launched after all (a Slurm job of its own)."""
@@ -205,13 +201,12 @@ class JobEnds:
             conn, job.id, State.PENDING, actor_uid=None,
             reason="agent stopped between claim and launch; the command never started, so it "
                    "was put back in the queue",
-            values=dict(UNPLACED, started_at=None, attempts=jobs.c.attempts - 1,
-                        power_limit_w=None, power_limit_note=None)))
+            values=unlaunched_values()))
         self.power.restore(job.gpu_ids or [], f"job {job.id} never launched")
         self.executor.forget(job.id)
         log.warning("job %s was claimed but never launched; re-queued", job.id)
 
-    def lose(self, job, why: str, status: RunStatus | None = None) -> None:
+    def lose(self, job: RunningJob, why: str, status: RunStatus | None = None) -> None:
         """Re-queue (retries left) or end a job that did not finish by itself: FAILED when its
         supervisor reported how it ended, LOST when nobody knows."""
         if status is not None and status.result is not None:
@@ -225,14 +220,15 @@ class JobEnds:
         self.executor.forget(job.id)
         log.error("job %s lost: %s", job.id, why)
 
-    def _energy(self, job, status: RunStatus, ended: datetime) -> tuple[float | None, str | None, str | None]:
+    def _energy(self, job: RunningJob, status: RunStatus,
+                ended: datetime) -> tuple[float | None, str | None, str | None]:
         """The run's energy, over the run as its launcher saw it (Slurm's start and GPUs)."""
         run = self.launcher.measured_run(job, status)
         if run is None:  # it never ran (cancelled before Slurm started it): no GPU used
             return None, None, None
         return self.energy.measure(run, status, ended)
 
-    def _reported_work(self, job, status: RunStatus) -> job_metrics.ReportedWork:
+    def _reported_work(self, job: RunningJob, status: RunStatus) -> job_metrics.ReportedWork:
         """The prompts and tokens the job wrote into its metrics file (none for a run
         launched before metrics files existed). Never fails the job's end."""
         spec = status.spec or {}
@@ -246,7 +242,7 @@ class JobEnds:
             return job_metrics.ReportedWork(note=f"metrics file not read: {e.strerror or e}")
 
 
-def _end_state(job, status: RunStatus) -> tuple[State, str]:
+def _end_state(job: RunningJob, status: RunStatus) -> tuple[State, str]:
     """How a run that ended by itself (or by a stop asked for) ends its job, and why."""
     result = status.result or {}
     code = result.get("exit_code")

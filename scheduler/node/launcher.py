@@ -22,8 +22,6 @@ class Launcher(Protocol):
     """What the agent asks of the backend that runs its jobs."""
 
     executor: JobExecutor
-    # Columns of `jobs` the launcher needs of the running jobs, besides the agent's own.
-    running_columns: tuple
 
     def registered(self, devices: list, uuid_of: dict[int, str], gpu_of: dict[str, int]) -> None:
         """The node's GPUs were registered: the backend's devices and the store's ids of
@@ -60,8 +58,6 @@ class Launcher(Protocol):
 
 class LocalLauncher:
     """Jobs run as local processes, each under a supervisor that outlives the agent."""
-
-    running_columns: tuple = ()
 
     def __init__(self, backend: GpuBackend, config: AgentConfig) -> None:
         self.backend = backend

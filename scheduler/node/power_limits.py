@@ -16,6 +16,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
+from scheduler.jobs.job import RunningJob
 from scheduler.jobs.store import set_power_limit
 from scheduler.lifecycle import State, record_events
 from scheduler.store import Store
@@ -107,7 +108,7 @@ class PowerLimits:
             log.info("job %s: power limit %g W set on GPUs %s", job.id, applied, gpu_ids)
         return applied
 
-    def follow(self, job) -> None:
+    def follow(self, job: RunningJob) -> None:
         """Set a running job's GPUs to the limit it should run at now: the head node's power
         governor lowers or raises `planned_power_limit_w` while it runs (None: the default).
         A limit that cannot be set leaves the job as it is, with the reason (not retried)."""

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from scheduler import interruptible
+from scheduler.jobs.job import RunningJob
 from scheduler.jobs.store import rows_of, running_ids, running_jobs
 from scheduler.lifecycle import State, record_events
 from scheduler.node.executor import RunState
@@ -52,8 +53,8 @@ class Reconciler:
         self._uuid_of = uuid_of
         self._clock = clock
 
-    def running(self) -> list:
-        return running_jobs(self.store, self.node, self.launcher.running_columns)
+    def running(self) -> list[RunningJob]:
+        return running_jobs(self.store, self.node)
 
     def tick(self) -> bool:
         """Record the runs that ended, pass on stops, follow pause phases and governed power
@@ -86,7 +87,7 @@ class Reconciler:
                 log.warning("copying job output into the store failed: %s", e)
         return changed
 
-    def _follow(self, job) -> bool:
+    def _follow(self, job: RunningJob) -> bool:
         """One live run: its governed power limit, a stop asked for, its interruptible plan."""
         if job.planned_power_limit_w != job.power_limit_w and job.power_limit_note is None:
             self.power.follow(job)
@@ -106,7 +107,7 @@ class Reconciler:
                 log.warning("job %s: checkpoint request through the executor failed: %s", job.id, e)
         return False
 
-    def _follow_pause(self, job) -> bool:
+    def _follow_pause(self, job: RunningJob) -> bool:
         """Mirror a pause job's phase (its supervisor stops and continues it by the plan) on
         its GPUs: idle while stopped (an emulated GPU then draws idle power), busy again after."""
         run_dir = getattr(self.executor, "run_dir", None)

@@ -20,12 +20,13 @@ from dataclasses import replace
 from datetime import datetime
 from types import SimpleNamespace
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, update
 from sqlalchemy.exc import IntegrityError
 
 from scheduler.clock import utcnow
-from scheduler.jobs.store import running_jobs
-from scheduler.lifecycle import State, record_submit, transition
+from scheduler.jobs.job import RunningJob
+from scheduler.jobs.store import insert_job, known_slurm_ids, record_slurm_start, running_jobs
+from scheduler.lifecycle import State, transition
 from scheduler.node.config import AgentConfig
 from scheduler.node.executor import LaunchSpec, RunStatus
 from scheduler.node.job_ends import parse_time
@@ -37,7 +38,7 @@ from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import SlurmNodeInfo, read_node
 from scheduler.slurm.jobs import comment_for
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs
+from scheduler.store.models import gpus
 from telemetry.gpu import GpuBackend
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,6 @@ UNAVAILABLE_PREFIX = "slurm: "
 class SlurmLauncher:
     """One Slurm node's launcher (scheduler.node.launcher.Launcher). `node_info` is the node
     as Slurm described it at start."""
-
-    # Adopted and observed jobs have a Slurm job of their own.
-    running_columns = (jobs.c.slurm_job_id,)
 
     def __init__(self, store: Store, backend: GpuBackend, config: AgentConfig, *,
                  slurm: SlurmCommands, slurm_config: SlurmConfig, node_info: SlurmNodeInfo,
@@ -158,7 +156,7 @@ class SlurmLauncher:
             if uuid:
                 self.backend.set_busy(uuid, idx in busy)
         self._busy_idx = busy
-        for job in running_jobs(self.store, self.node, self.running_columns):
+        for job in running_jobs(self.store, self.node):
             if job.id in self._synced:
                 continue
             idx, started = self.slurm_executor.running_gpus(job.id)
@@ -168,7 +166,7 @@ class SlurmLauncher:
             self._synced.add(job.id)
         return False
 
-    def _record_start(self, job, idx: list[int], started: datetime) -> None:
+    def _record_start(self, job: RunningJob, idx: list[int], started: datetime) -> None:
         new_ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu]
         old_ids = [int(g) for g in job.gpu_ids or []]
         indices = [self._index_of(g) for g in new_ids]
@@ -177,8 +175,7 @@ class SlurmLauncher:
         reason = f"running as Slurm job {slurm_id} on {self.node} GPUs {','.join(map(str, idx))}"
 
         def tx(conn: Connection) -> None:
-            conn.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.state == State.RUNNING.value)
-                         .values(started_at=started, gpu_ids=new_ids, gpu_indices=indices, reason=reason))
+            record_slurm_start(conn, job.id, started, new_ids, indices, reason)
             if set(new_ids) != set(old_ids):
                 conn.execute(update(gpus).where(gpus.c.job_id == job.id).values(job_id=None))
                 conn.execute(update(gpus).where(gpus.c.id.in_(new_ids), gpus.c.job_id.is_(None))
@@ -206,7 +203,7 @@ class SlurmLauncher:
         ids = [self._id_of_slurm_gpu[i] for i in idx if i in self._id_of_slurm_gpu] or list(job.gpu_ids or [])
         return SimpleNamespace(id=job.id, gpu_ids=ids, started_at=started)
 
-    def launched_anyway(self, job) -> bool:
+    def launched_anyway(self, job: RunningJob) -> bool:
         """A job with a Slurm job of its own (adopted, observed) was launched even when this
         agent died before writing that down: note the id instead of re-queueing it."""
         sj = self.slurm_executor.jobs().get(job.slurm_job_id) if job.slurm_job_id is not None else None
@@ -238,8 +235,7 @@ class SlurmLauncher:
         if not seen:
             return False
         with self.store.read() as conn:
-            known = set(conn.execute(select(jobs.c.slurm_job_id).where(
-                jobs.c.slurm_job_id.in_([sj.job_id for sj in seen]))).scalars())
+            known = known_slurm_ids(conn, [sj.job_id for sj in seen])
         changed = False
         for sj in seen:
             self._observed.add(sj.job_id)
@@ -260,8 +256,7 @@ class SlurmLauncher:
         node = self.node
 
         def tx(conn: Connection) -> int:
-            job_id = conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one()
-            record_submit(conn, job_id, row["owner_uid"], now)
+            job_id = insert_job(conn, row, row["owner_uid"], now)
             why = f"observed running in Slurm (job {sj.job_id})"
             transition(conn, job_id, State.PLANNED, actor_uid=None, reason=why, expect=State.PENDING,
                        values=dict(planned_node=node, planned_gpu_ids=ids, planned_start=started))

@@ -15,15 +15,14 @@ import logging
 import pwd
 from datetime import datetime
 
-from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from scheduler.lifecycle import State, record_submit, transition
+from scheduler.jobs.store import adopted_waiting, ended_here, insert_job, known_slurm_ids
+from scheduler.lifecycle import State, transition
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.jobs import SlurmJob, adoption_request, requested_gpus
 from scheduler.store import Store
-from scheduler.store.models import jobs
 from scheduler.timeparse import parse_duration, parse_time
 
 log = logging.getLogger(__name__)
@@ -93,8 +92,7 @@ def adopt_held(store: Store, slurm_jobs: list[SlurmJob], config: SlurmConfig, no
     if not candidates:
         return []
     with store.read() as conn:
-        known = set(conn.execute(select(jobs.c.slurm_job_id).where(
-            jobs.c.slurm_job_id.in_([j.job_id for j in candidates]))).scalars())
+        known = known_slurm_ids(conn, [j.job_id for j in candidates])
     new: list[int] = []
     for sj in candidates:
         if sj.job_id in known:
@@ -108,13 +106,8 @@ def adopt_held(store: Store, slurm_jobs: list[SlurmJob], config: SlurmConfig, no
                 refused.add(sj.job_id)
             continue
 
-        def tx(conn: Connection, row=row) -> int:
-            job_id = conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one()
-            record_submit(conn, job_id, row["owner_uid"], now)
-            return job_id
-
         try:
-            job_id = store.transact(tx)
+            job_id = store.transact(lambda conn, row=row: insert_job(conn, row, row["owner_uid"], now))
         except IntegrityError:
             continue  # another agent adopted it first
         log.info("adopted Slurm job %s (%s, uid %s) as carbonsched job %s", sj.job_id, sj.name,
@@ -130,12 +123,8 @@ def follow_adopted(store: Store, slurm: SlurmCommands, slurm_jobs: list[SlurmJob
     by_id = {j.job_id: j for j in slurm_jobs}
     held_ids = [j.job_id for j in slurm_jobs if j.held]
     with store.read() as conn:
-        waiting = list(conn.execute(select(jobs.c.id, jobs.c.slurm_job_id).where(
-            jobs.c.slurm_job_id.is_not(None),
-            jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))))
-        ended_here = list(conn.execute(select(jobs.c.id, jobs.c.slurm_job_id).where(
-            jobs.c.slurm_job_id.in_(held_ids),
-            jobs.c.state.in_([State.CANCELLED.value, State.FAILED.value])))) if held_ids else []
+        waiting = adopted_waiting(conn)
+        to_scancel = ended_here(conn, held_ids)
     changed = 0
     for job_id, slurm_id in waiting:
         sj = by_id.get(slurm_id)
@@ -148,7 +137,7 @@ def follow_adopted(store: Store, slurm: SlurmCommands, slurm_jobs: list[SlurmJob
                 expect=(State.PENDING, State.PLANNED))):
             log.info("job %s: %s", job_id, why)
             changed += 1
-    for job_id, slurm_id in ended_here:
+    for job_id, slurm_id in to_scancel:
         try:
             slurm.run(["scancel", str(slurm_id)])
             log.info("job %s ended here before it was placed: cancelled its held Slurm job %s",
