@@ -38,6 +38,7 @@ from scheduler.daemon.planner import Planner  # noqa: E402
 from scheduler.daemon.policy_factory import make_policy  # noqa: E402
 from scheduler.daemon.access import Caller, ServiceConfig  # noqa: E402
 from scheduler.daemon.service import JobService  # noqa: E402
+from scheduler.jobs.store import count_by_state  # noqa: E402
 from scheduler.clock import utcnow  # noqa: E402
 from scheduler.node.agent import Agent  # noqa: E402
 from scheduler.node.config import AgentConfig  # noqa: E402
@@ -135,8 +136,8 @@ def main() -> int:
                 ticks.append(timed_tick(planner))
                 next_plan = time.monotonic() + 1.0
             with store.read() as conn:
-                states = Counter(conn.execute(select(jobs.c.state)).scalars())
-            if sum(states[s] for s in TERMINAL) == len(ids):
+                states = count_by_state(conn)
+            if sum(states.get(s, 0) for s in TERMINAL) == len(ids):
                 break
             time.sleep(0.2)
         wall_s = time.monotonic() - t0

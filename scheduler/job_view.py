@@ -2,7 +2,10 @@
 
 `queue --json` over 10,000 jobs must answer in well under half a second, so listings read
 only the columns they show, take timestamps and JSON columns as the database's raw text
-where that is cheaper (SQLite), and build each object from a plain tuple.
+where that is cheaper (SQLite), and build each object from a plain tuple: the SELECT is
+`scheduler.jobs.views.job_select`, and `jobs_json` unpacks its LISTED_COLUMNS in order.
+The JSON object's key order is the one `jobs_json` writes; add keys freely, never rename
+(DESIGN.md).
 """
 
 from __future__ import annotations
@@ -11,41 +14,11 @@ import json
 from collections.abc import Iterable
 from datetime import datetime, timezone
 
-from sqlalchemy import Connection, Select, String, select, type_coerce
+from sqlalchemy import Connection, select
 
 from scheduler import interruptible
-from scheduler.store.models import gpus, job_segments, jobs
-
-# Key order of the JSON object; add keys freely, never rename (DESIGN.md).
-_COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "gpu_ids", "planned_gpu_ids",
-            "gpus", "gpu_mem_gib", "node", "planned_node", "submitted_at", "planned_start",
-            "started_at", "ended_at", "deadline", "est_runtime_s", "time_limit_s", "latency_slo_ms",
-            "workload", "prompts", "exit_code", "energy_j", "energy_method", "gco2", "est_energy_j",
-            "est_gco2", "explanation", "attempts", "argv", "cwd", "cancel_requested_at",
-            "max_delay_s", "est_gco2_if_now", "est_runtime_planned_s", "binding", "deadline_miss",
-            "time_limit_factor", "tokens", "reported_prompts", "reported_input_tokens",
-            "reported_output_tokens", "ttft_slo_ms", "tpot_slo_ms", "planned_max_batch", "planned_precision",
-            "planned_tp", "held_at", "begin_at", "dependency", "array_job_id", "array_task_id", "array_max_running",
-            "stdout_path", "stderr_path", "planned_power_limit_w", "power_limit_w", "power_limit_note",
-            "est_uncapped_energy_j", "est_uncapped_gco2", "est_uncapped_runtime_s",
-            "interruptible", "checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
-            "max_segments", "done_fraction", "resume_count", "checkpoints_ignored", "first_started_at",
-            "planned_segments", "planned_interrupt_at", "planned_resume_at", "hold_kind", "held_by",
-            "output_truncated", "purged_at")
-_TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at",
-          "held_at", "begin_at", "first_started_at", "planned_interrupt_at", "planned_resume_at", "purged_at"}
-_JSONS = {"gpu_ids", "planned_gpu_ids", "argv", "planned_segments"}
-
-
-def job_select(dialect: str) -> Select:
-    """SELECT of the listed columns; on SQLite times and JSON come back as raw text."""
-    cols = []
-    for name in _COLUMNS:
-        col = jobs.c[name]
-        if dialect == "sqlite" and (name in _TIMES or name in _JSONS):
-            col = type_coerce(col, String).label(name)
-        cols.append(col)
-    return select(*cols)
+from scheduler.jobs.views import job_select  # noqa: F401  (scheduler.jobs.store reads it from here)
+from scheduler.store.models import gpus, job_segments
 
 
 def gpu_map(conn: Connection) -> dict[int, tuple[int, str]]:
@@ -98,7 +71,7 @@ def _paused_until(state: str, kind: str | None, data) -> str | None:
 
 
 def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[dict]:
-    """Job objects from rows of `job_select`."""
+    """Job objects from rows of `scheduler.jobs.views.job_select` (its LISTED_COLUMNS, in order)."""
     out = []
     for (id_, name, state, reason, owner, owner_uid, gpu_ids, planned_gpu_ids, n_gpus, mem, node,
          planned_node, submitted, planned_start, started, ended, deadline, est, limit, slo,

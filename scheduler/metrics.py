@@ -38,12 +38,11 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from sqlalchemy import and_, case, func, or_, select
 
+from scheduler.jobs.store import count_by_state
+from scheduler.jobs.sums import energy_and_gco2_totals, work_totals
 from scheduler.lifecycle import State
 from scheduler.store import Store
-from scheduler.store.models import jobs
-from telemetry.energy import MODELLED
 from telemetry.grid.readings import SIGNAL_AVERAGE, SIGNAL_MARGINAL
 
 SIGNALS = (SIGNAL_AVERAGE, SIGNAL_MARGINAL)  # the first: what an unnamed signal was priced with
@@ -125,34 +124,17 @@ class StoreCollector:
     def _read(self):
         depth = GaugeMetricFamily("carbonsched_jobs", "Jobs by state", labels=["state"])
         with self.store.read() as conn:
-            counts = dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())
-            modelled = or_(jobs.c.energy_method == MODELLED, jobs.c.energy_method.like(MODELLED + "+%"))
-            # grams of the average and of the marginal signal are different quantities: never
-            # one series (NULL: priced before signals were recorded, at the static average)
-            signal = func.coalesce(jobs.c.gco2_signal, SIGNALS[0])
+            counts = count_by_state(conn)
             energy_by_method = {m: 0.0 for m in ("measured", "modelled")}
             gco2_by = {(m, sig): 0.0 for m in ("measured", "modelled") for sig in SIGNALS}
-            for is_modelled, sig, energy, gco2 in conn.execute(select(
-                    case((modelled, 1), else_=0).label("m"), signal.label("sig"),
-                    func.coalesce(func.sum(jobs.c.energy_j), 0.0),
-                    func.coalesce(func.sum(jobs.c.gco2), 0.0)).group_by("m", "sig")):
+            # grams of the average and of the marginal signal are different quantities: never
+            # one series (NULL: priced before signals were recorded, at the static average)
+            for is_modelled, sig, energy, gco2 in energy_and_gco2_totals(conn):
                 m = "modelled" if is_modelled else "measured"
                 energy_by_method[m] += float(energy)
                 gco2_by[(m, sig)] = gco2_by.get((m, sig), 0.0) + float(gco2)
             # the work done: reported by the job (its metrics file), else declared at submit
-            work = {}
-            for what, reported, declared in (("prompts", jobs.c.reported_prompts, jobs.c.prompts),
-                                             ("tokens", jobs.c.reported_output_tokens, jobs.c.tokens)):
-                count = func.coalesce(reported, declared)
-                counted = and_(jobs.c.gco2.is_not(None), count > 0)
-                work[what] = conn.execute(select(
-                    case((modelled, "modelled"), else_="measured").label("m"),
-                    case((reported.is_not(None), "reported"), else_="declared").label("s"),
-                    signal.label("sig"),
-                    func.coalesce(func.sum(case((counted, count), else_=0)), 0),
-                    func.coalesce(func.sum(case((counted, jobs.c.gco2), else_=0.0)), 0.0),
-                    func.coalesce(func.sum(case((counted, jobs.c.energy_j), else_=0.0)), 0.0),
-                ).group_by("m", "s", "sig")).all()
+            work = work_totals(conn)
         for state in State:
             depth.add_metric([state.value], counts.get(state.value, 0))
         e = CounterMetricFamily("carbonsched_job_energy_joules", "Energy of finished jobs, measured or "

@@ -33,9 +33,10 @@ from sqlalchemy.exc import IntegrityError
 from policies.model.learning import Run, is_outlier, keep, learned_by_model
 from policies.types import Profile, QueuedJob
 from scheduler.clock import utcnow
+from scheduler.jobs.history import run_to_learn_from
 from scheduler.lifecycle import State
 from scheduler.store import Store
-from scheduler.store.models import gpus, jobs, workload_profiles
+from scheduler.store.models import gpus, workload_profiles
 from scheduler.timeparse import iso
 
 log = logging.getLogger(__name__)
@@ -113,12 +114,7 @@ def _none_if_nan(v: float) -> float | None:
 def completed_run(conn: Connection, job_id: int, *, gpu_energy_j: float | None = None) -> CompletedRun | None:
     """The measurement a completed job offers for learning, or None when it offers none
     (not COMPLETED, no workload class or prompts, no measured energy, mixed GPU models)."""
-    job = conn.execute(select(jobs.c.state, jobs.c.workload, jobs.c.prompts, jobs.c.reported_prompts,
-                              jobs.c.gpu_ids, jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j,
-                              jobs.c.planned_max_batch, jobs.c.planned_precision, jobs.c.planned_tp,
-                              jobs.c.ttft_slo_ms, jobs.c.tpot_slo_ms, jobs.c.latency_slo_ms,
-                              jobs.c.power_limit_w, jobs.c.owner_uid)
-                       .where(jobs.c.id == job_id)).first()
+    job = run_to_learn_from(conn, job_id)
     if job is None or job.state != State.COMPLETED.value:
         return None
     if job.power_limit_w is not None:

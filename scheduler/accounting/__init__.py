@@ -26,9 +26,11 @@ of a busy fleet answers in well under a second; see bench/report_bench.py.
 The modules, one job each:
 
     run_carbon.py   the pure part: one run's carbon over intensity spans (RunCarbon)
-    ledger.py       pricing finished jobs from the store and recording it (Ledger)
+    ledger.py       pricing finished jobs from the store and recording it (Ledger; its SQL on
+                    jobs is `scheduler.jobs.pricing`)
     receipts.py     one job's receipt (build_receipt, Receipts)
-    aggregate.py    the SQL sums over a period that reports and the export share (JobSums)
+    aggregate.py    the sums over a period that reports and the export share (JobSums,
+                    over `scheduler.jobs.sums`), and the figures made of them
     reports.py      fleet reports by user, workload, model, zone, day or node (Reports)
     export.py       the energy and emissions disclosure (Disclosure)
     accountant.py   all of it over one store, for the daemon, the API and the CLI (Accountant)

@@ -7,13 +7,12 @@ from __future__ import annotations
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 
-
 from policies.pricing.counterfactual import RULE_SHORT
-from scheduler.accounting.aggregate import JobSums, kg_by_signal, shares, signal_figures, signal_key, work_figures
+from scheduler.accounting.aggregate import JobSums, kg_by_signal, shares, signal_figures, work_figures
 from scheduler.accounting.figures import iso
 from scheduler.accounting.ledger import Ledger
 from scheduler.carbon_table import actual_sources
-from scheduler.store.models import jobs
+from scheduler.jobs.sums import system_columns
 from telemetry.grid.readings import SIGNAL_AVERAGE
 
 #: Licences and descriptions of the intensity sources, for the disclosure export.
@@ -47,10 +46,7 @@ class Disclosure:
             raise ValueError("the export period is empty: --since must be before --until")
         where = self.sums.period_filter(since, until, owner_uid)
         self.ledger.price_missing(where, 200)
-        j = jobs.c
-        rows = self.sums.aggregate(where, j.node.label("node"), j.gpu_model.label("gpu_model"), j.zone.label("zone"),
-                                   j.energy_method.label("method"), signal_key().label("signal"),
-                                   j.gco2_basis.label("basis"), j.pue.label("pue"))
+        rows = self.sums.aggregate(where, *system_columns())
         systems: dict[tuple, list[dict]] = {}
         for r in rows:
             systems.setdefault((r["node"], r["gpu_model"], r["zone"]), []).append(r)

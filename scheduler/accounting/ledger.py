@@ -8,32 +8,21 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, or_, select, update
+from sqlalchemy import Connection, select, update
 
 from scheduler.accounting.config import AccountingConfig
 from scheduler.accounting.run_carbon import IntensitySpan, RunCarbon, combine_runs, run_carbon
 from scheduler.clock import utcnow
-from scheduler.lifecycle import TERMINAL
+from scheduler.jobs.pricing import (FINISHED, accounting_row, never_priced, never_priced_where,
+                                    priced_without_actuals, record_carbon)
 from scheduler.samples import counter_note, power_series
 from scheduler.store import Store
 from scheduler.carbon_table import actual_periods
-from scheduler.store.models import gpus, job_segments, jobs, nodes
+from scheduler.store.models import gpus, job_segments, nodes
 from telemetry.grid.readings import KIND_ACTUAL, SIGNAL_AVERAGE
 from telemetry.grid.static import static_intensity
 
 log = logging.getLogger(__name__)
-
-FINISHED = tuple(sorted(s.value for s in TERMINAL))
-
-_JOB_COLUMNS = ("id", "name", "state", "owner_uid", "owner_name", "workload", "gpus", "gpu_ids", "node",
-                "zone", "gpu_model", "submitted_at", "started_at", "ended_at", "deadline", "prompts", "tokens",
-                "reported_prompts", "reported_input_tokens", "reported_output_tokens",
-                "energy_j", "energy_method", "energy_note", "gco2", "pue", "gco2_signal", "gco2_basis",
-                "gco2_coverage", "est_energy_j", "est_gco2", "est_gco2_if_now", "explanation", "accounted_at",
-                "planned_max_batch", "planned_precision", "planned_tp", "planned_power_limit_w",
-                "power_limit_w", "power_limit_note", "est_uncapped_energy_j", "est_uncapped_gco2",
-                "est_uncapped_runtime_s", "est_runtime_planned_s", "interruptible", "first_started_at",
-                "resume_count", "done_fraction", "checkpoints_ignored", "output_truncated", "purged_at")
 
 
 class NotFound(LookupError):
@@ -82,10 +71,11 @@ class Ledger:
     # -- one job ----------------------------------------------------------------------------
 
     def job_row(self, conn: Connection, job_id: int) -> dict:
-        row = conn.execute(select(*(jobs.c[c] for c in _JOB_COLUMNS)).where(jobs.c.id == job_id)).mappings().first()
+        """One job's accounting columns (`scheduler.jobs.pricing.ACCOUNTING_COLUMNS`) by name."""
+        row = accounting_row(conn, job_id)
         if row is None:
             raise NotFound(f"no job {job_id}")
-        return dict(row)
+        return row
 
     def placement(self, conn: Connection, job: dict) -> tuple[str | None, str | None]:
         zone, model = job.get("zone"), job.get("gpu_model")
@@ -219,7 +209,7 @@ class Ledger:
             if tokens is not None:
                 values["tokens"] = int(tokens)
             values["accounted_at"] = self.clock()
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+            record_carbon(conn, job_id, values)
             return run
 
         run = self.store.transact(tx)
@@ -234,20 +224,13 @@ class Ledger:
         now = self.clock()
         recheck_from = now - timedelta(days=self.config.recheck_days)
         retry_before = now - timedelta(hours=1)
-        j = jobs.c
         with self.store.read() as conn:
             if ids is not None:
                 todo = list(ids)
             else:
-                todo = list(conn.execute(select(j.id).where(
-                    j.accounted_at.is_(None), j.ended_at.is_not(None), j.state.in_(FINISHED))
-                    .order_by(j.ended_at).limit(limit)).scalars())
+                todo = never_priced(conn, limit)
                 if len(todo) < limit:
-                    todo += list(conn.execute(select(j.id).where(
-                        j.ended_at >= recheck_from, j.state.in_(FINISHED), j.energy_j.is_not(None),
-                        j.accounted_at < retry_before,
-                        or_(j.gco2_basis.is_(None), j.gco2_basis != "actual"))
-                        .order_by(j.ended_at).limit(limit - len(todo))).scalars())
+                    todo += priced_without_actuals(conn, recheck_from, retry_before, limit - len(todo))
         done = 0
         for job_id in todo:
             try:
@@ -263,8 +246,7 @@ class Ledger:
         """Price up to `limit` finished jobs matching `where` (a condition on `jobs`) that were
         never priced, before a report or export over them (carbon data may arrive after a job
         ends)."""
-        j = jobs.c
         with self.store.read() as conn:
-            missing = list(conn.execute(select(j.id).where(where, j.accounted_at.is_(None)).limit(limit)).scalars())
+            missing = never_priced_where(conn, where, limit)
         if missing:
             self.backfill(ids=missing)

@@ -6,13 +6,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import case, func, select
-
-from scheduler.accounting.aggregate import JobSums, signal_figures, signal_key
+from scheduler.accounting.aggregate import JobSums, signal_figures
 from scheduler.accounting.figures import iso
 from scheduler.accounting.ledger import Ledger
 from scheduler.carbon_table import zones_with_data
-from scheduler.store.models import jobs
+from scheduler.jobs.sums import signal_key, unpriced_by_zone
 from telemetry.grid.static import static_intensity
 
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
@@ -57,10 +55,8 @@ class Reports:
     def _unpriced(self, where) -> list[dict]:
         """Why jobs of the period have no gCO2: per zone, how many, and whether the zone has
         any carbon data at all (none: it never will be priced until data is imported)."""
-        j = jobs.c
         with self.ledger.store.read() as conn:
-            rows = conn.execute(select(j.zone, func.count(), func.sum(case((j.energy_j.is_(None), 1), else_=0)))
-                                .where(where, j.gco2.is_(None)).group_by(j.zone)).all()
+            rows = unpriced_by_zone(conn, where)
             with_data = zones_with_data(conn, [r[0] for r in rows if r[0]])
         static = getattr(getattr(self.ledger.carbon, "config", None), "static", None)
         out = []

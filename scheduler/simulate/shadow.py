@@ -40,20 +40,14 @@ def store_scenario(store: Store, *, since: datetime | None = None, until: dateti
     """Read the store's history (read-only) into a Scenario; ValueError if there is nothing to replay."""
     from policies.model.energy import ProfileBook, job_shape, seed_profiles
     from policies.types import QueuedJob
-    from scheduler.lifecycle import State
-    from scheduler.store.models import gpus, jobs, nodes
+    from scheduler.jobs.history import completed_submitted_in
+    from scheduler.store.models import gpus, nodes
 
     now = datetime.now(timezone.utc)
     until = until or now
     since = since or until - timedelta(seconds=DEFAULT_LOOKBACK_S)
     with store.read() as conn:
-        rows = conn.execute(
-            select(jobs.c.id, jobs.c.name, jobs.c.gpus, jobs.c.gpu_mem_gib, jobs.c.deadline,
-                   jobs.c.latency_slo_ms, jobs.c.workload, jobs.c.prompts, jobs.c.submitted_at,
-                   jobs.c.started_at, jobs.c.ended_at, jobs.c.gpu_ids)
-            .where(jobs.c.state == str(State.COMPLETED.value))
-            .where(jobs.c.submitted_at >= since, jobs.c.submitted_at < until)
-            .order_by(jobs.c.submitted_at, jobs.c.id)).all()
+        rows = completed_submitted_in(conn, since, until)
         gpu_rows = conn.execute(select(gpus.c.id, gpus.c.node_name, gpus.c.index, gpus.c.model)
                                 .order_by(gpus.c.node_name, gpus.c.index)).all()
         node_zone = dict(conn.execute(select(nodes.c.name, nodes.c.zone)).all())

@@ -87,7 +87,8 @@ def test_with_no_carbon_data_at_all_the_highest_static_yearly_mean_prices_every_
 
 def test_plan_and_show_say_a_zone_was_priced_blind_and_at_what(store, service):  # noqa: F811
     from scheduler.cli.output import job_detail, plan_table
-    from scheduler.job_view import job_select, jobs_json
+    from scheduler.job_view import jobs_json
+    from scheduler.jobs.views import job_select
 
     import_carbon(store, DE)
     add_node(store, "lab1", "local")  # the default zone: no carbon data anywhere

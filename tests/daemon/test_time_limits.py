@@ -18,7 +18,8 @@ from policies.types import CarbonCurve
 from policy_checker import violations
 from scheduler.cli.output import job_detail
 from scheduler.daemon.planner import preview_rows
-from scheduler.job_view import job_select, jobs_json
+from scheduler.job_view import jobs_json
+from scheduler.jobs.views import job_select
 from scheduler.store.models import jobs
 
 from tests.daemon.test_planner_carbon import DE, GB, add_node, import_carbon, job_row, planner_for, service, submit  # noqa: F401
