@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from sqlalchemy import Connection, select
 
 from scheduler import interruptible
-from scheduler.jobs.views import job_select  # noqa: F401  (scheduler.jobs.store reads it from here)
 from scheduler.store.models import gpus, job_segments
 
 

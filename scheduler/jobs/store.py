@@ -27,6 +27,7 @@ from policies.types import Assignment, Estimate
 from scheduler import interruptible
 from scheduler.job_specs import BEGIN_REASON, HELD_REASON, OPERATOR_HELD_REASON
 from scheduler.jobs.job import RAW_JSON, RAW_TIMES, Job, RunningJob, job_from_row
+from scheduler.jobs.views import job_select
 from scheduler.lifecycle import ACTIVE, TERMINAL, UNPLACED, State, check_allowed, record_events, record_submit
 from scheduler.store import Store
 from scheduler.store.models import job_dependencies, job_events, jobs, nodes
@@ -368,12 +369,10 @@ def list_views(conn: Connection, dialect: str, *, uids: Sequence[int] = (), user
                names: Sequence[str] = (), since: datetime | None = None, until: datetime | None = None,
                array_job_id: int | None = None, states: Sequence[str] | None = None,
                owner_uid: int | None = None, limit: int | None = None):
-    """The jobs `queue`/`sacct` list, as `scheduler.job_view.job_select` reads them, by id:
+    """The jobs `queue`/`sacct` list, as `scheduler.jobs.views.job_select` reads them, by id:
     owned by one of `uids`/`user_names` (when either is given), named one of `names` (exact,
     or globs with * and ?), submitted in [since, until), tasks of `array_job_id`, in one of
     `states`, owned by `owner_uid`; at most `limit`."""
-    from scheduler.job_view import job_select
-
     q = job_select(dialect).order_by(jobs.c.id)
     if uids or user_names:
         q = q.where(jobs.c.owner_name.in_(list(user_names)) | jobs.c.owner_uid.in_(list(uids)))
@@ -402,9 +401,7 @@ def list_views(conn: Connection, dialect: str, *, uids: Sequence[int] = (), user
 
 
 def view_of(conn: Connection, dialect: str, job_id: int):
-    """One job as `scheduler.job_view.job_select` reads it (`show`)."""
-    from scheduler.job_view import job_select
-
+    """One job as `scheduler.jobs.views.job_select` reads it (`show`)."""
     return conn.execute(job_select(dialect).where(jobs.c.id == job_id))
 
 

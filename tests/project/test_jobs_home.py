@@ -13,12 +13,6 @@ from __future__ import annotations
 from tests.project.test_layout import MODULES, within
 
 HOME = ("scheduler.jobs", "scheduler.lifecycle", "scheduler.store")
-# Node-side and Slurm-adoption SQL that has not moved home yet (drop a name once it has).
-NOT_MOVED_YET = {"scheduler.node.job_ends", "scheduler.node.slurm_launcher", "scheduler.slurm.adopt"}
-# `scheduler.jobs.store`'s listings still take `job_select` by its old address (drop these
-# once they import it from `scheduler.jobs.views`).
-CALLED_BY_OLD_ADDRESS = {"scheduler.jobs.store imports scheduler.job_view",
-                         "scheduler.jobs.store imports scheduler.job_view.job_select"}
 CALLERS = ("scheduler.accounting", "scheduler.simulate", "scheduler.cli", "scheduler.daemon", "scheduler.node",
            "scheduler.metrics", "scheduler.profiles", "scheduler.job_view")
 
@@ -33,10 +27,10 @@ def test_the_check_sees_the_homes_own_imports():
 
 def test_only_the_home_imports_the_jobs_table():
     strays = {m for m in importers_of_the_jobs_table() if not any(within(m, h) for h in HOME)}
-    assert sorted(strays - NOT_MOVED_YET) == []
+    assert sorted(strays) == []
 
 
 def test_the_home_imports_none_of_its_callers():
     found = sorted(f"{mod} imports {imp}" for mod, imps in MODULES.items() if within(mod, "scheduler.jobs")
                    for imp in imps if any(within(imp, c) for c in CALLERS))
-    assert sorted(set(found) - CALLED_BY_OLD_ADDRESS) == []
+    assert found == []
