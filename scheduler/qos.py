@@ -129,6 +129,14 @@ class QosTable:
     def names(self) -> list[str]:
         return sorted(self.levels)
 
+    def priorities(self) -> dict[str, int]:
+        """Each level's priority by name (what the priority's QOS factor is normalised over)."""
+        return {name: q.priority for name, q in self.levels.items()}
+
+    def usage_factors(self) -> dict[str, float]:
+        """Each level's usage factor by name (what fair share charges usage times)."""
+        return {name: q.usage_factor for name, q in self.levels.items()}
+
     def get(self, name: str | None) -> Qos:
         """The level named `name` (None: the default QOS); KeyError with a one-line message
         naming the known levels."""

@@ -62,3 +62,9 @@ def test_each_mistake_is_one_line_naming_the_level_and_key(config, words):
     assert len(errors) == 1 and words in errors[0], errors
     with pytest.raises(QosConfigError):
         qos_table(config)
+
+
+def test_the_table_gives_priorities_and_usage_factors_by_name_for_priority_and_fair_share():
+    table = qos_table({"qos": {"debug": {"priority": 50, "usage_factor": 2.0}}})
+    assert table.priorities() == {"urgent": 100, "normal": 10, "flexible": 0, "debug": 50}
+    assert table.usage_factors() == {"urgent": 1.5, "normal": 1.0, "flexible": 0.5, "debug": 2.0}
