@@ -174,3 +174,16 @@ def test_an_account_with_waiting_jobs_cannot_be_deleted(service):
     op(service, ROOT, "users/add", {"user": "40001", "account": "research"})
     submit(service)
     assert "waiting or running" in refused(409, op, service, ROOT, "accounts/delete", {"name": "research"})
+
+
+def test_the_qos_queue_count_is_read_again_after_its_refresh_and_errs_strict_before(store, tmp_path):
+    table = QosTable({**QosTable().levels, "tiny": Qos("tiny", 5, "urgent", None, 1.0, 0.0, 0.0,
+                                                       max_jobs_queued_per_user=1)})
+    service = make_service(store, tmp_path, qos=table)
+    now = [1000.0]
+    service.submissions.tenancy._clock = lambda: now[0]
+    first = submit(service, qos="tiny")
+    service.cancel(ROOT, [first])
+    assert "1 jobs waiting in QOS 'tiny'" in refused(429, submit, service, qos="tiny")  # not read yet
+    now[0] += service.submissions.tenancy.QUEUED_REFRESH_S + 1
+    submit(service, qos="tiny")  # read again: the cancelled job no longer counts
