@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hard limit: the job is stopped (TIMEOUT) when it runs longer, and no GPU on which it "
                         "is estimated to run longer is chosen. Default, with --est-runtime: the daemon's "
                         "time_limit_factor (2) x the estimated runtime on the planned GPUs, and never less than "
-                        "time_limit_factor x --est-runtime (longer on a slower GPU, never shorter on a faster one)")
+                        "time_limit_factor x --est-runtime (longer on a slower GPU, never shorter on a faster one); "
+                        "with neither, the QOS's default, else the daemon's default_time_limit (24h)")
     accounts.add_submit_options(s)
     s.add_argument("--retries", type=int, default=0, help="re-queue up to N times if the job is lost")
     s.add_argument("--name", help="job name (default: the program name)")
