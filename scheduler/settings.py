@@ -118,6 +118,15 @@ def _duration_at_least(minimum_s: float, why: str) -> Callable[[Any], float]:
     return parse
 
 
+def _duration_at_most(maximum_s: float) -> Callable[[Any], float]:
+    def parse(v: Any) -> float:
+        seconds = _duration(v)
+        if seconds > maximum_s:
+            raise ValueError(f"must be at most {format_duration(maximum_s)} (got {v!r})")
+        return seconds
+    return parse
+
+
 def _db_url(v: Any) -> str:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
@@ -290,6 +299,9 @@ SETTINGS: tuple[Setting, ...] = (
             "GPUs (comma-separated in env/flag)", _HEAD, "GROUP,..."),
     Setting("time_limit_factor", _number(1.0, 100.0), 2.0, "time limit = this x the runtime estimated "
             "on the planned GPUs, never less than this x --est-runtime, unless --time-limit is given", _HEAD, "X"),
+    Setting("default_time_limit", _duration_at_most(30 * 86400.0), 86400.0, "the time limit of a job given "
+            "none (no --time, --time-limit or --est-runtime) whose QOS sets no default_time_limit; "
+            "every job has a finite limit", _HEAD, "DUR", _dur),
     Setting("grace", _duration, 10.0, "SIGTERM -> SIGKILL grace on cancel and timeout", _BOTH, "DUR", _dur),
     Setting("node_lost_after", _duration_at_least(30.0, "shorter, healthy nodes that miss a heartbeat or "
             "restart their agent would have their running jobs declared LOST"), 300.0, "a silent node's running jobs are declared LOST (or "

@@ -90,3 +90,40 @@ def iso(t: datetime | None) -> str | None:
     if t is None:
         return None
     return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+_SLURM_TIME = re.compile(r"(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)")
+
+
+def parse_slurm_time(text: str) -> float:
+    """Seconds in a time limit written as Slurm's `--time` takes it: `90` (minutes), `MM:SS`,
+    `HH:MM:SS`, `D-HH`, `D-HH:MM` or `D-HH:MM:SS`. ValueError for anything else, and for a
+    limit of zero (Slurm's `0` means "no limit"; here every job has one).
+
+    Minutes, seconds past the first field, and hours after a day count are at most 59 (23
+    for those hours), as Slurm reads them: `90:00` is 90 minutes, `1-25` is refused."""
+    t = str(text).strip()
+    m = _SLURM_TIME.fullmatch(t)
+    if m is None:
+        raise ValueError(f"malformed time {text!r}; use minutes (90), MM:SS, HH:MM:SS, D-HH, D-HH:MM "
+                         "or D-HH:MM:SS")
+    if m.group("days") is not None:
+        days, hours = int(m.group("days")), int(m.group("dh"))
+        minutes, seconds = int(m.group("dm") or 0), int(m.group("ds") or 0)
+        if hours > 23 or minutes > 59 or seconds > 59:
+            raise ValueError(f"time {text!r}: hours after the day count are 0-23, minutes and seconds 0-59")
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    else:
+        parts = [int(p) for p in (m.group("a"), m.group("b"), m.group("c")) if p is not None]
+        if any(p > 59 for p in parts[1:]):
+            raise ValueError(f"time {text!r}: minutes and seconds after the first field are 0-59")
+        if len(parts) == 1:  # minutes
+            total = parts[0] * 60
+        elif len(parts) == 2:  # MM:SS
+            total = parts[0] * 60 + parts[1]
+        else:  # HH:MM:SS
+            total = (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    if total <= 0:
+        raise ValueError(f"time {text!r} is zero: give a positive limit (0 is not \"unlimited\" here)")
+    return float(total)

@@ -1,7 +1,7 @@
 """`carbonsched` command line: the parser, the built-in verbs (daemon, agent, submit, queue,
 show, cancel, logs, nodes, plan, db, config, drain, resume) and the dispatch to every verb
 registered in `scheduler.cli.common.VERBS` (also `carbon`, `report`, `export`, `simulate`,
-`profiles`).
+`profiles`, `account`, `user`).
 
 Exit codes (for scripts): 0 ok · 1 error · 2 bad usage or request · 3 daemon unreachable ·
 4 no such job · 5 not allowed (another user's job) · 6 conflict (e.g. job already ended).
@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler import settings
-from scheduler.cli import carbon, profiles, report, simulate
+from scheduler.cli import accounts, carbon, profiles, report, simulate
 from scheduler.cli.common import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_NOT_FOUND, EXIT_OK,
                                   EXIT_UNREACHABLE, EXIT_USAGE, VERBS, CliError, UnreadableConfig, api_client,
                                   config_path, db_url, load_config, register, require_config)
@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hard limit: the job is stopped (TIMEOUT) when it runs longer, and no GPU on which it "
                         "is estimated to run longer is chosen. Default, with --est-runtime: the daemon's "
                         "time_limit_factor (2) x the estimated runtime on the planned GPUs, and never less than "
-                        "time_limit_factor x --est-runtime (longer on a slower GPU, never shorter on a faster one)")
+                        "time_limit_factor x --est-runtime (longer on a slower GPU, never shorter on a faster one); "
+                        "with neither, the QOS's default, else the daemon's default_time_limit (24h)")
+    accounts.add_submit_options(s)
     s.add_argument("--retries", type=int, default=0, help="re-queue up to N times if the job is lost")
     s.add_argument("--name", help="job name (default: the program name)")
     s.add_argument("--env", action="append", default=[], metavar="VAR[=VALUE]",
@@ -241,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     report.add_parser(sub)
     profiles.add_parser(sub)
+    accounts.add_parser(sub)
     _global_options_after_verbs(p)
     return p
 
@@ -265,6 +268,7 @@ def _register_config_tables() -> None:
     """Nested config tables are checked by the code that owns them."""
     from scheduler.accounting.config import AccountingConfig
     from scheduler.carbon_config import CarbonConfig
+    from scheduler.qos import check_qos_config
     from scheduler.site import SiteConfig
     from scheduler.slurm.config import SlurmConfig
 
@@ -287,6 +291,7 @@ def _register_config_tables() -> None:
     settings.register_table("accounting", owner_check(AccountingConfig.from_config))
     settings.register_table("power", owner_check(_cap_bounds))
     settings.register_table("slurm", owner_check(SlurmConfig.from_config))
+    settings.register_table("qos", check_qos_config)
 
 
 def resolve_settings(args, config, scope: str) -> settings.Resolved:
@@ -341,6 +346,7 @@ def cmd_daemon(args, config) -> int:
     from scheduler.daemon.main import Daemon, DaemonConfig
     from scheduler.daemon.policy_factory import check_policy
     from scheduler.process import DaemonError
+    from scheduler.qos import qos_table
     from scheduler.site import SiteConfig
     from scheduler.slurm.config import SlurmConfig
     from scheduler.store.engine import default_db_url
@@ -365,6 +371,7 @@ def cmd_daemon(args, config) -> int:
             dispatch_interval_s=r["dispatch_interval"],
             admin_groups=r["admin_groups"],
             time_limit_factor=r["time_limit_factor"],
+            default_time_limit_s=r["default_time_limit"], qos=qos_table(config),
             grace_s=r["grace"],
             local_agent=r["local_agent"],
             sample_hz=r["sample_hz"],
@@ -501,6 +508,7 @@ def cmd_submit(args, config) -> int:
             body["est_runtime_s"] = parse_duration(args.est_runtime)
         if args.time_limit:
             body["time_limit_s"] = parse_duration(args.time_limit)
+        body.update(accounts.submit_fields(args))  # --account, --qos, --time
         if args.max_delay:
             body["max_delay_s"] = parse_duration(args.max_delay)
         if args.interruptible:

@@ -193,6 +193,7 @@ def job_detail(job: dict) -> str:
         ("job", f"{job['id']} ({job['name']})"), ("state", job["state"]),
         ("reason", job.get("reason") or "-"), *_hold_field(job),
         ("owner", f"{job['owner']} (uid {job['owner_uid']})"),
+        *([("account", f"{job['account']} (QOS {job.get('qos') or '-'})")] if job.get("account") else []),
         ("command", shlex.join(job["argv"])), ("directory", job["cwd"]),
         ("gpus", f"{job['gpus_requested']} x >= {job['gpu_mem_gib']:g} GiB"
                  + (f" -> {_gpus(job)}" if job.get("gpus") else "")),

@@ -11,11 +11,12 @@ import grp
 import os
 import pwd
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Row
 
 from scheduler.jobs.store import read_job
+from scheduler.qos import DEFAULT_TIME_LIMIT_S, QosTable
 
 
 class RequestError(Exception):
@@ -50,6 +51,10 @@ class ServiceConfig:
     # in jobs not yet purged (issue 48); None: no limit.
     max_submit_stored_bytes: int | None = None
     max_stored_bytes_per_user: int | None = None
+    # The QOS levels (scheduler.qos) and the time limit of a job given none whose QOS has no
+    # default: every job has a finite limit.
+    qos: QosTable = field(default_factory=QosTable)
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
 
 
 class Access:

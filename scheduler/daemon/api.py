@@ -604,6 +604,8 @@ class ApiServer(socketserver.UnixStreamServer):
             return 200, svc.drain(caller, body, drained=parts[0] == "drain")
         if route == ("GET", "nodes"):
             return 200, svc.nodes(caller)
+        if parts[:1] in (["accounts"], ["users"]):
+            return svc.accounts.route(method, parts, query, body, caller)
         handler = self.extra_routes.get(route)
         if handler is not None:
             return 200, handler(caller, query)

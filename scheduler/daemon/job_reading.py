@@ -70,8 +70,9 @@ class JobReading:
         """One job as `show` prints it: its row, whether its workload has a latency model, its
         events and its segments."""
         with self.store.read() as conn:
-            self.access.visible_job(conn, caller, job_id)
+            row = self.access.visible_job(conn, caller, job_id)
             out = jobs_json(view_of(conn, self.store.dialect, job_id), gpu_map(conn))[0]
+            out["account"], out["qos"] = row.account, row.qos  # charged to, and its QOS (scheduler.qos)
             from policies.model.operating_point import has_latency_model
 
             # whether the workload's latency is modelled (its preset's SLOs apply); for `show`

@@ -35,6 +35,7 @@ from scheduler.node.config import DEFAULT_OUTPUT_LIMIT_BYTES, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
 from scheduler.node.main import AgentRunConfig, make_backend, make_slurm_agent
 from scheduler.policy_tables import warm_policy_tables
+from scheduler.qos import DEFAULT_TIME_LIMIT_S, QosTable
 from scheduler.process import (CoalescedJob, DaemonError, ServiceProcess, new_scheduler, register_diagnostic,
                                scheduler_diagnostics, stalled)
 from scheduler.samples import DEFAULT_RETENTION_S, SampleStore
@@ -66,6 +67,9 @@ class DaemonConfig:
     node: str = field(default_factory=default_node_name)
     admin_groups: list[str] = field(default_factory=list)
     time_limit_factor: float = 2.0
+    # The limit of a job given none whose QOS has no default (scheduler.qos), and the QOS levels.
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    qos: QosTable = field(default_factory=QosTable)
     grace_s: float = 10.0
     local_agent: bool | None = None  # None: on for SQLite, or when --emulate is given
     sample_hz: float = 1.0
@@ -292,6 +296,7 @@ class Daemon(ServiceProcess):
             run.store,
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
                           time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user,
+                          default_time_limit_s=cfg.default_time_limit_s, qos=cfg.qos,
                           max_submit_stored_bytes=cfg.max_submit_stored_bytes,
                           max_stored_bytes_per_user=cfg.max_stored_bytes_per_user),
             log_dir=cfg.log_dir or cfg.state_dir / "logs",

@@ -6,8 +6,9 @@ in a request body can change who the caller is. A rejected request changes nothi
 `JobService` is the one face the API (and tests, benches) call; each verb is done by the
 part that owns it: `Submissions` (submit, `scheduler.daemon.submission`), `JobReading`
 (queue, show, logs, nodes, health, `scheduler.daemon.job_reading`), `JobControl` (cancel,
-hold, release, `scheduler.daemon.job_control`) and `OperatorVerbs` (drain, resume, profiles
-reset, `scheduler.daemon.operator_verbs`), sharing one `Access` (who may see what).
+hold, release, `scheduler.daemon.job_control`), `OperatorVerbs` (drain, resume, profiles
+reset, `scheduler.daemon.operator_verbs`) and `AccountVerbs` (account, user:
+`scheduler.daemon.account_verbs`), sharing one `Access` (who may see what).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from scheduler.clock import utcnow
 from scheduler.daemon.access import Access, Caller, ServiceConfig
+from scheduler.daemon.account_verbs import AccountVerbs
 from scheduler.daemon.admission import Admission
 from scheduler.daemon.job_control import JobControl
 from scheduler.daemon.job_reading import JobReading
@@ -45,6 +47,7 @@ class JobService:
         self.reading = JobReading(store, config, self.access, log_dir=self.log_dir, clock=clock)
         self.control = JobControl(store, self.access, on_submit=on_submit, on_cancel=on_cancel, clock=clock)
         self.operator = OperatorVerbs(store, self.access, self.admission, on_submit=on_submit, clock=clock)
+        self.accounts = AccountVerbs(store, self.access, on_change=self.submissions.tenancy.invalidate, clock=clock)
 
     def is_admin(self, caller: Caller) -> bool:
         """Whether the caller is an operator (root, the daemon's user, `admin_groups`)."""

@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 from scheduler.daemon.access import Access, Caller, RequestError, ServiceConfig
 from scheduler.daemon.admission import Admission, Refused
 from scheduler.daemon.submit_checks import Habits, KnownWorkloads, job_row, slurm_habits
+from scheduler.daemon.submit_tenancy import Tenancy
 from scheduler.jobs.job import job_from_request, queued_job
 from scheduler.jobs.store import add_dependencies, insert_job, name_array, store_job, waiting_and_stored
 from scheduler.lifecycle import State
@@ -38,6 +39,7 @@ class Submissions:
         self.known_workloads = KnownWorkloads(store)
         self.queue_limit = QueueLimit(store, config.max_queued_per_user,
                                       max_stored_bytes=config.max_stored_bytes_per_user)
+        self.tenancy = Tenancy(store, config)
         self._on_submit = on_submit
         self._clock = clock
 
@@ -60,11 +62,13 @@ class Submissions:
                                     "only run jobs as that user; run it as root to serve others")
         now = self._clock()
         row = self.job_row(body, caller, now)
+        self.tenancy.apply(body, row)  # account, QOS, a finite time limit
         warning = self._admit(row)
         extra = slurm_habits(body, caller, now, lambda ids: self._see_jobs(caller, ids))
         n_tasks = len(extra.array.indices) if extra.array is not None else 1
         row["stored_bytes"] = stored_bytes({**row, **extra.columns}) + (ARRAY_ENV_BYTES if extra.array else 0)
         self._check_storage(caller.uid, n_tasks, row["stored_bytes"] * n_tasks)
+        self.tenancy.check_queued(caller.uid, row["qos"], n_tasks)
         if extra.deps or extra.array is not None:
             return self._submit_with_habits(caller, row, extra)
         row.update(extra.columns)

@@ -54,7 +54,7 @@ SUBMIT_FIELDS = frozenset({
     "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s",
     "hold", "begin", "dependency", "array", "stdout_path", "stderr_path",
     "interruptible", "checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
-    "max_segments"})
+    "max_segments", "account", "qos"})
 
 
 def job_row(body: object, caller: Caller, now: datetime, *, time_limit_factor: float,

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 # The other tables of the store, registered on Base.metadata with these: whoever imports the
 # models (the schema check, Alembic) sees every table.
+import scheduler.store.account_models  # noqa: F401
 import scheduler.store.carbon_models  # noqa: F401
 import scheduler.store.identity  # noqa: F401
 import scheduler.store.telemetry_models  # noqa: F401
@@ -93,6 +94,8 @@ class Job(Base):
         Index("ix_jobs_ended_at", "ended_at"),
         Index("ix_jobs_owner_uid_ended_at", "owner_uid", "ended_at"),
         Index("ix_jobs_accounted_at", "accounted_at"),
+        # Jobs of an account waiting or running (`account delete`, fair share).
+        Index("ix_jobs_account_state", "account", "state"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
@@ -105,6 +108,11 @@ class Job(Base):
     owner_gid: Mapped[int] = mapped_column(Integer)
     owner_groups: Mapped[list] = mapped_column(JSON)
     owner_name: Mapped[str] = mapped_column(String(255))
+    # The account the job is charged to (scheduler.accounts: the user's default, else
+    # `default`) and its QOS (scheduler.qos: `normal` unless `submit --qos`). No foreign key:
+    # a finished job keeps its account's name after the account is gone.
+    account: Mapped[str] = mapped_column(String(255), default="default", server_default="default")
+    qos: Mapped[str] = mapped_column(String(64), default="normal", server_default="normal")
     argv: Mapped[list] = mapped_column(JSON)
     cwd: Mapped[str] = mapped_column(Text)
     env: Mapped[dict] = mapped_column(JSON)

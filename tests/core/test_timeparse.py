@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from scheduler.timeparse import format_duration, iso, parse_duration, parse_time
+from scheduler.timeparse import format_duration, iso, parse_duration, parse_slurm_time, parse_time
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -163,3 +163,28 @@ def test_iso_writes_utc_with_a_z_and_none_for_none():
     t = datetime(2026, 12, 2, 3, 0, 0, 123456, tzinfo=timezone(timedelta(hours=1)))
     assert iso(t) == "2026-12-02T02:00:00Z"
     assert iso(None) is None
+
+
+# -- Slurm's --time formats ----------------------------------------------------------------
+
+@pytest.mark.parametrize("text, seconds", [
+    ("90", 90 * 60),                 # a bare number is minutes, as sbatch --time=90
+    ("1", 60),
+    ("05:30", 5 * 60 + 30),          # MM:SS
+    ("90:00", 90 * 60),              # minutes may exceed 59 in the first field
+    ("01:30:00", 90 * 60),           # HH:MM:SS
+    ("48:00:00", 48 * 3600),
+    ("2-12", (2 * 24 + 12) * 3600),  # D-HH
+    ("1-02:30", (26 * 60 + 30) * 60),  # D-HH:MM
+    ("0-00:00:05", 5),               # D-HH:MM:SS
+    (" 3-04:05:06 ", ((3 * 24 + 4) * 60 + 5) * 60 + 6),
+])
+def test_slurm_time_formats_are_read_as_sbatch_reads_them(text, seconds):
+    assert parse_slurm_time(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1h", "90m", "-5", "1:2:3:4", "1-", "1-2:3:4:5", "00:61",
+                                  "1:60:00", "1-24", "1-02:60", "0", "00:00", "0-0", "1.5"])
+def test_other_times_and_a_zero_limit_are_refused_with_the_formats_named(text):
+    with pytest.raises(ValueError, match="time"):
+        parse_slurm_time(text)
