@@ -17,11 +17,10 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 
-from scheduler.lifecycle import ACTIVE
+from scheduler.jobs.usage import active_in_account
 from scheduler.store.account_models import DEFAULT_ACCOUNT, account_users, accounts
-from scheduler.store.models import jobs
 
 ACCOUNT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}(/[a-z0-9][a-z0-9_.-]{0,62}){0,3}\Z")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}\Z")
@@ -152,8 +151,7 @@ def delete_account(conn: Connection, name: object) -> dict:
     if children:
         raise AccountError("conflict", f"account {row.name!r} has sub-accounts ({', '.join(children)}): "
                                        "delete or move them first")
-    active = conn.execute(select(func.count()).select_from(jobs).where(
-        jobs.c.account == row.name, jobs.c.state.in_([s.value for s in ACTIVE]))).scalar_one()
+    active = active_in_account(conn, row.name)
     if active:
         raise AccountError("conflict", f"account {row.name!r} has {active} job(s) waiting or running: "
                                        "let them finish or cancel them first")

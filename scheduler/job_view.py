@@ -81,7 +81,7 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          stdout_path, stderr_path, planned_limit_w, limit_w, limit_note, unc_energy, unc_gco2,
          unc_runtime, kind, ck_signal, ck_grace, min_run, resume_cost, max_segments, done_fraction,
          resume_count, ignored, first_started, planned_segments, interrupt_at, resume_at, hold_kind,
-         held_by, output_cut, purged_at) in rows:
+         held_by, output_cut, purged_at, account, qos) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -154,6 +154,8 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             # Storage limits (issue 48): the streams cut at the job's output limit (null: none),
             # and when the finished job's command, environment and output were purged.
             "output_truncated": output_truncated_list(output_cut), "purged_at": _iso_raw(purged_at),
+            # The account the job is charged to and its QOS (scheduler.accounts, scheduler.qos).
+            "account": account, "qos": qos,
         })
     return out
 

@@ -72,7 +72,6 @@ class JobReading:
         with self.store.read() as conn:
             row = self.access.visible_job(conn, caller, job_id)
             out = jobs_json(view_of(conn, self.store.dialect, job_id), gpu_map(conn))[0]
-            out["account"], out["qos"] = row.account, row.qos  # charged to, and its QOS (scheduler.qos)
             from policies.model.operating_point import has_latency_model
 
             # whether the workload's latency is modelled (its preset's SLOs apply); for `show`

@@ -23,14 +23,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqlalchemy import func, select
-
 from scheduler.accounts import AccountError, Associations, charge_account, read_associations
 from scheduler.daemon.access import RequestError, ServiceConfig
-from scheduler.lifecycle import State
 from scheduler.qos import Qos
 from scheduler.store import Store
-from scheduler.store.models import jobs
+from scheduler.jobs.usage import waiting_in_qos
 from scheduler.timeparse import format_duration
 
 
@@ -119,9 +116,7 @@ class Tenancy:
             n, at = self._queued.get(key, (0, -1e18))
         if self._clock() - at > self.QUEUED_REFRESH_S:
             with self.store.read() as conn:
-                n = conn.execute(select(func.count()).select_from(jobs).where(
-                    jobs.c.owner_uid == uid, jobs.c.qos == qos_name,
-                    jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))).scalar_one()
+                n = waiting_in_qos(conn, uid, qos_name)
             at = self._clock()
         if n + jobs_added > limit:
             with self._lock:
