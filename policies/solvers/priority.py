@@ -1,0 +1,117 @@
+"""Priority under contention: the backfill rule for the slot planners (greedy, cpsat, oracle).
+
+A job may take GPUs a job of higher `QueuedJob.priority` wants only where that does not
+delay the higher job's planned start. The slot planners honour it by planning in priority
+tiers, highest first: each tier is planned by the policy's own machinery (short-job packing,
+the comparison with fifo, cpsat's search) with the jobs of the tiers above held where they
+were placed, so nothing of a lower tier can move them; a lower tier fits around them and
+may use their GPUs before they start (backfill). Carbon then chooses GPU model, zone, start
+and power limit within what priority leaves.
+
+The tiers above are handed to the next tier as kept plans (`Snapshot.keep`: node and start
+held, the GPUs of a node re-assigned around the new jobs). A kept plan holds whole slots, so
+a few that share a slot (short jobs packed back to back) may not all fit again; then the tier
+is planned once more with the tiers above pinned (`Snapshot.pinned`: their GPUs busy until
+they finish), which always holds them, at the cost of the backfill before them.
+
+With one priority (the default 0.0 everywhere) the policy's plan is made as before, in one
+call: every plan is the same as without this module. fifo and edf need no tiers: they place
+jobs one by one in priority order (`policies.solvers.fifo`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from policies.types import Assignment, Plan, QueuedJob, Snapshot
+
+log = logging.getLogger(__name__)
+
+PlanFn = Callable[[Snapshot], Plan]
+
+
+def tiers(snapshot: Snapshot) -> list[list[QueuedJob]]:
+    """The jobs to plan by priority, highest first, each tier in the snapshot's order (pinned
+    jobs with a plan are held by every tier and belong to none)."""
+    by_priority: dict[float, list[QueuedJob]] = {}
+    for job in snapshot.jobs:
+        if job.pinned and job.id in snapshot.pinned:
+            continue
+        by_priority.setdefault(float(job.priority), []).append(job)
+    return [by_priority[p] for p in sorted(by_priority, reverse=True)]
+
+
+def plan_by_priority(snapshot: Snapshot, plan_tier: PlanFn, first: tuple[Callable[[QueuedJob], bool], PlanFn] | None = None,
+                     on_tier: Callable[[int, int], None] | None = None) -> Plan:
+    """`plan_tier`'s plan of `snapshot`, tier by tier where the jobs differ in priority.
+
+    `first` = (which, plan_fn): in each tier the jobs `which` selects are planned first by
+    `plan_fn` and held, then the others by `plan_tier` (cpsat: the jobs that bound carbon's
+    freedom take greedy's rule, `policies.pricing.worth`, before its search). `on_tier(jobs
+    planned, jobs in all)` is called before each call of `plan_tier` where there are several
+    (cpsat shares its time budget out)."""
+    groups = tiers(snapshot)
+    if first is not None:
+        which, plan_first = first
+        steps = [(part, fn) for group in groups
+                 for part, fn in (([j for j in group if which(j)], plan_first),
+                                  ([j for j in group if not which(j)], plan_tier)) if part]
+    else:
+        steps = [(group, plan_tier) for group in groups]
+    if len(steps) <= 1 and (not steps or steps[0][1] is plan_tier):
+        return plan_tier(snapshot)
+    total = sum(len(part) for part, _ in steps)
+    held: dict[int, Assignment] = {}
+    unplaced: dict[int, str] = {}
+    plan = Plan()
+    pinned = _pinned_ids(snapshot)
+    for part, fn in steps:
+        if on_tier is not None and fn is plan_tier:
+            on_tier(len(part), total)
+        plan = plan_around(snapshot, held, part, fn)
+        unplaced.update({i: why for i, why in plan.unplaced.items() if i not in held})
+        held = {a.job_id: a for a in plan.assignments if a.job_id not in pinned}
+    return Plan(assignments=plan.assignments, unplaced=unplaced)
+
+
+def plan_around(snapshot: Snapshot, held: dict[int, Assignment], jobs: list[QueuedJob], plan_fn: PlanFn) -> Plan:
+    """`plan_fn`'s plan of `jobs` with the `held` plans of other jobs kept where they are
+    (node and start); pinned where keeping them would move one."""
+    if not held:
+        return plan_fn(_only(snapshot, jobs, {}))
+    plan = plan_fn(_only(snapshot, jobs, held))
+    if _holds(plan, held):
+        return plan
+    log.info("priority: %d held plans did not all fit as kept plans; planning the tier with them pinned",
+             len(held))
+    return plan_fn(_only(snapshot, jobs, held, pin=True))
+
+
+def _pinned_ids(snapshot: Snapshot) -> set[int]:
+    return {j.id for j in snapshot.jobs if j.pinned and j.id in snapshot.pinned}
+
+
+def _only(snapshot: Snapshot, jobs: list[QueuedJob], held: dict[int, Assignment], pin: bool = False) -> Snapshot:
+    """The snapshot with its pinned jobs, the held jobs and `jobs` only; the held plans kept
+    (or pinned), the snapshot's own kept and previous plans of `jobs` as they were."""
+    pinned = _pinned_ids(snapshot)
+    by_id = {j.id: j for j in snapshot.jobs}
+    mine = {j.id for j in jobs}
+    held_jobs = [replace(by_id[i], pinned=True) if pin else by_id[i] for i in held]
+    keep = {i: a for i, a in snapshot.keep.items() if i in mine}
+    if not pin:
+        keep.update(held)
+    return replace(
+        snapshot,
+        jobs=tuple(j for j in snapshot.jobs if j.id in pinned) + tuple(held_jobs) + tuple(jobs),
+        pinned={**snapshot.pinned, **held} if pin else dict(snapshot.pinned),
+        keep=keep,
+        previous={i: a for i, a in snapshot.previous.items() if i in mine})
+
+
+def _holds(plan: Plan, held: dict[int, Assignment]) -> bool:
+    """Whether every held plan is in `plan` on its node at its start."""
+    got = plan.by_job()
+    return all(i in got and got[i].node == a.node and got[i].start_at == a.start_at for i, a in held.items())
