@@ -62,7 +62,7 @@ def plan_by_priority(snapshot: Snapshot, plan_tier: PlanFn, first: tuple[Callabl
         steps = [(group, plan_tier) for group in groups]
     if len(steps) <= 1 and (not steps or steps[0][1] is plan_tier):
         return plan_tier(snapshot)
-    total = sum(len(part) for part, _ in steps)
+    total = sum(len(part) for part, fn in steps if fn is plan_tier)
     held: dict[int, Assignment] = {}
     unplaced: dict[int, str] = {}
     plan = Plan()
