@@ -19,13 +19,13 @@ from policies.problem.instance import Problem
 
 # (problem, state, j, table, lo, latest per group) -> Pick | None: greedy's `_cheapest_in_window`
 Cheapest = Callable[..., object]
+# (problem, j, lo, hi) -> flat run ends: greedy's `run_ends` (greedy imports this module)
+RunEnds = Callable[..., np.ndarray]
 
 
-def earliest_slot(problem: Problem, state, j: int, lo: int) -> int | None:
+def earliest_slot(problem: Problem, state, j: int, lo: int, run_ends: RunEnds) -> int | None:
     """The first slot from `lo` at which job j fits on some pool now (None: nowhere in the
     horizon)."""
-    from policies.solvers.greedy import run_ends
-
     S = problem.n_slots
     if lo >= S:
         return None
@@ -39,12 +39,12 @@ def earliest_slot(problem: Problem, state, j: int, lo: int) -> int | None:
 
 
 def bounded_pick(problem: Problem, state, j: int, table: np.ndarray, lo: int, latest: np.ndarray,
-                 cheapest: Cheapest):
+                 cheapest: Cheapest, run_ends: RunEnds):
     """The cheapest pick of job j within its window cut to its deferral bound, or its cheapest
     pick at the earliest slot where the later one does not save enough; None where nothing
     fits the window (the caller's late path then places it)."""
     job = problem.jobs[j]
-    first = earliest_slot(problem, state, j, lo)
+    first = earliest_slot(problem, state, j, lo, run_ends)
     if first is None:
         return cheapest(problem, state, j, table, lo, latest)
     if job.max_defer_s is not None:

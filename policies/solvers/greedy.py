@@ -226,7 +226,8 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
     if table is None:
         table = problem.cost_tables([j])[0]
     if bounded(problem.jobs[j]):  # a deferral bound or a least saving (policies.pricing.worth)
-        pick = bounded_pick(problem, state, j, table, lo, problem.window_latest(j), _cheapest_in_window)
+        pick = bounded_pick(problem, state, j, table, lo, problem.window_latest(j), _cheapest_in_window,
+                            run_ends)
     else:
         pick = _cheapest_in_window(problem, state, j, table, lo, problem.window_latest(j))
     if pick is None and is_held(problem, j):  # the promise cannot be kept: its real window
