@@ -10,9 +10,10 @@ and power limit within what priority leaves.
 
 The tiers above are handed to the next tier as kept plans (`Snapshot.keep`: node and start
 held, the GPUs of a node re-assigned around the new jobs). A kept plan holds whole slots, so
-a few that share a slot (short jobs packed back to back) may not all fit again; then the tier
-is planned once more with the tiers above pinned (`Snapshot.pinned`: their GPUs busy until
-they finish), which always holds them, at the cost of the backfill before them.
+a few that share a slot (short jobs packed back to back, fifo's starts between slot
+boundaries) may not all fit again; those that moved are pinned (`Snapshot.pinned`: their GPUs
+busy from now until they finish, which always holds them, at the cost of the backfill before
+them) and the tier is planned again, up to `MAX_PIN_ROUNDS` times, then with all pinned.
 
 With one priority (the default 0.0 everywhere) the policy's plan is made as before, in one
 call: every plan is the same as without this module. fifo and edf need no tiers: they place
@@ -24,12 +25,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 
 from policies.types import Assignment, Plan, QueuedJob, Snapshot
 
 log = logging.getLogger(__name__)
 
 PlanFn = Callable[[Snapshot], Plan]
+
+#: rounds of pinning the held plans that did not stay put before all of them are pinned
+MAX_PIN_ROUNDS = 3
 
 
 def tiers(snapshot: Snapshot) -> list[list[QueuedJob]]:
@@ -80,38 +85,65 @@ def plan_around(snapshot: Snapshot, held: dict[int, Assignment], jobs: list[Queu
     """`plan_fn`'s plan of `jobs` with the `held` plans of other jobs kept where they are
     (node and start); pinned where keeping them would move one."""
     if not held:
-        return plan_fn(_only(snapshot, jobs, {}))
-    plan = plan_fn(_only(snapshot, jobs, held))
-    if _holds(plan, held):
-        return plan
-    log.info("priority: %d held plans did not all fit as kept plans; planning the tier with them pinned",
-             len(held))
-    return plan_fn(_only(snapshot, jobs, held, pin=True))
+        return plan_fn(_only(snapshot, jobs, {}, set()))
+    pin = _closure(held, {i for i, a in held.items() if not _on_slot(snapshot, a)})
+    for _ in range(MAX_PIN_ROUNDS):
+        plan = plan_fn(_only(snapshot, jobs, held, pin))
+        moved = _moved(plan, held)
+        if not moved:
+            return plan
+        log.info("priority: %d of %d held plans did not fit as kept plans; pinning them", len(moved), len(held))
+        pin = _closure(held, pin | moved)
+    return plan_fn(_only(snapshot, jobs, held, set(held)))
+
+
+def _on_slot(snapshot: Snapshot, a: Assignment) -> bool:
+    """Whether a plan starts on a slot boundary (a kept plan holds its slots exactly as the
+    slot planner placed it; one packed between boundaries may share a slot it cannot hold)."""
+    offset_s = (a.start_at - snapshot.now).total_seconds()
+    return abs(offset_s / snapshot.slot_s - round(offset_s / snapshot.slot_s)) < 1e-6
+
+
+def _closure(held: dict[int, Assignment], pin: set[int]) -> set[int]:
+    """`pin` with every held plan that starts before a pinned one on one of its GPUs: a pinned
+    job's GPUs are busy from now, so such a plan could not be kept."""
+    out = set(pin)
+    grow = True
+    while grow:
+        last: dict[int, datetime] = {}  # per GPU, the latest start of a pinned plan on it
+        for i in out:
+            for gid in held[i].gpu_ids:
+                last[gid] = max(last.get(gid, held[i].start_at), held[i].start_at)
+        more = {i for i, a in held.items() if i not in out
+                and any(g in last and a.start_at < last[g] for g in a.gpu_ids)}
+        out |= more
+        grow = bool(more)
+    return out
 
 
 def _pinned_ids(snapshot: Snapshot) -> set[int]:
     return {j.id for j in snapshot.jobs if j.pinned and j.id in snapshot.pinned}
 
 
-def _only(snapshot: Snapshot, jobs: list[QueuedJob], held: dict[int, Assignment], pin: bool = False) -> Snapshot:
-    """The snapshot with its pinned jobs, the held jobs and `jobs` only; the held plans kept
-    (or pinned), the snapshot's own kept and previous plans of `jobs` as they were."""
+def _only(snapshot: Snapshot, jobs: list[QueuedJob], held: dict[int, Assignment], pin: set[int]) -> Snapshot:
+    """The snapshot with its pinned jobs, the held jobs and `jobs` only; the held plans kept,
+    those in `pin` pinned; the snapshot's own kept and previous plans of `jobs` as they were."""
     pinned = _pinned_ids(snapshot)
     by_id = {j.id: j for j in snapshot.jobs}
     mine = {j.id for j in jobs}
-    held_jobs = [replace(by_id[i], pinned=True) if pin else by_id[i] for i in held]
+    held_jobs = [replace(by_id[i], pinned=True) if i in pin else by_id[i] for i in held]
     keep = {i: a for i, a in snapshot.keep.items() if i in mine}
-    if not pin:
-        keep.update(held)
+    keep.update({i: a for i, a in held.items() if i not in pin})
     return replace(
         snapshot,
         jobs=tuple(j for j in snapshot.jobs if j.id in pinned) + tuple(held_jobs) + tuple(jobs),
-        pinned={**snapshot.pinned, **held} if pin else dict(snapshot.pinned),
+        pinned={**snapshot.pinned, **{i: a for i, a in held.items() if i in pin}},
         keep=keep,
         previous={i: a for i, a in snapshot.previous.items() if i in mine})
 
 
-def _holds(plan: Plan, held: dict[int, Assignment]) -> bool:
-    """Whether every held plan is in `plan` on its node at its start."""
+def _moved(plan: Plan, held: dict[int, Assignment]) -> set[int]:
+    """The held jobs `plan` does not have on their node at their start."""
     got = plan.by_job()
-    return all(i in got and got[i].node == a.node and got[i].start_at == a.start_at for i, a in held.items())
+    return {i for i, a in held.items()
+            if i not in got or got[i].node != a.node or got[i].start_at != a.start_at}
