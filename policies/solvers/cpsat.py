@@ -206,24 +206,24 @@ class CpsatPolicy:
         self._promises = Promises(self.hold_pace)  # held starts' promises, kept across this policy's plans
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        """cpsat's plan, tier by tier where the jobs differ in priority, and with the jobs that
-        bound carbon's freedom placed by greedy's rule first (`policies.solvers.priority`): its
-        search moves the jobs it is given, which a bounded job must not be. Each tier gets its
-        share of `max_time_s` by its jobs."""
-        from policies.pricing.worth import bounded
+        """cpsat's plan, tier by tier where the jobs differ in priority, with the jobs that
+        bound their deferral, and those whose deferral saves less than their least saving,
+        placed by greedy's rule first (`policies.solvers.priority.plan_with_bounds`): its search
+        moves the jobs it is given, which such a job must not be. Each tier gets its share of
+        `max_time_s` by its jobs."""
         from policies.solvers.greedy import GreedyPolicy
-        from policies.solvers.priority import plan_by_priority
+        from policies.solvers.priority import plan_with_bounds
 
         if self.hold > 0:
             self._promises.forget_all_but({j.id for j in snapshot.jobs})
         budget_s = self.max_time_s
         rule = GreedyPolicy(lateness_g_per_gpu_h=self.lateness_g_per_gpu_h)
 
-        def share(n: int, total: int) -> None:
-            self.max_time_s = budget_s * n / max(1, total)
+        def share(part: float) -> None:
+            self.max_time_s = budget_s * part
 
         try:
-            return plan_by_priority(snapshot, self.plan_tier, first=(bounded, rule.plan_tier), on_tier=share)
+            return plan_with_bounds(snapshot, self.plan_tier, rule.plan_tier, share)
         finally:
             self.max_time_s = budget_s
 

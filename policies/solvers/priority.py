@@ -147,3 +147,37 @@ def _moved(plan: Plan, held: dict[int, Assignment]) -> set[int]:
     got = plan.by_job()
     return {i for i, a in held.items()
             if i not in got or got[i].node != a.node or got[i].start_at != a.start_at}
+
+
+def plan_with_bounds(snapshot: Snapshot, plan_tier: PlanFn, plan_rule: PlanFn,
+                     budget: Callable[[float], None]) -> Plan:
+    """A searching policy's plan (`plan_tier`: cpsat's) by priority, where the jobs that bound
+    their deferral (`QueuedJob.max_defer_s`) are placed first in their tier by a policy that
+    applies the bound where it picks a start (`plan_rule`: greedy's). A job with a least
+    saving (`min_saving_gco2`, `min_saving_frac`) is searched like any other; where its plan
+    saves less than that against its "if run now" grams, the plan is made again with it placed
+    by `plan_rule` too (which runs it at its earliest start unless a later one saves enough).
+    `budget(share)` sets the searching policy's share of its time for the next call (its
+    tiers get it by their jobs; half for each plan where a second may follow)."""
+    from policies.pricing.worth import has_threshold, worth_deferring
+
+    thresholds = any(has_threshold(j) for j in snapshot.jobs)
+    part = 0.5 if thresholds else 1.0
+
+    def plan(first: Callable[[QueuedJob], bool]) -> Plan:
+        return plan_by_priority(snapshot, plan_tier, first=(first, plan_rule),
+                                on_tier=lambda n, total: budget(part * n / max(1, total)))
+
+    budget(part)
+    out = plan(lambda j: j.max_defer_s is not None)
+    if not thresholds:
+        return out
+    jobs = {j.id: j for j in snapshot.jobs}
+    short = {a.job_id for a in out.assignments
+             if a.job_id in jobs and has_threshold(jobs[a.job_id]) and a.job_id not in snapshot.pinned
+             and not worth_deferring(jobs[a.job_id], a.estimate.gco2_if_now, a.estimate.gco2)}
+    if not short:
+        return out
+    log.info("priority: %d jobs save less than their least saving; placing them by the rule", len(short))
+    budget(part)
+    return plan(lambda j: j.max_defer_s is not None or j.id in short)

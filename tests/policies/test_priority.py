@@ -32,10 +32,11 @@ DIRTY_THEN_CLEAN = {"Z1": CarbonCurve("Z1", NOW, 3600.0, (500.0, 450.0) + (40.0,
 @st.composite
 def prioritised(draw) -> Snapshot:
     """The planner tests' random instances, each job with a random priority (few levels, so
-    ties occur) and deferral bound."""
+    ties occur), deferral bound and least saving."""
     snap = draw(instances())
     jobs = tuple(replace(j, priority=float(draw(st.sampled_from([0, 0, 1, 5]))),
-                         max_defer_s=draw(st.sampled_from([None, 0.0, 0.0, 3600.0])))
+                         max_defer_s=draw(st.sampled_from([None, 0.0, 0.0, 3600.0])),
+                         min_saving_gco2=draw(st.sampled_from([0.0, 0.0, 50.0])))
                  for j in snap.jobs)
     return replace(snap, jobs=jobs)
 
@@ -158,3 +159,15 @@ def test_equal_priorities_plan_as_the_default(name):
     a, b = (get_policy(name, **params).plan(s) for s in (snap, same))
     assert [(x.job_id, x.node, x.gpu_ids, x.start_at) for x in a.assignments] == \
         [(x.job_id, x.node, x.gpu_ids, x.start_at) for x in b.assignments]
+
+
+def test_a_deferral_is_worth_it_only_where_it_saves_both_least_amounts():
+    from policies.pricing.worth import worth_deferring
+
+    job = QueuedJob(1, 1, 0, NOW, min_saving_gco2=1.0, min_saving_frac=0.1)
+    assert worth_deferring(job, 20.0, 17.0)  # 3 g and 15 %
+    assert not worth_deferring(job, 20.0, 19.5)  # 0.5 g: too few grams
+    assert not worth_deferring(job, 200.0, 185.0)  # 15 g but 7.5 %: too small a share
+    assert not worth_deferring(replace(job, min_saving_gco2=0.0, min_saving_frac=0.0001), 1.0, 1.0)  # no saving
+    assert worth_deferring(QueuedJob(2, 1, 0, NOW), 1.0, 0.99)  # no thresholds: any saving
+    assert worth_deferring(job, None, 1.0)  # nothing to compare: the policy's choice stands
