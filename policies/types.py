@@ -69,6 +69,21 @@ class QueuedJob:
     # (issue 48): the learned figures would exclude every GPU model the seeds let it run on
     # (`policies.pricing.feasibility.learned_refusal`). None: the profile book as it is.
     seed_profile: str | None = None
+    # Standing under contention (a multifactor priority the daemon computes; higher goes
+    # first): a job may take GPUs a higher-priority job wants only where that does not delay
+    # the higher one's planned start (`policies.solvers.priority`). Equal priorities: each
+    # policy's own order.
+    priority: float = 0.0
+    # How far carbon may move the start beyond the earliest start the job could have on
+    # fitting GPUs (given running work and jobs of higher priority): 0 starts it on the first
+    # free fitting GPUs, never held for carbon; None: anywhere up to its deadline.
+    max_defer_s: float | None = None
+    # The smallest saving worth waiting for: a start later than the earliest one is taken only
+    # where it saves at least `min_saving_gco2` grams AND `min_saving_frac` of the grams of
+    # that earliest start; otherwise the job runs at its earliest start
+    # (`policies.pricing.worth`). 0, 0: any saving is worth it.
+    min_saving_gco2: float = 0.0
+    min_saving_frac: float = 0.0
 
     def derived_time_limit_s(self, runtime_s: float) -> float | None:
         """The time limit that follows a plan with this estimated runtime on its chosen GPUs:

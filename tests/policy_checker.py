@@ -123,3 +123,66 @@ def _fastest_latency_ms(workload: str | None, model: str, k: int) -> float | Non
     tps = [t for t in (1, 2, 4, 8) if t <= k and k % t == 0]
     lat = [p.latency_p95_ms for p in frontier(w, model, max_tp=max(tps)) if p.point.tp in tps]
     return min(lat) if lat else float("inf")
+
+
+def priority_violations(snapshot: Snapshot, plan: Plan, tol_s: float | None = None) -> list[str]:
+    """The backfill rule, checked on the plan alone: no job's placement delays the planned
+    start of a job of higher priority.
+
+    What a plan shows of it: job A's GPUs carry nothing of priority >= A's (nor running work,
+    nor pinned plans) from `free_at` (the end of the last such occupation that starts before A)
+    until A's planned start, so A could have started at `free_at` on its own GPUs had only the
+    jobs of its priority or higher been planned. A may start later only for carbon, and at most
+    its deferral bound (`QueuedJob.max_defer_s`) later. A plan breaks the rule where A starts
+    later than `free_at` + that bound (+ `tol_s`, a slot by default: slot planners start jobs
+    on slot boundaries) while a job of LOWER priority holds one of A's GPUs in that interval:
+    that job took the GPUs A would have run on. A job with no deferral bound may be moved
+    anywhere for carbon, which a plan alone cannot tell from being pushed; jobs under a site
+    power cap may wait for watts, not GPUs: neither is judged here (the policy tests add
+    `lower_priority_changes` for the first)."""
+    tol = timedelta(seconds=snapshot.slot_s if tol_s is None else tol_s)
+    jobs = {j.id: j for j in snapshot.jobs}
+    fixed = {j.id for j in snapshot.jobs if j.pinned and j.id in snapshot.pinned}
+    capped = {c.zone for c in snapshot.power_caps}
+    budget = {g.id: g.budget or g.zone for g in snapshot.gpus}
+    spans: dict[int, list[tuple]] = defaultdict(list)  # gpu -> (start, end, job id or None)
+    for g in snapshot.gpus:
+        if g.busy_until is not None and g.busy_until > snapshot.now:
+            spans[g.id].append((snapshot.now, g.busy_until, None))
+    for a in plan.assignments:
+        if a.estimate.runtime_s is None:
+            continue
+        for gid in a.gpu_ids:
+            spans[gid].append((a.start_at, a.start_at + timedelta(seconds=a.estimate.runtime_s), a.job_id))
+    out: list[str] = []
+    for a in plan.assignments:
+        job = jobs.get(a.job_id)
+        if job is None or job.max_defer_s is None or a.job_id in fixed or any(budget[i] in capped for i in a.gpu_ids):
+            continue
+        free_at = max(snapshot.now, job.submitted_at)
+        for gid in a.gpu_ids:
+            for s, e, other in spans[gid]:
+                if other != a.job_id and s < a.start_at and (other is None or other in fixed
+                                                             or jobs[other].priority >= job.priority):
+                    free_at = max(free_at, min(e, a.start_at))
+        if a.start_at <= free_at + timedelta(seconds=job.max_defer_s) + tol:
+            continue
+        for gid in a.gpu_ids:
+            for s, e, other in spans[gid]:
+                if other is not None and other not in fixed and jobs[other].priority < job.priority \
+                        and s < a.start_at - timedelta(seconds=1) and e > free_at + timedelta(seconds=1):
+                    out.append(f"job {job.id} (priority {job.priority:g}) could start at {free_at} on its GPUs, "
+                               f"starts at {a.start_at}, beyond its deferral bound, while job {other} "
+                               f"(priority {jobs[other].priority:g}) holds GPU {gid}")
+    return out
+
+
+def lower_priority_changes(full: Plan, upper: Plan, snapshot: Snapshot) -> list[str]:
+    """Where `full` (the plan of the whole queue) places a job differently (node or start)
+    from `upper` (the same policy's plan of the queue without the jobs of lower priority than
+    the lowest in `upper`): a job of lower priority moved one of higher."""
+    got, want = full.by_job(), upper.by_job()
+    out = [f"job {i}: {'unplaced' if i not in got else f'{got[i].node} at {got[i].start_at}'} with the lower "
+           f"priorities, {a.node} at {a.start_at} without" for i, a in want.items()
+           if i not in got or (got[i].node, got[i].start_at) != (a.node, a.start_at)]
+    return out

@@ -206,10 +206,31 @@ class CpsatPolicy:
         self._promises = Promises(self.hold_pace)  # held starts' promises, kept across this policy's plans
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        clock: Clock = WorkClock() if self.deterministic else WallClock()
-        started = clock.now()
+        """cpsat's plan, tier by tier where the jobs differ in priority, with the jobs that
+        bound their deferral, and those whose deferral saves less than their least saving,
+        placed by greedy's rule first (`policies.solvers.priority.plan_with_bounds`): its search
+        moves the jobs it is given, which such a job must not be. Each tier gets its share of
+        `max_time_s` by its jobs."""
+        from policies.solvers.greedy import GreedyPolicy
+        from policies.solvers.priority import plan_with_bounds
+
         if self.hold > 0:
             self._promises.forget_all_but({j.id for j in snapshot.jobs})
+        budget_s = self.max_time_s
+        rule = GreedyPolicy(lateness_g_per_gpu_h=self.lateness_g_per_gpu_h)
+
+        def share(part: float) -> None:
+            self.max_time_s = budget_s * part
+
+        try:
+            return plan_with_bounds(snapshot, self.plan_tier, rule.plan_tier, share)
+        finally:
+            self.max_time_s = budget_s
+
+    def plan_tier(self, snapshot: Snapshot) -> Plan:
+        """cpsat's plan of jobs of one priority (or all, where they do not differ)."""
+        clock: Clock = WorkClock() if self.deterministic else WallClock()
+        started = clock.now()
         # greedy's plan of the long jobs when cpsat chose another, and the search's runner-up
         # (made only if there are short jobs to pack around it)
         others: list[Plan | Callable[[], Plan | None]] = []

@@ -15,6 +15,10 @@ of `policies.pricing.counterfactual` (the job alone on the earliest free, fastes
 averaged). An explicit time limit (`QueuedJob.time_limit_s`) rules out models the job would
 overrun.
 
+Jobs of higher `QueuedJob.priority` are placed first (the order above within equal
+priority), so a later job never delays a higher-priority job's planned start. edf takes a
+faster pool only where it starts within the job's `max_defer_s` of the earliest one.
+
 Ties never depend on names: among equally early pools (within `START_TOL_S`) the one that
 finishes the job first wins, and among those a seeded random one (`seed`; the draw is per
 job, so a re-plan of an unchanged queue gives the same answer). Before, "first free GPUs"
@@ -52,9 +56,11 @@ class FifoPolicy:
     rule = "first free GPUs in submission order"
 
     def _order(self, job: QueuedJob) -> tuple:
+        # higher priority first (`policies.solvers.priority`): each placement is final and later
+        # jobs fit around it, so no job delays the planned start of one of higher priority
         if self.by_deadline:
-            return (job.deadline is None, job.deadline or job.submitted_at, job.submitted_at, job.id)
-        return (job.submitted_at, job.id)
+            return (-job.priority, job.deadline is None, job.deadline or job.submitted_at, job.submitted_at, job.id)
+        return (-job.priority, job.submitted_at, job.id)
 
     def plan(self, snapshot: Snapshot, explain: bool = True, beat: tuple[int, int] | None = None) -> Plan | None:
         """fifo's plan. `explain=False` leaves out what only a reader needs (the "if run now"
@@ -153,6 +159,8 @@ class FifoPolicy:
             cand = cand[starts[cand] <= starts[cand].min() + START_TOL_S]
             if cand.size == 1:
                 return int(cand[0])
+        elif job.max_defer_s is not None:  # edf: a faster pool only within the job's deferral bound
+            cand = cand[starts[cand] <= starts[cand].min() + max(START_TOL_S, float(job.max_defer_s))]
         # one runtime per (model, power limit) among the candidates, then the finishes as one
         # array sum (the same float additions): a Python loop over ~100 pools per job was half
         # of edf's time when greedy compares its plan (5,000 jobs)

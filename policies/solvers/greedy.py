@@ -76,6 +76,8 @@ import numpy as np
 from policies.pricing.counterfactual import RUNTIME_TOL, Counterfactual
 from policies.pricing.deferral import Deferral, past_horizon_start
 from policies.pricing.feasibility import unfit_text
+from policies.pricing.worth import bounded
+from policies.solvers.bounded_pick import bounded_pick
 from policies.problem.held_starts import is_held, unheld_latest, unheld_window_latest
 from policies.pricing.lateness import DEFAULT_LATENESS_G_PER_GPU_H, parse_lateness_price
 from policies.types import Plan, Snapshot
@@ -223,7 +225,11 @@ def place_job(problem: Problem, state: GreedyState, j: int, table: np.ndarray | 
         return "released after the planning horizon"
     if table is None:
         table = problem.cost_tables([j])[0]
-    pick = _cheapest_in_window(problem, state, j, table, lo, problem.window_latest(j))
+    if bounded(problem.jobs[j]):  # a deferral bound or a least saving (policies.pricing.worth)
+        pick = bounded_pick(problem, state, j, table, lo, problem.window_latest(j), _cheapest_in_window,
+                            run_ends)
+    else:
+        pick = _cheapest_in_window(problem, state, j, table, lo, problem.window_latest(j))
     if pick is None and is_held(problem, j):  # the promise cannot be kept: its real window
         pick = _cheapest_in_window(problem, state, j, table, lo, unheld_window_latest(problem, j))
     if pick is not None:
@@ -456,7 +462,7 @@ def greedy_picks(problem: Problem, state: GreedyState | None = None, order: list
                 continue
             seg = None
             # cut into segments where that is cheaper (issue 30); never when finishing first
-            if cut and interruptible(problem.jobs[j]) and not finish_first:
+            if cut and interruptible(problem.jobs[j]) and not finish_first and not bounded(problem.jobs[j]):
                 g = int(problem.pool_group[res.pool])
                 one_g = float(tables[i, g, res.slot]) + (
                     problem.late_penalty_at(j, g, res.slot) if problem.penalised or res.deadline_miss else 0.0)
@@ -629,6 +635,13 @@ class GreedyPolicy:
         self.lateness_g_per_gpu_h = parse_lateness_price(self.lateness_g_per_gpu_h)
 
     def plan(self, snapshot: Snapshot) -> Plan:
+        """greedy's plan, tier by tier where the jobs differ in priority (`policies.solvers.priority`)."""
+        from policies.solvers.priority import plan_by_priority
+
+        return plan_by_priority(snapshot, self.plan_tier)
+
+    def plan_tier(self, snapshot: Snapshot) -> Plan:
+        """greedy's plan of jobs of one priority (or all, where they do not differ)."""
         # Jobs shorter than a slot are packed in continuous time around the slot plan. With
         # short jobs (`plan_long` then gets another snapshot) fifo is compared with the
         # whole plan at the end, not with the long jobs' plan first: one fifo pass, not two.

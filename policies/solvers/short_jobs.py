@@ -46,6 +46,7 @@ from policies.model.length_spread import expected, multipliers
 from policies.model.margin import job_margin, latest_start_s
 from policies.types import (J_PER_KWH, Assignment, CarbonCurve, Estimate, GpuSlot, Plan, QueuedJob, Snapshot,
                             budget_of, grams)
+from policies.pricing.worth import bounded, has_threshold, latest_deferred_s, worth_deferring
 from policies.solvers.placement import Score, deferred_misses, late_gpu_h
 
 
@@ -635,8 +636,19 @@ class _Packer:
         if asap is None:
             return "no GPUs free long enough within the planning horizon" + (
                 f" ({', '.join(sorted(reasons))})" if reasons else "")
+        if bounded(job):  # a deferral bound or a least saving (policies.pricing.worth)
+            search.latest = min(latest, max(asap[0][0], latest_deferred_s(job, asap[0][0])))
         h, o, col, miss = search.cheapest(table, asap)
+        if not miss and has_threshold(job) and h[0] > asap[0][0] + 1e-6 and not worth_deferring(
+                job, self._gco2(job, options, asap[1], asap[0][0]), self._gco2(job, options, o, h[0])):
+            (h, o, col), miss = asap, False
         return self._assignment(job, options, h, o, miss, release, latest)
+
+    def _gco2(self, job: QueuedJob, options: list, o: int, t: float) -> float:
+        """The job's grams with option o started at `t` (epoch seconds)."""
+        kind, shape = options[o]
+        return job_gco2(self.curves[kind.zone], datetime.fromtimestamp(t, self.now.tzinfo), shape.runtime_s,
+                        shape.power_w, kind.pue, multipliers(job))
 
     def _assignment(self, job: QueuedJob, options: list, h: tuple, o: int, miss: bool, release: float,
                     latest: float) -> Assignment:
