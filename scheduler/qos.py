@@ -29,17 +29,19 @@ Configured like
 
 The built-in levels, and why:
 
-- `normal` (the default QOS): priority 10, defer at most 2 h, usage factor 1, worth waiting
-  for from 10 g and 10 %. Seen in use: a 5 s job was planned 79 minutes out on an idle
-  cluster to save 0.08 g. A 5 s job on an H100 (700 W) uses about 1 Wh, 0.4 g at 400 g/kWh:
-  no wait can save 10 g, so short jobs run now. One H100-minute at 700 W emits about 4.7 g
-  at 400 g/kWh, so only a job of some 20 H100-minutes or more (100 g if run now) can save
-  10 g with a 10 % cleaner start. 10 % is about a day-ahead intensity forecast's error: a
-  smaller planned saving may not be real. 2 h is a wait a user of a batch queue tolerates without
-  resubmitting elsewhere, and reaches the next cleaner hours of most grids' daily curve.
+- `normal` (the default QOS): priority 10, defer at most 2 h unless the job gives its own
+  `--deadline` or `--max-delay` (then that bounds it: the user chose the slack), usage
+  factor 1, worth waiting for from 2 g and 10 %. Seen in use: a 5 s job was planned 79
+  minutes out on an idle cluster to save 0.08 g. A 5 s job on an H100 (700 W) uses about
+  1 Wh, 0.4 g at 400 g/kWh: no wait can save 2 g, so short jobs run now. One H100-minute
+  at 700 W emits about 4.7 g at 400 g/kWh, so a job of a few H100-minutes can be worth a
+  wait; a half-hour job saving 15 % (about 10 g) is held for its greener half-hour. 10 % is
+  about a day-ahead intensity forecast's error: a smaller planned saving may not be real.
+  2 h is a wait a user of a batch queue tolerates without resubmitting elsewhere, and
+  reaches the next cleaner hours of most grids' daily curve.
 - `flexible`: priority 0, defer up to the deadline, usage factor 0.5, worth waiting for from
-  1 g and 5 %. Half the charge is the incentive to let carbon choose; it still does not
-  wait for forecast noise (5 %) or a rounding error (1 g).
+  0.5 g and 5 %. Half the charge is the incentive to let carbon choose; it still does not
+  wait for forecast noise (5 %) or a rounding error (0.5 g).
 - `urgent`: priority 100, never deferred, usage factor 1.5, at most 100 jobs queued per
   user. It takes the first free GPUs whatever their carbon, so it costs more of the share
   (otherwise every job would be urgent), and the queue limit keeps the lane short for the
@@ -94,6 +96,20 @@ class Qos:
         limit = self.default_time_limit_s if self.default_time_limit_s is not None else site_default_s
         return min(limit, self.max_time_limit_s) if self.max_time_limit_s is not None else limit
 
+    def carbon_bounds(self, own_slack: bool) -> dict[str, float | None]:
+        """What this level lets carbon do with one job, as the policies' `QueuedJob` fields:
+        `urgent` never defers (0); `normal` defers at most `max_defer_s`, unless the job
+        gave its own deadline or maximum delay (`own_slack`: the user chose that slack, and
+        it bounds the job); `flexible` up to its deadline; and the least saving worth waiting for."""
+        if self.defer == URGENT:
+            max_defer: float | None = 0.0
+        elif self.defer == NORMAL and not own_slack:
+            max_defer = self.max_defer_s
+        else:
+            max_defer = None
+        return {"max_defer_s": max_defer, "min_saving_gco2": self.min_saving_g,
+                "min_saving_frac": self.min_saving_pct / 100.0}
+
     def as_json(self) -> dict:
         """The level as the API and `--json` give it (durations in seconds)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -102,9 +118,9 @@ class Qos:
 BUILT_IN: dict[str, Qos] = {
     URGENT: Qos(URGENT, priority=100, defer=URGENT, max_defer_s=None, usage_factor=1.5, min_saving_g=0.0,
                 min_saving_pct=0.0, max_jobs_queued_per_user=100),
-    NORMAL: Qos(NORMAL, priority=10, defer=NORMAL, max_defer_s=2 * 3600.0, usage_factor=1.0, min_saving_g=10.0,
+    NORMAL: Qos(NORMAL, priority=10, defer=NORMAL, max_defer_s=2 * 3600.0, usage_factor=1.0, min_saving_g=2.0,
                 min_saving_pct=10.0),
-    FLEXIBLE: Qos(FLEXIBLE, priority=0, defer=FLEXIBLE, max_defer_s=None, usage_factor=0.5, min_saving_g=1.0,
+    FLEXIBLE: Qos(FLEXIBLE, priority=0, defer=FLEXIBLE, max_defer_s=None, usage_factor=0.5, min_saving_g=0.5,
                   min_saving_pct=5.0),
 }
 

@@ -218,7 +218,7 @@ class Daemon(ServiceProcess):
         if cfg.planner_process:
             spec = PlannerSpec(db_url=cfg.db_url, policy=cfg.policy, log_level=logging.getLogger().level,
                                plan_interval_s=cfg.plan_interval_s, carbon=dict(cfg.carbon), site=cfg.site,
-                               full_replan_s=cfg.full_replan_s)
+                               full_replan_s=cfg.full_replan_s, qos=cfg.qos)
             # Started first: the child's imports (OR-Tools alone takes ~0.7 s) overlap the
             # rest of startup, so the first plan follows "ready" closely.
             run.plan_proc = PlannerProcess(spec, on_tick=lambda d, n: self._after_tick(run, d, n))
@@ -247,8 +247,11 @@ class Daemon(ServiceProcess):
         if run.preview_proc is not None:
             run.preview = run.preview_proc.rows
             return
+        from scheduler.standing import Standing
+
         planner = Planner(run.store, policy, carbon=run.carbon, site=cfg.site,
-                          plan_interval_s=cfg.plan_interval_s, full_replan_s=cfg.full_replan_s)
+                          plan_interval_s=cfg.plan_interval_s, full_replan_s=cfg.full_replan_s,
+                          standing=Standing(cfg.qos))
         run.plan_proc = InProcessPlanner(run.scheduler, planner, stopping=self.stop_event,
                                          on_tick=lambda d, n: self._after_tick(run, d, n))
         run.preview = lambda: preview_rows(planner)

@@ -64,6 +64,7 @@ from scheduler.lifecycle import State
 from scheduler.power_budget import ramps_of
 from scheduler.profiles import learned_profiles
 from scheduler.site import SiteConfig
+from scheduler.standing import Standing
 from scheduler.store import Store
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,8 @@ class Planner:
                  site: SiteConfig | None = None, plan_interval_s: float = 15.0,
                  slot_s: float = 900.0, horizon_s: float = 48 * 3600.0,
                  carbon_ttl_s: float = DEFAULT_CARBON_TTL_S, full_replan_s: float | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, max_jobs: int = MAX_PLANNED_JOBS) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, max_jobs: int = MAX_PLANNED_JOBS,
+                 standing: Standing | None = None) -> None:
         if full_replan_s is not None and not (full_replan_s > 0 and math.isfinite(full_replan_s)):
             raise ValueError(f"full_replan_s must be a positive number of seconds (got {full_replan_s!r})")
         self.store = store
@@ -138,6 +140,8 @@ class Planner:
         self.horizon_s = horizon_s
         self.full_replan_s = full_replan_s
         self.max_jobs = max_jobs
+        # each job's priority and its QOS's bounds on carbon (None: every job equal, unbounded)
+        self.standing = standing
         self._monotonic = monotonic
         if carbon is None:
             from scheduler.carbon import CarbonSignals
@@ -176,7 +180,8 @@ class Planner:
         pinned, keep, previous = self._stored_plans(conn, queued, slots, now, incremental)
         zones = sorted({s.zone for s in slots})
         carbon = self.curves.for_zones(zones, now)
-        jobs_ = _seeded(self._queued_jobs(queued, pinned, now), slots, book, learned, self.default_runtime_s)
+        jobs_ = _seeded(self._queued_jobs(conn, queued, pinned, now, slots), slots, book, learned,
+                        self.default_runtime_s)
         # interruptible jobs' windows may stretch it (policies.problem.segments.horizon_for)
         horizon_s = horizon_for(jobs_, now, self.horizon_s, self.slot_s)
         snapshot = Snapshot(
@@ -242,9 +247,19 @@ class Planner:
                         and r.planned_start is not None and r.planned_node and r.planned_gpu_ids}
         return pinned, keep, previous
 
-    def _queued_jobs(self, queued: QueueRead, pinned: dict[int, Assignment], now: datetime) -> tuple[QueuedJob, ...]:
-        """The queued jobs as the policy's (`scheduler.jobs.job.queued_job`)."""
-        return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned) for j in queued.values())
+    def _queued_jobs(self, conn: Connection, queued: QueueRead, pinned: dict[int, Assignment], now: datetime,
+                     slots: list[GpuSlot]) -> tuple[QueuedJob, ...]:
+        """The queued jobs as the policy's (`scheduler.jobs.job.queued_job`), each with its
+        priority and its QOS's bounds on carbon (`scheduler.standing`)."""
+        if self.standing is None:
+            return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned)
+                         for j in queued.values())
+        ranked = {b.job_id: b.priority for b in
+                  self.standing.priorities(conn, list(queued.values()), now, sum(1 for s in slots if s.healthy))}
+        levels = self.standing.qos
+        return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned,
+                                priority=ranked.get(j.id, 0.0), qos=levels.levels.get(j.qos))
+                     for j in queued.values())
 
     def blind_zones(self, snapshot: Snapshot) -> list[str]:
         """Zones of the snapshot's GPUs planned without a carbon curve."""

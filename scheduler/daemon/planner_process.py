@@ -40,6 +40,7 @@ class PlannerSpec:
     carbon: dict[str, Any] = field(default_factory=dict)  # the config file's [carbon] table
     site: Any = None  # scheduler.site.SiteConfig; None: PUE 1.0, no power caps
     full_replan_s: float | None = None  # incremental planning between full re-plans; None: off
+    qos: Any = None  # scheduler.qos.QosTable; None: the built-in levels
 
 
 def build_planner(spec: PlannerSpec, store) -> Any:
@@ -50,9 +51,12 @@ def build_planner(spec: PlannerSpec, store) -> Any:
     from scheduler.daemon.policy_factory import make_policy
 
     signals = CarbonSignals(store, CarbonConfig.from_config({"carbon": spec.carbon}))
+    from scheduler.qos import QosTable
+    from scheduler.standing import Standing
+
     return Planner(store, make_policy(spec.policy, plan_interval_s=spec.plan_interval_s),
                    carbon=signals, site=spec.site, plan_interval_s=spec.plan_interval_s,
-                   full_replan_s=spec.full_replan_s)
+                   full_replan_s=spec.full_replan_s, standing=Standing(spec.qos or QosTable()))
 
 
 def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:

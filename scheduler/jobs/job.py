@@ -19,6 +19,7 @@ from typing import NamedTuple
 from policies.types import QueuedJob
 from scheduler import interruptible
 from scheduler.lifecycle import State
+from scheduler.qos import Qos
 
 
 class Job(NamedTuple):
@@ -60,6 +61,10 @@ class Job(NamedTuple):
     resume_count: int | None
     checkpoints_ignored: int | None
     planned_segments: list | None
+    # Who it is charged to (fair share) and its QOS (priority, and how far carbon may move it).
+    account: str | None
+    qos: str | None
+    owner_name: str | None
 
 
 class RunningJob(NamedTuple):
@@ -118,13 +123,15 @@ def _utc(text: str | None) -> datetime | None:
 
 
 def queued_job(job: Job, default_runtime_s: float, *, now: datetime | None = None, pinned: bool = False,
-               as_one_piece: bool = False) -> QueuedJob:
+               as_one_piece: bool = False, priority: float = 0.0, qos: Qos | None = None) -> QueuedJob:
     """The job as the policies see it. Its runtime is the one it is planned with
     (`policies.pricing.feasibility.planning_runtime_s`); an explicit --time-limit binds the plan, a
     derived one follows it. `now`: a job submitted after the tick's clock was read (a loaded
     host, a row committed between the clock and the query) is released now, not at the next
     slot its later submission time would round up to. `as_one_piece`: leave its
-    interruptible fields out (admission asks whether any GPU can run the job at all)."""
+    interruptible fields out (admission asks whether any GPU can run the job at all).
+    `priority` and `qos`: its standing (`scheduler.standing`) and what its QOS lets carbon do
+    with it (`Qos.carbon_bounds`); None: no bounds."""
     from policies.pricing.feasibility import planning_runtime_s
 
     return QueuedJob(job.id, job.gpus, job.gpu_mem_gib,
@@ -134,7 +141,8 @@ def queued_job(job: Job, default_runtime_s: float, *, now: datetime | None = Non
                      max_delay_s=job.max_delay_s, pinned=pinned,
                      time_limit_s=job.time_limit_s if job.time_limit_factor is None else None,
                      time_limit_factor=job.time_limit_factor, gco2_if_now=job.est_gco2_if_now,
-                     ttft_slo_ms=job.ttft_slo_ms, tpot_slo_ms=job.tpot_slo_ms,
+                     ttft_slo_ms=job.ttft_slo_ms, tpot_slo_ms=job.tpot_slo_ms, priority=priority,
+                     **({} if qos is None else qos.carbon_bounds(job.deadline is not None or job.max_delay_s is not None)),
                      **({} if as_one_piece else _interruptible_fields(job)))
 
 

@@ -1,0 +1,117 @@
+"""Where each queued job stands: its multifactor priority (`scheduler.priority`: fair share,
+QOS, age, size), from the operator's account tree and the decayed usage of the jobs that ran
+(`scheduler.fair_share`), and what its QOS lets carbon do with it. The daemon's planner asks
+it every tick; `carbonsched share` and `carbonsched priority` show what it computed.
+
+Usage counts each finished job's GPU-hours (or kWh, or kgCO2e as measured, the operator's
+`fair_share_currency`) times its QOS's usage factor, decayed with `fair_share_half_life`
+(default 7 days), and each running job's GPU-hours so far. Finished usage is read again at
+most every `refresh_s` (it changes by a few jobs a minute and decays by a week's half-life;
+a tick must not read months of jobs); running usage is read every time, in GPU-hours only
+(a running job's energy and grams are known when it ends).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection
+
+from scheduler.accounts import list_accounts, list_users
+from scheduler.fair_share import (DEFAULT_ACCOUNT, DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, Charge, DecayingUsage, FairShare,
+                                  UserSpec)
+from scheduler.jobs.usage import finished_usage, running_usage
+from scheduler.priority import PriorityBreakdown, PriorityJob, PriorityWeights, queue_priorities
+from scheduler.qos import DEFAULT_QOS, QosTable
+
+USAGE_WINDOW_HALF_LIVES = 8  # older usage counts under 0.4 %: not read
+
+
+@dataclass(frozen=True)
+class StandingSettings:
+    """How standing is computed (config keys in `scheduler.settings`)."""
+
+    weights: PriorityWeights = field(default_factory=PriorityWeights)
+    half_life_s: float = DEFAULT_HALF_LIFE_S
+    currency: str = "gpu_hours"
+    fair_share: bool = True
+    refresh_s: float = 300.0
+
+
+def _gpus(row) -> int:
+    return len(row.gpu_ids) if row.gpu_ids else int(row.gpus or 1)
+
+
+class Standing:
+    """The account tree, the usage and the priorities of one store, cached between ticks."""
+
+    def __init__(self, qos: QosTable, settings: StandingSettings | None = None) -> None:
+        self.qos = qos
+        self.settings = settings or StandingSettings()
+        self._finished: tuple[float, DecayingUsage] | None = None  # (read at, monotonic), usage
+
+    def _finished_usage(self, conn: Connection, now: datetime) -> DecayingUsage:
+        cached = self._finished
+        if cached is not None and time.monotonic() - cached[0] < self.settings.refresh_s:
+            return cached[1]
+        s = self.settings
+        usage = DecayingUsage(half_life_s=s.half_life_s, currency=s.currency)
+        factors = self.qos.usage_factors()
+        since = now - timedelta(seconds=s.half_life_s * USAGE_WINDOW_HALF_LIVES)
+        for r in finished_usage(conn, since):
+            ran_s = max(0.0, (r.ended_at - r.started_at).total_seconds())
+            charge = Charge(r.account, r.owner_name, min(r.ended_at, now).timestamp(), _gpus(r) * ran_s / 3600.0,
+                            None if r.energy_j is None else r.energy_j / 3.6e6,
+                            None if r.gco2 is None else r.gco2 / 1000.0,
+                            usage_factor=factors.get(r.qos, 1.0), duration_s=ran_s)
+            if getattr(charge, s.currency) is not None:  # not measured yet: counted once it is
+                usage.add(charge)
+        self._finished = (time.monotonic(), usage)
+        return usage
+
+    def tree(self, conn: Connection) -> AccountTree:
+        """The operator's accounts and associations as a fair-share tree."""
+        accounts = [AccountSpec(a["name"], a["parent"], float(a["shares"])) for a in list_accounts(conn)]
+        users = [UserSpec(u["account"], u["user"]) for u in list_users(conn)]
+        return AccountTree(accounts, users)
+
+    def fair_share(self, conn: Connection, now: datetime) -> FairShare:
+        """Every association's shares, usage and factor at `now`."""
+        factors = self.qos.usage_factors()
+        running = []
+        for r in running_usage(conn):
+            ran_s = max(0.0, (now - r.started_at).total_seconds())
+            running.append(Charge(r.account, r.owner_name, now.timestamp(), _gpus(r) * ran_s / 3600.0,
+                                  0.0, 0.0, usage_factor=factors.get(r.qos, 1.0), duration_s=ran_s))
+        usage = self._finished_usage(conn, now).totals(now.timestamp(), running)
+        return FairShare(self.tree(conn), usage)
+
+    @staticmethod
+    def _factor(fs: FairShare):
+        """`fs.factor`, with 0 (owed nothing) for an account no longer in the tree: such a
+        job is planned after the others, never fails the tick."""
+        def factor(account: str, user: str) -> float:
+            try:
+                return fs.factor(account, user)
+            except ValueError:
+                return 0.0
+        return factor
+
+    def priorities(self, conn: Connection, jobs: Sequence, now: datetime,
+                   fleet_gpus: int) -> list[PriorityBreakdown]:
+        """Each job's priority (`jobs`: `scheduler.jobs.job.Job`s, or anything with id,
+        account, owner_name, qos, gpus and submitted_at), highest first; a QOS no longer
+        configured counts as the default one."""
+        if not jobs:
+            return []
+        factor = self._factor(self.fair_share(conn, now)) if self.settings.fair_share else None
+        known = self.qos.levels
+        wanted = [PriorityJob(j.id, j.account or DEFAULT_ACCOUNT, j.owner_name or "-",
+                              j.qos if j.qos in known else DEFAULT_QOS, j.gpus, j.submitted_at.timestamp())
+                  for j in jobs]
+        return queue_priorities(wanted, now_s=now.timestamp(), fair_share=factor,
+                                qos_priority=self.qos.priorities(), fleet_gpus=fleet_gpus,
+                                weights=self.settings.weights)

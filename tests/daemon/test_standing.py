@@ -1,0 +1,100 @@
+"""Where a queued job stands in the daemon's planner tick (SQLite and PostgreSQL): its QOS
+bounds what carbon may do with it, and fair share orders the accounts under contention.
+
+- Under the default QOS (`normal`) a few seconds' job with idle GPUs starts at once: no wait
+  can save the grams it is worth waiting for; a job of hours that gives its own deadline is
+  still moved to cleaner hours.
+- An `urgent` job is never held for carbon while fitting GPUs are free.
+- With one GPU and two accounts of equal shares, the job of the account that has used its
+  share goes after the job of the one that has not, whatever their submit order.
+- A job charged to an account that is gone plans after the others; the tick never fails.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from scheduler.accounts import add_account, add_user
+from scheduler.daemon.planner import Planner
+from scheduler.daemon.policy_factory import make_policy
+from scheduler.qos import QosTable
+from scheduler.standing import Standing
+from scheduler.store.models import jobs
+
+from tests.daemon.test_planner_carbon import DE, T, add_node, import_carbon, job_row, service, submit  # noqa: F401
+
+SLOT = timedelta(minutes=15)
+
+
+def planner_with_standing(store, policy: str = "greedy") -> Planner:
+    return Planner(store, make_policy(policy, plan_interval_s=15.0), clock=lambda: T, plan_interval_s=15.0,
+                   standing=Standing(QosTable()))
+
+
+def planned_start(store, job_id):
+    return job_row(store, job_id).planned_start
+
+
+def test_a_few_seconds_job_on_idle_gpus_starts_within_a_tick_under_the_default_qos(store, service):
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    short = submit(service, est_runtime_s=5.0, deadline=(T + timedelta(hours=20)).isoformat())
+    long = submit(service, est_runtime_s=4 * 3600.0, deadline=(T + timedelta(hours=30)).isoformat())
+    planner_with_standing(store).tick()
+    assert planned_start(store, short) - T < SLOT
+    # the four-hour job with its own deadline is still worth moving to DE's cleaner night
+    assert planned_start(store, long) - T > timedelta(hours=2)
+    assert job_row(store, short).qos == "normal"  # the default QOS, nothing asked
+
+
+def test_the_same_short_job_waits_for_carbon_without_qos_rules(store, service):
+    """What the default QOS changes: without it the planner holds the 5 s job for cleaner
+    hours to save a fraction of a gram."""
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    short = submit(service, est_runtime_s=5.0, deadline=(T + timedelta(hours=20)).isoformat())
+    Planner(store, make_policy("greedy", plan_interval_s=15.0), clock=lambda: T, plan_interval_s=15.0).tick()
+    assert planned_start(store, short) - T > SLOT
+
+
+def test_an_urgent_job_is_never_held_for_carbon_while_gpus_are_free(store, service):
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE", n=2)
+    urgent = submit(service, est_runtime_s=4 * 3600.0, deadline=(T + timedelta(hours=30)).isoformat(), qos="urgent")
+    flexible = submit(service, est_runtime_s=4 * 3600.0, deadline=(T + timedelta(hours=30)).isoformat(),
+                      qos="flexible")
+    planner_with_standing(store).tick()
+    assert planned_start(store, urgent) - T < SLOT
+    assert planned_start(store, flexible) - T > timedelta(hours=2)
+
+
+def test_the_account_that_used_its_share_goes_after_the_one_that_did_not(store, service):
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    with store.write() as conn:
+        for name in ("flood", "quiet"):
+            add_account(conn, name, now=T)
+            add_user(conn, "root", name, now=T)
+    ran = submit(service, est_runtime_s=3600.0, account="flood")
+    with store.write() as conn:  # the flood account ran 20 GPU-hours yesterday
+        conn.execute(update(jobs).where(jobs.c.id == ran).values(
+            state="COMPLETED", started_at=T - timedelta(hours=22), ended_at=T - timedelta(hours=2), gpu_ids=[1]))
+    first = submit(service, est_runtime_s=3600.0, account="flood", qos="urgent")
+    second = submit(service, est_runtime_s=3600.0, account="quiet", qos="urgent")
+    planner = planner_with_standing(store)
+    with store.read() as conn:
+        ranked = planner.standing.priorities(conn, [job_row(store, first), job_row(store, second)], T, 1)
+    assert [b.job_id for b in ranked] == [second, first]
+    planner.tick()
+    assert planned_start(store, second) < planned_start(store, first)
+
+
+def test_a_job_of_an_account_that_is_gone_plans_last_and_the_tick_goes_on(store, service):
+    add_node(store, "de1", "DE")
+    lost = submit(service, est_runtime_s=600.0)
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == lost).values(account="gone", qos="retired"))
+    planner_with_standing(store).tick()
+    assert job_row(store, lost).state == "PLANNED"
