@@ -59,6 +59,12 @@ cut job's segments are worth more to the jobs that arrive later than the grams t
 saves). A job that is not interruptible costs one attribute test: the 5,000-job planner
 benchmark is unchanged.
 
+Where the jobs differ in `QueuedJob.priority`, all of the above runs once per priority, highest
+first, with the plans of the higher ones held (`policies.solvers.priority`). A job with a
+deferral bound or a least saving (`policies.pricing.worth`) takes the cheapest start within
+`max_defer_s` of its earliest feasible slot, and that earliest slot where a later one saves too
+little (`policies.solvers.bounded_pick`).
+
 Finally the plan is compared with fifo's (on the model's own estimate, `placement.Score`)
 and fifo's plan is kept if it is feasible and strictly better, so greedy is never worse than
 the carbon-agnostic baseline.
