@@ -161,6 +161,8 @@ class Execution:
             state.knowledge.learn(r, state.workload_of)
         if state.knowledge.correct and not segmented:
             state.knowledge.learn_estimate(r)
+        if state.priorities is not None:
+            state.priorities.charge(r)
         state.job_done()
 
     def evict(self, idx: int, now_s: float, why: str) -> None:

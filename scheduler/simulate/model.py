@@ -82,6 +82,7 @@ from scheduler.simulate.intensity import ZoneIntensity
 from scheduler.simulate.knowledge import Knowledge
 from scheduler.simulate.planning import TickPlanner
 from scheduler.simulate.power import SitePower, grams
+from scheduler.simulate.priorities import SimPriorities
 from scheduler.simulate.records import JobRecord, PolicyRun
 from scheduler.simulate.settings import SimSettings
 from scheduler.simulate.state import SimState
@@ -103,7 +104,7 @@ class Simulation:
                  policy: str | Policy, forecast: ForecastModel, settings: SimSettings = SimSettings(),
                  policy_params: dict | None = None, profiles: tuple = (),
                  progress: Callable[[float], None] | None = None,
-                 estimate_model: EstimateModel | None = None) -> None:
+                 estimate_model: EstimateModel | None = None, priorities: SimPriorities | None = None) -> None:
         self.cluster = cluster
         self.settings = settings
         if isinstance(policy, str):
@@ -132,6 +133,7 @@ class Simulation:
         gpus = GpuLedger(cluster, records, knowledge.margin)
         power = SitePower(cluster, carbon, [g.budget for g in gpus.slots])
         self.state = state = SimState(settings, records, carbon, cluster.pue, gpus, power, knowledge)
+        state.priorities = priorities  # each job's standing (fair share, QOS); None: all equal
         self.records = records
         longest = max((j.est_runtime_s or settings.default_runtime_s for j in list(jobs) + seen), default=0.0)
         tail_s = min(7 * 86400.0, 2.0 * longest)  # runtimes vary by model: a margin

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 
 from policies.solvers.finish import finish_plan
 from policies.types import Assignment, QueuedJob, Snapshot
@@ -63,6 +64,8 @@ class TickPlanner:
         self._last_plan = moment
         self.replan_behind_overruns(now_s)
         jobs = tuple(state.knowledge.seen(i, state.records[i]) for i in state.queue.values())
+        if state.priorities is not None:
+            jobs = self._with_priorities(now_s, jobs)
         # interruptible jobs' windows may stretch it (policies.problem.segments.horizon_for)
         horizon = horizon_for(jobs, at(now_s), self.settings.horizon_s, self.settings.slot_s)
         # the forecast also covers the runs of jobs that start near the horizon's end
@@ -96,6 +99,16 @@ class TickPlanner:
         self.ticks.append(TickStat(at_s=now_s, queued=len(jobs), planned=len(plan.assignments),
                                    committed=committed, plan_s=plan_s, full=not incremental,
                                    kept=len(keep)))
+
+    def _with_priorities(self, now_s: float, jobs: tuple[QueuedJob, ...]) -> tuple[QueuedJob, ...]:
+        """The queued jobs with their priorities at `now_s` (fair share of the usage so far)."""
+        state = self.state
+        records = state.records
+        running = [records[i] for i in {i for i in state.gpus.running_on if i is not None}]
+        ranked = state.priorities.priorities(now_s, [records[i] for i in state.queue.values()], running)
+        if not ranked:
+            return jobs
+        return tuple(replace(j, priority=ranked[j.id]) if j.priority != ranked[j.id] else j for j in jobs)
 
     def replan_behind_overruns(self, now_s: float) -> None:
         """Take back into the queue every committed job waiting behind a job that runs past

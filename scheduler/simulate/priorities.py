@@ -5,8 +5,8 @@ priority before the policy plans; the policies then let no job delay a higher-pr
 job's start (the backfill rule), and carbon chooses within that.
 
 A run whose jobs all have one owner and one QOS has one priority for every job under the
-default weights (age and size weigh nothing, `DEFAULT_WEIGHTS`), so nothing is computed
-there and its plans are those of a run without priorities.
+default weights (age and size weigh nothing, `scheduler.priority.PriorityWeights`), so
+nothing is computed there and its plans are those of a run without priorities.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from scheduler.fair_share import DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, Charge, DecayingUsage, FairShare
 from scheduler.priority import PriorityJob, PriorityWeights, queue_priorities
+from scheduler.qos import DEFAULT_QOS, QosTable
 from scheduler.simulate.records import JobRecord
 from scheduler.simulate.tenancy import Tenant
 
@@ -26,31 +27,36 @@ class SimPriorities:
     QOS, age and size alone order the queue.
     """
 
-    def __init__(self, tenants: Mapping[int, Tenant], shares: Mapping[str, int], qos_priority: Mapping[str, float],
+    def __init__(self, tenants: Mapping[int, Tenant], shares: Mapping[str, int], qos: QosTable | None = None,
                  *, fair_share: bool = True, weights: PriorityWeights | None = None,
                  half_life_s: float = DEFAULT_HALF_LIFE_S, fleet_gpus: int = 1) -> None:
         self.tenants = tenants
         self.fair_share = fair_share
         self.weights = weights or PriorityWeights()
-        self.qos_priority = dict(qos_priority)
+        table = qos or QosTable()
+        self.qos_priority = table.priorities()
+        self.usage_factor = table.usage_factors()
         self.fleet_gpus = fleet_gpus
         self.tree = AccountTree([AccountSpec(a, None, float(s)) for a, s in shares.items()])
         self.usage = DecayingUsage(half_life_s=half_life_s)
-        owners = {(t.account, t.user, t.qos) for t in tenants.values()}
+        owners = {(t.account, t.user, t.qos or DEFAULT_QOS) for t in tenants.values()}
         self.active = len(owners) > 1 or bool(self.weights.age) or bool(self.weights.job_size)
 
-    def _owner(self, job_id: int) -> tuple[Tenant, str]:
+    def _owner(self, job_id: int) -> tuple[Tenant, str, str]:
+        """The job's owner, its user (a trace without users: the account is its one user) and
+        the QOS it is ranked and charged by (none given: the default one's)."""
         t = self.tenants.get(job_id) or Tenant()
-        return t, t.user or t.account  # a trace without users: the account is its one user
+        return t, t.user or t.account, t.qos or DEFAULT_QOS
 
     def charge(self, r: JobRecord) -> None:
         """Charge a finished job's GPU-hours (and energy, grams) to its owner, at its end."""
         if not self.active or r.start_s is None or r.end_s is None:
             return
-        t, user = self._owner(r.job.id)
+        t, user, qos = self._owner(r.job.id)
         ran_s = sum(e - s for s, e, _, _ in r.segment_log) if r.segment_log else r.end_s - r.start_s
         self.usage.add(Charge(t.account, user, r.end_s, len(r.gpu_ids) * ran_s / 3600.0,
-                              r.energy_j / 3.6e6, r.gco2 / 1000.0, duration_s=max(0.0, r.end_s - r.start_s)))
+                              r.energy_j / 3.6e6, r.gco2 / 1000.0, usage_factor=self.usage_factor.get(qos, 1.0),
+                              duration_s=max(0.0, r.end_s - r.start_s)))
 
     def priorities(self, now_s: float, queued: list[JobRecord], running: list[JobRecord]) -> dict[int, float]:
         """Each queued job's priority at `now_s` (empty where every job has one priority)."""
@@ -63,15 +69,16 @@ class SimPriorities:
                 begun = r.run_start_s if r.run_start_s is not None else r.start_s
                 if begun is None:
                     continue
-                t, user = self._owner(r.job.id)
+                t, user, qos = self._owner(r.job.id)
                 ran_s = sum(e - s for s, e, _, _ in r.segment_log) + max(0.0, now_s - begun)
                 so_far.append(Charge(t.account, user, now_s, len(r.gpu_ids) * ran_s / 3600.0,
+                                     usage_factor=self.usage_factor.get(qos, 1.0),
                                      duration_s=max(0.0, now_s - (r.first_start_s or begun))))
             factor = FairShare(self.tree, self.usage.totals(now_s, so_far)).factor
         jobs = []
         for r in queued:
-            t, user = self._owner(r.job.id)
-            jobs.append(PriorityJob(r.job.id, t.account, user, t.qos, r.job.gpus, r.arrival_s))
+            t, user, qos = self._owner(r.job.id)
+            jobs.append(PriorityJob(r.job.id, t.account, user, qos, r.job.gpus, r.arrival_s))
         ranked = queue_priorities(jobs, now_s=now_s, fair_share=factor, qos_priority=self.qos_priority,
                                   fleet_gpus=self.fleet_gpus, weights=self.weights)
         return {int(b.job_id): b.priority for b in ranked}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from scheduler.simulate.forecasts import parse_forecast
 from scheduler.simulate.metrics import compare, summarize
 from scheduler.simulate.model import Simulation
+from scheduler.simulate.priorities import SimPriorities
 from scheduler.simulate.records import PolicyRun
 from scheduler.simulate.scenario import Scenario
 from scheduler.simulate.tenancy import tenant_figures
@@ -140,9 +141,11 @@ def _simulate(scenario: Scenario, spec: PolicySpec, params: dict, forecast: str,
     """One run of `spec`'s policy with `params`, on a fresh forecast model of the run's seed."""
     model = parse_forecast(forecast, scenario.carbon, seed=settings.seed, fits=fits)
     model.with_climatology = settings.climatology
+    priorities = SimPriorities(scenario.tenants, scenario.shares, fair_share=settings.fair_share,
+                               fleet_gpus=sum(scenario.cluster.gpus_by_model().values()))
     return Simulation(cluster=scenario.cluster, jobs=scenario.jobs, carbon=scenario.carbon, policy=spec.name,
                       policy_params=params, forecast=model, settings=settings, profiles=scenario.profiles,
-                      progress=progress).run()
+                      progress=progress, priorities=priorities if priorities.active else None).run()
 
 
 def _many_seeds(scenario: Scenario, spec: PolicySpec, seeds: int, forecast: str, settings: SimSettings,

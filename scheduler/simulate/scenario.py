@@ -34,9 +34,10 @@ from importlib import resources
 from pathlib import Path
 
 from policies.types import QueuedJob
+from scheduler.qos import QosTable
 from scheduler.simulate.cluster import ClusterSpec, load_cluster
 from scheduler.simulate.intensity import CarbonInputError, ZoneIntensity, check_zones, common_start
-from scheduler.simulate.tenancy import DEFAULT_QOS, Tenant, account_shares, tenants_of
+from scheduler.simulate.tenancy import Tenant, account_shares, tenants_of
 from scheduler.simulate.traces import JobTrace, clamp_widths, read_jobs, shift_origin
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ def build_scenario(
     profiles: tuple = (),
     interruptible: Interruptible | None = None,
     shares: dict[str, int] | None = None,
+    qos: QosTable | None = None,
 ) -> Scenario:
     """Place a trace on the calendar of the carbon data and make the jobs (module docstring)."""
     from policies.model.energy import ProfileBook, seed_profiles
@@ -168,10 +170,31 @@ def build_scenario(
                                   "resume_cost_s": cut.resume_cost_s, "max_segments": cut.max_segments}
     tenants = tenants_of(trace)
     account_table = account_shares(tenants, shares)
-    if len(account_table) > 1 or any(t.qos != DEFAULT_QOS for t in tenants.values()):
+    jobs = with_qos_bounds(jobs, tenants, qos or QosTable())
+    if len(account_table) > 1 or any(t.qos is not None for t in tenants.values()):
         notes["accounts"] = account_table
+        notes["qos_jobs"] = {q: sum(1 for t in tenants.values() if t.qos == q)
+                             for q in sorted({t.qos for t in tenants.values() if t.qos is not None})}
     return Scenario(cluster=cluster, jobs=jobs, carbon=carbon, origin=origin, trace=trace, names=names,
                     notes=notes, profiles=tuple(profiles), tenants=tenants, shares=account_table)
+
+
+def with_qos_bounds(jobs: list[QueuedJob], tenants: dict[int, Tenant], table: QosTable) -> list[QueuedJob]:
+    """The jobs with their QOS's bounds on carbon (`Qos.carbon_bounds`, as the daemon gives
+    them); a job without a QOS keeps the scenario's slack alone. ValueError for a QOS the
+    table does not know (naming the known ones)."""
+    out = []
+    for job in jobs:
+        name = tenants.get(job.id, Tenant()).qos
+        if name is None:
+            out.append(job)
+            continue
+        try:
+            level = table.get(name)
+        except KeyError as e:
+            raise ValueError(f"job {job.id} of the trace: {e.args[0]}") from None
+        out.append(replace(job, **level.carbon_bounds(job.deadline is not None or job.max_delay_s is not None)))
+    return out
 
 
 def _origin(trace: JobTrace, carbon: dict[str, ZoneIntensity], start: datetime | None) -> datetime:

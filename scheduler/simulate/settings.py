@@ -48,3 +48,6 @@ class SimSettings:
     price_length_spread: bool = True
     # GPU power limits the planner may choose (policies.pricing.power_cap.CapBounds); None: none.
     caps: Any = None
+    # Job priority from the trace's accounts (scheduler.simulate.priorities): fair share of
+    # their decayed usage (`simulate --no-fair-share`: off, QOS alone orders the queue).
+    fair_share: bool = True

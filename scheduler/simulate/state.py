@@ -41,6 +41,7 @@ class SimState:
         self.t0 = math.floor(first / settings.plan_interval_s) * settings.plan_interval_s
         self.env = simpy.Environment(initial_time=self.t0)
         self.all_done = self.env.event()
+        self.priorities = None  # SimPriorities where the run's jobs have more than one standing
 
     def next_tick(self, now_s: float) -> float:
         """The time of the first planner tick after `now_s`."""

@@ -1,8 +1,11 @@
 """Who each simulated job belongs to: its user, account and QOS, read from the trace's
-`user`, `account` and `qos` columns (a trace without them is one account, `default`, and
-every job `normal`, as a one-user install is). The simulator prices and plans the same
-jobs whoever owns them; ownership decides priority (fair share, QOS) and how the run's
-figures are reported per account and per QOS.
+`user`, `account` and `qos` columns. A job without an account is the `default` account's
+(a trace without the column is one account, as a one-user install is). A job with a QOS
+follows that level's rules (`scheduler.qos`: how far carbon may defer it, the least saving
+worth a wait, its priority and usage factor); a job without one follows the scenario's slack
+alone, as every simulated job did before QOS existed, and is reported under `none`. The
+simulator prices and plans the same jobs whoever owns them; ownership decides priority
+(fair share, QOS) and how the run's figures are reported per account and per QOS.
 """
 
 from __future__ import annotations
@@ -14,23 +17,22 @@ from scheduler.simulate.metrics import percentile
 from scheduler.simulate.traces import JobTrace
 
 DEFAULT_ACCOUNT = "default"
-DEFAULT_QOS = "normal"
+NO_QOS = "none"  # the report's name for jobs the trace gives no QOS
 
 
 @dataclass(frozen=True, slots=True)
 class Tenant:
     """The owner of one job: who submitted it (None: the trace does not say), the account it
-    is charged to and its QOS."""
+    is charged to and its QOS (None: the scenario's slack alone)."""
 
     user: str | None = None
     account: str = DEFAULT_ACCOUNT
-    qos: str = DEFAULT_QOS
+    qos: str | None = None
 
 
 def tenants_of(trace: JobTrace) -> dict[int, Tenant]:
     """Each job's owner by the id the scenario gives it (1..N in trace order)."""
-    return {i + 1: Tenant(tj.user, tj.account or DEFAULT_ACCOUNT, tj.qos or DEFAULT_QOS)
-            for i, tj in enumerate(trace.jobs)}
+    return {i + 1: Tenant(tj.user, tj.account or DEFAULT_ACCOUNT, tj.qos) for i, tj in enumerate(trace.jobs)}
 
 
 def account_shares(tenants: dict[int, Tenant], shares: dict[str, int] | None = None) -> dict[str, int]:
@@ -80,7 +82,7 @@ def tenant_figures(records: list, tenants: dict[int, Tenant], shares: dict[str, 
         grams[owner.account] = grams.get(owner.account, 0.0) + r.gco2 + r.lost_gco2
         if r.state == "done" and r.start_s is not None:
             waits.setdefault(owner.account, []).append(r.start_s - r.arrival_s)
-            qos_waits.setdefault(owner.qos, []).append(r.start_s - r.arrival_s)
+            qos_waits.setdefault(owner.qos or NO_QOS, []).append(r.start_s - r.arrival_s)
     total = sum(delivered.values())
     targets = water_fill(total, {a: float(s) for a, s in shares.items()}, asked)
     accounts = {}
