@@ -140,6 +140,9 @@ def _model_options(m) -> None:
                         "and plan only new jobs (default: every tick re-plans every queued job)")
     m.add_argument("--gpu-mtbf", metavar="DUR", help="simulate GPU failures: mean time between failures per GPU")
     m.add_argument("--gpu-repair", default="4h", metavar="DUR", help="time a failed GPU is down (default 4h)")
+    m.add_argument("--fair-share", action=argparse.BooleanOptionalAction, default=True,
+                   help="order the trace's accounts by fair share of their decayed usage under contention, as "
+                        "the daemon does (default on; off: QOS alone orders the queue)")
 
 
 def _output_options(o) -> None:
@@ -230,7 +233,7 @@ def _run(args, config: dict) -> int:
                  "correct_estimates": args.correct_estimates, "estimate_margin": args.estimate_margin,
                  "price_length_spread": args.price_length_spread, "fifo_seeds": args.fifo_seeds,
                  "plan_interval_s": settings.plan_interval_s, "horizon_s": settings.horizon_s,
-                 "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit,
+                 "full_replan_s": settings.full_replan_s, "wake_on_submit": settings.wake_on_submit, "fair_share": settings.fair_share,
                  "demo": demo, "from_store": bool(args.from_store)})
     doc = write_report(result.runs, result.summaries, result.comparison, info, out, scenario.names,
                        plots=not args.no_plots, models=tuple(scenario.cluster.gpus_by_model()))
@@ -260,7 +263,7 @@ def _settings(args, demo: bool):
                        gpu_repair_s=_duration(args.gpu_repair, "--gpu-repair") or 0.0, seed=args.seed,
                        truth=args.truth, learn=args.learn, estimate=args.estimate,
                        correct_estimates=args.correct_estimates, estimate_margin=args.estimate_margin,
-                       price_length_spread=args.price_length_spread)
+                       price_length_spread=args.price_length_spread, fair_share=args.fair_share)
 
 
 def _scenario(args, config: dict, trace_args: list[str], demo: bool):

@@ -133,7 +133,8 @@ def run_policies(scenario: Scenario, policies: list[PolicySpec] | list[str], *, 
 
 def _summary(run: PolicyRun, scenario: Scenario) -> dict:
     """The run's metrics (`metrics.summarize`) with its figures per account and QOS."""
-    return summarize(run, scenario.cluster) | tenant_figures(run.records, scenario.tenants, scenario.shares)
+    return summarize(run, scenario.cluster) | tenant_figures(
+        run.records, scenario.tenants, scenario.shares, capacity_gpus=sum(scenario.cluster.gpus_by_model().values()))
 
 
 def _simulate(scenario: Scenario, spec: PolicySpec, params: dict, forecast: str, settings: SimSettings, fits: dict,

@@ -45,26 +45,39 @@ def test_accounts_get_equal_shares_unless_the_scenario_gives_them():
         account_shares(tenants, {"a": -1})
 
 
-def test_simulate_reports_each_account_and_qos(tmp_path):
-    """Two accounts on one H100 node, one flooding it: the report gives each account's
-    GPU-hours, shares and waits, each QOS's waits and Jain's index, in the run's JSON."""
+def test_simulate_reports_each_account_and_qos_over_the_busy_period(tmp_path):
+    """Two accounts on one H100, one flooding it: the report gives each account's GPU-hours in
+    the windows where jobs asked for more GPUs than there are, its fair target there, its
+    waits, each QOS's waits and Jain's index, in the run's JSON."""
     from scheduler.simulate.runner import run_policies
-    from scheduler.simulate.scenario import build_scenario, demo_inputs
 
-    cluster, _, carbon, start = demo_inputs()
     rows = ["submit_time,runtime_s,gpus,account,qos"]
     rows += [f"{i * 60},1800,1,flood,normal" for i in range(12)]
     rows += ["30,1800,1,quiet,urgent", "90,1800,1,quiet,normal"]
-    trace = read_jobs(write(tmp_path, "\n".join(rows) + "\n"))
-    scenario = build_scenario(cluster, trace, carbon, start=start)
-    summary = run_policies(scenario, ["fifo"]).summaries["fifo"]
+    summary = run_policies(one_gpu_scenario(tmp_path, rows), ["fifo"]).summaries["fifo"]
     accounts = summary["accounts"]
     assert set(accounts) == {"flood", "quiet"}
     assert accounts["flood"]["shares"] == accounts["quiet"]["shares"] == 1
     assert accounts["flood"]["gpu_hours"] > accounts["quiet"]["gpu_hours"] > 0
     assert sum(a["share_delivered"] for a in accounts.values()) == pytest.approx(1.0)
+    assert sum(a["share_target"] for a in accounts.values()) == pytest.approx(1.0)
+    assert summary["fairness"]["busy_windows"] >= 5
     assert summary["qos"]["urgent"]["jobs"] == 1 and summary["qos"]["normal"]["jobs"] == 13
     assert 0 < summary["fairness"]["jain"] <= 1.0
+
+
+def test_a_cluster_that_is_never_full_has_no_busy_period():
+    from scheduler.simulate.records import JobRecord
+    from scheduler.simulate.tenancy import tenant_figures
+
+    from policies.types import QueuedJob
+    from datetime import datetime, timezone
+
+    job = QueuedJob(1, 1, 0.0, datetime(2022, 1, 1, tzinfo=timezone.utc), 600.0)
+    r = JobRecord(job=job, arrival_s=0.0, deadline_s=None, state="done", start_s=0.0, end_s=600.0, gpu_ids=(0,))
+    figures = tenant_figures([r], {1: Tenant(account="a")}, {"a": 1}, capacity_gpus=4)
+    assert figures["fairness"] == {"jain": None, "busy_windows": 0}
+    assert figures["accounts"]["a"]["gpu_hours"] == 0.0 and figures["accounts"]["a"]["share_target"] is None
 
 
 def one_gpu_scenario(tmp_path, rows: list[str], **kw):
