@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler import settings
-from scheduler.cli import accounts, carbon, profiles, report, simulate
+from scheduler.cli import accounts, carbon, profiles, report, simulate, standing
 from scheduler.cli.common import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_NOT_FOUND, EXIT_OK,
                                   EXIT_UNREACHABLE, EXIT_USAGE, VERBS, CliError, UnreadableConfig, api_client,
                                   config_path, db_url, load_config, register, require_config)
@@ -244,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     profiles.add_parser(sub)
     accounts.add_parser(sub)
+    standing.add_parser(sub)
     _global_options_after_verbs(p)
     return p
 

@@ -606,6 +606,8 @@ class ApiServer(socketserver.UnixStreamServer):
             return 200, svc.nodes(caller)
         if parts[:1] in (["accounts"], ["users"]):
             return svc.accounts.route(method, parts, query, body, caller)
+        if parts[:1] in (["share"], ["priority"]):
+            return svc.standing.route(method, parts, query, body, caller)
         handler = self.extra_routes.get(route)
         if handler is not None:
             return 200, handler(caller, query)

@@ -24,7 +24,9 @@ from scheduler.daemon.admission import Admission
 from scheduler.daemon.job_control import JobControl
 from scheduler.daemon.job_reading import JobReading
 from scheduler.daemon.operator_verbs import OperatorVerbs
+from scheduler.daemon.standing_verbs import StandingVerbs
 from scheduler.daemon.submission import Submissions
+from scheduler.standing import Standing
 from scheduler.store import Store
 
 
@@ -48,6 +50,7 @@ class JobService:
         self.control = JobControl(store, self.access, on_submit=on_submit, on_cancel=on_cancel, clock=clock)
         self.operator = OperatorVerbs(store, self.access, self.admission, on_submit=on_submit, clock=clock)
         self.accounts = AccountVerbs(store, self.access, on_change=self.submissions.tenancy.invalidate, clock=clock)
+        self.standing = StandingVerbs(store, self.access, Standing(config.qos), clock=clock)
 
     def is_admin(self, caller: Caller) -> bool:
         """Whether the caller is an operator (root, the daemon's user, `admin_groups`)."""

@@ -142,3 +142,17 @@ def test_config_check_names_each_bad_qos_setting_in_one_line(cli_env, tmp_path):
     good = tmp_path / "good.toml"
     good.write_text('[qos.debug]\npriority = 50\ndefer = "urgent"\nmax_time_limit = "30m"\n')
     assert run(cli_env, "--config", str(good), "config", "check").returncode == 0
+
+
+def test_share_and_priority_print_tables_and_json(cs):
+    assert cs("account", "add", "shareview").returncode == 0
+    doc = as_json(cs("share", "--json"))
+    assert doc["currency"] == "gpu_hours"
+    assert {"default", "shareview"} <= {r["account"] for r in doc["associations"]}
+    text = cs("share")
+    assert text.returncode == 0 and "FAIRSHARE" in text.stdout and "half-life of 7 days" in text.stdout
+    job = as_json(cs("submit", "--json", "--qos", "urgent", "--", "true"))["id"]
+    ranked = as_json(cs("priority", "--json"))["jobs"]
+    assert job in [j["job_id"] for j in ranked]
+    text = cs("priority")
+    assert text.returncode == 0 and "PRIORITY" in text.stdout and "weights: fair share" in text.stdout

@@ -98,3 +98,37 @@ def test_a_job_of_an_account_that_is_gone_plans_last_and_the_tick_goes_on(store,
         conn.execute(update(jobs).where(jobs.c.id == lost).values(account="gone", qos="retired"))
     planner_with_standing(store).tick()
     assert job_row(store, lost).state == "PLANNED"
+
+
+def test_share_shows_each_association_and_a_user_sees_the_accounts_and_their_own_lines(store, service):
+    from scheduler.daemon.access import Caller
+
+    with store.write() as conn:
+        for name in ("flood", "quiet"):
+            add_account(conn, name, now=T)
+        add_user(conn, "root", "flood", now=T)
+        add_user(conn, "40001", "quiet", now=T)
+    ran = submit(service, est_runtime_s=3600.0, account="flood")
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == ran).values(
+            state="COMPLETED", started_at=T - timedelta(hours=3), ended_at=T - timedelta(hours=1), gpu_ids=[1]))
+    doc = service.standing.share(Caller(uid=0, gid=0))
+    rows = {(r["account"], r["user"]): r for r in doc["associations"]}
+    assert rows[("flood", "root")]["raw_usage_gpu_hours"] > 1.9
+    assert rows[("flood", None)]["fair_share_factor"] < rows[("quiet", None)]["fair_share_factor"]
+    assert doc["currency"] == "gpu_hours" and doc["half_life_s"] == 7 * 86400
+    theirs = service.standing.share(Caller(uid=40001, gid=40001))["associations"]
+    assert {r["user"] for r in theirs} == {None, "40001"}
+
+
+def test_priority_lists_the_waiting_jobs_highest_first_and_a_user_only_their_own(store, service):
+    from scheduler.daemon.access import Caller
+
+    add_node(store, "de1", "DE")
+    mine = service.submit(Caller(uid=40001, gid=40001), {"argv": ["true"], "gpus": 1, "qos": "flexible"})["id"]
+    urgent = submit(service, est_runtime_s=60.0, qos="urgent")
+    doc = service.standing.priority(Caller(uid=0, gid=0))
+    assert [j["job_id"] for j in doc["jobs"]] == [urgent, mine]
+    top = doc["jobs"][0]
+    assert top["priority"] == top["fair_share"] + top["qos_priority"] + top["age"] + top["job_size"]
+    assert [j["job_id"] for j in service.standing.priority(Caller(uid=40001, gid=40001))["jobs"]] == [mine]
