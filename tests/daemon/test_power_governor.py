@@ -83,7 +83,21 @@ def node(store, tmp_path):
     agent.start_sampling()
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
     yield agent, service, b
+    stop_runs(agent)
     agent.stop()
+
+
+def stop_runs(agent) -> None:
+    """Stop the test's `sleep 60` jobs (an agent that stops leaves its jobs running, as it
+    must): their supervisors end them, and the test waits until every one has ended."""
+    from scheduler.node.executor import RunState
+
+    runs = agent.executor.known_runs()
+    for job_id in runs:
+        agent.executor.signal_cancel(job_id)
+    deadline = time.monotonic() + 30
+    while any(agent.executor.status(j).state is RunState.RUNNING for j in runs) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def start_jobs(agent, service, store, tmp_path, deadlines):
