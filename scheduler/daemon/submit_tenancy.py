@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 from scheduler.accounts import AccountError, Associations, charge_account, read_associations
 from scheduler.daemon.access import RequestError, ServiceConfig
+from scheduler.jobs.usage import waiting_in_qos
 from scheduler.qos import Qos
 from scheduler.store import Store
-from scheduler.jobs.usage import waiting_in_qos
 from scheduler.timeparse import format_duration
 
 
