@@ -13,8 +13,8 @@ A QOS says how much a job's standing and its carbon freedom are worth to its own
   percent of the job's run-now emissions; a wait must save both, or the job runs now on free
   GPUs.
 - `max_gpus_running_per_user`, `max_jobs_queued_per_user`: per-user limits in this QOS
-  (submit refuses beyond the second; the first is read and checked, not yet held by the
-  planner).
+  (the planner holds a user's jobs beyond the first, REASON `QOSMaxGPUPerUserLimit`:
+  `scheduler.standing`; submit refuses beyond the second).
 - `default_time_limit`: the limit of a job given none at all (no `--time`, `--time-limit` or
   `--est-runtime`); unset: the site's `default_time_limit`, capped at `max_time_limit`.
   `max_time_limit`: a job asking for more is refused at submit; unset: only the hard 30 d.

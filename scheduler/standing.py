@@ -89,6 +89,33 @@ class Standing:
         usage = self._finished_usage(conn, now).totals(now.timestamp(), running)
         return FairShare(self.tree(conn), usage)
 
+    def held_by_qos(self, conn: Connection, ranked: Sequence) -> dict[int, str]:
+        """The jobs a QOS's `max_gpus_running_per_user` holds back, with their REASON: taken
+        in `ranked` order (highest priority first), a job is let through only while its
+        user's GPUs running in that QOS plus those let through before it stay within the
+        limit. What is let through may be planned at any time, so the limit holds whatever
+        the plan. Empty where no QOS sets the limit."""
+        limits = {name: q.max_gpus_running_per_user for name, q in self.qos.levels.items()
+                  if q.max_gpus_running_per_user}
+        if not limits or not ranked:
+            return {}
+        used: dict[tuple[str, str], int] = {}
+        for r in running_usage(conn):
+            if r.qos in limits:
+                used[(r.owner_name, r.qos)] = used.get((r.owner_name, r.qos), 0) + _gpus(r)
+        held = {}
+        for j in ranked:
+            limit = limits.get(j.qos)
+            if limit is None:
+                continue
+            key = (j.owner_name, j.qos)
+            if used.get(key, 0) + j.gpus > limit:
+                held[j.id] = (f"QOS {j.qos} lets a user run {limit} GPU(s) at once; {used.get(key, 0)} running "
+                              "or planned first (QOSMaxGPUPerUserLimit)")
+            else:
+                used[key] = used.get(key, 0) + j.gpus
+        return held
+
     @staticmethod
     def _factor(fs: FairShare):
         """`fs.factor`, with 0 (owed nothing) for an account no longer in the tree: such a

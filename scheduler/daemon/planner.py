@@ -142,6 +142,7 @@ class Planner:
         self.max_jobs = max_jobs
         # each job's priority and its QOS's bounds on carbon (None: every job equal, unbounded)
         self.standing = standing
+        self._qos_held: dict[int, str] = {}  # jobs a QOS's GPU limit holds back this tick, and why
         self._monotonic = monotonic
         if carbon is None:
             from scheduler.carbon import CarbonSignals
@@ -251,15 +252,17 @@ class Planner:
                      slots: list[GpuSlot]) -> tuple[QueuedJob, ...]:
         """The queued jobs as the policy's (`scheduler.jobs.job.queued_job`), each with its
         priority and its QOS's bounds on carbon (`scheduler.standing`)."""
+        self._qos_held = {}
         if self.standing is None:
             return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned)
                          for j in queued.values())
-        ranked = {b.job_id: b.priority for b in
-                  self.standing.priorities(conn, list(queued.values()), now, sum(1 for s in slots if s.healthy))}
+        order = self.standing.priorities(conn, list(queued.values()), now, sum(1 for s in slots if s.healthy))
+        ranked = {b.job_id: b.priority for b in order}
+        self._qos_held = self.standing.held_by_qos(conn, [queued[b.job_id] for b in order])
         levels = self.standing.qos
         return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned,
                                 priority=ranked.get(j.id, 0.0), qos=levels.levels.get(j.qos))
-                     for j in queued.values())
+                     for j in queued.values() if j.id not in self._qos_held)
 
     def blind_zones(self, snapshot: Snapshot) -> list[str]:
         """Zones of the snapshot's GPUs planned without a carbon curve."""
@@ -332,6 +335,7 @@ class Planner:
             snapshot, queued = self.snapshot(conn, incremental=not full)
         note_waiting(self.store, queued.waiting)
         snapshot, waiting = self.bounded(snapshot)
+        waiting = {**waiting, **self._qos_held}
         fingerprint = _fingerprint(snapshot)
         mono = self._monotonic()
         # Skip only when the last run of the policy saw the same snapshot and was of a kind that

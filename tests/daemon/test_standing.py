@@ -132,3 +132,24 @@ def test_priority_lists_the_waiting_jobs_highest_first_and_a_user_only_their_own
     top = doc["jobs"][0]
     assert top["priority"] == top["fair_share"] + top["qos_priority"] + top["age"] + top["job_size"]
     assert [j["job_id"] for j in service.standing.priority(Caller(uid=40001, gid=40001))["jobs"]] == [mine]
+
+
+def test_a_qos_gpu_limit_per_user_holds_the_jobs_beyond_it_with_their_reason(store, service):
+    from scheduler.qos import qos_table
+
+    add_node(store, "de1", "DE", n=3)
+    first = submit(service, est_runtime_s=600.0, qos="urgent")
+    second = submit(service, est_runtime_s=600.0, qos="urgent")
+    other_qos = submit(service, est_runtime_s=600.0, qos="flexible")
+    table = qos_table({"qos": {"urgent": {"max_gpus_running_per_user": 1}}})
+    planner = Planner(store, make_policy("greedy", plan_interval_s=15.0), clock=lambda: T, plan_interval_s=15.0,
+                      standing=Standing(table))
+    planner.tick()
+    assert job_row(store, first).state == "PLANNED" and job_row(store, other_qos).state == "PLANNED"
+    held = job_row(store, second)
+    assert held.state == "PENDING" and "(QOSMaxGPUPerUserLimit)" in held.reason
+    with store.write() as conn:  # the first one runs now: the second is still held
+        conn.execute(update(jobs).where(jobs.c.id == first).values(state="RUNNING", started_at=T, gpu_ids=[1]))
+    planner.tick()
+    held = job_row(store, second)
+    assert held.state == "PENDING" and "1 running or planned first" in held.reason
