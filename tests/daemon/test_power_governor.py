@@ -24,6 +24,8 @@ from scheduler.site import SiteConfig
 from scheduler.store.models import gpus, job_events, jobs
 from telemetry.gpu import EmulatedBackend, EmulatedModel
 
+import fleet
+
 ROOT = Caller(uid=0, gid=0)
 DAY = datetime(2026, 12, 2, tzinfo=timezone.utc)
 
@@ -83,21 +85,19 @@ def node(store, tmp_path):
     agent.start_sampling()
     service = JobService(store, ServiceConfig(daemon_uid=0), log_dir=tmp_path / "state" / "logs")
     yield agent, service, b
-    stop_runs(agent)
+    cancel_running(agent, service, store)
     agent.stop()
 
 
-def stop_runs(agent) -> None:
-    """Stop the test's `sleep 60` jobs (an agent that stops leaves its jobs running, as it
-    must): their supervisors end them, and the test waits until every one has ended."""
-    from scheduler.node.executor import RunState
-
-    runs = agent.executor.known_runs()
-    for job_id in runs:
-        agent.executor.signal_cancel(job_id)
-    deadline = time.monotonic() + 30
-    while any(agent.executor.status(j).state is RunState.RUNNING for j in runs) and time.monotonic() < deadline:
-        time.sleep(0.05)
+def cancel_running(agent, service, store) -> None:
+    """Cancel the test's `sleep 60` jobs and tick the agent until the store says they ended
+    (an agent that stops leaves its jobs running, as it must: run late in the suite they
+    would outlive it)."""
+    with store.read() as conn:
+        running = list(conn.execute(select(jobs.c.id).where(jobs.c.state == "RUNNING")).scalars())
+    if running:
+        service.cancel(ROOT, running)
+        fleet.tick_until(store, running, {"CANCELLED"}, agent, timeout_s=30)
 
 
 def start_jobs(agent, service, store, tmp_path, deadlines):
