@@ -78,29 +78,31 @@ class Standing:
         users = [UserSpec(u["account"], u["user"]) for u in list_users(conn)]
         return AccountTree(accounts, users)
 
-    def fair_share(self, conn: Connection, now: datetime) -> FairShare:
-        """Every association's shares, usage and factor at `now`."""
+    def fair_share(self, conn: Connection, now: datetime, running_rows: Sequence | None = None) -> FairShare:
+        """Every association's shares, usage and factor at `now`; `running_rows`: the running
+        jobs' `running_usage`, where the caller has read it already."""
         factors = self.qos.usage_factors()
         running = []
-        for r in running_usage(conn):
+        for r in running_usage(conn) if running_rows is None else running_rows:
             ran_s = max(0.0, (now - r.started_at).total_seconds())
             running.append(Charge(r.account, r.owner_name, now.timestamp(), _gpus(r) * ran_s / 3600.0,
                                   0.0, 0.0, usage_factor=factors.get(r.qos, 1.0), duration_s=ran_s))
         usage = self._finished_usage(conn, now).totals(now.timestamp(), running)
         return FairShare(self.tree(conn), usage)
 
-    def held_by_qos(self, conn: Connection, ranked: Sequence) -> dict[int, str]:
+    def held_by_qos(self, ranked: Sequence, running_rows: Sequence) -> dict[int, str]:
         """The jobs a QOS's `max_gpus_running_per_user` holds back, with their REASON: taken
         in `ranked` order (highest priority first), a job is let through only while its
         user's GPUs running in that QOS plus those let through before it stay within the
         limit. What is let through may be planned at any time, so the limit holds whatever
-        the plan. Empty where no QOS sets the limit."""
+        the plan. `running_rows`: the running jobs' `running_usage`. Empty where no QOS sets
+        the limit."""
         limits = {name: q.max_gpus_running_per_user for name, q in self.qos.levels.items()
                   if q.max_gpus_running_per_user}
         if not limits or not ranked:
             return {}
         used: dict[tuple[str, str], int] = {}
-        for r in running_usage(conn):
+        for r in running_rows:
             if r.qos in limits:
                 used[(r.owner_name, r.qos)] = used.get((r.owner_name, r.qos), 0) + _gpus(r)
         held = {}
@@ -127,14 +129,26 @@ class Standing:
                 return 0.0
         return factor
 
-    def priorities(self, conn: Connection, jobs: Sequence, now: datetime,
-                   fleet_gpus: int) -> list[PriorityBreakdown]:
+    def plan_order(self, conn: Connection, jobs: Sequence, now: datetime,
+                   fleet_gpus: int) -> tuple[list[PriorityBreakdown], dict[int, str]]:
+        """What a planner tick needs: each job's priority, highest first (`priorities`), and
+        the jobs a QOS's GPU limit holds back (`held_by_qos`), from one read of the running jobs."""
+        if not jobs:
+            return [], {}
+        running = running_usage(conn)
+        ranked = self.priorities(conn, jobs, now, fleet_gpus, running)
+        by_id = {j.id: j for j in jobs}
+        return ranked, self.held_by_qos([by_id[b.job_id] for b in ranked], running)
+
+    def priorities(self, conn: Connection, jobs: Sequence, now: datetime, fleet_gpus: int,
+                   running_rows: Sequence | None = None) -> list[PriorityBreakdown]:
         """Each job's priority (`jobs`: `scheduler.jobs.job.Job`s, or anything with id,
         account, owner_name, qos, gpus and submitted_at), highest first; a QOS no longer
         configured counts as the default one."""
         if not jobs:
             return []
-        factor = self._factor(self.fair_share(conn, now)) if self.settings.fair_share else None
+        factor = (self._factor(self.fair_share(conn, now, running_rows)) if self.settings.fair_share
+                  else None)
         known = self.qos.levels
         wanted = [PriorityJob(j.id, j.account or DEFAULT_ACCOUNT, j.owner_name or "-",
                               j.qos if j.qos in known else DEFAULT_QOS, j.gpus, j.submitted_at.timestamp())

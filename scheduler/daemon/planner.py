@@ -256,9 +256,9 @@ class Planner:
         if self.standing is None:
             return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned)
                          for j in queued.values())
-        order = self.standing.priorities(conn, list(queued.values()), now, sum(1 for s in slots if s.healthy))
+        order, self._qos_held = self.standing.plan_order(conn, list(queued.values()), now,
+                                                         sum(1 for s in slots if s.healthy))
         ranked = {b.job_id: b.priority for b in order}
-        self._qos_held = self.standing.held_by_qos(conn, [queued[b.job_id] for b in order])
         levels = self.standing.qos
         return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned,
                                 priority=ranked.get(j.id, 0.0), qos=levels.levels.get(j.qos))
