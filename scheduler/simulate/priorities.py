@@ -17,7 +17,7 @@ from scheduler.fair_share import DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, 
 from scheduler.priority import PriorityJob, PriorityWeights, queue_priorities
 from scheduler.qos import DEFAULT_QOS, QosTable
 from scheduler.simulate.records import JobRecord
-from scheduler.simulate.tenancy import Tenant
+from scheduler.simulate.tenancy import Tenant, run_spans
 
 
 class SimPriorities:
@@ -53,7 +53,7 @@ class SimPriorities:
         if not self.active or r.start_s is None or r.end_s is None:
             return
         t, user, qos = self._owner(r.job.id)
-        ran_s = sum(e - s for s, e, _, _ in r.segment_log) if r.segment_log else r.end_s - r.start_s
+        ran_s = sum(e - s for s, e in run_spans(r))
         self.usage.add(Charge(t.account, user, r.end_s, len(r.gpu_ids) * ran_s / 3600.0,
                               r.energy_j / 3.6e6, r.gco2 / 1000.0, usage_factor=self.usage_factor.get(qos, 1.0),
                               duration_s=max(0.0, r.end_s - r.start_s)))

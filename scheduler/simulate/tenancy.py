@@ -45,7 +45,7 @@ def account_shares(tenants: dict[int, Tenant], shares: dict[str, int] | None = N
     return {a: given.get(a, 1) for a in sorted({t.account for t in tenants.values()} | set(given))}
 
 
-def _runs(r) -> list[tuple[float, float]]:
+def run_spans(r) -> list[tuple[float, float]]:
     """The spans (epoch s) a finished or running record held its GPUs doing work."""
     if r.segment_log:
         return [(s, e) for s, e, _, _ in r.segment_log]
@@ -68,7 +68,7 @@ def _window_pairs(records: list, tenants: dict[int, Tenant], capacity_gpus: int,
     has: only there do accounts compete for them."""
     spans = []
     for r in records:
-        runs = _runs(r)
+        runs = run_spans(r)
         end = r.end_s if r.end_s is not None else max((e for _, e in runs), default=r.arrival_s)
         spans.append((tenants.get(r.job.id, Tenant()).account, len(r.gpu_ids) or r.job.gpus, r.arrival_s, end, runs))
     t0 = min(s[2] for s in spans)
