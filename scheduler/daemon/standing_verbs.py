@@ -57,7 +57,8 @@ class StandingVerbs:
         with self.store.read() as conn:
             queued = list(read_queue(conn, now).values())
             if not self.access.is_admin(caller):
-                queued = [j for j in queued if j.owner_name == account(caller.uid, caller.gid)[0]]
+                me = account(caller.uid, caller.gid)[0]
+                queued = [j for j in queued if j.owner_name == me]
             fleet = sum(1 for g in read_gpus(conn) if g.healthy) if queued else 0
             ranked = self.standing.priorities(conn, queued, now, fleet)
         weights = self.standing.settings.weights
