@@ -10,6 +10,9 @@ states a run can be found in after any crash are:
 - FINISHED: `result.json` exists.
 - VANISHED: the command may have started but nobody holds the lock and there is no result
   (the supervisor itself was killed): the job is LOST, never restarted behind a user's back.
+- REFUSED (Slurm only): the command never started because the backend refused the job's own
+  request (an account, QOS or time limit Slurm does not allow): the job FAILED with that
+  reason, for it would be refused again.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class RunState(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     VANISHED = "vanished"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True)

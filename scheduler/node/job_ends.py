@@ -206,6 +206,17 @@ class JobEnds:
         self.executor.forget(job.id)
         log.warning("job %s was claimed but never launched; re-queued", job.id)
 
+    def refused(self, job: RunningJob, why: str) -> None:
+        """A job whose own request the backend refused (Slurm: its account, QOS or time
+        limit): FAILED with the backend's words, never retried, for it would be refused
+        again; its command never started."""
+        self.store.transact(lambda conn: end_run(
+            conn, job.id, State.FAILED, actor_uid=None, reason=why,
+            values=dict(unlaunched_values(), ended_at=self._clock())))
+        self.power.restore(job.gpu_ids or [], f"job {job.id} refused")
+        self.executor.forget(job.id)
+        log.error("job %s: %s", job.id, why)
+
     def lose(self, job: RunningJob, why: str, status: RunStatus | None = None) -> None:
         """Re-queue (retries left) or end a job that did not finish by itself: FAILED when its
         supervisor reported how it ended, LOST when nobody knows."""

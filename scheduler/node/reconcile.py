@@ -75,6 +75,8 @@ class Reconciler:
                 self.ends.finish(job, status)
             elif status.state is RunState.NOT_LAUNCHED:
                 self.ends.requeue_unlaunched(job)
+            elif status.state is RunState.REFUSED:
+                self.ends.refused(job, status.note or "the backend refused the job")
             elif (job.interruptible and hasattr(self.executor, "kill_leftovers")
                   and (job.resume_count or 0) < interruptible.MAX_SEGMENTS):
                 self.ends.resume_vanished(job, status)

@@ -52,6 +52,21 @@ SIGNAL_RETRY_S = 2.0
 SIGNAL_AFTER_FILE_S = 2.0
 
 
+# What sbatch says when the job's own request cannot be met (Slurm's slurm_errno texts):
+# asking again could only be refused again. Anything else (slurmctld down, a timeout) is
+# worth another try at the next tick.
+REQUEST_REFUSALS = ("Invalid account", "Invalid qos", "accounting/QOS policy",
+                    "Requested time limit is invalid", "Invalid wckey")
+
+
+def refusal(message: str) -> str | None:
+    """Slurm's words when `message` (a failed sbatch) refuses the job's own request, else None."""
+    if not any(r in message for r in REQUEST_REFUSALS):
+        return None
+    _, sep, tail = message.rpartition("submission failed: ")
+    return (tail if sep else message).strip()
+
+
 def gres(s: dict) -> str:
     """The GPU GRES request of a hand-off: 'gpu:h100:2', or 'gpu:2' on untyped GRES."""
     return f"gpu:{s['gres_type']}:{s['count']}" if s["gres_type"] else f"gpu:{s['count']}"
@@ -149,6 +164,9 @@ class SlurmExecutor(Executor):
             else:
                 slurm_id = self._sbatch(spec, s)
         except SlurmError as e:
+            why = refusal(str(e))
+            if why is not None:
+                write_json_atomic(run_dir / "refused.json", {"why": why})
             raise OSError(f"Slurm: {e}") from e
         write_json_atomic(run_dir / "slurm.json", {"job_id": slurm_id})
         self._launched_at[slurm_id] = time.monotonic()
@@ -171,6 +189,10 @@ class SlurmExecutor(Executor):
         # job gets exactly its own environment, and sbatch parses none of it.
         if spec.time_limit_s:
             argv.append(f"--time={max(1, math.ceil(spec.time_limit_s / 60))}")
+        if s.get("account"):
+            argv.append(f"--account={s['account']}")
+        if s.get("qos"):
+            argv.append(f"--qos={s['qos']}")
         command = shlex.join(spec.argv)
         ignored = interruptible.startup_ignored_signal(spec.extra)
         if ignored is not None:
@@ -255,6 +277,9 @@ class SlurmExecutor(Executor):
             found = (self.find(s["comment"], s.get("not_before"), uid=self.submitter_uid(int(spec["uid"])))
                      if s.get("comment") and "uid" in spec else None)
             if found is None:
+                refused = _read_json(run_dir / "refused.json")
+                if refused:
+                    return RunStatus(RunState.REFUSED, spec=spec, note=f"Slurm refused the job: {refused['why']}")
                 return RunStatus(RunState.NOT_LAUNCHED, spec=spec)
             slurm_id = found.job_id  # submitted, then the agent died before writing it down
             write_json_atomic(run_dir / "slurm.json", {"job_id": slurm_id})

@@ -118,7 +118,8 @@ class SlurmLauncher:
 
     def launch_spec(self, job, spec: LaunchSpec) -> LaunchSpec:
         """The agent's spec, with the Slurm job to submit: the planned GPUs' GRES type and
-        count on this node, to begin at the planned start."""
+        count on this node, to begin at the planned start, charged to the job's account and
+        QOS (as `SlurmConfig.sbatch_account`/`sbatch_qos` name them for Slurm)."""
         ids = list(job.planned_gpu_ids or [])
         types = {self.node_info.gpus[self._slurm_gpu_of_id[g]].gres_type for g in ids
                  if g in self._slurm_gpu_of_id}
@@ -131,7 +132,9 @@ class SlurmLauncher:
                      gres_type=types.pop(), count=len(ids),
                      begin=slurm_time(job.planned_start), comment=comment_for(job.id, attempt),
                      name=job.name, adopted_job_id=job.slurm_job_id,
-                     not_before=job.submitted_at.timestamp())
+                     not_before=job.submitted_at.timestamp(),
+                     account=self.slurm_config.sbatch_account(job.account),
+                     qos=self.slurm_config.sbatch_qos(job.qos))
         return replace(spec, extra={**spec.extra, "slurm": slurm})
 
     def claim_ended(self, job_id: int) -> None:

@@ -10,7 +10,17 @@ conf = "/etc/slurm/slurm.conf"   # SLURM_CONF for the tools (default: Slurm's ow
 timeout = "30s"                  # per Slurm command
 adopt = true                     # plan users' held sbatch jobs in `partitions`
 observe = true                   # receipts for Slurm's other GPU jobs on the nodes too
+pass_account = true              # sbatch --account=A for a job charged to account A
+qos_names = { urgent = "high" }  # carbonsched QOS -> Slurm QOS for sbatch --qos ("" : none)
 ```
+
+carbonsched hands each job to `sbatch` with the job's account and QOS, so Slurm's own
+accounting, limits and `sacct` see what carbonsched charged. A job in the built-in `default`
+account gets no `--account` (Slurm then charges the user's own default account), and a QOS
+is passed under its own name unless `qos_names` maps it to another Slurm QOS, or to "" for
+none: on a Slurm with accounting (slurmdbd), create the QOS levels with `sacctmgr add qos`
+or map them. A Slurm that refuses a job's account, QOS or time limit ends that job FAILED with
+Slurm's words as its REASON: retrying could only be refused again.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.model.catalog import lookup
+from scheduler.store.account_models import DEFAULT_ACCOUNT
 from scheduler.timeparse import parse_duration
 
 EXECUTORS = ("local", "slurm")
@@ -37,6 +48,23 @@ class SlurmConfig:
     # Slurm GPU jobs that did not come through carbonsched, seen running on a node, become
     # carbonsched jobs too (RUNNING, "observed"): they get receipts, and plans avoid their GPUs.
     observe: bool = True
+    # The job's account goes to sbatch as --account (not the built-in `default` account).
+    pass_account: bool = True
+    # carbonsched QOS name -> the Slurm QOS that sbatch gets ("" : no --qos); a QOS not
+    # named here is passed under its own name.
+    qos_names: dict[str, str] = field(default_factory=dict)
+
+    def sbatch_account(self, account: str | None) -> str | None:
+        """The `--account` of a job charged to `account` (None: no option)."""
+        if not self.pass_account or not account or account == DEFAULT_ACCOUNT:
+            return None
+        return account
+
+    def sbatch_qos(self, qos: str | None) -> str | None:
+        """The `--qos` of a job in carbonsched QOS `qos` (None: no option)."""
+        if not qos:
+            return None
+        return self.qos_names.get(qos, qos) or None
 
     @property
     def submit_partition(self) -> str:
@@ -62,7 +90,8 @@ class SlurmConfig:
         table = config.get("slurm") or {}
         if not isinstance(table, Mapping):
             raise ValueError("[slurm] must be a table")
-        known = {"partitions", "zone_feature_prefix", "gpu_models", "conf", "timeout", "adopt", "observe"}
+        known = {"partitions", "zone_feature_prefix", "gpu_models", "conf", "timeout", "adopt", "observe",
+                 "pass_account", "qos_names"}
         unknown = sorted(set(table) - known)
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -84,11 +113,16 @@ class SlurmConfig:
         conf = table.get("conf")
         adopt = table.get("adopt", True)
         observe = table.get("observe", True)
-        if not isinstance(adopt, bool) or not isinstance(observe, bool):
-            raise ValueError("adopt and observe must be true or false")
+        pass_account = table.get("pass_account", True)
+        if not all(isinstance(v, bool) for v in (adopt, observe, pass_account)):
+            raise ValueError("adopt, observe and pass_account must be true or false")
+        qos_names = table.get("qos_names") or {}
+        if not isinstance(qos_names, Mapping) or not all(isinstance(v, str) for v in qos_names.values()):
+            raise ValueError('qos_names must be a table of QOS = "Slurm QOS" (or "" for none)')
         return cls(partitions=tuple(parts), zone_feature_prefix=str(table.get("zone_feature_prefix", "zone_")),
                    gpu_models={str(k): str(v) for k, v in models.items()},
-                   conf=Path(conf) if conf else None, timeout_s=timeout_s, adopt=adopt, observe=observe)
+                   conf=Path(conf) if conf else None, timeout_s=timeout_s, adopt=adopt, observe=observe,
+                   pass_account=pass_account, qos_names={str(k): v for k, v in qos_names.items()})
 
 
 def check_table(table: Any, whole: Mapping[str, Any]) -> list[str]:

@@ -46,6 +46,8 @@ class SlurmJob:
     end_time: datetime | None
     exit_status: int  # the wait status: exit code << 8 | signal
     gpu_idx: tuple[int, ...] = field(default=())
+    account: str = ""
+    qos: str = ""
 
     @property
     def held(self) -> bool:
@@ -112,7 +114,8 @@ def parse_job(raw: dict) -> SlurmJob:
         time_limit_min=int(limit) if isinstance(limit, int) else None,
         submit_time=_time(raw.get("submit_time")), start_time=_time(raw.get("start_time")),
         end_time=_time(raw.get("end_time")), exit_status=int(raw.get("exit_code") or 0),
-        gpu_idx=gres_indices(raw.get("gres_detail")))
+        gpu_idx=gres_indices(raw.get("gres_detail")),
+        account=str(raw.get("account") or ""), qos=str(raw.get("qos") or ""))
 
 
 def list_jobs(slurm: SlurmCommands) -> list[SlurmJob]:
