@@ -32,7 +32,7 @@ from scheduler.node.executor import LaunchSpec, RunStatus
 from scheduler.node.job_ends import parse_time
 from scheduler.node.slurm_executor import SlurmExecutor, slurm_time
 from scheduler.node.supervise import write_json_atomic
-from scheduler.slurm.adopt import adopt_held, follow_adopted, observed_row
+from scheduler.slurm.adopt import adopt_held, follow_adopted, observed_row, slurm_account
 from scheduler.slurm.commands import SlurmCommands, SlurmError
 from scheduler.slurm.config import SlurmConfig
 from scheduler.slurm.inventory import SlurmNodeInfo, read_node
@@ -259,7 +259,8 @@ class SlurmLauncher:
         node = self.node
 
         def tx(conn: Connection) -> int:
-            job_id = insert_job(conn, row, row["owner_uid"], now)
+            job_id = insert_job(conn, {**row, "account": slurm_account(conn, sj, row["owner_name"])},
+                                row["owner_uid"], now)
             why = f"observed running in Slurm (job {sj.job_id})"
             transition(conn, job_id, State.PLANNED, actor_uid=None, reason=why, expect=State.PENDING,
                        values=dict(planned_node=node, planned_gpu_ids=ids, planned_start=started))

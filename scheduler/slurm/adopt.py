@@ -15,8 +15,10 @@ import logging
 import pwd
 from datetime import datetime
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
+from scheduler.accounts import AccountError, charge_account, read_associations
 from scheduler.jobs.store import adopted_waiting, ended_here, insert_job, known_slurm_ids
 from scheduler.lifecycle import State, transition
 from scheduler.slurm.commands import SlurmCommands, SlurmError
@@ -73,6 +75,17 @@ def job_row(sj: SlurmJob, now: datetime) -> dict:
         submitted_at=now, plan_rev=0, slurm_job_id=sj.job_id)
 
 
+def slurm_account(conn: Connection, sj: SlurmJob, owner: str) -> str:
+    """The account a user's own Slurm job is charged to here (adopted or observed): its
+    Slurm account where carbonsched has that account and the user in it, else the user's
+    default (`charge_account`), so fair share counts the work where Slurm does."""
+    snapshot = read_associations(conn)
+    try:
+        return charge_account(snapshot, owner, sj.account or None)
+    except AccountError:
+        return charge_account(snapshot, owner, None)
+
+
 def observed_row(sj: SlurmJob, now: datetime) -> dict:
     """The carbonsched job a Slurm GPU job from outside carbonsched becomes once seen running
     (for its receipt): no hints, its Slurm limit, no retries."""
@@ -106,8 +119,12 @@ def adopt_held(store: Store, slurm_jobs: list[SlurmJob], config: SlurmConfig, no
                 refused.add(sj.job_id)
             continue
 
+        def tx(conn: Connection, row=row, sj=sj) -> int:
+            return insert_job(conn, {**row, "account": slurm_account(conn, sj, row["owner_name"])},
+                              row["owner_uid"], now)
+
         try:
-            job_id = store.transact(lambda conn, row=row: insert_job(conn, row, row["owner_uid"], now))
+            job_id = store.transact(tx)
         except IntegrityError:
             continue  # another agent adopted it first
         log.info("adopted Slurm job %s (%s, uid %s) as carbonsched job %s", sj.job_id, sj.name,

@@ -6,6 +6,8 @@ carbonsched's priority order:
   `qos_names` maps it to;
 - when several jobs wait for the same GPUs, the higher-priority job is handed to Slurm
   first and starts first, whatever the submit order;
+- a user's own held `sbatch` job that carbonsched adopts is charged to its Slurm account
+  where carbonsched has it (and the user in it), else to the user's default;
 - a Slurm that refuses a job's own request (its account, QOS or time limit) ends that job
   FAILED with Slurm's words, once: it is never handed over again.
 
@@ -13,6 +15,9 @@ Against the session's real Slurm (without slurmdbd it records the account and dr
 QOS, so what sbatch was given is read from the agent's own command line too)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
 
 import pytest
 from sqlalchemy import select
@@ -29,7 +34,7 @@ from scheduler.slurm.config import SlurmConfig
 from scheduler.standing import Standing
 from scheduler.store.models import gpus, job_events, jobs
 
-from test_slurm import ROOT, drive, slurm_jobs, world  # noqa: F401  (world: the fixture)
+from test_slurm import ROOT, carbonsched_job_of, drive, slurm_jobs, world  # noqa: F401  (world: the fixture)
 
 NOBODY = Caller(uid=65534, gid=65534)
 
@@ -180,3 +185,20 @@ def test_a_job_slurm_refuses_for_its_own_request_fails_once_with_slurm_s_words(w
         started = conn.execute(select(jobs.c.started_at).where(jobs.c.id == refused)).scalar_one()
     assert states == ["PENDING", "PLANNED", "RUNNING", "FAILED"]
     assert holding == [] and started is None  # its GPUs free, and it never ran
+
+
+def test_a_user_s_own_held_sbatch_is_charged_to_its_slurm_account_where_carbonsched_has_it(world, slurm_cluster):
+    """An adopted job counts for fair share where Slurm counts it: its `--account` when the
+    user is in that account here, else the user's default."""
+    store, service, planner, agents, root = world
+    _accounts(store, "vision", "nlp")  # root's default: the first added, vision
+    adopted = {}
+    for account in ("nlp", "elsewhere"):
+        out = subprocess.run(
+            ["sbatch", "--parsable", "--hold", "-p", "carbon", "--gres=gpu:1", "--time=2", f"--account={account}",
+             "--comment=carbonsched est-runtime=5s", "-o", "/dev/null", "--wrap", "true"],
+            env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True, timeout=20, check=True)
+        adopted[account] = carbonsched_job_of(store, agents, int(out.stdout.strip()))
+    rows = drive(store, planner, agents, list(adopted.values()))
+    assert rows[adopted["nlp"]].account == "nlp"
+    assert rows[adopted["elsewhere"]].account == "vision"
