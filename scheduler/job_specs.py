@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from scheduler.lifecycle import TERMINAL, State
+
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 
 # Why a job the planner leaves alone waits, as `queue`'s REASON says it (squeue's word in
@@ -57,6 +59,20 @@ def parse_dependency(text: str) -> list[Dependency]:
     if len(out) > MAX_DEPENDENCIES:
         raise ValueError(f"--dependency names {len(out)} jobs; at most {MAX_DEPENDENCIES}")
     return out
+
+
+ENDED_STATES = frozenset(s.value for s in TERMINAL)
+NEVER_SATISFIED_REASON = "(DependencyNeverSatisfied): it can only be cancelled"
+
+
+def never_satisfied(dep: Dependency, state: str) -> bool:
+    """Whether `dep` can never hold, its job having ended in `state`: afterok on a job that
+    ended otherwise than COMPLETED, afternotok on one that COMPLETED."""
+    if state not in ENDED_STATES:
+        return False
+    if dep.kind == "afterok":
+        return state != State.COMPLETED.value
+    return dep.kind == "afternotok" and state == State.COMPLETED.value
 
 
 def dependency_text(deps: list[Dependency]) -> str:

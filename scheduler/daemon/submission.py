@@ -48,11 +48,10 @@ class Submissions:
         return job_row(body, caller, now, time_limit_factor=self.config.time_limit_factor,
                        check_workload=self.known_workloads.check)
 
-    def _see_jobs(self, caller: Caller, job_ids: list[int]) -> None:
-        """Refuse (404 / 403) when the caller may not see one of `job_ids`."""
+    def _see_jobs(self, caller: Caller, job_ids: list[int]) -> dict[int, str]:
+        """The states of `job_ids`; refused (404 / 403) when the caller may not see one."""
         with self.store.read() as conn:
-            for job_id in job_ids:
-                self.access.visible_job(conn, caller, job_id)
+            return {job_id: self.access.visible_job(conn, caller, job_id).state for job_id in job_ids}
 
     def submit(self, caller: Caller, body: object) -> dict:
         """Store a new job (or a job array's tasks): {"id", "state"} and a warning when only

@@ -22,8 +22,8 @@ from sqlalchemy import select
 from scheduler import interruptible
 from scheduler.daemon.access import Caller, RequestError, account
 from scheduler.daemon.admission import MAX_GPUS
-from scheduler.job_specs import (BEGIN_REASON, HELD_REASON, check_log_pattern, dependency_text, parse_array,
-                                 parse_dependency)
+from scheduler.job_specs import (BEGIN_REASON, HELD_REASON, check_log_pattern, dependency_text, never_satisfied,
+                                 parse_array, parse_dependency)
 from scheduler.lifecycle import State
 from scheduler.store import Store
 from scheduler.store.models import workload_profiles
@@ -222,10 +222,11 @@ class Habits:
 
 
 def slurm_habits(body: dict, caller: Caller, now: datetime,
-                 see_jobs: Callable[[list[int]], None]) -> Habits:
+                 see_jobs: Callable[[list[int]], dict[int, str]]) -> Habits:
     """--hold, --begin, --dependency, --array, --output/--error (issue 28), checked like
     every other field: a bad one is refused with the flag named and nothing stored.
-    `see_jobs` refuses (404 / 403) dependencies on jobs the caller may not see."""
+    `see_jobs` refuses (404 / 403) dependencies on jobs the caller may not see, and gives
+    the states of the others: one that can never be satisfied is refused too."""
     cols: dict = {}
     hold = body.get("hold", False)
     if not isinstance(hold, bool):
@@ -254,7 +255,11 @@ def slurm_habits(body: dict, caller: Caller, now: datetime,
             deps = parse_dependency(body["dependency"])
         except ValueError as e:
             raise RequestError(400, str(e)) from None
-        see_jobs([d.job_id for d in deps])  # 404 / 403: no waiting on the unseen
+        states = see_jobs([d.job_id for d in deps])  # 404 / 403: no waiting on the unseen
+        for d in deps:
+            if never_satisfied(d, states[d.job_id]):
+                raise RequestError(400, f"--dependency {d.text()}: job {d.job_id} ended {states[d.job_id]}, "
+                                        "so it can never be satisfied (DependencyNeverSatisfied)")
         cols["dependency"] = dependency_text(deps)
     array = None
     if body.get("array") is not None:

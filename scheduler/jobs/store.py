@@ -25,7 +25,7 @@ from sqlalchemy import (Connection, Row, Select, String, and_, bindparam, case, 
 
 from policies.types import Assignment, Estimate
 from scheduler import interruptible
-from scheduler.job_specs import BEGIN_REASON, HELD_REASON, OPERATOR_HELD_REASON
+from scheduler.job_specs import BEGIN_REASON, HELD_REASON, NEVER_SATISFIED_REASON, OPERATOR_HELD_REASON
 from scheduler.jobs.job import RAW_JSON, RAW_TIMES, Job, RunningJob, job_from_row
 from scheduler.jobs.views import job_select
 from scheduler.lifecycle import ACTIVE, TERMINAL, UNPLACED, State, check_allowed, record_events, record_submit
@@ -46,7 +46,8 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
     (JobHeldAdmin, issue 48) or by its owner (JobHeldUser), before
     its `--begin` time (BeginTime), waiting on a dependency that is not satisfied yet
     (Dependency; afterok: the job COMPLETED; afterany: it ended; afternotok: it ended
-    otherwise; one that can never be satisfied keeps the job waiting, as in Slurm), or a
+    otherwise; one that can never be satisfied, or whose job is gone, keeps the job waiting
+    as in Slurm, with REASON DependencyNeverSatisfied), or a
     task of an array beyond its `%N` throttle (JobArrayTaskLimit: only the N lowest-index
     active tasks of an array are plannable, so at most N of them run at once)."""
     dep_job = jobs.alias("dep_job")
@@ -60,6 +61,14 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
                               and_(job_dependencies.c.kind == "afternotok",
                                    or_(dep_job.c.state.not_in(ended), dep_job.c.state == State.COMPLETED.value))))
                    .exists())
+    never = (select(literal(1)).select_from(job_dependencies.join(dep_job, dep_job.c.id ==
+                                                                  job_dependencies.c.on_job_id, isouter=True))
+             .where(job_dependencies.c.job_id == jobs.c.id,
+                    or_(dep_job.c.id.is_(None),
+                        and_(job_dependencies.c.kind == "afterok", dep_job.c.state.in_(ended),
+                             dep_job.c.state != State.COMPLETED.value),
+                        and_(job_dependencies.c.kind == "afternotok", dep_job.c.state == State.COMPLETED.value)))
+             .exists())
     sibling = jobs.alias("sibling")
     ahead = (select(func.count()).select_from(sibling)
              .where(sibling.c.array_job_id == jobs.c.array_job_id, sibling.c.array_task_id < jobs.c.array_task_id,
@@ -70,6 +79,9 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
         (and_(jobs.c.held_at.is_not(None), jobs.c.hold_kind == "operator"), literal(OPERATOR_HELD_REASON)),
         (jobs.c.held_at.is_not(None), literal(HELD_REASON)),
         (and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now), literal(BEGIN_REASON)),
+        (and_(jobs.c.dependency.is_not(None), never),
+         literal("its dependency ") + jobs.c.dependency + literal(" can never be satisfied ")
+         + literal(NEVER_SATISFIED_REASON)),
         (and_(jobs.c.dependency.is_not(None), unsatisfied),
          literal("waiting on its dependency ") + jobs.c.dependency + literal(" (Dependency)")),
         (and_(jobs.c.array_max_running.is_not(None), ahead >= jobs.c.array_max_running),

@@ -129,6 +129,32 @@ def test_a_dependent_job_waits_until_its_dependency_holds(world, kind, ends, pla
     assert states(store, then) == ["PLANNED" if plannable else "PENDING"]
 
 
+@pytest.mark.parametrize(("kind", "ends"), [("afterok", "FAILED"), ("afterok", "CANCELLED"),
+                                           ("afternotok", "COMPLETED")])
+def test_a_dependency_that_can_never_hold_says_so_at_once_as_slurm_does(world, kind, ends):
+    store, service, planner, _ = world
+    first = submit(service)["id"]
+    then = submit(service, dependency=f"{kind}:{first}")["id"]
+    finish(store, first, ends)
+    planner.tick()
+    assert states(store, then) == ["PENDING"]
+    assert service.get_job(ROOT, then)["reason"] == (
+        f"its dependency {kind}:{first} can never be satisfied (DependencyNeverSatisfied): it can only be cancelled")
+
+
+@pytest.mark.parametrize(("kind", "ends"), [("afterok", "FAILED"), ("afternotok", "COMPLETED")])
+def test_a_dependency_that_already_can_never_hold_is_refused_at_submit(world, kind, ends):
+    store, service, _, _ = world
+    first = submit(service)["id"]
+    finish(store, first, ends)
+    with pytest.raises(RequestError) as e:
+        submit(service, dependency=f"afterany:{first},{kind}:{first}")
+    assert e.value.status == 400
+    assert e.value.message == (f"--dependency {kind}:{first}: job {first} ended {ends}, so it can never be "
+                               "satisfied (DependencyNeverSatisfied)")
+    assert submit(service, dependency=f"afterany:{first}")["id"]  # that one holds already
+
+
 def test_every_condition_of_a_dependency_must_hold(world):
     store, service, planner, _ = world
     a, b = submit(service)["id"], submit(service)["id"]
