@@ -655,15 +655,27 @@ def cmd_show(args, config) -> int:
     return EXIT_OK
 
 
+def exit_code_of_status(status: int) -> int:
+    """The CLI's exit status for the daemon's HTTP status of a refusal."""
+    return {400: EXIT_USAGE, 403: EXIT_FORBIDDEN, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT,
+            411: EXIT_USAGE, 413: EXIT_USAGE, 422: EXIT_USAGE, 503: EXIT_UNREACHABLE}.get(status, EXIT_ERROR)
+
+
 def cmd_cancel(args, config) -> int:
+    """Cancel what can be cancelled and name the rest on stderr (as scancel); the exit status
+    is the first refusal's (e.g. 4: no such job) when any id was refused."""
     results = api_client(args, config).cancel(args.jobs)
     if args.json:
         _print_json(results)
-    else:
-        for r in results:
-            verb = {"CANCELLED": "cancelled", "CANCELLING": "cancelling (stopping the process)"}
+    verb = {"CANCELLED": "cancelled", "CANCELLING": "cancelling (stopping the process)"}
+    code = EXIT_OK
+    for r in results:
+        if "error" in r:
+            print(f"job {r['id']}: {r['error']}", file=sys.stderr)
+            code = code or exit_code_of_status(r["status"])
+        elif not args.json:
             print(f"job {r['id']}: {verb.get(r['state'], r['state'])}")
-    return EXIT_OK
+    return code
 
 
 def cmd_logs(args, config) -> int:
@@ -799,9 +811,7 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_UNREACHABLE
     except ApiError as e:
         print(f"carbonsched: {e.message}", file=sys.stderr)
-        code = {400: EXIT_USAGE, 403: EXIT_FORBIDDEN, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT,
-                411: EXIT_USAGE, 413: EXIT_USAGE, 422: EXIT_USAGE,
-                503: EXIT_UNREACHABLE}.get(e.status, EXIT_ERROR)
+        code = exit_code_of_status(e.status)
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:

@@ -78,6 +78,14 @@ def _job_gco2(j: dict) -> str:
     return "-"
 
 
+def shown_state(job: dict) -> str:
+    """The state a person reads: a RUNNING job being stopped (a cancel in its grace period)
+    is CANCELLING, as squeue shows CG."""
+    if job["state"] == "RUNNING" and job.get("cancel_requested"):
+        return "CANCELLING"
+    return job["state"]
+
+
 def jobs_table(jobs: list[dict]) -> str:
     if not jobs:
         return "no jobs"
@@ -85,7 +93,7 @@ def jobs_table(jobs: list[dict]) -> str:
     unit = energy_unit(j["energy_j"] for j in jobs)  # one unit for the whole ENERGY column
     for j in jobs:
         when = j["started_at"] or (j["planned_start"] if j["state"] == "PLANNED" else None)
-        rows.append([str(j["id"]), j["name"][:24], j["owner"], j["state"], _gpus(j),
+        rows.append([str(j["id"]), j["name"][:24], j["owner"], shown_state(j), _gpus(j),
                      local_time(j["submitted_at"]), local_time(when), local_time(j["ended_at"]),
                      "-" if j["exit_code"] is None else str(j["exit_code"]), _energy_in(j["energy_j"], unit),
                      _job_gco2(j),
@@ -190,7 +198,7 @@ def job_detail(job: dict) -> str:
         runtime = (datetime.fromisoformat(job["ended_at"].replace("Z", "+00:00"))
                    - datetime.fromisoformat(job["started_at"].replace("Z", "+00:00"))).total_seconds()
     fields = [
-        ("job", f"{job['id']} ({job['name']})"), ("state", job["state"]),
+        ("job", f"{job['id']} ({job['name']})"), ("state", shown_state(job)),
         ("reason", job.get("reason") or "-"), *_hold_field(job),
         ("owner", f"{job['owner']} (uid {job['owner_uid']})"),
         *([("account", f"{job['account']} (QOS {job.get('qos') or '-'})")] if job.get("account") else []),

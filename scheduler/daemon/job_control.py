@@ -53,25 +53,23 @@ class JobControl:
         return rows, refused
 
     def cancel(self, caller: Caller, job_ids: list[int]) -> list[dict]:
-        """Cancel jobs: one not started yet at once, a running one by asking its agent to stop it
-        (CANCELLING). Each job's state after, by id."""
+        """Cancel jobs, as scancel does: each job the caller may cancel is cancelled (one not
+        started yet at once, a running one by asking its agent to stop it: CANCELLING), and
+        each other id is answered with why (`{"id", "status", "error"}`) in the same list, in
+        the order given. Refused with the first refusal when no id could be cancelled."""
         if not job_ids:
             raise RequestError(400, "give at least one job id to cancel")
-        # All or nothing (a mistyped id cancels none of the others), but every refused id is
-        # named, not only the first (`cancel 6 999`: 999 does not exist, 6 was left alone).
         rows, refused = self._rows(caller, job_ids, lambda j, row: RequestError(
             409, f"job {row.id} already ended ({row.state})") if row.state in TERMINAL else None)
-        if refused:
+        if not rows:
             first = next(iter(refused.values()))
-            left = f"; nothing cancelled ({', '.join(f'job {r.id}' for r in rows)} left as is)" if rows else ""
-            raise RequestError(first.status, "; ".join(e.message for e in refused.values()) + left)
+            raise RequestError(first.status, "; ".join(e.message for e in refused.values()))
         now = self._clock()
-        results = []
-        for r in rows:
-            results.append({"id": r.id, "state": self.store.transact(
-                lambda conn, r=r: _cancel_one(conn, r, caller, now))})
+        done = {r.id: self.store.transact(lambda conn, r=r: _cancel_one(conn, r, caller, now)) for r in rows}
         self._on_cancel()
-        return results
+        return [{"id": j, "state": done[j]} if j in done else
+                {"id": j, "status": refused[j].status, "error": refused[j].message}
+                for j in dict.fromkeys(job_ids)]
 
     def hold(self, caller: Caller, job_ids: list[int], *, held: bool) -> list[dict]:
         """Keep jobs from being planned (hold) or let them be planned again (release), like

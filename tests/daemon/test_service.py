@@ -316,14 +316,16 @@ def test_a_user_cannot_cancel_another_users_job_not_even_alongside_their_own(ser
                                                                            two_jobs):
     alice_job, bob_job = two_jobs
     before = db_counts(service.store)
-    for ids in ([alice_job], [bob_job, alice_job]):
-        with pytest.raises(RequestError) as err:
-            service.cancel(BOB, ids)
-        assert err.value.status == 403
-    assert job_row(service.store, alice_job).state == "PENDING"
-    assert job_row(service.store, bob_job).state == "PENDING"
+    with pytest.raises(RequestError) as err:
+        service.cancel(BOB, [alice_job])
+    assert err.value.status == 403
     assert db_counts(service.store) == before
-    assert calls.cancel == 0
+    # alongside their own: theirs is cancelled, hers refused and untouched
+    assert service.cancel(BOB, [bob_job, alice_job]) == [
+        {"id": bob_job, "state": "CANCELLED"},
+        {"id": alice_job, "status": 403, "error": f"job {alice_job} belongs to another user"}]
+    assert job_row(service.store, alice_job).state == "PENDING"
+    assert job_row(service.store, bob_job).state == "CANCELLED"
 
 
 def test_a_user_cannot_read_another_users_logs(service, tmp_path, two_jobs):
@@ -426,16 +428,6 @@ def test_cancelling_a_finished_job_is_a_conflict_and_changes_nothing(service, ca
     assert calls.cancel == 0
 
 
-def test_a_cancel_including_a_finished_job_cancels_none_of_them(service):
-    pending = service.submit(ALICE, body())["id"]
-    done = service.submit(ALICE, body())["id"]
-    set_state(service.store, done, State.COMPLETED)
-    with pytest.raises(RequestError) as err:
-        service.cancel(ALICE, [pending, done])
-    assert err.value.status == 409
-    assert job_row(service.store, pending).state == "PENDING"
-
-
 def test_cancel_needs_at_least_one_job(service):
     with pytest.raises(RequestError) as err:
         service.cancel(ALICE, [])
@@ -534,15 +526,22 @@ def test_show_includes_the_plans_estimates_per_prompt_and_if_run_now(service):
     assert listed[job_id]["est_gco2"] == 40.0
 
 
-def test_a_cancel_of_a_missing_job_names_it_and_the_jobs_left_alone(service):
-    """`cancel 6 999` (issue 28): nothing is cancelled, and the error says so for each id."""
+def test_a_cancel_cancels_what_it_can_and_names_each_id_it_could_not_as_scancel_does(service):
+    """`cancel 6 999 7`: 6 is cancelled, 999 does not exist, 7 already ended: each says so."""
     pending = service.submit(ALICE, body())["id"]
     done = service.submit(ALICE, body())["id"]
     set_state(service.store, done, State.COMPLETED)
+    assert service.cancel(ALICE, [pending, 999_999, done]) == [
+        {"id": pending, "state": "CANCELLED"},
+        {"id": 999_999, "status": 404, "error": "no job 999999"},
+        {"id": done, "status": 409, "error": f"job {done} already ended (COMPLETED)"}]
+    assert job_row(service.store, pending).state == "CANCELLED"
+
+
+def test_a_cancel_of_nothing_cancellable_is_refused_naming_each_id(service):
+    done = service.submit(ALICE, body())["id"]
+    set_state(service.store, done, State.COMPLETED)
     with pytest.raises(RequestError) as err:
-        service.cancel(ALICE, [pending, 999_999, done])
+        service.cancel(ALICE, [999_999, done])
     assert err.value.status == 404
-    msg = err.value.message
-    assert "no job 999999" in msg and f"job {done} already ended" in msg
-    assert f"nothing cancelled (job {pending} left as is)" in msg
-    assert job_row(service.store, pending).state == "PENDING"
+    assert err.value.message == f"no job 999999; job {done} already ended (COMPLETED)"
