@@ -7,6 +7,7 @@ jobs; an operator sees every job.
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +17,7 @@ from sqlalchemy import func, select
 from scheduler.daemon.access import Access, Caller, RequestError, ServiceConfig
 from scheduler.job_specs import expand_log_pattern
 from scheduler.job_view import gpu_map, jobs_json, segment_rows
-from scheduler.jobs.store import count_by_state, list_views, running_owners, view_of
+from scheduler.jobs.store import count_by_state, list_views, owner_names_known, running_owners, view_of
 from scheduler.lifecycle import ACTIVE, State
 from scheduler.store import Store
 from scheduler.store.models import gpus, job_events, job_log_chunks, nodes
@@ -58,7 +59,11 @@ class JobReading:
         elif not include_done:
             states = [s.value for s in ACTIVE]
         uids = [int(u) for u in users if u.isdigit()] if users else []
+        unknown = [u for u in users or [] if not u.isdigit() and not _system_user(u)]
         with self.store.read() as conn:
+            unknown = sorted(set(unknown) - owner_names_known(conn, unknown)) if unknown else []
+            if unknown:  # as squeue: a name that is nobody is a mistake, not an empty queue
+                raise RequestError(400, f"--user: no user {', '.join(map(repr, unknown))} on this system or in the queue")
             rows = list_views(conn, self.store.dialect, uids=uids,
                               user_names=[u for u in users if not u.isdigit()] if users else [],
                               names=names or (), since=since, until=until, array_job_id=array_job_id,
@@ -197,6 +202,15 @@ class JobReading:
         with self.store.read() as conn:
             counts = count_by_state(conn)
         return {"ok": True, "jobs": counts, "time": iso(self._clock())}
+
+
+def _system_user(name: str) -> bool:
+    """Whether `name` is a user of this system (passwd, or NSS where configured)."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _whole_utf8(data: bytes) -> bytes:

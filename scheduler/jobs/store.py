@@ -423,6 +423,12 @@ def running_owners(conn: Connection) -> dict[int, int]:
         select(jobs.c.id, jobs.c.owner_uid).where(jobs.c.state == State.RUNNING.value))}
 
 
+def owner_names_known(conn: Connection, names: Sequence[str]) -> set[str]:
+    """Which of `names` own some job in the store (users since removed, or seen through Slurm)."""
+    return set(conn.execute(select(jobs.c.owner_name).where(jobs.c.owner_name.in_(list(names))).distinct())
+               .scalars())
+
+
 def count_by_state(conn: Connection) -> dict[str, int]:
     """How many jobs are in each state."""
     return dict(conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all())

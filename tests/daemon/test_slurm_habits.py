@@ -317,3 +317,17 @@ def test_queue_filters_by_user_name_and_submission_window(world):
     assert ids(since=T - timedelta(hours=1)) == [a, b, c]  # a window includes finished jobs
     assert ids(names=["tr?in-a"]) == []  # ? is one character: "train-a" has none there
     assert ids(names=["tra?n-a"], include_done=True) == [a]
+
+
+def test_queue_of_a_user_that_is_nobody_is_an_error_not_an_empty_queue(world):
+    """As squeue: a name neither on this system nor owning any job is a mistake (400); a
+    name that owns jobs but has no account here (removed, or seen through Slurm) is not."""
+    store, service, _, _ = world
+    with pytest.raises(RequestError) as e:
+        service.list_jobs(ROOT, users=["root", "nosuchuser"])
+    assert (e.value.status, e.value.message) == (400, "--user: no user 'nosuchuser' on this system or in the queue")
+    job = submit(service)["id"]
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job).values(owner_name="gone"))
+    assert [j["id"] for j in service.list_jobs(ROOT, users=["gone"])] == [job]
+    assert service.list_jobs(ROOT, users=["nobody"]) == []  # a user with no jobs: an empty queue
