@@ -101,14 +101,19 @@ class JobReading:
         with self.store.read() as conn:
             row = self.access.visible_job(conn, caller, job_id)
         redirected = row.stdout_path if stream == "stdout" else (row.stderr_path or row.stdout_path)
+        if row.node is None and row.state not in (State.PENDING.value, State.PLANNED.value, State.RUNNING.value):
+            raise RequestError(404, f"job {job_id} never ran ({row.state}): it has no {stream}")
         if redirected:
             redirected = expand_log_pattern(redirected, job_id=row.id, user=row.owner_name,
                                             array_job_id=row.array_job_id, array_task_id=row.array_task_id)
+            flag = f"--{'output' if stream == 'stdout' or not row.stderr_path else 'error'}"
+            if row.node is None:
+                raise RequestError(409, f"job {job_id} has not started yet ({row.state}); its {stream} will go "
+                                        f"to {redirected} ({flag}) on the node it runs on")
             # written by the job itself, as its owner, on its node: the daemon does not read a
             # path a user chose (it could be swapped for a link to a file only root may read)
-            raise RequestError(404, f"job {job_id}'s {stream} went to {redirected} on node {row.node or '?'} "
-                                    f"(--{'output' if stream == 'stdout' or not row.stderr_path else 'error'}); "
-                                    "read it there")
+            raise RequestError(404, f"job {job_id}'s {stream} went to {redirected} on node {row.node} "
+                                    f"({flag}); read it there")
         limit = min(tail_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
         path = self.log_dir / f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
         try:
@@ -126,7 +131,7 @@ class JobReading:
                     size, start, data = 0, 0, b""
                 else:
                     raise RequestError(404, f"no {stream} log for job {job_id} on this host or in the store "
-                                            f"(it ran on node {row.node or '?'})") from None
+                                            f"(it ran on node {row.node})") from None
         if start + len(data) < size:
             data = _whole_utf8(data)  # the next chunk starts with the character cut here
         return {"job": job_id, "stream": stream, "size": size, "offset": start,

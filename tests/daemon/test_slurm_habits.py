@@ -277,7 +277,24 @@ def test_output_and_error_patterns_are_expanded_and_opened_by_a_shell_run_as_the
         submit(service, stdout_path="relative.out")
     with pytest.raises(RequestError) as e:
         service.logs(ROOT, job)
-    assert f"went to /home/a/{row.array_job_id}_5.out" in e.value.message
+    assert (e.value.status, e.value.message) == (
+        409, f"job {job} has not started yet (PENDING); its stdout will go to /home/a/{row.array_job_id}_5.out "
+             "(--output) on the node it runs on")
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job).values(state="COMPLETED", node="n1"))
+    with pytest.raises(RequestError) as e:
+        service.logs(ROOT, job, stream="stderr")
+    assert (e.value.status, e.value.message) == (
+        404, f"job {job}'s stderr went to /home/a/{job}.err on node n1 (--error); read it there")
+
+
+def test_logs_of_a_job_that_never_ran_say_so(world):
+    store, service, _, _ = world
+    job = submit(service)["id"]
+    service.cancel(ROOT, [job])
+    with pytest.raises(RequestError) as e:
+        service.logs(ROOT, job)
+    assert (e.value.status, e.value.message) == (404, f"job {job} never ran (CANCELLED): it has no stdout")
 
 
 def test_expand_log_pattern_like_sbatch():
