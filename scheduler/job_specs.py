@@ -83,6 +83,25 @@ def dependency_text(deps: list[Dependency]) -> str:
     return ",".join(f"{k}:" + ":".join(map(str, ids)) for k, ids in groups.items())
 
 
+_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGT])(?:I?B)?|B)?\s*$", re.IGNORECASE)
+_MEM_GIB = {None: 1.0, "K": 1.0 / 1024 ** 2, "M": 1.0 / 1024, "G": 1.0, "T": 1024.0}
+
+
+def parse_gpu_mem_gib(text: str) -> float:
+    """GPU memory per GPU in GiB, as `--gpu-mem` and Slurm's `--mem` take it: a number is GiB,
+    or with a unit K, M, G, T (also KB/KiB, MB/MiB, GB/GiB, TB/TiB; powers of 1024, as Slurm
+    counts): `80`, `80G`, `80GB`, `81920M`. ValueError with an example otherwise. GB and GiB
+    are one here on purpose: a data sheet's "80GB" is the card's nominal size, which
+    `--gpu-mem 80` already matches."""
+    m = _MEM_RE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a memory size; e.g. 80, 80GB or 40960M")
+    gib = float(m.group(1)) * _MEM_GIB[m.group(2).upper() if m.group(2) else None]
+    if gib > 100_000:
+        raise ValueError(f"{text!r} is more GPU memory than any GPU has")
+    return gib
+
+
 @dataclass(frozen=True)
 class ArraySpec:
     indices: tuple[int, ...]

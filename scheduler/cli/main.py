@@ -92,6 +92,15 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _gpu_mem(text: str) -> float:
+    from scheduler.job_specs import parse_gpu_mem_gib
+
+    try:
+        return parse_gpu_mem_gib(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="carbonsched",
                       description="Energy- and carbon-aware batch scheduler for GPU clusters.")
@@ -128,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="queue a job: carbonsched submit [options] -- CMD [ARG...]")
     s.add_argument("--gpus", type=_positive_int, default=1, help="GPUs on one node (default 1)")
-    s.add_argument("--gpu-mem", metavar="GIB", type=float, default=0.0, help="GPU memory needed per GPU, in GiB, matched against each GPU's "
+    s.add_argument("--gpu-mem", metavar="SIZE", type=_gpu_mem, default=0.0, help="GPU memory needed per GPU: GiB, "
+                   "or with a unit as Slurm's --mem (80, 80G, 80GB, 40960M), matched against each GPU's "
                    "nominal capacity (the data sheet's: 80 fits an H100 80GB, whose driver "
                    "reports 79.6 GiB)")
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")

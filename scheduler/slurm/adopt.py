@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from scheduler.accounts import AccountError, charge_account, read_associations
+from scheduler.job_specs import parse_gpu_mem_gib
 from scheduler.jobs.store import adopted_waiting, ended_here, insert_job, known_slurm_ids
 from scheduler.lifecycle import State, transition
 from scheduler.slurm.commands import SlurmCommands, SlurmError
@@ -51,7 +52,7 @@ def job_row(sj: SlurmJob, now: datetime) -> dict:
             deadline = parse_time(hints["deadline"], base)
         prompts = int(hints["prompts"]) if "prompts" in hints else None
         tokens = int(hints["tokens"]) if "tokens" in hints else None
-        mem = float(hints.get("gpu-mem", 0))
+        mem = parse_gpu_mem_gib(hints.get("gpu-mem", "0"))
         slo = float(hints["slo-ms"]) if "slo-ms" in hints else None
     except (ValueError, KeyError) as e:
         raise AdoptionError(str(e)) from None

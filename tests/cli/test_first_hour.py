@@ -133,6 +133,23 @@ def test_submit_latency_slo_refuses_what_is_no_positive_duration(cli_env, value)
     assert "--latency-slo" in one_line_error(proc)
 
 
+@pytest.mark.parametrize(("value", "gib"), [("80", 80.0), ("80GB", 80.0), ("80G", 80.0), ("80gib", 80.0),
+                                          ("40960M", 40.0), ("0.5T", 512.0), ("7.5", 7.5)])
+def test_submit_gpu_mem_takes_gib_or_a_size_with_its_unit_as_slurm_mem(value, gib):
+    from scheduler.cli.main import build_parser
+
+    args = build_parser().parse_args(["submit", "--gpu-mem", value, "--", "true"])
+    assert args.gpu_mem == gib
+
+
+@pytest.mark.parametrize("value", ["80 apples", "-1", "GB", "1e9"])
+def test_submit_gpu_mem_refuses_what_is_no_size_in_one_line(cli_env, value):
+    proc = run(cli_env, "submit", f"--gpu-mem={value}", "--", "true")
+    assert proc.returncode == 2
+    line = one_line_error(proc)
+    assert "--gpu-mem" in line and "e.g. 80, 80GB or 40960M" in line
+
+
 # -- 1: the zone is a real choice ----------------------------------------------------------
 
 @pytest.mark.parametrize("zone", ["not a zone!", "DE;rm", "-x", "a" * 65])
