@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
-from scheduler.cli.common import EXIT_OK, EXIT_USAGE, CliError, api_client, register
+from scheduler.cli.common import JSON_HELP, EXIT_OK, EXIT_USAGE, CliError, api_client, register
 
 
 def add_parser(subparsers) -> None:
@@ -39,9 +39,9 @@ def add_parser(subparsers) -> None:
                                                                "name before its last /, else none)")
             p.add_argument("--shares", type=int, metavar="N", help="its fair-share shares (default 1)")
             p.add_argument("--description", metavar="TEXT")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = a_sub.add_parser("list", help="every account, as a tree, with its shares and users")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
 
     u = subparsers.add_parser("user", help="which accounts a user may charge, and their default (like sacctmgr); "
                                            "changes: root/admins")
@@ -51,18 +51,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--account", "-A", required=True, metavar="ACCOUNT")
     p.add_argument("--default", action="store_true", help="make it the user's default account (their first "
                                                           "account is anyway)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = u_sub.add_parser("modify", help="change a user's default account")
     p.add_argument("user")
     p.add_argument("--default-account", required=True, metavar="ACCOUNT")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = u_sub.add_parser("delete", help="remove a user from an account, or from all of them")
     p.add_argument("user")
     p.add_argument("--account", "-A", metavar="ACCOUNT", help="only this account (default: every one)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = u_sub.add_parser("list", help="users and their accounts (yours, unless you are an operator)")
     p.add_argument("user", nargs="?")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     register("account", cmd_account)
     register("user", cmd_user)
 

@@ -20,7 +20,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from scheduler.cli.common import EXIT_OK, EXIT_USAGE, CliError, db_url, register
+from scheduler.cli.common import JSON_HELP, EXIT_OK, EXIT_USAGE, CliError, db_url, register
 from scheduler.settings import env_help
 
 FORMATS = ("electricitymaps", "watttime", "plain", "vessim")
@@ -63,7 +63,7 @@ def add_parser(subparsers) -> None:
     imp.add_argument("--as-forecast", action="store_true",
                      help="store rows without issued_at whose period has not ended yet as a forecast "
                           "issued now (default: actuals, unused until their period is past)")
-    imp.add_argument("--json", action="store_true")
+    imp.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(imp)
 
     sh = sub.add_parser("show", help="a zone's value at a time, its forecast, source and freshness")
@@ -75,17 +75,17 @@ def add_parser(subparsers) -> None:
     sh.add_argument("--signal", choices=("average", "marginal"), help="signal (default: the zone's)")
     sh.add_argument("--refresh", action="store_true",
                     help="first fetch from the zone's live provider (within its call budget)")
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(sh)
 
     fg = sub.add_parser("forget", help="delete every value of a zone from the store (e.g. imported under a "
                                        "wrong zone id)")
     fg.add_argument("--zone", required=True, help="the zone id to delete")
-    fg.add_argument("--json", action="store_true")
+    fg.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(fg)
 
     zs = sub.add_parser("zones", help="zones with carbon data, providers and fallback status")
-    zs.add_argument("--json", action="store_true")
+    zs.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(zs)
 
     register("carbon", run)

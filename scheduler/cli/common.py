@@ -18,6 +18,8 @@ from pathlib import Path
 from scheduler import settings
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_FORBIDDEN, EXIT_CONFLICT = range(7)
+# Every verb's --json says what it prints and where its keys are written down.
+JSON_HELP = "print JSON instead of the table (its keys: docs/json-keys.md)"
 
 Verb = Callable[[argparse.Namespace, dict], int]
 VERBS: dict[str, Verb] = {}

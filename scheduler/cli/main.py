@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scheduler import settings
 from scheduler.cli import accounts, carbon, profiles, report, simulate, standing
-from scheduler.cli.common import (EXIT_CONFLICT, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_NOT_FOUND, EXIT_OK,
+from scheduler.cli.common import (JSON_HELP, EXIT_CONFLICT, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_NOT_FOUND, EXIT_OK,
                                   EXIT_UNREACHABLE, EXIT_USAGE, VERBS, CliError, UnreadableConfig, api_client,
                                   config_path, db_url, load_config, register, require_config)
 from scheduler.settings import env_help
@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(e.g. vm:amd:1), NODE:INDEX where the node has one vendor, or a GPU UUID")
         if verb == "drain":
             dr.add_argument("--reason", help="why (logged with your uid)")
-        dr.add_argument("--json", action="store_true")
+        dr.add_argument("--json", action="store_true", help=JSON_HELP)
 
     cf = sub.add_parser("config", help="check the configuration offline (as the daemon does at start)")
     cf_sub = cf.add_subparsers(dest="config_cmd", metavar="CMD", required=True)
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="check the settings of the daemon, the agent or both (default both)")
     cfs = cf_sub.add_parser("show", help="the effective settings and where each comes from")
     cfs.add_argument("--for", dest="scope", choices=[settings.DAEMON, settings.AGENT], default=settings.DAEMON)
-    cfs.add_argument("--json", action="store_true")
+    cfs.add_argument("--json", action="store_true", help=JSON_HELP)
 
     s = sub.add_parser("submit", help="queue a job: carbonsched submit [options] -- CMD [ARG...]")
     s.add_argument("--gpus", type=_positive_int, default=1, help="GPUs on one node (default 1)")
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resume-cost", metavar="DUR", help="the time each resume loses (reload, warm-up), e.g. 1m")
     s.add_argument("--max-segments", type=int, metavar="N", help="cut an interruptible job into at most N "
                                                                   "segments (default 4)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
 
     q = sub.add_parser("queue", help="list jobs (active ones unless --all)")
@@ -216,21 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the columns to print, any key of `queue --json` (e.g. id,name,state,held,dependency,"
                         "array_task_id); FIELD:WIDTH truncates")
     q.add_argument("--noheader", action="store_true", help="with --format: no header line (for scripts)")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help=JSON_HELP)
 
     for verb, what in (("hold", "keep pending jobs from being planned (a planned one goes back to pending)"),
                        ("release", "let held jobs be planned again")):
         hr = sub.add_parser(verb, help=what)
         hr.add_argument("jobs", type=int, nargs="+")
-        hr.add_argument("--json", action="store_true")
+        hr.add_argument("--json", action="store_true", help=JSON_HELP)
 
     sh = sub.add_parser("show", help="one job in detail, with its history")
     sh.add_argument("job", type=int)
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("--json", action="store_true", help=JSON_HELP)
 
     c = sub.add_parser("cancel", help="cancel jobs (running ones get SIGTERM, then SIGKILL)")
     c.add_argument("jobs", type=int, nargs="+")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
 
     lg = sub.add_parser("logs", help="print a job's output")
     lg.add_argument("job", type=int)
@@ -239,10 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the job ends")
 
     n = sub.add_parser("nodes", help="nodes and their GPUs")
-    n.add_argument("--json", action="store_true")
+    n.add_argument("--json", action="store_true", help=JSON_HELP)
 
     pl = sub.add_parser("plan", help="what the policy would do now")
-    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--json", action="store_true", help=JSON_HELP)
 
     db = sub.add_parser("db", help="database schema: upgrade or check")
     db.add_argument("action", choices=["upgrade", "check"])
