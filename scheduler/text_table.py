@@ -40,3 +40,11 @@ def significant(v: float, digits: int = 3) -> str:
         return text
     decimals = digits - 1 - math.floor(math.log10(abs(v)))
     return f"{v:.{decimals}f}" if decimals >= 0 else f"{round(v, decimals):.0f}"
+
+
+def small_grams(g: float) -> str:
+    """A gram figure under a few grams with three significant digits, in µg under a
+    milligram (a prompt's share of a small job: "0.623 µg", not "0.000000623 g")."""
+    if g != 0 and abs(g) < 0.001:
+        return f"{significant(g * 1e6)} µg"
+    return f"{significant(g)} g"

@@ -43,7 +43,7 @@ from policies.pricing.counterfactual import START_TOL_S, choose
 from policies.model.energy import (CurveIntegrator, JobShape, ProfileBook, fits, gang_power_limit_w, has_slo, job_shape,
                              seed_profiles, slo_text, within_time_limit)
 from policies.model.length_spread import expected, multipliers
-from policies.types import J_PER_KWH, Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot
+from policies.types import J_PER_KWH, Assignment, Estimate, GpuSlot, Plan, QueuedJob, Snapshot, grams
 
 
 @dataclass
@@ -130,7 +130,7 @@ class FifoPolicy:
         wait_s = start_s
         when = "now" if wait_s < 1 else f"in {_human(wait_s)}"
         blind, price = zone in fleet.blind, fleet.price
-        cost = f"{gco2:.0f} g" + (f" {price.note()}" if blind and price is not None else "")
+        cost = grams(gco2) + (f" {price.note()}" if blind and price is not None else "")
         return Assignment(
             job_id=job.id,
             node=key[0],

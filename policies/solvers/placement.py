@@ -22,7 +22,7 @@ from policies.model.energy import curve_integral_g_per_kwh_s, fits, gang_power_l
 from policies.problem.held_starts import HELD, is_held
 from policies.pricing.lateness import STRICT_LATENESS_G_PER_GPU_H, price_text
 from policies.model.length_spread import multipliers
-from policies.types import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text, sig
+from policies.types import Assignment, Estimate, Plan, QueuedJob, budget_of, budget_text, grams, sig
 from policies.pricing.power_cap import at_limit, default_limit_w, limit_text
 from policies.problem.instance import Problem
 from policies.problem.segments import exact_segments_s, held_ranges, idle_power_w, segment_cost, work_s
@@ -182,16 +182,16 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
     if not pick.segments and math.isfinite(cap_w):  # a power limit chosen with the placement (joint_caps)
         estimate, cap_note = _at_limit(problem, j, pool, start, estimate, cap_w)
     when = _when(problem.now, start)
-    cost = f"{gco2_model:.0f} g"
+    cost = grams(gco2_model)
     if job.prompts:
         cost += f" ({sig(gco2_model / job.prompts)} g/prompt)"
     if blind and price is not None:
         cost += f" {price.note()}"
     if job.gco2_if_now is not None:
-        alt = f"{job.gco2_if_now:.0f} g if run at submission"
+        alt = f"{grams(job.gco2_if_now)} if run at submission"
     elif now is not None:
         now_blind = any(z in problem.blind_zones for z, _ in now.kinds)
-        alt_cost = f"{now.gco2:.0f} g" + (" priced blind" if now_blind else "")
+        alt_cost = grams(now.gco2) + (" priced blind" if now_blind else "")
         at = "now" if now.start < 0.5 else _when(problem.now, problem.slot_time(int(now.start))).replace("at ", "")
         alt = f"{alt_cost} {at} on {now.where()}"
     else:
@@ -208,7 +208,7 @@ def build_assignment(problem: Problem, pick: Pick, gpu_ids: tuple[int, ...], pol
         cheapest = problem.cheapest_start_g(j)
         cheapest = gco2_model if cheapest is None else cheapest
         extra = gco2_model - cheapest
-        why = f"{binding} binds; on time for +{extra:.0f} g over its cheapest start" if extra >= 0.5 \
+        why = f"{binding} binds; on time for +{grams(extra)} over its cheapest start" if extra >= 0.5 \
             else f"{binding} binds"
     else:
         why = f"{binding} binds" if binding else "cheapest forecast slot"

@@ -6,7 +6,7 @@ import shlex
 from datetime import datetime
 
 from policies.types import J_PER_KWH
-from scheduler.text_table import printable, significant, table
+from scheduler.text_table import printable, small_grams, table
 from scheduler.timeparse import format_duration
 
 
@@ -66,7 +66,7 @@ def _grams(g: float | None) -> str:
         return "-"
     if g >= 10_000:
         return f"{g / 1000:.1f} kg"
-    return f"{g:.1f} g" if g >= 1 else f"{significant(g)} g"
+    return f"{g:.1f} g" if g >= 1 else small_grams(g)
 
 
 def _job_gco2(j: dict) -> str:
@@ -108,7 +108,7 @@ def jobs_table(jobs: list[dict]) -> str:
 def _estimate_line(gco2: float | None, per_prompt: float | None) -> str:
     if gco2 is None:
         return "-"
-    return _grams(gco2) + (f" ({significant(per_prompt)} g/prompt)" if per_prompt is not None else "")
+    return _grams(gco2) + (f" ({small_grams(per_prompt)}/prompt)" if per_prompt is not None else "")
 
 
 def _saving(planned: float | None, now: float | None) -> str:
@@ -203,7 +203,8 @@ def job_detail(job: dict) -> str:
         ("owner", f"{job['owner']} (uid {job['owner_uid']})"),
         *([("account", f"{job['account']} (QOS {job.get('qos') or '-'})")] if job.get("account") else []),
         ("command", shlex.join(job["argv"])), ("directory", job["cwd"]),
-        ("gpus", f"{job['gpus_requested']} x >= {job['gpu_mem_gib']:g} GiB"
+        ("gpus", f"{job['gpus_requested']}" + (f" x >= {job['gpu_mem_gib']:g} GiB" if job["gpu_mem_gib"]
+                                                else " (any GPU memory)")
                  + (f" -> {_gpus(job)}" if job.get("gpus") else "")),
         ("workload", job.get("workload") or "-"), ("work", _work(job)),
         ("est. runtime", format_duration(job.get("est_runtime_s"))
@@ -223,7 +224,7 @@ def job_detail(job: dict) -> str:
                                                   job["energy_method"].startswith("modelled") else "") + ")"
                                                if job.get("energy_method") else "")),
         ("gCO2", "-" if job["gco2"] is None else _grams(job["gco2"])
-         + (f" ({significant(job['gco2_per_prompt'])} g/prompt, {job['prompts_source']})"
+         + (f" ({small_grams(job['gco2_per_prompt'])}/prompt, {job['prompts_source']})"
             if job.get("gco2_per_prompt") is not None else "")),
         ("latency SLOs", _slos(job)),
         ("operating point", _point(job)),

@@ -21,7 +21,7 @@ import sys
 from datetime import datetime, timezone
 
 from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
-from scheduler.text_table import significant
+from scheduler.text_table import significant, small_grams
 
 GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
 
@@ -337,9 +337,18 @@ def fetch_receipt(client, job_id: int) -> dict | None:
 
 
 def _g(v: float | None) -> str:
+    """Grams at a precision that says something: kg from 10 kg, µg under a milligram (a
+    prompt's share of a small job: 0.623 µg, not 0.000000623 g)."""
     if v is None:
         return "-"
-    return f"{v / 1000:.3f} kg" if abs(v) >= 10_000 else f"{v:.2f} g" if abs(v) >= 1 else f"{significant(v)} g"
+    if abs(v) >= 10_000:
+        return f"{v / 1000:.3f} kg"
+    return f"{v:.2f} g" if abs(v) >= 1 else small_grams(v)
+
+
+def usd(v: float) -> str:
+    """Dollars: cents from a cent up, three significant digits below ($0.000312, not $0.0003)."""
+    return f"${v:,.2f}" if abs(v) >= 0.01 or v == 0 else f"${significant(v)}"
 
 
 def receipt_text(r: dict) -> str:
@@ -348,7 +357,7 @@ def receipt_text(r: dict) -> str:
     from scheduler.timeparse import format_duration
 
     m = r["measurement"]
-    energy = "-" if r["energy_j"] is None else f"{r['energy_j']:,.0f} J = {r['energy_kwh']:.4f} kWh"
+    energy = "-" if r["energy_j"] is None else f"{r['energy_j']:,.0f} J = {significant(r['energy_kwh'])} kWh"
     basis = r.get("intensity_basis")
     intensity = "-" if r["intensity_g_per_kwh"] is None else f"{r['intensity_g_per_kwh']:.0f} gCO2/kWh"
     lines = [
@@ -387,7 +396,7 @@ def receipt_text(r: dict) -> str:
         lines.append(("at submit time", _g(r["gco2_if_started_at_submit"])
                       + " (this energy at the recorded intensity of the submission time)"))
     if r.get("cost_usd") is not None:
-        lines.append(("cost", f"${r['cost_usd']:.4f} (GPU amortization + energy)"))
+        lines.append(("cost", f"{usd(r['cost_usd'])} (GPU amortization + energy)"))
     point = r.get("operating_point")
     lines += [
         ("ran on", f"{r['gpus'] or '-'} x {r['gpu_model'] or '-'} on {r['node'] or '-'} ({r['zone'] or '-'})"),

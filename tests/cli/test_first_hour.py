@@ -223,6 +223,40 @@ def test_a_failed_job_did_not_meet_its_deadline():
     assert "not met (the job ended FAILED)" in line and ": met" not in line
 
 
+def test_a_small_job_s_receipt_says_its_figures_at_a_precision_that_says_something():
+    """A tiny job's receipt: no "0.0000 kWh", no "$0.0000", no "0.000000623 g/prompt"."""
+    from scheduler.cli.report import receipt_text
+
+    receipt = {"measurement": {"description": "counter"}, "energy_j": 17.3, "energy_kwh": 17.3 / 3.6e6,
+               "intensity_g_per_kwh": 130.0, "gco2": 0.000623, "pue": 1.0, "signal": "average", "zone": "DE",
+               "intensity_sources": [], "intensity_gaps": [], "gco2_per_prompt": 6.23e-7, "prompts": 1000,
+               "gco2_per_1k_tokens": None, "counterfactual": {"gco2": None}, "saving_gco2": None,
+               "cost_usd": 0.000312, "gpus": 1, "gpu_model": "H100", "node": "n", "wait_s": 1.0, "runtime_s": 1.0,
+               "deadline": None}
+    lines = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in receipt_text(receipt).splitlines())}
+    assert lines["energy"].startswith("17 J = 0.00000481 kWh")
+    assert lines["gCO2"].startswith("623 µg = energy x 130 gCO2/kWh")
+    assert lines["per prompt"].startswith("0.623 µg (1,000 prompts")
+    assert lines["cost"].startswith("$0.000312 ")
+
+
+@pytest.mark.parametrize(("usd", "text"), [(0.0, "$0.00"), (0.004, "$0.004"), (0.0123, "$0.01"), (1234.5, "$1,234.50")])
+def test_dollars_are_cents_or_three_significant_digits_below_a_cent(usd, text):
+    from scheduler.cli.report import usd as dollars
+
+    assert dollars(usd) == text
+
+
+def test_show_says_any_gpu_memory_rather_than_at_least_zero():
+    from scheduler.cli.output import job_detail
+
+    job = _job(gpu_mem_gib=0.0, owner_uid=0, argv=["true"], cwd="/", latency_slos=None)
+    gpus = next(x for x in job_detail(job).splitlines() if x.strip().startswith("gpus:"))
+    assert gpus.split(":", 1)[1].strip() == "1 (any GPU memory)"
+    job80 = _job(gpu_mem_gib=80.0, owner_uid=0, argv=["true"], cwd="/")
+    assert "1 x >= 80 GiB" in job_detail(job80)
+
+
 def test_config_show_prints_the_paths_the_daemon_will_use_not_unset(cli_env, tmp_path):
     cli_env["CARBONSCHED_STATE_DIR"] = str(tmp_path / "st")
     proc = run(cli_env, "config", "show", "--json")
