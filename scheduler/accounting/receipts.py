@@ -9,6 +9,7 @@ from typing import Any
 
 from policies.pricing.counterfactual import RULE_SHORT
 from policies.types import J_PER_KWH, sig
+from scheduler.accounting.embodied import embodied_receipt, sci_per_prompt
 from scheduler.accounting.figures import difference, iso
 from scheduler.accounting.ledger import FINISHED, Ledger
 from scheduler.accounting.measurement import describe_measurement
@@ -124,6 +125,12 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     }
     if job.get("segments"):
         receipt.update(segments_summary(job, job["segments"]))
+    # Embodied carbon: the run's GPU-hours' share of making its GPUs (and host), its own
+    # figure beside the operational `gco2`, never added into it; the SCI-style total per
+    # prompt is labelled as such, with both parts.
+    receipt["embodied"] = embodied_receipt(job.get("gpu_model"), job.get("gpus"), receipt["runtime_s"])
+    receipt["sci"] = sci_per_prompt(gco2, receipt["embodied"]["gco2"], prompts, signal=signal,
+                                    prompts_source=prompts_source)
     return receipt
 
 
