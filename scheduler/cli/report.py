@@ -408,6 +408,11 @@ def receipt_text(r: dict) -> str:
                    + (f"; basis {basis}" if basis else "")
                    + (f", {r['weighting']}-weighted" if r.get("weighting") else "")),
     ]
+    others = {sig: g for sig, g in (r.get("operational_gco2_by_signal") or {}).items()
+              if sig != r["signal"] and g is not None}
+    for sig, g in others.items():
+        lines.append((f"{sig} signal", f"{_g(g)} (the same run at {r['zone']}'s recorded {sig} intensity; "
+                                       "a different quantity, never added to gCO2)"))
     for gap in r["intensity_gaps"]:
         lines.append(("gap", f"{local_time(gap['start'], True)} .. {local_time(gap['end'], True)} "
                              + ("priced at the static yearly mean" if gap["filled_by"] == "static" else "unpriced")))

@@ -195,6 +195,40 @@ def test_average_marginal_and_embodied_are_never_summed_in_one_column(store):
         assert float(cells["embodied_kgco2e"]) != pytest.approx(float(cells["emissions_kgco2e"]))
 
 
+def test_a_receipt_shows_the_marginal_grams_where_known_beside_the_average_never_added(store):
+    """DE is priced with its average signal (100 g/kWh); recorded marginal data (600 g/kWh)
+    covers the run too: the receipt shows 0.5 kWh x 600 = 300 g marginal beside the 50 g
+    average, and neither is added to the other or to the embodied grams."""
+    g = add_node(store, "de1", "DE", "H100", n=1)
+    add_intensity(store, "DE", 100.0)
+    add_intensity(store, "DE", 600.0, signal="marginal")
+    job = add_job(store, node="de1", gpu_ids=g, start=at(10), end=at(11), energy_j=0.5 * 3.6e6)
+    acc = accountant(store)
+    acc.account(job)
+    r = acc.receipt(job)
+    assert (r["signal"], r["gco2"]) == ("average", pytest.approx(50.0))
+    assert r["operational_gco2_by_signal"] == {"average": pytest.approx(50.0), "marginal": pytest.approx(300.0)}
+    assert r["embodied"]["gco2"] == pytest.approx(embodied_g(1.0, H100_GPU_KG + H100_HOST_KG))
+    text = receipt_text(r)
+    assert "gCO2: 50.00 g" in text
+    assert "marginal signal: 300.00 g (the same run at DE's recorded marginal intensity; a different quantity, " \
+           "never added to gCO2)" in text
+
+
+def test_the_other_signal_is_unknown_where_its_data_does_not_cover_the_run(store):
+    g = add_node(store, "de1", "DE", "H100", n=1)
+    add_intensity(store, "DE", 100.0)
+    CarbonSignals(store, track_status=False).writes.store_readings([IntensityReading(
+        zone="DE", at=at(10), duration_s=3600, gco2_per_kwh=600.0, signal="marginal", kind="actual",
+        issued_at=at(11), source="watttime-csv")])  # the 10:00 hour only; the run goes on to 11:30
+    job = add_job(store, node="de1", gpu_ids=g, start=at(10), end=at(11, 30), energy_j=0.5 * 3.6e6)
+    acc = accountant(store)
+    acc.account(job)
+    r = acc.receipt(job)
+    assert r["operational_gco2_by_signal"] == {"average": pytest.approx(r["gco2"]), "marginal": None}
+    assert "marginal signal" not in receipt_text(r)
+
+
 def _numbers(fig) -> list[float]:
     if isinstance(fig, dict):
         return [v for x in fig.values() for v in _numbers(x)]
