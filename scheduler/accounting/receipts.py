@@ -129,14 +129,20 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     }
     if job.get("segments"):
         receipt.update(segments_summary(job, job["segments"]))
-    # Embodied carbon: the run's GPU-hours' share of making its GPUs (and host), its own
-    # figure beside the operational `gco2`, never added into it; the SCI-style total per
-    # prompt is labelled as such, with both parts.
-    receipt["operational_gco2_by_signal"] = by_signal(signal, gco2, other_signal_gco2)
-    receipt["embodied"] = embodied_receipt(job.get("gpu_model"), job.get("gpus"), receipt["runtime_s"])
-    receipt["sci"] = sci_per_prompt(gco2, receipt["embodied"]["gco2"], prompts, signal=signal,
-                                    prompts_source=prompts_source)
+    receipt.update(carbon_beside(receipt, signal, other_signal_gco2))
     return receipt
+
+
+def carbon_beside(receipt: Mapping[str, Any], signal: str | None, other_signal_gco2: float | None) -> dict:
+    """What a receipt shows beside its operational `gco2`, never added into it: the grams per
+    signal (its own and the other's where known), the embodied carbon (the run's GPU-hours'
+    share of making its GPUs and host) and the SCI-style total per prompt, labelled as such,
+    with both parts."""
+    embodied = embodied_receipt(receipt["gpu_model"], receipt["gpus"], receipt["runtime_s"])
+    return {"operational_gco2_by_signal": by_signal(signal, receipt["gco2"], other_signal_gco2),
+            "embodied": embodied,
+            "sci": sci_per_prompt(receipt["gco2"], embodied["gco2"], receipt["prompts"], signal=signal,
+                                  prompts_source=receipt["prompts_source"])}
 
 
 def by_signal(signal: str | None, gco2: float | None, other_gco2: float | None) -> dict[str, float | None]:
