@@ -27,6 +27,8 @@ an emulated fleet's watts, joules or grams as measured.
 | carbonsched_job_output_tokens_total | counter | method, source, signal | output tokens of finished jobs with a gCO2 figure (daemon) |
 | carbonsched_job_tokens_gco2_grams_total | counter | method, source, signal | gCO2 of those jobs: with the tokens, gCO2 per 1k tokens (daemon) |
 | carbonsched_job_tokens_energy_joules_total | counter | method, source, signal | their energy: with the tokens, tokens per joule (daemon) |
+| carbonsched_job_embodied_grams_total | counter | method, part | embodied gCO2e of jobs that ran: their GPU-hours' share of making the GPUs (part="gpu") and, where a figure exists, the host (part="host"); never added to the gCO2 series (daemon) |
+| carbonsched_job_embodied_unknown_gpu_seconds_total | counter | method | GPU-seconds of jobs that ran on models without an embodied figure: unknown, not zero (daemon) |
 | carbonsched_planner_duration_seconds | histogram | policy | planner tick wall time (daemon) |
 """
 
@@ -39,8 +41,9 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from scheduler.accounting.embodied import g_per_gpu_second
 from scheduler.jobs.store import count_by_state
-from scheduler.jobs.sums import energy_and_gco2_totals, work_totals
+from scheduler.jobs.sums import embodied_totals, energy_and_gco2_totals, work_totals
 from scheduler.lifecycle import State
 from scheduler.store import Store
 from telemetry.grid.readings import SIGNAL_AVERAGE, SIGNAL_MARGINAL
@@ -135,6 +138,7 @@ class StoreCollector:
                 gco2_by[(m, sig)] = gco2_by.get((m, sig), 0.0) + float(gco2)
             # the work done: reported by the job (its metrics file), else declared at submit
             work = work_totals(conn)
+            embodied = embodied_totals(conn, g_per_gpu_second())
         for state in State:
             depth.add_metric([state.value], counts.get(state.value, 0))
         e = CounterMetricFamily("carbonsched_job_energy_joules", "Energy of finished jobs, measured or "
@@ -170,7 +174,23 @@ class StoreCollector:
                     t.add_metric([m, src, sig], float(n))
                     tg.add_metric([m, src, sig], float(grams))
                     tj.add_metric([m, src, sig], float(joules))
-        yield from (depth, e, g, p, pg, t, tg, tj)
+        yield from (depth, e, g, p, pg, t, tg, tj, *_embodied_families(embodied))
+
+
+def _embodied_families(rows) -> tuple:
+    """The embodied series from `embodied_totals` rows, every series present from the start."""
+    grams = CounterMetricFamily("carbonsched_job_embodied_grams", "Embodied gCO2e of jobs that ran (their "
+                                "GPU-hours' share of making the GPUs, and the host where a figure exists); "
+                                "never added to the gCO2 series", labels=["method", "part"])
+    unknown = CounterMetricFamily("carbonsched_job_embodied_unknown_gpu_seconds", "GPU-seconds of jobs that ran "
+                                  "on GPU models without an embodied figure (unknown, not zero)", labels=["method"])
+    by_m = {("modelled" if m else "measured"): (gpu_g, host_g, unknown_s) for m, gpu_g, host_g, _, unknown_s in rows}
+    for m in ("measured", "modelled"):
+        gpu_g, host_g, unknown_s = by_m.get(m, (0.0, 0.0, 0.0))
+        grams.add_metric([m, "gpu"], float(gpu_g))
+        grams.add_metric([m, "host"], float(host_g))
+        unknown.add_metric([m], float(unknown_s))
+    return grams, unknown
 
 
 class Metrics:

@@ -1,4 +1,16 @@
-"""The hardware catalog: what each GPU model is, from vendor data sheets."""
+"""The hardware catalog: what each GPU model is, from vendor data sheets, and what making it
+emitted (its embodied carbon, `policies.model.embodied`), each figure with its source.
+
+Embodied carbon is shown on receipts, reports, exports and metrics, beside the operational
+carbon and never added into it silently; it is NOT used for placement, by default or
+otherwise. Once a GPU is bought, its manufacturing emissions are sunk: no placement decision
+changes them, and charging each run a share of them makes a planner prefer newer, "cleaner
+per hour" or idle hardware for reasons that do not reduce what is emitted. The "Sunk Carbon
+Fallacy" (arXiv 2410.15087) shows that putting embodied carbon into scheduling and
+placement decisions this way can raise total emissions. Embodied carbon belongs in
+accounting (what a job is charged, what a site discloses) and in procurement, where it can
+still be avoided; placement prices the operational carbon that is still to be emitted.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +20,8 @@ import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+
+from policies.model.embodied import Embodied, parse_embodied, unknown_embodied
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,8 @@ class GpuModel:
     fp8_dense_tflops: float = 0.0  # 0: no FP8 tensor cores (A100)
     source: str = ""  # the data sheet the figures come from
     driver_names: tuple[str, ...] = ()  # what the drivers print for this part (see catalog.toml)
+    # embodied carbon with the source of each figure (catalog.toml [MODEL.embodied]); accounting only
+    embodied: Embodied = unknown_embodied("no embodied figure in the catalog for this part")
 
 
 @cache
@@ -32,6 +48,7 @@ def catalog() -> dict[str, GpuModel]:
     out = {}
     for name, fields in tomllib.loads(text).items():
         fields["driver_names"] = tuple(fields.get("driver_names", ()))
+        fields["embodied"] = parse_embodied(name, fields.get("embodied"))
         out[name] = GpuModel(name=name, **fields)
     return out
 

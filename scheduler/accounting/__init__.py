@@ -29,6 +29,9 @@ The modules, one job each:
     ledger.py       pricing finished jobs from the store and recording it (Ledger; its SQL on
                     jobs is `scheduler.jobs.pricing`)
     receipts.py     one job's receipt (build_receipt, Receipts)
+    embodied.py     embodied carbon from the catalog: the receipt's part, the rates the sums
+                    price GPU-seconds with, the SCI-style total per prompt; always beside the
+                    operational grams, never added into them
     aggregate.py    the sums over a period that reports and the export share (JobSums,
                     over `scheduler.jobs.sums`), and the figures made of them
     reports.py      fleet reports by user, workload, model, zone, day or node (Reports)

@@ -12,6 +12,7 @@ from typing import Any
 
 from policies.types import J_PER_KWH
 from scheduler.accounting.config import AccountingConfig
+from scheduler.accounting.embodied import embodied_figures, g_per_gpu_second
 from scheduler.accounting.figures import difference, intensity_g_per_kwh
 from scheduler.jobs import sums
 from scheduler.store import Store
@@ -19,7 +20,8 @@ from scheduler.store import Store
 #: The figures of a group that are grams (or derived from grams): they exist per carbon signal
 #: only, since average and marginal grams are different quantities and never added.
 CARBON_FIGURES = ("kgco2", "intensity_g_per_kwh", "gco2_per_prompt", "gco2_per_1k_tokens",
-                  "counterfactual_kgco2", "saving_kgco2", "saving_pct", "jobs_with_gco2")
+                  "counterfactual_kgco2", "saving_kgco2", "saving_pct", "jobs_with_gco2",
+                  "sci_gco2_per_prompt", "sci_operational_gco2_per_prompt", "sci_embodied_gco2_per_prompt")
 
 
 class JobSums:
@@ -45,7 +47,8 @@ class JobSums:
         return sums.Prices(energy_usd_per_kwh=self.config.energy_price_usd_per_kwh,
                            gpu_usd_per_hour={name: self.config.gpu_usd_per_hour(spec.list_price_usd)
                                              for name, spec in sorted(catalog().items())},
-                           zone_energy_usd_per_kwh=dict(self.config.zone_energy_price_usd_per_kwh))
+                           zone_energy_usd_per_kwh=dict(self.config.zone_energy_price_usd_per_kwh),
+                           embodied_g_per_gpu_s=g_per_gpu_second())
 
     def aggregate(self, where, *keys) -> list[dict]:
         """The sums over the jobs matching `where`, one dict per group of `keys`."""
@@ -105,7 +108,24 @@ def figures(r: Mapping[str, Any]) -> dict:
         "counterfactual_kgco2": None if cf is None else cf / 1000.0,
         "saving_kgco2": None if saving is None else saving / 1000.0,
         "saving_pct": saving / cf * 100.0 if saving is not None and cf else None,
+        # embodied carbon: its own figures, never added into kgco2 (the operational grams)
+        **embodied_figures(r),
+        # the SCI-style total per prompt over the jobs with operational grams, prompts and an
+        # embodied figure, both parts beside it (per signal, as the operational grams are)
+        **sci_figures(r),
     }
+
+
+def sci_figures(r: Mapping[str, Any]) -> dict:
+    """The SCI-style total per prompt of a group and its two parts; None where no job of the
+    group has operational grams, prompts and an embodied figure together."""
+    prompts = float(r.get("prompts_s") or 0.0)
+    if not prompts:
+        return dict.fromkeys(("sci_gco2_per_prompt", "sci_operational_gco2_per_prompt",
+                              "sci_embodied_gco2_per_prompt"))
+    op, emb = float(r.get("gco2_s") or 0.0) / prompts, float(r.get("embodied_g_s") or 0.0) / prompts
+    return {"sci_gco2_per_prompt": op + emb, "sci_operational_gco2_per_prompt": op,
+            "sci_embodied_gco2_per_prompt": emb}
 
 
 def source(reported: int | None, counted: int | None) -> str | None:

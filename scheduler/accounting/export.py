@@ -9,6 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from policies.pricing.counterfactual import RULE_SHORT
 from scheduler.accounting.aggregate import JobSums, kg_by_signal, shares, signal_figures, work_figures
+from scheduler.accounting.embodied import METHODOLOGY as EMBODIED_METHODOLOGY
+from scheduler.accounting.embodied import catalog_figures, embodied_of
 from scheduler.accounting.figures import iso
 from scheduler.accounting.ledger import Ledger
 from scheduler.carbon_table import actual_sources
@@ -67,7 +69,8 @@ class Disclosure:
             "scope": "all users" if owner_uid is None else f"jobs of uid {owner_uid}",
             "systems": out_systems,
             "totals": _totals(total, rows),
-            "methodology": _methodology(self.ledger.emission_factor(), self._sources(zones, since, until)),
+            "methodology": _methodology(self.ledger.emission_factor(), self._sources(zones, since, until),
+                                        catalog_figures([s["gpu_model"] for s in out_systems])),
         }
 
     def _sources(self, zones: list[str], since: datetime, until: datetime) -> list[dict]:
@@ -110,7 +113,18 @@ def _system(node: str | None, model: str | None, zone: str | None, parts: list[d
         "energy": "modelled" if fig["jobs_modelled"] == fig["jobs_measured"] and fig["jobs_modelled"]
         else "partly modelled" if fig["jobs_modelled"] else "measured",
         **work_figures(fig),
+        **_embodied(fig),
+        "embodied_basis": embodied_of(model).gpu_basis,
     }
+
+
+def _embodied(fig: dict) -> dict:
+    """The export's embodied figures (beside the emissions, never added into them) and the
+    SCI-style total per prompt with its two parts."""
+    return {k: fig[k] for k in ("embodied_kgco2e", "embodied_gpu_kgco2e", "embodied_host_kgco2e",
+                                "embodied_gpu_hours", "embodied_host_gpu_hours", "embodied_unknown_gpu_hours",
+                                "sci_gco2_per_prompt", "sci_operational_gco2_per_prompt",
+                                "sci_embodied_gco2_per_prompt")}
 
 
 def _totals(total: dict, rows: list[dict]) -> dict:
@@ -125,14 +139,15 @@ def _totals(total: dict, rows: list[dict]) -> dict:
             "jobs_modelled": total["jobs_modelled"], "modelled_energy_kwh": total["modelled_energy_kwh"],
             "measurement_shares": shares(rows, "method", "energy_j"),
             "intensity_basis_shares": shares(rows, "basis", "energy_j"),
-            **work_figures(total)}
+            **work_figures(total), **_embodied(total)}
 
 
-def _methodology(emission_factor: str, data_sources: list[dict]) -> dict:
+def _methodology(emission_factor: str, data_sources: list[dict], embodied_figures: list[dict]) -> dict:
     """How the export's figures were made: boundary, measurement, pricing, gaps, sources."""
     return {
         "boundary": "GPU energy of batch jobs scheduled by carbonsched (scope 2, operational, "
-                    "location-based); facility overhead by PUE; embodied emissions excluded",
+                    "location-based); facility overhead by PUE; embodied emissions are not in emissions_kgco2e: "
+                    "they are reported beside it (embodied_kgco2e, see embodied)",
         "work": "prompts and output tokens as each job reported them in its metrics file, else as "
                 "declared at submit (prompts_source / tokens_source: reported, declared or partly "
                 "reported); per-prompt and per-token figures count only jobs with that count",
@@ -161,4 +176,5 @@ def _methodology(emission_factor: str, data_sources: list[dict]) -> dict:
         "gaps": "periods without recorded intensity are priced at the zone's static yearly mean "
                 "(basis mixed/static) or left unpriced (jobs_without_emissions); never zero",
         "data_sources": data_sources,
+        "embodied": {**EMBODIED_METHODOLOGY, "figures": embodied_figures},
     }

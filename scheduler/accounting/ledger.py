@@ -187,6 +187,24 @@ class Ledger:
                 values["energy_note"] = note
         return run, values
 
+    def price_other_signal(self, conn: Connection, job: dict, signal: str) -> float | None:
+        """The grams of a finished, uninterrupted job's run priced with `signal` instead of
+        its zone's own, where recorded actuals of that signal cover the whole run (no static
+        fill, no gaps); None otherwise. What a receipt shows beside its own signal's grams,
+        never added to them."""
+        zone, started, ended, energy_j = job.get("zone"), job.get("started_at"), job.get("ended_at"), job.get("energy_j")
+        if zone is None or started is None or ended is None or energy_j is None or ended <= started:
+            return None
+        spans = [IntensitySpan(p.start, p.end, p.gco2_per_kwh, KIND_ACTUAL, p.source)
+                 for p in actual_periods(conn, zone, signal, started, ended)]
+        if not spans:
+            return None
+        gpu_ids = [int(g) for g in (job.get("gpu_ids") or [])]
+        series, weighting = power_series(conn, gpu_ids, started.timestamp(), ended.timestamp())
+        run = run_carbon(float(energy_j), started, ended, spans, pue=job.get("pue") or 1.0, gpu_power=series,
+                         weighting=weighting)
+        return run.gco2 if run.basis == "actual" and not run.gaps else None
+
     def account(self, job_id: int, *, energy_note: str | None = None, tokens: int | None = None) -> RunCarbon | None:
         """Price a finished job and record it on the job (gco2, zone, model, PUE, signal,
         basis, coverage, accounted_at). Safe to repeat; returns the run's carbon (None if it

@@ -9,12 +9,14 @@ from typing import Any
 
 from policies.pricing.counterfactual import RULE_SHORT
 from policies.types import J_PER_KWH, sig
+from scheduler.accounting.embodied import embodied_receipt, sci_per_prompt
 from scheduler.accounting.figures import difference, iso
 from scheduler.accounting.ledger import FINISHED, Ledger
 from scheduler.accounting.measurement import describe_measurement
 from scheduler.accounting.run_carbon import RunCarbon, run_carbon
 from scheduler.job_view import output_truncated_list, segment_rows
 from scheduler.lifecycle import State
+from telemetry.grid.readings import SIGNALS
 
 
 def _seconds_between(a: datetime | None, b: datetime | None) -> float | None:
@@ -33,12 +35,15 @@ def _work(reported: int | None, declared: int | None) -> tuple[int | None, str |
 
 
 def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str | None,
-                  shift: RunCarbon | None = None, cost_usd: float | None = None) -> dict:
+                  shift: RunCarbon | None = None, cost_usd: float | None = None,
+                  other_signal_gco2: float | None = None) -> dict:
     """The carbon receipt of one finished job, as plain JSON-ready data.
 
     `job` holds the job's columns (a row mapping); `run` its carbon (None: not computable,
     e.g. energy not measured); `shift`: the same energy priced as if started at submission
-    (same zone, recorded intensity), a measured counterfactual of waiting.
+    (same zone, recorded intensity), a measured counterfactual of waiting;
+    `other_signal_gco2`: the run priced with the other signal (average or marginal) where
+    recorded data of it covers the run, shown beside `gco2`, never added to it.
     """
     energy_j = job.get("energy_j")
     submitted, started, ended = job.get("submitted_at"), job.get("started_at"), job.get("ended_at")
@@ -124,7 +129,31 @@ def build_receipt(job: Mapping[str, Any], run: RunCarbon | None, *, signal: str 
     }
     if job.get("segments"):
         receipt.update(segments_summary(job, job["segments"]))
+    receipt.update(carbon_beside(receipt, signal, other_signal_gco2))
     return receipt
+
+
+def carbon_beside(receipt: Mapping[str, Any], signal: str | None, other_signal_gco2: float | None) -> dict:
+    """What a receipt shows beside its operational `gco2`, never added into it: the grams per
+    signal (its own and the other's where known), the embodied carbon (the run's GPU-hours'
+    share of making its GPUs and host) and the SCI-style total per prompt, labelled as such,
+    with both parts."""
+    embodied = embodied_receipt(receipt["gpu_model"], receipt["gpus"], receipt["runtime_s"])
+    return {"operational_gco2_by_signal": by_signal(signal, receipt["gco2"], other_signal_gco2),
+            "embodied": embodied,
+            "sci": sci_per_prompt(receipt["gco2"], embodied["gco2"], receipt["prompts"], signal=signal,
+                                  prompts_source=receipt["prompts_source"])}
+
+
+def by_signal(signal: str | None, gco2: float | None, other_gco2: float | None) -> dict[str, float | None]:
+    """The operational grams per signal: the job's own signal's (`gco2`) and the other's where
+    known (None: not known); two different quantities, never added."""
+    out: dict[str, float | None] = dict.fromkeys(SIGNALS)
+    if signal in out:
+        out[signal] = gco2
+        other = next(s for s in SIGNALS if s != signal)
+        out[other] = other_gco2
+    return out
 
 
 def segments_summary(job: Mapping[str, Any], segments: Sequence[Mapping[str, Any]]) -> dict:
@@ -189,6 +218,11 @@ class Receipts:
                 shift = run_carbon(run.energy_j, s0, s0 + runtime, shift_spans, pue=run.pue)
                 if shift.basis != "actual" or run.basis != "actual":
                     shift = None  # a static-priced "what if" says nothing about timing
+            own = values["gco2_signal"]
+            other_gco2 = None
+            if own in SIGNALS and not job.get("interruptible") and job["state"] in FINISHED:
+                other = next(s for s in SIGNALS if s != own)
+                other_gco2 = self.ledger.price_other_signal(conn, {**job, **values}, other)
         stale = job["state"] in FINISHED and job.get("ended_at") is not None and (
             job.get("accounted_at") is None or job.get("gco2") != values["gco2"]
             or job.get("gco2_basis") != values.get("gco2_basis"))
@@ -201,7 +235,8 @@ class Receipts:
         if job.get("interruptible"):
             with self.ledger.store.read() as conn:
                 job["segments"] = segment_rows(conn, job_id)
-        return build_receipt(job, run, signal=values["gco2_signal"], shift=shift, cost_usd=cost)
+        return build_receipt(job, run, signal=values["gco2_signal"], shift=shift, cost_usd=cost,
+                             other_signal_gco2=other_gco2)
 
     def cost_usd(self, job: dict) -> float | None:
         from policies.model.catalog import catalog

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from scheduler.accounting.aggregate import JobSums, signal_figures
+from scheduler.accounting.embodied import METHODOLOGY as EMBODIED_METHODOLOGY
 from scheduler.accounting.figures import iso
 from scheduler.accounting.ledger import Ledger
 from scheduler.carbon_table import zones_with_data
@@ -50,7 +51,8 @@ class Reports:
                 "unpriced": self._unpriced(where) if unaccounted else [],
                 "assumptions": {"gpu_lifetime_years": cfg.gpu_lifetime_years,
                                 "energy_price_usd_per_kwh": cfg.energy_price_usd_per_kwh,
-                                "zone_energy_price_usd_per_kwh": dict(cfg.zone_energy_price_usd_per_kwh)}}
+                                "zone_energy_price_usd_per_kwh": dict(cfg.zone_energy_price_usd_per_kwh),
+                                "embodied": EMBODIED_METHODOLOGY}}
 
     def _unpriced(self, where) -> list[dict]:
         """Why jobs of the period have no gCO2: per zone, how many, and whether the zone has

@@ -140,7 +140,9 @@ def cmd_report(args, config: dict) -> int:
 FIGURES = ("jobs", "completed", "deadline_misses", "gpu_hours", "energy_kwh", "facility_energy_kwh", "kgco2",
            "intensity_g_per_kwh", "gco2_per_prompt", "prompts", "tokens", "tokens_per_j", "usd", "usd_per_mtok",
            "counterfactual_kgco2", "saving_kgco2", "saving_pct", "jobs_measured", "jobs_with_gco2",
-           "jobs_modelled", "modelled_energy_kwh")
+           "jobs_modelled", "modelled_energy_kwh", "embodied_kgco2e", "embodied_gpu_kgco2e", "embodied_host_kgco2e",
+           "embodied_unknown_gpu_hours", "sci_gco2_per_prompt", "sci_operational_gco2_per_prompt",
+           "sci_embodied_gco2_per_prompt")
 
 
 def _num(v, fmt: str) -> str:
@@ -159,7 +161,10 @@ def report_table(data: dict) -> str:
     from scheduler.text_table import table
 
     tokens = any(g.get("tokens") for g in data["groups"])
-    headers = [data["by"].upper(), "JOBS", "GPU-H", "KWH", "KGCO2", "G/KWH", "GCO2/PROMPT"]
+    sci = any(g.get("sci_gco2_per_prompt") is not None for g in [*data["groups"], data["total"]])
+    headers = [data["by"].upper(), "JOBS", "GPU-H", "KWH", "KGCO2", "G/KWH", "GCO2/PROMPT", "EMBODIED KG"]
+    if sci:
+        headers.append("SCI G/PROMPT")
     if tokens:
         headers += ["TOK/J", "$/MTOK"]
     headers += ["USD", "SAVED KGCO2"]
@@ -167,7 +172,11 @@ def report_table(data: dict) -> str:
     def row(name: str, g: dict) -> list[str]:
         kwh = _num(g["energy_kwh"], ".4g") + ("*" if g.get("jobs_modelled") else "")
         cells = [name, str(g["jobs"]), _num(g["gpu_hours"], ".4g"), kwh,
-                 _num(g["kgco2"], ".4g"), _num(g["intensity_g_per_kwh"], ".0f"), _num(g["gco2_per_prompt"], ".3g")]
+                 _num(g["kgco2"], ".4g"), _num(g["intensity_g_per_kwh"], ".0f"), _num(g["gco2_per_prompt"], ".3g"),
+                 _num(g.get("embodied_kgco2e"), ".4g") + ("+?" if g.get("embodied_unknown_gpu_hours")
+                                                           and g.get("embodied_kgco2e") is not None else "")]
+        if sci:
+            cells.append(_num(g.get("sci_gco2_per_prompt"), ".3g"))
         if tokens:
             cells += [_num(g["tokens_per_j"], ".3g"), _num(g["usd_per_mtok"], ".3g")]
         saved = "-" if g["saving_kgco2"] is None else (
@@ -186,6 +195,7 @@ def report_table(data: dict) -> str:
                     + ")" if a["zone_energy_price_usd_per_kwh"] else "")
                  + "; saved: against " + RULE_SHORT + " (measured gCO2 x the plan's if-now / chosen estimates)")
     total = data["total"]
+    lines.append(embodied_note(total, sci))
     if total.get("jobs_modelled"):
         lines.append(f"*: MODELLED, not measured: {total['jobs_modelled']} of {total['jobs']} job(s) ran on "
                      f"emulated GPUs; their energy ({significant(total['modelled_energy_kwh'], 4)} kWh) and gCO2 come from "
@@ -207,6 +217,17 @@ def report_table(data: dict) -> str:
                      f"('-': unknown, not zero)" + (f": {why}" if why else
                                                     " (not measured, or no intensity data for their run)"))
     return "\n".join(lines)
+
+
+def embodied_note(total: dict, sci: bool) -> str:
+    """The report's line on embodied carbon: what the column is, that KGCO2 leaves it out,
+    and the GPU-hours without a figure."""
+    unknown = total.get("embodied_unknown_gpu_hours") or 0.0
+    return ("KGCO2: operational (energy x grid intensity x PUE); EMBODIED KG: the GPU-hours' share of making the "
+            "GPUs (and host, where a figure exists; see `export` for each figure's source), never added to KGCO2"
+            + (f"; the embodied carbon of {significant(unknown, 4)} GPU-h on models without a figure is unknown, "
+               "not zero ('-', or '+?' after a partial sum)" if unknown else "")
+            + ("; SCI G/PROMPT: operational + embodied per prompt, the one figure adding both" if sci else ""))
 
 
 def report_csv(data: dict) -> str:
@@ -280,7 +301,10 @@ EXPORT_COLUMNS = ("period_start", "period_end", "node", "gpu_model", "zone", "jo
                   "measurement_shares", "intensity_basis_shares", "jobs_without_measurement",
                   "jobs_without_emissions", "energy", "jobs_modelled", "modelled_energy_kwh", "prompts",
                   "prompts_source", "gco2_per_prompt", "tokens", "tokens_source", "gco2_per_1k_tokens",
-                  "tokens_per_j", "usd_per_mtok", "data_sources", "generated_at", "generator")
+                  "tokens_per_j", "usd_per_mtok", "embodied_kgco2e", "embodied_gpu_kgco2e", "embodied_host_kgco2e",
+                  "embodied_unknown_gpu_hours", "embodied_basis", "sci_gco2_per_prompt",
+                  "sci_operational_gco2_per_prompt", "sci_embodied_gco2_per_prompt",
+                  "data_sources", "generated_at", "generator")
 
 
 def export_csv(doc: dict) -> str:
@@ -351,6 +375,28 @@ def usd(v: float) -> str:
     return f"${v:,.2f}" if abs(v) >= 0.01 or v == 0 else f"${significant(v)}"
 
 
+def embodied_lines(r: dict) -> list[tuple[str, str]]:
+    """The receipt's embodied carbon (its own line, never added into gCO2) and, where the job
+    counts prompts, the SCI-style total per prompt with both its parts."""
+    e = r.get("embodied")
+    if not e:
+        return []
+    if e["gco2"] is None:
+        why = e["gpu_source"] if e["gpu_basis"] == "unknown" else "the run's GPU-hours are not known"
+        lines = [("embodied", f"unknown, not zero ({why})")]
+    else:
+        host = (f" + host {_g(e['host_gco2'])} ({e['host_basis']})" if e["host_included"]
+                else " (host share unknown, not included)")
+        lines = [("embodied", f"{_g(e['gco2'])} = GPU {_g(e['gpu_gco2'])} ({e['gpu_basis']}){host}: "
+                              f"{significant(e['gpu_hours'])} GPU-h of {r['gpu_model']} over a "
+                              f"{e['lifetime_years']:g}-year life; not added to gCO2")]
+    sci = r.get("sci")
+    if sci:
+        lines.append(("SCI per prompt", f"{_g(sci['gco2_per_prompt'])} = operational {_g(sci['operational_gco2_per_prompt'])}"
+                                        f" ({sci['signal'] or '-'}) + embodied {_g(sci['embodied_gco2_per_prompt'])}"))
+    return lines
+
+
 def receipt_text(r: dict) -> str:
     """The receipt as lines for people (times local)."""
     from scheduler.cli.output import local_time, power_limit_text
@@ -371,6 +417,11 @@ def receipt_text(r: dict) -> str:
                    + (f"; basis {basis}" if basis else "")
                    + (f", {r['weighting']}-weighted" if r.get("weighting") else "")),
     ]
+    others = {sig: g for sig, g in (r.get("operational_gco2_by_signal") or {}).items()
+              if sig != r["signal"] and g is not None}
+    for sig, g in others.items():
+        lines.append((f"{sig} signal", f"{_g(g)} (the same run at {r['zone']}'s recorded {sig} intensity; "
+                                       "a different quantity, never added to gCO2)"))
     for gap in r["intensity_gaps"]:
         lines.append(("gap", f"{local_time(gap['start'], True)} .. {local_time(gap['end'], True)} "
                              + ("priced at the static yearly mean" if gap["filled_by"] == "static" else "unpriced")))
@@ -382,6 +433,7 @@ def receipt_text(r: dict) -> str:
                       + f" ({r['tokens']:,} output tokens, {r.get('tokens_source') or 'declared'})"
                       + (f"; {significant(r['tokens_per_j'])} tokens/J" if r["tokens_per_j"] else "")
                       + (f"; ${significant(r['usd_per_mtok'])}/Mtok" if r.get("usd_per_mtok") else "")))
+    lines += embodied_lines(r)
     cf = r["counterfactual"]
     scaled = cf["gco2"] is not None and cf.get("estimate_gco2") is not None and cf["gco2"] != cf["estimate_gco2"]
     lines.append(("if run at once", _g(cf["gco2"]) + (

@@ -28,14 +28,18 @@ from scheduler.timeparse import utc_aware
 from telemetry.energy import MODELLED
 from telemetry.grid.readings import SIGNAL_AVERAGE
 
+
 @dataclass(frozen=True)
 class Prices:
     """What the `usd` sum prices with: USD per GPU-hour by GPU model (0 for another), and
-    USD per kWh of facility energy by zone, else `energy_usd_per_kwh`."""
+    USD per kWh of facility energy by zone, else `energy_usd_per_kwh`; and what the embodied
+    sums price GPU-seconds with: grams per GPU-second by GPU model, {"gpu": g, "host": g}
+    (a model missing: unknown, summed as GPU-seconds without a figure, never as 0 g)."""
 
     energy_usd_per_kwh: float
     gpu_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
     zone_energy_usd_per_kwh: Mapping[str, float] = field(default_factory=dict)
+    embodied_g_per_gpu_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 def _modelled():
@@ -91,6 +95,19 @@ def _cost(runtime_s, prices: Prices):
             + func.coalesce(j.energy_j, 0.0) / J_PER_KWH * func.coalesce(j.pue, 1.0) * price)
 
 
+def _embodied(gpu_s, rates: Mapping[str, Mapping[str, float]]) -> dict:
+    """The embodied sums' parts of a job: its GPU-seconds priced per part ("gpu", "host";
+    NULL for a model without that figure) and whether each part is known for its model."""
+    j = jobs.c
+    out = {}
+    for part in ("gpu", "host"):
+        known = sorted(name for name, r in rates.items() if part in r)
+        rate = case(*[(j.gpu_model == name, rates[name][part]) for name in known], else_=None) if known \
+            else literal(None)
+        out[part] = (gpu_s * rate, j.gpu_model.in_(known))
+    return out
+
+
 def period_filter(store: Store, since: datetime, until: datetime, owner_uid: int | None):
     """The condition on `jobs` of the finished jobs (that ran) which ended in [since, until),
     only `owner_uid`'s when given."""
@@ -137,6 +154,12 @@ def finished_sums(store: Store, where: Any, keys: Sequence = (), *, prices: Pric
     # the counterfactual of each job as its receipt has it: measured x (if-now / planned
     # estimate), or the raw if-now estimate where the plan's own estimate is missing
     scaled_cf = case((j.est_gco2 > 0, j.gco2 * j.est_gco2_if_now / j.est_gco2), else_=j.est_gco2_if_now)
+    # embodied: GPU-seconds x the model's grams per GPU-second, by part; never added to gco2.
+    # The SCI-style set: jobs with operational grams, prompts and a GPU figure.
+    gpu_s = j.gpus * runtime
+    emb = _embodied(gpu_s, prices.embodied_g_per_gpu_s)
+    (gpu_g, gpu_known), (host_g, host_known) = emb["gpu"], emb["host"]
+    sci = and_(with_prompts, gpu_known)
 
     def when(cond, value):
         return func.sum(case((cond, value), else_=None))
@@ -145,7 +168,11 @@ def finished_sums(store: Store, where: Any, keys: Sequence = (), *, prices: Pric
         *keys,
         func.count().label("jobs"),
         func.sum(case((j.state == State.COMPLETED.value, 1), else_=0)).label("completed"),
-        func.sum(j.gpus * runtime).label("gpu_s"),
+        func.sum(gpu_s).label("gpu_s"),
+        func.sum(gpu_g).label("embodied_gpu_g"), when(gpu_known, gpu_s).label("embodied_gpu_s"),
+        func.sum(host_g).label("embodied_host_g"), when(host_known, gpu_s).label("embodied_host_gpu_s"),
+        when(sci, j.gco2).label("gco2_s"), when(sci, prompts).label("prompts_s"),
+        when(sci, gpu_g + func.coalesce(host_g, 0.0)).label("embodied_g_s"),
         func.sum(j.energy_j).label("energy_j"),
         func.count(j.energy_j).label("measured"),
         when(modelled, j.energy_j).label("modelled_j"), when(modelled, 1).label("modelled"),
@@ -217,3 +244,19 @@ def work_totals(conn: Connection) -> dict[str, list[Row]]:
             func.coalesce(func.sum(case((counted, j.energy_j), else_=0.0)), 0.0),
         ).group_by("m", "s", "sig")).all()
     return work
+
+
+def embodied_totals(conn: Connection, rates: Mapping[str, Mapping[str, float]]) -> list[Row]:
+    """Embodied carbon of every job that ran (started and ended), per (modelled: 1 or 0):
+    rows (m, GPU grams, host grams, GPU-seconds with a GPU figure, GPU-seconds without one);
+    `rates` as `Prices.embodied_g_per_gpu_s`. Never added to the gCO2 totals."""
+    j = jobs.c
+    gpu_s = j.gpus * _runtime_s(conn.dialect.name)
+    emb = _embodied(gpu_s, rates)
+    (gpu_g, gpu_known), (host_g, _) = emb["gpu"], emb["host"]
+    return conn.execute(select(
+        case((_modelled(), 1), else_=0).label("m"),
+        func.coalesce(func.sum(gpu_g), 0.0), func.coalesce(func.sum(host_g), 0.0),
+        func.coalesce(func.sum(case((gpu_known, gpu_s), else_=0.0)), 0.0),
+        func.coalesce(func.sum(case((gpu_known, 0.0), else_=gpu_s)), 0.0),
+    ).where(j.started_at.is_not(None), j.ended_at.is_not(None)).group_by("m")).all()
