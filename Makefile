@@ -60,7 +60,7 @@ figures: venv
 # written first from the parser (scripts/cli_reference.py).
 docs: venv
 	$(BIN)/python scripts/cli_reference.py
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .demo build site *.egg-info
