@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv bytecode demo test test-pg bench bench-planner flake-hunt figures clean
+.PHONY: venv bytecode demo test test-pg bench bench-planner flake-hunt figures docs clean
 
 # uv installs the dependencies in seconds where pip takes minutes; pip does it where uv
 # cannot be had. Both leave every module compiled (uv only with --compile-bytecode): where
@@ -55,5 +55,12 @@ bench-planner: venv
 figures: venv
 	$(BIN)/python bench/figures.py
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing
+# anchor or a page left out of the nav is an error. The CLI and config reference pages are
+# written first from the parser (scripts/cli_reference.py).
+docs: venv
+	$(BIN)/python scripts/cli_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .demo build *.egg-info
+	rm -rf $(VENV) .demo build site *.egg-info

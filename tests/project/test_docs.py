@@ -1,6 +1,6 @@
-"""The README stands alone in a clone (issue 28): no pointer outside the repository, every
-repository path its examples use exists, the design notes and the stable JSON keys ship in
-docs/, and every key a job object has is documented there."""
+"""The README and the documentation site stand alone in a clone (issue 28): no pointer outside
+the repository, every repository path their examples use exists, the design notes and the
+stable JSON keys ship in docs/, and every key a job object has is documented there."""
 
 from __future__ import annotations
 
@@ -11,18 +11,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readmes_point_at_nothing_outside_the_repository():
-    for doc in ("README.md", "bench/README.md"):
-        text = (ROOT / doc).read_text()
+def _docs() -> list[Path]:
+    """What a user reads: the READMEs and every page of the documentation site."""
+    return [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_readmes_and_docs_point_at_nothing_outside_the_repository():
+    for path in _docs():
+        doc = str(path.relative_to(ROOT))
+        text = path.read_text()
         assert "../shared/DESIGN.md" not in text, doc
         for line in text.splitlines():
             if line.startswith(("carbonsched ", "C=", "D=")) or " --jobs " in line:
                 assert "../shared" not in line, (doc, line)
 
 
-def test_every_repository_path_in_the_readme_examples_exists():
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```(?:sh)?\n(.*?)```", text, re.S)
+def test_every_repository_path_in_the_readme_and_docs_examples_exists():
+    blocks = [b for p in _docs() for b in re.findall(r"```(?:sh|text)?\n(.*?)```", p.read_text(), re.S)]
     paths = set()
     for block in blocks:
         paths |= set(re.findall(r"(?<![\w/$])((?:tests|scheduler|examples|systemd|docs|scripts)/[\w./-]+\.\w+)", block))
@@ -97,8 +102,7 @@ def _user_text_of(tree: ast.Module) -> list[tuple[int, str]]:
 
 
 def test_the_readmes_and_docs_name_no_issue_numbers():
-    docs = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    hits = [(str(p.relative_to(ROOT)), n, line.strip()) for p in docs
+    hits = [(str(p.relative_to(ROOT)), n, line.strip()) for p in _docs()
             for n, line in enumerate(p.read_text().splitlines(), 1) if ISSUE_NUMBER.search(line)]
     assert hits == []
 
