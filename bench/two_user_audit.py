@@ -35,7 +35,7 @@ The attacks (numbered as the audit's findings) and what "held" means for each:
 Run (as root, from the checkout): `.venv/bin/python bench/two_user_audit.py [--db
 sqlite|postgres] [--submits N] [--json FILE]`. Exit 0 when every attack held and the p99
 target is met, 1 otherwise, 2 when it cannot run (not root, no useradd). It takes about three
-minutes. This is a benchmark, not a test: see bench/README.md.
+minutes. This is a benchmark, not a test: see docs/benchmarks.md.
 """
 
 from __future__ import annotations

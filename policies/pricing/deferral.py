@@ -4,7 +4,7 @@ A job that no start inside its window meets is placed where it finishes soonest
 (`greedy._as_soon_as_possible`). The slot model sees only the starts inside the horizon
 (48 h), so when every fast GPU is planned full for that long, the soonest finish it sees can
 be a slow GPU free now: in an overload replay an 8-GPU job of 47 h on B200 went to eight
-A100s, ran 251 h and finished 203 h late (bench/README.md, "A paced promise", the contended
+A100s, ran 251 h and finished 203 h late (docs/benchmarks.md, "A paced promise", the contended
 gate). So the fallback also asks when each group's GPUs come free after the horizon (what
 runs, is pinned or kept, and what this plan has placed so far, past its end) and, where
 waiting for them finishes the job at least a slot sooner, leaves it queued with a

@@ -10,7 +10,7 @@ that must miss its deadline finishes as soon as it can, not wherever its grams a
 Set per policy (`cpsat:lateness_g_per_gpu_h=500`, `greedy:lateness_g_per_gpu_h=strict`) or in
 the daemon's config (`policy = "cpsat:lateness_g_per_gpu_h=500"`). The default
 (`DEFAULT_LATENESS_G_PER_GPU_H`) was chosen from the overload scenarios of
-bench/simulate_bench.py (see bench/README.md, "overload").
+bench/simulate_bench.py (see docs/benchmarks.md, "overload").
 
 For scale: an H100 draws ~0.5-0.7 kW, so one GPU-hour emits ~30 g in a clean zone and
 ~400 g in a coal-heavy one; a price of a few hundred grams makes a GPU-hour of lateness worth

@@ -27,7 +27,7 @@ once, and under load a deferred one is the first to lose its on-time start (the 
 replays' extra misses over edf were these); a narrower job finds a later gap, so it keeps
 following the cleaner hours and the fleet with room keeps its saving.
 
-Measured in `bench/README.md` (section `overload`, "Whole-node gangs only").
+Measured in `docs/benchmarks.md` (section `overload`, "Whole-node gangs only").
 """
 
 from __future__ import annotations

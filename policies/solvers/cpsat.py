@@ -84,7 +84,7 @@ without; 1000x256 0.9614 t against 0.9779 t.
 
 Re-planning: a full re-plan is given the last tick's plan (`Snapshot.previous`) and tries it
 first (`_previous_plan`), so the search goes on across ticks instead of starting over each
-time; see bench/README.md ("Re-planning") for what that closes.
+time; see docs/benchmarks.md ("Re-planning") for what that closes.
 
 Under overload: EDF's cheapest starts can miss more deadlines on a snapshot than starting
 every job where it finishes soonest (the carbon-blind edf's rule), and then the final
@@ -92,7 +92,7 @@ comparison below kept fifo's or edf's plan whole for the tick, dirty starts and 
 of its own included. So the search also starts from that rule in the slot model
 (`_earliest_finish`, `greedy.finish_first_tables`), and the restarts and LNS lower its grams
 without adding a miss. That holds on each snapshot; across a replay at load 1.2 cpsat's
-misses still spread widely from run to run (bench/README.md, "overload", sixth session).
+misses still spread widely from run to run (docs/benchmarks.md, "overload", sixth session).
 
 Held starts (`hold`, `policies.problem.held_starts`): a job whose last plan left it less slack
 after its finish than `hold` x its runtime (and than `hold_max_h`) is never started more
@@ -104,7 +104,7 @@ fill that share of their group's largest node. The default (`hold=1`, `hold_pace
 can start only when every GPU of a node is free at once, and a deferred one is the first to
 lose its on-time start to later arrivals (the overload replays' extra misses over edf); a
 narrower job finds a later gap and keeps following the cleaner hours. Holding every job
-cost a third of the saving where the fleet has room (bench/README.md, "A paced promise",
+cost a third of the saving where the fleet has room (docs/benchmarks.md, "A paced promise",
 "Whole-node gangs only"); `hold=0` turns promises off.
 
 The budget (`deterministic`): wall time in the daemon; nominal work in the simulator

@@ -3,7 +3,7 @@
 The daemon's planner has a tick to keep, so cpsat's budget is wall time there. A simulation
 compares policies, and a search cut by wall time gives a different plan for every run and
 every host load: at 1 s a call, cpsat's deadline misses at load 1.2 spread over 8-19 in
-three runs of the same code (bench/README.md, `overload`). A `WorkClock` advances only by
+three runs of the same code (docs/benchmarks.md, `overload`). A `WorkClock` advances only by
 the work charged to it (a greedy pass by the problem's size, a CP-SAT sub-solve by the
 solver's own deterministic time), so the same snapshot and budget give the same plan on
 any machine at any load.

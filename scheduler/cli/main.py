@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "llm:70b, llm:70b,fp8, llm:params=47,active=13,in=2048,out=512,precision=fp8; a class "
                         "of your own without a model: custom:NAME (other names are refused, with suggestions)")
     s.add_argument("--prompts", type=int, help="number of prompts the job serves (for gCO2/prompt; "
-                                               "the job may report the real count, see README)")
+                                               "the job may report the real count, see docs/using/reporting.md)")
     s.add_argument("--tokens", type=int, help="output tokens the job generates (for gCO2 per 1k tokens)")
     s.add_argument("--est-runtime", metavar="DUR", help="expected runtime, e.g. 90m")
     s.add_argument("--max-delay", metavar="DUR", help="start within this long of submission, e.g. 4h "

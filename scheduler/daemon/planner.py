@@ -106,7 +106,7 @@ REPLAN_AT_LEAST_S = 300.0
 
 # A tick plans at most this many queued jobs (pinned ones always, then by deadline and
 # submission): the planner's time stays bounded whatever one user queues (greedy plans 5,000
-# jobs in ~1 s, cpsat's first plan in ~2 s; bench/README.md). The rest wait, with the reason.
+# jobs in ~1 s, cpsat's first plan in ~2 s; docs/benchmarks.md). The rest wait, with the reason.
 MAX_PLANNED_JOBS = 5000
 
 

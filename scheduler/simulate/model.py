@@ -20,7 +20,7 @@ What happens, in simulated time (float seconds since the Unix epoch, UTC):
   far apart, a tick hands the policy the previous tick's uncommitted plans as
   `Snapshot.keep`; the policy keeps those that still fit (node and start) and places only
   the new jobs around them. Every `full_replan_s` a tick re-plans every queued job. It
-  trades plan freshness for planner time (the whole pai-100k year: see bench/README.md).
+  trades plan freshness for planner time (the whole pai-100k year: see docs/benchmarks.md).
   A full re-plan is handed those plans as `Snapshot.previous`, as the daemon's is: where
   it starts from (cpsat tries them first), not a constraint.
 - **Execution**: a committed job starts at its planned time on its planned GPUs if they are

@@ -1,6 +1,6 @@
 """The learned carbon forecast: gradient-boosted trees on lags and calendar, with quantiles.
 
-What it is and why (numbers from `bench/forecast_eval.py`, see bench/README.md):
+What it is and why (numbers from `bench/forecast_eval.py`, see docs/benchmarks.md):
 
 - One LightGBM model per zone predicts the value of target hour T = L + h (h = 1 ..
   `MAX_MODEL_HORIZON_H` hours) from what is known when the forecast is issued, L being the
@@ -26,7 +26,7 @@ What it is and why (numbers from `bench/forecast_eval.py`, see bench/README.md):
 
 Candidates measured before this one was chosen (24 h MAPE and next-24 h rank correlation on
 2022, four zones): persistence, seasonal-naive, the 7-day profile + anomaly baseline,
-per-horizon ridge regression on the same features, and this model; see bench/README.md.
+per-horizon ridge regression on the same features, and this model; see docs/benchmarks.md.
 Beyond `MAX_MODEL_HORIZON_H` (and when a zone has less than `MIN_HISTORY_DAYS` of history)
 the caller uses the baseline.
 """
@@ -341,7 +341,7 @@ def _interp_quantile(table: Mapping[float, float], q: float) -> float:
 
 
 #: Median over DE-LU, GB, US-CAL-CISO and SG of this model's 2022 rolling-origin MAPE (%) by
-#: horizon (hours), from `bench/forecast_eval.py --rolling` (table in bench/README.md): the
+#: horizon (hours), from `bench/forecast_eval.py --rolling` (table in docs/benchmarks.md): the
 #: quality figure reported with every forecast it makes. Not measured beyond 48 h: the 48 h
 #: figure is reported there (an underestimate).
 EXPECTED_MAPE_PCT: dict[int, float] = {1: 2.8, 6: 9.1, 24: 14.1, 48: 17.5}
