@@ -1,0 +1,129 @@
+"""The grid operators' day-ahead wind and solar forecasts in the store: imports and as-of reads.
+
+All SQL on `grid_day_ahead` lives here. Files are read by `telemetry.grid.day_ahead` (both
+layouts, hourly mean MW, gaps and duplicated hours refused, the shared file's defects
+handled); each hour is stored with the time its forecast was published, and the as-of read
+(`day_ahead_as_of`) returns for each hour the newest forecast published at or before the
+time asked about, never one published later. That is what keeps a forecaster or a replay
+that uses these inputs honest: at 17:59 local time it does not see tomorrow's forecast, at
+18:00 it does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from scheduler import carbon_table
+from scheduler.clock import utcnow
+from scheduler.store import Store
+from scheduler.store.grid_models import grid_day_ahead
+from telemetry.grid.day_ahead import DayAheadFile, issued_at, read_day_ahead
+
+INSERT_CHUNK_ROWS = 5000
+
+
+@dataclass
+class DayAheadImport:
+    """What an import of a day-ahead file stored."""
+
+    path: str
+    layout: str
+    source: str
+    zone: str
+    area: str | None
+    hours: int
+    first: datetime
+    last: datetime
+    mtu_s: int
+    imputed: int
+    fixes: list[str] = field(default_factory=list)
+    trimmed_rows: int = 0
+    first_issued_at: datetime | None = None
+    imported_at: datetime | None = None
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DayAheadValue:
+    """One hour's day-ahead forecast as known at some time: mean MW of the hour."""
+
+    at: datetime
+    solar_mw: float
+    wind_mw: float
+    issued_at: datetime
+    imputed: bool
+    source: str
+
+
+def _upsert(dialect: str) -> Any:
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    stmt = dialect_insert(grid_day_ahead)
+    key = [c.name for c in grid_day_ahead.primary_key.columns]
+    return stmt.on_conflict_do_update(index_elements=key, set_={
+        c: getattr(stmt.excluded, c) for c in ("solar_mw", "wind_mw", "imputed", "source", "imported_at")})
+
+
+def store_day_ahead(store: Store, parsed: DayAheadFile, now: datetime) -> int:
+    """Store a read file's hours, each issued at its publication time, in one transaction
+    (a re-import of the same hours and issue replaces them); the number of rows."""
+    rows = [{"zone": parsed.zone, "at": h.at, "issued_at": issued_at(h.at, parsed.zone),
+             "solar_mw": h.solar_mw, "wind_mw": h.wind_mw, "imputed": h.imputed, "source": parsed.source,
+             "imported_at": now} for h in parsed.hours]
+    stmt = _upsert(store.dialect)
+
+    def write(conn: Connection) -> int:
+        for i in range(0, len(rows), INSERT_CHUNK_ROWS):
+            conn.execute(stmt, rows[i:i + INSERT_CHUNK_ROWS])
+        # the zone's carbon data version moves too: readers caching forecasts built on
+        # these inputs notice the change in their one small query per tick
+        carbon_table.bump_versions(conn, store.dialect, [parsed.zone])
+        return len(rows)
+
+    return store.transact(write)
+
+
+def import_day_ahead(store: Store, path: str | Path, zone: str, *,
+                     clock: Callable[[], datetime] = utcnow) -> DayAheadImport:
+    """Read a day-ahead wind and solar file (CsvFormatError, one line, if it is malformed, has
+    gaps or duplicated hours: then nothing is stored) and store it for `zone`."""
+    t0 = time.perf_counter()
+    parsed = read_day_ahead(path, zone)
+    now = clock()
+    n = store_day_ahead(store, parsed, now)
+    return DayAheadImport(path=parsed.path, layout=parsed.layout, source=parsed.source, zone=zone,
+                          area=parsed.area, hours=n, first=parsed.hours[0].at, last=parsed.hours[-1].at,
+                          mtu_s=parsed.mtu_s, imputed=parsed.imputed, fixes=parsed.fixes,
+                          trimmed_rows=parsed.trimmed_rows, first_issued_at=issued_at(parsed.hours[0].at, zone),
+                          imported_at=now, elapsed_s=time.perf_counter() - t0)
+
+
+def day_ahead_as_of(conn: Connection, zone: str, start: datetime, end: datetime,
+                    as_of: datetime) -> list[DayAheadValue]:
+    """The day-ahead wind and solar forecast of `zone` for the hours in [start, end) as known
+    at `as_of`: for each hour, its newest forecast issued at or before `as_of` (hours with
+    none are absent), by time. Never a value issued after `as_of`."""
+    g = grid_day_ahead.c
+    rows = conn.execute(
+        select(g.at, g.solar_mw, g.wind_mw, g.issued_at, g.imputed, g.source)
+        .where(g.zone == zone, g.at >= start, g.at < end, g.issued_at <= as_of)
+        .order_by(g.at, g.issued_at)).all()
+    newest = {r.at: r for r in rows}
+    return [DayAheadValue(r.at, r.solar_mw, r.wind_mw, r.issued_at, bool(r.imputed), r.source)
+            for r in newest.values()]
+
+
+def read_day_ahead_as_of(store: Store, zone: str, start: datetime, end: datetime,
+                         as_of: datetime) -> list[DayAheadValue]:
+    """`day_ahead_as_of` in a read transaction of its own."""
+    with store.read() as conn:
+        return day_ahead_as_of(conn, zone, start, end, as_of)
