@@ -18,13 +18,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, delete, select
 
 from scheduler import carbon_table
 from scheduler.clock import utcnow
 from scheduler.store import Store
 from scheduler.store.grid_models import grid_day_ahead
-from telemetry.grid.day_ahead import DayAheadFile, issued_at, read_day_ahead
+from telemetry.grid.day_ahead import SOLAR, WIND_FORMS, DayAheadFile, issued_at, read_day_ahead, wind_total
 
 INSERT_CHUNK_ROWS = 5000
 
@@ -38,6 +38,7 @@ class DayAheadImport:
     source: str
     zone: str
     area: str | None
+    production_types: list[str]
     hours: int
     first: datetime
     last: datetime
@@ -52,11 +53,16 @@ class DayAheadImport:
 
 @dataclass(frozen=True)
 class DayAheadValue:
-    """One hour's day-ahead forecast as known at some time: mean MW of the hour."""
+    """One hour's day-ahead forecast as known at some time: mean MW of the hour.
+
+    `wind_mw` is onshore + offshore; None while only one of the two is known (an export of
+    one production type imported without the other), as is `solar_mw` without a solar one.
+    `issued_at` is the newest issue among the values used.
+    """
 
     at: datetime
-    solar_mw: float
-    wind_mw: float
+    solar_mw: float | None
+    wind_mw: float | None
     issued_at: datetime
     imputed: bool
     source: str
@@ -70,24 +76,38 @@ def _upsert(dialect: str) -> Any:
     stmt = dialect_insert(grid_day_ahead)
     key = [c.name for c in grid_day_ahead.primary_key.columns]
     return stmt.on_conflict_do_update(index_elements=key, set_={
-        c: getattr(stmt.excluded, c) for c in ("solar_mw", "wind_mw", "imputed", "source", "imported_at")})
+        c: getattr(stmt.excluded, c) for c in ("mw", "imputed", "source", "imported_at")})
 
 
 def store_day_ahead(store: Store, parsed: DayAheadFile, now: datetime) -> int:
-    """Store a read file's hours, each issued at its publication time, in one transaction
-    (a re-import of the same hours and issue replaces them); the number of rows."""
-    rows = [{"zone": parsed.zone, "at": h.at, "issued_at": issued_at(h.at, parsed.zone),
-             "solar_mw": h.solar_mw, "wind_mw": h.wind_mw, "imputed": h.imputed, "source": parsed.source,
-             "imported_at": now} for h in parsed.hours]
+    """Store a read file's hours, each issued at its publication time, in one transaction;
+    the number of hours.
+
+    A re-import of the same hours replaces them, and wind held the other way for those hours
+    (one `wind` value against `wind_onshore` + `wind_offshore`) is deleted, so the store
+    keeps one account of each hour's wind: the last imported.
+    """
+    zone = parsed.zone
+    rows = []
+    for h in parsed.hours:
+        issued = issued_at(h.at, zone)
+        rows += [{"zone": zone, "at": h.at, "production_type": kind, "issued_at": issued, "mw": mw,
+                  "imputed": h.imputed, "source": parsed.source, "imported_at": now} for kind, mw in h.mw.items()]
+    replaced = sorted({other for kind in parsed.production_types for other in WIND_FORMS[kind]})
     stmt = _upsert(store.dialect)
+    g = grid_day_ahead.c
 
     def write(conn: Connection) -> int:
+        if replaced:
+            conn.execute(delete(grid_day_ahead).where(
+                g.zone == zone, g.at >= parsed.hours[0].at, g.at <= parsed.hours[-1].at,
+                g.production_type.in_(replaced)))
         for i in range(0, len(rows), INSERT_CHUNK_ROWS):
             conn.execute(stmt, rows[i:i + INSERT_CHUNK_ROWS])
         # the zone's carbon data version moves too: readers caching forecasts built on
         # these inputs notice the change in their one small query per tick
-        carbon_table.bump_versions(conn, store.dialect, [parsed.zone])
-        return len(rows)
+        carbon_table.bump_versions(conn, store.dialect, [zone])
+        return len(parsed.hours)
 
     return store.transact(write)
 
@@ -101,7 +121,7 @@ def import_day_ahead(store: Store, path: str | Path, zone: str, *,
     now = clock()
     n = store_day_ahead(store, parsed, now)
     return DayAheadImport(path=parsed.path, layout=parsed.layout, source=parsed.source, zone=zone,
-                          area=parsed.area, hours=n, first=parsed.hours[0].at, last=parsed.hours[-1].at,
+                          area=parsed.area, production_types=parsed.production_types, hours=n, first=parsed.hours[0].at, last=parsed.hours[-1].at,
                           mtu_s=parsed.mtu_s, imputed=parsed.imputed, fixes=parsed.fixes,
                           trimmed_rows=parsed.trimmed_rows, first_issued_at=issued_at(parsed.hours[0].at, zone),
                           imported_at=now, elapsed_s=time.perf_counter() - t0)
@@ -110,16 +130,23 @@ def import_day_ahead(store: Store, path: str | Path, zone: str, *,
 def day_ahead_as_of(conn: Connection, zone: str, start: datetime, end: datetime,
                     as_of: datetime) -> list[DayAheadValue]:
     """The day-ahead wind and solar forecast of `zone` for the hours in [start, end) as known
-    at `as_of`: for each hour, its newest forecast issued at or before `as_of` (hours with
-    none are absent), by time. Never a value issued after `as_of`."""
+    at `as_of`: for each hour and production type its newest forecast issued at or before
+    `as_of`; hours with none are absent; by time. Never a value issued after `as_of`."""
     g = grid_day_ahead.c
     rows = conn.execute(
-        select(g.at, g.solar_mw, g.wind_mw, g.issued_at, g.imputed, g.source)
+        select(g.at, g.production_type, g.mw, g.issued_at, g.imputed, g.source)
         .where(g.zone == zone, g.at >= start, g.at < end, g.issued_at <= as_of)
         .order_by(g.at, g.issued_at)).all()
-    newest = {r.at: r for r in rows}
-    return [DayAheadValue(r.at, r.solar_mw, r.wind_mw, r.issued_at, bool(r.imputed), r.source)
-            for r in newest.values()]
+    by_hour: dict[datetime, dict[str, Any]] = {}
+    for r in rows:                                   # ordered by issue: the newest stays
+        by_hour.setdefault(r.at, {})[r.production_type] = r
+    out = []
+    for at, kinds in by_hour.items():
+        mw = {kind: r.mw for kind, r in kinds.items()}
+        newest = max(kinds.values(), key=lambda r: r.issued_at)
+        out.append(DayAheadValue(at, mw.get(SOLAR), wind_total(mw), newest.issued_at,
+                                 any(bool(r.imputed) for r in kinds.values()), newest.source))
+    return out
 
 
 def read_day_ahead_as_of(store: Store, zone: str, start: datetime, end: datetime,

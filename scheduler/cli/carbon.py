@@ -275,7 +275,8 @@ def _import_day_ahead(args, config) -> int:
     known_from = f"{PUBLICATION_HOUR}:00 {publication_tz(result.zone).key} the day before"
     if args.json:
         _print_json({"file": result.path, "kind": "day_ahead_wind_solar", "layout": result.layout,
-                     "source": result.source, "zone": result.zone, "area": result.area, "hours": result.hours,
+                     "source": result.source, "zone": result.zone, "area": result.area,
+                     "production_types": result.production_types, "hours": result.hours,
                      "first": _iso(result.first), "last": _iso(result.last), "mtu_s": result.mtu_s,
                      "imputed_hours": result.imputed, "fixes": result.fixes, "trimmed_rows": result.trimmed_rows,
                      "known_from": known_from, "first_issued_at": _iso(result.first_issued_at),
@@ -284,9 +285,12 @@ def _import_day_ahead(args, config) -> int:
         return EXIT_OK
     mtu = _step(result.mtu_s)
     layout = (f"ENTSO-E export{' ' + result.area if result.area else ''}: {mtu} MTUs"
-              if result.layout == "entsoe"
+              if result.layout != "carboncast"
               else f"`UTC time,solar,wind` layout: sums of {3600 // result.mtu_s} {mtu} MTUs per hour")
-    print(f"imported {result.hours:,} hours of day-ahead wind and solar forecasts for {result.zone} "
+    types = result.production_types
+    what = ("wind and solar" if types in (["solar", "wind"], ["solar", "wind_onshore", "wind_offshore"])
+            else " and ".join(t.replace("_", " ") for t in types))
+    print(f"imported {result.hours:,} hours of day-ahead {what} forecasts for {result.zone} "
           f"({layout}, stored as hourly mean MW) from {_iso(result.first)} to {_iso(result.last)}, "
           f"each day known from {known_from}")
     for fix in result.fixes:
@@ -294,6 +298,8 @@ def _import_day_ahead(args, config) -> int:
     if result.imputed:
         print(f"  note: {result.imputed} hours were filled in by the file's source (values not whole numbers): "
               "stored, flagged as imputed")
+    if bool(set(types) & {"wind_onshore", "wind_offshore"}) and not {"wind_onshore", "wind_offshore"} <= set(types):
+        print("  note: an hour's wind is known once both its onshore and offshore forecasts are imported")
     if result.trimmed_rows:
         print(f"  note: {result.trimmed_rows} empty rows at the start or end (not published yet) skipped")
     return EXIT_OK

@@ -15,6 +15,11 @@ item 14.1.D), day-ahead process. Two layouts are told apart by their header row:
   the end of summer time is told apart by its `(CEST)`/`(CET)` mark or, without one, by
   order (the first is summer time). Rows at a local time that does not exist (the skipped
   hour in spring) must be empty and are dropped.
+- `entsoe-per-type`: the platform's newer export, one production type per file, named by
+  the platform `GUI_WIND_SOLAR_GENERATION_FORECAST_<SOLAR|ONSHORE|OFFSHORE>_<from>-<to>.csv`
+  (the type is read from that name): `MTU (CET/CEST)` (or `MTU (UTC)`) with spans such as
+  `01/01/2024 00:00:00 (CET) - 01/01/2024 00:15:00 (CET)`, `Area`, `Day-ahead (MW)`,
+  `Intraday (MW)`, `Current (MW)`, `Actual (MW)`; only `Day-ahead (MW)` is read.
 - `carboncast`: the shared file's layout (CarbonCast's cleaned ENTSO-E data): `UTC time`,
   `solar`, `wind` (onshore + offshore), one row per UTC hour. Each value is the SUM of the
   MW values of the hour's MTUs, so it is divided by the MTUs per hour of the zone (DE 4,
@@ -24,7 +29,9 @@ item 14.1.D), day-ahead process. Two layouts are told apart by their header row:
   double its neighbours is halved (and said so); and values the source filled in by
   averaging neighbours show as not whole numbers: they are kept but flagged `imputed`.
 
-Both give hourly mean MW per UTC hour. A file with a missing hour (or MTU) inside its span,
+All give hourly mean MW per UTC hour and production type: `solar`, and wind either as
+`wind` (onshore + offshore, the shared layout) or as `wind_onshore` and `wind_offshore` (the
+platform's exports); an hour's wind is their sum once both are known (`wind_total`). A file with a missing hour (or MTU) inside its span,
 or an hour given twice, is refused (`CsvFormatError`, one line): a day-ahead input with
 holes would silently change what a forecaster sees. Leading and trailing rows without any
 value (the part of an export not yet published) are trimmed and counted.
@@ -41,6 +48,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
@@ -49,9 +57,19 @@ from zoneinfo import ZoneInfo
 from telemetry.grid.readings import CsvFormatError, zone_problem
 
 LAYOUT_ENTSOE = "entsoe"
+LAYOUT_ENTSOE_PER_TYPE = "entsoe-per-type"
 LAYOUT_CARBONCAST = "carboncast"
-LAYOUTS = (LAYOUT_ENTSOE, LAYOUT_CARBONCAST)
-SOURCES = {LAYOUT_ENTSOE: "entsoe-csv", LAYOUT_CARBONCAST: "carboncast-entsoe-csv"}
+LAYOUTS = (LAYOUT_ENTSOE, LAYOUT_ENTSOE_PER_TYPE, LAYOUT_CARBONCAST)
+SOURCES = {LAYOUT_ENTSOE: "entsoe-csv", LAYOUT_ENTSOE_PER_TYPE: "entsoe-csv",
+           LAYOUT_CARBONCAST: "carboncast-entsoe-csv"}
+
+SOLAR = "solar"
+WIND = "wind"                       # onshore + offshore in one value
+WIND_ONSHORE = "wind_onshore"
+WIND_OFFSHORE = "wind_offshore"
+PRODUCTION_TYPES = (SOLAR, WIND, WIND_ONSHORE, WIND_OFFSHORE)
+#: the other way the same wind is held: importing one replaces the other
+WIND_FORMS = {WIND: (WIND_ONSHORE, WIND_OFFSHORE), WIND_ONSHORE: (WIND,), WIND_OFFSHORE: (WIND,), SOLAR: ()}
 
 #: The time zone whose 18:00 of the day before marks a day's forecast as published.
 PUBLICATION_TZ = {"DE": "Europe/Berlin", "DE-LU": "Europe/Berlin", "GB": "Europe/London"}
@@ -63,6 +81,10 @@ CARBONCAST_MTUS_PER_HOUR = {"DE": 4, "DE-LU": 4, "GB": 2}
 DOUBLE_SUM_RATIO = 1.5
 
 _ENTSOE_VALUE = re.compile(r"^generation - (solar|wind offshore|wind onshore) \[mw\] day ahead ?/ ?(.+)$")
+_ENTSOE_TYPES = {"solar": SOLAR, "wind offshore": WIND_OFFSHORE, "wind onshore": WIND_ONSHORE}
+_PER_TYPE_VALUE = "day-ahead (mw)"
+_PER_TYPE_NAME = re.compile(r"FORECAST_(SOLAR|ONSHORE|OFFSHORE)", re.I)
+_PER_TYPE_TYPES = {"SOLAR": SOLAR, "ONSHORE": WIND_ONSHORE, "OFFSHORE": WIND_OFFSHORE}
 _ENTSOE_TIME = {"mtu (cet/cest)": "Europe/Brussels", "mtu (utc)": "UTC"}
 _MTU_START = re.compile(r"^\s*(\d{2})[./](\d{2})[./](\d{4}) (\d{2}):(\d{2})(?::(\d{2}))?\s*(?:\((CEST|CET)\))?")
 _MISSING = {"", "-", "n/a", "na", "nan"}
@@ -70,14 +92,31 @@ _NOT_EXPECTED = "n/e"
 HOUR = timedelta(hours=1)
 
 
+def wind_total(mw: Mapping[str, float]) -> float | None:
+    """An hour's wind (onshore + offshore) MW from its values by production type; None while
+    only one of onshore and offshore is known."""
+    if WIND in mw:
+        return mw[WIND]
+    if WIND_ONSHORE in mw and WIND_OFFSHORE in mw:
+        return mw[WIND_ONSHORE] + mw[WIND_OFFSHORE]
+    return None
+
+
 @dataclass(frozen=True)
 class DayAheadHour:
-    """One UTC hour's day-ahead forecast: mean MW of solar and of wind (onshore + offshore)."""
+    """One UTC hour's day-ahead forecast: mean MW by production type."""
 
     at: datetime
-    solar_mw: float
-    wind_mw: float
+    mw: dict[str, float]
     imputed: bool = False
+
+    @property
+    def solar_mw(self) -> float | None:
+        return self.mw.get(SOLAR)
+
+    @property
+    def wind_mw(self) -> float | None:
+        return wind_total(self.mw)
 
 
 @dataclass
@@ -103,6 +142,10 @@ class DayAheadFile:
     def imputed(self) -> int:
         return sum(h.imputed for h in self.hours)
 
+    @property
+    def production_types(self) -> list[str]:
+        return [t for t in PRODUCTION_TYPES if any(t in h.mw for h in self.hours)]
+
 
 def _norm(name: str) -> str:
     return " ".join(name.replace("\ufeff", "").strip().lower().split())
@@ -115,6 +158,8 @@ def detect_layout(header: list[str]) -> str | None:
         return LAYOUT_CARBONCAST
     if cols and cols[0] in _ENTSOE_TIME and any(_ENTSOE_VALUE.match(c) for c in cols[1:]):
         return LAYOUT_ENTSOE
+    if cols and cols[0] in _ENTSOE_TIME and _PER_TYPE_VALUE in cols:
+        return LAYOUT_ENTSOE_PER_TYPE
     return None
 
 
@@ -164,9 +209,11 @@ def read_day_ahead(path: str | Path, zone: str) -> DayAheadFile:
     if layout == LAYOUT_CARBONCAST:
         return _read_carboncast(name, rows, zone)
     if layout == LAYOUT_ENTSOE:
-        return _read_entsoe(name, rows, zone)
+        return _read_entsoe(name, rows, zone, _entsoe_columns(name, rows[0]))
+    if layout == LAYOUT_ENTSOE_PER_TYPE:
+        return _read_entsoe(name, rows, zone, _per_type_columns(name, rows))
     raise CsvFormatError(name, 1, "not a day-ahead wind and solar file (expected `UTC time,solar,wind` or "
-                                  "an ENTSO-E export with `MTU (CET/CEST)` and `... [MW] Day Ahead/ ...` columns)")
+                                  "an ENTSO-E export with `MTU (CET/CEST)` and Day Ahead columns)")
 
 
 # -- the shared file's layout -----------------------------------------------------------------
@@ -220,7 +267,7 @@ def _read_carboncast(name: str, rows: list[list[str]], zone: str) -> DayAheadFil
         raise CsvFormatError(name, None, "no rows")
     parsed.sort(key=lambda p: p[1])
     _refuse_gaps(name, [(p[0], p[1]) for p in parsed], HOUR)
-    hours = [DayAheadHour(at, solar / per_hour, wind / per_hour, imputed)
+    hours = [DayAheadHour(at, {SOLAR: solar / per_hour, WIND: wind / per_hour}, imputed)
              for _line, at, solar, wind, imputed in parsed]
     fixes = _fix_summer_time_end(hours, zone, per_hour)
     return DayAheadFile(path=name, layout=LAYOUT_CARBONCAST, zone=zone, hours=hours, mtu_s=3600 // per_hour,
@@ -261,7 +308,7 @@ def _fix_summer_time_end(hours: list[DayAheadHour], zone: str, per_hour: int) ->
         h = hours[i]
         local = at.astimezone(publication_tz(zone))
         if mean > 0 and h.wind_mw >= DOUBLE_SUM_RATIO * mean:
-            hours[i] = DayAheadHour(h.at, h.solar_mw / 2, h.wind_mw / 2, h.imputed)
+            hours[i] = DayAheadHour(h.at, {t: v / 2 for t, v in h.mw.items()}, h.imputed)
             fixes.append(f"summer-time end {at:%Y-%m-%d %H:%M} UTC (local {local:%H:%M} {local.tzname()}, "
                          f"repeated hour): wind {h.wind_mw:,.0f} MW (file value {h.wind_mw * per_hour:,.0f}) was "
                          f"{h.wind_mw / mean:.1f}x its neighbours (the source summed both repeated hours), "
@@ -274,28 +321,50 @@ def _fix_summer_time_end(hours: list[DayAheadHour], zone: str, per_hour: int) ->
 @dataclass
 class _Columns:
     time_tz: str
-    solar: list[int]
-    wind: list[int]
+    #: production type -> the column of its Day Ahead values
+    values: dict[str, int]
     area: str | None
+    layout: str
 
 
 def _entsoe_columns(name: str, header: list[str]) -> _Columns:
+    """The columns of the export with every production type in one file."""
     cols = [_norm(c) for c in header]
-    solar: list[int] = []
-    wind: list[int] = []
+    values: dict[str, int] = {}
     areas = set()
     for i, c in enumerate(cols):
         m = _ENTSOE_VALUE.match(c)
         if m:
-            (solar if m.group(1) == "solar" else wind).append(i)
+            kind = _ENTSOE_TYPES[m.group(1)]
+            if kind in values:
+                raise CsvFormatError(name, 1, f"two Day Ahead columns for {m.group(1)}: export one area per file")
+            values[kind] = i
             areas.add(header[i].split("/", 1)[-1].strip())
     if len(areas) > 1:
         raise CsvFormatError(name, 1, f"the export holds several areas ({', '.join(sorted(areas))}): "
                                       "export one area per file")
-    if not solar or not wind:
-        missing = "solar" if not solar else "wind"
-        raise CsvFormatError(name, 1, f"no {missing} Day Ahead column")
-    return _Columns(_ENTSOE_TIME[cols[0]], solar, wind, areas.pop() if areas else None)
+    return _Columns(_ENTSOE_TIME[cols[0]], values, areas.pop() if areas else None, LAYOUT_ENTSOE)
+
+
+def _per_type_columns(name: str, rows: list[list[str]]) -> _Columns:
+    """The columns of the export with one production type per file, its type from the name
+    the platform gives the file."""
+    cols = [_norm(c) for c in rows[0]]
+    m = _PER_TYPE_NAME.search(Path(name).name)
+    if not m:
+        raise CsvFormatError(name, None, "this export holds one production type, named only in the file name "
+                                         "the platform gives it (GUI_WIND_SOLAR_GENERATION_FORECAST_SOLAR_..., "
+                                         "_ONSHORE_ or _OFFSHORE_): keep that name")
+    area = None
+    if "area" in cols:
+        i = cols.index("area")
+        areas = {r[i].strip() for r in rows[1:] if len(r) > i and r[i].strip()}
+        if len(areas) > 1:
+            raise CsvFormatError(name, None, f"the export holds several areas ({', '.join(sorted(areas))}): "
+                                             "export one area per file")
+        area = areas.pop() if areas else None
+    return _Columns(_ENTSOE_TIME[cols[0]], {_PER_TYPE_TYPES[m.group(1).upper()]: cols.index(_PER_TYPE_VALUE)},
+                    area, LAYOUT_ENTSOE_PER_TYPE)
 
 
 def _mtu_start(name: str, line: int, text: str, tz: str, seen_local: set) -> datetime | None:
@@ -333,23 +402,19 @@ def _value(name: str, line: int, text: str) -> float | None:
     return _number(name, line, text.strip(), "value")
 
 
-def _read_entsoe(name: str, rows: list[list[str]], zone: str) -> DayAheadFile:
-    cols = _entsoe_columns(name, rows[0])
+def _read_entsoe(name: str, rows: list[list[str]], zone: str, cols: _Columns) -> DayAheadFile:
     seen_local: set = set()
     by_start: dict[datetime, int] = {}
-    parsed: list[tuple[int, datetime, float | None, float | None]] = []
+    parsed: list[tuple[int, datetime, dict[str, float | None]]] = []
     for line, row in enumerate(rows[1:], start=2):
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) < len(rows[0]):
             raise CsvFormatError(name, line, f"expected {len(rows[0])} columns, found {len(row)}")
         start = _mtu_start(name, line, row[0], cols.time_tz, seen_local)
-        solar_parts = [_value(name, line, row[i]) for i in cols.solar]
-        wind_parts = [_value(name, line, row[i]) for i in cols.wind]
-        solar = None if any(v is None for v in solar_parts) else sum(solar_parts)
-        wind = None if any(v is None for v in wind_parts) else sum(wind_parts)
+        values = {kind: _value(name, line, row[i]) for kind, i in cols.values.items()}
         if start is None:
-            if solar_parts.count(None) + wind_parts.count(None) != len(solar_parts) + len(wind_parts):
+            if any(v is not None for v in values.values()):
                 raise CsvFormatError(name, line, f"MTU {row[0].strip()!r} does not exist in local time (the hour "
                                                  "skipped when summer time starts) but has values")
             continue
@@ -357,42 +422,41 @@ def _read_entsoe(name: str, rows: list[list[str]], zone: str) -> DayAheadFile:
             raise CsvFormatError(name, line, f"MTU starting {start:%Y-%m-%d %H:%M} UTC given twice (also line "
                                              f"{by_start[start]}): refused, nothing stored")
         by_start[start] = line
-        parsed.append((line, start, solar, wind))
+        parsed.append((line, start, values))
     parsed.sort(key=lambda p: p[1])
     trimmed = 0
-    while parsed and parsed[0][2] is None and parsed[0][3] is None:
+    while parsed and all(v is None for v in parsed[0][2].values()):
         parsed.pop(0)
         trimmed += 1
-    while parsed and parsed[-1][2] is None and parsed[-1][3] is None:
+    while parsed and all(v is None for v in parsed[-1][2].values()):
         parsed.pop()
         trimmed += 1
     if not parsed:
         raise CsvFormatError(name, None, "no Day Ahead values")
-    for line, start, solar, wind in parsed:
-        if solar is None or wind is None:
-            raise CsvFormatError(name, line, f"MTU starting {start:%Y-%m-%d %H:%M} UTC has no "
-                                             f"{'solar' if solar is None else 'wind'} value: a gap, refused, "
-                                             "nothing stored")
+    for line, start, values in parsed:
+        missing = [kind.replace("_", " ") for kind, v in values.items() if v is None]
+        if missing:
+            raise CsvFormatError(name, line, f"MTU starting {start:%Y-%m-%d %H:%M} UTC has no {' or '.join(missing)} "
+                                             "value: a gap, refused, nothing stored")
     step = min((b[1] - a[1] for a, b in zip(parsed, parsed[1:])), default=HOUR)
     if step <= timedelta(0) or HOUR % step or step > HOUR:
         raise CsvFormatError(name, None, f"market time unit of {step} does not divide an hour")
     _refuse_gaps(name, [(p[0], p[1]) for p in parsed], step)
     hours = _hourly_means(name, parsed, step)
-    return DayAheadFile(path=name, layout=LAYOUT_ENTSOE, zone=zone, hours=hours,
+    return DayAheadFile(path=name, layout=cols.layout, zone=zone, hours=hours,
                         mtu_s=int(step.total_seconds()), area=cols.area, trimmed_rows=trimmed)
 
 
 def _hourly_means(name: str, parsed: list, step: timedelta) -> list[DayAheadHour]:
-    """Mean MW of each UTC hour from its MTUs; a part hour at either end is refused."""
+    """Mean MW of each UTC hour and production type from its MTUs; a part hour is refused."""
     per_hour = HOUR // step
-    groups: dict[datetime, list[tuple[int, float, float]]] = {}
-    for line, start, solar, wind in parsed:
-        hour = start.replace(minute=0, second=0, microsecond=0)
-        groups.setdefault(hour, []).append((line, solar, wind))
+    groups: dict[datetime, list[tuple[int, dict[str, float]]]] = {}
+    for line, start, values in parsed:
+        groups.setdefault(start.replace(minute=0, second=0, microsecond=0), []).append((line, values))
     hours = []
     for hour, parts in groups.items():
         if len(parts) != per_hour:
             raise CsvFormatError(name, parts[0][0], f"hour {hour:%Y-%m-%d %H:%M} UTC has {len(parts)} of its "
                                                     f"{per_hour} market time units: refused, nothing stored")
-        hours.append(DayAheadHour(hour, sum(p[1] for p in parts) / per_hour, sum(p[2] for p in parts) / per_hour))
+        hours.append(DayAheadHour(hour, {kind: sum(p[1][kind] for p in parts) / per_hour for kind in parts[0][1]}))
     return hours

@@ -19,7 +19,14 @@ from scheduler.cli.common import CliError
 from scheduler.store import Store
 from scheduler.store.grid_models import grid_day_ahead
 from tests.cli.test_carbon_cli import DE, ROOT, carbon, carbonsched
-from tests.telemetry.test_day_ahead_files import DE_MARCH, DE_OCTOBER, GB_APRIL, sums, write_export
+from tests.telemetry.test_day_ahead_files import (
+    DE_MARCH,
+    DE_OCTOBER,
+    GB_APRIL,
+    sums,
+    write_export,
+    write_per_type_exports,
+)
 
 
 @pytest.fixture
@@ -48,7 +55,7 @@ def test_the_shared_layout_imports_in_one_line(env, capsys):
     assert line.startswith("imported 72 hours of day-ahead wind and solar forecasts for DE")
     assert "2021-03-01T00:00:00Z" in line and "2021-03-03T23:00:00Z" in line
     assert "hourly mean MW" in line and "18:00 Europe/Berlin the day before" in line
-    assert stored(env) == 72
+    assert stored(env) == 72 * 2                                  # solar and wind per hour
 
 
 def test_the_platform_export_imports_in_one_line(env, capsys, tmp_path):
@@ -59,6 +66,17 @@ def test_the_platform_export_imports_in_one_line(env, capsys, tmp_path):
     assert "ENTSO-E export BZN|DE-LU" in line and "15 min MTUs" in line and line.startswith("imported 72 hours")
 
 
+def test_the_newer_export_of_one_type_per_file_imports_and_says_what_wind_still_needs(env, capsys, tmp_path):
+    files = write_per_type_exports(tmp_path, sums(DE_MARCH), 4)
+    assert carbon("import", str(files["ONSHORE"]), "--zone", "DE") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("imported 72 hours of day-ahead wind onshore forecasts for DE (ENTSO-E export BZN|DE-LU")
+    assert out[1] == "  note: an hour's wind is known once both its onshore and offshore forecasts are imported"
+    assert carbon("import", str(files["OFFSHORE"]), "--zone", "DE", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["production_types"] == ["wind_offshore"]
+    assert stored(env) == 72 * 2
+
+
 def test_the_summer_time_fix_and_imputed_hours_are_said(env, capsys):
     assert carbon("import", str(DE_OCTOBER), "--zone", "DE") == 0
     out = capsys.readouterr().out.splitlines()
@@ -66,6 +84,7 @@ def test_the_summer_time_fix_and_imputed_hours_are_said(env, capsys):
     assert out[1].startswith("  fixed: summer-time end 2021-10-31 00:00 UTC") and "halved" in out[1]
     assert carbon("import", str(GB_APRIL), "--zone", "GB", "--json") == 0
     got = json.loads(capsys.readouterr().out)
+    assert got["production_types"] == ["solar", "wind"]
     assert (got["kind"], got["zone"], got["hours"], got["imputed_hours"], got["mtu_s"]) == \
         ("day_ahead_wind_solar", "GB", 72, 23, 1800)
     assert got["known_from"] == "18:00 Europe/London the day before"

@@ -2,7 +2,8 @@
 on SQLite and PostgreSQL: an import stores each hour with the time it was published, the as-of
 read never returns a value published after the time asked about (at 17:59 local time of the
 day before an hour is unknown, at 18:00 it is known), a refused file stores nothing, a
-re-import replaces, and the migration goes down and up.
+re-import replaces, exports of one production type each add up to the hour's wind, and the
+migration goes down and up.
 
 Inputs: slices of the shared files (tests/data/grid_day_ahead/SOURCE.md).
 """
@@ -22,6 +23,7 @@ from scheduler.store.carbon_models import carbon_zone_versions
 from scheduler.store.engine import alembic_config
 from scheduler.store.grid_models import grid_day_ahead
 from telemetry.grid.readings import CsvFormatError
+from tests.telemetry.test_day_ahead_files import sums, write_per_type_exports
 
 DATA = Path(__file__).parents[1] / "data" / "grid_day_ahead"
 DE_MARCH = DATA / "DE_2021-03-01_to_2021-03-03.csv"
@@ -39,6 +41,7 @@ def local(tz, *args: int) -> datetime:
 
 
 def rows(store) -> int:
+    """Stored values: one per hour and production type."""
     with store.read() as conn:
         return conn.execute(select(func.count()).select_from(grid_day_ahead)).scalar()
 
@@ -54,7 +57,7 @@ def test_an_import_stores_every_hour_in_mw_with_its_publication_time(store):
     assert result.first_issued_at == local(BERLIN, 2021, 2, 28, 18)
     everything = read_day_ahead_as_of(store, "DE", datetime(2021, 1, 1, tzinfo=UTC),
                                       datetime(2022, 1, 1, tzinfo=UTC), IMPORTED)
-    assert len(everything) == 72 and rows(store) == 72
+    assert len(everything) == 72 and rows(store) == 72 * 2          # solar and wind
     first = everything[0]
     assert (first.solar_mw, first.wind_mw) == (0.0, 17467.0 / 4)   # the slice's first row: sums of 4 quarter-hours
     assert first.source == "carboncast-entsoe-csv" and not first.imputed
@@ -117,13 +120,35 @@ def test_a_re_import_replaces_the_same_hours_and_moves_the_zone_s_data_version(s
     changed.write_text(DE_MARCH.read_text().replace("2021-03-01 00:00:00,0.0,17467.0",
                                                     "2021-03-01 00:00:00,0.0,40000.0"))
     importing(store, changed, "DE")
-    assert rows(store) == 72
+    assert rows(store) == 72 * 2
     [first] = read_day_ahead_as_of(store, "DE", datetime(2021, 3, 1, tzinfo=UTC),
                                    datetime(2021, 3, 1, 1, tzinfo=UTC), IMPORTED)
     assert first.wind_mw == 10000.0
     with store.read() as conn:
         assert conn.execute(select(carbon_zone_versions.c.version)
                             .where(carbon_zone_versions.c.zone == "DE")).scalar() == 2
+
+
+def test_exports_of_one_type_each_add_up_to_the_same_hours_as_the_shared_layout(store, tmp_path):
+    span = (datetime(2021, 3, 1, tzinfo=UTC), datetime(2021, 3, 4, tzinfo=UTC))
+    importing(store, DE_MARCH, "DE")
+    shared = read_day_ahead_as_of(store, "DE", *span, IMPORTED)
+    files = write_per_type_exports(tmp_path, sums(DE_MARCH), 4)
+    importing(store, files["ONSHORE"], "DE")
+    half = read_day_ahead_as_of(store, "DE", *span, IMPORTED)
+    # onshore replaced the one wind value; without offshore the hour's wind is not known
+    assert [v.wind_mw for v in half] == [None] * 72
+    assert [v.solar_mw for v in half] == [v.solar_mw for v in shared]
+    importing(store, files["OFFSHORE"], "DE")
+    importing(store, files["SOLAR"], "DE")
+    whole = read_day_ahead_as_of(store, "DE", *span, IMPORTED)
+    assert rows(store) == 72 * 3 and {v.source for v in whole} == {"entsoe-csv"}
+    for a, b in zip(whole, shared, strict=True):
+        assert (a.at, a.issued_at) == (b.at, b.issued_at)
+        assert a.solar_mw == pytest.approx(b.solar_mw) and a.wind_mw == pytest.approx(b.wind_mw)
+    importing(store, DE_MARCH, "DE")                     # and back: one wind value again
+    assert rows(store) == 72 * 2
+    assert [v.wind_mw for v in read_day_ahead_as_of(store, "DE", *span, IMPORTED)] == [v.wind_mw for v in shared]
 
 
 def test_zones_are_kept_apart(store):

@@ -5,9 +5,10 @@ local time of the day before.
 
 The shared-layout inputs are small slices of the shared files (tests/data/grid_day_ahead/
 SOURCE.md). The Transparency Platform exports are written here from those slices in the
-platform's column layout: each hour's sum is spread over its market time units (MTUs) so that
-their mean is the hour's MW, wind split into onshore and offshore, the Intraday and Current
-columns filled with values that must never be read.
+platform's column layouts (all types in one file, and the newer one file per type): each
+hour's sum is spread over its market time units (MTUs) so that their mean is the hour's MW,
+wind split into onshore and offshore, the Intraday and Current columns filled with values
+that must never be read.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import pytest
 from telemetry.grid.day_ahead import (
     LAYOUT_CARBONCAST,
     LAYOUT_ENTSOE,
+    LAYOUT_ENTSOE_PER_TYPE,
     detect_layout,
     issued_at,
     read_day_ahead,
     sniff_layout,
+    wind_total,
 )
 from telemetry.grid.readings import CsvFormatError
 
@@ -86,6 +89,30 @@ def write_export(path: Path, hours: list[tuple[datetime, float, float]], per_hou
     return path
 
 
+PER_TYPE_SHARE = {"SOLAR": ("solar", 1.0), "ONSHORE": ("wind", 0.75), "OFFSHORE": ("wind", 0.25)}
+
+
+def write_per_type_exports(directory: Path, hours: list[tuple[datetime, float, float]], per_hour: int, *,
+                           area: str = "BZN|DE-LU") -> dict[str, Path]:
+    """The platform's newer exports of `hours`, one file per production type, named as the
+    platform names them; wind split 75 % onshore, 25 % offshore as in `write_export`."""
+    step = timedelta(hours=1) / per_hour
+    files = {}
+    for token, (column, share) in PER_TYPE_SHARE.items():
+        path = directory / f"GUI_WIND_SOLAR_GENERATION_FORECAST_{token}_202102282300-202103032300.csv"
+        rows = [["MTU (CET/CEST)", "Area", "Day-ahead (MW)", "Intraday (MW)", "Current (MW)", "Actual (MW)"]]
+        for at, solar_sum, wind_sum in hours:
+            value = (solar_sum if column == "solar" else wind_sum) / per_hour * share
+            for i in range(per_hour):
+                start = at + i * step
+                rows.append([mtu_text(start, start + step, BRUSSELS, "new", True), area, repr(value),
+                             NEVER_READ, NEVER_READ, NEVER_READ])
+        with open(path, "w", newline="") as f:
+            csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
+        files[token] = path
+    return files
+
+
 def refused(path: Path, zone: str = "DE") -> str:
     with pytest.raises(CsvFormatError) as e:
         read_day_ahead(path, zone)
@@ -128,6 +155,26 @@ def test_gb_half_hours_read_to_the_same_mw_in_both_layouts(tmp_path):
     got = read_day_ahead(write_export(tmp_path / "gb.csv", sums(GB_APRIL), 2, area="BZN|GB"), "GB")
     for a, b in zip(got.hours, shared.hours, strict=True):
         assert (a.at, a.solar_mw, a.wind_mw) == (b.at, pytest.approx(b.solar_mw), pytest.approx(b.wind_mw))
+
+
+def test_the_newer_export_of_one_production_type_per_file_reads_each_type(tmp_path):
+    shared = read_day_ahead(DE_MARCH, "DE")
+    files = write_per_type_exports(tmp_path, sums(DE_MARCH), 4)
+    solar, onshore, offshore = (read_day_ahead(files[t], "DE") for t in ("SOLAR", "ONSHORE", "OFFSHORE"))
+    assert solar.layout == LAYOUT_ENTSOE_PER_TYPE and solar.area == "BZN|DE-LU" and solar.mtu_s == 900
+    assert (solar.production_types, onshore.production_types, offshore.production_types) == \
+        (["solar"], ["wind_onshore"], ["wind_offshore"])
+    for s, on, off, b in zip(solar.hours, onshore.hours, offshore.hours, shared.hours, strict=True):
+        assert s.at == on.at == off.at == b.at
+        assert s.solar_mw == pytest.approx(b.solar_mw)
+        assert wind_total({**on.mw, **off.mw}) == pytest.approx(b.wind_mw)
+        assert on.wind_mw is None               # onshore alone is not the hour's wind
+
+
+def test_an_export_of_one_type_needs_the_platform_s_file_name(tmp_path):
+    path = write_per_type_exports(tmp_path, sums(DE_MARCH)[:2], 4)["SOLAR"]
+    renamed = path.rename(tmp_path / "my_forecast.csv")
+    assert "named only in the file name" in refused(renamed)
 
 
 def test_layouts_are_told_from_the_header_and_a_carbon_trace_is_neither(tmp_path):
@@ -190,6 +237,10 @@ def test_an_export_mtu_without_a_day_ahead_value_inside_the_span_is_a_gap(tmp_pa
     with open(path, "w", newline="") as f:
         csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
     assert "has no solar value: a gap" in refused(path)
+    rows[5][4] = "-"
+    with open(path, "w", newline="") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
+    assert "has no solar or wind offshore value: a gap" in refused(path)
 
 
 def test_a_duplicated_mtu_in_the_export_is_refused(tmp_path):
