@@ -9,7 +9,8 @@ item 14.1.D), day-ahead process. Two layouts are told apart by their header row:
   `(CEST)`), then per production type the columns
   `Generation - Solar  [MW] Day Ahead/ BZN|DE-LU`, `... Intraday / ...`, `... Current / ...`
   for Solar, Wind Offshore and Wind Onshore. Values are MW over each market time unit (MTU:
-  15 min in DE, 30 min in GB, an hour elsewhere); only the Day Ahead columns are read. `n/e`
+  15 min in DE, 30 min in GB, an hour elsewhere); only the Day Ahead columns are read. Files
+  saved with `;` between fields (and `,` as the decimal mark) read the same. `n/e`
   ("not expected": no such plants in the area) counts as 0 MW, an empty value or `-` is
   missing. Local times are resolved with Europe/Brussels (CET/CEST); the repeated hour at
   the end of summer time is told apart by its `(CEST)`/`(CET)` mark or, without one, by
@@ -168,10 +169,15 @@ def sniff_layout(path: str | Path) -> str | None:
     be read: the caller's own reader then says why)."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
-            header = next(csv.reader(io.StringIO(f.readline())), [])
+            first = f.readline()
     except (OSError, UnicodeDecodeError):
         return None
-    return detect_layout(header)
+    return detect_layout(next(csv.reader(io.StringIO(first), delimiter=_delimiter(first)), []))
+
+
+def _delimiter(first_line: str) -> str:
+    """`;` for the exports saved with semicolons (some locales), else `,`."""
+    return ";" if first_line.count(";") > first_line.count(",") else ","
 
 
 def publication_tz(zone: str) -> ZoneInfo:
@@ -202,7 +208,11 @@ def read_day_ahead(path: str | Path, zone: str) -> DayAheadFile:
         raise CsvFormatError(name, None, e.strerror or str(e)) from None
     except UnicodeDecodeError:
         raise CsvFormatError(name, None, "not UTF-8 text") from None
-    rows = list(csv.reader(io.StringIO(text, newline="")))
+    delimiter = _delimiter(text.split("\n", 1)[0])
+    rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter))
+    if delimiter == ";":                     # such files write a decimal comma
+        rows = [row[:1] + [c.replace(",", ".") if c.count(",") == 1 and "." not in c else c for c in row[1:]]
+                for row in rows]
     if not rows:
         raise CsvFormatError(name, 1, "empty file")
     layout = detect_layout(rows[0])

@@ -177,6 +177,18 @@ def test_an_export_of_one_type_needs_the_platform_s_file_name(tmp_path):
     assert "named only in the file name" in refused(renamed)
 
 
+def test_an_export_saved_with_semicolons_and_decimal_commas_reads_the_same(tmp_path):
+    comma = read_day_ahead(write_export(tmp_path / "comma.csv", sums(DE_MARCH), 4), "DE")
+    rows = list(csv.reader((tmp_path / "comma.csv").read_text().splitlines()))
+    semi = tmp_path / "semicolon.csv"
+    with open(semi, "w", newline="") as f:
+        csv.writer(f, delimiter=";", quoting=csv.QUOTE_ALL).writerows(
+            [rows[0]] + [[r[0]] + [v.replace(".", ",") for v in r[1:]] for r in rows[1:]])
+    assert sniff_layout(semi) == LAYOUT_ENTSOE
+    got = read_day_ahead(semi, "DE")
+    assert [(h.at, h.mw) for h in got.hours] == [(h.at, h.mw) for h in comma.hours]
+
+
 def test_layouts_are_told_from_the_header_and_a_carbon_trace_is_neither(tmp_path):
     assert sniff_layout(DE_MARCH) == LAYOUT_CARBONCAST
     assert sniff_layout(write_export(tmp_path / "x.csv", sums(DE_MARCH)[:1], 4)) == LAYOUT_ENTSOE
