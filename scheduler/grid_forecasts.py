@@ -121,7 +121,8 @@ def import_day_ahead(store: Store, path: str | Path, zone: str, *,
     now = clock()
     n = store_day_ahead(store, parsed, now)
     return DayAheadImport(path=parsed.path, layout=parsed.layout, source=parsed.source, zone=zone,
-                          area=parsed.area, production_types=parsed.production_types, hours=n, first=parsed.hours[0].at, last=parsed.hours[-1].at,
+                          area=parsed.area, production_types=parsed.production_types, hours=n,
+                          first=parsed.hours[0].at, last=parsed.hours[-1].at,
                           mtu_s=parsed.mtu_s, imputed=parsed.imputed, fixes=parsed.fixes,
                           trimmed_rows=parsed.trimmed_rows, first_issued_at=issued_at(parsed.hours[0].at, zone),
                           imported_at=now, elapsed_s=time.perf_counter() - t0)

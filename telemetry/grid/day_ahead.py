@@ -1,7 +1,7 @@
 """Grid operators' day-ahead wind and solar generation forecasts from files, as hourly MW.
 
 The dataset is ENTSO-E's "Generation Forecasts for Wind and Solar" (Transparency Platform
-item 14.1.D), day-ahead process. Two layouts are told apart by their header row:
+item 14.1.D), day-ahead process. Three layouts are told apart by their header row:
 
 - `entsoe`: the platform's CSV export. A time column `MTU (CET/CEST)` (or `MTU (UTC)`)
   holding a span such as `01.01.2021 00:00 - 01.01.2021 00:15` (or
@@ -32,10 +32,11 @@ item 14.1.D), day-ahead process. Two layouts are told apart by their header row:
 
 All give hourly mean MW per UTC hour and production type: `solar`, and wind either as
 `wind` (onshore + offshore, the shared layout) or as `wind_onshore` and `wind_offshore` (the
-platform's exports); an hour's wind is their sum once both are known (`wind_total`). A file with a missing hour (or MTU) inside its span,
-or an hour given twice, is refused (`CsvFormatError`, one line): a day-ahead input with
-holes would silently change what a forecaster sees. Leading and trailing rows without any
-value (the part of an export not yet published) are trimmed and counted.
+platform's exports); an hour's wind is their sum once both are known (`wind_total`). A file
+with a missing hour (or MTU) inside its span, or an hour given twice, is refused
+(`CsvFormatError`, one line): a day-ahead input with holes would silently change what a
+forecaster sees. Leading and trailing rows without any value (the part of an export not yet
+published) are trimmed and counted.
 
 When each value was known: the files carry no issue time. ENTSO-E's day-ahead wind and
 solar forecasts are published by about 18:00 local time of the day before, so each hour is

@@ -289,7 +289,8 @@ def test_the_summer_time_end_row_is_halved_and_the_fix_is_said():
 
 def test_a_summer_time_end_row_that_is_not_doubled_is_left_alone(tmp_path):
     path = tmp_path / "fixed.csv"
-    path.write_text(DE_OCTOBER.read_text().replace("2021-10-31 00:00:00,0.0,153985.0", "2021-10-31 00:00:00,0.0,93000.0"))
+    path.write_text(DE_OCTOBER.read_text().replace("2021-10-31 00:00:00,0.0,153985.0",
+                                                   "2021-10-31 00:00:00,0.0,93000.0"))
     got = read_day_ahead(path, "DE")
     assert got.fixes == [] and {h.at: h for h in got.hours}[utc(2021, 10, 31, 0)].wind_mw == 93000 / 4
 
