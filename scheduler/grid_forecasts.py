@@ -155,3 +155,20 @@ def read_day_ahead_as_of(store: Store, zone: str, start: datetime, end: datetime
     """`day_ahead_as_of` in a read transaction of its own."""
     with store.read() as conn:
         return day_ahead_as_of(conn, zone, start, end, as_of)
+
+
+def day_ahead_zones(store: Store) -> list[str]:
+    """The zones with any day-ahead forecast stored."""
+    with store.read() as conn:
+        return list(conn.execute(select(grid_day_ahead.c.zone).distinct().order_by(grid_day_ahead.c.zone)).scalars())
+
+
+def forget_day_ahead(store: Store, zone: str) -> int:
+    """Delete every day-ahead forecast value of `zone` (imported under a wrong zone id, say);
+    the number deleted. The zone's data version moves, as with every write."""
+    def write(conn: Connection) -> int:
+        n = conn.execute(delete(grid_day_ahead).where(grid_day_ahead.c.zone == zone)).rowcount
+        carbon_table.bump_versions(conn, store.dialect, [zone])
+        return int(n or 0)
+
+    return store.transact(write)

@@ -85,8 +85,8 @@ def add_parser(subparsers) -> None:
     sh.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(sh)
 
-    fg = sub.add_parser("forget", help="delete every value of a zone from the store (e.g. imported under a "
-                                       "wrong zone id)")
+    fg = sub.add_parser("forget", help="delete every value of a zone from the store, day-ahead wind and solar "
+                                       "forecasts included (e.g. imported under a wrong zone id)")
     fg.add_argument("--zone", required=True, help="the zone id to delete")
     fg.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(fg)
@@ -484,18 +484,25 @@ def _forget(args, config, carbon_config) -> int:
     store = _open(args, config, create=False)
     if store is None:
         raise CliError("no carbon data yet: the database is empty")
+    from scheduler.grid_forecasts import day_ahead_zones, forget_day_ahead
+
     try:
         signals = CarbonSignals(store, carbon_config, track_status=False)
-        if not any(z["zone"] == args.zone for z in signals.zones()):
-            names = ", ".join(z["zone"] for z in signals.zones()) or "none"
+        carbon_zones = [z["zone"] for z in signals.zones()]
+        forecast_zones = day_ahead_zones(store)
+        if args.zone not in carbon_zones and args.zone not in forecast_zones:
+            names = ", ".join(sorted(set(carbon_zones) | set(forecast_zones))) or "none"
             raise CliError(f"no carbon data for zone {args.zone!r} (zones with data: {names})", EXIT_USAGE)
-        n = signals.writes.forget_zone(args.zone)
+        n = signals.writes.forget_zone(args.zone) if args.zone in carbon_zones else 0
+        day_ahead = forget_day_ahead(store, args.zone) if args.zone in forecast_zones else 0
     finally:
         store.dispose()
     if args.json:
-        _print_json({"zone": args.zone, "values_deleted": n})
+        _print_json({"zone": args.zone, "values_deleted": n, "day_ahead_values_deleted": day_ahead})
     else:
-        print(f"deleted {n:,} values of zone {args.zone}")
+        parts = ([f"{n:,} values"] if n or not day_ahead else []) \
+            + ([f"{day_ahead:,} day-ahead wind and solar forecast values"] if day_ahead else [])
+        print(f"deleted {' and '.join(parts)} of zone {args.zone}")
     return EXIT_OK
 
 

@@ -1,7 +1,8 @@
 """`carbonsched carbon import FILE --zone Z` with grid operators' day-ahead wind and solar
 forecasts: both layouts are recognised from the header (beside the carbon-intensity traces),
-the import says in one line what it stored, the summer-time fix is said, and a file with a
-gap or a duplicated hour is refused in one line (exit 2) with nothing stored.
+the import says in one line what it stored, the summer-time fix is said, a file with a gap or
+a duplicated hour is refused in one line (exit 2) with nothing stored, and `carbon forget`
+deletes a zone's day-ahead forecasts with its other values.
 
 Inputs: slices of the shared files (tests/data/grid_day_ahead/SOURCE.md) and a platform
 export written from one by tests/telemetry/test_day_ahead_files.py's writer.
@@ -119,3 +120,14 @@ def test_carbon_intensity_traces_still_import_as_before(env, capsys):
     out = capsys.readouterr().out
     assert out.startswith("imported 504 values for DE") and "electricitymaps format" in out
     assert stored(env) == 0
+
+
+def test_forget_deletes_a_zone_s_day_ahead_forecasts_too(env, capsys):
+    assert carbon("import", str(DE_MARCH), "--zone", "DE-LU") == 0       # meant DE
+    assert carbon("import", str(DE_MARCH), "--zone", "DE") == 0
+    capsys.readouterr()
+    assert carbon("forget", "--zone", "DE-LU") == 0
+    assert capsys.readouterr().out == "deleted 144 day-ahead wind and solar forecast values of zone DE-LU\n"
+    assert stored(env) == 144                                              # DE's are kept
+    with pytest.raises(CliError, match="no carbon data for zone 'DE-LU' \\(zones with data: DE\\)"):
+        carbon("forget", "--zone", "DE-LU")
