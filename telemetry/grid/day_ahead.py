@@ -26,8 +26,8 @@ item 14.1.D), day-ahead process. Three layouts are told apart by their header ro
   MW values of the hour's MTUs, so it is divided by the MTUs per hour of the zone (DE 4,
   GB 2); zones whose MTU is not known here are refused. Two defects of that source are
   handled: the hour in which summer time ends (local 02:00 summer time, e.g. DE
-  2021-10-31 00:00 UTC) was summed over both repeated local hours, so a value there about
-  double its neighbours is halved (and said so); and values the source filled in by
+  2021-10-31 00:00 UTC) was summed over both repeated local hours, so a value there nearer
+  double its neighbours' mean than equal to it (at least √2 times it) is halved (and said so); and values the source filled in by
   averaging neighbours show as not whole numbers: they are kept but flagged `imputed`.
 
 All give hourly mean MW per UTC hour and production type: `solar`, and wind either as
@@ -79,8 +79,9 @@ DEFAULT_PUBLICATION_TZ = "Europe/Brussels"
 PUBLICATION_HOUR = 18
 #: MTUs per hour of the zones whose shared-layout sums can be turned back into MW.
 CARBONCAST_MTUS_PER_HOUR = {"DE": 4, "DE-LU": 4, "GB": 2}
-#: a summer-time-end value at least this many times its neighbours' mean is a double sum
-DOUBLE_SUM_RATIO = 1.5
+#: a summer-time-end value at least this many times its neighbours' mean is a double sum:
+#: from √2 on, half the value is nearer (by ratio) to the neighbours than the value itself
+DOUBLE_SUM_RATIO = 2 ** 0.5
 
 _ENTSOE_VALUE = re.compile(r"^generation - (solar|wind offshore|wind onshore) \[mw\] day ahead ?/ ?(.+)$")
 _ENTSOE_TYPES = {"solar": SOLAR, "wind offshore": WIND_OFFSHORE, "wind onshore": WIND_ONSHORE}

@@ -295,6 +295,18 @@ def test_a_summer_time_end_row_that_is_not_doubled_is_left_alone(tmp_path):
     assert got.fixes == [] and {h.at: h for h in got.hours}[utc(2021, 10, 31, 0)].wind_mw == 93000 / 4
 
 
+@pytest.mark.parametrize("times_neighbours, halved", [(1.35, False), (1.45, True), (2.2, True)])
+def test_the_summer_time_row_is_halved_when_half_of_it_is_nearer_its_neighbours(tmp_path, times_neighbours, halved):
+    mean = (88084 + 97990) / 2
+    value = round(mean * times_neighbours)
+    path = tmp_path / "row.csv"
+    path.write_text(DE_OCTOBER.read_text().replace("2021-10-31 00:00:00,0.0,153985.0",
+                                                   f"2021-10-31 00:00:00,0.0,{value}.0"))
+    got = read_day_ahead(path, "DE")
+    assert {h.at: h for h in got.hours}[utc(2021, 10, 31, 0)].wind_mw == value / (8 if halved else 4)
+    assert len(got.fixes) == halved
+
+
 def test_hours_the_source_filled_in_are_flagged_imputed():
     got = read_day_ahead(GB_APRIL, "GB")
     assert [h.at for h in got.hours if h.imputed] == [utc(2021, 4, 30, h) for h in range(1, 24)]
