@@ -4,6 +4,7 @@ These verbs talk to the store directly (no daemon needed), resolving the databas
 `db` verbs: --db, CARBONSCHED_DB, the config file, else the SQLite file under the state dir.
 
     carbonsched carbon import FILE [--zone Z] [--format F] [--timezone TZ] [--as-forecast] [--json]
+        (FILE: a carbon-intensity trace, or a day-ahead wind and solar forecast file)
     carbonsched carbon show --zone Z [--at T] [--hours N] [--as-of T] [--refresh] [--json]
     carbonsched carbon zones [--json]
 
@@ -54,7 +55,13 @@ def add_parser(subparsers) -> None:
                     "an actual (a measured value), known only once its period has ended: rows that lie\n"
                     "in the future are then not used by any plan or `carbon show` until they are past.\n"
                     "The import says how many rows lie in the future; --as-forecast stores those as a\n"
-                    "forecast issued at import time instead.")
+                    "forecast issued at import time instead.\n\n"
+                    "It also reads grid operators' day-ahead wind and solar generation forecasts (ENTSO-E\n"
+                    "\"Generation Forecasts for Wind and Solar\"): the Transparency Platform's CSV export\n"
+                    "(MTU (CET/CEST), Generation - Solar [MW] Day Ahead/ ...) and the `UTC time,solar,wind`\n"
+                    "layout of hourly sums (DE, GB). They are stored as hourly mean MW, each day known from\n"
+                    "18:00 local time the day before; --zone is required, and a file with gaps or\n"
+                    "duplicated hours is refused.")
     imp.add_argument("file", help="the CSV file")
     imp.add_argument("--zone", help="zone id to store under (default: the file's own zone column)")
     imp.add_argument("--format", dest="fmt", choices=FORMATS, help="file format (default: from the header)")
@@ -78,8 +85,8 @@ def add_parser(subparsers) -> None:
     sh.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(sh)
 
-    fg = sub.add_parser("forget", help="delete every value of a zone from the store (e.g. imported under a "
-                                       "wrong zone id)")
+    fg = sub.add_parser("forget", help="delete every value of a zone from the store, day-ahead wind and solar "
+                                       "forecasts included (e.g. imported under a wrong zone id)")
     fg.add_argument("--zone", required=True, help="the zone id to delete")
     fg.add_argument("--json", action="store_true", help=JSON_HELP)
     _db_flags(fg)
@@ -190,6 +197,11 @@ def _import(args, config, carbon_config) -> int:
     from scheduler.carbon import CarbonSignals
     from telemetry.grid.readings import CsvFormatError
 
+    if args.fmt is None:
+        from telemetry.grid.day_ahead import sniff_layout
+
+        if sniff_layout(args.file) is not None:
+            return _import_day_ahead(args, config)
     store = _open(args, config, create=True)
     try:
         signals = CarbonSignals(store, carbon_config, track_status=False)
@@ -237,6 +249,59 @@ def _import(args, config, carbon_config) -> int:
         print(f"  note: {note}")
     for line in _future_lines(result):
         print(line)
+    return EXIT_OK
+
+
+def _import_day_ahead(args, config) -> int:
+    """Import a day-ahead wind and solar forecast file (either layout) for --zone."""
+    from scheduler.grid_forecasts import import_day_ahead
+    from telemetry.grid.day_ahead import PUBLICATION_HOUR, publication_tz
+    from telemetry.grid.readings import CsvFormatError
+
+    if not args.zone:
+        raise CliError(f"cannot import {args.file}: a day-ahead wind and solar forecast file names no zone; "
+                       "give --zone Z", EXIT_USAGE)
+    if args.as_forecast:
+        raise CliError(f"cannot import {args.file}: --as-forecast is for carbon-intensity traces; day-ahead "
+                       "forecasts are always stored as issued the day before", EXIT_USAGE)
+    store = _open(args, config, create=True)
+    try:
+        try:
+            result = import_day_ahead(store, args.file, args.zone)
+        except CsvFormatError as e:
+            raise CliError(f"cannot import {e}", EXIT_USAGE) from None
+    finally:
+        store.dispose()
+    known_from = f"{PUBLICATION_HOUR}:00 {publication_tz(result.zone).key} the day before"
+    if args.json:
+        _print_json({"file": result.path, "kind": "day_ahead_wind_solar", "layout": result.layout,
+                     "source": result.source, "zone": result.zone, "area": result.area,
+                     "production_types": result.production_types, "hours": result.hours,
+                     "first": _iso(result.first), "last": _iso(result.last), "mtu_s": result.mtu_s,
+                     "imputed_hours": result.imputed, "fixes": result.fixes, "trimmed_rows": result.trimmed_rows,
+                     "known_from": known_from, "first_issued_at": _iso(result.first_issued_at),
+                     "imported_at": _iso(result.imported_at), "elapsed_s": round(result.elapsed_s, 3),
+                     "db": store.url})
+        return EXIT_OK
+    mtu = _step(result.mtu_s)
+    layout = (f"ENTSO-E export{' ' + result.area if result.area else ''}: {mtu} MTUs"
+              if result.layout != "carboncast"
+              else f"`UTC time,solar,wind` layout: sums of {3600 // result.mtu_s} {mtu} MTUs per hour")
+    types = result.production_types
+    what = ("wind and solar" if types in (["solar", "wind"], ["solar", "wind_onshore", "wind_offshore"])
+            else " and ".join(t.replace("_", " ") for t in types))
+    print(f"imported {result.hours:,} hours of day-ahead {what} forecasts for {result.zone} "
+          f"({layout}, stored as hourly mean MW) from {_iso(result.first)} to {_iso(result.last)}, "
+          f"each day known from {known_from}")
+    for fix in result.fixes:
+        print(f"  fixed: {fix}")
+    if result.imputed:
+        print(f"  note: {result.imputed} hours were filled in by the file's source (values not whole numbers): "
+              "stored, flagged as imputed")
+    if bool(set(types) & {"wind_onshore", "wind_offshore"}) and not {"wind_onshore", "wind_offshore"} <= set(types):
+        print("  note: an hour's wind is known once both its onshore and offshore forecasts are imported")
+    if result.trimmed_rows:
+        print(f"  note: {result.trimmed_rows} empty rows at the start or end (not published yet) skipped")
     return EXIT_OK
 
 
@@ -419,18 +484,25 @@ def _forget(args, config, carbon_config) -> int:
     store = _open(args, config, create=False)
     if store is None:
         raise CliError("no carbon data yet: the database is empty")
+    from scheduler.grid_forecasts import day_ahead_zones, forget_day_ahead
+
     try:
         signals = CarbonSignals(store, carbon_config, track_status=False)
-        if not any(z["zone"] == args.zone for z in signals.zones()):
-            names = ", ".join(z["zone"] for z in signals.zones()) or "none"
+        carbon_zones = [z["zone"] for z in signals.zones()]
+        forecast_zones = day_ahead_zones(store)
+        if args.zone not in carbon_zones and args.zone not in forecast_zones:
+            names = ", ".join(sorted(set(carbon_zones) | set(forecast_zones))) or "none"
             raise CliError(f"no carbon data for zone {args.zone!r} (zones with data: {names})", EXIT_USAGE)
-        n = signals.writes.forget_zone(args.zone)
+        n = signals.writes.forget_zone(args.zone) if args.zone in carbon_zones else 0
+        day_ahead = forget_day_ahead(store, args.zone) if args.zone in forecast_zones else 0
     finally:
         store.dispose()
     if args.json:
-        _print_json({"zone": args.zone, "values_deleted": n})
+        _print_json({"zone": args.zone, "values_deleted": n, "day_ahead_values_deleted": day_ahead})
     else:
-        print(f"deleted {n:,} values of zone {args.zone}")
+        parts = ([f"{n:,} values"] if n or not day_ahead else []) \
+            + ([f"{day_ahead:,} day-ahead wind and solar forecast values"] if day_ahead else [])
+        print(f"deleted {' and '.join(parts)} of zone {args.zone}")
     return EXIT_OK
 
 

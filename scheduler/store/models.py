@@ -28,6 +28,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 # models (the schema check, Alembic) sees every table.
 import scheduler.store.account_models  # noqa: F401
 import scheduler.store.carbon_models  # noqa: F401
+import scheduler.store.grid_models  # noqa: F401
 import scheduler.store.identity  # noqa: F401
 import scheduler.store.telemetry_models  # noqa: F401
 from scheduler.store.base import Base, UTCDateTime

@@ -3,7 +3,8 @@
 Everything here returns plain readings (`IntensityReading`) and raises `GridError`s; the
 scheduler (`scheduler.carbon`) stores them and answers intensity/forecast queries.
 Modules: `readings` (dataclasses, errors, units), `http` (GET with timeouts and retries),
-`csv_import`, `electricitymaps`, `watttime`, `ukgrid`, `static`, `forecast`.
+`csv_import`, `day_ahead` (grid operators' day-ahead wind and solar
+forecast files, hourly MW), `electricitymaps`, `watttime`, `ukgrid`, `static`, `forecast`.
 """
 
 from telemetry.grid.readings import (

@@ -170,7 +170,7 @@ def test_the_migration_goes_down_and_up_keeping_jobs_and_making_default_again(st
         assert not {"account", "qos"} & {c["name"] for c in inspect(conn).get_columns("jobs")}
     assert store.schema_revision() == BEFORE
     store.upgrade()
-    assert store.schema_revision() == REVISION and store.check() == []
+    assert store.check() == []          # at head again (later revisions may follow this one)
     assert [r["name"] for r in do(store, core.list_accounts)] == ["default"]
     with store.read() as conn:
         assert conn.execute(select(jobs.c.account, jobs.c.qos).where(jobs.c.id == job_id)).one() == \
