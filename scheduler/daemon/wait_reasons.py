@@ -34,9 +34,10 @@ from datetime import datetime, timedelta
 from policies.model.energy import ProfileBook
 from policies.pricing.feasibility import GpuKind, estimated_runtime_s, kind_verdict
 from policies.types import Assignment, GpuSlot, Plan, QueuedJob, Snapshot
-from scheduler.job_specs import PRIORITY_WORD as PRIORITY, RESOURCES_WORD as RESOURCES
+from scheduler.job_specs import PRIORITY_WORD as PRIORITY, RESOURCES_WORD as RESOURCES, wait_word
 
 
+CLAUSE = "waits: "  # how the clause starts; it ends with the word in brackets
 Interval = tuple[datetime, datetime, float, int]  # start, end, priority, job id of a plan on one GPU
 
 
@@ -156,7 +157,7 @@ def _word(j: QueuedJob, a: Assignment | None, fitting: list, fleet: _Fleet, tol:
     earliest = min(fleet.free_at(fleet.groups[key][k - 1]) for key, _ in fitting)
     if a is not None and a.start_at <= earliest + tol:
         if earliest - fleet.now > tol:
-            return f"waits: the GPUs that fit it are busy with running jobs until {_clock(fleet.now, earliest)} " \
+            return f"{CLAUSE}the GPUs that fit it are busy with running jobs until {_clock(fleet.now, earliest)} " \
                    f"({RESOURCES})"
         return None
     free_of_higher = False
@@ -175,18 +176,32 @@ def _word(j: QueuedJob, a: Assignment | None, fitting: list, fleet: _Fleet, tol:
         free_of_higher = free_of_higher or not_higher >= k
     when = _at(fleet.now, earliest)
     if free_of_higher:
-        return f"waits: the GPUs free for it {when} are planned for other jobs of its priority ({RESOURCES})"
-    return f"waits: the GPUs free for it {when} are planned for jobs of a higher priority ({PRIORITY})"
+        return f"{CLAUSE}the GPUs free for it {when} are planned for other jobs of its priority ({RESOURCES})"
+    return f"{CLAUSE}the GPUs free for it {when} are planned for jobs of a higher priority ({PRIORITY})"
+
+
+def without_clause(text: str) -> str:
+    """`text` without the clause a tick added (a kept or pinned plan comes back from the store
+    with the explanation stored, clause and all)."""
+    if wait_word(text) is None:
+        return text
+    at = text.rfind(f"; {CLAUSE}")
+    return text[:at] if at >= 0 else "" if text.startswith(CLAUSE) else text
+
+
+def _with(text: str, clause: str | None) -> str:
+    text = without_clause(text)
+    if clause is None:
+        return text
+    return f"{text}; {clause}" if text else clause
 
 
 def with_wait_reasons(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None) -> Plan:
     """`plan` with each waiting job's clause (`wait_reasons`) added to its explanation or its
-    unplaced reason."""
+    unplaced reason, and an earlier tick's clause taken off every other."""
     words = wait_reasons(snapshot, plan, book)
-    if not words:
-        return plan
-    assignments = tuple(replace(a, explanation=f"{a.explanation}; {words[a.job_id]}" if a.explanation
-                                else words[a.job_id]) if a.job_id in words else a
-                        for a in plan.assignments)
-    unplaced = {i: (f"{why}; {words[i]}" if i in words else why) for i, why in plan.unplaced.items()}
+    assignments = tuple(replace(a, explanation=_with(a.explanation, words.get(a.job_id)))
+                        if a.job_id in words or wait_word(a.explanation) else a for a in plan.assignments)
+    unplaced = {i: (_with(str(why), words.get(i)) if i in words or wait_word(str(why)) else why)
+                for i, why in plan.unplaced.items()}
     return Plan(assignments=assignments, unplaced=unplaced)
