@@ -118,54 +118,73 @@ def wait_reasons(snapshot: Snapshot, plan: Plan, book: ProfileBook | None = None
     """The queued jobs that wait for `Priority` or `Resources` (the module's rule), with the
     clause to add to their reason, e.g. "waits: the GPUs free for it now are planned for
     jobs of a higher priority (Priority)"."""
-    jobs = [j for j in snapshot.jobs if not j.pinned]
-    if not jobs or not snapshot.gpus:
-        return {}
-    book = book if book is not None else ProfileBook(snapshot.profiles)
-    priority = {j.id: float(j.priority) for j in snapshot.jobs}
-    fleet = _Fleet(snapshot, plan, priority)
     placed = plan.by_job()
     tol = timedelta(seconds=snapshot.slot_s)
-    shapes: dict[tuple, list[tuple[tuple[str, str, float], float]]] = {}  # job shape -> (group, runtime)
+    # a job planned to start within a slot waits for nothing (its earliest start is now or later)
+    jobs = [j for j in snapshot.jobs if not j.pinned
+            and (j.id not in placed or placed[j.id].start_at > snapshot.now + tol)]
+    if not jobs or not snapshot.gpus:
+        return {}
+    fleet = _Fleet(snapshot, plan, {j.id: float(j.priority) for j in snapshot.jobs})
+    shapes = _Shapes(fleet, book if book is not None else ProfileBook(snapshot.profiles), snapshot.default_runtime_s)
     out = {}
     for j in jobs:
-        key = _job_key(j)
-        if key not in shapes:
-            shapes[key] = _fitting(j, fleet, book, snapshot.default_runtime_s)
-        word = _word(j, placed.get(j.id), shapes[key], fleet, tol)
+        word = _word(j, placed.get(j.id), shapes, fleet, tol)
         if word is not None:
             out[j.id] = word
     return out
 
 
-def _fitting(j: QueuedJob, fleet: _Fleet, book: ProfileBook,
-             default_runtime_s: float) -> list[tuple[tuple[str, str, float], float]]:
-    """The GPU groups that can take `j`, with its runtime on each."""
-    out = []
-    for key, gs in fleet.groups.items():
-        _, model, memory = key
-        if kind_verdict(j, GpuKind(model, memory, len(gs)), book, default_runtime_s) is None:
-            out.append((key, estimated_runtime_s(j, model, book, default_runtime_s)))
-    return out
+class _Shapes:
+    """Which GPU groups take a job, and its runtime on a model, asked once per job shape and
+    GPU kind (a queue has few shapes; a fleet few kinds)."""
+
+    def __init__(self, fleet: _Fleet, book: ProfileBook, default_runtime_s: float) -> None:
+        self.fleet, self.book, self.default_runtime_s = fleet, book, default_runtime_s
+        self._kinds: dict[GpuKind, list[tuple[str, str, float]]] = defaultdict(list)
+        for key, gs in fleet.groups.items():
+            self._kinds[GpuKind(key[1], key[2], len(gs))].append(key)
+        self._fitting: dict[tuple, tuple[list[tuple[str, str, float]], datetime | None]] = {}
+        self._runtime: dict[tuple, float] = {}
+
+    def fitting(self, j: QueuedJob) -> tuple[list[tuple[str, str, float]], datetime | None]:
+        """The GPU groups (node, model, memory) that can take `j`, and the earliest time at
+        which one of them has `j.gpus` GPUs free of running jobs (None: none can take it)."""
+        key = _job_key(j)
+        got = self._fitting.get(key)
+        if got is None:
+            groups = [g for kind, keys in self._kinds.items()
+                      if kind_verdict(j, kind, self.book, self.default_runtime_s) is None for g in keys]
+            k, fleet = max(1, j.gpus), self.fleet
+            earliest = min((fleet.free_at(fleet.groups[g][k - 1]) for g in groups), default=None)
+            got = self._fitting[key] = (groups, earliest)
+        return got
+
+    def runtime_s(self, j: QueuedJob, model: str) -> float:
+        key = (_job_key(j), model)
+        got = self._runtime.get(key)
+        if got is None:
+            got = self._runtime[key] = estimated_runtime_s(j, model, self.book, self.default_runtime_s)
+        return got
 
 
-def _word(j: QueuedJob, a: Assignment | None, fitting: list, fleet: _Fleet, tol: timedelta) -> str | None:
+def _word(j: QueuedJob, a: Assignment | None, shapes: _Shapes, fleet: _Fleet, tol: timedelta) -> str | None:
     """`j`'s clause by the module's rule, or None."""
     k = max(1, j.gpus)
-    if not fitting:
+    fitting, earliest = shapes.fitting(j)
+    if earliest is None:
         return None
-    earliest = min(fleet.free_at(fleet.groups[key][k - 1]) for key, _ in fitting)
     if a is not None and a.start_at <= earliest + tol:
         if earliest - fleet.now > tol:
             return f"{CLAUSE}the GPUs that fit it are busy with running jobs until {_clock(fleet.now, earliest)} " \
                    f"({RESOURCES})"
         return None
     free_of_higher = False
-    for key, runtime_s in fitting:
+    for key in fitting:
         free = [g for g in fleet.groups[key] if fleet.free_at(g) <= earliest]
         if len(free) < k:
             continue
-        end = earliest + timedelta(seconds=runtime_s)
+        end = earliest + timedelta(seconds=shapes.runtime_s(j, key[1]))
         unheld = not_higher = 0
         for g in free:
             anyone, higher = fleet.holders(g.id, earliest, end, j)
