@@ -72,13 +72,15 @@ class _Fleet:
                     held[gid].append((start, end, p, a.job_id))
         self.held = {gid: sorted(iv) for gid, iv in held.items()}
         self.ends = {gid: [iv[1] for iv in ivs] for gid, ivs in self.held.items()}
+        self._windows: dict[tuple, tuple[int, frozenset[int], int]] = {}
 
     def free_at(self, g: GpuSlot) -> datetime:
         return self.now if g.busy_until is None or g.busy_until < self.now else g.busy_until
 
-    def holders(self, gid: int, start: datetime, end: datetime, job: QueuedJob) -> tuple[bool, bool]:
-        """Whether plans of other jobs hold GPU `gid` over [start, end): (any plan, a plan
-        of a priority above `job`'s)."""
+    def holders(self, gid: int, start: datetime, end: datetime, priority: float,
+                but: int | None = None) -> tuple[bool, bool]:
+        """Whether plans (but job `but`'s) hold GPU `gid` over [start, end): (any plan, a
+        plan of a priority above `priority`)."""
         intervals = self.held.get(gid)
         if not intervals:
             return False, False
@@ -88,11 +90,25 @@ class _Fleet:
         for s, e, p, job_id in intervals[i:]:
             if s >= end:
                 break
-            if job_id == job.id or e <= start:
+            if job_id == but or e <= start:
                 continue
             anyone = True
-            higher = higher or p > job.priority
+            higher = higher or p > priority
         return anyone, higher
+
+    def window(self, key: tuple[str, str, float], start: datetime, end: datetime,
+               priority: float) -> tuple[int, frozenset[int], int]:
+        """Group `key`'s GPUs free of running jobs at `start`: how many, those a plan holds
+        over [start, end), and how many no plan of a priority above `priority` holds then.
+        Asked once per group, window and priority (jobs of one shape share them)."""
+        ask = (key, start, end, priority)
+        got = self._windows.get(ask)
+        if got is None:
+            free = [g.id for g in self.groups[key] if self.free_at(g) <= start]
+            flags = [self.holders(gid, start, end, priority) for gid in free]
+            got = self._windows[ask] = (len(free), frozenset(gid for gid, (anyone, _) in zip(free, flags) if anyone),
+                                        sum(not higher for _, higher in flags))
+        return got
 
 
 def _spans(a: Assignment, snapshot: Snapshot, pause: bool) -> list[tuple[datetime, datetime]]:
@@ -180,16 +196,19 @@ def _word(j: QueuedJob, a: Assignment | None, shapes: _Shapes, fleet: _Fleet, to
                    f"({RESOURCES})"
         return None
     free_of_higher = False
+    priority = float(j.priority)
+    ends: dict[str, datetime] = {}  # by GPU model
     for key in fitting:
-        free = [g for g in fleet.groups[key] if fleet.free_at(g) <= earliest]
-        if len(free) < k:
+        end = ends.get(key[1])
+        if end is None:
+            end = ends[key[1]] = earliest + timedelta(seconds=shapes.runtime_s(j, key[1]))
+        free, held, not_higher = fleet.window(key, earliest, end, priority)
+        if free < k:
             continue
-        end = earliest + timedelta(seconds=shapes.runtime_s(j, key[1]))
-        unheld = not_higher = 0
-        for g in free:
-            anyone, higher = fleet.holders(g.id, earliest, end, j)
-            unheld += not anyone
-            not_higher += not higher
+        unheld = free - len(held)
+        if a is not None and a.node == key[0]:  # its own plan is not work it waits behind
+            unheld += sum(1 for gid in a.gpu_ids
+                          if gid in held and not fleet.holders(gid, earliest, end, priority, but=j.id)[0])
         if unheld >= k:
             return None  # it could start there: it waits by choice (carbon), as its explanation says
         free_of_higher = free_of_higher or not_higher >= k
