@@ -39,3 +39,23 @@ def waiting_in_qos(conn: Connection, uid: int, qos: str) -> int:
     return conn.execute(select(func.count()).select_from(jobs).where(
         jobs.c.owner_uid == uid, jobs.c.qos == qos,
         jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))).scalar_one()
+
+
+_BUDGET_COLUMNS = (jobs.c.id, jobs.c.account, jobs.c.qos, jobs.c.state, jobs.c.gpus, jobs.c.gpu_ids,
+                   jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j, jobs.c.gco2, jobs.c.est_energy_j,
+                   jobs.c.est_gco2, jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.time_limit_s)
+
+
+def budget_usage(conn: Connection, since: datetime, until: datetime | None = None) -> list[Row]:
+    """What budgets charge (`scheduler.budget_book`): every job that ran and ended in
+    [`since`, `until`) with its measured figures and its plan's estimates (for a figure not
+    measured yet), and, without `until`, every RUNNING job with its plan's estimates."""
+    ended = [jobs.c.ended_at >= since, jobs.c.started_at.is_not(None),
+             jobs.c.state.not_in([s.value for s in ACTIVE])]
+    if until is not None:
+        ended.append(jobs.c.ended_at < until)
+    rows = list(conn.execute(select(*_BUDGET_COLUMNS).where(*ended)))
+    if until is None:
+        rows += conn.execute(select(*_BUDGET_COLUMNS).where(jobs.c.state == State.RUNNING.value,
+                                                            jobs.c.started_at.is_not(None)))
+    return rows
