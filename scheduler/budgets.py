@@ -286,3 +286,29 @@ class Budgets:
         """Every limit in force now with what its subtree has used and committed."""
         return [LimitStanding(a, self.limits[a][c], *self._windows[(a, c)], self._used[(a, c)])
                 for (a, c) in sorted(self._windows)]
+
+
+_MONTH_RE = re.compile(r"^(\d{4})-(\d{2})\Z")
+_QUARTER_RE = re.compile(r"^(\d{4})-q([1-4])\Z")
+
+
+def named_period(text: str) -> tuple[datetime, datetime]:
+    """A statement's period (`export --period`): a month `2026-11`, a quarter `2026-Q4`, or a
+    date range `2026-11-01..2026-12-31` (both days included), as UTC [start, end)."""
+    t = text.strip().lower()
+    if m := _MONTH_RE.match(t):
+        year, month = int(m.group(1)), int(m.group(2))
+        if not 1 <= month <= 12:
+            raise BudgetError(f"--period {text!r}: no month {month}")
+        return period_window("month", datetime(year, month, 1, tzinfo=timezone.utc))  # type: ignore[return-value]
+    if m := _QUARTER_RE.match(t):
+        first = 3 * (int(m.group(2)) - 1) + 1
+        return period_window("quarter", datetime(int(m.group(1)), first, 1, tzinfo=timezone.utc))  # type: ignore[return-value]
+    try:
+        parse_period(t)
+    except BudgetError:
+        raise BudgetError(f"--period {text!r}: use a month (2026-11), a quarter (2026-Q4) or a date range "
+                          "(2026-11-01..2026-12-31)") from None
+    m = _RANGE_RE.match(t)
+    start = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
+    return start, datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc) + timedelta(days=1)

@@ -308,7 +308,8 @@ class Daemon(ServiceProcess):
             log_dir=cfg.log_dir or cfg.state_dir / "logs",
             on_submit=run.plan_proc.wake, on_cancel=run.dispatch_job.wake, carbon=run.carbon,
         )
-        run.accountant = Accountant(run.store, site=cfg.site, carbon=run.carbon, config=cfg.accounting)
+        run.accountant = Accountant(run.store, site=cfg.site, carbon=run.carbon, config=cfg.accounting,
+                                    usage_factors=cfg.qos.usage_factors())
         run.api = ApiServer(cfg.socket_path, service,
                             extra_routes={("GET", "plan"): lambda caller, q: plan_preview(run.preview(), service, caller),
                                           **accounting_routes(run.accountant, service), **profile_routes(run.store)},

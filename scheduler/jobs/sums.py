@@ -68,10 +68,10 @@ def _day(dialect: str):
 
 
 def group_column(by: str, dialect: str):
-    """The column a period's sums are grouped `by`: user, workload, model, zone, node or day
-    (the UTC date the job ended)."""
+    """The column a period's sums are grouped `by`: user, account, workload, model, zone,
+    node or day (the UTC date the job ended)."""
     j = jobs.c
-    return {"user": j.owner_name, "workload": j.workload, "model": j.gpu_model, "zone": j.zone,
+    return {"user": j.owner_name, "account": j.account, "workload": j.workload, "model": j.gpu_model, "zone": j.zone,
             "node": j.node, "day": _day(dialect)}[by]
 
 
