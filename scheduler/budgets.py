@@ -196,6 +196,12 @@ class LimitStanding:
                 "used_fraction": self.fraction, "warning": self.fraction >= WARN_FRACTION}
 
 
+def _ended(period: str, now: datetime) -> bool:
+    """Whether `period` is a date range that is over at `now`."""
+    m = _RANGE_RE.match(period)
+    return m is not None and now >= datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc) + timedelta(days=1)
+
+
 def _iso(t: datetime) -> str:
     return t.isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -271,9 +277,11 @@ class Budgets:
 
     def alone_over(self, account: str, estimate: Usage, *, flexible: bool = False) -> str | None:
         """Why a job can never run under its limits (its estimate alone is over a whole
-        limit, of any period, in force now or not), or None."""
+        limit in force now or in a period to come; a date range that has ended is not), or None."""
         for a in self.chain(account):
             for currency, limit in self.limits.get(a, {}).items():
+                if _ended(limit.period, self.now):
+                    continue
                 need = estimate.get(currency)
                 allowed = limit.amount * (1 + self.flexible_grace_pct / 100.0) if flexible else limit.amount
                 if need > allowed * (1 + 1e-9):

@@ -22,9 +22,8 @@ from sqlalchemy import select
 from scheduler.accounting.aggregate import JobSums, figures
 from scheduler.accounting.embodied import METHODOLOGY as EMBODIED_METHODOLOGY
 from scheduler.accounting.figures import iso, tidy
-from scheduler.jobs.sums import signal_key
+from scheduler.jobs.sums import account_columns, signal_key
 from scheduler.store.account_models import accounts
-from scheduler.store.models import jobs
 
 CURRENCY_FIGURES = ("gpu_hours", "energy_kwh", "kgco2e", "embodied_kgco2e")
 STATEMENT_COLUMNS = ("account", "parent", "period_start", "period_end", "jobs", "gpu_hours", "energy_kwh",
@@ -64,8 +63,7 @@ class Statements:
         """account -> {"usage": as measured, "charged": times the QOS factors}, each with
         gpu_hours, energy_kwh, kgco2e (and kgco2e_by_signal, signal), embodied_kgco2e and
         embodied_unknown_gpu_hours, jobs; over the finished jobs matching `where`."""
-        rows = self.sums.aggregate(where, jobs.c.account.label("key"), jobs.c.qos.label("qos"),
-                                   signal_key().label("signal"))
+        rows = self.sums.aggregate(where, *account_columns(), signal_key().label("signal"))
         out: dict[str, dict] = {}
         for r in rows:
             fig = figures(r)

@@ -75,6 +75,12 @@ def group_column(by: str, dialect: str):
             "node": j.node, "day": _day(dialect)}[by]
 
 
+def account_columns() -> tuple:
+    """The per-account statement's grouping (`scheduler.accounting.statements`): the account
+    (labelled `key`) and the QOS (labelled `qos`), whose usage factor the charge takes."""
+    return (jobs.c.account.label("key"), jobs.c.qos.label("qos"))
+
+
 def system_columns() -> tuple:
     """The disclosure export's grouping: node, GPU model, zone (a system), and within it the
     energy method, carbon signal, intensity basis and PUE, each labelled by that name."""

@@ -127,6 +127,11 @@ def test_a_job_alone_over_a_whole_limit_is_told_it_could_never_start():
     assert why == ("this job needs ~600 kg, more than account research's whole co2 limit of 500 kg/month: "
                    "it could never start under it (AssocGrpCO2Limit)")
     assert budgets.alone_over("research/nlp", co2(499.0)) is None
+    # a date range still to come binds it too; one that is over does not
+    ahead = Budgets({"research": {"kgco2e": Limit("kgco2e", 5.0, "2027-01-01..2027-01-31")}}, TREE, NOW)
+    assert "could never start" in ahead.alone_over("research", co2(6.0))
+    past = Budgets({"research": {"kgco2e": Limit("kgco2e", 5.0, "2026-01-01..2026-01-31")}}, TREE, NOW)
+    assert past.alone_over("research", co2(6.0)) is None
 
 
 def test_flexible_jobs_may_pass_a_limit_by_the_grace_others_may_not():
