@@ -168,12 +168,14 @@ class Usage:
 
 @dataclass(frozen=True)
 class Charged:
-    """One job's usage charged to `account` at `at` (a finished job: when it ended; a running
-    or queued one: now)."""
+    """Usage charged to `account` at `at` (a finished job: when it ended; a running one:
+    now); with `window`, the sum of a period's finished jobs, counted only against limits of
+    exactly that period."""
 
     account: str
     at: datetime
     usage: Usage
+    window: tuple[datetime, datetime] | None = None
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ class Budgets:
         for c in self.charges:
             for key in self._bound(c.account):
                 start, end = self._windows[key]
-                if start <= c.at < end:
+                if (c.window == (start, end)) if c.window is not None else start <= c.at < end:
                     self._used[key] += c.usage.get(key[1])
 
     def chain(self, account: str) -> list[str]:

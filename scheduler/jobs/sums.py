@@ -60,6 +60,11 @@ def _runtime_s(dialect: str):
     return extract("epoch", j.ended_at - j.started_at)
 
 
+def gpu_seconds(dialect: str):
+    """GPUs x the time a finished job ran, in seconds (budgets charge it as GPU-hours)."""
+    return jobs.c.gpus * _runtime_s(dialect)
+
+
 def _day(dialect: str):
     j = jobs.c
     if dialect == "sqlite":

@@ -41,21 +41,28 @@ def waiting_in_qos(conn: Connection, uid: int, qos: str) -> int:
         jobs.c.state.in_([State.PENDING.value, State.PLANNED.value]))).scalar_one()
 
 
-_BUDGET_COLUMNS = (jobs.c.id, jobs.c.account, jobs.c.qos, jobs.c.state, jobs.c.gpus, jobs.c.gpu_ids,
-                   jobs.c.started_at, jobs.c.ended_at, jobs.c.energy_j, jobs.c.gco2, jobs.c.est_energy_j,
-                   jobs.c.est_gco2, jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.time_limit_s)
+
+_RUNNING_COLUMNS = (jobs.c.account, jobs.c.qos, jobs.c.gpus, jobs.c.gpu_ids, jobs.c.est_energy_j, jobs.c.est_gco2,
+                    jobs.c.est_runtime_planned_s, jobs.c.est_runtime_s, jobs.c.time_limit_s)
 
 
-def budget_usage(conn: Connection, since: datetime, until: datetime | None = None) -> list[Row]:
-    """What budgets charge (`scheduler.budget_book`): every job that ran and ended in
-    [`since`, `until`) with its measured figures and its plan's estimates (for a figure not
-    measured yet), and, without `until`, every RUNNING job with its plan's estimates."""
-    ended = [jobs.c.ended_at >= since, jobs.c.started_at.is_not(None),
-             jobs.c.state.not_in([s.value for s in ACTIVE])]
-    if until is not None:
-        ended.append(jobs.c.ended_at < until)
-    rows = list(conn.execute(select(*_BUDGET_COLUMNS).where(*ended)))
-    if until is None:
-        rows += conn.execute(select(*_BUDGET_COLUMNS).where(jobs.c.state == State.RUNNING.value,
-                                                            jobs.c.started_at.is_not(None)))
-    return rows
+def budget_finished(conn: Connection, since: datetime, until: datetime) -> list[Row]:
+    """What budgets charge the jobs that ran and ended in [`since`, `until`), summed per
+    account and QOS in the database (a quarter holds tens of thousands of jobs): `gpu_s`
+    (GPUs x the time run), `energy_j` and `gco2` as measured, else the plan's estimate."""
+    from scheduler.jobs.sums import gpu_seconds
+
+    j = jobs.c
+    return list(conn.execute(
+        select(j.account, j.qos, func.sum(gpu_seconds(conn.dialect.name)).label("gpu_s"),
+               func.sum(func.coalesce(j.energy_j, j.est_energy_j, 0.0)).label("energy_j"),
+               func.sum(func.coalesce(j.gco2, j.est_gco2, 0.0)).label("gco2"))
+        .where(j.ended_at >= since, j.ended_at < until, j.started_at.is_not(None),
+               j.state.not_in([s.value for s in ACTIVE]))
+        .group_by(j.account, j.qos)))
+
+
+def budget_running(conn: Connection) -> list[Row]:
+    """Every RUNNING job with its plan's estimates (what budgets charge it while it runs)."""
+    return list(conn.execute(select(*_RUNNING_COLUMNS).where(jobs.c.state == State.RUNNING.value,
+                                                             jobs.c.started_at.is_not(None))))

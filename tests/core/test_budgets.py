@@ -107,6 +107,15 @@ def test_a_childs_limit_and_its_parents_both_bind_and_the_parent_counts_its_subt
     assert "account research/nlp: co2 limit 80 kg/month" in budgets.admit("research/nlp", co2(90.0))
 
 
+def test_a_periods_summed_charge_counts_only_against_limits_of_that_period():
+    month, quarter = period_window("month", NOW), period_window("quarter", NOW)
+    limits = {"research": {"kgco2e": Limit("kgco2e", 100.0, "month"), "kwh": Limit("kwh", 100.0, "quarter")}}
+    budgets = Budgets(limits, TREE, NOW, [Charged("research", month[0], Usage(0, 10.0, 30.0), month),
+                                          Charged("research", quarter[0], Usage(0, 50.0, 90.0), quarter)])
+    used = {s.limit.currency: s.used for s in budgets.standings()}
+    assert used == {"kgco2e": 30.0, "kwh": 50.0}
+
+
 def test_each_currency_binds_on_its_own():
     limits = {"research": {"gpu_hours": Limit("gpu_hours", 10.0, "month"), "kwh": Limit("kwh", 100.0, "month")}}
     budgets = Budgets(limits, TREE, NOW)

@@ -208,7 +208,8 @@ def test_an_account_with_limits_is_deleted_with_them(store, service, world):
 def test_without_limits_the_planner_reads_no_usage(store, service, world, monkeypatch):
     import scheduler.budget_book as book
 
-    monkeypatch.setattr(book, "budget_usage", lambda *a, **k: pytest.fail("usage read without limits"))
+    monkeypatch.setattr(book, "budget_finished", lambda *a, **k: pytest.fail("usage read without limits"))
+    monkeypatch.setattr(book, "budget_running", lambda *a, **k: pytest.fail("usage read without limits"))
     job = submit(service, est_runtime_s=600.0, account="research")
     world.tick()
     assert job_row(store, job).state == "PLANNED"
