@@ -73,8 +73,11 @@ class BudgetGate:
 
     @staticmethod
     def periods(budgets: Budgets | None) -> tuple:
-        """The periods in force (a new one begins: the plan is made again, not skipped)."""
-        return () if budgets is None else tuple(s.start for s in budgets.standings())
+        """The limits in force, their periods and what they have used: when a new period
+        begins, an operator changes a limit or a finished job's figures come in, the plan is
+        made again, not skipped as unchanged."""
+        return () if budgets is None else tuple((s.account, s.limit, s.start, round(s.used, 6))
+                                                for s in budgets.standings())
 
     def _warn(self, budgets: Budgets) -> None:
         for s in budgets.standings():

@@ -9,6 +9,8 @@ never fit, and shown in `share`.
 - A running job is never stopped by a limit: it counts, and a queued job waits instead.
 - A job that alone is over a whole limit is refused at submit with one line.
 - Usage is charged times the job's QOS usage factor (flexible 0.5, urgent 1.5).
+- Raising a limit lets a held job through at the next tick (the tick is not skipped as
+  unchanged); a flexible job may use the grace an operator allows, a normal one not.
 - The limits are set with `account modify --limit`, listed with the accounts, and a
   malformed one is refused with one line; `share` shows this period's use of each.
 """
@@ -213,3 +215,37 @@ def test_without_limits_the_planner_reads_no_usage(store, service, world, monkey
     job = submit(service, est_runtime_s=600.0, account="research")
     world.tick()
     assert job_row(store, job).state == "PLANNED"
+
+
+def test_raising_a_limit_lets_the_held_job_through_at_the_next_tick(store, service, world):
+    op(service, "accounts/modify", {"name": "research", "limits": ["co2=1kg/month"]})
+    ran(store, service, "research", gco2=990.0)
+    job = submit(service, est_runtime_s=3600.0, account="research")
+    world.tick()
+    assert job_row(store, job).state == "PENDING"
+    op(service, "accounts/modify", {"name": "research", "limits": ["co2=2kg/month"]})
+    world.tick()  # nothing else changed: the tick is not skipped as unchanged
+    assert job_row(store, job).state == "PLANNED"
+
+
+def test_a_flexible_job_may_use_the_grace_an_operator_allows(store, service, clock):
+    from scheduler.standing import StandingSettings
+
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    op(service, "accounts/add", {"name": "lab"})
+    op(service, "users/add", {"user": "root", "account": "lab"})
+    op(service, "accounts/modify", {"name": "lab", "limits": ["gpu_hours=10/month"]})
+    ran(store, service, "lab", gco2=0.0, hours=9.8)
+    normal = submit(service, est_runtime_s=3600.0, account="lab")
+    flexible = submit(service, est_runtime_s=3600.0, account="lab", qos="flexible",
+                      deadline=(T + timedelta(hours=20)).isoformat())  # charged 0.5 GPU-hours
+    strict = Planner(store, make_policy("greedy", plan_interval_s=15.0), clock=clock, plan_interval_s=15.0,
+                     standing=Standing(QosTable()))
+    strict.tick()
+    assert [job_row(store, j).state for j in (normal, flexible)] == ["PENDING", "PENDING"]
+    graced = Planner(store, make_policy("greedy", plan_interval_s=15.0), clock=clock, plan_interval_s=15.0,
+                     standing=Standing(QosTable(), StandingSettings(flexible_grace_pct=10.0)))
+    graced.tick()
+    assert job_row(store, normal).reason.endswith("(AssocGrpGPUHoursLimit)")
+    assert job_row(store, flexible).state == "PLANNED"  # 9.8 + 0.5 <= 10 x 1.1
