@@ -32,7 +32,9 @@ from scheduler.store import Store
 
 class JobService:
     """The daemon's verbs over one store. `on_submit` wakes the planner (new or released
-    jobs, changed GPUs or profiles), `on_cancel` the local agent (a running job to stop)."""
+    jobs, changed GPUs or profiles), `on_cancel` the local agent (a running job to stop).
+    `carbon` (a `scheduler.carbon_signal.CarbonSignal`; None: not asked) gives submit the
+    zones' intensity now, to refuse a job alone over its account's CO2 limit."""
 
     def __init__(self, store: Store, config: ServiceConfig, *, log_dir: Path,
                  on_submit: Callable[[], None] | None = None,
