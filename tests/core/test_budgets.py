@@ -160,3 +160,12 @@ def test_standings_give_each_limit_in_force_with_its_use_and_the_80_percent_mark
     assert (s.account, s.used, s.fraction) == ("research", 85.0, 0.85)
     doc = s.as_json()
     assert doc["warning"] is True and doc["period_start"] == "2026-11-01T00:00:00Z" and doc["text"] == "100 kg/month"
+
+
+def test_the_flexible_grace_is_an_accounting_key_off_by_default():
+    from scheduler.accounting.config import AccountingConfig
+
+    assert AccountingConfig.from_config({}).flexible_grace_pct == 0.0
+    assert AccountingConfig.from_config({"accounting": {"flexible_grace_pct": 10}}).flexible_grace_pct == 10.0
+    with pytest.raises(ValueError, match="flexible_grace_pct"):
+        AccountingConfig.from_config({"accounting": {"flexible_grace_pct": -5}})
