@@ -19,8 +19,10 @@ from datetime import datetime
 
 from sqlalchemy import Connection, delete, insert, select, update
 
+from scheduler.account_limits import read_limits, set_limits
+from scheduler.budgets import BudgetError
 from scheduler.jobs.usage import active_in_account
-from scheduler.store.account_models import DEFAULT_ACCOUNT, account_users, accounts
+from scheduler.store.account_models import DEFAULT_ACCOUNT, account_limits, account_users, accounts
 
 ACCOUNT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}(/[a-z0-9][a-z0-9_.-]{0,62}){0,3}\Z")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}\Z")
@@ -82,9 +84,10 @@ def _require_account(conn: Connection, name: str):
     return row
 
 
-def _account_json(row, users: list[str]) -> dict:
+def _account_json(row, users: list[str], limits: dict | None = None) -> dict:
     return {"name": row.name, "parent": row.parent, "shares": row.shares, "description": row.description,
-            "created_at": row.created_at.isoformat(timespec="seconds").replace("+00:00", "Z"), "users": users}
+            "created_at": row.created_at.isoformat(timespec="seconds").replace("+00:00", "Z"), "users": users,
+            "limits": {c: limit.as_json() for c, limit in sorted((limits or {}).items())}}
 
 
 def add_account(conn: Connection, name: object, *, parent: object = None, shares: object = 1,
@@ -105,9 +108,17 @@ def add_account(conn: Connection, name: object, *, parent: object = None, shares
 
 
 def modify_account(conn: Connection, name: object, *, shares: object = None, description: object = None,
-                   parent: object = None) -> dict:
-    """Change an account's shares, description or parent (not into its own subtree)."""
+                   parent: object = None, limits: object = None, now: datetime | None = None) -> dict:
+    """Change an account's shares, description or parent (not into its own subtree), or its
+    limits (`--limit` texts, `scheduler.budgets.parse_limit`)."""
     row = _require_account(conn, check_account_name(name))
+    if limits is not None:
+        if not isinstance(limits, list) or not limits or not all(isinstance(t, str) for t in limits):
+            raise AccountError("invalid", "limits must be a list of KEY=AMOUNT/PERIOD texts, e.g. co2=500kg/month")
+        try:
+            set_limits(conn, row.name, limits, now or row.created_at)
+        except BudgetError as e:
+            raise AccountError("invalid", str(e)) from None
     values: dict = {}
     if shares is not None:
         values["shares"] = check_shares(shares)
@@ -120,10 +131,11 @@ def modify_account(conn: Connection, name: object, *, shares: object = None, des
             raise AccountError("conflict", f"account {parent!r} is {row.name!r} or under it: the tree would "
                                            "have a cycle")
         values["parent"] = parent
-    if not values:
-        raise AccountError("invalid", "nothing to change: give --shares, --description or --parent")
-    conn.execute(update(accounts).where(accounts.c.name == row.name).values(**values))
-    return _account_json(_account(conn, row.name), _users_of(conn, row.name))
+    if not values and limits is None:
+        raise AccountError("invalid", "nothing to change: give --shares, --description, --parent or --limit")
+    if values:
+        conn.execute(update(accounts).where(accounts.c.name == row.name).values(**values))
+    return _account_json(_account(conn, row.name), _users_of(conn, row.name), read_limits(conn).get(row.name))
 
 
 def _subtree(conn: Connection, name: str) -> set[str]:
@@ -157,6 +169,7 @@ def delete_account(conn: Connection, name: object) -> dict:
                                        "let them finish or cancel them first")
     users = _users_of(conn, row.name)
     conn.execute(delete(account_users).where(account_users.c.account == row.name))
+    conn.execute(delete(account_limits).where(account_limits.c.account == row.name))
     conn.execute(delete(accounts).where(accounts.c.name == row.name))
     return {**_account_json(row, users), "deleted": True}
 
@@ -167,12 +180,14 @@ def _users_of(conn: Connection, account: str) -> list[str]:
 
 
 def list_accounts(conn: Connection) -> list[dict]:
-    """Every account in tree order (parents before children, siblings by name), with its users."""
+    """Every account in tree order (parents before children, siblings by name), with its users
+    and limits."""
     users: dict[str, list[str]] = {}
     for user, account in conn.execute(select(account_users.c.user_name, account_users.c.account)
                                       .order_by(account_users.c.user_name)):
         users.setdefault(account, []).append(user)
     rows = list(conn.execute(select(accounts).order_by(accounts.c.name)))
+    limits = read_limits(conn)
     children: dict[str | None, list] = {}
     for r in rows:
         children.setdefault(r.parent, []).append(r)
@@ -180,7 +195,7 @@ def list_accounts(conn: Connection) -> list[dict]:
 
     def walk(parent: str | None, depth: int) -> None:
         for r in children.get(parent, []):
-            out.append({**_account_json(r, users.get(r.name, [])), "depth": depth})
+            out.append({**_account_json(r, users.get(r.name, []), limits.get(r.name)), "depth": depth})
             walk(r.name, depth + 1)
 
     walk(None, 0)

@@ -21,6 +21,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from scheduler.accounts import list_accounts, list_users
+from scheduler.budget_book import read_budgets
+from scheduler.budgets import Budgets
 from scheduler.fair_share import (DEFAULT_ACCOUNT, DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, Charge, DecayingUsage, FairShare,
                                   UserSpec)
 from scheduler.jobs.usage import finished_usage, running_usage
@@ -39,6 +41,7 @@ class StandingSettings:
     currency: str = "gpu_hours"
     fair_share: bool = True
     refresh_s: float = 300.0
+    flexible_grace_pct: float = 0.0  # [accounting] flexible_grace_pct: how far flexible jobs may pass a limit
 
 
 def _gpus(row) -> int:
@@ -89,6 +92,12 @@ class Standing:
                                   0.0, 0.0, usage_factor=factors.get(r.qos, 1.0), duration_s=ran_s))
         usage = self._finished_usage(conn, now).totals(now.timestamp(), running)
         return FairShare(self.tree(conn), usage)
+
+    def budgets(self, conn: Connection, now: datetime) -> Budgets | None:
+        """The accounts' limits and what counts against them at `now` (`scheduler.budget_book`),
+        each job charged times its QOS's usage factor; None when no account has a limit."""
+        return read_budgets(conn, now, self.qos.usage_factors(),
+                            flexible_grace_pct=self.settings.flexible_grace_pct)
 
     def held_by_qos(self, ranked: Sequence, running_rows: Sequence) -> dict[int, str]:
         """The jobs a QOS's `max_gpus_running_per_user` holds back, with their REASON: taken

@@ -3,7 +3,7 @@ receipts, fleet reports and disclosure export built on it (see `scheduler.accoun
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +14,7 @@ from scheduler.accounting.ledger import Ledger
 from scheduler.accounting.receipts import Receipts
 from scheduler.accounting.reports import Reports
 from scheduler.accounting.run_carbon import RunCarbon
+from scheduler.accounting.statements import Statements
 from scheduler.clock import utcnow
 from scheduler.store import Store
 
@@ -25,16 +26,19 @@ class Accountant:
     `reports` and `disclosure`; the methods here are their entry points for the daemon, the
     API and the command line. The arguments are the ledger's (`Ledger`): `site` for PUE,
     `carbon` or `carbon_config` for the signal per zone, `config` the `[accounting]` section.
+    `usage_factors`: each QOS's usage factor (`scheduler.qos`), what accounts are charged at.
     """
 
     def __init__(self, store: Store, *, site: Any = None, carbon: Any = None, carbon_config: Any = None,
-                 config: AccountingConfig | None = None, clock: Callable[[], datetime] = utcnow) -> None:
+                 config: AccountingConfig | None = None, clock: Callable[[], datetime] = utcnow,
+                 usage_factors: Mapping[str, float] | None = None) -> None:
         self.ledger = Ledger(store, site=site, carbon=carbon, carbon_config=carbon_config, config=config,
                              clock=clock)
         sums = JobSums(store, self.ledger.config)
         self.receipts = Receipts(self.ledger)
         self.reports = Reports(self.ledger, sums)
         self.disclosure = Disclosure(self.ledger, sums)
+        self.statements = Statements(sums, usage_factors)
         self._clock = clock
 
     def account(self, job_id: int, *, energy_note: str | None = None, tokens: int | None = None) -> RunCarbon | None:
@@ -51,8 +55,21 @@ class Accountant:
 
     def report(self, since: datetime, until: datetime, *, by: str = "user", owner_uid: int | None = None,
                account_missing: int = 200) -> dict:
-        """Fleet figures over a period, grouped (`Reports.report`)."""
-        return self.reports.report(since, until, by=by, owner_uid=owner_uid, account_missing=account_missing)
+        """Fleet figures over a period, grouped (`Reports.report`); grouped by account, each
+        group also gives what the account is charged (`charged`: times the QOS usage factors)."""
+        data = self.reports.report(since, until, by=by, owner_uid=owner_uid, account_missing=account_missing)
+        if by == "account":
+            charged = self.statements.charged(self.reports.sums.period_filter(since, until, owner_uid))
+            for g in data["groups"]:
+                g["charged"] = charged.get(g["group"], {}).get("charged")
+            data["usage_factors"] = dict(sorted(self.statements.usage_factors.items()))
+        return data
+
+    def statement(self, since: datetime, until: datetime, *, owner_uid: int | None = None) -> dict:
+        """Each account's usage and charges over a period (`Statements.statement`); never-priced
+        jobs of the period are priced first, as for a report."""
+        self.ledger.price_missing(self.reports.sums.period_filter(since, until, owner_uid), 200)
+        return self.statements.statement(since, until, owner_uid=owner_uid, generated_at=self._clock())
 
     def export(self, since: datetime, until: datetime, *, owner_uid: int | None = None) -> dict:
         """The period's energy and emissions disclosure (`Disclosure.export`)."""

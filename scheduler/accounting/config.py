@@ -19,6 +19,7 @@ class AccountingConfig:
     gpu_lifetime_years = 4            # catalog list price amortized over this
     energy_price_usd_per_kwh = 0.10   # facility energy (IT energy x PUE)
     recheck_days = 7                  # re-price non-actual figures while data may arrive
+    flexible_grace_pct = 0            # flexible-QOS jobs may take an account this far over a limit
     [accounting.zone_energy_price_usd_per_kwh]
     DE = 0.25
     ```
@@ -28,6 +29,7 @@ class AccountingConfig:
     energy_price_usd_per_kwh: float = 0.10
     zone_energy_price_usd_per_kwh: Mapping[str, float] = field(default_factory=dict)
     recheck_days: float = 7.0
+    flexible_grace_pct: float = 0.0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> AccountingConfig:
@@ -35,7 +37,7 @@ class AccountingConfig:
         if not isinstance(section, Mapping):
             raise ValueError("config [accounting]: expected a table")
         known = {"gpu_lifetime_years", "energy_price_usd_per_kwh", "zone_energy_price_usd_per_kwh",
-                 "recheck_days"}
+                 "recheck_days", "flexible_grace_pct"}
         unknown = sorted(set(section) - known)
         if unknown:
             raise ValueError(f"config [accounting]: unknown key(s) {', '.join(unknown)} "
@@ -59,6 +61,7 @@ class AccountingConfig:
             zone_energy_price_usd_per_kwh={str(z): number(v, f"zone_energy_price_usd_per_kwh.{z}", positive=False)
                                            for z, v in zones.items()},
             recheck_days=number(section.get("recheck_days", 7.0), "recheck_days", positive=False),
+            flexible_grace_pct=number(section.get("flexible_grace_pct", 0.0), "flexible_grace_pct", positive=False),
         )
 
     def energy_price(self, zone: str | None) -> float:

@@ -1,5 +1,5 @@
-"""Fleet reports: figures over the jobs that ended in a period, grouped by user, workload,
-GPU model, zone, day or node, with why the unpriced ones are unpriced."""
+"""Fleet reports: figures over the jobs that ended in a period, grouped by user, account,
+workload, GPU model, zone, day or node, with why the unpriced ones are unpriced."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scheduler.carbon_table import zones_with_data
 from scheduler.jobs.sums import signal_key, unpriced_by_zone
 from telemetry.grid.static import static_intensity
 
-GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
+GROUPINGS = ("user", "account", "workload", "model", "zone", "day", "node")
 
 
 class Reports:

@@ -2,7 +2,8 @@
 `--account`, `--qos` and `--time`.
 
     carbonsched account add NAME [--parent P] [--shares N] [--description TEXT]   (operators)
-    carbonsched account modify NAME [--shares N] [--description TEXT] [--parent P] (operators)
+    carbonsched account modify NAME [--shares N] [--description TEXT] [--parent P] [--limit KEY=AMOUNT/PERIOD]
+                                                                                  (operators)
     carbonsched account delete NAME                                               (operators)
     carbonsched account list
     carbonsched user add USER --account A [--default]                             (operators)
@@ -39,6 +40,11 @@ def add_parser(subparsers) -> None:
                                                                "name before its last /, else none)")
             p.add_argument("--shares", type=int, metavar="N", help="its fair-share shares (default 1)")
             p.add_argument("--description", metavar="TEXT")
+        if action == "modify":
+            p.add_argument("--limit", action="append", metavar="KEY=AMOUNT/PERIOD",
+                           help="a budget of the account and everything under it: co2=500kg/month, "
+                                "energy=800kWh/quarter, gpu_hours=1000/month, co2=2t/2026-11-01..2026-12-31; "
+                                "KEY=none removes it (repeatable)")
         p.add_argument("--json", action="store_true", help=JSON_HELP)
     p = a_sub.add_parser("list", help="every account, as a tree, with its shares and users")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -108,17 +114,26 @@ def cmd_account(args, config) -> int:
         else:
             from scheduler.text_table import table
 
-            print(table(["ACCOUNT", "SHARES", "USERS", "DESCRIPTION"],
+            print(table(["ACCOUNT", "SHARES", "USERS", "LIMITS", "DESCRIPTION"],
                         [["  " * r["depth"] + r["name"], str(r["shares"]), ",".join(r["users"]) or "-",
-                          r["description"] or "-"] for r in rows]))
+                          _limits_text(r.get("limits") or {}), r["description"] or "-"] for r in rows]))
         return EXIT_OK
     body: dict = {"name": args.name}
     if args.action != "delete":
         for key in ("parent", "shares", "description"):
             if getattr(args, key) is not None:
                 body[key] = getattr(args, key)
+        if args.action == "modify" and args.limit:
+            from scheduler.budgets import BudgetError, parse_limit
+
+            try:
+                for text in args.limit:
+                    parse_limit(text)
+            except BudgetError as e:
+                raise CliError(str(e), EXIT_USAGE) from None
+            body["limits"] = args.limit
         if args.action == "modify" and len(body) == 1:
-            raise CliError("account modify: nothing to change: give --shares, --description or --parent",
+            raise CliError("account modify: nothing to change: give --shares, --description, --parent or --limit",
                            EXIT_USAGE)
     result = client.request("POST", f"/accounts/{args.action}", body)
     if args.json:
@@ -128,9 +143,16 @@ def cmd_account(args, config) -> int:
                                                      if result["users"] else ""))
     else:
         under = f" under {result['parent']}" if result["parent"] else ""
+        limits = _limits_text(result.get("limits") or {})
         print(f"{'added' if args.action == 'add' else 'modified'} account {result['name']}{under}: "
-              f"{result['shares']} share(s)")
+              f"{result['shares']} share(s)" + ("" if limits == "-" else f", limits {limits}"))
     return EXIT_OK
+
+
+def _limits_text(limits: dict) -> str:
+    """`co2 500 kg/month, energy 800 kWh/quarter`, or `-`."""
+    words = {"kgco2e": "co2", "kwh": "energy", "gpu_hours": "gpu_hours"}
+    return ", ".join(f"{words.get(c, c)} {v['text']}" for c, v in limits.items()) or "-"
 
 
 def cmd_user(args, config) -> int:

@@ -1,9 +1,14 @@
 """`carbonsched report` and `carbonsched export`: fleet carbon reports and the energy
 disclosure document; and the carbon receipt that `carbonsched show JOB` appends.
 
-    carbonsched report [--since T] [--until T] [--by user|workload|model|zone|day|node]
+    carbonsched report [--since T] [--until T] [--by user|account|workload|model|zone|day|node]
                        [--format table|csv|json] [--json] [--plot FILE.png] [--db URL]
-    carbonsched export [--since T] [--until T] [--format json|csv] [--out FILE] [--db URL]
+    carbonsched export [--since T] [--until T | --period P] [--by system|account] [--format json|csv]
+                       [--out FILE] [--db URL]
+
+`export --by account` is a statement per account: its usage in every currency and what it is
+charged (times the QOS usage factors); `--period` names a month (2026-11), a quarter
+(2026-Q4) or a date range (2026-11-01..2026-12-31).
 
 T is an ISO date/time (UTC when it has no offset) or a duration back from now (`7d`); the
 default period is the last 30 days. Both verbs ask the daemon, which shows a user only
@@ -23,7 +28,7 @@ from datetime import datetime, timezone
 from scheduler.cli.common import EXIT_USAGE, CliError, api_client, register
 from scheduler.text_table import significant, small_grams
 
-GROUPINGS = ("user", "workload", "model", "zone", "day", "node")
+GROUPINGS = ("user", "account", "workload", "model", "zone", "day", "node")
 
 
 def add_parser(subparsers) -> None:
@@ -47,6 +52,11 @@ def add_parser(subparsers) -> None:
                     "methodology: measurement methods, signal, PUE, data sources and licences.")
     e.add_argument("--since", metavar="T", help="start: ISO date/time or a duration back from now (default 30d)")
     e.add_argument("--until", metavar="T", help="end (default now)")
+    e.add_argument("--period", metavar="P", help="instead of --since/--until: a month (2026-11), a quarter "
+                                                 "(2026-Q4) or a date range (2026-11-01..2026-12-31), UTC")
+    e.add_argument("--by", choices=("system", "account"), default="system",
+                   help="system: the disclosure document (default); account: each account's statement, its "
+                        "usage and what it is charged (x QOS usage factor)")
     e.add_argument("--format", dest="fmt", choices=("json", "csv"), default="json")
     e.add_argument("--out", metavar="FILE", help="write here instead of standard output")
     e.add_argument("--db", help="read this database directly instead of asking the daemon (operators)")
@@ -80,11 +90,30 @@ def _direct(args, config: dict):
     from scheduler.cli.common import open_existing_store
 
     store = open_existing_store(args.db)
+    from scheduler.qos import qos_table
+
     return store, Accountant(store, site=_Site(config), carbon_config=config,
-                             config=AccountingConfig.from_config(config))
+                             config=AccountingConfig.from_config(config),
+                             usage_factors=qos_table(config).usage_factors())
+
+
+def _period(args) -> None:
+    """`--period P` as --since/--until (refused beside them, or malformed: one line, exit 2)."""
+    if not getattr(args, "period", None):
+        return
+    if args.since or args.until:
+        raise CliError("give --period or --since/--until, not both", EXIT_USAGE)
+    from scheduler.budgets import BudgetError, named_period
+
+    try:
+        start, end = named_period(args.period)
+    except BudgetError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    args.since, args.until = start.isoformat(), end.isoformat()
 
 
 def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
+    _period(args)
     query = {k: v for k, v in (("since", args.since), ("until", args.until), ("by", by)) if v}
     if args.db:
         from scheduler.accounting.reports import parse_period
@@ -94,7 +123,7 @@ def _fetch(args, config: dict, what: str, by: str | None = None) -> dict:
             since, until = parse_period(args.since, args.until, datetime.now(timezone.utc))
             if what == "report":
                 return acc.report(since, until, by=by or "user")
-            return acc.export(since, until)
+            return acc.statement(since, until) if by == "account" else acc.export(since, until)
         except ValueError as e:
             raise CliError(str(e), EXIT_USAGE) from None
         finally:
@@ -129,6 +158,8 @@ def cmd_report(args, config: dict) -> int:
         sys.stdout.write(report_csv(data))
     else:
         print(report_table(data))
+        if args.by == "account" and data["groups"]:
+            print(charged_table(data))
     if args.plot:
         daily = data if args.by == "day" else _fetch(args, config, "report", "day")
         plot_daily(daily, args.plot)
@@ -217,6 +248,23 @@ def report_table(data: dict) -> str:
                      f"('-': unknown, not zero)" + (f": {why}" if why else
                                                     " (not measured, or no intensity data for their run)"))
     return "\n".join(lines)
+
+
+def charged_table(data: dict) -> str:
+    """`report --by account`: what each account is charged, its usage times the QOS factors."""
+    from scheduler.text_table import table
+
+    rows = []
+    for g in data["groups"]:
+        c = g.get("charged") or {}
+        kg = c.get("kgco2e")
+        rows.append([str(g["group"]), _num(c.get("gpu_hours"), ".4g"), _num(c.get("energy_kwh"), ".4g"),
+                     _num(kg, ".4g") if kg is not None or not c.get("kgco2e_by_signal") else
+                     ", ".join(f"{_num(v, '.4g')} ({s})" for s, v in c["kgco2e_by_signal"].items()),
+                     _num(c.get("embodied_kgco2e"), ".4g")])
+    factors = ", ".join(f"{q} x{f:g}" for q, f in (data.get("usage_factors") or {}).items())
+    return ("\ncharged (usage x QOS usage factor" + (f": {factors}" if factors else "") + ")\n"
+            + table(["ACCOUNT", "GPU-H", "KWH", "KGCO2", "EMBODIED KG"], rows))
 
 
 def embodied_note(total: dict, sci: bool) -> str:
@@ -326,23 +374,39 @@ def export_csv(doc: dict) -> str:
     return buf.getvalue()
 
 
+def statement_csv(doc: dict) -> str:
+    """`export --by account --format csv`: one row per account."""
+    from scheduler.accounting.statements import statement_csv_rows
+
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(statement_csv_rows(doc))
+    return buf.getvalue()
+
+
 def cmd_export(args, config: dict) -> int:
-    doc = _fetch(args, config, "export")
-    text = json.dumps(doc, indent=2) + "\n" if args.fmt == "json" else export_csv(doc)
-    if args.out:
-        try:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise CliError(f"--out {args.out}: {e.strerror}") from None
-        kg = ", ".join(f"{v:.3f} kgCO2e ({sig} signal)" for sig, v in
-                       doc["totals"].get("emissions_kgco2e_by_signal", {}).items() if v is not None) \
-            or "emissions unknown"
-        unpriced = doc["totals"].get("jobs_without_emissions")
-        print(f"wrote {args.out}: {len(doc['systems'])} system(s), {doc['totals']['it_energy_kwh']:.3f} kWh, "
-              f"{kg}" + (f" ({unpriced} job(s) unpriced)" if unpriced else ""), file=sys.stderr)
+    by_account = args.by == "account"
+    doc = _fetch(args, config, "export", "account" if by_account else None)
+    if args.fmt == "json":
+        text = json.dumps(doc, indent=2) + "\n"
     else:
+        text = statement_csv(doc) if by_account else export_csv(doc)
+    if not args.out:
         sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise CliError(f"--out {args.out}: {e.strerror}") from None
+    if by_account:
+        print(f"wrote {args.out}: {len(doc['accounts'])} account(s)", file=sys.stderr)
+        return 0
+    kg = ", ".join(f"{v:.3f} kgCO2e ({sig} signal)" for sig, v in
+                   doc["totals"].get("emissions_kgco2e_by_signal", {}).items() if v is not None) \
+        or "emissions unknown"
+    unpriced = doc["totals"].get("jobs_without_emissions")
+    print(f"wrote {args.out}: {len(doc['systems'])} system(s), {doc['totals']['it_energy_kwh']:.3f} kWh, "
+          f"{kg}" + (f" ({unpriced} job(s) unpriced)" if unpriced else ""), file=sys.stderr)
     return 0
 
 

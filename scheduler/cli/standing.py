@@ -1,7 +1,8 @@
 """`carbonsched share` (like Slurm's `sshare`) and `carbonsched priority` (like `sprio`):
 where accounts and waiting jobs stand, as the planner computes it.
 
-    carbonsched share [--json]       shares, usage, effective usage and fair-share factor
+    carbonsched share [--json]       shares, usage, effective usage and fair-share factor, and
+                                     each account limit with this period's usage against it
     carbonsched priority [--json]    each waiting job's priority and its components
 
 A user sees the accounts and their own lines; an operator sees everyone's. Only the
@@ -44,7 +45,20 @@ def cmd_share(args, config) -> int:
                   _fmt(r[usage_key], 2), _fmt(r["effective_usage"]), _fmt(r["fair_share_factor"])]
                  for r in doc["associations"]]))
     print(f"usage decays with a half-life of {doc['half_life_s'] / 86400:g} days")
+    budgets = doc.get("budgets") or []
+    if budgets:
+        print()
+        print(table(["ACCOUNT", "LIMIT", "PERIOD", "USED", "USED %", "NOTE"],
+                    [[b["account"], f"{_LIMIT_WORD.get(b['currency'], b['currency'])} {b['text']}",
+                      f"{b['period_start'][:10]}..{b['period_end'][:10]}", f"{b['used']:.4g} {b['unit']}",
+                      f"{100 * b['used_fraction']:.0f}", "80 % reached" if b["warning"] else ""]
+                     for b in budgets]))
+        print("used: this period's finished jobs as measured and running jobs as planned, each times its "
+              "QOS usage factor, over the account and everything under it")
     return EXIT_OK
+
+
+_LIMIT_WORD = {"kgco2e": "co2", "kwh": "energy", "gpu_hours": "gpu_hours"}
 
 
 def cmd_priority(args, config) -> int:

@@ -55,6 +55,9 @@ class ServiceConfig:
     # default: every job has a finite limit.
     qos: QosTable = field(default_factory=QosTable)
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    # [accounting] flexible_grace_pct: how far a flexible-QOS job may take an account over a
+    # limit (scheduler.budgets); 0: not at all.
+    flexible_grace_pct: float = 0.0
 
 
 class Access:

@@ -3,7 +3,7 @@ Slurm's `sacctmgr`): operators change them, everyone may list them.
 
     GET  /v1/accounts                 the tree; a user sees only themselves among its users
     POST /v1/accounts/add             {"name", "parent"?, "shares"?, "description"?}
-    POST /v1/accounts/modify          {"name", "shares"?, "description"?, "parent"?}
+    POST /v1/accounts/modify          {"name", "shares"?, "description"?, "parent"?, "limits"?}
     POST /v1/accounts/delete          {"name"}
     GET  /v1/users[?user=U]           associations; a user sees only their own
     POST /v1/users/add                {"user", "account", "default"?}
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _STATUS = {"invalid": 400, "missing": 404, "conflict": 409}
 _FIELDS = {
     ("accounts", "add"): {"name", "parent", "shares", "description"},
-    ("accounts", "modify"): {"name", "parent", "shares", "description"},
+    ("accounts", "modify"): {"name", "parent", "shares", "description", "limits"},
     ("accounts", "delete"): {"name"},
     ("users", "add"): {"user", "account", "default"},
     ("users", "modify"): {"user", "default_account"},
@@ -107,7 +107,8 @@ class AccountVerbs:
 
     def _account_modify(self, conn, body: dict) -> dict:
         return core.modify_account(conn, body.get("name"), shares=body.get("shares"),
-                                   description=body.get("description"), parent=body.get("parent"))
+                                   description=body.get("description"), parent=body.get("parent"),
+                                   limits=body.get("limits"), now=self._clock())
 
     def _account_delete(self, conn, body: dict) -> dict:
         return core.delete_account(conn, body.get("name"))

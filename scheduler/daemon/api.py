@@ -708,7 +708,9 @@ def accounting_routes(accountant: Accountant, service: JobService) -> dict:
 
     def export(caller, query: dict) -> dict:
         since, until = period(query)
-        return accountant.export(since, until, owner_uid=scope(caller))
+        if query.get("by", [None])[0] == "account":  # a statement per account: usage and charges
+            return accountant.statement(since, until, owner_uid=scope(caller))
+        return accountant.export(since, until, owner_uid=scope(caller))  # any other `by`: as before
 
     def receipt(caller, query: dict) -> dict:
         raw = query.get("job", [None])[0]

@@ -218,7 +218,8 @@ class Daemon(ServiceProcess):
         if cfg.planner_process:
             spec = PlannerSpec(db_url=cfg.db_url, policy=cfg.policy, log_level=logging.getLogger().level,
                                plan_interval_s=cfg.plan_interval_s, carbon=dict(cfg.carbon), site=cfg.site,
-                               full_replan_s=cfg.full_replan_s, qos=cfg.qos)
+                               full_replan_s=cfg.full_replan_s, qos=cfg.qos,
+                               flexible_grace_pct=cfg.accounting.flexible_grace_pct)
             # Started first: the child's imports (OR-Tools alone takes ~0.7 s) overlap the
             # rest of startup, so the first plan follows "ready" closely.
             run.plan_proc = PlannerProcess(spec, on_tick=lambda d, n: self._after_tick(run, d, n))
@@ -247,11 +248,12 @@ class Daemon(ServiceProcess):
         if run.preview_proc is not None:
             run.preview = run.preview_proc.rows
             return
-        from scheduler.standing import Standing
+        from scheduler.standing import Standing, StandingSettings
 
         planner = Planner(run.store, policy, carbon=run.carbon, site=cfg.site,
                           plan_interval_s=cfg.plan_interval_s, full_replan_s=cfg.full_replan_s,
-                          standing=Standing(cfg.qos))
+                          standing=Standing(cfg.qos, StandingSettings(
+                              flexible_grace_pct=cfg.accounting.flexible_grace_pct)))
         run.plan_proc = InProcessPlanner(run.scheduler, planner, stopping=self.stop_event,
                                          on_tick=lambda d, n: self._after_tick(run, d, n))
         run.preview = lambda: preview_rows(planner)
@@ -300,12 +302,14 @@ class Daemon(ServiceProcess):
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
                           time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user,
                           default_time_limit_s=cfg.default_time_limit_s, qos=cfg.qos,
+                          flexible_grace_pct=cfg.accounting.flexible_grace_pct,
                           max_submit_stored_bytes=cfg.max_submit_stored_bytes,
                           max_stored_bytes_per_user=cfg.max_stored_bytes_per_user),
             log_dir=cfg.log_dir or cfg.state_dir / "logs",
-            on_submit=run.plan_proc.wake, on_cancel=run.dispatch_job.wake,
+            on_submit=run.plan_proc.wake, on_cancel=run.dispatch_job.wake, carbon=run.carbon,
         )
-        run.accountant = Accountant(run.store, site=cfg.site, carbon=run.carbon, config=cfg.accounting)
+        run.accountant = Accountant(run.store, site=cfg.site, carbon=run.carbon, config=cfg.accounting,
+                                    usage_factors=cfg.qos.usage_factors())
         run.api = ApiServer(cfg.socket_path, service,
                             extra_routes={("GET", "plan"): lambda caller, q: plan_preview(run.preview(), service, caller),
                                           **accounting_routes(run.accountant, service), **profile_routes(run.store)},

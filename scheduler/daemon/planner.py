@@ -56,6 +56,7 @@ from scheduler import interruptible
 from scheduler.carbon_curves import DEFAULT_CARBON_TTL_S, CarbonCurves
 from scheduler.carbon_signal import CarbonSignal
 from scheduler.clock import utcnow
+from scheduler.daemon.budget_gate import BudgetGate
 from scheduler.daemon.plan_store import disk_full_notes, read_gpus, read_nodes
 from scheduler.daemon.wait_reasons import with_wait_reasons
 from scheduler.job_specs import wait_word
@@ -145,6 +146,9 @@ class Planner:
         # each job's priority and its QOS's bounds on carbon (None: every job equal, unbounded)
         self.standing = standing
         self._qos_held: dict[int, str] = {}  # jobs a QOS's GPU limit holds back this tick, and why
+        self._order: list[int] = []  # this tick's queued job ids, highest priority first
+        # the accounts' limits hold placed jobs back (scheduler.budgets); needs the QOS table
+        self.budget_gate = BudgetGate(standing.qos) if standing is not None else None
         self._monotonic = monotonic
         if carbon is None:
             from scheduler.carbon import CarbonSignals
@@ -254,13 +258,14 @@ class Planner:
                      slots: list[GpuSlot]) -> tuple[QueuedJob, ...]:
         """The queued jobs as the policy's (`scheduler.jobs.job.queued_job`), each with its
         priority and its QOS's bounds on carbon (`scheduler.standing`)."""
-        self._qos_held = {}
+        self._qos_held, self._order = {}, []
         if self.standing is None:
             return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned)
                          for j in queued.values())
         order, self._qos_held = self.standing.plan_order(conn, list(queued.values()), now,
                                                          sum(1 for s in slots if s.healthy))
         ranked = {b.job_id: b.priority for b in order}
+        self._order = [b.job_id for b in order]
         levels = self.standing.qos
         return tuple(queued_job(j, self.default_runtime_s, now=now, pinned=j.id in pinned,
                                 priority=ranked.get(j.id, 0.0), qos=levels.levels.get(j.qos))
@@ -292,10 +297,23 @@ class Planner:
     def preview(self) -> tuple[Snapshot, Plan]:
         """What the policy would do now (a full re-plan), without writing anything."""
         with self.store.read() as conn:
-            snapshot, _ = self.snapshot(conn)
+            snapshot, queued = self.snapshot(conn)
+            budgets = self._budgets(conn, snapshot.now)
         snapshot, waiting = self.bounded(snapshot)
-        plan = with_wait_reasons(snapshot, self._finished(snapshot, self.policy.plan(snapshot)))
+        plan = self._within_budgets(budgets, with_wait_reasons(snapshot, self._finished(snapshot,
+                                                                                        self.policy.plan(snapshot))),
+                                    queued)
         return snapshot, replace(plan, unplaced={**plan.unplaced, **waiting})
+
+    def _budgets(self, conn: Connection, now: datetime):
+        """The accounts' limits and what counts against them (None: no limits, or no standing)."""
+        return None if self.standing is None else self.standing.budgets(conn, now)
+
+    def _within_budgets(self, budgets, plan: Plan, queued: QueueRead) -> Plan:
+        """The plan less the jobs the accounts' limits hold back this period (`BudgetGate`)."""
+        if budgets is None or self.budget_gate is None:
+            return plan
+        return self.budget_gate.apply(budgets, plan, queued, self._order)[0]
 
     def _finished(self, snapshot: Snapshot, plan: Plan) -> Plan:
         """The policy's plan as it is committed (`policies.solvers.finish`): operating points, power
@@ -335,10 +353,11 @@ class Planner:
         full = self.full_replan_due()
         with self.store.read() as conn:
             snapshot, queued = self.snapshot(conn, incremental=not full)
+            budgets = self._budgets(conn, snapshot.now)
         note_waiting(self.store, queued.waiting)
         snapshot, waiting = self.bounded(snapshot)
         waiting = {**waiting, **self._qos_held}
-        fingerprint = _fingerprint(snapshot)
+        fingerprint = hash((_fingerprint(snapshot), BudgetGate.periods(budgets)))
         mono = self._monotonic()
         # Skip only when the last run of the policy saw the same snapshot and was of a kind that
         # gives this tick's plan: after an incremental run a due full re-plan still runs (else
@@ -349,6 +368,7 @@ class Planner:
             return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
                              duration_s=time.perf_counter() - started, skipped=True, full=full)
         plan = with_wait_reasons(snapshot, self._finished(snapshot, self.policy.plan(snapshot)))
+        plan = self._within_budgets(budgets, plan, queued)
         if waiting:
             plan = replace(plan, unplaced={**plan.unplaced, **waiting})
         self._last_fingerprint, self._last_planned_at, self._last_planned_full = fingerprint, mono, full

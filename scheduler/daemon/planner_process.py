@@ -41,6 +41,7 @@ class PlannerSpec:
     site: Any = None  # scheduler.site.SiteConfig; None: PUE 1.0, no power caps
     full_replan_s: float | None = None  # incremental planning between full re-plans; None: off
     qos: Any = None  # scheduler.qos.QosTable; None: the built-in levels
+    flexible_grace_pct: float = 0.0  # [accounting] flexible_grace_pct (scheduler.budgets)
 
 
 def build_planner(spec: PlannerSpec, store) -> Any:
@@ -52,11 +53,13 @@ def build_planner(spec: PlannerSpec, store) -> Any:
 
     signals = CarbonSignals(store, CarbonConfig.from_config({"carbon": spec.carbon}))
     from scheduler.qos import QosTable
-    from scheduler.standing import Standing
+    from scheduler.standing import Standing, StandingSettings
 
     return Planner(store, make_policy(spec.policy, plan_interval_s=spec.plan_interval_s),
                    carbon=signals, site=spec.site, plan_interval_s=spec.plan_interval_s,
-                   full_replan_s=spec.full_replan_s, standing=Standing(spec.qos or QosTable()))
+                   full_replan_s=spec.full_replan_s,
+                   standing=Standing(spec.qos or QosTable(),
+                                     StandingSettings(flexible_grace_pct=spec.flexible_grace_pct)))
 
 
 def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:

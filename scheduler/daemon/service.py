@@ -26,17 +26,20 @@ from scheduler.daemon.job_reading import JobReading
 from scheduler.daemon.operator_verbs import OperatorVerbs
 from scheduler.daemon.standing_verbs import StandingVerbs
 from scheduler.daemon.submission import Submissions
-from scheduler.standing import Standing
+from scheduler.standing import Standing, StandingSettings
 from scheduler.store import Store
 
 
 class JobService:
     """The daemon's verbs over one store. `on_submit` wakes the planner (new or released
-    jobs, changed GPUs or profiles), `on_cancel` the local agent (a running job to stop)."""
+    jobs, changed GPUs or profiles), `on_cancel` the local agent (a running job to stop).
+    `carbon` (a `scheduler.carbon_signal.CarbonSignal`; None: not asked) gives submit the
+    zones' intensity now, to refuse a job alone over its account's CO2 limit."""
 
     def __init__(self, store: Store, config: ServiceConfig, *, log_dir: Path,
                  on_submit: Callable[[], None] | None = None,
-                 on_cancel: Callable[[], None] | None = None, clock: Callable[[], datetime] = utcnow) -> None:
+                 on_cancel: Callable[[], None] | None = None, clock: Callable[[], datetime] = utcnow,
+                 carbon=None) -> None:
         self.store = store
         self.config = config
         self.log_dir = Path(log_dir)
@@ -45,12 +48,19 @@ class JobService:
         self.access = Access(config)
         self.admission = Admission(store, node_timeout_s=config.node_timeout_s,
                                    default_runtime_s=config.default_runtime_s, clock=clock)
-        self.submissions = Submissions(store, config, self.access, self.admission, on_submit=on_submit, clock=clock)
+        self.submissions = Submissions(store, config, self.access, self.admission, on_submit=on_submit, clock=clock,
+                                       carbon=carbon)
         self.reading = JobReading(store, config, self.access, log_dir=self.log_dir, clock=clock)
         self.control = JobControl(store, self.access, on_submit=on_submit, on_cancel=on_cancel, clock=clock)
         self.operator = OperatorVerbs(store, self.access, self.admission, on_submit=on_submit, clock=clock)
-        self.accounts = AccountVerbs(store, self.access, on_change=self.submissions.tenancy.invalidate, clock=clock)
-        self.standing = StandingVerbs(store, self.access, Standing(config.qos), clock=clock)
+        self.accounts = AccountVerbs(store, self.access, on_change=self._accounts_changed, clock=clock)
+        self.standing = StandingVerbs(store, self.access, Standing(
+            config.qos, StandingSettings(flexible_grace_pct=config.flexible_grace_pct)), clock=clock)
+
+    def _accounts_changed(self) -> None:
+        """Submit's cached associations and limits are stale."""
+        self.submissions.tenancy.invalidate()
+        self.submissions.budget.invalidate()
 
     def is_admin(self, caller: Caller) -> bool:
         """Whether the caller is an operator (root, the daemon's user, `admin_groups`)."""

@@ -1,7 +1,8 @@
 """The API's view of where jobs stand (`carbonsched share`, like Slurm's `sshare`;
 `carbonsched priority`, like `sprio`):
 
-    GET /v1/share       every association's shares, usage, effective usage and fair-share factor
+    GET /v1/share       every association's shares, usage, effective usage and fair-share factor,
+                        and each account limit in force with what its subtree used this period
     GET /v1/priority    each waiting job's priority and its components, highest first
 
 Computed as the planner computes them (`scheduler.standing`), from the store at the moment
@@ -43,13 +44,15 @@ class StandingVerbs:
         now = self._clock()
         with self.store.read() as conn:
             fs = self.standing.fair_share(conn, now)
+            budgets = self.standing.budgets(conn, now)
         rows = fs.to_json(self.standing.settings.currency)
         if not self.access.is_admin(caller):
             me = account(caller.uid, caller.gid)[0]
             rows = [r for r in rows if r["user"] in (None, me)]
         return {"at": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
                 "currency": self.standing.settings.currency, "half_life_s": self.standing.settings.half_life_s,
-                "associations": rows}
+                "associations": rows,
+                "budgets": [] if budgets is None else [s.as_json() for s in budgets.standings()]}
 
     def priority(self, caller: Caller) -> dict:
         """The waiting jobs' priorities and components (the caller's own unless an operator)."""

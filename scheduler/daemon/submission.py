@@ -1,5 +1,5 @@
 """Submitting jobs: a request checked (`submit_checks`), admitted (a job no GPU of the cluster
-can ever run is refused, `admission`), held to the uid's limits on what it may store and have
+can ever run is refused, `admission`; one alone over its account's limit, `submit_budget`), held to the uid's limits on what it may store and have
 waiting (`QueueLimit`), and stored with its "submitted" event in one transaction (one
 statement on PostgreSQL); a job array's tasks and a job's dependencies together.
 """
@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 
 from scheduler.daemon.access import Access, Caller, RequestError, ServiceConfig
 from scheduler.daemon.admission import Admission, Refused
+from scheduler.daemon.submit_budget import SubmitBudget
 from scheduler.daemon.submit_checks import Habits, KnownWorkloads, job_row, slurm_habits
 from scheduler.daemon.submit_tenancy import Tenancy
 from scheduler.jobs.job import job_from_request, queued_job
@@ -31,7 +32,7 @@ class Submissions:
     woken (`on_submit`)."""
 
     def __init__(self, store: Store, config: ServiceConfig, access: Access, admission: Admission, *,
-                 on_submit: Callable[[], None], clock: Callable[[], datetime]) -> None:
+                 on_submit: Callable[[], None], clock: Callable[[], datetime], carbon=None) -> None:
         self.store = store
         self.config = config
         self.access = access
@@ -40,6 +41,7 @@ class Submissions:
         self.queue_limit = QueueLimit(store, config.max_queued_per_user,
                                       max_stored_bytes=config.max_stored_bytes_per_user)
         self.tenancy = Tenancy(store, config)
+        self.budget = SubmitBudget(store, config, clock=clock, carbon=carbon)  # a job alone over a limit
         self._on_submit = on_submit
         self._clock = clock
 
@@ -62,6 +64,7 @@ class Submissions:
         now = self._clock()
         row = self.job_row(body, caller, now)
         self.tenancy.apply(body, row)  # account, QOS, a finite time limit
+        self.budget.check(row)  # not alone over a whole limit of its account
         warning = self._admit(row)
         extra = slurm_habits(body, caller, now, lambda ids: self._see_jobs(caller, ids))
         n_tasks = len(extra.array.indices) if extra.array is not None else 1

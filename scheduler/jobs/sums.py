@@ -60,6 +60,11 @@ def _runtime_s(dialect: str):
     return extract("epoch", j.ended_at - j.started_at)
 
 
+def gpu_seconds(dialect: str):
+    """GPUs x the time a finished job ran, in seconds (budgets charge it as GPU-hours)."""
+    return jobs.c.gpus * _runtime_s(dialect)
+
+
 def _day(dialect: str):
     j = jobs.c
     if dialect == "sqlite":
@@ -68,11 +73,17 @@ def _day(dialect: str):
 
 
 def group_column(by: str, dialect: str):
-    """The column a period's sums are grouped `by`: user, workload, model, zone, node or day
-    (the UTC date the job ended)."""
+    """The column a period's sums are grouped `by`: user, account, workload, model, zone,
+    node or day (the UTC date the job ended)."""
     j = jobs.c
-    return {"user": j.owner_name, "workload": j.workload, "model": j.gpu_model, "zone": j.zone,
+    return {"user": j.owner_name, "account": j.account, "workload": j.workload, "model": j.gpu_model, "zone": j.zone,
             "node": j.node, "day": _day(dialect)}[by]
+
+
+def account_columns() -> tuple:
+    """The per-account statement's grouping (`scheduler.accounting.statements`): the account
+    (labelled `key`) and the QOS (labelled `qos`), whose usage factor the charge takes."""
+    return (jobs.c.account.label("key"), jobs.c.qos.label("qos"))
 
 
 def system_columns() -> tuple:

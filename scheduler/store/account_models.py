@@ -7,13 +7,16 @@
 - `account_users`: which user (by name, as `owner_name` of a job) may charge which account,
   and which of a user's accounts is their default (at most one per user, kept so by
   `scheduler.accounts`; a job submitted without `--account` goes there).
+- `account_limits`: an account's budget in one currency (`gpu_hours`, `kwh` or `kgco2e`) per
+  period (`month`, `quarter` or a date range `2026-11-01..2026-12-31`), as
+  `scheduler.budgets` parses, checks and enforces it (Slurm's `GrpTRESMins`).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Integer, String, Text, UniqueConstraint, false
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from scheduler.store.base import Base, UTCDateTime
@@ -49,5 +52,19 @@ class AccountUser(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class AccountLimit(Base):
+    """One limit: at most `amount` (GPU-hours, kWh or kg, by `currency`) charged to the
+    account's subtree per `period`. One per account and currency."""
+
+    __tablename__ = "account_limits"
+
+    account: Mapped[str] = mapped_column(ForeignKey("accounts.name", ondelete="CASCADE"), primary_key=True)
+    currency: Mapped[str] = mapped_column(String(16), primary_key=True)
+    amount: Mapped[float] = mapped_column(Float)
+    period: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 accounts = Account.__table__
 account_users = AccountUser.__table__
+account_limits = AccountLimit.__table__

@@ -156,3 +156,22 @@ def test_share_and_priority_print_tables_and_json(cs):
     assert job in [j["job_id"] for j in ranked]
     text = cs("priority")
     assert text.returncode == 0 and "PRIORITY" in text.stdout and "weights: fair share" in text.stdout
+
+
+def test_limits_are_set_listed_and_removed_and_a_mistake_is_one_line_exit_2(cs):
+    assert cs("account", "add", "budgeted").returncode == 0
+    out = as_json(cs("account", "modify", "budgeted", "--limit", "co2=500kg/month", "--limit",
+                     "energy=800kWh/quarter", "--json"))
+    assert out["limits"]["kgco2e"]["text"] == "500 kg/month" and out["limits"]["kwh"]["period"] == "quarter"
+    text = cs("account", "list")
+    assert "LIMITS" in text.stdout and "co2 500 kg/month, energy 800 kWh/quarter" in text.stdout
+    text = cs("share")
+    assert text.returncode == 0 and "co2 500 kg/month" in text.stdout and "USED %" in text.stdout
+    assert as_json(cs("share", "--json"))["budgets"][0]["account"] == "budgeted"
+    assert cs("account", "modify", "budgeted", "--limit", "co2=none").returncode == 0
+    listed = {a["name"]: a for a in as_json(cs("account", "list", "--json"))}
+    assert set(listed["budgeted"]["limits"]) == {"kwh"}
+    for bad, words in (("co2=500/month", "co2 takes a unit"), ("co2=5kg/week", "use month, quarter"),
+                       ("power=5kW/month", "unknown key 'power'")):
+        proc = cs("account", "modify", "budgeted", "--limit", bad)
+        assert proc.returncode == 2 and words in one_line_error(proc)

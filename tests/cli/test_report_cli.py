@@ -533,3 +533,25 @@ def test_the_daily_plot_names_its_period_marks_modelled_days_and_keeps_its_legen
     assert "kgCO2, energy partly modelled" in [t.get_text() for t in legend.get_texts()]
     renderer = fig.canvas.get_renderer()
     assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+
+
+def test_export_by_account_writes_each_accounts_statement_for_a_month(db, capsys, tmp_path):
+    url, _ = db
+    code, out, _ = run_cli(capsys, "export", "--db", url, "--by", "account", "--period", "2026-03")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["period"] == {"start": "2026-03-01T00:00:00Z", "end": "2026-04-01T00:00:00Z"}
+    [default] = [a for a in doc["accounts"] if a["account"] == "default"]
+    assert default["jobs"] == 5 and default["usage"]["kgco2e"] == pytest.approx(0.675)
+    assert default["charged"]["kgco2e"] == pytest.approx(0.675)  # every job under normal: factor 1
+    out_csv = tmp_path / "s.csv"
+    code, _, err = run_cli(capsys, "export", "--db", url, "--by", "account", "--period", "2026-03",
+                           "--format", "csv", "--out", str(out_csv))
+    assert code == 0 and "account(s)" in err
+    rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
+    assert float({r["account"]: r for r in rows}["default"]["charged_energy_kwh"]) == pytest.approx(5.0)
+    code, _, err = run_cli(capsys, "export", "--db", url, "--by", "account", "--period", "2026-13")
+    assert code == EXIT_USAGE and "--period" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = run_cli(capsys, "report", "--db", url, "--since", "2026-03-01", "--until", "2026-04-01",
+                           "--by", "account")
+    assert code == 0 and "charged (usage x QOS usage factor" in out and "default" in out
