@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from scheduler.lifecycle import TERMINAL, State
-
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 
 # Why a job the planner leaves alone waits, as `queue`'s REASON says it (squeue's word in
@@ -75,7 +73,9 @@ def parse_dependency(text: str) -> list[Dependency]:
     return out
 
 
-ENDED_STATES = frozenset(s.value for s in TERMINAL)
+# A job's end states (scheduler.lifecycle.TERMINAL, by name: the CLI imports this module and
+# runs on the standard library alone, so it cannot import the store's lifecycle).
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "LOST"})
 NEVER_SATISFIED_REASON = "(DependencyNeverSatisfied): it can only be cancelled"
 
 
@@ -85,8 +85,8 @@ def never_satisfied(dep: Dependency, state: str) -> bool:
     if state not in ENDED_STATES:
         return False
     if dep.kind == "afterok":
-        return state != State.COMPLETED.value
-    return dep.kind == "afternotok" and state == State.COMPLETED.value
+        return state != "COMPLETED"
+    return dep.kind == "afternotok" and state == "COMPLETED"
 
 
 def dependency_text(deps: list[Dependency]) -> str:

@@ -79,6 +79,7 @@ def test_a_slurm_node_maps_its_gpus_to_gres_indices_and_submits_one_gres_type(sl
     ids = sorted(agent._uuid_of)
     assert launcher._slurm_gpu_of_id == {ids[0]: 0, ids[1]: 1}
     job = SimpleNamespace(id=3, planned_gpu_ids=ids, attempts=1, resume_count=2, name="j", slurm_job_id=None,
+                          account="nlp", qos="normal",
                           planned_start=datetime(2024, 1, 1, 12, tzinfo=timezone.utc),
                           submitted_at=datetime(2024, 1, 1, 11, tzinfo=timezone.utc))
     spec = LaunchSpec(job_id=3, argv=["true"], cwd="/", env={}, uid=0, gid=0, groups=[], time_limit_s=None,
@@ -86,6 +87,7 @@ def test_a_slurm_node_maps_its_gpus_to_gres_indices_and_submits_one_gres_type(sl
     slurm = launcher.launch_spec(job, spec).extra["slurm"]
     assert (slurm["gres_type"], slurm["count"], slurm["node"]) == ("h100", 2, "sn")
     assert slurm["comment"] == "carbonsched:3#4"  # attempt 2 plus 2 resumes: a Slurm job of its own
+    assert (slurm["account"], slurm["qos"]) == ("nlp", "normal")  # as carbonsched charged it
     with pytest.raises(OSError):
         launcher.launch_spec(SimpleNamespace(**{**vars(job), "planned_gpu_ids": [999]}), spec)
 

@@ -11,7 +11,7 @@ import pytest
 
 from policies import GpuSlot, QueuedJob, Snapshot, get_policy, policy_names
 from policies.model.catalog import catalog
-from policies.types import Assignment, CarbonCurve, Estimate, Plan, PowerCap, Profile
+from policies.types import Assignment, CarbonCurve, Estimate, Plan, PowerCap, Profile, grams
 from policy_checker import violations
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
@@ -174,7 +174,7 @@ def test_explanation_names_model_zone_start_and_the_run_now_alternative(policy):
     a = run(policy, s).by_job()[1]
     e = a.explanation
     assert "H200 in Z at " in e and any(f"at {h}:" in e for h in (10, 11, 12, 13))
-    assert f"{a.estimate.gco2:.0f} g" in e and f"{a.estimate.gco2_if_now:.0f} g now" in e
+    assert f": {grams(a.estimate.gco2)}" in e and f"{grams(a.estimate.gco2_if_now)} now" in e
     assert "g/prompt" in e and a.estimate.gco2_per_prompt == pytest.approx(a.estimate.gco2 / 50000)
 
 

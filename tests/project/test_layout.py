@@ -128,6 +128,19 @@ def test_the_command_line_starts_on_the_standard_library_alone():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_client_verbs_run_without_the_daemons_packages():
+    """What `queue`, `show`, `cancel` and `submit` import when they run, as another user runs
+    them with the system's python3 (no SQLAlchemy, numpy or OR-Tools there)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, scheduler.cli.output, scheduler.cli.client, scheduler.job_specs; "
+            "print(sorted({n.split('.')[0] for n in sys.modules} & {'numpy', 'sqlalchemy', 'ortools', "
+            "'simpy', 'apscheduler', 'prometheus_client', 'matplotlib'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 # -- The shape of the house: rooms, circles, sizes -------------------------------------------
 
 ROOMS = {"scheduler.cli": 3, "scheduler.daemon": 2, "scheduler.node": 1}  # the core is 0
