@@ -48,8 +48,6 @@ from scheduler.store.identity import store_id
 
 log = logging.getLogger(__name__)
 
-PLANNER_LOAD_TIMEOUT_S = 15.0
-
 
 @dataclass
 class DaemonConfig:
@@ -123,10 +121,6 @@ class InProcessPlanner:
 
     def start(self) -> None:
         """Nothing to start: APScheduler runs the ticks."""
-
-    def wait_loaded(self, timeout_s: float) -> bool:
-        """Ready at once: the planner lives in this process."""
-        return True
 
     def wake(self) -> None:
         self._job.wake()
@@ -382,10 +376,10 @@ class Daemon(ServiceProcess):
             agent.start_sampling()
         plan_proc.start()
         scheduler.start()
-        # Serve once the planner can plan: a daemon that accepts jobs but cannot place them
-        # for seconds (the child still importing OR-Tools) is not ready yet.
-        if not plan_proc.wait_loaded(PLANNER_LOAD_TIMEOUT_S):
-            log.warning("planner process still loading after %gs; serving anyway", PLANNER_LOAD_TIMEOUT_S)
+        # Serve at once, without waiting for the planner process to load its policy (OR-Tools
+        # alone: about a second, far more on a loaded host): jobs submitted meanwhile are in
+        # the store, and the wake-ups sent for them wait in the child's pipe, so its first
+        # tick plans them once it has loaded ("planner process ready" in the log).
         api.start()
         if cfg.metrics_port is not None:
             run.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
