@@ -155,6 +155,9 @@ def cmd_reset(args, config: dict) -> int:
 def cmd_profiles(args, config: dict) -> int:
     if args.action == "reset":  # before the model's imports: any user's python runs it (stdlib only)
         return cmd_reset(args, config)
+    from scheduler.policy_tables import warm_policy_tables
+
+    warm_policy_tables()  # the model's fit from the cache: seconds of fitting saved
     from scheduler import profile_view
     from scheduler.profile_view import FLEET_GPUS, NoLatencyModel, Slo, UnknownWorkload
 
