@@ -48,12 +48,25 @@ def _env(tree: Path, work: Path) -> dict[str, str]:
     return env
 
 
-def time_profiles(tree: Path, work: Path) -> float:
-    """Seconds of one `carbonsched profiles` (the summary of every preset), start to exit."""
+def time_profiles(tree: Path, work: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one `carbonsched profiles` (the summary of every
+    preset), start to exit. CPU time is what a quiet machine's wall time comes near: it
+    hardly moves with the host's load."""
     started = time.monotonic()
-    subprocess.run([str(PYTHON), "-m", "scheduler", "profiles"], cwd=tree, env=_env(tree, work), check=True,
-                   stdout=subprocess.DEVNULL)
-    return time.monotonic() - started
+    proc = subprocess.Popen([str(PYTHON), "-m", "scheduler", "profiles"], cwd=tree, env=_env(tree, work),
+                            stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"profiles exited with {proc.returncode}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _health(sock: Path) -> bool:
@@ -71,10 +84,11 @@ def _health(sock: Path) -> bool:
 
 
 def time_daemon(tree: Path, work: Path, emulate: str, timeout_s: float = 120.0,
-                cache: Path | None = None) -> tuple[float, float]:
-    """(seconds to READY=1 on $NOTIFY_SOCKET, seconds to the first answered GET /v1/health) of
-    one daemon start on the store under `work` (with the policy tables' cache in `cache`:
-    None, the user's); the daemon is stopped before returning."""
+                cache: Path | None = None) -> tuple[float, float, float]:
+    """(seconds to READY=1 on $NOTIFY_SOCKET, seconds to the first answered GET /v1/health,
+    CPU seconds of the daemon's own process at READY=1: not its planner process's) of one
+    daemon start on the store under `work` (with the policy tables' cache in `cache`: None,
+    the user's); the daemon is stopped before returning."""
     state, sock = work / "state", work / "carbonsched.sock"
     notify_path = work / "notify.sock"
     notify_path.unlink(missing_ok=True)
@@ -88,7 +102,7 @@ def time_daemon(tree: Path, work: Path, emulate: str, timeout_s: float = 120.0,
     log = open(work / "daemon.log", "a")
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
-    ready_s = answer_s = None
+    ready_s = answer_s = cpu_s = None
     try:
         while (ready_s is None or answer_s is None) and time.monotonic() - started < timeout_s:
             if proc.poll() is not None:
@@ -96,6 +110,7 @@ def time_daemon(tree: Path, work: Path, emulate: str, timeout_s: float = 120.0,
             try:
                 if b"READY=1" in notify.recv(4096) and ready_s is None:
                     ready_s = time.monotonic() - started
+                    cpu_s = _cpu_s(proc.pid)
             except BlockingIOError:
                 pass
             if answer_s is None and _health(sock):
@@ -103,7 +118,7 @@ def time_daemon(tree: Path, work: Path, emulate: str, timeout_s: float = 120.0,
             time.sleep(0.01)
         if ready_s is None or answer_s is None:
             raise TimeoutError(f"daemon not ready after {timeout_s}s; see {work / 'daemon.log'}")
-        return ready_s, answer_s
+        return ready_s, answer_s, cpu_s
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -142,31 +157,37 @@ def main() -> int:
             works[name] = work
             time_profiles(tree, work)  # warm-up: the policy tables' cache, the bytecode
             time_daemon(tree, work, args.emulate)  # warm-up: creates the store
-        times: dict[str, dict[str, list[float]]] = {n: {"profiles": [], "ready": [], "answers": [], "first": []}
-                                                    for n in trees}
+        keys = ("profiles", "profiles_cpu", "ready", "answers", "ready_cpu", "first", "first_cpu")
+        times: dict[str, dict[str, list[float]]] = {n: {k: [] for k in keys} for n in trees}
         loads = [os.getloadavg()[0]]
         for i in range(args.runs):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
             for name in order:
-                times[name]["profiles"].append(time_profiles(trees[name], works[name]))
+                wall, cpu = time_profiles(trees[name], works[name])
+                times[name]["profiles"].append(wall)
+                times[name]["profiles_cpu"].append(cpu)
             for name in order:
-                ready, answers = time_daemon(trees[name], works[name], args.emulate)
+                ready, answers, cpu = time_daemon(trees[name], works[name], args.emulate)
                 times[name]["ready"].append(ready)
                 times[name]["answers"].append(answers)
+                times[name]["ready_cpu"].append(cpu)
             for name in order:
                 fresh = works[name] / f"first-{i}"
                 fresh.mkdir()
                 (fresh / "none.toml").write_text("")
-                times[name]["first"].append(time_daemon(trees[name], fresh, args.emulate, cache=fresh / "cache")[0])
+                ready, _, cpu = time_daemon(trees[name], fresh, args.emulate, cache=fresh / "cache")
+                times[name]["first"].append(ready)
+                times[name]["first_cpu"].append(cpu)
                 shutil.rmtree(fresh, ignore_errors=True)
             loads.append(os.getloadavg()[0])
         print(f"{args.runs} runs each, alternating; emulate {args.emulate}; 1-min load average "
               f"{min(loads):.2f}-{max(loads):.2f} during the runs ({os.cpu_count()} CPUs)")
-        print(f"{'(medians, s)':<22} {'profiles':>9} {'READY=1':>8} {'answers':>8} {'first start READY=1':>20}")
+        print(f"{'(medians, s)':<22} " + " ".join(f"{k:>12}" for k in keys))
         for name in trees:
-            t = times[name]
-            print(f"{name:<22} {statistics.median(t['profiles']):>9.2f} {statistics.median(t['ready']):>8.2f} "
-                  f"{statistics.median(t['answers']):>8.2f} {statistics.median(t['first']):>20.2f}")
+            print(f"{name:<22} " + " ".join(f"{statistics.median(times[name][k]):>12.2f}" for k in keys))
+        print("  profiles: wall of `carbonsched profiles`; ready/answers: a restart to READY=1 and to the "
+              "socket answering; first: a first start to READY=1; *_cpu: CPU s of that process (the daemon's "
+              "own, at READY=1)")
         for name in trees:
             print(f"  {name}, every run: " + "; ".join(f"{k} " + ", ".join(f"{x:.2f}" for x in v)
                                                   for k, v in times[name].items()))
