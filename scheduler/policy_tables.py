@@ -1,7 +1,8 @@
 """The policies' derived tables, computed once and kept on disk for every later process.
 
 The seed profiles (`policies.model.energy.seed_profiles`), the performance model's named workloads
-(`policies.model.perf_model.presets`) and its fit (`policies.model.perf_model.fit`) are derived from the
+(`policies.model.perf_model.presets`), its fit (`policies.model.perf_model.fit`) and the MLPerf
+results' stack speeds under that fit (`perf_model.primed_tables`) are derived from the
 packaged catalog and measurements by a least-squares fit: several seconds of CPU in every
 process that plans, admits or emulates (the daemon, its planner and preview workers, each
 agent, each simulation). They change only when the policies' code or data do, so the first
@@ -28,7 +29,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when the stored shape changes
+FORMAT = 2  # bump when the stored shape changes
 
 
 def cache_dir() -> Path:
@@ -80,7 +81,7 @@ def warm_policy_tables(directory: Path | None = None) -> str:
         if path.exists() and _trusted(path):
             with open(path, "rb") as f:
                 tables = pickle.load(f)
-            perf_model.prime(presets=tables["presets"], fit=tables["fit"])
+            perf_model.prime(presets=tables["presets"], fit=tables["fit"], stack_speeds=tables["stack_speeds"])
             energy.prime_seed_profiles(tables["seed_profiles"])
             return "loaded"
         if path.exists():
@@ -88,8 +89,7 @@ def warm_policy_tables(directory: Path | None = None) -> str:
                         path, os.geteuid())
     except (OSError, pickle.UnpicklingError, EOFError, KeyError, AttributeError, TypeError) as e:
         log.info("policy tables: %s unreadable (%s); computing them", path, e)
-    tables = {"seed_profiles": energy.seed_profiles(), "presets": perf_model.presets(),
-              "fit": perf_model.fit()}
+    tables = {"seed_profiles": energy.seed_profiles(), **perf_model.primed_tables()}
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".policy-tables-", dir=directory)

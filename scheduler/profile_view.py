@@ -1,9 +1,11 @@
 """What `carbonsched profiles` shows, as plain JSON-ready data: per GPU model the performance
-model's best operating point for a workload (`policies.model.perf_model`), beside the seed and
-learned profiles of this cluster's store (`scheduler.profiles.learned_view`).
+model's best operating point for a workload, the one the planner picks
+(`policies.model.operating_point.job_choice`: under the workload's default SLOs unless other
+limits are asked for), beside the seed and learned profiles of this cluster's store
+(`scheduler.profiles.learned_view`).
 
 Kept apart from the CLI's printing so that the figures it shows are the model's own (a test
-compares them with `perf_model.best_point`) and the JSON keys are defined in one place.
+compares them with the planner's choice) and the JSON keys are defined in one place.
 Keys are stable: add new ones freely, never rename.
 
 Training (`kind = "train"`, the `train` and `finetune` presets) has no sourced figure: its
@@ -16,7 +18,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass, replace
 
-from policies.model import perf_model
+from policies.model import operating_point, perf_model
 from policies.model.perf_model import Prediction, Workload
 
 FLEET_GPUS = ("MI300X", "MI325X", "MI355X", "A100", "H100", "H200", "B200")
@@ -28,8 +30,10 @@ SOURCE_KINDS = {
     "corrected": "the roofline fit x this GPU model's measured correction (ML.ENERGY rows, smooth in batch)",
     "fitted": "the roofline fit, on a GPU model the fit was measured on",
     "roofline": "the roofline fit, on a GPU model never measured",
-    "roofline+correction": "the roofline fit x the measured correction of a GPU model it dominates",
-    "fitted+correction": "the roofline fit x the measured correction of a GPU model it dominates",
+    "roofline+correction": "the roofline fit on a GPU model never measured, x the measured correction of a GPU "
+                           "model it dominates",
+    "fitted+correction": "the roofline fit on a GPU model the fit was measured on, x the measured correction of "
+                         "a GPU model it dominates",
     "power-model": "power from the model fitted on the measured GPUs; +-: its error on a GPU it had not seen",
     NOMINAL: f"no sourced figure: training at a nominal MFU of {perf_model.NOMINAL_TRAIN_MFU:g}",
 }
@@ -50,6 +54,35 @@ class Slo:
     def text(self) -> str:
         names = {"ttft_p95_ms": "TTFT p95", "tpot_p95_ms": "TPOT p95", "latency_p95_ms": "latency p95"}
         return ", ".join(f"{names[k]} <= {v:g} ms" for k, v in asdict(self).items() if v is not None)
+
+
+PLANNER_GPUS = 8
+"""The GPU count the best point is asked for (`operating_point.job_choice`): a job on 8 GPUs
+may run any TP degree the model predicts (1, 2, 4, 8); figures are per TP group."""
+
+def planner_slo(w: Workload, slo: Slo) -> tuple[Slo, tuple[str, ...]]:
+    """The latency limits the planner holds a job of `w` to when it asks for `slo`: each limit
+    given, else the workload's default SLO (`operating_point.slos_for`), figure by figure;
+    and which of them are defaults ("ttft", "tpot", "latency"). Training has none."""
+    if is_nominal(w):
+        return slo, ()
+    s = operating_point.slos_for(w.name, slo.ttft_p95_ms, slo.tpot_p95_ms, slo.latency_p95_ms)
+    applied = Slo(s.ttft_ms, s.tpot_ms, s.latency_ms)
+    defaulted = tuple(name for name, asked, got in (("ttft", slo.ttft_p95_ms, s.ttft_ms),
+                                                    ("tpot", slo.tpot_p95_ms, s.tpot_ms),
+                                                    ("latency", slo.latency_p95_ms, s.latency_ms))
+                      if asked is None and got is not None)
+    return applied, defaulted
+
+
+def slo_info(w: Workload | None, slo: Slo) -> dict:
+    """The limits applied to `w` (`planner_slo`) for the JSON and the text: `slo_applied`
+    (Slo's fields), `slo_applied_text` (None: no limit), `slo_defaulted` (names)."""
+    if w is None:
+        return {"slo_applied": asdict(slo), "slo_applied_text": slo.text() or None, "slo_defaulted": []}
+    applied, defaulted = planner_slo(w, slo)
+    return {"slo_applied": asdict(applied), "slo_applied_text": applied.text() or None,
+            "slo_defaulted": list(defaulted)}
 
 
 class NoLatencyModel(ValueError):
@@ -106,25 +139,36 @@ def source_kind(p: Prediction) -> str:
 
 
 def model_figures(w: Workload, gpu: str, slo: Slo = Slo()) -> dict:
-    """The model's best operating point of `w` on `gpu` (`perf_model.best_point`: the lowest
-    J/prompt that fits in memory and meets `slo`) and its figures; throughput and power are
-    for the whole tensor-parallel group (`point.tp` GPUs). `fits` is False, and the figures
-    None, when no operating point up to TP 8 fits in memory, the part lacks the workload's
-    precision, or no point that fits meets the SLO; `why` says which (None when it fits).
-    A latency limit on training raises NoLatencyModel."""
+    """The best operating point of `w` on `gpu` that the planner would pick for a job asking
+    for `slo` (`operating_point.job_choice` on `PLANNER_GPUS` GPUs: the lowest J/prompt that
+    fits in memory and meets `slo`, each limit not given being the workload's default SLO)
+    and its figures; throughput and power are for the whole tensor-parallel group
+    (`point.tp` GPUs). `slo_binding` names the limits that ruled out a cheaper point.
+    `fits` is False, and the figures None, when no operating point up to TP 8 fits in
+    memory, the part lacks the workload's precision, or no point that fits meets the
+    limits; `why` says which (None when it fits). Training has no latency model: its
+    nominal point (`perf_model.best_point`), and a latency limit on it raises NoLatencyModel."""
     if slo.any() and is_nominal(w):
         raise NoLatencyModel(f"{w.name} has no latency model (nominal training): a latency limit cannot apply")
-    best = perf_model.best_point(w, gpu, **asdict(slo))
+    applied, _ = planner_slo(w, slo)
+    binding: tuple[str, ...] = ()
+    if is_nominal(w):
+        best = perf_model.best_point(w, gpu)
+    else:
+        choice = operating_point.job_choice(w.name, gpu, PLANNER_GPUS, slo.ttft_p95_ms, slo.tpot_p95_ms,
+                                            slo.latency_p95_ms)
+        best = choice.prediction if isinstance(choice, operating_point.Choice) else None
+        binding = choice.binding if isinstance(choice, operating_point.Choice) else ()
     keys = ("prompts_per_s", "output_tokens_per_s", "power_w", "j_per_prompt", "j_per_token", "ttft_p50_ms",
             "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms", "latency_p95_ms", "memory_needed_gib",
             "memory_available_gib", "power_uncertainty_rel")
     if best is None:
         out = {"gpu": gpu, "fits": False, "point": None, **dict.fromkeys(keys), "source": None, "sources": {},
-               "nominal": is_nominal(w)}
+               "nominal": is_nominal(w), "slo_binding": []}
         if not perf_model.parts()[gpu].supports(w.precision):
             return {**out, "why": f"{gpu} has no {w.precision} support"}
-        if slo.any() and perf_model.best_point(w, gpu) is not None:
-            return {**out, "why": f"no operating point meets {slo.text()}"}
+        if applied.any() and perf_model.best_point(w, gpu) is not None:
+            return {**out, "why": f"no operating point meets {applied.text()}"}
         smallest = perf_model.predict(w, gpu, perf_model.OperatingPoint(1, w.precision, 8))
         return {**out, "memory_needed_gib": smallest.memory_needed_gib,
                 "memory_available_gib": smallest.memory_available_gib,
@@ -133,7 +177,7 @@ def model_figures(w: Workload, gpu: str, slo: Slo = Slo()) -> dict:
            "source": source_kind(best), "sources": dict(best.sources), "nominal": is_nominal(w), "why": None,
            "stack": best.stack.label() if best.stack is not None else None,
            "stack_factor": best.stack.factor if best.stack is not None else None,
-           "speed_correction": best.speed_correction}
+           "speed_correction": best.speed_correction, "slo_binding": list(binding)}
     if is_nominal(w):  # a training step has no first token and no per-token latency
         out.update(ttft_p50_ms=None, ttft_p95_ms=None, tpot_p50_ms=None, tpot_p95_ms=None, latency_p95_ms=None)
     return out
@@ -176,7 +220,9 @@ def workload_view(name: str, learned: list[dict] | None, *, gpus: tuple[str, ...
     `gpus`: one entry per GPU model with the model's figures (model_figures; absent for a
     GPU model the catalog does not know) and `seed`, `learned`, `runs`, `runs_kept`,
     `rel_uncertainty` from the store (None / 0 without learned figures), `slo` (the latency
-    limits applied, Slo's fields), `learned_available`, `learned_note`, `source_kinds` (what
+    limits asked for, Slo's fields), `slo_applied`, `slo_applied_text`, `slo_defaulted` (the
+    limits the best points meet: those asked for, else the workload's defaults; `slo_info`),
+    `learned_available`, `learned_note`, `source_kinds` (what
     each source word means)."""
     w = resolve(name, learned)
     mine = [r for r in learned or () if r["workload"] == name]
@@ -191,7 +237,8 @@ def workload_view(name: str, learned: list[dict] | None, *, gpus: tuple[str, ...
                      rel_uncertainty=r["rel_uncertainty"] if r else None)
         entries.append(entry)
     return {"workload": workload_info(w) if w is not None else {"name": name, "kind": None, "nominal": False},
-            "gpus": entries, "slo": asdict(slo), "slo_text": slo.text() or None, "learned_available": learned is not None,
+            "gpus": entries, "slo": asdict(slo), "slo_text": slo.text() or None, **slo_info(w, slo),
+            "learned_available": learned is not None,
             "learned_note": learned_note, "source_kinds": SOURCE_KINDS,
             "stacks": _stacks(gpus, w.precision if w is not None else "bf16")}
 
@@ -211,18 +258,26 @@ def summary_view(learned: list[dict] | None, *, gpus: tuple[str, ...] = FLEET_GP
     workload known only from learned profiles) the model's best point on each GPU model
     (under `slo`; training, which has no latency model, is left out when one is given), and
     the runs learned here per GPU model. Keys: `workloads`: [{`workload`
-    (workload_info), `gpus`: [model_figures + `runs`], `learned_runs`: {GPU model: runs, for
-    models with runs}}], `learned_available`, `learned_note`, `source_kinds`."""
+    (workload_info), `slo_applied`, `slo_applied_text`, `slo_defaulted` (`slo_info`), `gpus`:
+    [model_figures + `runs`], `learned_runs`: {GPU model: runs, for models with runs}}],
+    `learned_available`, `learned_note`, `source_kinds`."""
     runs: dict[str, dict[str, int]] = {}
     for r in learned or ():
         if r["runs"] > 0:
             runs.setdefault(r["workload"], {})[r["model"]] = r["runs"]
     out = []
+    # preset -> (its limits, model_figures per GPU): an alias held to the same limits as its
+    # original has the same figures (a third of the presets are aliases).
+    figures: dict[str, tuple[dict, list[dict]]] = {}
     for name, w in perf_model.presets().items():
         if slo.any() and is_nominal(w):
             continue
-        out.append({"workload": workload_info(w),
-                    "gpus": [{**model_figures(w, g, slo), "runs": runs.get(name, {}).get(g, 0)} for g in gpus],
+        info, limits = workload_info(w), slo_info(w, slo)
+        original = figures.get(info["alias_of"] or "")
+        mine = original[1] if original and original[0] == limits else [model_figures(w, g, slo) for g in gpus]
+        figures[name] = (limits, mine)
+        out.append({"workload": info, **limits,
+                    "gpus": [{**e, "runs": runs.get(name, {}).get(e["gpu"], 0)} for e in mine],
                     "learned_runs": runs.get(name, {})})
     for name in sorted(set(runs) - set(perf_model.presets())):
         out.append({"workload": {"name": name, "kind": None, "nominal": False}, "gpus": [],

@@ -342,12 +342,22 @@ def preset_names() -> list[str]:
 _PRIMED: dict[str, object] = {}
 
 
-def prime(*, presets: dict[str, Workload], fit: Fit) -> None:
-    """Use the named workloads and the fit that an earlier process derived from the same code
-    and data (`scheduler.policy_tables` keeps them on disk): seconds of fitting saved. Takes
-    effect only before the first call of `presets()` and `fit()` in this process."""
+def prime(*, presets: dict[str, Workload], fit: Fit,
+          stack_speeds: tuple[tuple[int, float], ...] | None = None) -> None:
+    """Use the named workloads, the fit and the MLPerf results' stack speeds under that fit
+    (`primed_tables`) that an earlier process derived from the same code and data
+    (`scheduler.policy_tables` keeps them on disk): seconds of fitting saved. Takes effect
+    only before the first call of `presets()` and `fit()` in this process."""
     _PRIMED["presets"] = presets
     _PRIMED["fit"] = fit
+    if stack_speeds is not None:
+        _SPEED_MEMO[id(fit)] = (fit, stack_speeds)
+
+
+def primed_tables() -> dict[str, object]:
+    """What `prime` takes, computed here: the named workloads, the fit, and the stack speeds of
+    the MLPerf results under it (the stack factors of every prediction derive from them)."""
+    return {"presets": presets(), "fit": fit(), "stack_speeds": _speeds(fit())}
 
 
 @cache

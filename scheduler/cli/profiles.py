@@ -9,10 +9,11 @@ Without --workload, a summary over the model's preset workloads: J/prompt at the
 operating point per GPU model, its source, and the runs learned here. With --workload, per
 GPU model the best operating point (batch limit, precision, TP degree), prompts/s, W,
 J/prompt, J/token, TTFT/TPOT p95, memory, where each figure comes from and the power
-model's uncertainty; then the seed profile beside the learned one with the number of runs
-behind it. `--plot` draws J/token against TPOT p95 per GPU model (the frontier). The SLO
-flags (p95 limits: `40ms`, `2s`; a bare number is ms) pick the best point that meets them,
-as the planner does for a job with those SLOs.
+model's uncertainty, and which latency limit bound the point; then the seed profile beside
+the learned one with the number of runs behind it. `--plot` draws J/token against TPOT p95
+per GPU model (the frontier). The best point is the one the planner picks: under the
+workload's default SLOs (those a job that sets none is held to), each of which the SLO flags
+(p95 limits: `40ms`, `2s`; a bare number is ms) replace, as they do for a job.
 
 Learned profiles come from the daemon (GET /v1/profiles), or with `--db URL` from the store
 directly. When neither answers, the model's figures are shown and the learned ones are
@@ -48,7 +49,8 @@ def add_parser(subparsers) -> None:
     for flag, what in (("--ttft-slo", "time to first token"), ("--tpot-slo", "time per output token"),
                        ("--latency-slo", "per-prompt latency")):
         p.add_argument(flag, metavar="DUR", help=f"best point whose p95 {what} is at most DUR (40ms, 2s; "
-                                                 "a bare number is ms)")
+                                                 "a bare number is ms; default: the workload's default "
+                                                 "SLO, as the planner applies it)")
     p.add_argument("--json", action="store_true", help="JSON with stable keys")
     p.add_argument("--plot", metavar="FILE.png", help="draw J/token against TPOT p95 per GPU model (needs --workload)")
     p.add_argument("--db", help="read learned profiles from this database instead of asking the daemon (operators)")
@@ -155,10 +157,13 @@ def cmd_reset(args, config: dict) -> int:
 def cmd_profiles(args, config: dict) -> int:
     if args.action == "reset":  # before the model's imports: any user's python runs it (stdlib only)
         return cmd_reset(args, config)
+    from scheduler.policy_tables import warm_policy_tables
+
+    warm_policy_tables()  # the model's fit from the cache: seconds of fitting saved
     from scheduler import profile_view
     from scheduler.profile_view import FLEET_GPUS, NoLatencyModel, Slo, UnknownWorkload
 
-    gpus = tuple(args.gpu) if args.gpu else FLEET_GPUS
+    gpus = tuple(dict.fromkeys(args.gpu)) if args.gpu else FLEET_GPUS  # each once, in the order given
     unknown = [g for g in gpus if g not in profile_view.perf_model.parts()]
     if unknown:
         raise CliError(f"unknown GPU model {', '.join(unknown)}; known: "
@@ -238,30 +243,31 @@ def workload_text(view: dict) -> str:
                      f"tokens per {unit}.{nominal}")
         if w["note"]:
             lines.append(f"  {w['note']}")
-        limit = view["slo_text"] or "no latency limit"
-        lines += ["", f"best operating point per GPU model (lowest J/{unit} that fits in memory, {limit}); "
-                      f"{unit.upper()}S/S and W for the TP group", ""]
+        limit = _limit_text(view)
+        lines += ["", f"best operating point per GPU model, as the planner picks it (lowest J/{unit} that fits "
+                      f"in memory, {limit}); {unit.upper()}S/S and W for the TP group", ""]
         rows = []
         for e in view["gpus"]:
             if "fits" not in e:
                 continue
             if not e["fits"]:
                 rows.append([e["gpu"], "-", "-", "-", "-", "-", "-", "-", _num(e["memory_needed_gib"], ".0f") + "/"
-                             + _num(e["memory_available_gib"], ".0f"), f"none: {e['why']}", "-"])
+                             + _num(e["memory_available_gib"], ".0f"), f"none: {e['why']}", "-", "-"])
                 continue
             rows.append([e["gpu"], _point(e), _num(e["prompts_per_s"], ".3g"), _num(e["power_w"], ".0f"),
                          _num(e["j_per_prompt"], ".3g"), _num(e["j_per_token"], ".3g"),
                          _num(e["ttft_p95_ms"], ".0f"), _num(e["tpot_p95_ms"], ".1f"),
                          f"{e['memory_needed_gib']:.0f}/{e['memory_available_gib']:.0f}", e["source"],
-                         _power_source(e)])
+                         _power_source(e), _bound(e)])
         lines.append(table(["GPU", "BATCH/PREC/TP", f"{unit.upper()}S/S", "W", f"J/{unit.upper()}", "J/TOKEN", "TTFT P95 MS",
-                            "TPOT P95 MS", "MEM GIB", "SOURCE", "POWER"], rows))
+                            "TPOT P95 MS", "MEM GIB", "SOURCE", "POWER", "BOUND BY"], rows))
         used = sorted({e["source"] for e in view["gpus"] if e.get("source")}
                       | {e["sources"]["power"] for e in view["gpus"] if e.get("sources", {}).get("power")})
         lines.append("")
         lines += [f"  {k}: {view['source_kinds'][k]}" for k in used if k in view["source_kinds"]]
         lines.append("  MEM GIB: needed/usable per GPU (weights/TP + KV cache of every sequence at its mean "
                      "context, input + output/2; usable: 90 % of the memory)")
+        lines.append("  BOUND BY: the latency limit that ruled out a cheaper point (-: none did)")
         lines += _stack_lines(view)
 
     lines += ["", "seed vs learned here (per GPU" + ("; the seeds are NOMINAL: no sourced figure)" if w.get("nominal")
@@ -285,6 +291,29 @@ def workload_text(view: dict) -> str:
         lines.append("  RUNS: completed runs folded in (0: corrected by this workload's runs on other GPU models); "
                      "+-: standard error of the median (2 runs or more)")
     return "\n".join(lines)
+
+
+def _limit_text(view: dict) -> str:
+    """The limits the best points meet, e.g. "TTFT p95 <= 2000 ms, TPOT p95 <= 100 ms (the
+    workload's default SLOs)"; which of them are defaults, and which were asked for."""
+    applied = view.get("slo_applied_text")
+    if not applied:
+        return "no latency limit"
+    defaulted = view.get("slo_defaulted") or []
+    if not defaulted:
+        return applied
+    names = ", ".join(SLO_LABELS[n] for n in defaulted)
+    if view.get("slo_text"):
+        return f"{applied}; {names}: the workload's default"
+    return f"{applied}: the workload's default SLOs"
+
+
+SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "latency": "latency"}
+
+
+def _bound(e: dict) -> str:
+    """The limits that bound an entry's point, e.g. "TPOT"; "-" for none."""
+    return ", ".join(SLO_LABELS[n] for n in e.get("slo_binding") or ()) or "-"
 
 
 def _stack_lines(view: dict) -> list[str]:
@@ -320,48 +349,62 @@ def summary_text(view: dict) -> str:
             if e is None or not e.get("fits"):
                 cells.append("-")
             else:
-                cells.append(f"{_num(e['j_per_prompt'], '.3g')} {letters.get(e['source'], '?')}")
+                bound = "*" if e.get("slo_binding") else ""
+                cells.append(f"{_num(e['j_per_prompt'], '.3g')} {letters.get(e['source'], '?')}{bound}")
         learned = ", ".join(f"{m} {n}" for m, n in sorted(item["learned_runs"].items()))
-        rows.append([name, *cells, learned or "-"])
-    lines = ["J per prompt (per sample for training) at each GPU model's best operating point"
-             + (f" meeting {view['slo_text']}" if view["slo_text"] else "")
-             + " (carbonsched profiles --workload W for the point and every figure)", "",
-             table(["WORKLOAD", *gpus, "LEARNED RUNS"], rows), "",
+        rows.append([name, *cells, _short_limits(item.get("slo_applied")), learned or "-"])
+    asked = f"; asked for: {view['slo_text']}" if view["slo_text"] else ""
+    lines = ["J per prompt (per sample for training) at each GPU model's best operating point, as the planner "
+             f"picks it: under each workload's default SLOs (LIMITS){asked} "
+             "(carbonsched profiles --workload W for the point and every figure)", "",
+             table(["WORKLOAD", *gpus, "LIMITS (P95)", "LEARNED RUNS"], rows), "",
              "  m measured (the fit x this GPU's measured correction), f fitted, r roofline (the fit on a GPU "
              "never measured), + with the measured correction of a GPU it dominates, n nominal "
-             "(no sourced figure: training at a nominal MFU); - no operating point fits"
-             + (" or meets the limits" if view["slo_text"] else "")]
+             "(no sourced figure: training at a nominal MFU); * a latency limit ruled out a cheaper point; "
+             "- no operating point fits or meets the limits"]
     lines += _stack_lines(view)
     lines += _learned_lines(view)
     return "\n".join(lines)
+
+
+def _short_limits(applied: dict | None) -> str:
+    """E.g. "TTFT 2000 ms, TPOT 100 ms"; "-" for none (training)."""
+    if not applied:
+        return "-"
+    return ", ".join(f"{label} {applied[k]:g} ms" for k, label in (("ttft_p95_ms", "TTFT"), ("tpot_p95_ms", "TPOT"),
+                                                                    ("latency_p95_ms", "latency"))
+                     if applied.get(k) is not None) or "-"
 
 
 # -- plot -------------------------------------------------------------------------------------
 
 def plot_frontier(w, gpus: list[str], path: str, slo=None) -> None:
     """J/token against TPOT p95 per GPU model: each model's frontier (`profile_view.frontier_curve`),
-    one line each, log axes; the best operating point (lowest J/prompt, under `slo`) marked,
-    and a TPOT limit drawn as a vertical line."""
+    one line each, log axes; the best operating point (lowest J/prompt, under `slo` and the
+    workload's default SLOs: `profile_view.planner_slo`) marked, and the TPOT limit drawn as
+    a vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from scheduler.profile_view import frontier_curve, is_nominal, model_figures
+    from scheduler.profile_view import Slo, frontier_curve, is_nominal, model_figures, planner_slo
 
     train = is_nominal(w)
+    slo = slo if slo is not None else Slo()
+    applied, _ = planner_slo(w, slo)
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for gpu in gpus:
         curve = frontier_curve(w, gpu)
         if not curve:
             continue
         line, = ax.plot([x for x, _ in curve], [y for _, y in curve], marker="o", markersize=3, label=gpu)
-        best = model_figures(w, gpu, slo) if slo is not None else model_figures(w, gpu)
+        best = model_figures(w, gpu, slo)
         if best["fits"] and not train:
             ax.plot([best["tpot_p95_ms"]], [best["j_per_token"]], marker="*", markersize=12, color=line.get_color())
-    if slo is not None and slo.tpot_p95_ms is not None:
-        ax.axvline(slo.tpot_p95_ms, color="black", linestyle="--", linewidth=1,
-                   label=f"TPOT p95 limit {slo.tpot_p95_ms:g} ms")
+    if applied.tpot_p95_ms is not None:
+        ax.axvline(applied.tpot_p95_ms, color="black", linestyle="--", linewidth=1,
+                   label=f"TPOT p95 limit {applied.tpot_p95_ms:g} ms")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training step time, ms (nominal)" if train else "TPOT p95, ms per output token")

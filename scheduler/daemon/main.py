@@ -48,7 +48,7 @@ from scheduler.store.identity import store_id
 
 log = logging.getLogger(__name__)
 
-PLANNER_LOAD_TIMEOUT_S = 15.0
+PLANNER_LOAD_WAIT_S = 60.0  # then the policy tables are loaded (or computed) here all the same
 
 
 @dataclass
@@ -124,10 +124,6 @@ class InProcessPlanner:
     def start(self) -> None:
         """Nothing to start: APScheduler runs the ticks."""
 
-    def wait_loaded(self, timeout_s: float) -> bool:
-        """Ready at once: the planner lives in this process."""
-        return True
-
     def wake(self) -> None:
         self._job.wake()
 
@@ -194,13 +190,16 @@ class Daemon(ServiceProcess):
             self._shut_down(run)
 
     def _open_store(self) -> Store:
-        """The store at its current schema, the policy tables warm, the state (and log)
-        directory bound to the store's id."""
+        """The store at its current schema, the state (and log) directory bound to the store's
+        id; the policy tables warm when this process plans."""
         cfg = self.config
         store = self._open(cfg.db_url)
         self._prepare_schema(store)
-        # Before the planner and preview processes start: they load what this one computed.
-        log.info("policy tables %s", warm_policy_tables())
+        if not cfg.planner_process:  # the planner plans in this process: it needs them first
+            log.info("policy tables %s", warm_policy_tables())
+        # Else not before serving: nothing this process runs before "ready" needs them (the
+        # planner process warms them itself: computed, on a first start, and stored for
+        # every later process), and `_warm_tables_later` loads them here after that.
         bind_state_dir(cfg.state_dir, store_id(store))  # before any run record or log is touched
         if cfg.log_dir is not None and Path(cfg.log_dir) != Path(cfg.state_dir) / "logs":
             bind_log_dir(cfg.log_dir, store_id(store))
@@ -386,10 +385,10 @@ class Daemon(ServiceProcess):
             agent.start_sampling()
         plan_proc.start()
         scheduler.start()
-        # Serve once the planner can plan: a daemon that accepts jobs but cannot place them
-        # for seconds (the child still importing OR-Tools) is not ready yet.
-        if not plan_proc.wait_loaded(PLANNER_LOAD_TIMEOUT_S):
-            log.warning("planner process still loading after %gs; serving anyway", PLANNER_LOAD_TIMEOUT_S)
+        # Serve at once, without waiting for the planner process to load its policy (OR-Tools
+        # alone: about a second, far more on a loaded host): jobs submitted meanwhile are in
+        # the store, and the wake-ups sent for them wait in the child's pipe, so its first
+        # tick plans them once it has loaded ("planner process ready" in the log).
         api.start()
         if cfg.metrics_port is not None:
             run.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
@@ -399,10 +398,23 @@ class Daemon(ServiceProcess):
         if agent is not None:
             watchdog.add_check("dispatch", lambda: stalled(run.dispatch_job, cfg.dispatch_interval_s))
         sd_notify("READY=1\nSTATUS=serving")
+        if isinstance(plan_proc, PlannerProcess):
+            threading.Thread(target=self._warm_tables_later, args=(plan_proc,), name="policy-tables",
+                             daemon=True).start()
         log.info("carbonsched daemon ready: db=%s socket=%s policy=%s node=%s%s", run.store.url,
                  cfg.socket_path, run.policy_name, cfg.node if agent else "(no local agent)",
                  f"; systemd watchdog every {watchdog.interval_s:g}s" if watchdog.enabled else "")
         return watchdog
+
+    def _warm_tables_later(self, plan_proc: PlannerProcess) -> None:
+        """The policy tables in this process (admission and accounting use the seed profiles),
+        once the planner process has loaded them, so a first start computes them once, in the
+        planner process, not twice at once on the same cores; a request that needs them
+        before this computes them itself (the same figures)."""
+        if not plan_proc.wait_loaded(PLANNER_LOAD_WAIT_S):
+            log.warning("planner process still loading after %gs; loading the policy tables here", PLANNER_LOAD_WAIT_S)
+        if not self.stop_event.is_set():
+            log.info("policy tables %s", warm_policy_tables())
 
     def _shut_down(self, run: _Running) -> None:
         """Stop serving and planning; running jobs keep running and are adopted on restart."""

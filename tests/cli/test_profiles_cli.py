@@ -2,8 +2,10 @@
 learned profile with the runs behind it, and training labelled nominal.
 
 Specification, in short:
-- every figure shown is `policies.model.perf_model`'s own for that GPU model (best_point: the
-  lowest J/prompt that fits), with its operating point, source kind and power uncertainty;
+- every figure shown is `policies.model.perf_model`'s own for that GPU model, at the point the
+  planner picks (`operating_point.job_choice`: the lowest J/prompt that fits and meets the
+  workload's default SLOs, or the limits asked for), with its operating point, source kind,
+  power uncertainty and the limit that bound it;
 - an unknown workload exits 2 with one line that suggests the near names;
 - learned figures come from the store (through the daemon's GET /v1/profiles or --db) with
   the seed they correct and their run count; without a daemon or database they are said to
@@ -22,7 +24,7 @@ from datetime import timedelta
 
 import pytest
 
-from policies.model import perf_model
+from policies.model import operating_point, perf_model
 from policies.model.energy import ProfileBook, seed_profiles
 from scheduler.cli.common import EXIT_USAGE
 from scheduler.daemon.access import Caller, ServiceConfig
@@ -34,6 +36,14 @@ from tests.store.test_profiles_store import T0, add_finished_job, add_gpus
 from test_report_cli import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def planners_point(workload: str, gpu: str, **slos_ms):
+    """The prediction at the point the planner picks for a job of `workload` on 8 GPUs of
+    `gpu` asking for `slos_ms` (ttft_ms, tpot_ms, latency_ms; the rest: the defaults), or None."""
+    c = operating_point.job_choice(workload, gpu, 8, slos_ms.get("ttft_ms"), slos_ms.get("tpot_ms"),
+                                   slos_ms.get("latency_ms"))
+    return c.prediction if isinstance(c, operating_point.Choice) else None
 
 
 @pytest.fixture
@@ -56,7 +66,7 @@ def test_json_gives_the_models_best_point_and_figures_for_each_gpu_model(capsys,
     assert view["workload"]["total_params_b"] == w.total_params_b
     assert [e["gpu"] for e in view["gpus"]] == list(FLEET_GPUS)
     for e in view["gpus"]:
-        best = perf_model.best_point(w, e["gpu"])
+        best = planners_point(workload, e["gpu"])
         if best is None:  # mlperf's FP8 on the A100, which has no FP8
             assert e["fits"] is False and e["point"] is None and e["j_per_prompt"] is None and e["why"]
             continue
@@ -94,7 +104,7 @@ def test_the_table_shows_each_gpu_models_operating_point_and_source(capsys, no_d
                  "SOURCE", "POWER"):
         assert name in header
     for gpu in FLEET_GPUS:
-        best = perf_model.best_point(w, gpu)
+        best = planners_point(w.name, gpu)
         cells = next(line for line in lines if line.startswith(gpu + " ")).split()
         assert cells[1] == f"{best.point.max_batch}/{best.point.precision}/{best.point.tp}"
         assert cells[4] == f"{best.j_per_prompt:.3g}" and cells[9] == best.sources["throughput"]
@@ -109,7 +119,7 @@ def test_the_summary_lists_every_preset_with_its_j_per_prompt_per_gpu_model(caps
     for item in view["workloads"]:
         w = perf_model.preset(item["workload"]["name"])
         for e in item["gpus"]:
-            best = perf_model.best_point(w, e["gpu"])
+            best = perf_model.best_point(w, e["gpu"]) if w.kind == "train" else planners_point(w.name, e["gpu"])
             assert (e["j_per_prompt"] is None) if best is None else e["j_per_prompt"] == pytest.approx(best.j_per_prompt)
     aliases = {x["workload"]["name"]: x["workload"]["alias_of"] for x in view["workloads"]}
     assert aliases["llm-inference"] == "llm-chat-8b" and aliases["llm-chat-8b"] is None
@@ -117,7 +127,7 @@ def test_the_summary_lists_every_preset_with_its_j_per_prompt_per_gpu_model(caps
     code, out, _ = run_cli(capsys, *no_daemon, "profiles")
     assert code == 0
     row = next(line for line in out.splitlines() if line.startswith("llm-chat-70b "))
-    best = perf_model.best_point(perf_model.preset("llm-chat-70b"), "H100")
+    best = planners_point("llm-chat-70b", "H100")
     assert f"{best.j_per_prompt:.3g} m" in row  # H100's llm-chat-70b point is an ML.ENERGY measurement
 
 
@@ -182,7 +192,7 @@ def test_training_is_labelled_nominal_everywhere_it_shows(capsys, no_daemon, tmp
     assert "NOMINAL" in out.splitlines()[0] and f"{perf_model.NOMINAL_TRAIN_MFU:g}" in out.splitlines()[0]
     for gpu in FLEET_GPUS:
         row = next(line for line in out.splitlines() if line.startswith(gpu + " ")).split()
-        assert row[-2:] == ["nominal", "nominal"]
+        assert row[-3:] == ["nominal", "nominal", "-"]  # and no latency limit bound it
 
     code, out, _ = run_cli(capsys, *no_daemon, "profiles")
     cells = re.split(r"\s{2,}", next(line for line in out.splitlines() if line.startswith(workload + " ")))
@@ -228,7 +238,7 @@ def _check_learned_view(view: dict, store) -> None:
     assert by_gpu["MI300X"]["runs"] == 0 and by_gpu["MI300X"]["learned"] is not None
     assert by_gpu["MI300X"]["learned"]["prompts_per_s"] == pytest.approx(learned["MI300X"].prompts_per_s)
     # The model's figures stay the model's beside the learned ones.
-    assert h100["j_per_prompt"] == pytest.approx(perf_model.best_point(perf_model.preset(WORKLOAD), "H100").j_per_prompt)
+    assert h100["j_per_prompt"] == pytest.approx(planners_point(WORKLOAD, "H100").j_per_prompt)
 
 
 def test_seed_vs_learned_with_runs_from_the_store(store, capsys, no_daemon):
@@ -363,7 +373,7 @@ def test_latency_limits_pick_the_best_point_that_meets_them(capsys, no_daemon):
     code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--workload", WORKLOAD, "--tpot-slo", "1ms")
     assert code == 0 and "TPOT p95 <= 1 ms" in out
     row = next(line for line in out.splitlines() if line.startswith("H100 "))
-    assert "none: no operating point meets TPOT p95 <= 1 ms" in row
+    assert "none: no operating point meets TTFT p95 <= 2000 ms, TPOT p95 <= 1 ms" in row  # TTFT: the default
 
 
 def test_a_bare_latency_limit_is_ms_and_a_malformed_one_exits_2(capsys, no_daemon):
@@ -388,3 +398,66 @@ def test_the_plot_draws_a_tpot_limit(capsys, no_daemon, tmp_path):
                            "--plot", str(plot))
     assert code == 0, err
     assert _png_size(plot) == (900, 550)
+
+
+def test_the_best_point_is_the_planners_under_the_workloads_default_slos(capsys, no_daemon):
+    """Without SLO flags the point shown is not the cheapest at any latency (H100: batch 1024,
+    TPOT p95 146 ms) but the one the planner holds a job to: llm-chat-8b's default TPOT p95
+    of 100 ms rules out batch 1024, and the planner picks 512."""
+    code, out, err = run_cli(capsys, *no_daemon, "profiles", "--workload", "llm-chat-8b", "--json")
+    assert code == 0, err
+    view = json.loads(out)
+    defaults = operating_point.slos_for("llm-chat-8b", None, None, None)
+    assert view["slo"] == {"ttft_p95_ms": None, "tpot_p95_ms": None, "latency_p95_ms": None}  # none asked for
+    assert view["slo_applied"] == {"ttft_p95_ms": defaults.ttft_ms, "tpot_p95_ms": defaults.tpot_ms,
+                                   "latency_p95_ms": None}
+    assert view["slo_defaulted"] == ["ttft", "tpot"]
+    h100 = next(e for e in view["gpus"] if e["gpu"] == "H100")
+    cheapest = perf_model.best_point(perf_model.preset("llm-chat-8b"), "H100")
+    assert cheapest.tpot_p95_ms > defaults.tpot_ms  # the default SLO binds on the H100
+    assert h100["point"] == {"max_batch": 512, "precision": "bf16", "tp": 1}
+    assert h100["tpot_p95_ms"] <= defaults.tpot_ms and h100["slo_binding"] == ["tpot"]
+    for e in view["gpus"]:
+        choice = operating_point.job_choice("llm-chat-8b", e["gpu"], 8, None, None, None)
+        assert e["point"]["max_batch"] == choice.point.max_batch and e["point"]["tp"] == choice.point.tp
+        assert e["slo_binding"] == list(choice.binding)
+
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--workload", "llm-chat-8b")
+    assert "TTFT p95 <= 2000 ms, TPOT p95 <= 100 ms: the workload's default SLOs" in out
+    cells = next(line for line in out.splitlines() if line.startswith("H100 ")).split()
+    assert cells[1] == "512/bf16/1" and cells[-1] == "TPOT"  # BOUND BY
+
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles")
+    row = next(line for line in out.splitlines() if line.startswith("llm-chat-8b "))
+    assert f"{planners_point('llm-chat-8b', 'H100').j_per_prompt:.3g} m*" in row and "TPOT 100 ms" in row
+
+
+def test_a_limit_asked_for_replaces_only_its_own_default(capsys, no_daemon):
+    code, out, err = run_cli(capsys, *no_daemon, "profiles", "--workload", "llm-chat-8b", "--tpot-slo", "300ms",
+                             "--json")
+    assert code == 0, err
+    view = json.loads(out)
+    assert view["slo_applied"]["tpot_p95_ms"] == 300.0 and view["slo_applied"]["ttft_p95_ms"] == 2000.0
+    assert view["slo_defaulted"] == ["ttft"]
+    h100 = next(e for e in view["gpus"] if e["gpu"] == "H100")
+    assert h100["point"]["max_batch"] == 1024 and h100["slo_binding"] == []  # 146 ms meets 300 ms
+
+
+def test_each_source_kind_is_explained_once_in_words_of_its_own(capsys, no_daemon):
+    """llm-reason shows both "fitted+correction" (B200) and "roofline+correction" (A100, H200):
+    their explanations must tell them apart, not print one line twice."""
+    from scheduler.profile_view import SOURCE_KINDS
+
+    assert len(set(SOURCE_KINDS.values())) == len(SOURCE_KINDS)
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--workload", "llm-reason")
+    legend = [line.split(": ", 1)[1] for line in out.splitlines()
+              if line.startswith("  ") and line.split(":")[0].strip() in SOURCE_KINDS]
+    assert {"fitted+correction", "roofline+correction"} <= {line.split(":")[0].strip() for line in out.splitlines()}
+    assert len(legend) == len(set(legend))
+
+
+def test_a_gpu_model_given_twice_is_shown_once(capsys, no_daemon):
+    code, out, _ = run_cli(capsys, *no_daemon, "profiles", "--workload", "llm-chat-8b", "--gpu", "H100", "--gpu",
+                           "B200", "--gpu", "H100")
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines() if line.startswith(("H100 ", "B200 "))] == ["H100", "B200"]

@@ -56,3 +56,29 @@ def test_another_version_of_the_policies_never_reads_this_ones_table(tmp_path, m
     assert key == policy_tables.tables_key()  # stable
     monkeypatch.setattr(policy_tables, "FORMAT", policy_tables.FORMAT + 1)
     assert policy_tables.tables_key() != key
+
+
+PROFILES_REFUSING_TO_FIT = (
+    "import sys\n"
+    "from policies.model import perf_model\n"
+    "def refuse(*args, **kwargs):\n"
+    "    raise AssertionError('carbonsched profiles fitted the model instead of loading the tables')\n"
+    "perf_model._fit_step = refuse  # the fit's least squares\n"
+    "perf_model.mlperf_speed = refuse  # the MLPerf results' stack speeds (the stack factors)\n"
+    "from scheduler.cli.main import main\n"
+    "sys.argv = ['carbonsched', '--socket', sys.argv[1], 'profiles']\n"
+    "main()\n")
+
+
+def test_carbonsched_profiles_loads_the_tables_and_fits_nothing(tmp_path):
+    """`carbonsched profiles` is interactive: with the tables on disk it derives nothing (the
+    fit and the stack speeds took most of its 1.7-2 s)."""
+    cache = tmp_path / "cache"
+    assert warm(cache)[0] == "computed"
+    (tmp_path / "none.toml").write_text("")
+    done = subprocess.run([sys.executable, "-c", PROFILES_REFUSING_TO_FIT, str(tmp_path / "absent.sock")],
+                          capture_output=True, cwd=REPO, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "CARBONSCHED_CACHE_DIR": str(cache),
+                               "CARBONSCHED_CONFIG": str(tmp_path / "none.toml")})
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"llm-chat-8b " in done.stdout and b"learned figures unavailable" in done.stdout

@@ -6,7 +6,10 @@ Covers the schema (migrations == models, refusal to run on a wrong revision), ti
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -14,8 +17,10 @@ from sqlalchemy import func, insert, inspect, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError, StatementError
 
 from scheduler.store import Base, SchemaError, Store
-from scheduler.store.engine import alembic_config, is_transient, normalize_url
+from scheduler.store.engine import alembic_config, head_revision, is_transient, normalize_url
 from scheduler.store.models import job_events, jobs, nodes
+
+REPO = Path(__file__).resolve().parents[2]
 
 UPGRADE_HINT = "carbonsched db upgrade"
 TABLES = {"nodes", "gpus", "jobs", "job_events"}
@@ -117,6 +122,27 @@ def test_require_current_refuses_an_out_of_date_database_naming_both_revisions(s
     message = str(err.value)
     assert "0123456789ab" in message and head in message and UPGRADE_HINT in message
     assert store.check() == [f"database is at revision 0123456789ab, this carbonsched needs {head}"]
+
+
+def test_the_head_read_from_the_migration_files_is_alembics():
+    from alembic.script import ScriptDirectory
+
+    assert head_revision() == ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def test_checking_a_database_at_head_does_not_import_alembic(store):
+    """Every daemon and agent start checks the schema: one query and the migration files'
+    head, not Alembic's import and script parsing (a fifth of a second of CPU)."""
+    url = store.engine.url.render_as_string(hide_password=False)
+    check = ("import sys\n"
+             "from scheduler.store import Store\n"
+             "s = Store(sys.argv[1])\n"
+             "s.require_current('carbonsched db upgrade')\n"
+             "s.dispose()\n"
+             "print(sorted(m for m in sys.modules if m == 'alembic' or m.startswith('alembic.')))\n")
+    done = subprocess.run([sys.executable, "-c", check, url], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_plain_postgresql_urls_are_routed_to_psycopg_3():
