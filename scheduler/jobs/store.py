@@ -566,6 +566,13 @@ def slice_jobs_ready(conn: Connection, now: datetime, limit: int) -> list[Row]:
         .order_by(jobs.c.id).limit(limit)))
 
 
+def slice_placed(node: str, gpu_id: int, now: datetime) -> tuple[tuple, dict[str, Any]]:
+    """The condition and the columns of a slice job's PENDING -> PLANNED at its claim: still
+    not held; planned on `node`'s GPU `gpu_id` from now, at a new plan revision."""
+    return ((jobs.c.held_at.is_(None),),
+            dict(planned_node=node, planned_gpu_ids=[gpu_id], planned_start=now, plan_rev=jobs.c.plan_rev + 1))
+
+
 def at_plan_rev(plan_rev: int) -> tuple:
     """The condition of a claim: the job is still at the plan revision it was read at."""
     return (jobs.c.plan_rev == plan_rev,)

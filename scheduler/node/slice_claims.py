@@ -23,11 +23,11 @@ from datetime import datetime
 
 from sqlalchemy import Connection, and_, exists, select, update
 
-from scheduler.jobs.store import claim_values, slice_jobs_ready
+from scheduler.jobs.store import claim_values, slice_jobs_ready, slice_placed
 from scheduler.lifecycle import State, transition
 from scheduler.node.launch import visible_devices_env
 from scheduler.store import Store
-from scheduler.store.models import gpu_instances, gpus, jobs
+from scheduler.store.models import gpu_instances, gpus
 
 # How many waiting slice jobs are read per free slice (oldest first).
 READ_PER_FREE_SLICE = 8
@@ -122,11 +122,10 @@ def claim_slice(store: Store, job, chosen: Slice, node: str, now: datetime) -> b
             taken = conn.execute(update(gpus).where(
                 gpus.c.id == chosen.gpu_id, gpus.c.job_id.is_(None), gpus.c.healthy.is_(True))
                 .values(job_id=job.id)).rowcount
+        where, placed = slice_placed(node, chosen.gpu_id, now)
         ok = taken == 1 and transition(
-            conn, job.id, State.PLANNED, actor_uid=None, expect=State.PENDING,
-            where=(jobs.c.held_at.is_(None),), reason=f"placed on {what} of {node}",
-            values=dict(planned_node=node, planned_gpu_ids=[chosen.gpu_id], planned_start=now,
-                        plan_rev=jobs.c.plan_rev + 1))
+            conn, job.id, State.PLANNED, actor_uid=None, expect=State.PENDING, where=where,
+            reason=f"placed on {what} of {node}", values=placed)
         ok = ok and transition(
             conn, job.id, State.RUNNING, actor_uid=None, expect=State.PLANNED,
             reason=f"claimed by {node}: {what}",

@@ -216,3 +216,26 @@ def test_an_amd_compute_partition_is_a_slice_seen_by_its_index(store, service, t
         assert r.gpu_instance is None and r.gpu_indices == [0]
     finally:
         agent.stop()
+
+
+def test_nodes_shows_each_instance_and_who_runs_on_it(mig_node, store, service, tmp_path):
+    from scheduler.cli.output import nodes_table
+
+    job = service.submit(ROOT, {"argv": ["sleep", "30"], "mig_profile": "1g.10gb"})["id"]
+    assert run(store, mig_node, [job], states=("RUNNING",)) == {job: "RUNNING"}
+    (n,) = service.nodes(ROOT)
+    mig_gpu, whole = n["gpus"]
+    assert (mig_gpu["mig_enabled"], mig_gpu["busy"], whole["mig_enabled"], whole["instances"]) == \
+        (True, True, False, [])
+    assert [(i["kind"], i["profile"], i["uuid"], i["busy"], i["job"]) for i in mig_gpu["instances"]] == [
+        ("mig", "3g.40gb", MIG_BIG, False, None), ("mig", "1g.10gb", MIG_SMALL, True, job)]
+    # another user sees that the instance is busy, not whose job it is
+    (other,) = service.nodes(Caller(uid=4242, gid=4242))
+    assert [i["job"] for i in other["gpus"][0]["instances"]] == [None, None]
+    lines = nodes_table([n]).splitlines()
+    assert any("nvidia:0/1" in line and "MIG 1g.10gb" in line and f" {job} " in line + " " for line in lines)
+    assert any("H100 (MIG)" in line for line in lines)
+    shown = service.get_job(ROOT, job)
+    assert (shown["mig_profile"], shown["gpu_fraction"], shown["gpu_instance"]) == ("1g.10gb", None, MIG_SMALL)
+    service.cancel(ROOT, [job])
+    run(store, mig_node, [job], states=("CANCELLED",))
