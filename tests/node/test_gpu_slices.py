@@ -239,3 +239,16 @@ def test_nodes_shows_each_instance_and_who_runs_on_it(mig_node, store, service, 
     assert (shown["mig_profile"], shown["gpu_fraction"], shown["gpu_instance"]) == ("1g.10gb", None, MIG_SMALL)
     service.cancel(ROOT, [job])
     run(store, mig_node, [job], states=("CANCELLED",))
+
+
+def test_a_whole_gpu_job_only_a_shared_gpu_could_hold_is_refused_at_submit(store, service, tmp_path):
+    backend = EmulatedBackend(parse_emulated_fleet("1xH200:mig=7g.141gb,1xH100"), node="n1", seed=7)
+    agent = agent_on(store, backend, tmp_path)
+    try:
+        with pytest.raises(RequestError) as e:  # 120 GiB: only the H200, which runs MIG instances
+            service.submit(ROOT, {"argv": ["true"], "gpu_mem_gib": 120})
+        assert 400 <= e.value.status < 500
+        job = service.submit(ROOT, {"argv": ["true"], "mig_profile": "7g.141gb", "gpu_mem_gib": 120})["id"]
+        assert run(store, agent, [job]) == {job: "COMPLETED"}
+    finally:
+        agent.stop()
