@@ -22,6 +22,20 @@ DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 HELD_REASON = "held (JobHeldUser): `carbonsched release` plans it"
 OPERATOR_HELD_REASON = "held by an operator (JobHeldAdmin): only an operator's `carbonsched release` plans it"
 BEGIN_REASON = "before its --begin time (BeginTime)"
+# Whose work a queued job waits behind (squeue's words, the last words of its REASON): jobs of
+# a higher priority, or running jobs and jobs of its own priority (scheduler.daemon.wait_reasons).
+PRIORITY_WORD, RESOURCES_WORD = "Priority", "Resources"
+
+
+def wait_word(reason: str | None) -> str | None:
+    """The word a REASON ends with in brackets, `Priority` or `Resources`; None: neither."""
+    if reason:
+        for word in (PRIORITY_WORD, RESOURCES_WORD):
+            if reason.endswith(f"({word})"):
+                return word
+    return None
+
+
 MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 MAX_ARRAY_INDEX = 100_000
 MAX_DEPENDENCIES = 64

@@ -13,17 +13,29 @@ of factors between 0 and 1,
   default (PriorityFavorSmall=NO), because a job that needs many GPUs free at once is the one
   that small jobs would otherwise pass for ever. `favor_small=True` gives 1 - (gpus-1)/fleet.
 
-The default weights (`PriorityWeights`) put fair share first, QOS next; age and size weigh
-nothing unless the operator says so:
+The default weights (`PriorityWeights`) put the QOS factor above the whole fair-share range,
+then fair share; age and size weigh nothing unless the operator says so:
 
-- **Fair share 10000** dominates because the goal is that a flooding account never delays
-  another account's job beyond what its share allows: everything else together is worth at
-  most a fair-share gap of 0.5 (QOS 5000). An account that has used twice its share or more
-  (F <= 0.25) never outranks an account with no usage (F = 1), whatever the QOS of either
-  job, and stays so when an operator gives age and size weights up to 2500 together.
-- **QOS 5000** orders jobs inside an account (equal F): `urgent` before `normal` before
-  `flexible`; between accounts a QOS step weighs as much as a fair-share gap of half the
-  step in QOS factor, so QOS buys a place in the queue but not another account's share.
+- **QOS 20000 above fair share 10000**: with the built-in QOS priorities (`scheduler.qos`:
+  urgent 100, normal 10, flexible 0, factors 1, 0.1 and 0) an `urgent` job's QOS component
+  alone (20000) is above any `normal` job's whole priority (at most 2000 + 10000): the urgent
+  lane ranks above all other work whatever the accounts' usage, and fair share orders the
+  jobs inside it. Slurm sites give a high-priority lane a QOS weight above the fair-share
+  weight for the same reason: a lane that is never deferred for carbon must also not queue
+  behind normal work, or its latency depends on who else floods the queue. The lane cannot
+  be abused to take another account's share: urgent jobs are charged 1.5x their usage (the
+  account's fair share falls faster, so its urgent jobs come after the other accounts'
+  urgent jobs, and all its jobs of the other levels after theirs), and the QOS's own limits (queued jobs per user; GPUs running per user where the
+  site sets it) keep the lane short. The 8000 points to spare keep it so when an operator
+  gives age and size weights below 8000 together.
+- **Fair share 10000** orders the accounts within a QOS level, and between `normal` and
+  `flexible` (a QOS step of 0.1, 2000 points, worth a fair-share gap of 0.2): a flooding
+  account never delays another account's job of its own level beyond what its share allows,
+  and its `normal` jobs do not starve another account's `flexible` ones (flexible is the
+  lane carbon may move; ranking it strictly last would punish the work that accepts
+  deferral). An account that has used twice its share or more (F <= 0.25) never outranks an
+  account with no usage (F = 1) at the same QOS, and its `normal` jobs come after the other
+  account's `flexible` ones (4500 against 10000; so while age and size weigh under 5500).
 - **Age 0 and job size 0** (as in Slurm, whose weights all default to 0): the planner treats
   each distinct priority as a tier that no lower tier may delay, and carbon chooses only
   within a tier. Age and size would make every job a tier of its own: a job could then
@@ -53,7 +65,7 @@ class PriorityWeights:
     and why: the module's docstring)."""
 
     fair_share: float = 10000.0
-    qos: float = 5000.0
+    qos: float = 20000.0
     age: float = 0.0
     job_size: float = 0.0
     max_age_s: float = DEFAULT_MAX_AGE_S

@@ -47,6 +47,14 @@ The built-in levels, and why:
   user. It takes the first free GPUs whatever their carbon, so it costs more of the share
   (otherwise every job would be urgent), and the queue limit keeps the lane short for the
   latency-sensitive work it is for.
+- The priorities normalise to QOS factors 1 (urgent), 0.1 (normal) and 0 (flexible): with
+  the default weights (`scheduler.priority`: QOS 20000, fair share 10000) urgent is 18000
+  points above normal, more than the whole fair-share range, so an urgent job ranks above
+  every normal and flexible job; normal is 2000 above flexible, a fair-share gap of 0.2, so
+  between those two fair share still decides across accounts. A site level placed between
+  them (e.g. `debug`, priority 50: factor 0.5) ranks above normal by 8000 points, within
+  the fair-share range: only a level above 60 (a QOS component above normal's 2000 plus
+  fair share's 10000) ranks above all normal work.
 - No built-in sets `max_gpus_running_per_user`, `default_time_limit` or `max_time_limit`
   (a one-user install must not meet limits it did not choose): every job without a limit
   gets the site's `default_time_limit` (24 h; `scheduler.settings`), long enough that a job

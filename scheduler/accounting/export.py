@@ -11,7 +11,7 @@ from policies.pricing.counterfactual import RULE_SHORT
 from scheduler.accounting.aggregate import JobSums, kg_by_signal, shares, signal_figures, work_figures
 from scheduler.accounting.embodied import METHODOLOGY as EMBODIED_METHODOLOGY
 from scheduler.accounting.embodied import catalog_figures, embodied_of
-from scheduler.accounting.figures import iso
+from scheduler.accounting.figures import iso, tidy
 from scheduler.accounting.ledger import Ledger
 from scheduler.carbon_table import actual_sources
 from scheduler.jobs.sums import system_columns
@@ -60,7 +60,7 @@ class Disclosure:
             ver = version("carbonsched")
         except PackageNotFoundError:
             ver = "unknown"
-        return {
+        return tidy({
             "document": "carbonsched energy and emissions disclosure",
             "schema_version": 1,
             "period": {"start": iso(since), "end": iso(until)},
@@ -71,7 +71,7 @@ class Disclosure:
             "totals": _totals(total, rows),
             "methodology": _methodology(self.ledger.emission_factor(), self._sources(zones, since, until),
                                         catalog_figures([s["gpu_model"] for s in out_systems])),
-        }
+        })
 
     def _sources(self, zones: list[str], since: datetime, until: datetime) -> list[dict]:
         out = []

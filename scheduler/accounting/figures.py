@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 from policies.types import J_PER_KWH
 
@@ -29,3 +30,16 @@ def difference(a: float | None, b: float | None) -> float | None:
         return None
     d = a - b
     return 0.0 if abs(d) <= 1e-9 * max(abs(a), abs(b)) else d
+
+
+def tidy(value: Any, digits: int = 12) -> Any:
+    """A JSON-ready document with every float at `digits` significant digits: sums and
+    ratios of measured figures carry binary noise (410.99999999999994 g/kWh) that no
+    measurement behind them supports; the export and the report print 411.0."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: tidy(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [tidy(v, digits) for v in value]
+    return value

@@ -8,7 +8,7 @@ from typing import Any
 
 from scheduler.accounting.aggregate import JobSums, signal_figures
 from scheduler.accounting.embodied import METHODOLOGY as EMBODIED_METHODOLOGY
-from scheduler.accounting.figures import iso
+from scheduler.accounting.figures import iso, tidy
 from scheduler.accounting.ledger import Ledger
 from scheduler.carbon_table import zones_with_data
 from scheduler.jobs.sums import signal_key, unpriced_by_zone
@@ -45,14 +45,14 @@ class Reports:
         groups.sort(key=lambda g: (g["group"] is None, str(g["group"])))
         total = signal_figures(rows)
         cfg = self.ledger.config
-        return {"since": iso(since), "until": iso(until), "by": by, "generated_at": iso(self.ledger.clock()),
+        return tidy({"since": iso(since), "until": iso(until), "by": by, "generated_at": iso(self.ledger.clock()),
                 "scope": "all users" if owner_uid is None else f"uid {owner_uid}",
                 "groups": groups, "total": total, "jobs_without_gco2": unaccounted,
                 "unpriced": self._unpriced(where) if unaccounted else [],
                 "assumptions": {"gpu_lifetime_years": cfg.gpu_lifetime_years,
                                 "energy_price_usd_per_kwh": cfg.energy_price_usd_per_kwh,
                                 "zone_energy_price_usd_per_kwh": dict(cfg.zone_energy_price_usd_per_kwh),
-                                "embodied": EMBODIED_METHODOLOGY}}
+                                "embodied": EMBODIED_METHODOLOGY}})
 
     def _unpriced(self, where) -> list[dict]:
         """Why jobs of the period have no gCO2: per zone, how many, and whether the zone has

@@ -6,6 +6,7 @@ import shlex
 from datetime import datetime
 
 from policies.types import J_PER_KWH
+from scheduler.job_specs import wait_word
 from scheduler.text_table import printable, small_grams, table
 from scheduler.timeparse import format_duration
 
@@ -98,9 +99,12 @@ def jobs_table(jobs: list[dict]) -> str:
                      "-" if j["exit_code"] is None else str(j["exit_code"]), _energy_in(j["energy_j"], unit),
                      _job_gco2(j),
                      # why a PENDING job waits, as squeue's REASON: the planner's word for it;
-                     # a pause job stopped by its plan says until when (issue 30)
+                     # a pause job stopped by its plan says until when (issue 30); a PLANNED
+                     # job behind other work says whose, in squeue's word (`show` has the rest)
                      (j.get("reason") or "-") if j["state"] == "PENDING"
-                     else f"paused until {local_minute(j['paused_until'])}" if j.get("paused_until") else ""])
+                     else f"paused until {local_minute(j['paused_until'])}" if j.get("paused_until")
+                     else f"({wait_word(j.get('reason'))})" if j["state"] == "PLANNED" and wait_word(j.get("reason"))
+                     else ""])
     return table(["ID", "NAME", "OWNER", "STATE", "GPUS", "SUBMITTED", "START", "END", "EXIT",
                   "ENERGY", "GCO2(~EST)", "REASON"], rows)
 

@@ -221,6 +221,8 @@ def _run(args, config: dict) -> int:
         print(f"simulating {what}; policies {', '.join(p.label for p in policies)}; forecast {args.forecast}; "
               f"truth {args.truth}{' (learning)' if args.learn else ''}; estimate {args.estimate}",
               file=sys.stderr)
+        for line in changed_lines(scenario):
+            print(f"note: {line}", file=sys.stderr)
     if args.fifo_seeds < 1:
         raise CliError(f"--fifo-seeds must be at least 1 (got {args.fifo_seeds})", EXIT_USAGE)
     result = run_policies(scenario, policies, forecast=args.forecast, settings=settings, progress=progress,
@@ -304,6 +306,26 @@ def _scenario(args, config: dict, trace_args: list[str], demo: bool):
     scenario = build_scenario(cluster, trace, carbon, start=_start(args.start), slack_s=slack_s,
                               max_wait_s=max_wait_s, mix=mix, seed=args.seed, interruptible=cut)
     return scenario, f"{len(scenario.jobs)} jobs from {args.jobs} on {cluster.describe()}"
+
+
+def changed_lines(scenario) -> list[str]:
+    """What the replay changed from its inputs, for the header: a trace moved from its own
+    dates to the carbon data's, jobs run by their prompts at a runtime far from the measured."""
+    from scheduler.timeparse import format_duration
+
+    notes, out = scenario.notes, []
+    if notes.get("moved_from"):
+        out.append(f"the trace's own dates (from {notes['moved_from'][:16]}Z) lie outside the carbon data: "
+                   f"replayed from {scenario.origin.isoformat()[:16]}Z, where the carbon data starts")
+    far = notes.get("runtime_by_prompts")
+    if far:
+        measured, modelled = far["measured_s"], far["modelled_s"]
+        mid = len(measured) // 2
+        out.append(f"{far['jobs']} job(s) run by their prompts at the model's runtime, far from what they "
+                   f"measured (median {format_duration(measured[mid])} measured, "
+                   f"{format_duration(modelled[mid])} modelled): drop --prompts at submit, or read their "
+                   "figures as the model's")
+    return out
 
 
 def _file_inputs(args, config: dict):

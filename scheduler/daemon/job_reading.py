@@ -192,7 +192,9 @@ class JobReading:
                      "memory_reported_gib": g.memory_reported_gib, "power_w": g.power_w,
                      "power_limit_w": g.power_limit_w, "power_limit_min_w": g.power_limit_min_w,
                      "power_limit_max_w": g.power_limit_max_w,
-                     "energy_j": g.energy_j, "utilization_pct": g.utilization_pct,
+                     # the device's own counter (since its driver started counting: it
+                     # restarts with it, so it may be below today's), beside today's energy
+                     "energy_counter_j": g.energy_j, "utilization_pct": g.utilization_pct,
                      "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
                      "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
                      "busy": g.job_id is not None or any(i["busy"] for i in slices.get(g.id, [])),

@@ -57,6 +57,8 @@ from scheduler.carbon_curves import DEFAULT_CARBON_TTL_S, CarbonCurves
 from scheduler.carbon_signal import CarbonSignal
 from scheduler.clock import utcnow
 from scheduler.daemon.plan_store import disk_full_notes, read_gpus, read_nodes
+from scheduler.daemon.wait_reasons import with_wait_reasons
+from scheduler.job_specs import wait_word
 from scheduler.jobs.job import queued_job
 from scheduler.jobs.store import (QueueRead, current_plans, note_waiting, read_queue, read_running, recent_starts,
                                   write_plan)
@@ -292,7 +294,7 @@ class Planner:
         with self.store.read() as conn:
             snapshot, _ = self.snapshot(conn)
         snapshot, waiting = self.bounded(snapshot)
-        plan = self._finished(snapshot, self.policy.plan(snapshot))
+        plan = with_wait_reasons(snapshot, self._finished(snapshot, self.policy.plan(snapshot)))
         return snapshot, replace(plan, unplaced={**plan.unplaced, **waiting})
 
     def _finished(self, snapshot: Snapshot, plan: Plan) -> Plan:
@@ -346,7 +348,7 @@ class Planner:
                 and (self._last_planned_full or not full)):
             return TickStats(jobs=len(queued), planned=0, moved=0, withdrawn=0,
                              duration_s=time.perf_counter() - started, skipped=True, full=full)
-        plan = self._finished(snapshot, self.policy.plan(snapshot))
+        plan = with_wait_reasons(snapshot, self._finished(snapshot, self.policy.plan(snapshot)))
         if waiting:
             plan = replace(plan, unplaced={**plan.unplaced, **waiting})
         self._last_fingerprint, self._last_planned_at, self._last_planned_full = fingerprint, mono, full
@@ -388,7 +390,7 @@ class Planner:
                 writes.append(("plan", row, a, a.explanation))
             elif _plan_changed(row, a, now):
                 writes.append(("move", row, a, a.explanation))
-            elif _estimate_changed(row, a):
+            elif _estimate_changed(row, a) or wait_word(row.reason) != wait_word(a.explanation):
                 writes.append(("refresh", row, a, a.explanation))
         return writes
 

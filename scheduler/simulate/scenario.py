@@ -150,7 +150,8 @@ def build_scenario(
     if capped:
         log.warning("%d jobs were wider than the widest node (%d GPUs of one model) and were narrowed "
                     "to it, keeping their GPU-hours", capped, cluster.max_gpus_per_node())
-    origin = _origin(trace, carbon, start)
+    moved: list[datetime] = []
+    origin = _origin(trace, carbon, start, moved)
     if mix:
         unknown = [w for w in mix if w != "none" and book.get(w, REFERENCE_MODEL) is None]
         if unknown:
@@ -165,6 +166,8 @@ def build_scenario(
     notes: dict[str, object] = {"origin": origin.isoformat(), "slack_s": slack_s, "max_wait_s": max_wait_s,
                                 "narrowed_jobs": capped, "unfit_jobs": no_model, "mix": mix,
                                 "interruptible_jobs": sum(1 for j in jobs if j.interruptible)}
+    if moved:
+        notes["moved_from"] = moved[0].isoformat()
     if interruptible is not None:
         notes["interruptible"] = {"share": cut.share, "kind": cut.kind, "min_run_s": cut.min_run_s,
                                   "resume_cost_s": cut.resume_cost_s, "max_segments": cut.max_segments}
@@ -197,9 +200,11 @@ def with_qos_bounds(jobs: list[QueuedJob], tenants: dict[int, Tenant], table: Qo
     return out
 
 
-def _origin(trace: JobTrace, carbon: dict[str, ZoneIntensity], start: datetime | None) -> datetime:
+def _origin(trace: JobTrace, carbon: dict[str, ZoneIntensity], start: datetime | None,
+            moved: list[datetime]) -> datetime:
     """The calendar time of the trace's offset 0 (module docstring); an error where the whole
-    trace lies outside the carbon data, a warning where part of it does."""
+    trace lies outside the carbon data, a warning where part of it does. A trace moved from
+    its own dates to the carbon data's start appends its own first arrival to `moved`."""
     carbon_start = common_start(carbon)
     origin = shift_origin(trace, start, carbon_start)
     if start is None and trace.origin is not None:
@@ -208,6 +213,7 @@ def _origin(trace: JobTrace, carbon: dict[str, ZoneIntensity], start: datetime |
             log.info("the trace's own dates (%s) are outside the carbon data: starting it at %s",
                      first_at.isoformat(), carbon_start.isoformat())
             origin = carbon_start - timedelta(seconds=trace.jobs[0].arrival_s)
+            moved.append(first_at)
     first_s = (origin + timedelta(seconds=trace.jobs[0].arrival_s)).timestamp()
     last_s = (origin + timedelta(seconds=trace.jobs[-1].arrival_s)).timestamp()
     data_start = max(c.start_s for c in carbon.values())

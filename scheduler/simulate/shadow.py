@@ -70,6 +70,7 @@ def store_scenario(store: Store, *, since: datetime | None = None, until: dateti
     model_of_gpu = {r.id: r.model for r in gpu_rows}
     origin = rows[0].submitted_at
     trace_jobs: list[TraceJob] = []
+    modelled: list[tuple[float, float]] = []  # (measured, modelled) runtimes of jobs run by their prompts
     for r in rows:
         if r.started_at is None or r.ended_at is None:
             continue
@@ -80,6 +81,10 @@ def store_scenario(store: Store, *, since: datetime | None = None, until: dateti
             unit = QueuedJob(id=r.id, gpus=r.gpus, gpu_mem_gib=r.gpu_mem_gib, submitted_at=r.submitted_at,
                              est_runtime_s=1000.0, workload=r.workload)
             est = measured_s * 1000.0 / job_shape(unit, ran_on, book, 1000.0).runtime_s
+        elif ran_on is not None:  # the simulator runs it by its prompts: say where that is far off
+            unit = QueuedJob(id=r.id, gpus=r.gpus, gpu_mem_gib=r.gpu_mem_gib, submitted_at=r.submitted_at,
+                             est_runtime_s=None, workload=r.workload, prompts=r.prompts)
+            modelled.append((measured_s, job_shape(unit, ran_on, book, measured_s).runtime_s))
         trace_jobs.append(TraceJob(
             arrival_s=(r.submitted_at - origin).total_seconds(), gpus=r.gpus, est_runtime_s=est,
             workload=r.workload, prompts=r.prompts, gpu_mem_gib=r.gpu_mem_gib or 0.0,
@@ -91,6 +96,10 @@ def store_scenario(store: Store, *, since: datetime | None = None, until: dateti
     scenario.profiles = profiles
     scenario.notes.update({"since": since.isoformat(), "until": until.isoformat(),
                            "learned_profiles": len(learned)})
+    far = [(m, p) for m, p in modelled if not 0.5 <= p / m <= 2.0]
+    if far:
+        scenario.notes["runtime_by_prompts"] = {
+            "jobs": len(far), "measured_s": sorted(m for m, _ in far), "modelled_s": [p for _, p in sorted(far)]}
     return scenario
 
 

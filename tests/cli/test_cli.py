@@ -306,6 +306,27 @@ def test_the_queue_table_shows_why_each_pending_job_waits_in_a_last_reason_colum
     assert "claimed" not in running
 
 
+def test_the_queue_table_gives_a_planned_job_behind_other_work_squeues_word_only():
+    """A PLANNED job's reason is its plan's long explanation (`show` prints it); `queue` gives
+    only the word for whose work it waits behind, and nothing for a job that waits for carbon."""
+    from scheduler.cli.output import jobs_table
+
+    def job(id_, reason):
+        return {"id": id_, "name": "j", "owner": "alice", "state": "PLANNED", "gpus": None, "gpu_model": None,
+                "node": None, "gpus_requested": 1, "submitted_at": None, "started_at": None, "planned_start": None,
+                "ended_at": None, "exit_code": None, "energy_j": None, "gco2": None, "est_gco2": None,
+                "reason": reason}
+
+    plan = "greedy: 1xH100 in DE at 13:00: 322 g vs 318 g now on H100 in DE (capacity binds)"
+    _, behind, busy, carbon = jobs_table([
+        job(1, f"{plan}; waits: the GPUs free for it now are planned for jobs of a higher priority (Priority)"),
+        job(2, f"{plan}; waits: the GPUs that fit it are busy with running jobs until 13:00 (Resources)"),
+        job(3, "greedy: 1xH100 in DE at 03:00: 200 g vs 318 g now on H100 in DE (cheapest forecast slot)"),
+    ]).splitlines()
+    assert behind.endswith("  (Priority)") and busy.endswith("  (Resources)")
+    assert "slot" not in carbon and not carbon.rstrip().endswith(")")
+
+
 def test_show_gives_the_exact_runtime_not_the_difference_of_whole_seconds():
     """The demo's job ran 4.4 s from 16:35:11.9 to 16:35:16.3: `show` said 5s (16 - 11), its
     receipt 4s."""

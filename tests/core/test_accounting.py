@@ -420,3 +420,13 @@ def test_a_saving_that_is_rounding_noise_is_reported_as_zero():
     assert difference(0.233, 0.233 + 2.78e-17) == 0.0
     assert difference(150.0, 100.0) == 50.0
     assert difference(None, 1.0) is None
+
+
+def test_report_and_export_figures_carry_no_binary_noise():
+    """A sum or ratio of measured figures prints as the number it is: 411.0, not
+    410.99999999999994 (twelve significant digits: far past any measurement behind it)."""
+    from scheduler.accounting.figures import tidy
+
+    doc = {"a": 410.99999999999994, "b": [0.1 + 0.2, {"c": 1e-17 + 3.0}], "n": 3, "s": "x", "z": None}
+    assert tidy(doc) == {"a": 411.0, "b": [0.3, {"c": 3.0}], "n": 3, "s": "x", "z": None}
+    assert tidy(123456.789012345) == 123456.789012

@@ -1,8 +1,9 @@
 """scheduler.priority: the multifactor priority that decides who gets contested GPUs first.
 
-priority = 10000 * fair share + 5000 * QOS + 0 * age + 0 * size by default (an operator may
-weigh age and size), each factor
-in [0, 1]; the queue is sorted highest first, then earliest eligible, then lowest job id.
+priority = 10000 * fair share + 20000 * QOS + 0 * age + 0 * size by default (an operator may
+weigh age and size), each factor in [0, 1]; the queue is sorted highest first, then earliest
+eligible, then lowest job id. With the built-in QOS levels an urgent job ranks above every
+other job whatever the accounts' usage, and fair share orders the jobs within a level.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import pytest
 from scheduler.fair_share import DEFAULT_ACCOUNT, AccountSpec, AccountTree, FairShare
 from scheduler.priority import (DEFAULT_MAX_AGE_S, PriorityJob, PriorityWeights, QosFactors, age_factor,
                                 job_size_factor, priority_of, queue_priorities)
+from scheduler.qos import QosTable
 
 DAY_S = 86400.0
 NOW_S = 1_800_000_000.0
 QOS = {"urgent": 100, "normal": 50, "flexible": 10}
+BUILT_IN = QosTable().priorities()  # urgent 100, normal 10, flexible 0
 
 
 def job(job_id, account="a", user="ann", qos="normal", gpus=1, waited_s=0.0) -> PriorityJob:
@@ -55,11 +58,11 @@ def test_job_size_favours_large_jobs_by_default_as_slurm_does():
 
 def test_priority_is_the_weighted_sum_of_its_components_by_hand():
     """F 0.5, QOS normal (0.5), waited 1.75 days (0.25), 2 of 8 GPUs (0.25), with a site's
-    weights for age (1000) and size (200): 5000 + 2500 + 250 + 50 = 7800."""
+    weights for age (1000) and size (200): 5000 + 10000 + 250 + 50 = 15300."""
     b = priority_of(job(1, gpus=2, waited_s=1.75 * DAY_S), now_s=NOW_S, fair_share_factor=0.5,
                     qos_priority=QOS, fleet_gpus=8, weights=PriorityWeights(age=1000, job_size=200))
-    assert (b.fair_share, b.qos_component, b.age, b.job_size) == pytest.approx((5000, 2500, 250, 50))
-    assert b.priority == pytest.approx(7800)
+    assert (b.fair_share, b.qos_component, b.age, b.job_size) == pytest.approx((5000, 10000, 250, 50))
+    assert b.priority == pytest.approx(15300)
     assert (b.fair_share_factor, b.qos_factor, b.age_factor, b.job_size_factor) == pytest.approx((0.5, 0.5, 0.25, 0.25))
 
 
@@ -74,7 +77,7 @@ def test_the_breakdown_is_json_ready_like_a_line_of_sprio():
     b = priority_of(job(7, qos="urgent"), now_s=NOW_S, fair_share_factor=1.0, qos_priority=QOS, fleet_gpus=8)
     d = b.to_dict()
     json.dumps(d)
-    assert d["job_id"] == 7 and d["qos"] == "urgent" and d["qos_priority"] == pytest.approx(5000)
+    assert d["job_id"] == 7 and d["qos"] == "urgent" and d["qos_priority"] == pytest.approx(20000)
     assert d["priority"] == pytest.approx(d["fair_share"] + d["qos_priority"] + d["age"] + d["job_size"])
 
 
@@ -93,20 +96,44 @@ def test_inside_one_account_urgent_goes_before_normal_before_flexible():
     assert order(ranked) == [3, 2, 1]
 
 
-def test_an_account_at_twice_its_share_never_outranks_an_unused_account():
-    """Whatever the QOS, age or size: the flooder's urgent, week-old, fleet-wide job still
-    comes after the idle account's fresh 1-GPU flexible job."""
+def test_the_default_weights_put_the_qos_factor_above_the_whole_fair_share_range():
+    w = PriorityWeights()
+    assert (w.fair_share, w.qos, w.age, w.job_size) == (10000, 20000, 0, 0)
+    q = QosFactors(BUILT_IN)
+    assert (q("urgent") - q("normal")) * w.qos > w.fair_share
+
+
+def test_an_urgent_job_of_a_heavy_account_ranks_above_a_normal_job_of_an_unused_one():
+    """The urgent lane never queues behind normal work: the flooder's fresh 1-GPU urgent job
+    goes before the idle account's week-old, fleet-wide normal job, also where a site weighs
+    age and size (below 8000 together)."""
+    def factor(account: str, user: str) -> float:  # the extremes: all the usage, none of it
+        return 0.0 if account == "flood" else 1.0
+
+    jobs = [job("quiet-1", "quiet", "q", "normal", gpus=8, waited_s=30 * DAY_S),
+            job("flood-1", "flood", "f", "urgent", gpus=1)]
+    for weights in (PriorityWeights(), PriorityWeights(age=6000, job_size=1900)):
+        ranked = queue_priorities(jobs, now_s=NOW_S, fair_share=factor, qos_priority=BUILT_IN, fleet_gpus=8,
+                                  weights=weights)
+        assert order(ranked) == ["flood-1", "quiet-1"]
+
+
+def test_within_a_qos_level_an_account_at_twice_its_share_never_outranks_an_unused_account():
+    """Whatever the age or size: the flooder's week-old, fleet-wide job of a QOS level comes
+    after the idle account's fresh 1-GPU job of the same level; and the flooder's normal job
+    after the idle account's flexible one (a QOS step of 2000 points against a fair-share gap
+    of 7500)."""
     tree = AccountTree([AccountSpec("flood"), AccountSpec("quiet"), AccountSpec(DEFAULT_ACCOUNT, None, 0)])
     fs = FairShare(tree, {("flood", "f"): 100.0})  # U = 1 against S = 0.5: U/S = 2
     assert fs.factor("flood", "f") == pytest.approx(0.25)
-    jobs = [job("flood-1", "flood", "f", "urgent", gpus=8, waited_s=30 * DAY_S),
-            job("quiet-1", "quiet", "q", "flexible", gpus=1)]
-    ranked = queue_priorities(jobs, now_s=NOW_S, fair_share=fs.factor, qos_priority=QOS, fleet_gpus=8)
-    assert order(ranked) == ["quiet-1", "flood-1"]
-    heavy = PriorityWeights(age=2000, job_size=500)  # a site that weighs age and size: still so
-    ranked = queue_priorities(jobs, now_s=NOW_S, fair_share=fs.factor, qos_priority=QOS, fleet_gpus=8,
-                              weights=heavy)
-    assert order(ranked) == ["quiet-1", "flood-1"]
+    for flood_qos, quiet_qos in (("urgent", "urgent"), ("normal", "normal"), ("flexible", "flexible"),
+                                 ("normal", "flexible")):
+        jobs = [job("flood-1", "flood", "f", flood_qos, gpus=8, waited_s=30 * DAY_S),
+                job("quiet-1", "quiet", "q", quiet_qos, gpus=1)]
+        for weights in (PriorityWeights(), PriorityWeights(age=2000, job_size=500)):
+            ranked = queue_priorities(jobs, now_s=NOW_S, fair_share=fs.factor, qos_priority=BUILT_IN, fleet_gpus=8,
+                                      weights=weights)
+            assert order(ranked) == ["quiet-1", "flood-1"], (flood_qos, quiet_qos, weights)
 
 
 def test_by_default_equal_jobs_of_one_owner_have_one_priority_whatever_their_age_and_size():

@@ -8,6 +8,9 @@ bounds what carbon may do with it, and fair share orders the accounts under cont
 - With one GPU and two accounts of equal shares, the job of the account that has used its
   share goes after the job of the one that has not, whatever their submit order.
 - A job charged to an account that is gone plans after the others; the tick never fails.
+- REASON says whose work a job waits behind, in Slurm's words and naming no other job:
+  `Priority` behind jobs of a higher priority, `Resources` behind running jobs or jobs of its
+  own priority; an urgent job on a free GPU and a job waiting for carbon by choice say neither.
 """
 
 from __future__ import annotations
@@ -153,3 +156,90 @@ def test_a_qos_gpu_limit_per_user_holds_the_jobs_beyond_it_with_their_reason(sto
     planner.tick()
     held = job_row(store, second)
     assert held.state == "PENDING" and "1 running or planned first" in held.reason
+
+
+# -- REASON: whose work a job waits behind ------------------------------------------------------
+
+def two_accounts_one_using_its_share(store, service, *, heavy_user: str = "40001", light_user: str = "root"):
+    """Accounts `flood` (`heavy_user`, ran 20 GPU-hours yesterday) and `quiet` (`light_user`)."""
+    from scheduler.daemon.access import Caller
+
+    with store.write() as conn:
+        for name, user in (("flood", heavy_user), ("quiet", light_user)):
+            add_account(conn, name, now=T)
+            add_user(conn, user, name, now=T)
+    uid = 0 if heavy_user == "root" else int(heavy_user)
+    ran = service.submit(Caller(uid=uid, gid=uid), {"argv": ["true"], "gpus": 1, "account": "flood"})["id"]
+    with store.write() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == ran).values(
+            state="COMPLETED", started_at=T - timedelta(hours=22), ended_at=T - timedelta(hours=2), gpu_ids=[1]))
+
+
+def test_a_job_behind_a_higher_priority_job_of_another_user_says_priority_and_nothing_of_that_job(store, service):
+    from scheduler.daemon.access import Caller
+
+    user = Caller(uid=40001, gid=40001)
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE")
+    two_accounts_one_using_its_share(store, service)
+    mine = service.submit(user, {"argv": ["true"], "gpus": 1, "account": "flood", "est_runtime_s": 3600.0})["id"]
+    theirs = submit(service, est_runtime_s=3600.0, account="quiet", name="secret-merger-eval")
+    planner_with_standing(store).tick()
+    assert planned_start(store, theirs) < planned_start(store, mine)
+    seen = service.get_job(user, mine)
+    assert seen["reason"].endswith("; waits: the GPUs free for it now are planned for jobs of a higher priority "
+                                   "(Priority)")
+    for secret in ("secret-merger-eval", "quiet", "root", f"job {theirs}"):
+        assert secret not in seen["reason"]
+    # queue lists the job with the same reason
+    listed = {j["id"]: j for j in service.list_jobs(user)}
+    assert listed[mine]["reason"] == seen["reason"]
+
+
+def test_an_unplaced_job_behind_a_higher_priority_job_says_priority(store, service):
+    add_node(store, "de1", "DE")
+    two_accounts_one_using_its_share(store, service, heavy_user="root", light_user="40001")
+    from scheduler.daemon.access import Caller
+
+    # the quiet account's job holds the only GPU for longer than the planning horizon
+    theirs = service.submit(Caller(uid=40001, gid=40001), {"argv": ["true"], "gpus": 1, "account": "quiet",
+                                                           "est_runtime_s": 60 * 3600.0})["id"]
+    mine = submit(service, est_runtime_s=3600.0, account="flood", deadline=(T + timedelta(hours=3)).isoformat())
+    planner_with_standing(store).tick()
+    assert job_row(store, theirs).state == "PLANNED"
+    row = job_row(store, mine)
+    assert row.state == "PENDING" and row.reason.endswith("(Priority)"), row.reason
+
+
+def test_an_urgent_job_on_a_free_gpu_never_says_priority_or_resources(store, service):
+    import_carbon(store, DE)
+    add_node(store, "de1", "DE", n=2)
+    two_accounts_one_using_its_share(store, service, heavy_user="root", light_user="40001")
+    urgent = submit(service, est_runtime_s=4 * 3600.0, account="flood", qos="urgent")
+    flexible = submit(service, est_runtime_s=4 * 3600.0, account="flood", qos="flexible",
+                      deadline=(T + timedelta(hours=30)).isoformat())
+    planner_with_standing(store).tick()
+    row = job_row(store, urgent)
+    assert planned_start(store, urgent) - T < SLOT
+    assert "(Priority)" not in row.reason and "(Resources)" not in row.reason and "waits" not in row.reason
+    # the flexible job waits for carbon by choice, with a GPU free: its reason is carbon's
+    assert planned_start(store, flexible) - T > timedelta(hours=2)
+    assert not job_row(store, flexible).reason.endswith(("(Priority)", "(Resources)"))
+
+
+def test_a_job_behind_running_work_or_work_of_its_own_priority_says_resources(store, service):
+    from scheduler.store.models import gpus
+
+    [gpu] = add_node(store, "de1", "DE")
+    running = submit(service, est_runtime_s=3600.0, qos="urgent")
+    with store.write() as conn:  # it runs until about 13:00
+        conn.execute(update(jobs).where(jobs.c.id == running).values(state="RUNNING", started_at=T,
+                                                                     gpu_ids=[gpu], est_runtime_planned_s=3600.0))
+        conn.execute(update(gpus).where(gpus.c.id == gpu).values(job_id=running))
+    first = submit(service, est_runtime_s=1800.0, qos="urgent")
+    second = submit(service, est_runtime_s=1800.0, qos="urgent")
+    planner_with_standing(store).tick()
+    assert planned_start(store, first) >= T + timedelta(hours=1)
+    assert job_row(store, first).reason.endswith("busy with running jobs until 13:00 (Resources)")
+    assert planned_start(store, second) > planned_start(store, first)
+    assert job_row(store, second).reason.endswith("(Resources)")

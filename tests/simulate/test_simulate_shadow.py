@@ -120,3 +120,29 @@ def test_carbon_from_the_store_gives_the_same_numbers_as_the_csv_it_was_imported
     for policy in ("fifo", "greedy"):
         assert results[0][policy]["kgco2"] == pytest.approx(results[1][policy]["kgco2"], rel=1e-12)
     assert results[0]["greedy"]["kgco2"] < results[0]["fifo"]["kgco2"]
+
+
+def test_the_header_says_what_the_replay_changed_from_the_history(history, capsys):
+    """Jobs run by their prompts at a runtime far from what they measured, and a history
+    moved to the carbon data's dates: each is a note under the header, not silence."""
+    store, _ = history
+    with store.write() as conn:
+        ids = conn.execute(select(gpus.c.id).where(gpus.c.node_name == "gb-1")).scalars().all()
+        moved = T0 + timedelta(days=800)  # after the recorded carbon: the replay moves it
+        for k in range(2):
+            conn.execute(insert(jobs).values(
+                name=f"chat{k}", state="COMPLETED", owner_uid=1000, owner_gid=1000, owner_groups=[],
+                owner_name="u", argv=["true"], cwd="/", env={}, gpus=1, gpu_mem_gib=0.0,
+                workload="llm-inference", prompts=100_000, submitted_at=moved + timedelta(minutes=k),
+                started_at=moved + timedelta(minutes=k), ended_at=moved + timedelta(minutes=k, seconds=1),
+                node="gb-1", gpu_ids=ids[:1], energy_j=1.0))
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "--from-store", "--db", store.url, "--since", (moved - timedelta(hours=1)).isoformat(),
+              "--until", (moved + timedelta(hours=1)).isoformat(), "--policy", "fifo", "--no-plots"])
+    err = capsys.readouterr().err
+    assert e.value.code == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert notes[0].startswith(f"note: the trace's own dates (from {moved.isoformat()[:16]}Z) lie outside "
+                               "the carbon data: replayed from 2022-")
+    assert notes[1].startswith("note: 2 job(s) run by their prompts at the model's runtime, far from what "
+                               "they measured (median 1s measured, ")
