@@ -172,10 +172,33 @@ class JobReading:
                                          .order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)))
             holders = running_owners(conn)
             slices = instances_by_gpu(conn)
-        out = []
         def shown(job_id: int | None) -> int | None:
             return job_id if job_id is not None and (admin or holders.get(job_id) == caller.uid) else None
 
+        def gpu_json(n, g, up: bool) -> dict:
+            held = g.job_id is not None or any(i["busy"] for i in slices.get(g.id, []))  # a slice's job too
+            return {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
+                    "vendor": g.vendor, "memory_gib": g.memory_gib,
+                    "memory_reported_gib": g.memory_reported_gib, "power_w": g.power_w,
+                    "power_limit_w": g.power_limit_w, "power_limit_min_w": g.power_limit_min_w,
+                    "power_limit_max_w": g.power_limit_max_w,
+                    # the device's own counter (since its driver started counting: it
+                    # restarts with it, so it may be below today's), beside today's energy
+                    "energy_counter_j": g.energy_j, "utilization_pct": g.utilization_pct,
+                    "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
+                    "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
+                    "busy": held, "drained": bool(g.drained),
+                    "drain_reason": g.drain_reason, "drained_at": iso(g.drained_at), "drained_by": g.drained_by,
+                    "name": f"{n.name}:{g.vendor}:{g.index}",
+                    "state": ("DOWN" if not up else "DRAINING" if g.drained and held
+                              else "DRAINED" if g.drained else "UNHEALTHY" if not g.healthy
+                              else "BUSY" if held else "IDLE"),
+                    "job": shown(g.job_id),
+                    "partition_mode": g.partition_mode, "partitions": g.partitions,
+                    "memory_partition": g.memory_partition, "mig_enabled": bool(g.mig_enabled),
+                    "instances": [{**i, "job": shown(i["job"])} for i in slices.get(g.id, [])]}
+
+        out = []
         for n in node_rows:
             node_gpus = [g for g in gpu_rows if g.node_name == n.name]
             up = n.last_heartbeat is not None and (now - n.last_heartbeat).total_seconds() <= self.config.node_timeout_s
@@ -186,29 +209,7 @@ class JobReading:
                 "state": "DOWN" if not up else (
                     "DRAINED" if node_gpus and all(g.drained for g in node_gpus) else
                     "MIXED-DRAINED" if any(g.drained for g in node_gpus) else "UP"),
-                "gpus": [
-                    {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
-                     "vendor": g.vendor, "memory_gib": g.memory_gib,
-                     "memory_reported_gib": g.memory_reported_gib, "power_w": g.power_w,
-                     "power_limit_w": g.power_limit_w, "power_limit_min_w": g.power_limit_min_w,
-                     "power_limit_max_w": g.power_limit_max_w,
-                     # the device's own counter (since its driver started counting: it
-                     # restarts with it, so it may be below today's), beside today's energy
-                     "energy_counter_j": g.energy_j, "utilization_pct": g.utilization_pct,
-                     "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
-                     "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
-                     "busy": g.job_id is not None or any(i["busy"] for i in slices.get(g.id, [])),
-                     "drained": bool(g.drained),
-                     "drain_reason": g.drain_reason, "drained_at": iso(g.drained_at), "drained_by": g.drained_by,
-                     "name": f"{n.name}:{g.vendor}:{g.index}",
-                     "state": ("DOWN" if not up else "DRAINING" if g.drained and g.job_id is not None
-                               else "DRAINED" if g.drained else "UNHEALTHY" if not g.healthy
-                               else "BUSY" if g.job_id is not None else "IDLE"),
-                     "job": shown(g.job_id),
-                     "partition_mode": g.partition_mode, "partitions": g.partitions,
-                     "memory_partition": g.memory_partition, "mig_enabled": bool(g.mig_enabled),
-                     "instances": [{**i, "job": shown(i["job"])} for i in slices.get(g.id, [])]}
-                    for g in gpu_rows if g.node_name == n.name],
+                "gpus": [gpu_json(n, g, up) for g in node_gpus],
             })
         return out
 

@@ -225,8 +225,8 @@ def test_nodes_shows_each_instance_and_who_runs_on_it(mig_node, store, service, 
     assert run(store, mig_node, [job], states=("RUNNING",)) == {job: "RUNNING"}
     (n,) = service.nodes(ROOT)
     mig_gpu, whole = n["gpus"]
-    assert (mig_gpu["mig_enabled"], mig_gpu["busy"], whole["mig_enabled"], whole["instances"]) == \
-        (True, True, False, [])
+    assert (mig_gpu["mig_enabled"], mig_gpu["busy"], mig_gpu["state"], whole["mig_enabled"], whole["instances"],
+            whole["state"]) == (True, True, "BUSY", False, [], "IDLE")
     assert [(i["kind"], i["profile"], i["uuid"], i["busy"], i["job"]) for i in mig_gpu["instances"]] == [
         ("mig", "3g.40gb", MIG_BIG, False, None), ("mig", "1g.10gb", MIG_SMALL, True, job)]
     # another user sees that the instance is busy, not whose job it is
