@@ -334,8 +334,12 @@ class Agent:
             self.launcher.set_busy(uuid, busy)
 
     def _release_gpus(self, gpu_ids: list[int], job=None) -> None:
+        # A GPU whose slices run other jobs (MIG instances, declared shares) stays loaded.
+        others = {int(g) for j in self.runs.running() if job is None or j.id != job.id
+                  for g in (j.gpu_ids or [])} if gpu_ids else set()
         for gid in gpu_ids:
-            self._set_busy(gid, False)
+            if gid not in others:
+                self._set_busy(gid, False)
         if job is not None and (getattr(job, "power_limit_w", None) is not None
                                 or getattr(job, "planned_power_limit_w", None) is not None):
             self.power.restore(gpu_ids, f"job {job.id} ended")

@@ -252,3 +252,21 @@ def test_a_whole_gpu_job_only_a_shared_gpu_could_hold_is_refused_at_submit(store
         assert run(store, agent, [job]) == {job: "COMPLETED"}
     finally:
         agent.stop()
+
+
+def test_a_shared_gpu_stays_loaded_while_another_slice_job_runs_on_it(store, service, tmp_path):
+    backend = EmulatedBackend(parse_emulated_fleet("1xH100"), node="n1", seed=7)
+    agent = agent_on(store, backend, tmp_path, gpu_shares=2)
+    try:
+        short = service.submit(ROOT, {"argv": ["true"], "gpu_fraction": 0.5})["id"]
+        long = service.submit(ROOT, {"argv": ["sleep", "30"], "gpu_fraction": 0.5})["id"]
+        assert run(store, agent, [short]) == {short: "COMPLETED"}
+        assert run(store, agent, [long], states=("RUNNING",)) == {long: "RUNNING"}
+        agent.tick()
+        uuid = backend.devices()[0].uuid
+        assert backend.read(uuid).utilization_pct > 0  # the long job's load, after the short one ended
+        service.cancel(ROOT, [long])
+        run(store, agent, [long], states=("CANCELLED",))
+        assert backend.read(uuid).utilization_pct == 0
+    finally:
+        agent.stop()
