@@ -81,7 +81,7 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
          stdout_path, stderr_path, planned_limit_w, limit_w, limit_note, unc_energy, unc_gco2,
          unc_runtime, kind, ck_signal, ck_grace, min_run, resume_cost, max_segments, done_fraction,
          resume_count, ignored, first_started, planned_segments, interrupt_at, resume_at, hold_kind,
-         held_by, output_cut, purged_at, account, qos) in rows:
+         held_by, output_cut, purged_at, account, qos, gpu_fraction, mig_profile, gpu_instance) in rows:
         assigned = _json_raw(gpu_ids) or _json_raw(planned_gpu_ids)
         first = gpus_by_id.get(assigned[0]) if assigned else None
         out.append({
@@ -156,6 +156,10 @@ def jobs_json(rows: Iterable, gpus_by_id: dict[int, tuple[int, str]]) -> list[di
             "output_truncated": output_truncated_list(output_cut), "purged_at": _iso_raw(purged_at),
             # The account the job is charged to and its QOS (scheduler.accounts, scheduler.qos).
             "account": account, "qos": qos,
+            # A slice of one GPU instead of whole GPUs: the share or MIG profile asked for (null:
+            # whole GPUs), and the instance the run held (a MIG device's or a share's UUID; null
+            # on whole GPUs and on an AMD compute partition, which is a GPU of its own).
+            "gpu_fraction": gpu_fraction, "mig_profile": mig_profile, "gpu_instance": gpu_instance,
         })
     return out
 

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from scheduler.clock import utcnow
-from scheduler.store.models import gpus, job_events, jobs
+from scheduler.store.models import gpu_instances, gpus, job_events, jobs
 
 
 class State(enum.StrEnum):
@@ -114,16 +114,18 @@ def transition(
 
 # Where a job ran or was planned to run: cleared when it goes back to the queue.
 UNPLACED: dict[str, None] = dict(node=None, gpu_ids=None, gpu_indices=None, planned_node=None,
-                                 planned_gpu_ids=None, planned_start=None)
+                                 planned_gpu_ids=None, planned_start=None, gpu_instance=None)
 
 
 def end_run(conn: Connection, job_id: int, to: State, *, actor_uid: int | None, reason: str,
             values: dict[str, Any] | None = None) -> bool:
-    """Move a RUNNING job on (to an end state, or back to the queue) and free its GPUs."""
+    """Move a RUNNING job on (to an end state, or back to the queue) and free its GPUs and
+    the GPU slice it held."""
     ok = transition(conn, job_id, to, actor_uid=actor_uid, reason=reason, expect=State.RUNNING,
                     values=values)
     if ok:
         conn.execute(update(gpus).where(gpus.c.job_id == job_id).values(job_id=None))
+        conn.execute(update(gpu_instances).where(gpu_instances.c.job_id == job_id).values(job_id=None))
     return ok
 
 

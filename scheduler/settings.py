@@ -162,9 +162,9 @@ def _db_url_of(secret: str, where: str) -> str:
 
 
 def _fleet(v: Any) -> str:
-    from policies.model.catalog import parse_fleet
+    from scheduler.fleet_spec import parse_emulated_fleet
 
-    parse_fleet(_text(v))
+    parse_emulated_fleet(_text(v))
     return _text(v)
 
 
@@ -271,7 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node", _text, None, "name of this node (default: host name)", _BOTH, "NAME"),
     Setting("zone", _zone, "local", "carbon zone of this node, e.g. DE or US-CAL-CISO (the default `local` has "
             "no carbon data: set the real one)", _BOTH, "ZONE"),
-    Setting("emulate", _fleet, None, "emulate a GPU fleet where none exists, e.g. 4xMI300X,2xH100",
+    Setting("emulate", _fleet, None, "emulate a GPU fleet where none exists, e.g. 4xMI300X,2xH100; "
+            "partition layouts after a colon: 1xH100:mig=1g.10gb*7, 2xMI300X:partition=QPX:nps=NPS4",
             _BOTH, "SPEC"),
     Setting("truth", _truth, None, "with --emulate: how jobs really run on the emulated GPUs, hidden "
             "from the planner: perfect, noisy:SIGMA or profiles:FILE; jobs are told their pace by "
@@ -310,6 +311,10 @@ SETTINGS: tuple[Setting, ...] = (
             "roll-ups", _HEAD, "DUR", _dur),
     Setting("node_static_w", _number(0.0, 100_000.0), 0.0, "node power besides the GPUs (CPUs, fans, "
             "NICs), shared among jobs by GPU count; 0 leaves it out", _BOTH, "W"),
+    Setting("gpu_shares", _integer(1, 64), 1, "declare each GPU of this node without hardware partitioning "
+            "(no MIG mode) shareable by time slicing into N shares of 1/N of it, its memory divided "
+            "alike, for submit --gpu-fraction; such a GPU takes no whole-GPU job (default 1: whole GPUs)",
+            _BOTH, "N"),
     Setting("min_free_disk_mib", _number(0.0, 1e9), 256.0, "below this free space for job logs or the "
             "state dir a node takes no new jobs (their REASON says so)", _BOTH, "MIB"),
     Setting("job_output_limit_mib", _number(0.001, 1e9), 1024.0, "stdout and stderr one job may write to "

@@ -92,6 +92,16 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and below 1 (got {text}); a whole GPU is --gpus 1")
+    return value
+
+
 def _gpu_mem(text: str) -> float:
     from scheduler.job_specs import parse_gpu_mem_gib
 
@@ -141,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "or with a unit as Slurm's --mem (80, 80G, 80GB, 40960M), matched against each GPU's "
                    "nominal capacity (the data sheet's: 80 fits an H100 80GB, whose driver "
                    "reports 79.6 GiB)")
+    s.add_argument("--gpu-fraction", metavar="F", type=_fraction, help="a slice of one GPU instead of whole GPUs: "
+                   "at least this share of a GPU (0 < F < 1), from a MIG instance, an AMD compute partition "
+                   "or a share the operator declared; refused when no GPU of the fleet offers one")
+    s.add_argument("--mig", metavar="PROFILE", help="a slice of one GPU instead of whole GPUs: an NVIDIA MIG "
+                   "instance of this profile (e.g. 1g.10gb); refused when no GPU of the fleet has one")
     s.add_argument("--deadline", metavar="DUR|ISO", help="finish by: a duration from now (6h) or an ISO time")
     s.add_argument("--latency-slo", metavar="DUR", type=_latency_ms,
                    help="p95 per-prompt latency limit, e.g. 2s (a bare number: ms): time to first token plus "
@@ -339,7 +354,7 @@ def cmd_agent(args, config) -> int:
             node=r["node"] or default_node_name(), zone=r["zone"], emulate=r["emulate"], truth=r["truth"],
             sample_hz=r["sample_hz"], dispatch_interval_s=r["dispatch_interval"],
             metrics_port=r["metrics_port"], metrics_addr=r["metrics_addr"], grace_s=r["grace"], node_static_w=r["node_static_w"],
-            min_free_disk_mib=r["min_free_disk_mib"],
+            min_free_disk_mib=r["min_free_disk_mib"], gpu_shares=r["gpu_shares"],
             log_dir=r["log_dir"], output_limit_bytes=int(r["job_output_limit_mib"] * 2**20),
             executor=r["executor"],
             slurm=SlurmConfig.from_config(config) if r["executor"] == "slurm" else None,
@@ -391,7 +406,7 @@ def cmd_daemon(args, config) -> int:
             node_lost_after_s=r["node_lost_after"],
             sample_retention_s=r["sample_retention"],
             node_static_w=r["node_static_w"],
-            min_free_disk_mib=r["min_free_disk_mib"],
+            min_free_disk_mib=r["min_free_disk_mib"], gpu_shares=r["gpu_shares"],
             log_dir=r["log_dir"], output_limit_bytes=int(r["job_output_limit_mib"] * 2**20),
             api_limits=UidLimits(rate_per_s=r["api_rate_per_uid"], burst=r["api_burst_per_uid"],
                                  max_inflight=r["api_max_inflight_per_uid"],
@@ -513,6 +528,10 @@ def cmd_submit(args, config) -> int:
     cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
     body: dict = {"argv": command, "gpus": args.gpus, "gpu_mem_gib": args.gpu_mem,
                   "cwd": cwd, "max_retries": args.retries}
+    if args.gpu_fraction is not None:
+        body["gpu_fraction"] = args.gpu_fraction
+    if args.mig is not None:
+        body["mig_profile"] = args.mig
     try:
         _slurm_habits(args, body, cwd)
         if args.est_runtime:

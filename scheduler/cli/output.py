@@ -207,7 +207,7 @@ def job_detail(job: dict) -> str:
         ("owner", f"{job['owner']} (uid {job['owner_uid']})"),
         *([("account", f"{job['account']} (QOS {job.get('qos') or '-'})")] if job.get("account") else []),
         ("command", shlex.join(job["argv"])), ("directory", job["cwd"]),
-        ("gpus", f"{job['gpus_requested']}" + (f" x >= {job['gpu_mem_gib']:g} GiB" if job["gpu_mem_gib"]
+        ("gpus", _slice_asked(job) or f"{job['gpus_requested']}" + (f" x >= {job['gpu_mem_gib']:g} GiB" if job["gpu_mem_gib"]
                                                 else " (any GPU memory)")
                  + (f" -> {_gpus(job)}" if job.get("gpus") else "")),
         ("workload", job.get("workload") or "-"), ("work", _work(job)),
@@ -311,16 +311,50 @@ def nodes_table(nodes: list[dict]) -> str:
             else:
                 status, reason = "up", "" if g["healthy"] else (g.get("unhealthy_reason") or "")
             reasons = reasons or bool(reason)
-            rows.append([n["name"] + tag, n["zone"], status, f"{g['vendor']}:{g['index']}", g["model"],
+            if g.get("instances"):
+                job = "-"  # the jobs are on its slices, one line each below
+            rows.append([n["name"] + tag, n["zone"], status, f"{g['vendor']}:{g['index']}", _model(g),
                          f"{g['memory_gib']:g}", "-" if g["power_w"] is None else f"{g['power_w']:.0f}",
                          "-" if limit is None else f"{limit:.0f}",
                          "-" if util is None else f"{util:.0f}%", _energy(g.get("energy_today_j")),
                          "yes" if g["healthy"] else "NO", job, reason or "-"])
+            rows += [_slice_row(n, g, k, i, tag) for k, i in enumerate(g.get("instances") or [])]
     headers = ["NODE", "ZONE", "STATUS", "GPU", "MODEL", "MEM_GIB", "POWER_W", "LIMIT_W", "UTIL",
                "TODAY", "HEALTHY", "JOB", "REASON"]
     if not reasons:
         headers, rows = headers[:-1], [r[:-1] for r in rows]
     return table(headers, rows)
+
+
+def _slice_asked(job: dict) -> str | None:
+    """`show`'s GPUS line for a slice job: what it asked for and the instance it ran on."""
+    if job.get("mig_profile") is None and job.get("gpu_fraction") is None:
+        return None
+    asked = (f"MIG {job['mig_profile']}" if job.get("mig_profile") else f"{job['gpu_fraction']:g} of a GPU")
+    if job.get("gpu_mem_gib"):
+        asked += f" with >= {job['gpu_mem_gib']:g} GiB"
+    return asked + (f" on {job['gpu_instance']}" if job.get("gpu_instance") else "")
+
+
+def _model(g: dict) -> str:
+    """The GPU's model with its partition layout: MIG mode, an AMD partition's mode and share."""
+    extra = []
+    if g.get("mig_enabled"):
+        extra.append("MIG")
+    if g.get("partition_mode"):
+        extra.append(f"{g['partition_mode']} 1/{g.get('partitions') or 1}")
+    if g.get("memory_partition") and g.get("memory_partition") != "NPS1":
+        extra.append(g["memory_partition"])
+    return g["model"] + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _slice_row(n: dict, g: dict, k: int, i: dict, tag: str) -> list[str]:
+    """One slice of a shared GPU under its GPU's line: `nvidia:0/1` `MIG 1g.10gb` or `share 1/4`."""
+    job = str(i["job"]) if i.get("job") is not None else ("busy" if i.get("busy") else "-")
+    kind = "MIG" if i["kind"] == "mig" else i["kind"]
+    return [n["name"] + tag, n["zone"], "up" if i["healthy"] else "GONE", f"{g['vendor']}:{g['index']}/{k}",
+            f"  {kind} {i['profile']}", f"{i['memory_gib']:g}", "-", "-", "-", "-",
+            "yes" if i["healthy"] and g["healthy"] else "NO", job, "-"]
 
 
 def _drained_by(g: dict) -> str:

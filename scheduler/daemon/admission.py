@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 
 from policies.model.catalog import catalog
 from policies.types import QueuedJob
 from scheduler.clock import utcnow
 from scheduler.store import Store
-from scheduler.store.models import gpus, nodes
+from scheduler.store.models import gpu_instances, gpus, nodes
 from scheduler.timeparse import format_duration
 
 if TYPE_CHECKING:  # numpy-backed: imported on first use, not with the API
@@ -138,8 +138,11 @@ class Admission:
         fresh_after = self._clock() - timedelta(seconds=self.node_timeout_s)
         with self.store.read() as conn:
             beats = {r.name: r.last_heartbeat for r in conn.execute(select(nodes.c.name, nodes.c.last_heartbeat))}
+            # a shared GPU (MIG mode, declared shares) takes slice jobs only (slice_admission)
+            shared = exists().where(gpu_instances.c.gpu_id == gpus.c.id)
             rows = list(conn.execute(select(gpus.c.node_name, gpus.c.model, gpus.c.memory_gib, gpus.c.drained)
-                                     .where(gpus.c.healthy.is_(True), gpus.c.index >= 0)))
+                                     .where(gpus.c.healthy.is_(True), gpus.c.index >= 0,
+                                            gpus.c.mig_enabled.is_(False), ~shared)))
             learned = learned_profiles(conn)
         counts: dict[tuple, int] = {}
         for r in rows:

@@ -20,7 +20,7 @@ from scheduler.job_view import gpu_map, jobs_json, segment_rows
 from scheduler.jobs.store import count_by_state, list_views, owner_names_known, running_owners, view_of
 from scheduler.lifecycle import ACTIVE, State
 from scheduler.store import Store
-from scheduler.store.models import gpus, job_events, job_log_chunks, nodes
+from scheduler.store.models import gpu_instances, gpus, job_events, job_log_chunks, nodes
 from scheduler.timeparse import iso
 
 MAX_LOG_BYTES = 4 * 1024 * 1024  # the longest tail `logs` shows
@@ -175,6 +175,33 @@ class JobReading:
             gpu_rows = list(conn.execute(select(gpus).where(gpus.c.index >= 0)
                                          .order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)))
             holders = running_owners(conn)
+            slices = instances_by_gpu(conn)
+        def shown(job_id: int | None) -> int | None:
+            return job_id if job_id is not None and (admin or holders.get(job_id) == caller.uid) else None
+
+        def gpu_json(n, g, up: bool) -> dict:
+            held = g.job_id is not None or any(i["busy"] for i in slices.get(g.id, []))  # a slice's job too
+            return {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
+                    "vendor": g.vendor, "memory_gib": g.memory_gib,
+                    "memory_reported_gib": g.memory_reported_gib, "power_w": g.power_w,
+                    "power_limit_w": g.power_limit_w, "power_limit_min_w": g.power_limit_min_w,
+                    "power_limit_max_w": g.power_limit_max_w,
+                    # the device's own counter (since its driver started counting: it
+                    # restarts with it, so it may be below today's), beside today's energy
+                    "energy_counter_j": g.energy_j, "utilization_pct": g.utilization_pct,
+                    "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
+                    "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
+                    "busy": held, "drained": bool(g.drained),
+                    "drain_reason": g.drain_reason, "drained_at": iso(g.drained_at), "drained_by": g.drained_by,
+                    "name": f"{n.name}:{g.vendor}:{g.index}",
+                    "state": ("DOWN" if not up else "DRAINING" if g.drained and held
+                              else "DRAINED" if g.drained else "UNHEALTHY" if not g.healthy
+                              else "BUSY" if held else "IDLE"),
+                    "job": shown(g.job_id),
+                    "partition_mode": g.partition_mode, "partitions": g.partitions,
+                    "memory_partition": g.memory_partition, "mig_enabled": bool(g.mig_enabled),
+                    "instances": [{**i, "job": shown(i["job"])} for i in slices.get(g.id, [])]}
+
         out = []
         for n in node_rows:
             node_gpus = [g for g in gpu_rows if g.node_name == n.name]
@@ -186,25 +213,7 @@ class JobReading:
                 "state": "DOWN" if not up else (
                     "DRAINED" if node_gpus and all(g.drained for g in node_gpus) else
                     "MIXED-DRAINED" if any(g.drained for g in node_gpus) else "UP"),
-                "gpus": [
-                    {"id": g.id, "index": g.index, "uuid": g.uuid, "model": g.model,
-                     "vendor": g.vendor, "memory_gib": g.memory_gib,
-                     "memory_reported_gib": g.memory_reported_gib, "power_w": g.power_w,
-                     "power_limit_w": g.power_limit_w, "power_limit_min_w": g.power_limit_min_w,
-                     "power_limit_max_w": g.power_limit_max_w,
-                     # the device's own counter (since its driver started counting: it
-                     # restarts with it, so it may be below today's), beside today's energy
-                     "energy_counter_j": g.energy_j, "utilization_pct": g.utilization_pct,
-                     "energy_today_j": g.energy_day_j if g.energy_day == today else 0.0,
-                     "healthy": bool(g.healthy) and up, "unhealthy_reason": g.unhealthy_reason,
-                     "busy": g.job_id is not None, "drained": bool(g.drained),
-                     "drain_reason": g.drain_reason, "drained_at": iso(g.drained_at), "drained_by": g.drained_by,
-                     "name": f"{n.name}:{g.vendor}:{g.index}",
-                     "state": ("DOWN" if not up else "DRAINING" if g.drained and g.job_id is not None
-                               else "DRAINED" if g.drained else "UNHEALTHY" if not g.healthy
-                               else "BUSY" if g.job_id is not None else "IDLE"),
-                     "job": g.job_id if g.job_id is not None and (admin or holders.get(g.job_id) == caller.uid) else None}
-                    for g in gpu_rows if g.node_name == n.name],
+                "gpus": [gpu_json(n, g, up) for g in node_gpus],
             })
         return out
 
@@ -213,6 +222,18 @@ class JobReading:
         with self.store.read() as conn:
             counts = count_by_state(conn)
         return {"ok": True, "jobs": counts, "time": iso(self._clock())}
+
+
+def instances_by_gpu(conn) -> dict[int, list[dict]]:
+    """The slices of each shared GPU (MIG instances, declared shares), by GPU id, in order;
+    `job` is the holder's id (the caller decides whom to show it)."""
+    out: dict[int, list[dict]] = {}
+    for i in conn.execute(select(gpu_instances).order_by(gpu_instances.c.gpu_id, gpu_instances.c.id)):
+        out.setdefault(i.gpu_id, []).append(
+            {"uuid": i.uuid, "kind": i.kind, "profile": i.profile, "fraction": round(i.fraction, 4),
+             "memory_gib": i.memory_gib, "slices": i.slices, "gpu_instance_id": i.gpu_instance_id,
+             "device": i.device, "healthy": bool(i.healthy), "busy": i.job_id is not None, "job": i.job_id})
+    return out
 
 
 def _system_user(name: str) -> bool:

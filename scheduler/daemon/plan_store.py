@@ -5,9 +5,9 @@ plans and their writes) is `scheduler.jobs.store`'s.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Row, select
+from sqlalchemy import Connection, Row, exists, select
 
-from scheduler.store.models import gpus, nodes
+from scheduler.store.models import gpu_instances, gpus, nodes
 
 
 def read_nodes(conn: Connection) -> dict[str, Row]:
@@ -16,8 +16,13 @@ def read_nodes(conn: Connection) -> dict[str, Row]:
 
 
 def read_gpus(conn: Connection) -> list[Row]:
-    """Every GPU's row, by node, vendor and index (the order of the snapshot's slots)."""
-    return list(conn.execute(select(gpus).order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)))
+    """Every GPU that runs whole-GPU jobs, by node, vendor and index (the order of the
+    snapshot's slots). A shared GPU (in MIG mode, or split into declared time-sliced shares)
+    is left out: its slices go to slice jobs, which the node agents place themselves
+    (scheduler.node.slice_claims), and CUDA never sees a GPU in MIG mode whole."""
+    shared = exists().where(gpu_instances.c.gpu_id == gpus.c.id)
+    return list(conn.execute(select(gpus).where(gpus.c.mig_enabled.is_(False), ~shared)
+                             .order_by(gpus.c.node_name, gpus.c.vendor, gpus.c.index)))
 
 
 def disk_full_notes(conn: Connection, most: int = 3) -> str | None:

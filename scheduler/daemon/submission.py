@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 
 from scheduler.daemon.access import Access, Caller, RequestError, ServiceConfig
 from scheduler.daemon.admission import Admission, Refused
+from scheduler.daemon.slice_admission import check_slice
 from scheduler.daemon.submit_budget import SubmitBudget
 from scheduler.daemon.submit_checks import Habits, KnownWorkloads, job_row, slurm_habits
 from scheduler.daemon.submit_tenancy import Tenancy
@@ -135,6 +136,9 @@ class Submissions:
         """Refuse (422) a job no GPU of the cluster can ever run, with the reason per GPU
         model; return a warning for one only GPUs out of service can run
         (`scheduler.daemon.admission`). The job as the planner will see it decides."""
+        if row.get("gpu_fraction") is not None or row.get("mig_profile") is not None:
+            check_slice(self.store, row["gpu_fraction"], row["mig_profile"], row["gpu_mem_gib"])
+            return None
         # as one piece: admission asks whether any GPU can run the job at all
         job = queued_job(job_from_request(row), self.config.default_runtime_s, as_one_piece=True)
         try:

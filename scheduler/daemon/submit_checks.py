@@ -54,7 +54,7 @@ SUBMIT_FIELDS = frozenset({
     "prompts", "tokens", "est_runtime_s", "time_limit_s", "cwd", "env", "max_retries", "max_delay_s",
     "hold", "begin", "dependency", "array", "stdout_path", "stderr_path",
     "interruptible", "checkpoint_signal", "checkpoint_grace_s", "min_run_s", "resume_cost_s",
-    "max_segments", "account", "qos"})
+    "max_segments", "account", "qos", "gpu_fraction", "mig_profile"})
 
 
 def job_row(body: object, caller: Caller, now: datetime, *, time_limit_factor: float,
@@ -70,6 +70,7 @@ def job_row(body: object, caller: Caller, now: datetime, *, time_limit_factor: f
         raise RequestError(400, f"unknown field(s) in submit request: {', '.join(unknown)}")
     argv, name = _command(body)
     n_gpus, mem = _gpus(body)
+    fraction, profile = _slice(body, n_gpus)
     est, limit, factor = _runtime(body, time_limit_factor)
     deadline = _deadline(body, now, est)
     max_delay = _optional_number(body.get("max_delay_s"), "max_delay_s")
@@ -86,6 +87,7 @@ def job_row(body: object, caller: Caller, now: datetime, *, time_limit_factor: f
         owner_uid=caller.uid, owner_gid=caller.gid,
         owner_groups=groups, owner_name=owner,
         argv=argv, cwd=cwd, env=env, gpus=n_gpus, gpu_mem_gib=mem, deadline=deadline,
+        gpu_fraction=fraction, mig_profile=profile,
         latency_slo_ms=slos["latency_slo_ms"], ttft_slo_ms=slos["ttft_slo_ms"],
         tpot_slo_ms=slos["tpot_slo_ms"], workload=workload, prompts=prompts, tokens=tokens, est_runtime_s=est,
         time_limit_s=limit, time_limit_factor=factor, max_retries=retries, attempts=0, submitted_at=now,
@@ -123,6 +125,33 @@ def _gpus(body: dict) -> tuple[int, float]:
     if not 1 <= n_gpus <= MAX_GPUS:
         raise RequestError(400, f"--gpus must be between 1 and {MAX_GPUS} (got {n_gpus})")
     return n_gpus, mem
+
+
+def _slice(body: dict, n_gpus: int) -> tuple[float | None, str | None]:
+    """A slice of one GPU instead of whole GPUs: (--gpu-fraction, --mig), at most one of them,
+    with one GPU. The fraction lies in (0, 1); the profile is a MIG profile name
+    (canonical spelling, "1g.10gb"). Whether the fleet offers such a slice is asked apart
+    (scheduler.daemon.slice_admission)."""
+    from policies.model.partitions import normal_profile
+
+    fraction = _optional_number(body.get("gpu_fraction"), "gpu_fraction")
+    profile = body.get("mig_profile")
+    if fraction is None and profile is None:
+        return None, None
+    if fraction is not None and profile is not None:
+        raise RequestError(400, "give --gpu-fraction or --mig, not both: a MIG profile is itself a share")
+    if n_gpus != 1:
+        raise RequestError(400, f"--gpu-fraction and --mig ask for a slice of one GPU; --gpus {n_gpus} "
+                                "asks for whole GPUs")
+    if fraction is not None:
+        if not 0 < fraction < 1:
+            raise RequestError(400, f"--gpu-fraction must be above 0 and below 1 (got {fraction:g}); "
+                                    "a whole GPU is --gpus 1")
+        return fraction, None
+    canonical = normal_profile(profile) if isinstance(profile, str) and len(profile) <= 32 else None
+    if canonical is None:
+        raise RequestError(400, f"--mig {str(profile)[:40]!r} is not a MIG profile name: e.g. 1g.10gb, 3g.40gb")
+    return None, canonical
 
 
 def _runtime(body: dict, time_limit_factor: float) -> tuple[float | None, float | None, float | None]:

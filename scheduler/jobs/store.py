@@ -40,7 +40,7 @@ WRITE_BATCH_SQLITE = 100
 
 # -- The planner's queue -----------------------------------------------------------------------
 
-def _waits(now: datetime) -> list[tuple[Any, Any]]:
+def _waits(now: datetime, *, slices: bool = True) -> list[tuple[Any, Any]]:
     """Each reason a queued job is left alone for now (issue 28), as (SQL condition, the
     REASON `queue` shows), in the order squeue would name them: held by an operator
     (JobHeldAdmin, issue 48) or by its owner (JobHeldUser), before
@@ -49,7 +49,11 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
     otherwise; one that can never be satisfied, or whose job is gone, keeps the job waiting
     as in Slurm, with REASON DependencyNeverSatisfied), or a
     task of an array beyond its `%N` throttle (JobArrayTaskLimit: only the N lowest-index
-    active tasks of an array are plannable, so at most N of them run at once)."""
+    active tasks of an array are plannable, so at most N of them run at once), and last a job
+    that asks for a slice of a GPU (`--gpu-fraction`, `--mig`): the planner does not place
+    those; a node agent starts each on the first free slice that fits (GpuSlice,
+    scheduler.node.slice_claims). `slices=False` leaves that last reason out: the agent's
+    read of the slice jobs that wait on nothing else."""
     dep_job = jobs.alias("dep_job")
     ended = [s.value for s in TERMINAL]
     unsatisfied = (select(literal(1)).select_from(job_dependencies.join(dep_job, dep_job.c.id ==
@@ -75,7 +79,7 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
                     sibling.c.state.in_([s.value for s in ACTIVE]))
              .scalar_subquery())
     # every condition is true or false, never NULL: NOT(NULL) would drop every ordinary job
-    return [
+    waits = [
         (and_(jobs.c.held_at.is_not(None), jobs.c.hold_kind == "operator"), literal(OPERATOR_HELD_REASON)),
         (jobs.c.held_at.is_not(None), literal(HELD_REASON)),
         (and_(jobs.c.begin_at.is_not(None), jobs.c.begin_at > now), literal(BEGIN_REASON)),
@@ -88,6 +92,17 @@ def _waits(now: datetime) -> list[tuple[Any, Any]]:
          literal("array throttle: at most ") + type_coerce(jobs.c.array_max_running, String)
          + literal(" tasks at once (JobArrayTaskLimit)")),
     ]
+    if slices:
+        waits.append((is_slice_job(), literal(SLICE_REASON)))
+    return waits
+
+
+SLICE_REASON = "waits for a free GPU slice: a node agent starts it on the first one that fits (GpuSlice)"
+
+
+def is_slice_job() -> Any:
+    """The condition of a job that asks for a slice of a GPU rather than whole GPUs."""
+    return or_(jobs.c.gpu_fraction.is_not(None), jobs.c.mig_profile.is_not(None))
 
 
 class QueueRead(dict):
@@ -540,6 +555,22 @@ def due_on(conn: Connection, node: str, now: datetime, limit: int) -> list[Row]:
                            jobs.c.planned_node == node,
                            jobs.c.planned_start <= now)
         .order_by(jobs.c.planned_start, jobs.c.id).limit(limit)))
+
+
+def slice_jobs_ready(conn: Connection, now: datetime, limit: int) -> list[Row]:
+    """Up to `limit` PENDING jobs that ask for a GPU slice and wait on nothing else (not
+    held, past --begin, dependencies met, within their array's throttle), oldest first."""
+    waits = case(*_waits(now, slices=False))
+    return list(conn.execute(
+        select(jobs).where(jobs.c.state == State.PENDING.value, is_slice_job(), waits.is_(None))
+        .order_by(jobs.c.id).limit(limit)))
+
+
+def slice_placed(node: str, gpu_id: int, now: datetime) -> tuple[tuple, dict[str, Any]]:
+    """The condition and the columns of a slice job's PENDING -> PLANNED at its claim: still
+    not held; planned on `node`'s GPU `gpu_id` from now, at a new plan revision."""
+    return ((jobs.c.held_at.is_(None),),
+            dict(planned_node=node, planned_gpu_ids=[gpu_id], planned_start=now, plan_rev=jobs.c.plan_rev + 1))
 
 
 def at_plan_rev(plan_rev: int) -> tuple:

@@ -27,7 +27,8 @@ LISTED_COLUMNS = ("id", "name", "state", "reason", "owner_name", "owner_uid", "g
                   "est_uncapped_runtime_s", "interruptible", "checkpoint_signal", "checkpoint_grace_s",
                   "min_run_s", "resume_cost_s", "max_segments", "done_fraction", "resume_count",
                   "checkpoints_ignored", "first_started_at", "planned_segments", "planned_interrupt_at",
-                  "planned_resume_at", "hold_kind", "held_by", "output_truncated", "purged_at", "account", "qos")
+                  "planned_resume_at", "hold_kind", "held_by", "output_truncated", "purged_at", "account", "qos",
+                  "gpu_fraction", "mig_profile", "gpu_instance")
 _TIMES = {"submitted_at", "planned_start", "started_at", "ended_at", "deadline", "cancel_requested_at",
           "held_at", "begin_at", "first_started_at", "planned_interrupt_at", "planned_resume_at", "purged_at"}
 _JSONS = {"gpu_ids", "planned_gpu_ids", "argv", "planned_segments"}

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, select, update
 
 from scheduler.clock import utcnow
 from scheduler.jobs.store import planned_on, still_active
-from scheduler.node import checkpoint, claims
+from scheduler.node import checkpoint, claims, slice_claims
 from scheduler.node.config import AgentConfig
 from scheduler.node.disk import DiskGuard, disk_places
 from scheduler.node.heartbeat import write_heartbeat
@@ -107,7 +107,8 @@ class Agent:
         devices = self.backend.devices()
         self.devices = devices
         uuid_of = register_node(self.store, self.backend, devices, self.config.node, self.config.zone,
-                                self._clock(), limits=self.power, warned=self._warned_unknown)
+                                self._clock(), limits=self.power, warned=self._warned_unknown,
+                                shares=self.config.gpu_shares)
         self._uuid_of.clear()
         self._uuid_of.update(uuid_of)
         self._gpu_of.clear()
@@ -273,14 +274,37 @@ class Agent:
             if claimed:
                 started = True
                 busy.update(ids)
+        return self._claim_slices(gpu_rows, now) or started
+
+    def _claim_slices(self, gpu_rows: dict, now: datetime) -> bool:
+        """Start the waiting slice jobs on this node's free slices that fit them
+        (scheduler.node.slice_claims). Only jobs this agent runs itself: a node whose jobs
+        Slurm runs leaves slices to Slurm's own GRES (not done: slice jobs wait there)."""
+        if not isinstance(self.launcher, LocalLauncher):
+            return False
+        started = False
+        for job, chosen in slice_claims.ready_placements(self.store, self.config.node, now):
+            try:
+                if slice_claims.claim_slice(self.store, job, chosen, self.config.node, now):
+                    started = True
+                    self._launch(job, [chosen.gpu_id], gpu_rows, now, visible=chosen.visible_env())
+            finally:
+                self.launcher.claim_ended(job.id)
         return started
 
     def _claim(self, job, gpu_ids: list[int], gpu_rows: dict, now: datetime) -> bool:
         """PLANNED -> RUNNING and take the GPUs, atomically; then launch."""
         indices = [gpu_rows[i].index for i in gpu_ids]
-        vendor = gpu_rows[gpu_ids[0]].vendor
         if not claims.claim(self.store, job, gpu_ids, indices, self.config.node, now):
             return False
+        return self._launch(job, gpu_ids, gpu_rows, now)
+
+    def _launch(self, job, gpu_ids: list[int], gpu_rows: dict, now: datetime,
+                visible: dict[str, str] | None = None) -> bool:
+        """Launch a claimed job on its GPUs (`visible`: the environment that confines it to
+        a slice, instead of its whole GPUs)."""
+        indices = [gpu_rows[i].index for i in gpu_ids]
+        vendor = gpu_rows[gpu_ids[0]].vendor
         limit_w = self.power.apply(job, gpu_ids)
         energy_start = self.energy.read_now(gpu_ids)
         emulated_env = {} if self._emulation is None else self._emulation.begin(
@@ -289,7 +313,8 @@ class Agent:
         if limit_w is not None:
             emulated_env = {**emulated_env, ENV_POWER_LIMIT: f"{limit_w:g}"}
         try:
-            spec = launch_spec(job, self.executor, self.config, vendor, indices, energy_start, emulated_env)
+            spec = launch_spec(job, self.executor, self.config, vendor, indices, energy_start, emulated_env,
+                               visible=visible)
             self.executor.launch(self.launcher.launch_spec(job, spec))
         except OSError as e:
             log.error("job %s: could not start its supervisor: %s", job.id, e)
@@ -309,8 +334,12 @@ class Agent:
             self.launcher.set_busy(uuid, busy)
 
     def _release_gpus(self, gpu_ids: list[int], job=None) -> None:
+        # A GPU whose slices run other jobs (MIG instances, declared shares) stays loaded.
+        others = {int(g) for j in self.runs.running() if job is None or j.id != job.id
+                  for g in (j.gpu_ids or [])} if gpu_ids else set()
         for gid in gpu_ids:
-            self._set_busy(gid, False)
+            if gid not in others:
+                self._set_busy(gid, False)
         if job is not None and (getattr(job, "power_limit_w", None) is not None
                                 or getattr(job, "planned_power_limit_w", None) is not None):
             self.power.restore(gpu_ids, f"job {job.id} ended")

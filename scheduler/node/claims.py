@@ -11,15 +11,17 @@ from sqlalchemy import Connection, select, update
 from scheduler.jobs.store import at_plan_rev, claim_values, due_on
 from scheduler.lifecycle import State, transition
 from scheduler.store import Store
-from scheduler.store.models import gpus
+from scheduler.store.models import gpu_instances, gpus
 
 # How many due jobs are read per free GPU (earliest first).
 DUE_PER_FREE_GPU = 8
 
 
 def due_jobs(store: Store, node: str, now: datetime) -> tuple[dict, set[int], list]:
-    """The node's GPU rows (by id), the ids of those that cannot take a job now (busy,
-    unhealthy, drained), and the PLANNED jobs on the node whose start has come.
+    """The node's GPU rows (by id), the ids of those that cannot take a whole-GPU job now
+    (busy, unhealthy, drained, or shared: in MIG mode or split into declared shares, whose
+    slices go to slice jobs only, scheduler.node.slice_claims), and the PLANNED jobs on the
+    node whose start has come.
 
     Only as many due jobs are read as the free GPUs could possibly take (a few per free
     GPU, earliest first): a long queue stuck behind a job that overran its estimate is all
@@ -27,7 +29,10 @@ def due_jobs(store: Store, node: str, now: datetime) -> tuple[dict, set[int], li
     """
     with store.read() as conn:
         gpu_rows = {r.id: r for r in conn.execute(select(gpus).where(gpus.c.node_name == node))}
-        busy = {i for i, g in gpu_rows.items() if g.job_id is not None or not g.healthy or g.drained}
+        shared = set(conn.execute(select(gpu_instances.c.gpu_id).distinct()
+                                  .where(gpu_instances.c.node_name == node)).scalars())
+        busy = {i for i, g in gpu_rows.items()
+                if g.job_id is not None or not g.healthy or g.drained or g.mig_enabled or i in shared}
         free = len(gpu_rows) - len(busy)
         if free == 0:
             return gpu_rows, busy, []

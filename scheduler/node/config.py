@@ -33,6 +33,11 @@ class AgentConfig:
     # keeps there (scheduler.node.output_limit; None: no limit). Issue 48.
     log_dir: Path | None = None
     output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES
+    # Time-sliced sharing the operator declares: each GPU of this node without hardware
+    # partitioning (no MIG mode) is offered as this many shares of 1/N of it (its memory
+    # divided alike) to fractional jobs, and no longer whole. 1: whole GPUs only. Nothing
+    # isolates the shares: the jobs on one GPU must keep to their memory share themselves.
+    gpu_shares: int = 1
 
     @property
     def checkpoints(self) -> Path:

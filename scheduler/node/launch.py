@@ -15,15 +15,18 @@ from scheduler.node.executor import JobExecutor, LaunchSpec
 
 
 def launch_spec(job, executor: JobExecutor, config: AgentConfig, vendor: str, indices: list[int],
-                energy_start: dict, emulated_env: dict[str, str] | None = None) -> LaunchSpec:
+                energy_start: dict, emulated_env: dict[str, str] | None = None, *,
+                visible: dict[str, str] | None = None) -> LaunchSpec:
     """The spec of one run of `job` (a `jobs` row) on the GPUs of `vendor` numbered `indices`
     by the driver; `energy_start`: the GPUs' readings at its start (scheduler.node.run_energy);
-    `emulated_env`: what an emulated fleet tells the job (scheduler.node.emulation)."""
+    `emulated_env`: what an emulated fleet tells the job (scheduler.node.emulation);
+    `visible`: the visible-devices environment of a job on a slice of a GPU (a MIG device by
+    its UUID, scheduler.node.slice_claims), instead of `visible_devices_env`."""
     out, err = executor.log_paths(job.id)
     env = dict(job.env or {})
     env.update(emulated_env or {})  # the emulation seam (scheduler.node.emulation)
     env.update(_identity_env(job.owner_uid, job.owner_name))
-    env.update(visible_devices_env(vendor, indices))
+    env.update(visible if visible is not None else visible_devices_env(vendor, indices))
     env["CARBONSCHED_JOB_ID"] = str(job.id)
     env["CARBONSCHED_NODE"] = config.node
     metrics = executor.metrics_path(job.id)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from policies.model.catalog import parse_fleet
 from scheduler.metrics import GpuCollector, Metrics
 from scheduler.clock import utcnow
+from scheduler.fleet_spec import parse_emulated_fleet
 from scheduler.node.agent import Agent
 from scheduler.node.config import DEFAULT_OUTPUT_LIMIT_BYTES, AgentConfig
 from scheduler.node.emulation import EmulationError, make_emulation
@@ -26,7 +26,7 @@ from scheduler.slurm.inventory import read_node
 from scheduler.state_dir import bind_log_dir, bind_state_dir
 from scheduler.store import SchemaError
 from scheduler.store.identity import store_id
-from telemetry.gpu import EmulatedBackend, EmulatedModel, GpuBackend
+from telemetry.gpu import EmulatedBackend, GpuBackend
 from telemetry.gpu.detect import probe_backends
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,7 @@ def make_backend(emulate: str | None, node: str, state_dir: Path | None = None) 
         spec = DEFAULT_EMULATED_FLEET
         log.warning("no GPU found (no NVML or amdsmi device): EMULATING a fleet of %s. "
                     "Power and energy figures are modelled, not measured.", spec)
-    models = [EmulatedModel(model=m.name, vendor=m.vendor, memory_gib=m.memory_gib,
-                            idle_w=m.idle_w, tdp_w=m.tdp_w) for m in parse_fleet(spec)]
+    models = parse_emulated_fleet(spec)
     log.warning("EMULATED GPUs on node %s: %s (no real hardware is measured)", node, spec)
     return EmulatedBackend(models, node=node,
                            limits_path=state_dir / EMULATED_LIMITS_FILE if state_dir is not None else None)
@@ -76,6 +75,7 @@ class AgentRunConfig:
     grace_s: float = 10.0
     node_static_w: float = 0.0
     min_free_disk_mib: float = 256.0
+    gpu_shares: int = 1  # declared time-sliced shares per GPU (scheduler.node.config)
     log_dir: Path | None = None  # job logs; None: STATE_DIR/logs
     output_limit_bytes: int | None = DEFAULT_OUTPUT_LIMIT_BYTES  # stdout + stderr kept per job
     executor: str = "local"  # or "slurm": jobs are handed to Slurm (scheduler.node.slurm_launcher)
@@ -86,6 +86,7 @@ def agent_config(cfg: AgentRunConfig, zone: str) -> AgentConfig:
     return AgentConfig(node=cfg.node, zone=zone, state_dir=cfg.state_dir, grace_s=cfg.grace_s,
                        sample_hz=cfg.sample_hz, node_static_w=cfg.node_static_w,
                        min_free_disk_mib=cfg.min_free_disk_mib, log_dir=cfg.log_dir,
+                       gpu_shares=cfg.gpu_shares,
                        output_limit_bytes=cfg.output_limit_bytes)
 
 

@@ -28,7 +28,7 @@ from scheduler.node.power_limits import PowerLimits
 from scheduler.node.segment_clock import read_phase
 from scheduler.slurm.commands import SlurmError
 from scheduler.store import Store
-from scheduler.store.models import gpus
+from scheduler.store.models import gpu_instances, gpus
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,10 @@ class Reconciler:
             conn.execute(update(gpus).where(gpus.c.node_name == node,
                                             gpus.c.job_id.is_not(None),
                                             gpus.c.job_id.not_in(running)).values(job_id=None))
+            conn.execute(update(gpu_instances).where(gpu_instances.c.node_name == node,
+                                                     gpu_instances.c.job_id.is_not(None),
+                                                     gpu_instances.c.job_id.not_in(running))
+                         .values(job_id=None))
 
         self.store.transact(tx)
         running = self.running()

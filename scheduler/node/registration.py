@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import Connection, insert, select, update
 
 from policies.model.catalog import match_device_name, nominal_memory_gib
+from scheduler.node.gpu_slices import instance_rows, mark_gone, sync_instances
 from scheduler.node.power_limits import PowerLimits
 from scheduler.store import Store
 from scheduler.store.models import gpus, nodes
@@ -23,10 +24,12 @@ log = logging.getLogger(__name__)
 
 
 def register_node(store: Store, backend: GpuBackend, devices: list, node: str, zone: str, now: datetime, *,
-                  limits: PowerLimits, warned: set[str]) -> dict[int, str]:
+                  limits: PowerLimits, warned: set[str], shares: int = 1) -> dict[int, str]:
     """Upsert the node and its GPUs, the backend's `devices` (those that disappeared are
-    marked unhealthy); the store id -> UUID of each device. `warned`: the GPU names already
-    warned about as not in the catalog (each is warned about once per agent)."""
+    marked unhealthy), and their slices (scheduler.node.gpu_slices: MIG instances, or
+    `shares` declared time-sliced shares per GPU without hardware partitioning); the store
+    id -> UUID of each device. `warned`: the GPU names already warned about as not in the
+    catalog (each is warned about once per agent)."""
 
     def tx(conn: Connection) -> None:
         existing = conn.execute(select(nodes.c.name).where(nodes.c.name == node)).first()
@@ -50,9 +53,12 @@ def register_node(store: Store, backend: GpuBackend, devices: list, node: str, z
                     gpus.c.node_name == node, gpus.c.vendor == d.vendor,
                     gpus.c.index == d.index).values(index=-1 - d.index, healthy=False))
                 conn.execute(insert(gpus).values(uuid=d.uuid, **fields))
+            gpu_id = conn.execute(select(gpus.c.id).where(gpus.c.uuid == d.uuid)).scalar_one()
+            sync_instances(conn, node, gpu_id, instance_rows(d, shares))
         gone = [u for u in known if u not in seen]
         if gone:
             conn.execute(update(gpus).where(gpus.c.uuid.in_(gone)).values(healthy=False))
+            mark_gone(conn, [known[u].id for u in gone])
 
     store.transact(tx)
     with store.read() as conn:
@@ -83,4 +89,6 @@ def describe(d, backend: GpuBackend, limits: PowerLimits, warned: set[str]) -> d
                 power_limit_w=limit.current_w if limit else None,
                 power_limit_min_w=limit.min_w if limit else None,
                 power_limit_max_w=limit.max_w if limit else None,
-                power_limit_default_w=limit.default_w if limit else None)
+                power_limit_default_w=limit.default_w if limit else None,
+                partition_mode=d.partition_mode, partitions=d.partitions,
+                memory_partition=d.memory_partition, mig_enabled=d.mig_enabled)

@@ -84,6 +84,41 @@ class Gpu(Base):
     # The job holding this GPU. Claims set it with a conditional UPDATE, so two jobs can
     # never hold one GPU; deliberately no foreign key (jobs and gpus reference each other).
     job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+    # The GPU's partition layout as its driver reports it: an AMD compute partition's mode
+    # (DPX, QPX, CPX; NULL: a whole card), how many partitions its card has, the card's memory
+    # partition mode (NPS1, NPS4; NULL: not reported); whether NVIDIA MIG mode is on (then
+    # the GPU runs jobs only on its instances in gpu_instances, never whole).
+    partition_mode: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    partitions: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    memory_partition: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    mig_enabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class GpuInstance(Base):
+    """A slice of a GPU that one job holds alone: an NVIDIA MIG instance, or a time-sliced
+    share the operator declared (`gpu_shares`). The agent writes its node's instances at
+    registration; a claim takes one with a conditional UPDATE of `job_id`, as for GPUs."""
+
+    __tablename__ = "gpu_instances"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), index=True)
+    node_name: Mapped[str] = mapped_column(String(255), index=True)
+    # "MIG-<uuid>" for a MIG instance, "<GPU uuid>/share-<n>" for a declared share.
+    uuid: Mapped[str] = mapped_column(String(128), unique=True)
+    kind: Mapped[str] = mapped_column(String(8))  # mig | share
+    # The MIG profile (1g.10gb), or the share ("1/4").
+    profile: Mapped[str] = mapped_column(String(32))
+    # Its share of the GPU (a MIG profile's compute slices over the GPU's; 1/N for a share),
+    # its memory in GiB, and for MIG its compute slices and GPU instance id.
+    fraction: Mapped[float] = mapped_column(Float)
+    memory_gib: Mapped[float] = mapped_column(Float)
+    slices: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpu_instance_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # What the job's visible-devices variable names: "MIG-<uuid>", or the GPU's index.
+    device: Mapped[str] = mapped_column(String(128))
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
 
 
 class Job(Base):
@@ -120,6 +155,12 @@ class Job(Base):
 
     gpus: Mapped[int] = mapped_column(Integer)
     gpu_mem_gib: Mapped[float] = mapped_column(Float, default=0.0)
+    # A slice of one GPU instead of whole GPUs (`submit --gpu-fraction` / `--mig`): the share
+    # asked for, or the NVIDIA MIG profile; NULL for whole-GPU jobs. `gpu_instance` is the
+    # instance the run holds (gpu_instances.uuid; NULL on an AMD partition, a GPU of its own).
+    gpu_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    gpu_instance: Mapped[str | None] = mapped_column(String(128), nullable=True)
     deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     latency_slo_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     # p95 time to first token / per output token limits (ms); NULL: the preset's default.
@@ -366,6 +407,7 @@ class WorkloadProfile(Base):
 
 jobs = Job.__table__
 gpus = Gpu.__table__
+gpu_instances = GpuInstance.__table__
 nodes = Node.__table__
 job_events = JobEvent.__table__
 job_dependencies = JobDependency.__table__

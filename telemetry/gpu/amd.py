@@ -38,6 +38,10 @@ the shares add up to the card, and no partition is counted twice. An equal share
 a split by activity: per-partition activity is not reported on every firmware, and a split by
 activity would make each partition's counter depend on the sampling cadence. A job on one
 partition of an otherwise idle card is so charged 1/N of the card's draw, idle power included.
+
+Memory partitions: amdsmi_get_gpu_memory_partition gives the card's NPS mode ("NPS1",
+"NPS4", ...; AMD SMI docs, Memory Partition Functions); it is reported with each device (a
+partition's memory is its share of the card's in either mode, as AMD SMI reports it).
 """
 
 from __future__ import annotations
@@ -274,7 +278,11 @@ class AmdSmiBackend(VendorBackend):
             kfd = self._optional(None, "", getattr(am, "amdsmi_get_gpu_kfd_info", None), handle) or {}
             mode = self._optional(None, "", getattr(am, "amdsmi_get_gpu_compute_partition", None),
                                   handle)
+            nps = self._optional(None, "", getattr(am, "amdsmi_get_gpu_memory_partition", None),
+                                 handle)
             found.append({"handle": handle, "uuid": uuid, "position": position,
+                          "memory_partition": nps.strip().upper() if isinstance(nps, str)
+                          and nps.strip().upper().startswith("NPS") else None,
                           "hip_id": number(enum.get("hip_id")), "hip_uuid": enum.get("hip_uuid"),
                           "node_id": number(kfd.get("node_id")),
                           "partition_id": number(kfd.get("current_partition_id")),
@@ -407,7 +415,7 @@ class AmdSmiBackend(VendorBackend):
         info = GpuDevice(index=f["index"], uuid=f["uuid"], name=name, model=name, vendor="amd",
                          memory_gib=memory_gib, pci_bus_id=bdf, power_limit=limit, capabilities=caps,
                          partition_mode=f["partition_mode"] if shares > 1 else None,
-                         partitions=shares)
+                         partitions=shares, memory_partition=f["memory_partition"])
         return _Device(info, handle, cap_w, power_key, instant_key, socket)
 
     def _memory_gib(self, handle: Any, notes: list[str]) -> float:

@@ -130,6 +130,24 @@ class PowerLimit:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG device of an NVIDIA GPU in MIG mode, as NVML enumerates it.
+
+    `uuid` is NVML's "MIG-<uuid>", the name CUDA_VISIBLE_DEVICES takes for it. `slices` is
+    its GPU instance's compute slices (nvmlDeviceGetAttributes gpuInstanceSliceCount, the
+    "1" of 1g.10gb) and `memory_mib` its memory (nvmlDeviceGetMemoryInfo of the MIG device):
+    the profile's name and share of the GPU follow from them and the part (in `scheduler`,
+    which knows the catalog).
+    """
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int | None
+    slices: int | None
+    memory_mib: float | None
+
+
+@dataclass(frozen=True)
 class GpuDevice:
     """One GPU as a backend enumerates it.
 
@@ -152,6 +170,12 @@ class GpuDevice:
     # partition are its equal share of the card's (see telemetry.gpu.amd).
     partition_mode: str | None = None
     partitions: int = 1
+    # The card's memory partition (NPS) mode, where AMD SMI reports one (NPS1, NPS4, ...).
+    memory_partition: str | None = None
+    # NVIDIA MIG: whether MIG mode is on now, and the MIG devices configured on the GPU. A GPU
+    # in MIG mode runs jobs only on its instances: CUDA never sees it whole.
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from telemetry.gpu.common import (
     GpuLost,
     GpuNotFound,
     GpuPermissionDenied,
+    MigInstance,
     PowerLimit,
     PowerReading,
     check_limit_in_range,
@@ -56,13 +57,22 @@ _CAPABILITIES = GpuCapabilities(power=True, instant_power=True, energy_counter=T
 
 @dataclass(frozen=True)
 class EmulatedModel:
-    """The few facts the emulator needs about a GPU model (from the hardware catalog)."""
+    """The few facts the emulator needs about a GPU model (from the hardware catalog).
+
+    Partition layouts: `mig` lists the MIG devices of an NVIDIA GPU in MIG mode as (compute
+    slices, memory MiB) each (empty: MIG off); an AMD compute partition is one EmulatedModel
+    per partition with its `partition_mode` and `partitions` (its memory and power already
+    its share of the card's) and the card's `memory_partition`."""
 
     model: str
     vendor: str
     memory_gib: float
     idle_w: float
     tdp_w: float
+    mig: tuple[tuple[int, float], ...] = ()
+    partition_mode: str | None = None
+    partitions: int = 1
+    memory_partition: str | None = None
 
 
 @dataclass
@@ -101,14 +111,20 @@ class EmulatedBackend(GpuBackend):
         for i, m in enumerate(models):
             index = per_vendor.get(m.vendor, 0)
             per_vendor[m.vendor] = index + 1
+            gpu_uuid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"carbonsched-emulated/{node}/{i}/{m.model}"))
+            migs = tuple(MigInstance(
+                uuid="MIG-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{gpu_uuid}/mig/{k}")),
+                gpu_instance_id=k + 1, compute_instance_id=0, slices=slices, memory_mib=memory_mib)
+                for k, (slices, memory_mib) in enumerate(m.mig))
             self._devices.append(GpuDevice(
-                index=index,
-                uuid=str(uuid.uuid5(uuid.NAMESPACE_DNS, f"carbonsched-emulated/{node}/{i}/{m.model}")),
+                index=index, uuid=gpu_uuid,
                 name=f"Emulated {m.model}", model=m.model, vendor=m.vendor,
                 memory_gib=m.memory_gib, pci_bus_id=None,
                 power_limit=PowerLimit(current_w=m.tdp_w, min_w=m.idle_w, max_w=m.tdp_w,
                                        default_w=m.tdp_w),
-                capabilities=_CAPABILITIES))
+                capabilities=_CAPABILITIES, partition_mode=m.partition_mode,
+                partitions=m.partitions, memory_partition=m.memory_partition,
+                mig_enabled=bool(m.mig), mig_instances=migs))
         now = clock()
         self._state = {d.uuid: _State(model=m, power_w=m.idle_w, last_s=now, limit_w=m.tdp_w)
                        for d, m in zip(self._devices, models)}

@@ -6,7 +6,15 @@ too, but does not promise it, so this backend sorts by PCI address itself and nu
 GPUs 0..n-1 in that order: `GpuDevice.index` is the CUDA_VISIBLE_DEVICES index of a job.
 If CUDA_VISIBLE_DEVICES is set in the agent's own environment, the agent manages only the
 GPUs it names (indices counted in PCI bus order, or GPU UUIDs); they keep their physical
-index (see `telemetry.gpu.visible`). MIG instances are not managed separately.
+index (see `telemetry.gpu.visible`).
+
+MIG: a GPU whose MIG mode is on (nvmlDeviceGetMigMode: current mode NVML_DEVICE_MIG_ENABLE)
+lists its MIG devices: nvmlDeviceGetMaxMigDeviceCount slots, each read with
+nvmlDeviceGetMigDeviceHandleByIndex (NVML_ERROR_NOT_FOUND: an empty slot), its UUID
+("MIG-<uuid>", what CUDA_VISIBLE_DEVICES takes), nvmlDeviceGetGpuInstanceId and
+nvmlDeviceGetComputeInstanceId, its memory (nvmlDeviceGetMemoryInfo of the MIG handle) and its
+GPU instance's compute slices (nvmlDeviceGetAttributes gpuInstanceSliceCount). Power and
+energy exist only for the whole GPU: NVML reports neither per MIG device.
 
 Power: nvmlDeviceGetPowerUsage (mW) is a 1 s average on Ampere and later except GA100
 (A100/A30), and instantaneous before; where the driver supports the NVML_FI_DEV_POWER_INSTANT
@@ -42,6 +50,7 @@ from telemetry.gpu.common import (
     GpuLost,
     GpuNotSupported,
     GpuPermissionDenied,
+    MigInstance,
     PowerLimit,
     PowerReading,
     VendorBackend,
@@ -204,11 +213,52 @@ class NvmlBackend(VendorBackend):
         if mem is not None and not total_b:
             notes.append(f"memory: total {mem.total!r} is not a valid byte count")
         limit = self._limits(handle, notes)
+        mig_enabled, instances = self._mig(handle, notes)
         caps = self._probe(handle, name, notes, has_limit=limit is not None)
         return GpuDevice(index=index, uuid=uuid, name=name.strip(), model=name.strip(), vendor="nvidia",
                          memory_gib=round(total_b / 2**30, 2) if total_b else 0.0,
                          pci_bus_id=_text(pci.busId) if pci is not None else None,
-                         power_limit=limit, capabilities=caps)
+                         power_limit=limit, capabilities=caps,
+                         mig_enabled=mig_enabled, mig_instances=instances)
+
+    def _mig(self, handle: Any, notes: list[str]) -> tuple[bool, tuple[MigInstance, ...]]:
+        """Whether MIG mode is on and the GPU's MIG devices (see the module's docstring). A
+        GPU or driver without MIG (NVML_ERROR_NOT_SUPPORTED, an nvidia-ml-py without the
+        calls) is simply not in MIG mode. A pending mode change counts once it is current
+        (it takes a GPU reset)."""
+        nv = self._nv
+        get_mode = getattr(nv, "nvmlDeviceGetMigMode", None)
+        if get_mode is None:
+            return False, ()
+        mode = self._optional(None, "MIG mode", get_mode, handle, tolerate=GpuNotSupported)
+        if mode is None or mode[0] != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
+            return False, ()
+        instances = []
+        for slot in range(self._call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nv.NVMLError as e:
+                if getattr(e, "value", None) == self._code("NVML_ERROR_NOT_FOUND"):
+                    continue  # no MIG device in this slot
+                raise self._translate(e, "nvmlDeviceGetMigDeviceHandleByIndex") from e
+            instances.append(self._mig_instance(mig, slot, notes))
+        if not instances:
+            notes.append("MIG mode is on but no MIG device is configured: no job can run here")
+        return True, tuple(instances)
+
+    def _mig_instance(self, mig: Any, slot: int, notes: list[str]) -> MigInstance:
+        nv = self._nv
+        uuid = _text(self._call(nv.nvmlDeviceGetUUID, mig))
+        gi = self._call(nv.nvmlDeviceGetGpuInstanceId, mig)
+        ci = self._optional(None, "", nv.nvmlDeviceGetComputeInstanceId, mig)
+        mem = self._optional(notes, f"MIG device {slot} memory", nv.nvmlDeviceGetMemoryInfo, mig)
+        attrs = self._optional(notes, f"MIG device {slot} attributes", nv.nvmlDeviceGetAttributes, mig)
+        total_b = valid_number(mem.total) if mem is not None else None
+        slices = valid_number(attrs.gpuInstanceSliceCount, low=1) if attrs is not None else None
+        return MigInstance(uuid=uuid, gpu_instance_id=int(gi),
+                           compute_instance_id=None if ci is None else int(ci),
+                           slices=None if slices is None else int(slices),
+                           memory_mib=round(total_b / 2**20, 1) if total_b else None)
 
     def _probe(self, handle: Any, name: str, notes: list[str], *, has_limit: bool) -> GpuCapabilities:
         """Try each power/energy query once; what fails is recorded, not retried per read."""

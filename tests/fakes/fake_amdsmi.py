@@ -16,7 +16,8 @@ installed package's source:
   wrapper; `amdsmi_get_gpu_vram_info` gives vram_size in MiB, `amdsmi_get_gpu_memory_total`
   bytes; `amdsmi_get_gpu_activity` turns 0xFFFF into "N/A".
 - compute partitions: `amdsmi_get_gpu_compute_partition` returns "SPX", "DPX", "QPX" or
-  "CPX"; `amdsmi_get_gpu_kfd_info` gives current_partition_id. Socket power and energy are
+  "CPX"; `amdsmi_get_gpu_memory_partition` the memory (NPS) mode, "NPS1" or "NPS4";
+  `amdsmi_get_gpu_kfd_info` gives current_partition_id. Socket power and energy are
   reported on partition 0 only ("N/A"/sentinel on the others), as on real MI300X in CPX mode.
 - AmdSmiLibraryException carries `err_code`; handles are checked by type as the real
   interface does (AmdSmiParameterException).
@@ -138,6 +139,7 @@ class FakeAmdGpu:
     asic_serial: str = "0x5F3A1C0DE0000001"
     partition: str = "SPX"
     partition_id: int = 0
+    memory_partition: str = "NPS1"  # amdsmi_get_gpu_memory_partition: NPS1, NPS2, NPS4, NPS8
     overrides: dict[tuple[str, str], object] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
@@ -349,6 +351,9 @@ class FakeAmdSmi:
 
         def amdsmi_get_gpu_compute_partition(processor_handle):
             return fake._gpu(processor_handle, "amdsmi_get_gpu_compute_partition").partition
+
+        def amdsmi_get_gpu_memory_partition(processor_handle):
+            return fake._gpu(processor_handle, "amdsmi_get_gpu_memory_partition").memory_partition
 
         def amdsmi_get_lib_version():
             return {"major": 25, "minor": 5, "release": 1, "build": "fake"}

@@ -6,6 +6,15 @@ by tests/telemetry/test_gpu_backends.py), and the fake behaves like the driver w
 milliwatts and millijoules, an energy counter that advances with `advance()`, per-field
 return codes from nvmlDeviceGetFieldValues, NVMLError carrying `.value`.
 
+MIG: a GPU with `mig_mode` set answers nvmlDeviceGetMigMode with [current, pending] (None:
+a part without MIG, NVML_ERROR_NOT_SUPPORTED, as on Volta); its `migs` are the slots
+nvmlDeviceGetMigDeviceHandleByIndex reads (None: an empty slot, NVML_ERROR_NOT_FOUND; past
+nvmlDeviceGetMaxMigDeviceCount, NVML_ERROR_INVALID_ARGUMENT). A MIG handle answers
+nvmlDeviceGetUUID with "MIG-<uuid>" (R470 and later), nvmlDeviceGetMemoryInfo with its own
+memory, nvmlDeviceGetGpuInstanceId / nvmlDeviceGetComputeInstanceId, and
+nvmlDeviceGetAttributes with its slice counts (the fields of c_nvmlDeviceAttributes); a
+whole-GPU handle answers the instance-id calls with NVML_ERROR_INVALID_ARGUMENT.
+
 Names and memory totals are what the driver reports (nvidia-smi shows nvmlDeviceGetName and
 nvmlDeviceGetMemoryInfo.total): see REPORTED below, each with its public source.
 
@@ -49,6 +58,9 @@ NVML_DEVICE_ARCH_HOPPER = 9
 NVML_DEVICE_ARCH_BLACKWELL = 10
 NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
 
+NVML_DEVICE_MIG_DISABLE = 0x0
+NVML_DEVICE_MIG_ENABLE = 0x1
+
 CONSTANTS = {k: v for k, v in dict(globals()).items() if k.startswith("NVML_")}
 
 MIB = 2**20
@@ -84,6 +96,20 @@ class NVMLError(Exception):
 
 
 @dataclass
+class FakeMig:
+    """One MIG device (a GPU instance with one compute instance over all of it). Sizes as the
+    driver reports them: e.g. an A100-SXM4-40GB 3g.20gb instance shows 20224 MiB in nvidia-smi
+    (seansiddens/mps-test README); its share of SMs is slices/7 of the GPU's (MIG User Guide)."""
+
+    uuid: str = "MIG-00000000-0000-0000-0000-000000000001"
+    gpu_instance_id: int = 7
+    compute_instance_id: int = 0
+    slices: int = 1
+    memory_mib: int = 9984
+    multiprocessors: int = 16
+
+
+@dataclass
 class FakeNvmlGpu:
     """One scripted GPU. Set `lost` to make it fall off the bus; lower `energy_mj` to make
     the counter go backwards; list function names (or "instant") in `unsupported`."""
@@ -110,6 +136,10 @@ class FakeNvmlGpu:
     # Setting a limit needs root: False makes nvmlDeviceSetPowerManagementLimit answer
     # NVML_ERROR_NO_PERMISSION, as it does for a non-admin caller.
     privileged: bool = True
+    # MIG: the current and pending mode (None: the part has no MIG), the slots (None: empty).
+    mig_mode: tuple[int, int] | None = None
+    migs: list[FakeMig | None] = field(default_factory=list)
+    max_migs: int = 7
 
 
 class FakeNvml:
@@ -186,11 +216,57 @@ class FakeNvml:
             return fake._text(fake._gpu(handle, "nvmlDeviceGetName").name)
 
         def nvmlDeviceGetUUID(handle):
-            return fake._text(fake._gpu(handle, "nvmlDeviceGetUUID").uuid)
+            g = fake._gpu(handle, "nvmlDeviceGetUUID")
+            mig = getattr(handle, "mig", None)
+            return fake._text(mig.uuid if mig is not None else g.uuid)
 
         def nvmlDeviceGetMemoryInfo(handle, version=None):
             g = fake._gpu(handle, "nvmlDeviceGetMemoryInfo")
-            return SimpleNamespace(total=g.memory_total_b, free=g.memory_total_b, used=0)
+            mig = getattr(handle, "mig", None)
+            total = mig.memory_mib * 2**20 if mig is not None else g.memory_total_b
+            return SimpleNamespace(total=total, free=total, used=0)
+
+        def nvmlDeviceGetMigMode(device):
+            g = fake._gpu(device, "nvmlDeviceGetMigMode")
+            if g.mig_mode is None or getattr(device, "mig", None) is not None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return list(g.mig_mode)
+
+        def nvmlDeviceGetMaxMigDeviceCount(device):
+            g = fake._gpu(device, "nvmlDeviceGetMaxMigDeviceCount")
+            if g.mig_mode is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return g.max_migs
+
+        def nvmlDeviceGetMigDeviceHandleByIndex(device, index):
+            g = fake._gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+            if g.mig_mode is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            if not 0 <= index < g.max_migs:
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            if g.mig_mode[0] != NVML_DEVICE_MIG_ENABLE or index >= len(g.migs) or g.migs[index] is None:
+                raise NVMLError(NVML_ERROR_NOT_FOUND)
+            return SimpleNamespace(gpu=g, mig=g.migs[index])
+
+        def _mig_of(device, fn):
+            fake._gpu(device, fn)
+            mig = getattr(device, "mig", None)
+            if mig is None:
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            return mig
+
+        def nvmlDeviceGetGpuInstanceId(device):
+            return _mig_of(device, "nvmlDeviceGetGpuInstanceId").gpu_instance_id
+
+        def nvmlDeviceGetComputeInstanceId(device):
+            return _mig_of(device, "nvmlDeviceGetComputeInstanceId").compute_instance_id
+
+        def nvmlDeviceGetAttributes(device):
+            mig = _mig_of(device, "nvmlDeviceGetAttributes")
+            return SimpleNamespace(multiprocessorCount=mig.multiprocessors, sharedCopyEngineCount=mig.slices,
+                                   sharedDecoderCount=0, sharedEncoderCount=0, sharedJpegCount=0,
+                                   sharedOfaCount=0, gpuInstanceSliceCount=mig.slices,
+                                   computeInstanceSliceCount=mig.slices, memorySizeMB=mig.memory_mib)
 
         def nvmlDeviceGetPciInfo(handle):
             g = fake._gpu(handle, "nvmlDeviceGetPciInfo")
