@@ -119,3 +119,16 @@ def test_the_benchmark_page_keeps_one_current_figure_set_and_bench_readme_points
     assert not re.search(r"\bsession \d+\b|\b(fifth|twelfth|thirteenth|fifteenth) session\b", page, re.I)
     index = (ROOT / "bench" / "README.md").read_text()
     assert "../docs/benchmarks.md" in index and len(index.splitlines()) <= 60
+
+
+def test_every_simulate_example_that_runs_cpsat_caps_its_search_and_says_how_long_it_takes():
+    """A reader who copies a `simulate` example with cpsat gets minutes, not the 18 minutes of
+    cpsat's default search per plan, and is told what to expect before running it."""
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        text = page.read_text()
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+            command = block.replace("\\\n", " ")
+            for line in command.splitlines():
+                if "carbonsched simulate" in line and re.search(r"--policy \S*cpsat(?!:\S*max_time_s)", line):
+                    raise AssertionError(f"{page.relative_to(ROOT)}: {line.strip()[:120]}")
+    assert "takes about 3 minutes" in (DOCS / "simulating.md").read_text()
