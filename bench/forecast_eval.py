@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--savings: which methods (default all)")
     ap.add_argument("--arrivals", choices=("year", "gaia"), default="year",
                     help="--savings: the job trace folded into the whole year (default) or once from GAIA's start")
+    ap.add_argument("--every-weeks", type=int, default=1,
+                    help="--savings --arrivals year: one copy of the trace every N weeks (default 1: all year)")
     ap.add_argument("--year", type=int, default=YEAR, help=f"--savings: the year judged (default {YEAR})")
     ap.add_argument("--refit-h", type=int, default=168,
                     help="--savings: hours between refits of the own learned model (default 168, the simulator's)")

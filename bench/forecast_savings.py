@@ -87,16 +87,18 @@ def read_trace(path: Path) -> Jobs:
                 np.array([j.gpus for j in jobs], float))
 
 
-def place_arrivals(trace: Jobs, mode: str, year: int) -> Jobs:
-    """`gaia`: the trace once from GAIA_START; `year`: one copy every 7 days through `year`."""
+def place_arrivals(trace: Jobs, mode: str, year: int, every_weeks: int = 1) -> Jobs:
+    """`gaia`: the trace once from GAIA_START; `year`: one copy every `every_weeks` x 7 days
+    through `year` (1: back to back; 4: 13 weeks spread over the year, for a cheaper run)."""
     if mode == "gaia":
         return Jobs(trace.arrival_s + GAIA_START.timestamp(), trace.length_s, trace.gpus)
     if mode != "year":
         raise ValueError(f"unknown arrivals {mode!r}; use gaia or year")
     first = datetime(year, 1, 1, tzinfo=timezone.utc).timestamp()
     end = datetime(year + 1, 1, 1, tzinfo=timezone.utc).timestamp()
-    copies = int(math.ceil((end - first) / (FOLD_PERIOD_H * HOUR_S)))
-    offsets = first + FOLD_PERIOD_H * HOUR_S * np.arange(copies)
+    period_s = FOLD_PERIOD_H * HOUR_S * every_weeks
+    copies = int(math.ceil((end - first) / period_s))
+    offsets = first + period_s * np.arange(copies)
     arrival = (trace.arrival_s[None, :] + offsets[:, None]).ravel()
     keep = arrival < end
     n = copies
@@ -111,23 +113,21 @@ def integral(curve: np.ndarray, first_hour: int, t0_s: np.ndarray, t1_s: np.ndar
     return np.interp(t1_s, grid, cum) - np.interp(t0_s, grid, cum)
 
 
-def replay_greedy(forecast: np.ndarray, first_tick: int, jobs: Jobs, *, max_wait_s: float = MAX_WAIT_S,
+def replay_greedy(forecast: np.ndarray, ticks: np.ndarray, jobs: Jobs, *, max_wait_s: float = MAX_WAIT_S,
                   slot_s: float = SLOT_S) -> np.ndarray:
     """Start times (epoch s) the hourly greedy planner gives `jobs` on an issue matrix.
 
-    forecast[i, j]: issued at hour first_tick + i for hour first_tick + i + j. See the module
-    docstring for the rule. Every job's arrival must fall in the matrix's ticks, and each
-    row must cover the job's latest finish.
+    forecast[i, j]: issued at hour ticks[i] (ascending epoch hours) for hour ticks[i] + j. See
+    the module docstring for the rule. The ticks must hold every hour from each job's arrival
+    to its latest start, and each row must cover the latest finish of the jobs it plans.
     """
-    n_ticks, horizon_h = forecast.shape
     order = np.argsort(jobs.arrival_s, kind="stable")
     arrival_hour = np.floor(jobs.arrival_s / HOUR_S).astype(np.int64)
     starts = np.full(len(jobs), np.nan)
     k = np.arange(int(max_wait_s // slot_s) + 1) * slot_s
     pending = np.empty(0, dtype=np.int64)
     ptr = 0
-    for i in range(n_ticks):
-        hour = first_tick + i
+    for i, hour in enumerate(int(t) for t in ticks):
         hi = ptr
         while hi < len(order) and arrival_hour[order[hi]] <= hour:
             hi += 1
@@ -148,6 +148,17 @@ def replay_greedy(forecast: np.ndarray, first_tick: int, jobs: Jobs, *, max_wait
     if len(pending) or ptr < len(order):
         raise ValueError("the matrix's ticks end before every job has started")
     return starts
+
+
+def planning_hours(jobs: Jobs, max_wait_s: float = MAX_WAIT_S) -> np.ndarray:
+    """The hours at which some job is planned: from its arrival's hour to its latest start's."""
+    first = np.floor(jobs.arrival_s / HOUR_S).astype(np.int64)
+    last = np.floor((jobs.arrival_s + max_wait_s) / HOUR_S).astype(np.int64)
+    origin = int(first.min())
+    need = np.zeros(int(last.max()) - origin + 2, dtype=np.int64)
+    np.add.at(need, first - origin, 1)
+    np.add.at(need, last - origin + 1, -1)
+    return origin + np.flatnonzero(np.cumsum(need) > 0)
 
 
 def job_grams(true: np.ndarray, first_hour: int, jobs: Jobs, starts_s: np.ndarray) -> np.ndarray:
@@ -203,9 +214,7 @@ def evaluate_zone(zone: str, arr: np.ndarray, base: int, jobs: Jobs, methods: tu
     fits_in = (jobs.arrival_s + MAX_WAIT_S + jobs.length_s <= end_hour * HOUR_S) \
         & (jobs.arrival_s >= (base + 1) * HOUR_S)
     jobs = jobs.take(fits_in)
-    first_tick = int(jobs.arrival_s.min() // HOUR_S)
-    last_tick = int((jobs.arrival_s.max() + MAX_WAIT_S) // HOUR_S)
-    ticks = np.arange(first_tick, last_tick + 1)
+    ticks = planning_hours(jobs)
     actual = run_method("perfect", arr, base, ticks, horizon_h, refit_h=refit_h).forecast
     out = ZoneResult(zone, len(jobs))
     perfect_saving = None
@@ -215,7 +224,7 @@ def evaluate_zone(zone: str, arr: np.ndarray, base: int, jobs: Jobs, methods: tu
         if name == "perfect":
             run.forecast = np.where(np.isnan(run.forecast), _window(true, base, ticks, horizon_h), run.forecast)
         t0 = time.perf_counter()
-        starts = replay_greedy(run.forecast, first_tick, jobs)
+        starts = replay_greedy(run.forecast, ticks, jobs)
         saving = saving_pct(true, base, jobs, starts)
         replay_s = time.perf_counter() - t0
         if name == "perfect":
@@ -333,8 +342,9 @@ class Progress:
 
     def method_done(self, zone: str, name: str, m: dict) -> None:
         kept = f"{m['kept_pct']:.1f}%" if m["kept_pct"] is not None else "-"
-        self.bar.write(f"  {zone} {name}: saving {m['saving_pct']:.2f}%, kept {kept}, forecast {m['forecast_s']:.1f} s, "
-                       f"replay {m['replay_s']:.1f} s, fallbacks {m['fallbacks']}")
+        self.bar.write(f"  {zone} {name}: saving {m['saving_pct']:.2f}%, kept {kept}, MAPE {m['mape_24h_pct']:.2f}%, "
+                       f"rank {m['rank_corr_24h']:.3f}, forecast {m['forecast_s']:.1f} s, replay {m['replay_s']:.1f} s, "
+                       f"fallbacks {m['fallbacks']}")
 
     def close(self) -> None:
         self.bar.close()
@@ -348,7 +358,8 @@ def expected_fits(jobs: Jobs, methods: tuple[str, ...], refit_h: int) -> int:
 
 def _write_json(args, results: list[ZoneResult], wall_s: float) -> None:
     args.json.write_text(json.dumps({
-        "year": args.year, "arrivals": args.arrivals, "jobs_file": args.jobs.name, "refit_h": args.refit_h,
+        "year": args.year, "arrivals": args.arrivals, "every_weeks": args.every_weeks, "jobs_file": args.jobs.name,
+        "refit_h": args.refit_h,
         "max_wait_s": MAX_WAIT_S, "slot_s": SLOT_S, "wall_s": wall_s,
         "zones": {r.zone: {"jobs": r.jobs, **r.methods} for r in results}}, indent=2))
 
@@ -360,11 +371,12 @@ def savings_main(args, folders: list[Path]) -> int:
     if unknown:
         print(f"unknown method(s) {', '.join(sorted(unknown))}; use {', '.join(METHODS)}", file=sys.stderr)
         return 2
-    jobs = place_arrivals(read_trace(args.jobs), args.arrivals, args.year)
+    jobs = place_arrivals(read_trace(args.jobs), args.arrivals, args.year, args.every_weeks)
     t0 = time.perf_counter()
     results: list[ZoneResult] = []
     progress = Progress(len(folders) * expected_fits(jobs, methods, args.refit_h))
-    print(f"Savings kept, {args.year}, GAIA's setting ({args.arrivals} arrivals of {args.jobs.name}, 24 h slack, "
+    print(f"Savings kept, {args.year}, GAIA's setting ({args.arrivals} arrivals of {args.jobs.name}"
+          + (f" every {args.every_weeks} weeks" if args.arrivals == "year" else "") + ", 24 h slack, "
           f"hourly greedy vs run-at-arrival); own model refitted every {args.refit_h} h", flush=True)
     try:
         for folder in folders:

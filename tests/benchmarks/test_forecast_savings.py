@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 from bench.forecast_methods import (  # noqa: E402
     AsOf, climatology_matrix, own_matrix, persistence_matrix, run_method, sarimax_forecast_rows, sarimax_matrix)
 from bench.forecast_savings import (  # noqa: E402
-    Jobs, evaluate_zone, kept_pct, next_day_scores, place_arrivals, replay_greedy, saving_pct)
+    Jobs, evaluate_zone, kept_pct, next_day_scores, place_arrivals, planning_hours, replay_greedy, saving_pct)
 
 H = 3600.0
 
@@ -47,7 +47,7 @@ TRUE = [400.0, 400.0, 400.0, 300.0, 400.0, 100.0] + [400.0] * 40
 
 def test_a_perfect_forecast_moves_a_job_to_the_cheapest_hour_of_its_window():
     job = one_job(0, 1)
-    starts = replay_greedy(static_rows(TRUE, 30, 30), 0, job)
+    starts = replay_greedy(static_rows(TRUE, 30, 30), np.arange(30), job)
     assert starts[0] == 5 * H
     assert saving_pct(np.array(TRUE), 0, job, starts) == pytest.approx(75.0)  # 400 -> 100
 
@@ -56,7 +56,7 @@ def test_a_forecast_that_misplaces_the_cheap_hour_keeps_part_of_the_saving():
     job = one_job(0, 1)
     believed = TRUE.copy()
     believed[3], believed[5] = 50.0, 400.0  # it thinks hour 3 is the cheapest, and hour 5 dear
-    starts = replay_greedy(static_rows(believed, 30, 30), 0, job)
+    starts = replay_greedy(static_rows(believed, 30, 30), np.arange(30), job)
     assert starts[0] == 3 * H
     saving = saving_pct(np.array(TRUE), 0, job, starts)
     assert saving == pytest.approx(25.0)  # 400 -> 300 on the true curve
@@ -68,14 +68,14 @@ def test_a_job_waiting_for_a_later_hour_is_planned_again_with_the_newer_forecast
     rows = static_rows(TRUE, 30, 30)
     rows[1] = np.array(TRUE[1:31])
     rows[1][0] = 10.0  # the forecast issued at hour 1 finds hour 1 the cheapest
-    starts = replay_greedy(rows, 0, job)
+    starts = replay_greedy(rows, np.arange(30), job)
     assert starts[0] == 1 * H
 
 
 def test_a_job_never_starts_later_than_its_slack_allows():
     job = one_job(0, 2)
     curve = [400.0] * 30 + [1.0] * 30  # the cheap hours lie past the 24 h of slack
-    starts = replay_greedy(static_rows(curve, 40, 40), 0, job)
+    starts = replay_greedy(static_rows(curve, 40, 40), np.arange(40), job)
     assert starts[0] <= 24 * H
 
 
@@ -111,6 +111,17 @@ def test_scores_of_the_next_day_rank_a_reversed_forecast_at_minus_one():
     mape, rank = next_day_scores(actual[:, ::-1].copy(), actual)
     assert rank == pytest.approx(-1.0)
     assert mape > 0
+
+
+def test_jobs_are_planned_in_every_hour_from_their_arrival_to_their_latest_start_and_no_other():
+    jobs = Jobs(np.array([0.5 * H, 100.2 * H]), np.array([60.0, 60.0]), np.array([1.0, 1.0]))
+    assert planning_hours(jobs).tolist() == list(range(0, 25)) + list(range(100, 125))
+
+
+def test_the_year_arrivals_every_four_weeks_are_one_week_in_every_four():
+    trace = Jobs(np.array([0.0]), np.array([60.0]), np.array([1.0]))
+    jobs = place_arrivals(trace, "year", 2022, every_weeks=4)
+    assert len(jobs) == 14 and np.all(np.diff(jobs.arrival_s) == 28 * 86400)
 
 
 def test_the_year_arrivals_repeat_the_trace_every_week_inside_the_year():
