@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--savings: the job trace folded into the whole year (default) or once from GAIA's start")
     ap.add_argument("--every-weeks", type=int, default=1,
                     help="--savings --arrivals year: one copy of the trace every N weeks (default 1: all year)")
+    ap.add_argument("--no-prior-year", action="store_true",
+                    help="--savings: history from the year's start only (as simulate_bench.py gaia loads it)")
     ap.add_argument("--year", type=int, default=YEAR, help=f"--savings: the year judged (default {YEAR})")
     ap.add_argument("--refit-h", type=int, default=168,
                     help="--savings: hours between refits of the own learned model (default 168, the simulator's)")

@@ -143,7 +143,8 @@ def own_matrix(arr: np.ndarray, base: int, ticks: np.ndarray, horizon_h: int, re
                on_fit: Callable[[], None] | None = None) -> tuple[np.ndarray, int]:
     """The own forecaster as the simulator's `model` (see the module docstring)."""
     from telemetry.grid.forecast import baseline_forecast
-    from telemetry.grid.forecast_model import MAX_MODEL_HORIZON_H, LearnedForecaster, NotEnoughHistory, features, from_model
+    from telemetry.grid.forecast_model import (MAX_MODEL_HORIZON_H, LearnedForecaster, NotEnoughHistory, features,
+                                                from_model)
 
     out = np.full((len(ticks), horizon_h), np.nan)
     last_known = ticks - 1

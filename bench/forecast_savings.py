@@ -9,8 +9,12 @@ forecast) and measures the result on the true intensity:
   an hour). `gaia` arrivals: the trace once from `GAIA_START` (2022-10-19 16:00 UTC), the
   start of `bench/simulate_bench.py gaia`. `year` arrivals: the trace folded into the year,
   one copy every 7 days from 1 January 00:00 UTC (52 copies, ~52,000 jobs), so every hour and
-  weekday and season is sampled with the same arrival pattern and length mix; a job whose
-  latest finish falls past the data is left out.
+  weekday and season is sampled with the same arrival pattern and length mix; `every_weeks`
+  N keeps every N-th copy (a cheaper run: only the hours some job is planned in are
+  forecast); a job whose latest finish falls past the data is left out. Why pai_1k and not a
+  uniform grid of arrivals: it is the trace GAIA and the simulator's `gaia` scenario use, so
+  the length mix (half the jobs under an hour, a few over a day) and the daytime arrival
+  pattern are GAIA's, and the kept share can be checked against the simulator's.
 - The planner (GAIA's setting: a pool that is never full, 24 h of slack, hourly planning,
   greedy against run-at-arrival), as `bench/simulate_bench.py gaia` sets the simulator up
   (a 1,024-GPU node that pai_1k never fills; `plan_interval` 3600 s with planning at every
@@ -32,8 +36,9 @@ Left out: the simulator's other machinery (placement, short-job packing, dispatc
 binds on a pool that is never full), and past 48 h its planner prices the climatology
 (`CarbonCurve.tail`) where here every method forecasts the whole window (it matters only for
 the few jobs longer than a day). The cheap replay is what makes a year of 16 zones affordable:
-a simulator year per zone and method would take hours. `--arrivals gaia` on DE-LU and
-US-CAL-CISO 2022 is the check against the simulator's kept share (docs/benchmarks.md).
+a simulator year per zone and method would take hours. `--arrivals gaia --no-prior-year`
+(history from the year's start only, as `simulate_bench.py gaia` loads it) on DE-LU and
+US-CAL-CISO is the check against the simulator's kept share (docs/benchmarks.md).
 Also reported per method: MAPE and the mean Spearman rank correlation of the next 24 h
 (horizons 1-24 of every tick; MAPE over hours with an actual value above 0).
 """
@@ -252,13 +257,14 @@ def _window(true: np.ndarray, base: int, ticks: np.ndarray, horizon_h: int) -> n
     return true[idx]
 
 
-def load_years(folder: Path, year: int) -> tuple[np.ndarray, int]:
-    """Hourly values of `year - 1` and `year` as a dense array and its first epoch hour."""
+def load_years(folder: Path, year: int, prior_year: bool = True) -> tuple[np.ndarray, int]:
+    """Hourly values of `year - 1` (unless not `prior_year`) and `year` as a dense array and
+    its first epoch hour."""
     from telemetry.grid.csv_import import read_trace
     from telemetry.grid.forecast import epoch_hour
 
     values: dict[int, float] = {}
-    for y in (year - 1, year):
+    for y in (year - 1, year) if prior_year else (year,):
         path = folder / f"{folder.name}_{y}_hourly.csv"
         if path.exists():
             for r in read_trace(path, fmt="electricitymaps").readings:
@@ -323,7 +329,7 @@ def plot(results: list[ZoneResult], methods: tuple[str, ...], path: Path, title:
     ax.set_xticklabels(zones, rotation=45, ha="right")
     ax.set_ylabel("kept of the perfect-forecast saving (%)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, ncol=len(shown), loc="upper center", bbox_to_anchor=(0.5, -0.28))
+    ax.legend(fontsize=8, ncol=len(shown), loc="upper center", bbox_to_anchor=(0.5, -0.45))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -343,7 +349,8 @@ class Progress:
     def method_done(self, zone: str, name: str, m: dict) -> None:
         kept = f"{m['kept_pct']:.1f}%" if m["kept_pct"] is not None else "-"
         self.bar.write(f"  {zone} {name}: saving {m['saving_pct']:.2f}%, kept {kept}, MAPE {m['mape_24h_pct']:.2f}%, "
-                       f"rank {m['rank_corr_24h']:.3f}, forecast {m['forecast_s']:.1f} s, replay {m['replay_s']:.1f} s, "
+                       f"rank {m['rank_corr_24h']:.3f}, forecast {m['forecast_s']:.1f} s, "
+                       f"replay {m['replay_s']:.1f} s, "
                        f"fallbacks {m['fallbacks']}")
 
     def close(self) -> None:
@@ -351,14 +358,16 @@ class Progress:
 
 
 def expected_fits(jobs: Jobs, methods: tuple[str, ...], refit_h: int) -> int:
-    """Model fits a zone needs (own: one per refit period, sarimax: one per day)."""
-    span_h = (jobs.arrival_s.max() + MAX_WAIT_S - jobs.arrival_s.min()) / HOUR_S
-    return int(("own" in methods) * (span_h / refit_h + 1) + ("sarimax" in methods) * (span_h / 24 + 1))
+    """Model fits a zone needs (own: one per refit period planned in, sarimax: one per day)."""
+    ticks = planning_hours(jobs)
+    return int(("own" in methods) * len(np.unique((ticks - 1) // refit_h))
+               + ("sarimax" in methods) * len(np.unique(ticks // 24)))
 
 
 def _write_json(args, results: list[ZoneResult], wall_s: float) -> None:
     args.json.write_text(json.dumps({
-        "year": args.year, "arrivals": args.arrivals, "every_weeks": args.every_weeks, "jobs_file": args.jobs.name,
+        "year": args.year, "prior_year": not args.no_prior_year, "arrivals": args.arrivals,
+        "every_weeks": args.every_weeks, "jobs_file": args.jobs.name,
         "refit_h": args.refit_h,
         "max_wait_s": MAX_WAIT_S, "slot_s": SLOT_S, "wall_s": wall_s,
         "zones": {r.zone: {"jobs": r.jobs, **r.methods} for r in results}}, indent=2))
@@ -380,7 +389,7 @@ def savings_main(args, folders: list[Path]) -> int:
           f"hourly greedy vs run-at-arrival); own model refitted every {args.refit_h} h", flush=True)
     try:
         for folder in folders:
-            arr, base = load_years(folder, args.year)
+            arr, base = load_years(folder, args.year, prior_year=not args.no_prior_year)
             if not len(arr):
                 continue
             results.append(evaluate_zone(folder.name, arr, base, jobs, methods, refit_h=args.refit_h,
