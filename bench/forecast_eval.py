@@ -26,7 +26,11 @@ Definitions used here:
   (ODbL 1.0). Targets are all 8,760 hours of 2022; 2021 provides the history for early
   January, and no value at or after T is ever used for T.
 
-Run: `.venv/bin/python bench/forecast_eval.py [--data DIR] [--zones Z,Z,...] [--json FILE]`.
+Run: `.venv/bin/python bench/forecast_eval.py [--data DIR] [--zones Z,Z,...] [--json FILE]`
+(--data: the zone folders, or the shared carbon folder holding electricitymaps/).
+`--savings` judges forecasts by what they are for: the share of the perfect-forecast saving
+each method keeps when a greedy planner in GAIA's setting plans on it (bench/forecast_savings.py;
+methods in bench/forecast_methods.py), with `--plot FILE` for a bar chart.
 `--rolling` compares the candidate forecasters instead (`rolling_evaluate`):
 persistence, seasonal-naive, the baseline, ridge, the learned LightGBM model and an ensemble,
 on rolling origins over the year, MAPE/MAE at 1/6/24/48 h and the next 24 h's rank correlation.
@@ -52,7 +56,9 @@ if str(ROOT) not in sys.path:
 from telemetry.grid.csv_import import read_trace  # noqa: E402
 from telemetry.grid.forecast import baseline_forecast, epoch_hour, persistence_forecast  # noqa: E402
 
-DEFAULT_DATA = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data")) / "carbon" / "electricitymaps"
+SHARED = Path(os.environ.get("CARBONSCHED_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DEFAULT_DATA = SHARED / "carbon" / "electricitymaps"
+DEFAULT_JOBS = SHARED / "jobs" / "pai_1k.csv"
 YEAR = 2022
 HORIZONS_H = (1, 6, 24, 48, 72, 168)
 
@@ -158,8 +164,7 @@ def rolling_evaluate(values: dict[int, float], *, refit_days: int = 30, candidat
     """
     import numpy as np
     from datetime import datetime, timezone
-    from telemetry.grid.forecast_model import (LOOKBACK_H, TRAIN_HORIZONS_H, LearnedForecaster, _band,
-                                                _interp_quantile, dense, features, from_model)
+    from telemetry.grid.forecast_model import LearnedForecaster, _band, _interp_quantile, dense, features, from_model
 
     year_first = epoch_hour(datetime(YEAR, 1, 1, tzinfo=timezone.utc))
     year_end = epoch_hour(datetime(YEAR + 1, 1, 1, tzinfo=timezone.utc))
@@ -295,10 +300,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rolling", action="store_true",
                     help="rolling-origin comparison of the candidate forecasters on "
                          f"{','.join(ROLLING_ZONES)} unless --zones")
+    ap.add_argument("--savings", action="store_true",
+                    help="share of the perfect-forecast saving each method keeps (GAIA's setting)")
+    ap.add_argument("--methods", default="perfect,own,persistence,climatology,sarimax",
+                    help="--savings: which methods (default all)")
+    ap.add_argument("--arrivals", choices=("year", "gaia"), default="year",
+                    help="--savings: the job trace folded into the whole year (default) or once from GAIA's start")
+    ap.add_argument("--every-weeks", type=int, default=1,
+                    help="--savings --arrivals year: one copy of the trace every N weeks (default 1: all year)")
+    ap.add_argument("--no-prior-year", action="store_true",
+                    help="--savings: history from the year's start only (as simulate_bench.py gaia loads it)")
+    ap.add_argument("--year", type=int, default=YEAR, help=f"--savings: the year judged (default {YEAR})")
+    ap.add_argument("--refit-h", type=int, default=168,
+                    help="--savings: hours between refits of the own learned model (default 168, the simulator's)")
+    ap.add_argument("--jobs", type=Path, default=DEFAULT_JOBS, help="--savings: GAIA-format job trace (default pai_1k)")
+    ap.add_argument("--plot", type=Path, help="--savings: also draw kept %% per zone and method here (PNG)")
     ap.add_argument("--refit-days", type=int, default=61, help="--rolling: days between refits (default 61)")
     ap.add_argument("--candidates", default=",".join(CANDIDATES),
                     help=f"--rolling: which of {','.join(CANDIDATES)} (default all)")
     args = ap.parse_args(argv)
+    if (args.data / "electricitymaps").is_dir():
+        args.data = args.data / "electricitymaps"  # the shared carbon folder was given
     if not args.data.is_dir():
         print(f"no data at {args.data} (needs ../shared/data/carbon/electricitymaps)", file=sys.stderr)
         return 2
@@ -308,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.zones:
         wanted = set(args.zones.split(","))
         folders = [f for f in folders if f.name in wanted]
+    if args.savings:
+        from bench.forecast_savings import savings_main
+
+        return savings_main(args, folders)
     t0 = time.perf_counter()
     per_zone: dict[str, dict] = {}
     by_horizon: dict[int, list[float]] = {h: [] for h in HORIZONS_H}
