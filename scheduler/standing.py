@@ -13,21 +13,24 @@ a tick must not read months of jobs); running usage is read every time, in GPU-h
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection
 
 from scheduler.accounts import list_accounts, list_users
 from scheduler.budget_book import read_budgets
 from scheduler.budgets import Budgets
-from scheduler.fair_share import (DEFAULT_ACCOUNT, DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, Charge, DecayingUsage, FairShare,
+from scheduler.fair_share import (CURRENCIES, DEFAULT_ACCOUNT, DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, Charge, DecayingUsage, FairShare,
                                   UserSpec)
 from scheduler.jobs.usage import finished_usage, running_usage
 from scheduler.priority import PriorityBreakdown, PriorityJob, PriorityWeights, queue_priorities
 from scheduler.qos import DEFAULT_QOS, QosTable
+from scheduler.timeparse import parse_duration
 
 USAGE_WINDOW_HALF_LIVES = 8  # older usage counts under 0.4 %: not read
 
@@ -42,6 +45,74 @@ class StandingSettings:
     fair_share: bool = True
     refresh_s: float = 300.0
     flexible_grace_pct: float = 0.0  # [accounting] flexible_grace_pct: how far flexible jobs may pass a limit
+
+
+# The config tables behind StandingSettings, their keys and what each becomes.
+PRIORITY_KEYS = {"weight_fair_share": "fair_share", "weight_qos": "qos", "weight_age": "age",
+                 "weight_job_size": "job_size", "max_age": "max_age_s", "favor_small": "favor_small"}
+FAIR_SHARE_KEYS = ("half_life", "currency", "enabled")
+
+
+def _seconds(value: Any, key: str) -> float:
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else \
+            parse_duration(str(value))
+    except ValueError as e:
+        raise ValueError(f"{key}: {e}") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{key} must be a positive duration, e.g. 7d")
+    return seconds
+
+
+def standing_settings(config: Mapping[str, Any], *, flexible_grace_pct: float = 0.0) -> StandingSettings:
+    """StandingSettings from a whole config file's `[priority]` (the weights, as Slurm's
+    PriorityWeight*: `weight_fair_share`, `weight_qos`, `weight_age`, `weight_job_size`,
+    `max_age`, `favor_small`) and `[fair_share]` (`half_life`, `currency`: gpu_hours, kwh or
+    kgco2e, `enabled`) tables; ValueError naming the key that is wrong. Unset keys keep
+    the defaults (`scheduler.priority`, `scheduler.fair_share`)."""
+    prio = config.get("priority") or {}
+    share = config.get("fair_share") or {}
+    for name, table, known in (("priority", prio, tuple(PRIORITY_KEYS)), ("fair_share", share, FAIR_SHARE_KEYS)):
+        if not isinstance(table, Mapping):
+            raise ValueError(f"[{name}] must be a table")
+        unknown = sorted(set(table) - set(known))
+        if unknown:
+            raise ValueError(f"[{name}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    weights: dict[str, Any] = {}
+    for key, field_name in PRIORITY_KEYS.items():
+        if key not in prio:
+            continue
+        value = prio[key]
+        if key == "max_age":
+            value = _seconds(value, "[priority] max_age")
+        elif key == "favor_small":
+            if not isinstance(value, bool):
+                raise ValueError("[priority] favor_small must be true or false")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"[priority] {key} must be a number >= 0")
+        weights[field_name] = value
+    try:
+        priority_weights = PriorityWeights(**weights)
+    except ValueError as e:
+        raise ValueError(f"[priority]: {e}") from None
+    currency = share.get("currency", "gpu_hours")
+    if currency not in CURRENCIES:
+        raise ValueError(f"[fair_share] currency must be one of {', '.join(CURRENCIES)}, got {currency!r}")
+    enabled = share.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ValueError("[fair_share] enabled must be true or false")
+    half_life = _seconds(share["half_life"], "[fair_share] half_life") if "half_life" in share else DEFAULT_HALF_LIFE_S
+    return StandingSettings(weights=priority_weights, half_life_s=half_life, currency=currency,
+                            fair_share=enabled, flexible_grace_pct=flexible_grace_pct)
+
+
+def check_standing_config(table: Any, whole: Mapping[str, Any]) -> list[str]:
+    """`carbonsched config check`'s view of `[priority]` and `[fair_share]`: the errors."""
+    try:
+        standing_settings(whole)
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 def _gpus(row) -> int:

@@ -112,7 +112,7 @@ def config_page() -> str:
              "the default. `carbonsched config check` validates them offline, `carbonsched config show` "
              "prints each effective value and where it came from; `systemd/config.toml.example` "
              "documents every key with an example. The nested tables (`[carbon]`, `[power]`, "
-             "`[qos.NAME]`, `[slurm]`, `[accounting]`, `[site]`, `[sites.S]`, `[zones.Z]`, `[nodes.N]`) "
+             "`[qos.NAME]`, `[priority]`, `[fair_share]`, `[slurm]`, `[accounting]`, `[site]`, `[sites.S]`, `[zones.Z]`, `[nodes.N]`) "
              "are described on the pages of what they configure; see [Installing and settings]"
              "(../operating/install.md#nested-tables).", "",
              "| key | flag / environment | default | used by | meaning |", "|---|---|---|---|---|"]

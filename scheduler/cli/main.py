@@ -296,6 +296,7 @@ def _register_config_tables() -> None:
     from scheduler.carbon_config import CarbonConfig
     from scheduler.qos import check_qos_config
     from scheduler.site import SiteConfig
+    from scheduler.standing import check_standing_config
     from scheduler.slurm.config import SlurmConfig
 
     def owner_check(build):
@@ -318,6 +319,8 @@ def _register_config_tables() -> None:
     settings.register_table("power", owner_check(_cap_bounds))
     settings.register_table("slurm", owner_check(SlurmConfig.from_config))
     settings.register_table("qos", check_qos_config)
+    settings.register_table("priority", check_standing_config)
+    settings.register_table("fair_share", check_standing_config)
 
 
 def resolve_settings(args, config, scope: str) -> settings.Resolved:
@@ -375,6 +378,7 @@ def cmd_daemon(args, config) -> int:
     from scheduler.qos import qos_table
     from scheduler.site import SiteConfig
     from scheduler.slurm.config import SlurmConfig
+    from scheduler.standing import standing_settings
     from scheduler.store.engine import default_db_url
 
     r = resolve_settings(args, config, settings.DAEMON)
@@ -398,6 +402,7 @@ def cmd_daemon(args, config) -> int:
             admin_groups=r["admin_groups"],
             time_limit_factor=r["time_limit_factor"],
             default_time_limit_s=r["default_time_limit"], qos=qos_table(config),
+            standing=standing_settings(config),
             grace_s=r["grace"],
             local_agent=r["local_agent"],
             sample_hz=r["sample_hz"],

@@ -12,6 +12,7 @@ import os
 import pwd
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Connection, Row
 
@@ -54,6 +55,7 @@ class ServiceConfig:
     # The QOS levels (scheduler.qos) and the time limit of a job given none whose QOS has no
     # default: every job has a finite limit.
     qos: QosTable = field(default_factory=QosTable)
+    standing: Any = None  # scheduler.standing.StandingSettings ([priority], [fair_share]); None: defaults
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     # [accounting] flexible_grace_pct: how far a flexible-QOS job may take an account over a
     # limit (scheduler.budgets); 0: not at all.

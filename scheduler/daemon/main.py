@@ -8,7 +8,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -70,6 +71,8 @@ class DaemonConfig:
     # The limit of a job given none whose QOS has no default (scheduler.qos), and the QOS levels.
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     qos: QosTable = field(default_factory=QosTable)
+    # [priority] weights and [fair_share] half-life, currency (scheduler.standing); None: defaults
+    standing: Any = None
     grace_s: float = 10.0
     local_agent: bool | None = None  # None: on for SQLite, or when --emulate is given
     sample_hz: float = 1.0
@@ -219,7 +222,7 @@ class Daemon(ServiceProcess):
             spec = PlannerSpec(db_url=cfg.db_url, policy=cfg.policy, log_level=logging.getLogger().level,
                                plan_interval_s=cfg.plan_interval_s, carbon=dict(cfg.carbon), site=cfg.site,
                                full_replan_s=cfg.full_replan_s, qos=cfg.qos,
-                               flexible_grace_pct=cfg.accounting.flexible_grace_pct)
+                               flexible_grace_pct=cfg.accounting.flexible_grace_pct, standing=cfg.standing)
             # Started first: the child's imports (OR-Tools alone takes ~0.7 s) overlap the
             # rest of startup, so the first plan follows "ready" closely.
             run.plan_proc = PlannerProcess(spec, on_tick=lambda d, n: self._after_tick(run, d, n))
@@ -252,8 +255,8 @@ class Daemon(ServiceProcess):
 
         planner = Planner(run.store, policy, carbon=run.carbon, site=cfg.site,
                           plan_interval_s=cfg.plan_interval_s, full_replan_s=cfg.full_replan_s,
-                          standing=Standing(cfg.qos, StandingSettings(
-                              flexible_grace_pct=cfg.accounting.flexible_grace_pct)))
+                          standing=Standing(cfg.qos, replace(cfg.standing or StandingSettings(),
+                                                             flexible_grace_pct=cfg.accounting.flexible_grace_pct)))
         run.plan_proc = InProcessPlanner(run.scheduler, planner, stopping=self.stop_event,
                                          on_tick=lambda d, n: self._after_tick(run, d, n))
         run.preview = lambda: preview_rows(planner)
@@ -304,7 +307,7 @@ class Daemon(ServiceProcess):
             ServiceConfig(daemon_uid=os.geteuid(), admin_gids=admin_gids(cfg.admin_groups),
                           time_limit_factor=cfg.time_limit_factor, max_queued_per_user=cfg.max_queued_per_user,
                           default_time_limit_s=cfg.default_time_limit_s, qos=cfg.qos,
-                          flexible_grace_pct=cfg.accounting.flexible_grace_pct,
+                          flexible_grace_pct=cfg.accounting.flexible_grace_pct, standing=cfg.standing,
                           max_submit_stored_bytes=cfg.max_submit_stored_bytes,
                           max_stored_bytes_per_user=cfg.max_stored_bytes_per_user),
             log_dir=cfg.log_dir or cfg.state_dir / "logs",

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class PlannerSpec:
     full_replan_s: float | None = None  # incremental planning between full re-plans; None: off
     qos: Any = None  # scheduler.qos.QosTable; None: the built-in levels
     flexible_grace_pct: float = 0.0  # [accounting] flexible_grace_pct (scheduler.budgets)
+    standing: Any = None  # scheduler.standing.StandingSettings ([priority], [fair_share]); None: defaults
 
 
 def build_planner(spec: PlannerSpec, store) -> Any:
@@ -59,7 +60,8 @@ def build_planner(spec: PlannerSpec, store) -> Any:
                    carbon=signals, site=spec.site, plan_interval_s=spec.plan_interval_s,
                    full_replan_s=spec.full_replan_s,
                    standing=Standing(spec.qos or QosTable(),
-                                     StandingSettings(flexible_grace_pct=spec.flexible_grace_pct)))
+                                     replace(spec.standing or StandingSettings(),
+                                             flexible_grace_pct=spec.flexible_grace_pct)))
 
 
 def _child_main(spec: PlannerSpec, conn, min_gap_s: float) -> None:

@@ -14,6 +14,7 @@ reset, `scheduler.daemon.operator_verbs`) and `AccountVerbs` (account, user:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -55,7 +56,8 @@ class JobService:
         self.operator = OperatorVerbs(store, self.access, self.admission, on_submit=on_submit, clock=clock)
         self.accounts = AccountVerbs(store, self.access, on_change=self._accounts_changed, clock=clock)
         self.standing = StandingVerbs(store, self.access, Standing(
-            config.qos, StandingSettings(flexible_grace_pct=config.flexible_grace_pct)), clock=clock)
+            config.qos, replace(config.standing or StandingSettings(),
+                                flexible_grace_pct=config.flexible_grace_pct)), clock=clock)
 
     def _accounts_changed(self) -> None:
         """Submit's cached associations and limits are stale."""

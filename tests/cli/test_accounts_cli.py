@@ -175,3 +175,16 @@ def test_limits_are_set_listed_and_removed_and_a_mistake_is_one_line_exit_2(cs):
                        ("power=5kW/month", "unknown key 'power'")):
         proc = cs("account", "modify", "budgeted", "--limit", bad)
         assert proc.returncode == 2 and words in one_line_error(proc)
+
+
+def test_config_check_takes_the_priority_weights_and_fair_share_settings_and_names_a_bad_one(cli_env, tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('[priority]\nweight_qos = 5000\nweight_fair_share = 10000\n'
+                    '[fair_share]\nhalf_life = "14d"\ncurrency = "kwh"\n')
+    assert run(cli_env, "--config", str(good), "config", "check").returncode == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[fair_share]\ncurrency = "dollars"\n')
+    proc = run(cli_env, "--config", str(bad), "config", "check")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert any("[fair_share] currency must be one of gpu_hours, kwh, kgco2e" in line
+               for line in proc.stderr.splitlines()), proc.stderr
