@@ -3,6 +3,7 @@ caller's environment without CARBONSCHED_* settings, one run, and the one-line e
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -31,3 +32,17 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("carbonsched: "), lines[0]
     return lines[0]
+
+
+def all_parsers(parser: argparse.ArgumentParser | None = None):
+    """The CLI's parser and every verb's and sub-verb's below it, depth first (`prog` names
+    each: "carbonsched config show"); the whole CLI when no parser is given."""
+    if parser is None:
+        from scheduler.cli.main import build_parser
+
+        parser = build_parser()
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from all_parsers(sub)

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from cli_process import one_line_error, run
+from cli_process import all_parsers, one_line_error, run
 
 
 def options_text(help_text: str) -> str:
@@ -35,22 +35,8 @@ def test_top_level_help_lists_the_verbs(cli_env):
         assert re.search(rf"^\s+{verb}\s", out, re.M), verb
 
 
-def _verbs(parser, path=()):
-    """(verb path, its parser) for every verb and sub-verb of the CLI."""
-    import argparse
-
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield (*path, name), sub
-                yield from _verbs(sub, (*path, name))
-
-
 def test_every_json_option_says_what_it_prints():
-    from scheduler.cli.main import build_parser
-
-    missing = [" ".join(path) for path, sub in _verbs(build_parser())
-               for a in sub._actions if "--json" in a.option_strings and not a.help]
+    missing = [sub.prog for sub in all_parsers() for a in sub._actions if "--json" in a.option_strings and not a.help]
     assert missing == []
 
 

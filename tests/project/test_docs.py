@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+from cli_process import all_parsers
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -108,19 +110,9 @@ def test_the_readmes_and_docs_name_no_issue_numbers():
 
 
 def test_no_verb_help_and_no_setting_names_an_issue_number():
-    import argparse
-
     from scheduler import settings
-    from scheduler.cli.main import build_parser
 
-    def walk(parser: argparse.ArgumentParser):
-        yield parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    yield from walk(sub)
-
-    parsers = list(walk(build_parser()))
+    parsers = list(all_parsers())
     assert {"carbonsched submit", "carbonsched simulate", "carbonsched config show"} <= {p.prog for p in parsers}
     hits = [(p.prog, _issue_numbers(p.format_help())) for p in parsers if _issue_numbers(p.format_help())]
     hits += [(s.key, _issue_numbers(s.help)) for s in settings.SETTINGS if _issue_numbers(s.help)]

@@ -12,6 +12,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from cli_process import all_parsers
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README_MAX_LINES = 250
@@ -78,21 +80,9 @@ def test_the_generated_reference_pages_are_what_the_code_gives_today():
 
 
 def test_the_cli_reference_names_every_verb_and_option_of_the_parser():
-    import argparse
-
-    from scheduler.cli.main import build_parser
-
     page = (DOCS / "reference" / "cli.md").read_text()
-
-    def walk(parser: argparse.ArgumentParser):
-        yield parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    yield from walk(sub)
-
     missing = []
-    for parser in walk(build_parser()):
+    for parser in all_parsers():
         if f"`{parser.prog}`" not in page:
             missing.append(parser.prog)
         for action in parser._actions:
