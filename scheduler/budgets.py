@@ -143,9 +143,14 @@ def period_window(period: str, now: datetime) -> tuple[datetime, datetime] | Non
     m = _RANGE_RE.match(period)
     if not m:
         raise BudgetError(f"bad period {period!r}")
-    start = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
-    end = datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc) + timedelta(days=1)
+    start, end = _range_window(m)
     return (start, end) if start <= now < end else None
+
+
+def _range_window(m: re.Match) -> tuple[datetime, datetime]:
+    """A matched date range `FIRST..LAST` as UTC [start, end): both days included."""
+    start = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
+    return start, datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc) + timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -319,6 +324,4 @@ def named_period(text: str) -> tuple[datetime, datetime]:
     except BudgetError:
         raise BudgetError(f"--period {text!r}: use a month (2026-11), a quarter (2026-Q4) or a date range "
                           "(2026-11-01..2026-12-31)") from None
-    m = _RANGE_RE.match(t)
-    start = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
-    return start, datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc) + timedelta(days=1)
+    return _range_window(_RANGE_RE.match(t))
