@@ -26,7 +26,7 @@ def running_usage(row) -> Usage:
     """A running job's charge (a `scheduler.jobs.usage.budget_running` row), before its usage factor."""
     gpus = len(row.gpu_ids) if row.gpu_ids else int(row.gpus or 1)
     runtime_s = row.est_runtime_planned_s or row.est_runtime_s or row.time_limit_s or 0.0
-    return Usage(gpus * runtime_s / 3600.0, (row.est_energy_j or 0.0) / 3.6e6, (row.est_gco2 or 0.0) / 1000.0)
+    return Usage.of(gpus * runtime_s, row.est_energy_j or 0.0, row.est_gco2 or 0.0)
 
 
 def read_budgets(conn: Connection, now: datetime, usage_factors: Mapping[str, float], *,
@@ -40,7 +40,7 @@ def read_budgets(conn: Connection, now: datetime, usage_factors: Mapping[str, fl
     charges = []
     for window in sorted(windows):  # one summed read per period in force (most sites: one or two)
         for r in budget_finished(conn, *window):
-            usage = Usage(float(r.gpu_s or 0.0) / 3600.0, float(r.energy_j or 0.0) / 3.6e6, float(r.gco2 or 0.0) / 1000.0)
+            usage = Usage.of(float(r.gpu_s or 0.0), float(r.energy_j or 0.0), float(r.gco2 or 0.0))
             charges.append(Charged(r.account, window[0], usage.times(usage_factors.get(r.qos, 1.0)), window))
     if windows:
         for r in budget_running(conn):

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 
+from policies.types import J_PER_KWH
+
 CURRENCIES = ("gpu_hours", "kwh", "kgco2e")
 #: `--limit KEY=...`: the user's word for each currency
 KEYS = {"co2": "kgco2e", "energy": "kwh", "gpu_hours": "gpu_hours"}
@@ -160,6 +162,11 @@ class Usage:
     gpu_hours: float = 0.0
     kwh: float = 0.0
     kgco2e: float = 0.0
+
+    @classmethod
+    def of(cls, gpu_s: float, energy_j: float, gco2: float) -> Usage:
+        """The usage of GPU-seconds, joules and grams (a run's or a plan's measured units)."""
+        return cls(gpu_s / 3600.0, energy_j / J_PER_KWH, gco2 / 1000.0)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(self.gpu_hours + other.gpu_hours, self.kwh + other.kwh, self.kgco2e + other.kgco2e)

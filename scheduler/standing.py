@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from policies.types import J_PER_KWH
 from scheduler.accounts import list_accounts, list_users
 from scheduler.budget_book import read_budgets
 from scheduler.budgets import Budgets
@@ -138,7 +139,7 @@ class Standing:
         for r in finished_usage(conn, since):
             ran_s = max(0.0, (r.ended_at - r.started_at).total_seconds())
             charge = Charge(r.account, r.owner_name, min(r.ended_at, now).timestamp(), _gpus(r) * ran_s / 3600.0,
-                            None if r.energy_j is None else r.energy_j / 3.6e6,
+                            None if r.energy_j is None else r.energy_j / J_PER_KWH,
                             None if r.gco2 is None else r.gco2 / 1000.0,
                             usage_factor=factors.get(r.qos, 1.0), duration_s=ran_s)
             if getattr(charge, s.currency) is not None:  # not measured yet: counted once it is

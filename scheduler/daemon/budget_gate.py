@@ -30,8 +30,7 @@ def planned_usage(a: Assignment, job, factor: float) -> Usage:
     """A placed job's estimate as its budget is charged: GPUs x planned runtime, the plan's
     energy and grams, times its QOS's usage factor."""
     runtime_s = a.estimate.runtime_s or job.est_runtime_s or job.time_limit_s or 0.0
-    return Usage(len(a.gpu_ids) * runtime_s / 3600.0, (a.estimate.energy_j or 0.0) / 3.6e6,
-                 (a.estimate.gco2 or 0.0) / 1000.0).times(factor)
+    return Usage.of(len(a.gpu_ids) * runtime_s, a.estimate.energy_j or 0.0, a.estimate.gco2 or 0.0).times(factor)
 
 
 class BudgetGate:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from policies.types import J_PER_KWH
 from scheduler.fair_share import DEFAULT_HALF_LIFE_S, AccountSpec, AccountTree, Charge, DecayingUsage, FairShare
 from scheduler.priority import PriorityJob, PriorityWeights, queue_priorities
 from scheduler.qos import DEFAULT_QOS, QosTable
@@ -55,7 +56,7 @@ class SimPriorities:
         t, user, qos = self._owner(r.job.id)
         ran_s = sum(e - s for s, e in run_spans(r))
         self.usage.add(Charge(t.account, user, r.end_s, len(r.gpu_ids) * ran_s / 3600.0,
-                              r.energy_j / 3.6e6, r.gco2 / 1000.0, usage_factor=self.usage_factor.get(qos, 1.0),
+                              r.energy_j / J_PER_KWH, r.gco2 / 1000.0, usage_factor=self.usage_factor.get(qos, 1.0),
                               duration_s=max(0.0, r.end_s - r.start_s)))
 
     def priorities(self, now_s: float, queued: list[JobRecord], running: list[JobRecord]) -> dict[int, float]:
