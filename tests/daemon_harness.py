@@ -120,10 +120,10 @@ class DaemonProcess:
         raise TimeoutError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
 
     def _wait_planner_loaded(self, timeout_s: float) -> None:
-        """A daemon serves once its planner process has loaded, or after 15 s without it; on a
-        loaded host the child can take far longer to import OR-Tools, and a test that submits
-        then would wait on a planner that has not planned yet. So wait for its "ready" line
-        (this start's part of the log only); carry on when it does not come."""
+        """A daemon serves at once, before its planner process has loaded its policy; on a
+        loaded host the child can take long to import OR-Tools, and a test that submits then
+        would wait on a planner that has not planned yet. So wait for its "ready" line (this
+        start's part of the log only); carry on when it does not come."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
