@@ -94,19 +94,18 @@ def _accounts(store, *names):
             add_user(conn, "root", name, now=now)
 
 
-def _sbatch_argvs(agent) -> list[list[str]]:
-    """Every sbatch command line the agent runs from now on (the real Slurm still runs each)."""
-    slurm = agent.launcher.slurm
-    seen: list[list[str]] = []
-    real_run = slurm.run
+def _before_sbatch(agents, hook) -> None:
+    """Call `hook(argv)` before every sbatch the agents run from now on; the real Slurm
+    still runs each, unless the hook raises (as Slurm refusing it)."""
+    for agent in agents.values():
+        slurm = agent.launcher.slurm
 
-    def run(argv, **kw):
-        if argv[0] == "sbatch":
-            seen.append(list(argv))
-        return real_run(argv, **kw)
+        def run(argv, _real=slurm.run, **kw):
+            if argv[0] == "sbatch":
+                hook(list(argv))
+            return _real(argv, **kw)
 
-    slurm.run = run
-    return seen
+        slurm.run = run
 
 
 def _slurm_job(cluster, job_id: int):
@@ -116,7 +115,8 @@ def _slurm_job(cluster, job_id: int):
 def test_a_job_reaches_slurm_with_its_account_and_qos(world, slurm_cluster):
     store, service, planner, agents, root = world
     _accounts(store, "nlp")
-    sbatches = [_sbatch_argvs(a) for a in agents.values()]
+    sbatches: list[list[str]] = []
+    _before_sbatch(agents, sbatches.append)
     charged = service.submit(ROOT, {"argv": ["true"], "gpus": 1, "est_runtime_s": 5, "account": "nlp",
                                     "qos": "urgent", "cwd": str(root)})["id"]
     # a user in no account: the built-in `default`
@@ -125,7 +125,7 @@ def test_a_job_reaches_slurm_with_its_account_and_qos(world, slurm_cluster):
     assert rows[charged].state == rows[plain].state == "COMPLETED"
     assert _slurm_job(slurm_cluster, charged).account == "nlp"
     argvs = {next(int(a.split(":")[1]) for a in argv if a.startswith("--comment=carbonsched:")): argv
-             for argv in sum(sbatches, [])}
+             for argv in sbatches}
     assert {"--account=nlp", "--qos=urgent"} <= set(argvs[charged])
     # the built-in default account is not Slurm's: Slurm charges the user's own default account
     assert not any(a.startswith("--account") for a in argvs[plain]) and "--qos=normal" in argvs[plain]
@@ -157,18 +157,14 @@ def test_a_job_slurm_refuses_for_its_own_request_fails_once_with_slurm_s_words(w
     its GPUs free for the next job, never handed over again."""
     store, service, planner, agents, root = world
     tries = []
-    for agent in agents.values():
-        slurm = agent.launcher.slurm
-        real_run = slurm.run
 
-        def run(argv, _real=real_run, **kw):
-            if argv[0] == "sbatch" and "--qos=flexible" in argv:
-                tries.append(argv)
-                raise SlurmError("sbatch --parsable failed (exit 1): sbatch: error: Batch job submission "
-                                 "failed: Invalid qos specification")
-            return _real(argv, **kw)
+    def refuse_flexible(argv: list[str]) -> None:
+        if "--qos=flexible" in argv:
+            tries.append(argv)
+            raise SlurmError("sbatch --parsable failed (exit 1): sbatch: error: Batch job submission "
+                             "failed: Invalid qos specification")
 
-        slurm.run = run
+    _before_sbatch(agents, refuse_flexible)
     refused = service.submit(ROOT, {"argv": ["true"], "gpus": 1, "est_runtime_s": 5, "qos": "flexible",
                                     "cwd": str(root)})["id"]
     rows = drive(store, planner, agents, [refused])
