@@ -76,6 +76,8 @@ class Agent:
         # parts below hold these same maps).
         self._uuid_of: dict[int, str] = {}
         self._gpu_of: dict[str, int] = {}
+        # GPUs whose slices run jobs (MIG mode, or declared shares): one job's end does not idle them
+        self._shared_gpus: set[int] = set()
         self.devices = []
         self.samples = SampleStore(store)
         self.sampler = Sampler(backend, hz=config.sample_hz, on_lost=self._on_gpu_lost)
@@ -113,6 +115,8 @@ class Agent:
         self._uuid_of.update(uuid_of)
         self._gpu_of.clear()
         self._gpu_of.update({u: i for i, u in uuid_of.items()})
+        self._shared_gpus = {self._gpu_of[d.uuid] for d in devices if d.uuid in self._gpu_of
+                             and (d.mig_enabled or self.config.gpu_shares > 1)}
         self._last_heartbeat = None  # the first tick reports power readings right away
         log.info("node %s registered in zone %s with %d GPUs (%s backend)",
                  self.config.node, self.config.zone, len(devices), self.backend.name)
@@ -334,9 +338,10 @@ class Agent:
             self.launcher.set_busy(uuid, busy)
 
     def _release_gpus(self, gpu_ids: list[int], job=None) -> None:
-        # A GPU whose slices run other jobs (MIG instances, declared shares) stays loaded.
+        # A GPU whose slices run other jobs (MIG instances, declared shares) stays loaded; the
+        # running jobs are read only where a released GPU is shared.
         others = {int(g) for j in self.runs.running() if job is None or j.id != job.id
-                  for g in (j.gpu_ids or [])} if gpu_ids else set()
+                  for g in (j.gpu_ids or [])} if self._shared_gpus.intersection(gpu_ids) else set()
         for gid in gpu_ids:
             if gid not in others:
                 self._set_busy(gid, False)
