@@ -11,7 +11,6 @@ export written from one by tests/telemetry/test_day_ahead_files.py's writer.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from sqlalchemy import func, select
@@ -19,7 +18,7 @@ from sqlalchemy import func, select
 from scheduler.cli.common import CliError
 from scheduler.store import Store
 from scheduler.store.grid_models import grid_day_ahead
-from tests.cli.test_carbon_cli import DE, ROOT, carbon, carbonsched
+from tests.cli.test_carbon_cli import DE, carbon, carbonsched, env  # noqa: F401  (env: the fixture)
 from tests.telemetry.test_day_ahead_files import (
     DE_MARCH,
     DE_OCTOBER,
@@ -28,16 +27,6 @@ from tests.telemetry.test_day_ahead_files import (
     write_export,
     write_per_type_exports,
 )
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch) -> dict[str, str]:
-    """No CARBONSCHED_* settings from the caller; the database is a SQLite file in tmp_path."""
-    for key in list(os.environ):
-        if key.startswith("CARBONSCHED_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("CARBONSCHED_DB", f"sqlite:///{tmp_path / 'carbon.db'}")
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def stored(env: dict[str, str]) -> int:
