@@ -101,10 +101,11 @@ class JobReading:
         with self.store.read() as conn:
             row = self.access.visible_job(conn, caller, job_id)
         redirected = row.stdout_path if stream == "stdout" else (row.stderr_path or row.stdout_path)
-        never_ran = row.node is None and row.state not in (State.PENDING.value, State.PLANNED.value,
-                                                           State.RUNNING.value)
+        never_ran = RequestError(404, f"job {job_id} never ran ({row.state}): it has no {stream}") \
+            if row.node is None and row.state not in (State.PENDING.value, State.PLANNED.value,
+                                                      State.RUNNING.value) else None
         if redirected and never_ran:
-            raise RequestError(404, f"job {job_id} never ran ({row.state}): it has no {stream}")
+            raise never_ran
         if redirected:
             redirected = expand_log_pattern(redirected, job_id=row.id, user=row.owner_name,
                                             array_job_id=row.array_job_id, array_task_id=row.array_task_id)
@@ -132,7 +133,7 @@ class JobReading:
                 if row.state == State.RUNNING.value:  # its agent has not copied any output yet
                     size, start, data = 0, 0, b""
                 elif never_ran:
-                    raise RequestError(404, f"job {job_id} never ran ({row.state}): it has no {stream}") from None
+                    raise never_ran from None
                 else:
                     raise RequestError(404, f"no {stream} log for job {job_id} on this host or in the store "
                                             f"(it ran on node {row.node})") from None
