@@ -107,12 +107,13 @@ def standing_settings(config: Mapping[str, Any], *, flexible_grace_pct: float = 
                             fair_share=enabled, flexible_grace_pct=flexible_grace_pct)
 
 
-def check_standing_config(table: Any, whole: Mapping[str, Any]) -> list[str]:
-    """`carbonsched config check`'s view of `[priority]` and `[fair_share]`: the errors."""
+def check_standing_config(name: str, table: Any) -> list[str]:
+    """`carbonsched config check`'s view of the table `name` (`priority` or `fair_share`):
+    its errors, without the table's name (config check puts it in front)."""
     try:
-        standing_settings(whole)
+        standing_settings({name: table})
     except ValueError as e:
-        return [str(e)]
+        return [str(e).removeprefix(f"[{name}]").lstrip(": ")]
     return []
 
 

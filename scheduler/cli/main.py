@@ -319,8 +319,8 @@ def _register_config_tables() -> None:
     settings.register_table("power", owner_check(_cap_bounds))
     settings.register_table("slurm", owner_check(SlurmConfig.from_config))
     settings.register_table("qos", check_qos_config)
-    settings.register_table("priority", check_standing_config)
-    settings.register_table("fair_share", check_standing_config)
+    for name in ("priority", "fair_share"):  # each table's own mistakes, reported once
+        settings.register_table(name, lambda table, whole, name=name: check_standing_config(name, table))
 
 
 def resolve_settings(args, config, scope: str) -> settings.Resolved:

@@ -186,5 +186,5 @@ def test_config_check_takes_the_priority_weights_and_fair_share_settings_and_nam
     bad.write_text('[fair_share]\ncurrency = "dollars"\n')
     proc = run(cli_env, "--config", str(bad), "config", "check")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert any("[fair_share] currency must be one of gpu_hours, kwh, kgco2e" in line
-               for line in proc.stderr.splitlines()), proc.stderr
+    named = [line for line in proc.stderr.splitlines() if "currency must be one of" in line]
+    assert len(named) == 1 and "[fair_share] currency must be one of gpu_hours, kwh, kgco2e" in named[0], proc.stderr

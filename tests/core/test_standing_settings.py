@@ -41,9 +41,11 @@ def test_the_operator_s_weights_half_life_and_currency_are_taken():
     ({"fair_share": 3}, "[fair_share] must be a table"),
 ])
 def test_a_mistake_is_one_line_naming_the_key(config, message):
-    errors = check_standing_config(None, config)
-    assert len(errors) == 1 and errors[0].startswith(message), errors
-    assert "\n" not in errors[0]
+    with pytest.raises(ValueError) as e:
+        standing_settings(config)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    (name, table), = config.items()
+    assert check_standing_config(name, table) == [str(e.value).removeprefix(f"[{name}]").lstrip(": ")]
 
 
 def test_the_daemon_s_priority_verb_shows_the_configured_weights(store, tmp_path):
